@@ -1,0 +1,26 @@
+// The one parser and validator of TPUEmbeddingConfiguration (spec §1-2, §6).  Used by every kernel that
+// takes a `config` attr and, through the pybind11 module, by tf_embed_ops.config.load: the same rules and the
+// same messages everywhere.
+#ifndef TF_EMBED_OPS_CC_CONFIG_CONFIG_PARSER_H_
+#define TF_EMBED_OPS_CC_CONFIG_CONFIG_PARSER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "cc/lib/embedding_config.h"
+#include "tensorflow/core/protobuf/tpu/tpu_embedding_configuration.pb.h"
+
+namespace tf_embed_ops {
+
+// Parses a serialized TPUEmbeddingConfiguration and validates it.  Errors are InvalidArgument (malformed or
+// contradictory config; the message names the table/feature, the field and the value) or Unimplemented (a
+// valid optimizer this library does not run yet).
+absl::Status ParseEmbeddingConfig(const std::string& serialized, EmbeddingConfig* out);
+
+// Same, from an already-parsed message.
+absl::Status EmbeddingConfigFromProto(const tensorflow::tpu::TPUEmbeddingConfiguration& proto,
+                                      EmbeddingConfig* out);
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_CONFIG_CONFIG_PARSER_H_

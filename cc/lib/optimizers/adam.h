@@ -1,0 +1,45 @@
+// Adam as the TPU embedding engine runs it (spec §1.3, ambiguity A10): no bias correction (TPU users fold it
+// into a dynamic learning rate lr * sqrt(1 - b2^t) / (1 - b1^t)).
+//   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
+//   w -= lr * m / sqrt(v + eps^2)        if use_sum_inside_sqrt
+//   w -= lr * m / (sqrt(v) + eps)        otherwise
+// Lazy by default; use_non_lazy_adam updates every row every step with a zero gradient where untouched.
+#ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ADAM_H_
+#define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ADAM_H_
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "cc/lib/optimizers/slot.h"
+
+namespace tf_embed_ops {
+
+struct Adam {
+  static constexpr const char* kName = "adam";
+  static constexpr std::array<SlotInfo, 2> kSlots = {{{"momenta", 0.0f}, {"velocities", 0.0f}}};
+
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-7f;
+  bool use_non_lazy_adam = false;
+  bool use_sum_inside_sqrt = true;
+
+  bool UpdatesAllRows() const { return use_non_lazy_adam; }
+
+  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    float* m = slots[0];
+    float* v = slots[1];
+    const float eps2 = epsilon * epsilon;
+    for (int64_t i = 0; i < dim; ++i) {
+      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+      v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+      const float denom = use_sum_inside_sqrt ? std::sqrt(v[i] + eps2) : std::sqrt(v[i]) + epsilon;
+      w[i] -= lr * m[i] / denom;
+    }
+  }
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ADAM_H_

@@ -1,0 +1,59 @@
+// FTRL-proximal as SparseCore runs it (spec §1.3; SCX, TF ApplyFtrl).  With p = -lr_power, a' = a + g^2:
+//   standard:              lin += g - (a'^p - a^p) / lr * w;   quad = (a'^p + beta) / lr + 2 * l2;   thr = l1
+//   multiply_linear_by_lr: lin += lr*g - (a'^p - a^p) * w;     quad = a'^p + 2 * lr * l2 + beta;    thr = lr*l1
+//   w = (clamp(lin, -thr, thr) - lin) / quad;   a = a'
+// allow_zero_accumulator is deprecated in the proto and ignored, as on TPU.
+#ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_FTRL_H_
+#define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_FTRL_H_
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "cc/lib/optimizers/slot.h"
+
+namespace tf_embed_ops {
+
+struct Ftrl {
+  static constexpr const char* kName = "ftrl";
+  static constexpr std::array<SlotInfo, 2> kSlots = {{{"accumulators", 0.1f}, {"linears", 0.0f}}};
+
+  float l1 = 0.0f;
+  float l2 = 0.0f;
+  float lr_power = -0.5f;
+  float beta = 0.0f;
+  bool multiply_linear_by_lr = false;
+  bool allow_zero_accumulator = false;
+
+  bool UpdatesAllRows() const { return false; }
+
+  // x^p for the accumulator; p = 0.5 (lr_power = -0.5) is the common case and sqrt is exact.
+  float Power(float x) const { return lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -lr_power); }
+
+  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    float* a = slots[0];
+    float* lin = slots[1];
+    for (int64_t i = 0; i < dim; ++i) {
+      const float a_new = a[i] + g[i] * g[i];
+      const float p_new = Power(a_new);
+      const float sigma = p_new - Power(a[i]);
+      float quad, thr;
+      if (multiply_linear_by_lr) {
+        lin[i] += lr * g[i] - sigma * w[i];
+        quad = p_new + 2.0f * lr * l2 + beta;
+        thr = lr * l1;
+      } else {
+        lin[i] += g[i] - sigma / lr * w[i];
+        quad = (p_new + beta) / lr + 2.0f * l2;
+        thr = l1;
+      }
+      w[i] = (std::clamp(lin[i], -thr, thr) - lin[i]) / quad;
+      a[i] = a_new;
+    }
+  }
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_OPTIMIZERS_FTRL_H_

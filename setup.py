@@ -1,0 +1,54 @@
+"""pip build of tf_embed_ops: the op library and the pybind11 config module, against the installed TensorFlow.
+
+Compilation is delegated to ninja (incremental, parallel, header dependencies tracked); every flag comes from
+configure.py, which reads tf.sysconfig.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import configure  # noqa: E402  pylint: disable=wrong-import-position
+
+OP_LIBRARY = "tf_embed_ops._tf_embed_ops"
+CONFIG_MODULE = "tf_embed_ops._config"
+
+
+class NinjaBuildExt(build_ext):
+    """Builds both shared objects with one ninja invocation, then places them like normal extensions."""
+
+    def build_extensions(self):
+        config = configure.tf_build_config()
+        build_dir = os.path.abspath(os.path.join(self.build_temp, "ninja"))
+        staged = {ext.name: os.path.join(build_dir, "out", ext.name.split(".")[-1] + ".so") for ext in self.extensions}
+        ninja_file = configure.write_ninja(build_dir, staged[OP_LIBRARY], staged[CONFIG_MODULE], config)
+        jobs = os.environ.get("TF_EMBED_OPS_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call([_ninja(), "-f", ninja_file, "-j", jobs])
+        for ext in self.extensions:
+            target = self.get_ext_fullpath(ext.name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(staged[ext.name], target)
+        configure.write_build_info(os.path.dirname(self.get_ext_fullpath(OP_LIBRARY)), config)
+        if self.inplace or getattr(self, "editable_mode", False):
+            # Editable installs copy only the declared extensions back into the source tree; the loader's
+            # build record must sit beside them there too.
+            configure.write_build_info(os.path.join(configure.ROOT, "tf_embed_ops"), config)
+
+
+def _ninja() -> str:
+    found = shutil.which("ninja")
+    if found:
+        return found
+    import ninja  # pylint: disable=import-outside-toplevel
+
+    return os.path.join(ninja.BIN_DIR, "ninja")
+
+
+setup(
+    ext_modules=[Extension(OP_LIBRARY, sources=[]), Extension(CONFIG_MODULE, sources=[])],
+    cmdclass={"build_ext": NinjaBuildExt},
+)

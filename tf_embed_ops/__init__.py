@@ -1,0 +1,20 @@
+"""tf_embed_ops: the TPU embedding training contract on CPU, as TensorFlow custom ops.
+
+``tf_embed_ops.ops`` is the raw op module (loaded on first use); ``get_library_path()`` gives the library for
+``tf.load_op_library`` in other programs.
+"""
+from __future__ import annotations
+
+from tf_embed_ops._loader import LibraryLoadError, get_library_path
+
+__all__ = ["LibraryLoadError", "get_library_path", "ops"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy: `import tf_embed_ops` must not load the library (nor TensorFlow's kernels) by itself.
+    if name == "ops":
+        from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
+
+        return _loader.load_ops()
+    raise AttributeError(f"module 'tf_embed_ops' has no attribute {name!r}")
