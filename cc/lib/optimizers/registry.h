@@ -8,16 +8,31 @@
 #include <variant>
 #include <vector>
 
+#include "cc/lib/optimizers/adadelta.h"
 #include "cc/lib/optimizers/adagrad.h"
 #include "cc/lib/optimizers/adagrad_momentum.h"
 #include "cc/lib/optimizers/adam.h"
+#include "cc/lib/optimizers/assign.h"
+#include "cc/lib/optimizers/bounded_adagrad.h"
+#include "cc/lib/optimizers/centered_rms_prop.h"
+#include "cc/lib/optimizers/frequency_estimator.h"
 #include "cc/lib/optimizers/ftrl.h"
+#include "cc/lib/optimizers/lion.h"
+#include "cc/lib/optimizers/momentum.h"
+#include "cc/lib/optimizers/online_yogi.h"
+#include "cc/lib/optimizers/proximal_adagrad.h"
+#include "cc/lib/optimizers/proximal_yogi.h"
+#include "cc/lib/optimizers/rms_prop.h"
 #include "cc/lib/optimizers/sgd.h"
 #include "cc/lib/optimizers/slot.h"
 
 namespace tf_embed_ops {
 
-using OptimizerParams = std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl>;
+// The five optimizers of tf.tpu.experimental.embedding first, then the rest of optimization_parameters.proto
+// whose update rule is public (or, for BoundedAdagrad and the Yogis, documented in our docs as a reading).
+using OptimizerParams =
+    std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl, Momentum, RmsProp, CenteredRmsProp, Adadelta,
+                 ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi, ProximalYogi, FrequencyEstimator, Assign>;
 
 inline const char* OptimizerName(const OptimizerParams& p) {
   return std::visit([](const auto& o) { return o.kName; }, p);

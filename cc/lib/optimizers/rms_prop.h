@@ -1,0 +1,37 @@
+// RMSProp, as TensorFlow's ApplyRMSProp (core/kernels/training_ops.cc), which the TPU proto links to:
+//   ms += (g^2 - ms) * (1 - rho);   mom = momentum * mom + lr * g / sqrt(ms + epsilon);   w -= mom
+#ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_RMS_PROP_H_
+#define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_RMS_PROP_H_
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "cc/lib/optimizers/slot.h"
+
+namespace tf_embed_ops {
+
+struct RmsProp {
+  static constexpr const char* kName = "rms_prop";
+  static constexpr std::array<SlotInfo, 2> kSlots = {{{"ms", 1.0f}, {"mom", 0.0f}}};
+
+  float rho = 0.0f;
+  float momentum = 0.0f;
+  float epsilon = 0.0f;
+
+  bool UpdatesAllRows() const { return false; }
+
+  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    float* ms = slots[0];
+    float* mom = slots[1];
+    for (int64_t i = 0; i < dim; ++i) {
+      ms[i] += (g[i] * g[i] - ms[i]) * (1.0f - rho);
+      mom[i] = mom[i] * momentum + lr * g[i] / std::sqrt(ms[i] + epsilon);
+      w[i] -= mom[i];
+    }
+  }
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_OPTIMIZERS_RMS_PROP_H_
