@@ -5,6 +5,7 @@ The reference is TensorFlow's real builder, run on CPU by making its TPUStrategy
 low_dimensional_packing_status enum, spec §1.5) is worked around only here, by turning that attribute into an
 int before the build.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -27,15 +28,24 @@ class _StandInTPUStrategy:
         self.num_replicas_in_sync = num_replicas
 
 
-def tf_reference(feature_config, optimizer=None, *, num_hosts=1, num_tensor_cores=1,
-                 pipeline_execution_with_tensor_core=False, output_shapes=None):
+def tf_reference(
+    feature_config,
+    optimizer=None,
+    *,
+    num_hosts=1,
+    num_tensor_cores=1,
+    pipeline_execution_with_tensor_core=False,
+    output_shapes=None,
+):
     """TensorFlow's TPUEmbedding(...)._create_config_proto() for the same arguments."""
     strategy = _StandInTPUStrategy(num_hosts, num_tensor_cores)
     fake_module = SimpleNamespace(TPUStrategy=_StandInTPUStrategy, TPUStrategyV2=_StandInTPUStrategy)
     hosts = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(num_hosts)]
-    with mock.patch.object(tpu_embedding_v2.distribute_lib, "get_strategy", return_value=strategy), \
-            mock.patch.object(tpu_embedding_v2, "tpu_strategy", fake_module), \
-            mock.patch.object(tpu_embedding_v2.tpu_embedding_v2_utils, "get_list_of_hosts", return_value=hosts):
+    with (
+        mock.patch.object(tpu_embedding_v2.distribute_lib, "get_strategy", return_value=strategy),
+        mock.patch.object(tpu_embedding_v2, "tpu_strategy", fake_module),
+        mock.patch.object(tpu_embedding_v2.tpu_embedding_v2_utils, "get_list_of_hosts", return_value=hosts),
+    ):
         emb = tpu_embedding_v2.TPUEmbedding(feature_config, optimizer, pipeline_execution_with_tensor_core)
         if isinstance(output_shapes, int):
             emb._get_and_update_output_shapes_from_input(per_replica_batch_size=output_shapes)
@@ -56,6 +66,7 @@ def assert_same_proto(actual, expected):
 
 # ---- cases: each returns fresh objects (TF's builder mutates TableConfigs) ----
 
+
 def case_sgd_unnamed():
     t = E.TableConfig(vocabulary_size=10, dim=4)
     return [E.FeatureConfig(t, output_shape=[8])], E.SGD(learning_rate=0.5), {}
@@ -69,15 +80,31 @@ def case_adagrad_weight_and_gradient_clipping():
 
 def case_adagrad_momentum_one_sided_clip():
     t = E.TableConfig(7, 2, name="am")
-    opt = E.AdagradMomentum(0.01, momentum=0.9, use_nesterov=True, exponent=3.0, beta2=0.99, epsilon=1e-6,
-                            clipvalue=(None, 2.0), clip_weight_max=5.0)
+    opt = E.AdagradMomentum(
+        0.01,
+        momentum=0.9,
+        use_nesterov=True,
+        exponent=3.0,
+        beta2=0.99,
+        epsilon=1e-6,
+        clipvalue=(None, 2.0),
+        clip_weight_max=5.0,
+    )
     return (E.FeatureConfig(t, output_shape=[2, 3]),), opt, {}
 
 
 def case_adam_non_lazy_weight_decay_multiply():
     t = E.TableConfig(30, 8, name="adam")
-    opt = E.Adam(0.001, beta_1=0.8, beta_2=0.95, epsilon=1e-5, lazy_adam=False, sum_inside_sqrt=False,
-                 weight_decay_factor=0.01, multiply_weight_decay_factor_by_learning_rate=True)
+    opt = E.Adam(
+        0.001,
+        beta_1=0.8,
+        beta_2=0.95,
+        epsilon=1e-5,
+        lazy_adam=False,
+        sum_inside_sqrt=False,
+        weight_decay_factor=0.01,
+        multiply_weight_decay_factor_by_learning_rate=True,
+    )
     return [E.FeatureConfig(t, output_shape=[16])], opt, {}
 
 
@@ -89,8 +116,15 @@ def case_adam_weight_decay_without_multiply():
 
 def case_ftrl_all_fields():
     t = E.TableConfig(12, 5, name="ftrl")
-    opt = E.FTRL(0.05, learning_rate_power=-0.25, l1_regularization_strength=0.01, l2_regularization_strength=0.02,
-                 beta=0.5, multiply_linear_by_learning_rate=True, allow_zero_accumulator=True)
+    opt = E.FTRL(
+        0.05,
+        learning_rate_power=-0.25,
+        l1_regularization_strength=0.01,
+        l2_regularization_strength=0.02,
+        beta=0.5,
+        multiply_linear_by_learning_rate=True,
+        allow_zero_accumulator=True,
+    )
     return [E.FeatureConfig(t, output_shape=[4])], opt, {}
 
 
@@ -134,7 +168,7 @@ def case_multiple_unnamed_tables_dict_order():
 
 
 def case_num_hosts_padding_and_cluster():
-    small = E.TableConfig(3, 4, name="small")   # padded to num_hosts
+    small = E.TableConfig(3, 4, name="small")  # padded to num_hosts
     big = E.TableConfig(100, 4, name="big")
     features = [E.FeatureConfig(small, output_shape=[8]), E.FeatureConfig(big, output_shape=[8])]
     kwargs = {"num_hosts": 8, "num_tensor_cores": 32, "pipeline_execution_with_tensor_core": True}
@@ -189,9 +223,11 @@ def test_tensorflow_builder_really_crashes_without_the_workaround():
     emb_args = ([E.FeatureConfig(t, output_shape=[2])], E.SGD(0.1))
     strategy = _StandInTPUStrategy(1, 1)
     fake_module = SimpleNamespace(TPUStrategy=_StandInTPUStrategy, TPUStrategyV2=_StandInTPUStrategy)
-    with mock.patch.object(tpu_embedding_v2.distribute_lib, "get_strategy", return_value=strategy), \
-            mock.patch.object(tpu_embedding_v2, "tpu_strategy", fake_module), \
-            mock.patch.object(tpu_embedding_v2.tpu_embedding_v2_utils, "get_list_of_hosts", return_value=["h"]):
+    with (
+        mock.patch.object(tpu_embedding_v2.distribute_lib, "get_strategy", return_value=strategy),
+        mock.patch.object(tpu_embedding_v2, "tpu_strategy", fake_module),
+        mock.patch.object(tpu_embedding_v2.tpu_embedding_v2_utils, "get_list_of_hosts", return_value=["h"]),
+    ):
         emb = tpu_embedding_v2.TPUEmbedding(*emb_args)
         with pytest.raises(TypeError, match="low_dimensional_packing_status"):
             emb._create_config_proto()
@@ -207,8 +243,9 @@ def test_from_feature_config_does_not_modify_the_tables():
 
 def test_unknown_shapes_leave_input_shape_empty():
     t = E.TableConfig(4, 2, name="t")
-    proto = tec.from_feature_config([E.FeatureConfig(t), E.FeatureConfig(t, output_shape=[3])], E.SGD(0.1),
-                                    output_shapes=[[None, 2], None])
+    proto = tec.from_feature_config(
+        [E.FeatureConfig(t), E.FeatureConfig(t, output_shape=[3])], E.SGD(0.1), output_shapes=[[None, 2], None]
+    )
     assert [list(f.input_shape) for f in proto.feature_descriptor] == [[], [3]]
     assert tec.load(proto).features[0].input_shape == ()
 
@@ -217,7 +254,8 @@ def test_dynamic_learning_rate_placeholder():
     t = E.TableConfig(4, 2, name="t", optimizer=E.SGD(lambda: 0.3))
     u = E.TableConfig(4, 2, name="u", optimizer=E.Adagrad(lambda: 0.3))
     features, optimizer = tec.to_feature_config(
-        tec.from_feature_config([E.FeatureConfig(t, name="a"), E.FeatureConfig(u, name="b")]))
+        tec.from_feature_config([E.FeatureConfig(t, name="a"), E.FeatureConfig(u, name="b")])
+    )
     assert optimizer is None
     lr_t, lr_u = features["a"].table.optimizer.learning_rate, features["b"].table.optimizer.learning_rate
     assert isinstance(lr_t, tec.DynamicLearningRate) and (lr_t.tag, lr_u.tag) == (0, 1)
@@ -230,8 +268,9 @@ def test_dynamic_learning_rate_placeholder():
 
 def test_to_feature_config_shared_optimizer_and_defaults():
     cfg = tec.load(tec.example_config_path())
-    features, optimizer = tec.to_feature_config(cfg, combiner={"video": "sum", "user": "sqrtn", "query": "mean",
-                                                               "item": "sum", "category": "mean"})
+    features, optimizer = tec.to_feature_config(
+        cfg, combiner={"video": "sum", "user": "sqrtn", "query": "mean", "item": "sum", "category": "mean"}
+    )
     assert optimizer is None  # the example's tables use different optimizers
     assert isinstance(features, tuple)  # names not in sorted order, so a dict would reorder features
     tables = {f.table.name: f.table for f in features}
@@ -242,8 +281,9 @@ def test_to_feature_config_shared_optimizer_and_defaults():
     with pytest.raises(ValueError, match="combiner: no entry for table 'video'"):
         tec.to_feature_config(cfg, combiner={})
 
-    shared, opt = tec.to_feature_config(tec.from_feature_config(case_multiple_unnamed_tables_dict_order()[0],
-                                                                E.Adagrad(0.3)))
+    shared, opt = tec.to_feature_config(
+        tec.from_feature_config(case_multiple_unnamed_tables_dict_order()[0], E.Adagrad(0.3))
+    )
     assert isinstance(opt, E.Adagrad) and all(f.table.optimizer is None for f in tf.nest.flatten(shared))
 
 
@@ -252,10 +292,20 @@ def test_to_feature_config_shared_optimizer_and_defaults():
     [
         (lambda: ([E.FeatureConfig(E.TableConfig(4, 2, name="x"))], None), "table 'x' has no optimizer"),
         (lambda: ([E.FeatureConfig(E.TableConfig(4, 2, name="x", optimizer=object()))], None), "not supported"),
-        (lambda: ([E.FeatureConfig(E.TableConfig(4, 2, name="x")), E.FeatureConfig(E.TableConfig(4, 2, name="x"))],
-                  E.SGD(0.1)), "Multiple tables with name x"),
-        (lambda: ([E.FeatureConfig(E.TableConfig(4, 2)), E.FeatureConfig(E.TableConfig(4, 2, name="table_0"))],
-                  E.SGD(0.1)), "Multiple tables with name table_0"),
+        (
+            lambda: (
+                [E.FeatureConfig(E.TableConfig(4, 2, name="x")), E.FeatureConfig(E.TableConfig(4, 2, name="x"))],
+                E.SGD(0.1),
+            ),
+            "Multiple tables with name x",
+        ),
+        (
+            lambda: (
+                [E.FeatureConfig(E.TableConfig(4, 2)), E.FeatureConfig(E.TableConfig(4, 2, name="table_0"))],
+                E.SGD(0.1),
+            ),
+            "Multiple tables with name table_0",
+        ),
         (lambda: ([E.TableConfig(4, 2)], E.SGD(0.1)), "entry 0 of the flattened nest is a TableConfig"),
         (lambda: ([], E.SGD(0.1)), "no FeatureConfig"),
     ],
@@ -266,13 +316,16 @@ def test_from_feature_config_rejects_misuse(make, message):
         tec.from_feature_config(features, optimizer)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num_hosts": 0}, "num_hosts: must be an int >= 1"),
-    ({"num_tensor_cores": True}, "num_tensor_cores: must be an int >= 1"),
-    ({"output_shapes": [[4], [4]]}, "output_shapes: must have the structure"),
-    ({"output_shapes": [[5]]}, r"contradicts the given output shape \(5,\)"),
-    ({"output_shapes": 0}, "batch size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_hosts": 0}, "num_hosts: must be an int >= 1"),
+        ({"num_tensor_cores": True}, "num_tensor_cores: must be an int >= 1"),
+        ({"output_shapes": [[4], [4]]}, "output_shapes: must have the structure"),
+        ({"output_shapes": [[5]]}, r"contradicts the given output shape \(5,\)"),
+        ({"output_shapes": 0}, "batch size must be >= 1"),
+    ],
+)
 def test_from_feature_config_rejects_bad_arguments(kwargs, message):
     features = [E.FeatureConfig(E.TableConfig(4, 2, name="t"), output_shape=[4])]
     with pytest.raises(ValueError, match=message):

@@ -3,6 +3,7 @@
 Each rule test starts from a valid config, breaks one field, and asserts the error class and that the message
 names the table/feature, the field and the offending value.
 """
+
 from __future__ import annotations
 
 import random
@@ -62,6 +63,7 @@ def _set(path, value):
         for part in parents:
             msg = msg[int(part)] if part.isdigit() else getattr(msg, part)
         setattr(msg, leaf, value)
+
     return mutate
 
 
@@ -72,6 +74,7 @@ def _clip(t, field, lower=None, upper=None):
             c.lower.value = lower
         if upper is not None:
             c.upper.value = upper
+
     return mutate
 
 
@@ -82,6 +85,7 @@ def _quantization(buckets, lower, upper):
         q.num_buckets = buckets
         q.clipping_limits.lower.value = lower
         q.clipping_limits.upper.value = upper
+
     return mutate
 
 
@@ -111,6 +115,7 @@ def _v1(batch, num_features):
         p.batch_size_per_tensor_core = batch
         for td in p.table_descriptor:
             td.num_features = num_features
+
     return mutate
 
 
@@ -118,73 +123,164 @@ INVALID = [
     # (id, mutation, [substrings of the message])
     ("no_optimizer", _clear_optimizer, ["table 'user' (table_id 1)", "no optimization algorithm specified"]),
     ("empty_name", _set("table_descriptor.1.name", ""), ["table '' (table_id 1)", "name is empty"]),
-    ("duplicate_name", _set("table_descriptor.2.name", "video"),
-     ["table 'video' (table_id 2)", "duplicates table_id 0"]),
-    ("zero_vocabulary", _set("table_descriptor.1.vocabulary_size", 0),
-     ["table 'user' (table_id 1)", "vocabulary_size must be > 0, got 0"]),
+    (
+        "duplicate_name",
+        _set("table_descriptor.2.name", "video"),
+        ["table 'video' (table_id 2)", "duplicates table_id 0"],
+    ),
+    (
+        "zero_vocabulary",
+        _set("table_descriptor.1.vocabulary_size", 0),
+        ["table 'user' (table_id 1)", "vocabulary_size must be > 0, got 0"],
+    ),
     ("negative_vocabulary", _set("table_descriptor.0.vocabulary_size", -5), ["table 'video'", "got -5"]),
-    ("vocabulary_below_num_hosts", _set("table_descriptor.2.vocabulary_size", 1),
-     ["table 'query' (table_id 2)", "vocabulary_size 1 is smaller than num_hosts 2"]),
+    (
+        "vocabulary_below_num_hosts",
+        _set("table_descriptor.2.vocabulary_size", 1),
+        ["table 'query' (table_id 2)", "vocabulary_size 1 is smaller than num_hosts 2"],
+    ),
     ("zero_dimension", _set("table_descriptor.0.dimension", 0), ["table 'video'", "dimension must be > 0, got 0"]),
     ("negative_dimension", _set("table_descriptor.2.dimension", -1), ["table 'query'", "got -1"]),
-    ("table_id_out_of_range", _set("feature_descriptor.1.table_id", 3),
-     ["feature 'uid' (feature 1)", "table_id 3 is out of range [0, 3)"]),
-    ("table_id_negative_unnamed_feature", _set("feature_descriptor.2.table_id", -1),
-     ["feature 2:", "table_id -1 is out of range"]),
-    ("table_without_feature", _drop_feature_of_table_1,
-     ["table 'user' (table_id 1)", "no feature_descriptor uses this table"]),
+    (
+        "table_id_out_of_range",
+        _set("feature_descriptor.1.table_id", 3),
+        ["feature 'uid' (feature 1)", "table_id 3 is out of range [0, 3)"],
+    ),
+    (
+        "table_id_negative_unnamed_feature",
+        _set("feature_descriptor.2.table_id", -1),
+        ["feature 2:", "table_id -1 is out of range"],
+    ),
+    (
+        "table_without_feature",
+        _drop_feature_of_table_1,
+        ["table 'user' (table_id 1)", "no feature_descriptor uses this table"],
+    ),
     ("tag_gap", _tag(2, 2), ["table 'query' (table_id 2)", "tag 2 leaves a gap", "tag 1 is unused", "[0, 2]"]),
     ("tag_not_from_zero", lambda p: (_tag(0, 1)(p), _tag(2, 1)(p)), ["tag 1", "tag 0 is unused"]),
     ("tag_negative", _tag(0, -1), ["table 'video'", "learning_rate.dynamic.tag must be >= 0, got -1"]),
-    ("negative_learning_rate", _set("table_descriptor.1.optimization_parameters.learning_rate.constant", -0.5),
-     ["table 'user'", "learning_rate.constant must be >= 0", "got -0.5"]),
-    ("nan_learning_rate", _set("table_descriptor.1.optimization_parameters.learning_rate.constant", float("nan")),
-     ["table 'user'", "learning_rate.constant", "got nan"]),
-    ("batch_size_with_features", _set("batch_size_per_tensor_core", 8),
-     ["batch_size_per_tensor_core is 8", "must be 0 (unset) when feature_descriptor is given"]),
-    ("num_features_with_features", _set("table_descriptor.1.num_features", 2),
-     ["table 'user' (table_id 1)", "num_features is 2", "feature_descriptor is given"]),
-    ("zero_input_shape", lambda p: p.feature_descriptor[2].input_shape.__setitem__(1, 0),
-     ["feature 2:", "input_shape[1] must be > 0, got 0", "[16, 0]"]),
-    ("negative_input_shape", lambda p: p.feature_descriptor[0].input_shape.__setitem__(0, -4),
-     ["feature 'watched' (feature 0)", "input_shape[0] must be > 0, got -4"]),
-    ("v1_without_batch_size", _v1(0, 1), ["batch_size_per_tensor_core must be > 0 when no feature_descriptor", "got 0"]),
+    (
+        "negative_learning_rate",
+        _set("table_descriptor.1.optimization_parameters.learning_rate.constant", -0.5),
+        ["table 'user'", "learning_rate.constant must be >= 0", "got -0.5"],
+    ),
+    (
+        "nan_learning_rate",
+        _set("table_descriptor.1.optimization_parameters.learning_rate.constant", float("nan")),
+        ["table 'user'", "learning_rate.constant", "got nan"],
+    ),
+    (
+        "batch_size_with_features",
+        _set("batch_size_per_tensor_core", 8),
+        ["batch_size_per_tensor_core is 8", "must be 0 (unset) when feature_descriptor is given"],
+    ),
+    (
+        "num_features_with_features",
+        _set("table_descriptor.1.num_features", 2),
+        ["table 'user' (table_id 1)", "num_features is 2", "feature_descriptor is given"],
+    ),
+    (
+        "zero_input_shape",
+        lambda p: p.feature_descriptor[2].input_shape.__setitem__(1, 0),
+        ["feature 2:", "input_shape[1] must be > 0, got 0", "[16, 0]"],
+    ),
+    (
+        "negative_input_shape",
+        lambda p: p.feature_descriptor[0].input_shape.__setitem__(0, -4),
+        ["feature 'watched' (feature 0)", "input_shape[0] must be > 0, got -4"],
+    ),
+    (
+        "v1_without_batch_size",
+        _v1(0, 1),
+        ["batch_size_per_tensor_core must be > 0 when no feature_descriptor", "got 0"],
+    ),
     ("v1_without_num_features", _v1(8, 0), ["table 'video' (table_id 0)", "num_features must be > 0", "got 0"]),
-    ("weight_clip_lower_above_upper", _clip(1, "clipping_limits", 2.0, 1.0),
-     ["table 'user'", "clipping_limits.lower (2) must be <= clipping_limits.upper (1)"]),
-    ("gradient_clip_lower_above_upper", _clip(0, "gradient_clipping_limits", 0.5, -0.5),
-     ["table 'video'", "gradient_clipping_limits.lower (0.5) must be <= gradient_clipping_limits.upper (-0.5)"]),
-    ("clip_nan", _clip(0, "clipping_limits", float("nan")), ["table 'video'", "clipping_limits bounds must not be NaN"]),
-    ("quantization_one_bucket", _quantization(1, -1.0, 1.0),
-     ["table 'user'", "simulated_quantization.num_buckets must be >= 2, got 1"]),
-    ("quantization_lower_equals_upper", _quantization(8, 1.0, 1.0),
-     ["table 'user'", "simulated_quantization.clipping_limits", "lower 1, upper 1"]),
-    ("gradient_clipping_without_accumulation",
-     lambda p: (_clip(2, "gradient_clipping_limits", upper=1.0)(p),
-                setattr(opt(p, 2), "gradient_accumulation_status", 2)),
-     ["table 'query' (table_id 2)", "gradient_clipping_limits is set but gradient_accumulation_status is DISABLED"]),
-    ("non_lazy_adam_without_accumulation",
-     lambda p: (setattr(opt(p, 0).adam, "use_non_lazy_adam", True),
-                setattr(opt(p, 0), "gradient_accumulation_status", 2)),
-     ["table 'video' (table_id 0)", "use_non_lazy_adam is true but gradient_accumulation_status is DISABLED"]),
-    ("adagrad_momentum_exponent", _set("table_descriptor.1.optimization_parameters.adagrad_momentum.exponent", 0.0),
-     ["table 'user'", "adagrad_momentum.exponent must be > 0", "got 0"]),
-    ("adagrad_momentum_epsilon", _set("table_descriptor.1.optimization_parameters.adagrad_momentum.epsilon", -1.0),
-     ["table 'user'", "adagrad_momentum.epsilon must be > 0", "got -1"]),
-    ("adam_epsilon", _set("table_descriptor.0.optimization_parameters.adam.epsilon", 0.0),
-     ["table 'video'", "adam.epsilon must be > 0", "got 0"]),
-    ("adam_beta1_one", _set("table_descriptor.0.optimization_parameters.adam.beta1", 1.0),
-     ["table 'video'", "adam.beta1 must be in [0, 1), got 1"]),
-    ("adam_beta2_negative", _set("table_descriptor.0.optimization_parameters.adam.beta2", -0.1),
-     ["table 'video'", "adam.beta2 must be in [0, 1), got -0.1"]),
-    ("ftrl_l1_negative", _set("table_descriptor.2.optimization_parameters.ftrl.l1", -1.0),
-     ["table 'query'", "ftrl.l1 must be >= 0", "got -1"]),
-    ("ftrl_lr_power_positive", _set("table_descriptor.2.optimization_parameters.ftrl.lr_power", 0.5),
-     ["table 'query'", "ftrl.lr_power must be <= 0", "got 0.5"]),
-    ("negative_weight_decay", _set("table_descriptor.1.optimization_parameters.weight_decay_factor", -0.01),
-     ["table 'user'", "weight_decay_factor must be >= 0", "got -0.01"]),
-    ("unknown_accumulation_status", _set("table_descriptor.1.optimization_parameters.gradient_accumulation_status", 7),
-     ["table 'user'", "gradient_accumulation_status has unknown value 7"]),
+    (
+        "weight_clip_lower_above_upper",
+        _clip(1, "clipping_limits", 2.0, 1.0),
+        ["table 'user'", "clipping_limits.lower (2) must be <= clipping_limits.upper (1)"],
+    ),
+    (
+        "gradient_clip_lower_above_upper",
+        _clip(0, "gradient_clipping_limits", 0.5, -0.5),
+        ["table 'video'", "gradient_clipping_limits.lower (0.5) must be <= gradient_clipping_limits.upper (-0.5)"],
+    ),
+    (
+        "clip_nan",
+        _clip(0, "clipping_limits", float("nan")),
+        ["table 'video'", "clipping_limits bounds must not be NaN"],
+    ),
+    (
+        "quantization_one_bucket",
+        _quantization(1, -1.0, 1.0),
+        ["table 'user'", "simulated_quantization.num_buckets must be >= 2, got 1"],
+    ),
+    (
+        "quantization_lower_equals_upper",
+        _quantization(8, 1.0, 1.0),
+        ["table 'user'", "simulated_quantization.clipping_limits", "lower 1, upper 1"],
+    ),
+    (
+        "gradient_clipping_without_accumulation",
+        lambda p: (
+            _clip(2, "gradient_clipping_limits", upper=1.0)(p),
+            setattr(opt(p, 2), "gradient_accumulation_status", 2),
+        ),
+        ["table 'query' (table_id 2)", "gradient_clipping_limits is set but gradient_accumulation_status is DISABLED"],
+    ),
+    (
+        "non_lazy_adam_without_accumulation",
+        lambda p: (
+            setattr(opt(p, 0).adam, "use_non_lazy_adam", True),
+            setattr(opt(p, 0), "gradient_accumulation_status", 2),
+        ),
+        ["table 'video' (table_id 0)", "use_non_lazy_adam is true but gradient_accumulation_status is DISABLED"],
+    ),
+    (
+        "adagrad_momentum_exponent",
+        _set("table_descriptor.1.optimization_parameters.adagrad_momentum.exponent", 0.0),
+        ["table 'user'", "adagrad_momentum.exponent must be > 0", "got 0"],
+    ),
+    (
+        "adagrad_momentum_epsilon",
+        _set("table_descriptor.1.optimization_parameters.adagrad_momentum.epsilon", -1.0),
+        ["table 'user'", "adagrad_momentum.epsilon must be > 0", "got -1"],
+    ),
+    (
+        "adam_epsilon",
+        _set("table_descriptor.0.optimization_parameters.adam.epsilon", 0.0),
+        ["table 'video'", "adam.epsilon must be > 0", "got 0"],
+    ),
+    (
+        "adam_beta1_one",
+        _set("table_descriptor.0.optimization_parameters.adam.beta1", 1.0),
+        ["table 'video'", "adam.beta1 must be in [0, 1), got 1"],
+    ),
+    (
+        "adam_beta2_negative",
+        _set("table_descriptor.0.optimization_parameters.adam.beta2", -0.1),
+        ["table 'video'", "adam.beta2 must be in [0, 1), got -0.1"],
+    ),
+    (
+        "ftrl_l1_negative",
+        _set("table_descriptor.2.optimization_parameters.ftrl.l1", -1.0),
+        ["table 'query'", "ftrl.l1 must be >= 0", "got -1"],
+    ),
+    (
+        "ftrl_lr_power_positive",
+        _set("table_descriptor.2.optimization_parameters.ftrl.lr_power", 0.5),
+        ["table 'query'", "ftrl.lr_power must be <= 0", "got 0.5"],
+    ),
+    (
+        "negative_weight_decay",
+        _set("table_descriptor.1.optimization_parameters.weight_decay_factor", -0.01),
+        ["table 'user'", "weight_decay_factor must be >= 0", "got -0.01"],
+    ),
+    (
+        "unknown_accumulation_status",
+        _set("table_descriptor.1.optimization_parameters.gradient_accumulation_status", 7),
+        ["table 'user'", "gradient_accumulation_status has unknown value 7"],
+    ),
     ("unknown_mode", _set("mode", 9), ["config: mode has unknown value 9"]),
     ("unknown_sharding", _set("sharding_strategy", 4), ["config: sharding_strategy has unknown value 4"]),
     ("negative_num_hosts", _set("num_hosts", -1), ["config: num_hosts must be >= 0, got -1"]),
@@ -247,6 +343,7 @@ def test_unset_learning_rate_reads_as_constant_zero_and_accumulation_unspecified
 
 # ---- bytes that are not a config ----
 
+
 @pytest.mark.parametrize("data", [b"garbage", b"\xff" * 16, b"\x0a\xff\xff\xff\xff\x0f", b"\x08", b"\x0a\x05ab"])
 def test_garbage_bytes(data):
     with pytest.raises(tec.InvalidConfigError, match="could not parse .* bytes as a serialized"):
@@ -301,14 +398,18 @@ def test_random_bytes_never_crash():
 
 # ---- text format ----
 
-@pytest.mark.parametrize("text, fragment", [
-    ('table_descriptor { name: "a" vocabulary_size: "ten" }', "vocabulary_size"),
-    ('table_descriptor { name: "a" dimension: 1.5 }', "dimension"),
-    ("table_descriptor { name: 7 }", "name"),
-    ("mode: SOMETIMES", "SOMETIMES"),
-    ("no_such_field: 1", "no_such_field"),
-    ("table_descriptor { name: \"a\" ", 'Expected "}"'),
-])
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('table_descriptor { name: "a" vocabulary_size: "ten" }', "vocabulary_size"),
+        ('table_descriptor { name: "a" dimension: 1.5 }', "dimension"),
+        ("table_descriptor { name: 7 }", "name"),
+        ("mode: SOMETIMES", "SOMETIMES"),
+        ("no_such_field: 1", "no_such_field"),
+        ('table_descriptor { name: "a" ', 'Expected "}"'),
+    ],
+)
 def test_text_format_errors(tmp_path, text, fragment):
     path = tmp_path / "bad.pbtxt"
     path.write_text(text)

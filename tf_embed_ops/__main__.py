@@ -3,6 +3,7 @@
 CONFIG is a ``.pb`` / ``.pbtxt`` TPUEmbeddingConfiguration, or the word ``example`` for the bundled example.
 A config that does not load exits with status 1 and the validator's message on stderr (no traceback).
 """
+
 from __future__ import annotations
 
 import argparse

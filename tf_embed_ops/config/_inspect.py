@@ -1,4 +1,5 @@
 """Human-readable and JSON renderings of an EmbeddingConfig (used by ``python -m tf_embed_ops inspect``)."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from tf_embed_ops.config._view import EmbeddingConfig, TableInfo
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (header, *rows)]
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in (header, *rows)]
     return "\n".join(lines)
 
 
@@ -67,13 +68,21 @@ def format_text(cfg: EmbeddingConfig, title: str = "") -> str:
     features = _aligned(
         ["#", "feature", "table", "input_shape"],
         [
-            [str(f.index), f.name or "-", f.table_name, "[" + ", ".join(map(str, f.input_shape)) + "]" if f.input_shape else "unknown"]
+            [
+                str(f.index),
+                f.name or "-",
+                f.table_name,
+                "[" + ", ".join(map(str, f.input_shape)) + "]" if f.input_shape else "unknown",
+            ]
             for f in cfg.features
         ],
     )
     parts = [title, head, "", f"Tables ({len(cfg.tables)})", tables, "", f"Features ({len(cfg.features)})", features]
     if cfg.features_synthesized:
-        parts.append(f"(no feature descriptors: one feature per table, batch_size_per_tensor_core {cfg.batch_size_per_tensor_core})")
+        parts.append(
+            "(no feature descriptors: one feature per table, batch_size_per_tensor_core "
+            f"{cfg.batch_size_per_tensor_core})"
+        )
     if cfg.num_learning_rate_tags:
         tags = _aligned(["tag", "tables"], [[str(k), ", ".join(v)] for k, v in cfg.learning_rate_tags.items()])
         parts += ["", "Dynamic learning-rate tags (send op learning_rates[tag])", tags]
