@@ -63,10 +63,9 @@ def set_common_optimization_parameters(optimizer: Any, parameters: opt_pb2.Optim
         parameters.weight_decay_factor = optimizer.weight_decay_factor
         if optimizer.multiply_weight_decay_factor_by_learning_rate:
             parameters.multiply_weight_decay_factor_by_learning_rate = True
-    packing = opt_pb2.LowDimensionalPackingStatus
-    parameters.low_dimensional_packing_status = (
-        packing.ENABLED if optimizer.low_dimensional_packing_status else packing.UNSPECIFIED
-    )
+    # TensorFlow writes the raw bool (False -> UNSPECIFIED, True -> ENABLED); an enum value given by the user
+    # (e.g. DISABLED, as a proto read back carries it) is kept as is.
+    parameters.low_dimensional_packing_status = int(optimizer.low_dimensional_packing_status)
 
 
 def _check(condition: bool, argument: str, requirement: str, value: Any) -> None:
@@ -132,12 +131,9 @@ class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable
             setattr(message, field, getattr(self, attr))
 
     @classmethod
-    def _from_optimization_parameters(cls, parameters: opt_pb2.OptimizationParameters, learning_rate: LearningRate):
-        """The inverse of `_set_optimization_parameters` (slot initial values take their defaults)."""
-        message = getattr(parameters, cls._proto_field)
-        kwargs = {attr: getattr(message, field) for field, attr in cls._hyper_parameters}
-        kwargs.update(_common_kwargs(parameters))
-        return cls(learning_rate=learning_rate, **kwargs)
+    def _kwargs_from_hyper_parameters(cls, hyper_parameters: dict[str, Any]) -> dict[str, Any]:
+        """Constructor arguments from the proto's hyper-parameter fields (the inverse of the fill)."""
+        return {attr: hyper_parameters[field] for field, attr in cls._hyper_parameters}
 
     def _load(self):
         if self._load_op is None:
@@ -148,33 +144,6 @@ class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable
         if self._load_op is None:
             raise NotImplementedError(f"TensorFlow has no TPU Retrieve op for {type(self).__name__}.")
         return getattr(tf.raw_ops, self._load_op.replace("Load", "Retrieve", 1))
-
-
-def _common_kwargs(parameters: opt_pb2.OptimizationParameters) -> dict[str, Any]:
-    """Base-class arguments recovered from a proto (the inverse of set_common_optimization_parameters)."""
-    status = opt_pb2.GradientAccumulationStatus
-    kwargs: dict[str, Any] = {
-        "use_gradient_accumulation": parameters.gradient_accumulation_status != status.DISABLED,
-    }
-    if parameters.clipping_limits.HasField("lower"):
-        kwargs["clip_weight_min"] = parameters.clipping_limits.lower.value
-    if parameters.clipping_limits.HasField("upper"):
-        kwargs["clip_weight_max"] = parameters.clipping_limits.upper.value
-    limits = parameters.gradient_clipping_limits
-    if limits.HasField("lower") or limits.HasField("upper"):
-        kwargs["clipvalue"] = (
-            limits.lower.value if limits.HasField("lower") else None,
-            limits.upper.value if limits.HasField("upper") else None,
-        )
-    if parameters.weight_decay_factor:
-        kwargs["weight_decay_factor"] = parameters.weight_decay_factor
-        kwargs["multiply_weight_decay_factor_by_learning_rate"] = (
-            parameters.multiply_weight_decay_factor_by_learning_rate
-        )
-    kwargs["low_dimensional_packing_status"] = (
-        parameters.low_dimensional_packing_status == opt_pb2.LowDimensionalPackingStatus.ENABLED
-    )
-    return kwargs
 
 
 class Momentum(_CatalogueOptimizer):
@@ -329,10 +298,9 @@ class Lion(_CatalogueOptimizer):
         return not self.lazy_lion
 
     @classmethod
-    def _from_optimization_parameters(cls, parameters, learning_rate):
-        m = parameters.lion
-        return cls(learning_rate=learning_rate, beta_1=m.beta1, beta_2=m.beta2, lazy_lion=not m.use_non_lazy_lion,
-                   **_common_kwargs(parameters))
+    def _kwargs_from_hyper_parameters(cls, hyper_parameters):
+        return {"beta_1": hyper_parameters["beta1"], "beta_2": hyper_parameters["beta2"],
+                "lazy_lion": not hyper_parameters["use_non_lazy_lion"]}
 
 
 class BoundedAdagrad(_CatalogueOptimizer):
@@ -480,7 +448,7 @@ class Assign(_CatalogueOptimizer):
                              "assigned value would depend on which contribution of a row came last.")
 
 
-# Proto oneof field -> class, for the config loader's inverse mapping.
+# Proto oneof field -> class; tf_embed_ops.config registers each one for from/to_feature_config.
 CATALOGUE: dict[str, type[_CatalogueOptimizer]] = {
     cls._proto_field: cls
     for cls in (Momentum, RMSProp, CenteredRMSProp, Adadelta, ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi,
