@@ -21,6 +21,8 @@ status=0
 bazel --output_user_root="$output_root" test //... --verbose_failures "$@" || status=$?
 if [ "$status" -ne 0 ]; then
   # Compile/link failures have no test log; failing tests already printed theirs.  Name what broke.
-  echo "bazel test //... failed (exit $status); test logs: $(bazel --output_user_root="$output_root" info bazel-testlogs 2>/dev/null)" >&2
+  echo "bazel test //... failed (exit $status); test logs are under bazel-links/testlogs/" >&2
 fi
+# The bazel server would otherwise keep its memory for hours after CI is done with it.
+bazel --output_user_root="$output_root" shutdown
 exit "$status"
