@@ -3,8 +3,8 @@
 One round = 32 applies of 16,384 sorted unique rows x 64 float32, then one take of the aggregate.
   disjoint:    apply k covers rows [16384 k, 16384 (k+1))  (TensorFlow's merge copies every held row per apply)
   overlapping: every apply draws its rows from the same 32,768-row range (about half of each apply overlaps)
-Both accumulators run in one TF1 graph and session over the same gradients held in variables (so the feed
-costs nothing), rounds alternate between them, and the median over repeats is reported.  Ours is also timed
+Both accumulators run in one TF1 graph and session over the same gradients held in variables (so feeding
+and slicing cost nothing), rounds alternate between them, and the median over repeats is reported.  Ours is also timed
 eagerly (its native mode; TensorFlow's cannot run eagerly).  Writes benchmarks/results/accumulator.json.
 
   python benchmarks/accumulator_benchmark.py [--repeats 5] [--applies 32] [--rows 16384] [--width 64]
@@ -39,11 +39,13 @@ def time_graph(indices: np.ndarray, values: np.ndarray, repeats: int) -> dict[st
     applies = indices.shape[0]
     times: dict[str, list[float]] = {"tensorflow": [], "tf_embed_ops_graph": []}
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        idx_in = tf.compat.v1.placeholder(tf.int64, indices.shape)
-        val_in = tf.compat.v1.placeholder(tf.float32, values.shape)
-        idx_var = tf.compat.v1.Variable(idx_in, trainable=False, use_resource=True)
-        val_var = tf.compat.v1.Variable(val_in, trainable=False, use_resource=True)
-        sess.run([idx_var.initializer, val_var.initializer], {idx_in: indices, val_in: values})
+        # One variable per apply: reading a resource variable costs no copy, so only the accumulators are timed.
+        idx_in = tf.compat.v1.placeholder(tf.int64, indices.shape[1:])
+        val_in = tf.compat.v1.placeholder(tf.float32, values.shape[1:])
+        idx_vars = [tf.compat.v1.Variable(idx_in, trainable=False, use_resource=True) for _ in range(applies)]
+        val_vars = [tf.compat.v1.Variable(val_in, trainable=False, use_resource=True) for _ in range(applies)]
+        for k in range(applies):
+            sess.run([idx_vars[k].initializer, val_vars[k].initializer], {idx_in: indices[k], val_in: values[k]})
         step = tf.compat.v1.placeholder(tf.int64, [])
         accs = {
             "tensorflow": tf.compat.v1.SparseConditionalAccumulator(tf.float32, shape=[None, values.shape[2]]),
@@ -51,7 +53,7 @@ def time_graph(indices: np.ndarray, values: np.ndarray, repeats: int) -> dict[st
         }
         graphs = {}
         for name, acc in accs.items():
-            apply_ops = [acc.apply_grad(idx_var[k], val_var[k], local_step=step) for k in range(applies)]
+            apply_ops = [acc.apply_grad(idx_vars[k], val_vars[k], local_step=step) for k in range(applies)]
             take = acc.take_grad(applies)
             graphs[name] = (apply_ops, take)
         for r in range(repeats + 1):  # round 0 warms up
@@ -73,7 +75,7 @@ def time_eager(indices: np.ndarray, values: np.ndarray, repeats: int) -> list[fl
     times = []
     for r in range(repeats + 1):
         start = time.perf_counter()
-        for i, v in zip(idx, val):
+        for i, v in zip(idx, val, strict=True):
             acc.apply_grad(i, v, local_step=r)
         out = acc.take_grad(len(idx))
         out.values.numpy()
