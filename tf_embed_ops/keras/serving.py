@@ -153,8 +153,10 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     custom = _custom_ops_in(concrete.graph.as_graph_def())
     if custom:
         raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    # Track the backing tf.Variables, not the Keras model: saving a Keras model object makes Keras add its own
+    # default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs).
     root = tf.Module()
-    root.model = model
+    root.serving_variables = [getattr(v, "value", v) for v in model.variables]
     tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
     return dict(zip(names, specs))
 
