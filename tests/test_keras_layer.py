@@ -140,7 +140,7 @@ def test_model_save_and_load_model_round_trip(tmp_path):
     loaded = keras.models.load_model(path)
     new_layer = loaded.get_layer("embedding")
     assert isinstance(new_layer, te_keras.TPUEmbedding)
-    for (t, v), (t2, v2) in zip(layer.embedding_tables.items(), new_layer.embedding_tables.items()):
+    for (t, v), (t2, v2) in zip(layer.embedding_tables.items(), new_layer.embedding_tables.items(), strict=False):
         assert t.name == t2.name and type(t.optimizer) is type(t2.optimizer)
         np.testing.assert_array_equal(v.numpy(), v2.numpy())
         for s in layer.slot_variables[t]:
@@ -162,7 +162,7 @@ def test_tf_train_checkpoint_round_trip_with_tensorflows_layout(tmp_path):
     assert "layer/_tpu_embedding/item.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE" in keys
     _, fresh = _model()
     tf.train.Checkpoint(layer=fresh).restore(path).assert_existing_objects_matched()
-    for (_, v), (_, v2) in zip(layer.embedding_tables.items(), fresh.embedding_tables.items()):
+    for (_, v), (_, v2) in zip(layer.embedding_tables.items(), fresh.embedding_tables.items(), strict=False):
         np.testing.assert_array_equal(v.numpy(), v2.numpy())
 
 

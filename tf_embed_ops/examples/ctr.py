@@ -62,17 +62,17 @@ def make_data(n: int, seed: int) -> tuple[dict, np.ndarray]:
     items = rng.integers(SIZES["item"], size=n)
     devices = rng.integers(SIZES["device"], size=n)
     n_tags = rng.integers(1, 4, size=n)
-    tags = [user_tags[u, :k].tolist() for u, k in zip(users, n_tags)]
+    tags = [user_tags[u, :k].tolist() for u, k in zip(users, n_tags, strict=False)]
     hist_len = rng.integers(0, HISTORY + 3, size=n)  # longer than HISTORY: truncated by the feature config
-    history = [rng.choice(taste_items[u], size=k).tolist() for u, k in zip(users, hist_len)]
+    history = [rng.choice(taste_items[u], size=k).tolist() for u, k in zip(users, hist_len, strict=False)]
     hour = rng.uniform(0, 24, size=n)
 
     cats = item_cat[items]
     match = np.einsum("nd,nd->n", user_vec[users], item_vec[items])
     hist_sim = np.array(
-        [item_vec[h[:HISTORY]].mean(0) @ item_vec[i] if h else 0.0 for h, i in zip(history, items)]
+        [item_vec[h[:HISTORY]].mean(0) @ item_vec[i] if h else 0.0 for h, i in zip(history, items, strict=False)]
     )
-    in_tags = np.array([c in t for c, t in zip(cats, tags)], dtype=np.float64)
+    in_tags = np.array([c in t for c, t in zip(cats, tags, strict=False)], dtype=np.float64)
     logit = 2 * match + cat_bias[cats] + 1.5 * in_tags + 1.5 * hist_sim + device_bias[devices] - 1.0
     logit += 0.3 * np.sin(hour / 24 * 2 * np.pi)
     labels = (rng.uniform(size=n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
@@ -90,8 +90,8 @@ def make_data(n: int, seed: int) -> tuple[dict, np.ndarray]:
 
 def feature_config() -> tuple[dict, object]:
     """The embedding configuration: four tables, two of them shared, four different TPU optimizers."""
-    user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.1))
-    item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adam(0.01))
+    user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.02))
+    item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adam(0.002))
     category = emb.TableConfig(
         SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.FTRL(0.1, beta=0.1)
     )

@@ -74,7 +74,7 @@ def activation_specs(features: Any, feature_config: Any) -> Any:
     sequence features, `output_shape + [dim]` when the FeatureConfig sets one.
     """
     outputs = []
-    for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config)):
+    for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config), strict=False):
         dim = f.table.dim
         shape = list(x.shape)
         composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
@@ -181,7 +181,7 @@ class TPUEmbedding(keras.layers.Layer):
                     f.table.combiner,
                     f.table.quantization_config,
                 )
-                for inp, dense, f in zip(inputs, kinds, flat_features)
+                for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
             ]
         else:
             tables, slots = store._tables_and_slots()  # noqa: SLF001
