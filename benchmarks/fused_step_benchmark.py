@@ -86,7 +86,7 @@ def ours_step_fn(optimizer, table, target):
         (act,) = eo.embedding_activations([feature], [table], config)
         with tf.GradientTape() as tape:
             tape.watch(act)
-            loss = tf.reduce_sum(tf.square(act - target))
+            loss = tf.reduce_sum(act * target)
         grad = tape.gradient(loss, act)
         eo.send_tpu_embedding_gradients([grad], [], [feature], [table], [slots], config)
 
@@ -100,7 +100,7 @@ def native_adagrad_step_fn(table, target):
     def step(ids):
         with tf.GradientTape() as tape:
             act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(tf.square(act - target))
+            loss = tf.reduce_sum(act * target)
         grad = tape.gradient(loss, table)  # IndexedSlices
         unique, idx = tf.unique(grad.indices)
         summed = tf.math.unsorted_segment_sum(grad.values, idx, tf.size(unique))
@@ -119,7 +119,7 @@ def native_lazy_adam_step_fn(table, target):
     def step(ids):
         with tf.GradientTape() as tape:
             act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(tf.square(act - target))
+            loss = tf.reduce_sum(act * target)
         grad = tape.gradient(loss, table)
         unique, idx = tf.unique(grad.indices)
         g = tf.math.unsorted_segment_sum(grad.values, idx, tf.size(unique))
@@ -142,7 +142,7 @@ def keras_adam_step_fn(table, target):
     def step(ids):
         with tf.GradientTape() as tape:
             act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(tf.square(act - target))
+            loss = tf.reduce_sum(act * target)
         grad = tape.gradient(loss, table)
         optimizer.apply_gradients([(grad, table)])
 
