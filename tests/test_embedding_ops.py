@@ -331,3 +331,44 @@ def test_weighted_dense_feature_input(combiner):
     eo.send_tpu_embedding_gradients([grad], [], [feature], [table], [[]], config, [combiner])
     expected, _ = ref.apply_step({"name": "sgd"}, 0.1, value, [], ref.row_gradients([(entries, combiner, grad)], 6))
     np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+def test_empty_batch(kind):
+    config = make_config([{"name": "t", "vocab": 4, "dim": 2, "opt": {"name": "adagrad"}}], [("f", 0, [1])])
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    table, acc = tf.Variable(value), tf.Variable(np.full((4, 2), 0.1, np.float32))
+    if kind == "dense":
+        x = tf.zeros([0], tf.int64)
+    elif kind == "ragged":
+        x = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), tf.constant([0], tf.int64))
+    else:
+        x = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [0, 3])
+    feature = eo.normalize_feature(x)
+    (act,) = eo.embedding_activations([feature], [table], config)
+    assert act.shape == (0, 2)
+    eo.send_tpu_embedding_gradients([tf.zeros([0, 2])], [], [feature], [table], [[acc]], config)
+    np.testing.assert_array_equal(table.numpy(), value)
+
+
+def test_tf1_graph_and_session():
+    opt = {"name": "sgd"}
+    x_rows = [[1, 2], [3]]
+    entries, shape = ref.entries_from_rows(x_rows)
+    config = make_config([{"name": "t", "vocab": 4, "dim": 2, "opt": opt, "lr": 0.5}], [("f", 0, list(shape))])
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    grad = np.ones((2, 2), np.float32)
+    with tf.Graph().as_default():
+        table = tf.compat.v1.Variable(value, use_resource=True)
+        ids = tf.compat.v1.ragged.placeholder(tf.int64, ragged_rank=1, value_shape=[])
+        feature = eo.normalize_feature(ids)
+        (act,) = eo.embedding_activations([feature], [table], config)
+        update = eo.send_tpu_embedding_gradients([grad], [], [feature], [table], [[]], config)
+        with tf.compat.v1.Session() as sess:
+            sess.run(table.initializer)
+            feed = {ids: tf.compat.v1.ragged.RaggedTensorValue(np.array([1, 2, 3]), np.array([0, 2, 3]))}
+            np.testing.assert_allclose(sess.run(act, feed), ref.forward(value, entries, shape, "sum"))
+            sess.run(update, feed)
+            result = sess.run(table)
+    expected, _ = ref.apply_step(opt, 0.5, value, [], ref.row_gradients([(entries, "sum", grad)], 4))
+    np.testing.assert_allclose(result, expected)
