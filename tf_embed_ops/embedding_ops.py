@@ -378,7 +378,9 @@ def embedding_lookup_and_update(
                 # Grappler drops the edge and the update never runs (measured). The zero is instead computed
                 # from a table value read after the update (multiply_no_nan: exactly 0 even for inf/NaN), so
                 # the update is a data dependency of the trigger's gradient.
-                probe = tf.raw_ops.ReadVariableOp(resource=tables[0].handle, dtype=tf.float32)[0, 0]
+                # One element through a sparse read: the fused ops put the variables in copy-on-read mode
+                # (as TF's sparse apply ops do), where ReadVariableOp copies the whole table every step.
+                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tf.float32)[0]
                 return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
 
         return acts, grad
