@@ -71,6 +71,15 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       OP_REQUIRES_OK(ctx, ValidateIds(batches[f].ids, batches[f].num_ids, table.vocabulary_size, label, table.name));
     }
 
+    std::vector<int64_t> ids_per_table(attrs_.num_tables, 0);
+    for (int f = 0; f < n; ++f) ids_per_table[config.features[f].table_id] += batches[f].num_ids;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      OP_REQUIRES(ctx, ids_per_table[t] <= RowGradientPlan::kMaxIds,
+                  absl::InvalidArgumentError(absl::StrCat("table '", config.tables[t].name, "': its features have ",
+                                                          ids_per_table[t], " ids in all; at most ",
+                                                          RowGradientPlan::kMaxIds, " per step are supported")));
+    }
+
     // 2. Learning rates.
     std::vector<float> learning_rates(num_learning_rates_);
     for (int k = 0; k < num_learning_rates_; ++k) {

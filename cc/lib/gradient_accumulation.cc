@@ -24,8 +24,7 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   while ((int64_t{1} << bits) < 2 * total) ++bits;
   const int64_t capacity = int64_t{1} << bits;
   const int shift = 64 - bits;
-  // Key and value side by side: one cache line per probe.
-  buckets_.assign(capacity, Bucket{-1, 0});
+  buckets_.assign(capacity, -1);
   rows_.clear();
   counts_.clear();
   unique_of_.resize(total);
@@ -34,14 +33,14 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       uint64_t h = Slot(row, shift);
-      while (buckets_[h].row != -1 && buckets_[h].row != row) h = (h + 1) & (capacity - 1);
-      if (buckets_[h].row == -1) {
-        buckets_[h] = Bucket{row, static_cast<int64_t>(rows_.size())};
+      while (buckets_[h] != -1 && rows_[buckets_[h]] != row) h = (h + 1) & (capacity - 1);
+      if (buckets_[h] == -1) {
+        buckets_[h] = static_cast<int32_t>(rows_.size());
         rows_.push_back(row);
         counts_.push_back(0);
       }
-      unique_of_[n] = buckets_[h].unique;
-      ++counts_[buckets_[h].unique];
+      unique_of_[n] = buckets_[h];
+      ++counts_[buckets_[h]];
     }
   }
 

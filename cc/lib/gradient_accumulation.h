@@ -28,7 +28,10 @@ struct GradientSource {
 // Reusable: Build() may be called again for the next step, keeping the buffers' capacity.
 class RowGradientPlan {
  public:
-  // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls).
+  static constexpr int64_t kMaxIds = (int64_t{1} << 31) - 1;  // unique-row indices are int32
+
+  // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls), which may hold at
+  // most kMaxIds ids in all.
   void Build(const std::vector<GradientSource>* sources);
 
   int64_t num_rows() const { return static_cast<int64_t>(rows_.size()); }
@@ -45,13 +48,11 @@ class RowGradientPlan {
     int32_t source;
     int64_t position;
   };
-  struct Bucket {
-    int64_t row;  // -1 = empty (ids are validated non-negative)
-    int64_t unique;
-  };
   const std::vector<GradientSource>* sources_ = nullptr;
   // Scratch kept between Build calls so a reused plan allocates (and page-faults) nothing in steady state.
-  std::vector<Bucket> buckets_;
+  // Hash buckets hold a unique-row index (-1 = empty) and the key is read back from rows_: 4-byte buckets keep
+  // the table cache-resident (128 KiB for 16k ids, against 512 KiB with 16-byte key/value buckets).
+  std::vector<int32_t> buckets_;
   std::vector<int64_t> unique_of_, counts_, cursor_;
   std::vector<int64_t> rows_;     // unique rows, first-occurrence order
   std::vector<int64_t> offsets_;  // rows_.size() + 1
