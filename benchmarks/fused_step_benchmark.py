@@ -2,7 +2,8 @@
 
 Workload (issue 3): one table of 1M x 64 float32, 16,384 zipf(s=1.05) ids per step, one id per sample.  A step
 is forward + gradient + update.  "ours" runs EmbeddingActivations, the loss gradient and
-SendTPUEmbeddingGradients; the peers run tf.nn.embedding_lookup + GradientTape and then:
+SendTPUEmbeddingGradients ("sgd_midlevel": the same through embedding_lookup_and_update, the Keras layer's
+path); the peers run tf.nn.embedding_lookup + GradientTape and then:
   * Adagrad: tf.unique / unsorted_segment_sum + tf.raw_ops.ResourceSparseApplyAdagradV2,
   * Adam (lazy): gather / scatter of the touched rows (unique + segment sum) with the TPU equations,
   * Keras 3 Adam on a tf.Variable (what a user gets from model.fit with a plain Embedding table).
@@ -93,6 +94,23 @@ def ours_step_fn(optimizer, table, target):
     return step
 
 
+def ours_midlevel_step_fn(optimizer, table, target):
+    """The same step through embedding_lookup_and_update (the Keras layer's path: update hung on a trigger)."""
+    config = make_config(optimizer)
+    slots = [tf.Variable(tf.fill([VOCAB, DIM], v)) for v in SLOT_INIT[optimizer]]
+    trigger = tf.Variable(0.0)
+
+    @tf.function(jit_compile=False)
+    def step(ids):
+        feature = eo.normalize_feature(ids)
+        with tf.GradientTape() as tape:
+            (act,) = eo.embedding_lookup_and_update([feature], [table], [slots], config, trigger=trigger)
+            loss = tf.reduce_sum(act * target)
+        return tape.gradient(loss, trigger)
+
+    return step
+
+
 def native_adagrad_step_fn(table, target):
     acc = tf.Variable(tf.fill([VOCAB, DIM], 0.1))
 
@@ -179,6 +197,7 @@ def main():
     # closest native path (raw-op Adagrad or gather/scatter Adam), named in the output.
     pairs = [
         ("sgd", "native_adagrad_rawop", native_adagrad_step_fn),
+        ("sgd_midlevel", "native_adagrad_rawop", native_adagrad_step_fn),
         ("adagrad", "native_adagrad_rawop", native_adagrad_step_fn),
         ("adagrad_momentum", "native_adagrad_rawop", native_adagrad_step_fn),
         ("adam_lazy", "native_lazy_adam_gather_scatter", native_lazy_adam_step_fn),
@@ -190,7 +209,10 @@ def main():
     for optimizer, peer_name, peer_factory in pairs:
         ours_table = tf.Variable(init)
         peer_table = tf.Variable(init)
-        ours = ours_step_fn(optimizer, ours_table, target)
+        if optimizer.endswith("_midlevel"):
+            ours = ours_midlevel_step_fn(optimizer.removesuffix("_midlevel"), ours_table, target)
+        else:
+            ours = ours_step_fn(optimizer, ours_table, target)
         peer = peer_factory(peer_table, target)
         peer_steps = max(3, args.steps // 10) if peer_name == "keras3_adam" else args.steps
         ours_steps = max(3, args.steps // 10) if optimizer == "adam_non_lazy" else args.steps
