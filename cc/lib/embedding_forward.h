@@ -18,6 +18,22 @@ namespace tf_embed_ops {
 // `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
 inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
                            const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  if (layout.one_id_per_sample) {
+    // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
+    // quantization only, where it is not a plain copy).
+    for (int64_t s = begin; s < end; ++s) {
+      if (s + kPrefetchDistance < end) PrefetchRow<false>(table + ids[s + kPrefetchDistance] * dim, dim);
+      const float c = layout.scale[s];
+      const float* row = table + ids[s] * dim;
+      float* o = out + s * dim;
+      if (quantizer == nullptr) {
+        for (int64_t d = 0; d < dim; ++d) o[d] = c * row[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f + c * (*quantizer)(row[d]);
+      }
+    }
+    return;
+  }
   for (int64_t s = begin; s < end; ++s) {
     const int64_t ahead = s + kPrefetchDistance;
     if (ahead < end && layout.member_offsets[ahead] < layout.member_offsets[ahead + 1]) {

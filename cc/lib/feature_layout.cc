@@ -13,7 +13,6 @@ absl::Status Invalid(const std::string& label, const std::string& what) {
 // Output sample of every id, validating the structure on the way.
 absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int64_t num_samples,
                             std::vector<int64_t>* sample_of) {
-  sample_of->resize(b.num_ids);
   switch (b.splits_or_indices_rank) {
     case 0:
       if (b.num_ids != num_samples) {
@@ -21,7 +20,7 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
                                            " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "), "] has ",
                                            num_samples, " samples; they must be equal"));
       }
-      for (int64_t i = 0; i < b.num_ids; ++i) (*sample_of)[i] = i;
+      sample_of->clear();  // the identity (FeatureLayout::one_id_per_sample)
       return absl::OkStatus();
     case 1: {
       const int64_t* splits = b.splits_or_indices;
@@ -30,6 +29,7 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
                                            b.splits_or_indices_rows, " row_splits for sample_shape [",
                                            absl::StrJoin(b.sample_shape, ", "), "]"));
       }
+      sample_of->resize(b.num_ids);
       if (splits[0] != 0) return Invalid(label, absl::StrCat("row_splits[0] = ", splits[0], ", must be 0"));
       if (splits[num_samples] != b.num_ids) {
         return Invalid(label, absl::StrCat("row_splits[", num_samples, "] = ", splits[num_samples],
@@ -52,6 +52,7 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
             label, absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols, "]; expected [",
                                 b.num_ids, " (number of ids), ", rank + 1, " (rank of sample_shape + 1)]"));
       }
+      sample_of->resize(b.num_ids);
       for (int64_t i = 0; i < b.num_ids; ++i) {
         const int64_t* idx = b.splits_or_indices + i * cols;
         int64_t position = 0;
@@ -90,17 +91,17 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
                                        " ids; give one weight per id or none (all ones)"));
   }
   out->num_samples = num_samples;
+  out->one_id_per_sample = b.splits_or_indices_rank == 0;
   if (auto s = ComputeSamples(b, label, num_samples, &out->sample_of); !s.ok()) return s;
 
   if (b.splits_or_indices_rank == 0) {
-    // Dense input: sample i holds exactly id i, so the grouping is the identity and the combiner factor is
-    // w_i / norm(w_i) (1 for unweighted input whatever the combiner).  Same values as the general path below.
-    out->member_offsets.resize(num_samples + 1);
-    out->members.resize(b.num_ids);
+    // Dense input: sample i holds exactly id i, so the grouping is the identity (left implicit) and the
+    // combiner factor is w_i / norm(w_i) (1 for unweighted input whatever the combiner).  Same values as the
+    // general path below.
+    out->member_offsets.clear();
+    out->members.clear();
     out->scale.resize(b.num_ids);
-    for (int64_t i = 0; i <= num_samples; ++i) out->member_offsets[i] = i;
     for (int64_t i = 0; i < b.num_ids; ++i) {
-      out->members[i] = i;
       const double w = b.num_weights ? b.weights[i] : 1.0;
       out->scale[i] = static_cast<float>(w) * InverseNorm(combiner, w, w * w);
     }

@@ -35,7 +35,10 @@ struct FeatureBatch {
 };
 
 struct FeatureLayout {
-  int64_t num_samples = 0;         // prod(sample_shape)
+  int64_t num_samples = 0;  // prod(sample_shape)
+  // Dense input: id i is sample i.  sample_of, member_offsets and members are then left empty (the identity),
+  // which spares building and reading three id-sized arrays on the common one-id-per-sample path.
+  bool one_id_per_sample = false;
   std::vector<int64_t> sample_of;  // per id: its output sample
   std::vector<float> scale;        // per id: w_i / norm_s (0 where the norm is 0)
   // Ids grouped by sample, each group in input order: ids of sample s are

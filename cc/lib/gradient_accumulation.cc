@@ -12,6 +12,10 @@ namespace {
 // Fibonacci hashing: ids are often small consecutive integers, which this spreads over the table.
 inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift; }
 
+inline int64_t SampleOf(const FeatureLayout& layout, int64_t i) {
+  return layout.one_id_per_sample ? i : layout.sample_of[i];
+}
+
 }  // namespace
 
 void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
@@ -64,12 +68,12 @@ void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
       // Next rows' gradients: entries are contiguous across unique rows, so this also covers row u + 1.
       const Entry& ahead = entries_[k + kPrefetchDistance];
       const GradientSource& a = (*sources_)[ahead.source];
-      PrefetchRow<false>(a.gradient + a.layout->sample_of[ahead.position] * dim, dim);
+      PrefetchRow<false>(a.gradient + SampleOf(*a.layout, ahead.position) * dim, dim);
     }
     const GradientSource& s = (*sources_)[entries_[k].source];
     const int64_t i = entries_[k].position;
     const float c = s.layout->scale[i];
-    const float* dact = s.gradient + s.layout->sample_of[i] * dim;
+    const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
     for (int64_t d = 0; d < dim; ++d) g[d] += c * dact[d];
   }
 }
