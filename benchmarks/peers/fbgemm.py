@@ -44,7 +44,7 @@ def available(python: str | None) -> tuple[bool, str]:
 
 
 def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: int, warmup: int,
-        threads: int = 1, timeout: int = 1200) -> dict:
+        threads: int = 1, block_ms: float = 150.0, timeout: int = 1200) -> dict:
     """Runs FBGEMM on ``wl``'s ids; returns optimizer -> {"block_ms": [...]} or {"error": ...}.
 
     Pooling: the workload's combiner (sum/mean), or none for sequence features (FBGEMM's PoolingMode.NONE gives
@@ -65,7 +65,7 @@ def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: in
             feats.append({"table": f.table, "ids": f"ids{i}.npy", "offsets": off})
         job = {"tables": [{"rows": t.vocab, "dim": t.dim} for t in wl.tables], "features": feats,
                "pooling": pooling, "optimizers": list(optimizers), "learning_rate": 0.01, "steps": steps,
-               "blocks": blocks, "warmup": warmup, "threads": threads}
+               "blocks": blocks, "warmup": warmup, "threads": threads, "block_ms": block_ms}
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:
             json.dump(job, f)

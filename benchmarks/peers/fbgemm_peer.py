@@ -11,14 +11,14 @@ Job format::
     {"tables": [{"rows": V, "dim": D}, ...],          # one entry per table
      "features": [{"table": t, "ids": "f0.npy", "offsets": "f0_off.npy" | null, "pooling": "sum"|"mean"|"none"}],
      "optimizers": ["sgd", "adagrad", ...], "learning_rate": 0.01,
-     "steps": 10, "blocks": 5, "warmup": 3, "threads": 1}
+     "steps": 10, "blocks": 5, "warmup": 3, "threads": 1, "block_ms": 150}   # steps 0: sized to block_ms
 
 All features of one TBE must share one pooling mode (FBGEMM's constraint), so the suite sends one pooling per job.
 Optimizer names map to FBGEMM's exact (de-duplicating) variants; the ones FBGEMM has no CPU kernel for are reported
 as ``{"error": ...}`` per optimizer rather than dropped.
 
 Output: ``{"peer": "fbgemm", "torch": ver, "fbgemm_gpu": ver, "results": {opt: {"block_ms": [...]} | {"error": s}}}``
-where each block time is the median-free mean over ``steps`` steps in that block (ms per step).
+where each block figure is the mean ms/step over that block's steps (the suite takes the median over blocks).
 """
 from __future__ import annotations
 
@@ -118,13 +118,20 @@ def run(job: dict, base_dir: str) -> dict:
 
             for _ in range(int(job.get("warmup", 3))):
                 step()
+            steps = int(job["steps"])
+            if steps <= 0:  # size blocks to about block_ms, like the suite does for its own engines
+                t0 = time.perf_counter()
+                step()
+                est = (time.perf_counter() - t0) * 1e3
+                steps = int(min(200, max(1, round(float(job.get("block_ms", 150.0)) / max(est, 1e-3)))))
             blocks = []
             for _ in range(int(job.get("blocks", 5))):
                 t0 = time.perf_counter()
-                for _ in range(int(job["steps"])):
+                for _ in range(steps):
                     step()
-                blocks.append((time.perf_counter() - t0) * 1e3 / int(job["steps"]))
-            out["results"][opt] = {"block_ms": blocks, "optim_type": _OPTIMIZERS[opt], "out_dims": dims}
+                blocks.append((time.perf_counter() - t0) * 1e3 / steps)
+            out["results"][opt] = {"block_ms": blocks, "steps": steps, "optim_type": _OPTIMIZERS[opt],
+                                   "out_dims": dims}
             del emb
         except Exception as e:  # noqa: BLE001  (reported per optimizer: FBGEMM lacks some CPU kernels)
             out["results"][opt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
