@@ -19,7 +19,8 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="tiny sizes and 2 blocks: an end-to-end check, not a measurement")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes and 2 blocks: an end-to-end check, not a measurement")
     p.add_argument("--only", default="", help=f"comma-separated sections among {', '.join(SECTIONS)}")
     p.add_argument("--optimizers", default="", help="comma-separated optimizers (default: all); 'lookup' = serving")
     p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: benchmarks/results)")

@@ -85,7 +85,7 @@ def rmw_gbs(probe_result: dict, dim: int) -> float:
     rows = sorted(probe_result["rows"], key=lambda r: r["dim"])
     if dim <= rows[0]["dim"]:
         return rows[0]["random_rmw_gbs"]
-    for lo, hi in zip(rows, rows[1:]):
+    for lo, hi in zip(rows, rows[1:], strict=False):
         if lo["dim"] <= dim <= hi["dim"]:
             import math  # pylint: disable=import-outside-toplevel
 

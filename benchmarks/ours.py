@@ -114,11 +114,11 @@ def fused_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
 
     @tf.function
     def step():
-        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths)]
+        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
         acts = api.embedding_activations(feats, tables, cfg, combiners)
         with tf.GradientTape() as tape:
             tape.watch(acts)
-            loss = tf.add_n([tf.reduce_sum(a * u) for a, u in zip(acts, upstream)])
+            loss = tf.add_n([tf.reduce_sum(a * u) for a, u in zip(acts, upstream, strict=True)])
         grads = tape.gradient(loss, acts)
         update = api.send_tpu_embedding_gradients(grads, [], feats, tables, slots, cfg, combiners)
         with tf.control_dependencies([update]):
@@ -139,7 +139,7 @@ def lookup_step(wl: Workload) -> Callable[[], list[tf.Tensor]]:
 
     @tf.function
     def step():
-        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths)]
+        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
         return api.embedding_activations(feats, tables, cfg, combiners)
 
     step.tables = tables

@@ -34,6 +34,11 @@ def _index(runs: list[dict], section: str) -> dict[tuple[str, str, str], dict]:
     return {(r["workload"], r["optimizer"], r["engine"]): r for r in runs if r.get("section") == section}
 
 
+def _find(recs: list[dict], **match) -> dict | None:
+    """The first record whose fields equal ``match``."""
+    return next((r for r in recs if all(r.get(k) == v for k, v in match.items())), None)
+
+
 def _ms(rec: dict | None) -> str:
     if rec is None:
         return "—"
@@ -145,7 +150,8 @@ def markdown(result: dict, plots: list[str]) -> str:
                "speedup = peer ms / ours ms (bold when we are faster).")
     out.append("")
     fb = peers.get("fbgemm", {})
-    out.append(f"- FBGEMM peer: {'**available** — ' + fb.get('note', '') if fb.get('available') else '**absent** — ' + fb.get('note', '')}")
+    state = "**available**" if fb.get("available") else "**absent**"
+    out.append(f"- FBGEMM peer: {state} — {fb.get('note', '')}")
     if not peers.get("ours", {}).get("available", True):
         out.append(f"- **Our op library did not load**: {peers['ours']['note']}")
     if bw:
@@ -200,12 +206,12 @@ def markdown(result: dict, plots: list[str]) -> str:
             for p in points:
                 cells = []
                 for o in opts:
-                    get = lambda e: next((r for r in recs if r["point"] == p and r["optimizer"] == o  # noqa: E731
-                                          and r["engine"] == e), None)
-                    mine = get("ours")
-                    extra = [f"{_fmt_ratio(_ratio(get(e), mine))} {lbl}" for e, lbl in (("raw_op", "raw"),
-                                                                                        ("fbgemm", "FBGEMM"))
-                             if _ratio(get(e), mine) is not None]
+                    mine = _find(recs, point=p, optimizer=o, engine="ours")
+                    extra = []
+                    for e, lbl in (("raw_op", "raw"), ("fbgemm", "FBGEMM")):
+                        r = _ratio(_find(recs, point=p, optimizer=o, engine=e), mine)
+                        if r is not None:
+                            extra.append(f"{_fmt_ratio(r)} {lbl}")
                     cells.append(f"{_ms(mine)}" + (f" ({', '.join(extra)})" if extra else ""))
                 out.append(f"| {p:g} | " + " | ".join(cells) + " |")
             out.append("")
@@ -220,11 +226,9 @@ def markdown(result: dict, plots: list[str]) -> str:
                 if "engine" in r and r["engine"] == "all":
                     out.append(f"| {t} | — | failed: `{r['error']}` | | | |")
             for o in [o for o in OPT_LABELS if any(r.get("optimizer") == o for r in recs)]:
-                get = lambda e: next((r for r in recs if r.get("optimizer") == o and r["engine"] == e),  # noqa: E731
-                                     None)
-                mine = get("ours")
-                out.append(f"| {t} | {OPT_LABELS[o]} | {_ms(mine)} | {_peer_cell(get('raw_op'), mine)} | "
-                           f"{_peer_cell(get('keras'), mine)} | {_peer_cell(get('fbgemm'), mine)} |")
+                mine = _find(recs, optimizer=o, engine="ours")
+                cells = [_peer_cell(_find(recs, optimizer=o, engine=e), mine) for e in ("raw_op", "keras", "fbgemm")]
+                out.append(f"| {t} | {OPT_LABELS[o]} | {_ms(mine)} | " + " | ".join(cells) + " |")
         out.append("")
 
     acc = result.get("accumulator")
@@ -274,6 +278,7 @@ def plot(result: dict, out_dir: str) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+        from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
     except ImportError:
         return []
     files = []
@@ -320,8 +325,9 @@ def plot(result: dict, out_dir: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
         labels = sorted({(n, o) for n, o, _, _ in rows}, key=lambda k: (k[0], list(OPT_LABELS).index(k[1])))
         for j, p in enumerate(("keras", "raw_op", "fbgemm")):
-            xs = [i + (j - 1) * 0.27 for i, lab in enumerate(labels) for (n, o, q, _) in rows if (n, o) == lab and q == p]
-            ys = [r for lab in labels for (n, o, q, r) in rows if (n, o) == lab and q == p]
+            pts = [(i + (j - 1) * 0.27, r) for i, lab in enumerate(labels) for (n, o, q, r) in rows
+                   if (n, o) == lab and q == p]
+            xs, ys = [x for x, _ in pts], [y for _, y in pts]
             if xs:
                 ax.bar(xs, ys, 0.27, label=f"vs {ENGINE_LABELS[p]}", color=colors[p])
         ax.axhline(1.0, color="black", lw=0.8)
@@ -352,6 +358,7 @@ def plot(result: dict, out_dir: str) -> list[str]:
             if axis != "zipf":
                 ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(axis, fontsize=8)
             ax.set_ylabel("ms / step", fontsize=8)
             ax.tick_params(labelsize=7)

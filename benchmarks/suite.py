@@ -118,15 +118,19 @@ def _build(builder, *args) -> object:
 
 
 def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe: dict | None,
-                   fbgemm_python: str | None, section: str) -> list[dict]:
-    """Ours vs Keras 3 vs raw ops (alternating), then FBGEMM, for each optimizer on one workload."""
+                   fbgemm_python: str | None, section: str, keras: bool = True) -> list[dict]:
+    """Ours vs Keras 3 vs raw ops (alternating), then FBGEMM, for each optimizer on one workload.
+
+    ``keras=False`` leaves Keras out (the sweeps: its dense updates take seconds per step at the large points and
+    its scaling is that of a dense pass, which the W1-W4 tables already show).
+    """
     summary = wl.summary()
     records = []
     for opt in optimizers:
         engines = {"ours": _build(ours.fused_step, wl, opt)}
         if opt in tn.RAW_OPTIMIZERS:
             engines["raw_op"] = _build(tn.raw_op_step, wl, opt)
-        if opt in tn.KERAS_OPTIMIZERS:
+        if keras and opt in tn.KERAS_OPTIMIZERS:
             engines["keras"] = _build(tn.keras_step, wl, opt)
         res = _time_engines(engines, opts)
         for engine, r in res.items():
@@ -288,7 +292,7 @@ def run(opts: Options, out_dir: str, log=print) -> dict:
                 t0 = time.time()
                 result["workloads"][f"{axis}:{wl.name}"] = wl.summary()
                 recs = bench_training(wl, opts.optimizers_for(SWEEP_OPTIMIZERS), opts, probe, fb_python,
-                                      f"sweep:{axis}")
+                                      f"sweep:{axis}", keras=False)
                 for r in recs:
                     r["axis"], r["point"] = axis, wl.params.get(axis)
                     r["workload"] = f"{axis}:{wl.name}"

@@ -73,6 +73,6 @@ def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: in
         proc = subprocess.run([python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env,
                               check=False)
     if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or ["exit code %d" % proc.returncode])[-1]
+        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         return {o: {"error": f"fbgemm_peer.py failed: {msg[:300]}"} for o in optimizers}
     return json.loads(proc.stdout.strip().splitlines()[-1])["results"]

@@ -78,10 +78,36 @@ def _inputs(features, base_dir, torch):
     return (torch.from_numpy(np.concatenate(all_ids)), torch.tensor(all_offsets, dtype=torch.int64), batch)
 
 
-def run(job: dict, base_dir: str) -> dict:
+def _time(emb, ids, offsets, job: dict) -> dict:
+    """Warms up, sizes the blocks, and times forward + backward (which applies the fused optimizer update)."""
     import torch  # pylint: disable=import-outside-toplevel
 
+    # The upstream gradient: fixed random values of the activation's shape, as in our step.
+    grad = torch.randn_like(emb(ids, offsets)) * 1e-3
+
+    def step():
+        emb(ids, offsets).backward(grad)
+
+    for _ in range(int(job.get("warmup", 3))):
+        step()
+    steps = int(job["steps"])
+    if steps <= 0:  # size blocks to about block_ms, like the suite does for its own engines
+        t0 = time.perf_counter()
+        step()
+        est = (time.perf_counter() - t0) * 1e3
+        steps = int(min(200, max(1, round(float(job.get("block_ms", 150.0)) / max(est, 1e-3)))))
+    blocks = []
+    for _ in range(int(job.get("blocks", 5))):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        blocks.append((time.perf_counter() - t0) * 1e3 / steps)
+    return {"block_ms": blocks, "steps": steps}
+
+
+def run(job: dict, base_dir: str) -> dict:
     import fbgemm_gpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (registers the ops)
+    import torch  # pylint: disable=import-outside-toplevel
     from fbgemm_gpu import split_embedding_configs as cfg  # pylint: disable=import-outside-toplevel
     from fbgemm_gpu import split_table_batched_embeddings_ops_training as tbe_mod  # pylint: disable=import-outside-toplevel
 
@@ -108,29 +134,7 @@ def run(job: dict, base_dir: str) -> dict:
         try:
             emb = _build(job["tables"], job["features"], opt, job.get("learning_rate", 0.01), pooling, torch, tbe_mod,
                          cfg)
-            # The upstream gradient: fixed random values of the activation's shape, as in our step.
-            act = emb(ids, offsets)
-            grad = torch.randn_like(act) * 1e-3
-
-            def step():
-                y = emb(ids, offsets)
-                y.backward(grad)
-
-            for _ in range(int(job.get("warmup", 3))):
-                step()
-            steps = int(job["steps"])
-            if steps <= 0:  # size blocks to about block_ms, like the suite does for its own engines
-                t0 = time.perf_counter()
-                step()
-                est = (time.perf_counter() - t0) * 1e3
-                steps = int(min(200, max(1, round(float(job.get("block_ms", 150.0)) / max(est, 1e-3)))))
-            blocks = []
-            for _ in range(int(job.get("blocks", 5))):
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    step()
-                blocks.append((time.perf_counter() - t0) * 1e3 / steps)
-            out["results"][opt] = {"block_ms": blocks, "steps": steps, "optim_type": _OPTIMIZERS[opt],
+            out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt],
                                    "out_dims": dims}
             del emb
         except Exception as e:  # noqa: BLE001  (reported per optimizer: FBGEMM lacks some CPU kernels)

@@ -82,7 +82,7 @@ def _forward(tables: list[tf.Variable], inputs: dict, combiner: str) -> list[tf.
 
 
 def _loss(acts: list[tf.Tensor], inputs: dict) -> tf.Tensor:
-    return tf.add_n([tf.reduce_sum(a * f["upstream"]) for a, f in zip(acts, inputs["features"])])
+    return tf.add_n([tf.reduce_sum(a * f["upstream"]) for a, f in zip(acts, inputs["features"], strict=True)])
 
 
 def keras_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
@@ -108,7 +108,7 @@ def keras_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
         with tf.GradientTape() as tape:
             loss = _loss(_forward(tables, inputs, wl.combiner), inputs)
         grads = tape.gradient(loss, tables)
-        opt.apply_gradients(zip(grads, tables))
+        opt.apply_gradients(zip(grads, tables, strict=True))
         return loss
 
     step.tables = tables  # keep the state alive with the function
@@ -184,7 +184,7 @@ def raw_op_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
             loss = _loss(_forward(tables, inputs, wl.combiner), inputs)
         grads = tape.gradient(loss, tables)
         ops = []
-        for t, (table, grad) in enumerate(zip(tables, grads)):
+        for t, (table, grad) in enumerate(zip(tables, grads, strict=True)):
             if optimizer == "adam_nonlazy":
                 # Dense TPU Adam (every row, no bias correction: beta powers 0 make lr_t = lr).
                 ops.append(tf.raw_ops.ResourceApplyAdam(
