@@ -1,7 +1,8 @@
 """Our engine: the fused step (``embedding_activations`` + ``send_tpu_embedding_gradients``) on a workload.
 
 One step is what the TPU engine does: normalise the features (in the graph, as the enqueue does), look up and
-combine, take the loss's gradient w.r.t. the activations, and apply the fused backward + optimizer update in place.
+combine, then apply the fused backward + optimizer update in place, given the activations' gradient (a fixed
+upstream tensor, the same for every engine).
 The hyper-parameters are those of ``peers/tf_native.py`` so every engine runs the same update rule.
 
 Example:
@@ -116,13 +117,10 @@ def fused_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
     def step():
         feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
         acts = api.embedding_activations(feats, tables, cfg, combiners)
-        with tf.GradientTape() as tape:
-            tape.watch(acts)
-            loss = tf.add_n([tf.reduce_sum(a * u) for a, u in zip(acts, upstream, strict=True)])
-        grads = tape.gradient(loss, acts)
-        update = api.send_tpu_embedding_gradients(grads, [], feats, tables, slots, cfg, combiners)
-        with tf.control_dependencies([update]):
-            return tf.identity(loss)
+        # The activations' gradient is the fixed upstream tensor (as for every engine): the model between the
+        # activations and the loss is not what is measured.
+        api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners)
+        return acts
 
     step.state = (tables, slots)
     return step

@@ -253,6 +253,21 @@ def markdown(result: dict, plots: list[str]) -> str:
                            f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_eager')))}) |")
         out.append("")
 
+    par = result.get("parity")
+    if par:
+        out += ["## Parity (same work)", "",
+                "Ours and the raw-op peer start from the same tables and slots, take the same steps on small "
+                "versions of the workloads, and their tables and slots are compared: the ratios above compare "
+                "engines computing the same update.", "",
+                "| workload | optimizer | max abs difference | largest update |", "|---|---|---|---|"]
+        for r in par:
+            if "error" in r:
+                out.append(f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | not run: "
+                           f"`{r['error'][:160]}` | |")
+            else:
+                out.append(f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | "
+                           f"{r['max_abs_diff']:.2g} | {r['max_abs_update']:.2g} |")
+        out.append("")
     if plots:
         out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     errs = _errors(result)
@@ -400,6 +415,9 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     if result.get("bandwidth"):
         _dump(os.path.join(out_dir, "bandwidth.json"), {**common, "bandwidth": result["bandwidth"]})
         written.append("bandwidth.json")
+    if result.get("parity"):
+        _dump(os.path.join(out_dir, "parity.json"), {**common, "parity": result["parity"]})
+        written.append("parity.json")
     if result.get("accumulator"):
         _dump(os.path.join(out_dir, "accumulator.json"), {**common, "accumulator": result["accumulator"]})
         written.append("accumulator.json")

@@ -102,7 +102,8 @@ def _error_text(e: BaseException) -> str:
     text = lines[-1] if lines else ""
     # Drop TF's node dump after the message proper ("... for '{{node ...}} = ...' with input shapes: ...").
     text = text.split(" for '{{node ")[0]
-    return f"{type(e).__name__}: {text[:400]}"
+    name = type(e).__name__
+    return text[:400] if text.startswith(name) else f"{name}: {text[:400]}"
 
 
 def _build(builder, *args) -> object:
@@ -192,6 +193,42 @@ def bench_lookup(wl: wls.Workload, opts: Options, probe: dict | None) -> list[di
     return out
 
 
+def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: int = 2) -> list[dict]:
+    """Checks that ours and the raw-op peer do the same work: same start, ``steps`` steps, compare the state.
+
+    Runs on small workloads (it reads whole tables back). A benchmark of two engines that compute different
+    updates would compare nothing; this is what makes the ratios meaningful.
+    """
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    out = []
+    for wl in smoke_workloads:
+        for opt in optimizers:
+            if opt not in tn.RAW_OPTIMIZERS:
+                continue
+            rec = {"workload": wl.name, "optimizer": opt}
+            try:
+                mine = ours.fused_step(wl, opt)
+                peer = tn.raw_op_step(wl, opt)
+                (t_a, s_a), (t_b, s_b) = mine.state, peer.state
+                for a, b in zip(t_a + [x for s in s_a for x in s], t_b + [x for s in s_b for x in s], strict=True):
+                    b.assign(a)
+                for _ in range(steps):
+                    mine()
+                    peer()
+                diffs = [float(np.max(np.abs(a.numpy() - b.numpy()), initial=0.0))
+                         for a, b in zip(t_a + [x for s in s_a for x in s], t_b + [x for s in s_b for x in s],
+                                         strict=True)]
+                moved = max(float(np.max(np.abs(a.numpy() - b0), initial=0.0))
+                            for a, b0 in zip(t_a, [tn.make_tables(wl, 0)[i].numpy() for i in range(len(t_a))],
+                                             strict=True))
+                rec.update({"max_abs_diff": max(diffs), "max_abs_update": moved, "steps": steps})
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = _error_text(e)
+            out.append(rec)
+    return out
+
+
 def bench_accumulator(opts: Options) -> dict:
     """Our SparseConditionalAccumulator vs TensorFlow's (reuses benchmarks/accumulator_benchmark.py)."""
     try:
@@ -271,6 +308,12 @@ def run(opts: Options, out_dir: str, log=print) -> dict:
         log(f"bandwidth probe unavailable: {meta['bandwidth_error']}")
 
     result = {"meta": meta, "peers": peers, "bandwidth": probe, "workloads": {}, "runs": []}
+    if ok:
+        result["parity"] = parity([make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
+                                  opts.optimizers_for(list(CORE_OPTIMIZERS) + list(EXTRA_OPTIMIZERS)))
+        log("parity: " + ", ".join(f"{r['workload']}/{r['optimizer']}="
+                                   + (f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else "error")
+                                   for r in result["parity"]))
     for name, make in wls.WORKLOADS.items():
         if not opts.wants(name):
             continue

@@ -98,6 +98,17 @@ def test_report_marks_every_target(smoke_run):
                 j += 1
 
 
+@pytest.mark.parametrize("workload", ["W1", "W2"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_ours_and_raw_op_peer_compute_the_same_update(smoke_run, workload, optimizer):
+    out, _ = smoke_run
+    par = {(r["workload"], r["optimizer"]): r for r in _load(out, "parity.json")["parity"]}
+    rec = par[(workload, optimizer)]
+    assert "error" not in rec, rec.get("error")
+    assert rec["max_abs_update"] > 1e-5  # the steps did change the tables
+    assert rec["max_abs_diff"] <= 1e-6 + 1e-3 * rec["max_abs_update"]
+
+
 def test_plots_are_pngs(smoke_run):
     pytest.importorskip("matplotlib")
     out, _ = smoke_run
