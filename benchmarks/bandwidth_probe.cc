@@ -102,24 +102,26 @@ int main(int argc, char** argv) {
   for (int r = 0; r < o.reps; ++r) {
     std::vector<float> partial(o.threads, 0.f);
     best_read = std::min(best_read, ParallelTime(o.threads, n, [&](size_t s, size_t e) {
-      float acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0;
-      size_t i = s;
-      for (; i + 4 <= e; i += 4) acc0 += a[i], acc1 += a[i + 1], acc2 += a[i + 2], acc3 += a[i + 3];
-      for (; i < e; ++i) acc0 += a[i];
-      g_sink = acc0 + acc1 + acc2 + acc3;
-    }));
+                           float acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0;
+                           size_t i = s;
+                           for (; i + 4 <= e; i += 4)
+                             acc0 += a[i], acc1 += a[i + 1], acc2 += a[i + 2], acc3 += a[i + 3];
+                           for (; i < e; ++i) acc0 += a[i];
+                           g_sink = acc0 + acc1 + acc2 + acc3;
+                         }));
     best_write = std::min(best_write, ParallelTime(o.threads, n, [&](size_t s, size_t e) {
-      const float v = static_cast<float>(r);
-      for (size_t i = s; i < e; ++i) b[i] = v;
-    }));
+                            const float v = static_cast<float>(r);
+                            for (size_t i = s; i < e; ++i) b[i] = v;
+                          }));
     best_copy = std::min(best_copy, ParallelTime(o.threads, n, [&](size_t s, size_t e) {
-      for (size_t i = s; i < e; ++i) a[i] = b[i] + 0.5f * a[i];
-    }));
+                           for (size_t i = s; i < e; ++i) a[i] = b[i] + 0.5f * a[i];
+                         }));
   }
 
-  std::printf("{\"threads\": %d, \"buffer_mb\": %zu, \"stream_read_gbs\": %.3f, \"stream_write_gbs\": %.3f, "
-              "\"stream_copy_gbs\": %.3f, \"rows\": [",
-              o.threads, o.mb, bytes / best_read / 1e9, bytes / best_write / 1e9, 3 * bytes / best_copy / 1e9);
+  std::printf(
+      "{\"threads\": %d, \"buffer_mb\": %zu, \"stream_read_gbs\": %.3f, \"stream_write_gbs\": %.3f, "
+      "\"stream_copy_gbs\": %.3f, \"rows\": [",
+      o.threads, o.mb, bytes / best_read / 1e9, bytes / best_write / 1e9, 3 * bytes / best_copy / 1e9);
 
   std::mt19937_64 rng(42);
   for (size_t di = 0; di < o.dims.size(); ++di) {
@@ -148,12 +150,12 @@ int main(int argc, char** argv) {
       for (int r = 0; r < o.reps; ++r) {
         const std::vector<int64_t> order = draw(r, sorted);
         best = std::min(best, ParallelTime(o.threads, touched, [&](size_t s, size_t e) {
-          for (size_t i = s; i < e; ++i) {
-            float* row = a.data() + order[i] * dim;
-            const float* g = grad.data() + i * dim;
-            for (size_t j = 0; j < dim; ++j) row[j] -= 0.01f * g[j];
-          }
-        }));
+                          for (size_t i = s; i < e; ++i) {
+                            float* row = a.data() + order[i] * dim;
+                            const float* g = grad.data() + i * dim;
+                            for (size_t j = 0; j < dim; ++j) row[j] -= 0.01f * g[j];
+                          }
+                        }));
       }
       // The gradient rows are read too: count them so the figure is bytes the loop really moved.
       return static_cast<double>(touched) * dim * sizeof(float) * 3 / best / 1e9;
