@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "cc/lib/prefetch.h"
+
 namespace tf_embed_ops {
 namespace {
 
@@ -24,8 +26,12 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   while ((int64_t{1} << bits) < 2 * total) ++bits;
   const int64_t capacity = int64_t{1} << bits;
   const int shift = 64 - bits;
-  std::vector<int64_t> keys(capacity, -1);  // ids are validated non-negative, so -1 marks an empty slot
-  std::vector<int64_t> values(capacity);
+  // Key and value side by side: one cache line per probe.
+  struct Bucket {
+    int64_t row;  // -1 = empty (ids are validated non-negative)
+    int64_t unique;
+  };
+  std::vector<Bucket> buckets(capacity, Bucket{-1, 0});
 
   rows_.clear();
   std::vector<int64_t> unique_of(total);
@@ -35,15 +41,14 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       uint64_t h = Slot(row, shift);
-      while (keys[h] != -1 && keys[h] != row) h = (h + 1) & (capacity - 1);
-      if (keys[h] == -1) {
-        keys[h] = row;
-        values[h] = static_cast<int64_t>(rows_.size());
+      while (buckets[h].row != -1 && buckets[h].row != row) h = (h + 1) & (capacity - 1);
+      if (buckets[h].row == -1) {
+        buckets[h] = Bucket{row, static_cast<int64_t>(rows_.size())};
         rows_.push_back(row);
         counts.push_back(0);
       }
-      unique_of[n] = values[h];
-      ++counts[values[h]];
+      unique_of[n] = buckets[h].unique;
+      ++counts[buckets[h].unique];
     }
   }
 
@@ -63,6 +68,12 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
 void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
   std::memset(g, 0, sizeof(float) * dim);
   for (int64_t k = offsets_[u]; k < offsets_[u + 1]; ++k) {
+    if (k + kPrefetchDistance < static_cast<int64_t>(entries_.size())) {
+      // Next rows' gradients: entries are contiguous across unique rows, so this also covers row u + 1.
+      const Entry& ahead = entries_[k + kPrefetchDistance];
+      const GradientSource& a = (*sources_)[ahead.source];
+      PrefetchRow<false>(a.gradient + a.layout->sample_of[ahead.position] * dim, dim);
+    }
     const GradientSource& s = (*sources_)[entries_[k].source];
     const int64_t i = entries_[k].position;
     const float c = s.layout->scale[i];
