@@ -371,7 +371,12 @@ def embedding_lookup_and_update(
             update = send_tpu_embedding_gradients(dys, rates, feats, tables, slots, config, combiners)
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
-                return tf.zeros_like(trigger_value)
+                # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,
+                # Grappler drops the edge and the update never runs (measured). The zero is instead computed
+                # from a table value read after the update (multiply_no_nan: exactly 0 even for inf/NaN), so
+                # the update is a data dependency of the trigger's gradient.
+                probe = tf.raw_ops.ReadVariableOp(resource=tables[0].handle, dtype=tf.float32)[0, 0]
+                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
 
         return acts, grad
 

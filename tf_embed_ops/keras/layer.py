@@ -1,0 +1,218 @@
+"""`tf_embed_ops.keras.TPUEmbedding`: a Keras 3 layer whose tables train with their TPU optimizers in `fit`.
+
+The tables and slots are non-trainable `keras.Variable`s (so the Keras optimizer never touches them, and
+`model.save`/`load_model`/`tf.train.Checkpoint` handle them like any weight). In training mode the lookup goes
+through a custom gradient whose backward pass runs the fused `SendTPUEmbeddingGradients` op. Keras' train step
+differentiates only with respect to trainable weights, so the layer owns one trainable scalar, the *update
+trigger*: the lookup is a function of it, its gradient is the (zero) output of the backward pass, and that zero
+depends on the fused update op. The update is therefore on the data path of the gradient Keras applies, not a
+side effect graph optimisation could prune (spec section 5, the dummy-variable technique of the TPUEstimator era).
+
+Example:
+    >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 8, name="user")
+    >>> layer = TPUEmbedding({"user": tf.tpu.experimental.embedding.FeatureConfig(table)},
+    ...                      tf.tpu.experimental.embedding.Adagrad(0.1))
+    >>> acts = layer({"user": tf.constant([3, 7])})   # {"user": [2, 8]}
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.keras import serialization, serving
+
+__all__ = ["TPUEmbedding"]
+
+
+class _KerasTableStore(mid_level.TPUEmbedding):
+    """The mid-level object with `keras.Variable` tables, created through the owning layer's `add_weight`.
+
+    Checkpoint structure below the layer is TensorFlow's (`_tpu_embedding/<table>`, `_tpu_embedding/<table>/<slot>`,
+    as TensorFlow Recommenders' TPUEmbedding layer writes it).
+    """
+
+    def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool):
+        super().__init__(feature_config, optimizer, pipeline)
+        self._add_weight = add_weight
+
+    def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool):
+        # keras.Variable names may not contain "/"; the checkpoint name (given to the tracker) keeps it.
+        return self._add_weight(
+            name=name.replace("/", "."),
+            shape=shape,
+            initializer=initializer,
+            dtype="float32",
+            trainable=trainable,
+            autocast=False,
+        )
+
+    def _create_variables_and_slots(self) -> dict:
+        variables = super()._create_variables_and_slots()
+        for table, slots in variables.items():
+            for slot, var in slots.items():
+                if not isinstance(var, keras.Variable):
+                    raise ValueError(
+                        f"Table {table!r} slot {slot!r}: slot_variable_creation_fn returned {type(var).__name__}; "
+                        "inside the Keras layer it must return keras.Variable objects (or leave it unset)."
+                    )
+        return variables
+
+    def _tables_and_slots(self) -> tuple[list, list]:
+        tables, slots = super()._tables_and_slots()
+        # keras.Variable.value is the backing tf.Variable (autocast is off), whose handle the kernels take.
+        return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
+
+
+def activation_specs(features: Any, feature_config: Any) -> Any:
+    """Symbolic activations (`keras.KerasTensor`s) for symbolic `features`, without tracing any op.
+
+    `input_shape + [dim]` with a trailing 1 of dense inputs reduced, `[B, L, dim]` for rank-2 ragged/sparse
+    sequence features, `output_shape + [dim]` when the FeatureConfig sets one.
+    """
+    outputs = []
+    for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config), strict=False):
+        dim = f.table.dim
+        shape = list(x.shape)
+        composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
+        if f.output_shape:
+            out = f.output_shape.as_list() + [dim]
+        elif f.max_sequence_length > 0 and len(shape) == 2 and composite:
+            out = [shape[0], f.max_sequence_length, dim]
+        else:
+            out = (shape if len(shape) == 1 else shape[:-1]) + [dim]
+        outputs.append(keras.KerasTensor(out, dtype="float32"))
+    return tf.nest.pack_sequence_as(feature_config, outputs)
+
+
+@keras.saving.register_keras_serializable(package="tf_embed_ops")
+class TPUEmbedding(keras.layers.Layer):
+    """Embedding lookups for a nest of `FeatureConfig`s, trained by the tables' TPU optimizers in `model.fit`.
+
+    Takes the same `feature_config`/`optimizer` as `tf.tpu.experimental.embedding.TPUEmbedding` (and
+    TensorFlow Recommenders' layer). `call(features, weights=None)` returns activations in the nest of
+    `feature_config`: `[B, dim]` per feature, `[B, max_sequence_length, dim]` for sequence features. In
+    training mode the backward pass updates the touched table rows with each table's optimizer; the model's
+    Keras optimizer updates the rest of the model and never the tables.
+
+    Example:
+        >>> emb = TPUEmbedding(feature_config, tf.tpu.experimental.embedding.Adagrad(0.05))
+        >>> inputs = {"user": keras.Input(shape=(), dtype="int64"), ...}
+        >>> acts = emb(inputs)
+        >>> model = keras.Model(inputs, keras.layers.Dense(1)(acts["user"]))
+        >>> model.compile("adam", "binary_crossentropy"); model.fit(dataset)
+    """
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+        **kwargs: Any,
+    ):
+        """Creates the layer and its tables/slots.
+
+        Args:
+          feature_config: nest of `tf.tpu.experimental.embedding.FeatureConfig` (or its `get_config` dict form).
+          optimizer: default table optimizer (`tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum,
+            Adam, FTRL}`), or its dict form; tables with their own optimizer keep it.
+          pipeline_execution_with_tensor_core: recorded in the configuration; no numeric effect on CPU.
+          **kwargs: `keras.layers.Layer` arguments (name, ...).
+
+        Raises:
+          ValueError: as `tf_embed_ops.TPUEmbedding`, or if a slot_variable_creation_fn returns non-keras variables.
+        """
+        super().__init__(**kwargs)
+        if isinstance(feature_config, dict) and "tables" in feature_config and "structure" in feature_config:
+            feature_config = serialization.feature_config_from_dict(feature_config)
+        if isinstance(optimizer, dict):
+            optimizer = serialization.optimizer_from_dict(optimizer)
+        # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
+        self.supports_jit = False
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
+        self._global_optimizer = optimizer
+        self._pipeline = bool(pipeline_execution_with_tensor_core)
+        self._tpu_embedding = _KerasTableStore(self.add_weight, feature_config, optimizer, self._pipeline)
+        self._tpu_embedding.build()
+        self._update_trigger = self.add_weight(
+            name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
+        )
+        self.built = True
+
+    @property
+    def feature_config(self) -> Any:
+        return self._tpu_embedding._feature_config  # noqa: SLF001
+
+    @property
+    def embedding_tables(self) -> dict:
+        """`{TableConfig: keras.Variable}`."""
+        return self._tpu_embedding.embedding_tables
+
+    @property
+    def slot_variables(self) -> dict:
+        """`{TableConfig: {slot_name: keras.Variable}}`, slots in Load/Retrieve order."""
+        return self._tpu_embedding.slot_variables
+
+    @property
+    def config_proto(self):
+        """The `TPUEmbeddingConfiguration` the kernels run (no `input_shape`: Keras batches vary)."""
+        return self._tpu_embedding.config_proto
+
+    def build(self, input_shape: Any = None) -> None:  # variables exist from __init__
+        self.built = True
+
+    def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        store = self._tpu_embedding
+        inputs, _ = store._normalize_inputs(features, weights)  # noqa: SLF001
+        flat_features = tf.nest.flatten(store._feature_config)  # noqa: SLF001
+        if serving.in_serving_mode():
+            kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
+            tables = store._variables  # noqa: SLF001
+            acts = [
+                serving.plain_lookup(
+                    inp,
+                    dense,
+                    tables[f.table.name]["parameters"].value,
+                    f.table.dim,
+                    f.table.combiner,
+                    f.table.quantization_config,
+                )
+                for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
+            ]
+        else:
+            tables, slots = store._tables_and_slots()  # noqa: SLF001
+            if training:
+                # The fused update hangs on the trigger's gradient (see the module docstring).
+                acts = embedding_ops.embedding_lookup_and_update(
+                    inputs,
+                    tables,
+                    slots,
+                    store._serialized_config,  # noqa: SLF001
+                    combiners=store._combiners,  # noqa: SLF001
+                    learning_rates=list(store._dynamic_learning_rates),  # noqa: SLF001
+                    trigger=tf.convert_to_tensor(self._update_trigger.value),
+                )
+            else:
+                acts = embedding_ops.embedding_activations(
+                    inputs, tables, store._serialized_config, combiners=store._combiners  # noqa: SLF001
+                )
+        acts = store._reshape_activations(list(acts))  # noqa: SLF001
+        return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
+
+    def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        return activation_specs(features, self.feature_config)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            {
+                "feature_config": serialization.feature_config_to_dict(self.feature_config),
+                "optimizer": serialization.optimizer_to_dict(self._global_optimizer),
+                "pipeline_execution_with_tensor_core": self._pipeline,
+            }
+        )
+        return config
