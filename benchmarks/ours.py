@@ -41,6 +41,7 @@ def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
         p.adagrad_momentum.momentum = tn.MOMENTUM
         p.adagrad_momentum.exponent = 2.0
         p.adagrad_momentum.beta2 = 1.0
+        p.adagrad_momentum.epsilon = tn.ADAGRAD_MOMENTUM_EPS
     elif optimizer in ("adam", "adam_nonlazy"):
         p.adam.beta1, p.adam.beta2, p.adam.epsilon = tn.BETA1, tn.BETA2, tn.EPS
         p.adam.use_non_lazy_adam = optimizer == "adam_nonlazy"
@@ -62,14 +63,12 @@ def make_config(wl: Workload, optimizer: str) -> cfg_pb2.TPUEmbeddingConfigurati
     """The TPUEmbeddingConfiguration of the workload: one table descriptor per table, one feature each."""
     cfg = cfg_pb2.TPUEmbeddingConfiguration()
     cfg.mode = cfg_pb2.TPUEmbeddingConfiguration.TRAINING
-    cfg.batch_size_per_tensor_core = wl.batch
     cfg.num_hosts = 1
     cfg.num_tensor_cores = 1
     cfg.sharding_strategy = cfg_pb2.TPUEmbeddingConfiguration.DIV_DEFAULT
     for t in wl.tables:
         td = cfg.table_descriptor.add()
         td.name, td.vocabulary_size, td.dimension = t.name, t.vocab, t.dim
-        td.num_features = sum(1 for f in wl.features if wl.tables[f.table] is t)
         td.optimization_parameters.CopyFrom(_optimization_parameters(optimizer))
     for f in wl.features:
         fd = cfg.feature_descriptor.add()

@@ -28,6 +28,7 @@ LR = 0.01
 ADAGRAD_INIT = 0.1
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 MOMENTUM = 0.9
+ADAGRAD_MOMENTUM_EPS = 1e-10  # tf.tpu.experimental.embedding.AdagradMomentum's default
 RHO = 0.9
 
 # Which of our optimizers each peer covers (others are reported as "no such peer").
@@ -159,7 +160,7 @@ def _raw_apply(optimizer: str, table: tf.Variable, slots: list[tf.Variable], uni
     if optimizer == "adagrad_momentum":
         # TPU AdagradMomentum (exponent 2, beta2 1, no Nesterov): gather -> math -> scatter.
         a = tf.gather(slots[0], uniq) + g * g
-        mom = MOMENTUM * tf.gather(slots[1], uniq) + g * tf.math.rsqrt(a)
+        mom = MOMENTUM * tf.gather(slots[1], uniq) + g * tf.math.rsqrt(a + ADAGRAD_MOMENTUM_EPS)
         w = tf.gather(table, uniq) - LR * mom
         return tf.group(slots[0].scatter_update(tf.IndexedSlices(a, uniq)),
                         slots[1].scatter_update(tf.IndexedSlices(mom, uniq)),
