@@ -247,7 +247,7 @@ def markdown(result: dict, plots: list[str]) -> str:
                     out.append(f"| {case} | error: `{row['error']}` | | |")
                     continue
                 tfr = row.get("tensorflow")
-                out.append(f"| {case} | {_ms(tfr)} | {_peer_cell(tfr, row.get('tf_embed_ops_graph')).split(' ')[0]} "
+                out.append(f"| {case} | {_ms(tfr)} | {_ms(row.get('tf_embed_ops_graph'))} "
                            f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_graph')))}) | "
                            f"{_ms(row.get('tf_embed_ops_eager'))} "
                            f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_eager')))}) |")

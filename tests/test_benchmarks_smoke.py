@@ -98,6 +98,17 @@ def test_report_marks_every_target(smoke_run):
                 j += 1
 
 
+def test_accumulator_section(smoke_run):
+    out, _ = smoke_run
+    acc = _load(out, "accumulator.json")["accumulator"]
+    assert "error" not in acc, acc.get("error")
+    assert set(acc["cases"]) == {"disjoint", "overlapping"}
+    for case in acc["cases"].values():
+        for engine in ("tensorflow", "tf_embed_ops_graph", "tf_embed_ops_eager"):
+            assert case[engine]["median_ms"] > 0
+    assert "## SparseConditionalAccumulator" in (out / "REPORT.md").read_text()
+
+
 @pytest.mark.parametrize("workload", ["W1", "W2"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_ours_and_raw_op_peer_compute_the_same_update(smoke_run, workload, optimizer):
