@@ -3,7 +3,8 @@
 Files written into the output directory:
 
 * ``suite.json`` — everything; ``W1.json`` ... ``W4.json``, ``sweeps.json``, ``threads.json``, ``lookup.json``,
-  ``accumulator.json``, ``bandwidth.json`` — the same records split by section.
+  ``accumulator_suite.json`` (``accumulator.json`` belongs to the standalone accumulator_benchmark.py),
+  ``bandwidth.json``, ``parity.json`` — the same records split by section.
 * ``REPORT.md`` — the tables, the targets marked met / missed, and the plots.
 * ``w1_engines.png``, ``speedups.png``, ``sweeps.png`` — small PNGs (matplotlib, Agg backend) the README embeds.
 """
@@ -274,9 +275,11 @@ def markdown(result: dict, plots: list[str]) -> str:
     if errs:
         out += ["## Engines that did not run", ""] + errs + [""]
     out += ["## Method", "",
-            "- One step = forward (look up + combine), loss gradient w.r.t. the activations, backward + optimizer "
-            "update, on the same ids for every engine (Zipf ids scattered over the vocabulary by a fixed "
-            "permutation). Hyper-parameters are the TPU ones (no Adam bias correction, Adagrad without epsilon).",
+            "- One step = forward (look up + combine), then backward + optimizer update given a fixed upstream "
+            "gradient for the activations, on the same ids for every engine (Zipf ids scattered over the vocabulary "
+            "by a fixed permutation). Hyper-parameters are the TPU ones (no Adam bias correction, Adagrad without "
+            "epsilon). TensorFlow engines run in a `tf.function`; FBGEMM runs its module's forward and "
+            "`backward(grad)`, which applies its fused optimizer.",
             "- Ours, Keras 3 and the raw-op path run in one process and alternate block by block; FBGEMM runs in its "
             "own interpreter (torch cannot share one with TensorFlow) right after, on the same ids.",
             "- Fraction of bound = (least bytes the step must move / measured bandwidth) / measured time; rows "
@@ -368,8 +371,9 @@ def plot(result: dict, out_dir: str) -> list[str]:
             for (e, o) in sorted({(r["engine"], r["optimizer"]) for r in sweep if r["axis"] == axis}):
                 pts = sorted((r["point"], r["median_ms"]) for r in sweep
                              if r["axis"] == axis and r["engine"] == e and r["optimizer"] == o)
+                label = ENGINE_LABELS[e] if e == "fbgemm_rowwise" else f"{ENGINE_LABELS.get(e, e)} {OPT_LABELS[o]}"
                 ax.plot([p for p, _ in pts], [m for _, m in pts], styles.get(o, "-"), marker="o", ms=3,
-                        color=colors.get(e, "gray"), label=f"{ENGINE_LABELS.get(e, e)} {OPT_LABELS[o]}")
+                        color=colors.get(e, "gray"), label=label)
             if axis != "zipf":
                 ax.set_xscale("log")
             ax.set_yscale("log")
@@ -419,8 +423,8 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
         _dump(os.path.join(out_dir, "parity.json"), {**common, "parity": result["parity"]})
         written.append("parity.json")
     if result.get("accumulator"):
-        _dump(os.path.join(out_dir, "accumulator.json"), {**common, "accumulator": result["accumulator"]})
-        written.append("accumulator.json")
+        _dump(os.path.join(out_dir, "accumulator_suite.json"), {**common, "accumulator": result["accumulator"]})
+        written.append("accumulator_suite.json")
     if with_report:
         plots = plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:

@@ -302,7 +302,7 @@ def run(opts: Options, out_dir: str, log=print) -> dict:
         if opts.smoke:
             probe = bandwidth.probe(opts.threads, mb=32, reps=1, dims=(8, 16, 64), rows_touched=1024)
         else:
-            probe = bandwidth.probe(opts.threads)
+            probe = bandwidth.probe(opts.threads, reps=5)
         log(f"bandwidth: copy {probe['stream_copy_gbs']:.1f} GB/s, random-row RMW "
             f"{bandwidth.rmw_gbs(probe, 64):.1f} GB/s at dim 64")
     except Exception as e:  # noqa: BLE001

@@ -100,7 +100,7 @@ def test_report_marks_every_target(smoke_run):
 
 def test_accumulator_section(smoke_run):
     out, _ = smoke_run
-    acc = _load(out, "accumulator.json")["accumulator"]
+    acc = _load(out, "accumulator_suite.json")["accumulator"]
     assert "error" not in acc, acc.get("error")
     assert set(acc["cases"]) == {"disjoint", "overlapping"}
     for case in acc["cases"].values():
