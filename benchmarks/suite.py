@@ -158,8 +158,8 @@ def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe
             fb_opts.append("rowwise_adagrad")
         if fb_opts:
             steps = 2 if opts.smoke else 0  # 0: the peer sizes its blocks to block_ms itself
-            fb = fbgemm.run(fbgemm_python, wl, fb_opts, steps=steps, blocks=opts.blocks, warmup=opts.warmup,
-                            threads=opts.threads, block_ms=opts.block_ms)
+            fb = fbgemm.run_best(fbgemm_python, wl, fb_opts, steps=steps, blocks=opts.blocks, warmup=opts.warmup,
+                                 threads=opts.threads, block_ms=opts.block_ms)
             for name, r in fb.items():
                 opt = "adagrad" if name == "rowwise_adagrad" else name
                 engine = "fbgemm_rowwise" if name == "rowwise_adagrad" else "fbgemm"
@@ -167,7 +167,8 @@ def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe
                 if "block_ms" in r:
                     rec.update(harness.summarize(r["block_ms"]))
                     rec["steps_per_block"] = r.get("steps", steps)
-                    rec["detail"] = r.get("optim_type", "")
+                    rec["detail"] = r.get("optim_type", "") + (
+                        f", OMP_WAIT_POLICY={r['omp_wait_policy']}" if r.get("omp_wait_policy") else "")
                     rec["unique_rows_per_s"] = _rows_per_s(summary, rec["median_ms"])
                 else:
                     rec["error"] = r.get("error", "no result")

@@ -43,12 +43,28 @@ def available(python: str | None) -> tuple[bool, str]:
     return True, f"torch {torch_v}, fbgemm_gpu {fb_v}"
 
 
+def run_best(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: int, warmup: int,
+             threads: int = 1, block_ms: float = 150.0) -> dict:
+    """``run``, and with several threads also under OMP_WAIT_POLICY=PASSIVE, keeping FBGEMM's faster result."""
+    best = run(python, wl, optimizers, steps, blocks, warmup, threads, block_ms)
+    if threads <= 1:
+        return best
+    passive = run(python, wl, optimizers, steps, blocks, warmup, threads, block_ms, omp_wait_policy="PASSIVE")
+    for opt, r in passive.items():
+        mine = best.get(opt, {})
+        if "block_ms" in r and ("block_ms" not in mine or sorted(r["block_ms"])[len(r["block_ms"]) // 2]
+                                < sorted(mine["block_ms"])[len(mine["block_ms"]) // 2]):
+            best[opt] = {**r, "omp_wait_policy": "PASSIVE"}
+    return best
+
+
 def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: int, warmup: int,
-        threads: int = 1, block_ms: float = 150.0, timeout: int = 1200) -> dict:
+        threads: int = 1, block_ms: float = 150.0, timeout: int = 1200, omp_wait_policy: str | None = None) -> dict:
     """Runs FBGEMM on ``wl``'s ids; returns optimizer -> {"block_ms": [...]} or {"error": ...}.
 
     Pooling: the workload's combiner (sum/mean), or none for sequence features (FBGEMM's PoolingMode.NONE gives
-    one row per id, the same rows as our [B, L, D] output).
+    one row per id, the same rows as our [B, L, D] output). ``omp_wait_policy`` sets OMP_WAIT_POLICY for the peer
+    (with more than one thread, OpenMP's default spinning collapses when another process shares the cores).
     """
     kinds = {f.kind for f in wl.features}
     pooling = "none" if kinds == {"sequence"} else wl.combiner
@@ -70,6 +86,8 @@ def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: in
         with open(path, "w") as f:
             json.dump(job, f)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        if omp_wait_policy:
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
         proc = subprocess.run([python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env,
                               check=False)
     if proc.returncode != 0:
