@@ -36,7 +36,9 @@ KERAS_OPTIMIZERS = ("sgd", "adagrad", "adam", "adam_nonlazy", "ftrl")
 RAW_OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "adam_nonlazy", "ftrl", "momentum", "rms_prop",
                   "centered_rms_prop")
 RAW_KIND = {"adam": "gather/scatter", "adagrad_momentum": "gather/scatter", "adam_nonlazy": "ResourceApplyAdam",
-            "sgd": "ResourceScatterSub"}
+            "sgd": "ResourceScatterSub", "adagrad": "ResourceSparseApplyAdagradV2", "ftrl": "ResourceSparseApplyFtrl",
+            "momentum": "ResourceSparseApplyMomentum", "rms_prop": "ResourceSparseApplyRMSProp",
+            "centered_rms_prop": "ResourceSparseApplyCenteredRMSProp"}
 
 
 def make_inputs(wl: Workload) -> dict:
