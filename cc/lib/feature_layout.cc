@@ -91,16 +91,29 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
   out->num_samples = num_samples;
   if (auto s = ComputeSamples(b, label, num_samples, &out->sample_of); !s.ok()) return s;
 
+  if (b.splits_or_indices_rank == 0) {
+    // Dense input: sample i holds exactly id i, so the grouping is the identity and the combiner factor is
+    // w_i / norm(w_i) (1 for unweighted input whatever the combiner).  Same values as the general path below.
+    out->member_offsets.resize(num_samples + 1);
+    out->members.resize(b.num_ids);
+    out->scale.resize(b.num_ids);
+    for (int64_t i = 0; i <= num_samples; ++i) out->member_offsets[i] = i;
+    for (int64_t i = 0; i < b.num_ids; ++i) {
+      out->members[i] = i;
+      const double w = b.num_weights ? b.weights[i] : 1.0;
+      out->scale[i] = static_cast<float>(w) * InverseNorm(combiner, w, w * w);
+    }
+    return absl::OkStatus();
+  }
+
   // Group ids by sample with a stable counting sort, so each group keeps input order (the summation order of
   // the forward pass is then fixed by the input alone).
   out->member_offsets.assign(num_samples + 1, 0);
   for (int64_t i = 0; i < b.num_ids; ++i) ++out->member_offsets[out->sample_of[i] + 1];
   for (int64_t s = 0; s < num_samples; ++s) out->member_offsets[s + 1] += out->member_offsets[s];
   out->members.resize(b.num_ids);
-  {
-    std::vector<int64_t> cursor(out->member_offsets.begin(), out->member_offsets.end() - 1);
-    for (int64_t i = 0; i < b.num_ids; ++i) out->members[cursor[out->sample_of[i]]++] = i;
-  }
+  out->cursor.assign(out->member_offsets.begin(), out->member_offsets.end() - 1);
+  for (int64_t i = 0; i < b.num_ids; ++i) out->members[out->cursor[out->sample_of[i]]++] = i;
 
   out->scale.resize(b.num_ids);
   for (int64_t s = 0; s < num_samples; ++s) {

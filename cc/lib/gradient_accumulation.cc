@@ -27,40 +27,35 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   const int64_t capacity = int64_t{1} << bits;
   const int shift = 64 - bits;
   // Key and value side by side: one cache line per probe.
-  struct Bucket {
-    int64_t row;  // -1 = empty (ids are validated non-negative)
-    int64_t unique;
-  };
-  std::vector<Bucket> buckets(capacity, Bucket{-1, 0});
-
+  buckets_.assign(capacity, Bucket{-1, 0});
   rows_.clear();
-  std::vector<int64_t> unique_of(total);
-  std::vector<int64_t> counts;
+  counts_.clear();
+  unique_of_.resize(total);
   int64_t n = 0;
   for (const GradientSource& s : *sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       uint64_t h = Slot(row, shift);
-      while (buckets[h].row != -1 && buckets[h].row != row) h = (h + 1) & (capacity - 1);
-      if (buckets[h].row == -1) {
-        buckets[h] = Bucket{row, static_cast<int64_t>(rows_.size())};
+      while (buckets_[h].row != -1 && buckets_[h].row != row) h = (h + 1) & (capacity - 1);
+      if (buckets_[h].row == -1) {
+        buckets_[h] = Bucket{row, static_cast<int64_t>(rows_.size())};
         rows_.push_back(row);
-        counts.push_back(0);
+        counts_.push_back(0);
       }
-      unique_of[n] = buckets[h].unique;
-      ++counts[buckets[h].unique];
+      unique_of_[n] = buckets_[h].unique;
+      ++counts_[buckets_[h].unique];
     }
   }
 
   // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
   offsets_.assign(rows_.size() + 1, 0);
-  for (size_t u = 0; u < rows_.size(); ++u) offsets_[u + 1] = offsets_[u] + counts[u];
+  for (size_t u = 0; u < rows_.size(); ++u) offsets_[u + 1] = offsets_[u] + counts_[u];
   entries_.resize(total);
-  std::vector<int64_t> cursor(offsets_.begin(), offsets_.end() - 1);
+  cursor_.assign(offsets_.begin(), offsets_.end() - 1);
   n = 0;
   for (size_t f = 0; f < sources->size(); ++f) {
     for (int64_t i = 0; i < (*sources)[f].num_ids; ++i, ++n) {
-      entries_[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), i};
+      entries_[cursor_[unique_of_[n]]++] = Entry{static_cast<int32_t>(f), i};
     }
   }
 }
