@@ -27,7 +27,7 @@ def test_config_round_trip_through_the_loader(tmp_path):
     fc, _ = ctr.feature_config_from_file(path)
     assert fc["history"].max_sequence_length == ctr.HISTORY
     assert fc["item"].table is fc["history"].table and fc["tags"].table is fc["category"].table
-    assert {type(f.table.optimizer).__name__ for f in fc.values()} == {"Adagrad", "Adam", "FTRL", "SGD"}
+    assert {type(f.table.optimizer).__name__ for f in fc.values()} == {"Adagrad", "Adam", "FTRL"}
 
 
 @pytest.mark.slow

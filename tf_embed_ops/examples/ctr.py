@@ -8,8 +8,8 @@
 The data is synthetic with planted structure (see `make_data`): a click depends on a user x item latent match,
 the item's category, the user's interest tags (multi-hot) matching the category, the similarity of the user's
 recent history (a sequence feature over the *same* item table as the candidate) to the candidate, and the device.
-Tables: user (Adagrad), item (Adam; shared by `item` and `history`), category (FTRL; shared by `category` and
-the multi-hot `tags`), device (SGD). The baseline is the same model whose tables are ordinary trainable weights
+Tables: user (Adagrad), item (Adagrad; shared by `item` and `history`), category (Adam; shared by `category`
+and the multi-hot `tags`), device (FTRL). The baseline is the same model whose tables are ordinary trainable weights
 updated by the Keras optimizer; both print train/test AUC.
 """
 from __future__ import annotations
@@ -90,12 +90,12 @@ def make_data(n: int, seed: int) -> tuple[dict, np.ndarray]:
 
 def feature_config() -> tuple[dict, object]:
     """The embedding configuration: four tables, two of them shared, four different TPU optimizers."""
-    user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.02))
-    item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adam(0.002))
+    user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.05))
+    item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adagrad(0.05))
     category = emb.TableConfig(
-        SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.FTRL(0.1, beta=0.1)
+        SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.Adam(0.003)
     )
-    device = emb.TableConfig(SIZES["device"], DIM, name="device", combiner="sum", optimizer=emb.SGD(0.05))
+    device = emb.TableConfig(SIZES["device"], DIM, name="device", combiner="sum", optimizer=emb.FTRL(0.05))
     fc = {
         "category": emb.FeatureConfig(category, name="category"),
         "device": emb.FeatureConfig(device, name="device"),
