@@ -147,6 +147,19 @@ def test_training_steps_match_reference(opt, option):
     slot_vars = [[tf.Variable(s) for s in slots] for slots in slot_values]
     inputs = [eo.normalize_feature(f[0], f[1], **f[4]) for f in feats]
     feature_tables = [0, 0, 1]
+    if option == "accumulation_disabled" and opt.get("use_non_lazy_adam"):
+        # Rejected by the config validator (OPT: non-lazy Adam needs accumulation; TF's Python Adam raises too).
+        grads = [
+            np.ones(tuple(f[3]) + (tables[t]["dim"],), np.float32)
+            for f, t in zip(feats, feature_tables, strict=True)
+        ]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="non-lazy Adam needs gradient accumulation"):
+            eo.send_tpu_embedding_gradients(grads, [], inputs, table_vars, slot_vars, config, combiners)
+        for t in range(2):
+            np.testing.assert_array_equal(table_vars[t].numpy(), values[t])
+            for var, expected in zip(slot_vars[t], slot_values[t], strict=True):
+                np.testing.assert_array_equal(var.numpy(), expected)
+        return
     for _ in range(3):
         grads = [
             rng.normal(size=tuple(f[3]) + (tables[t]["dim"],)).astype(np.float32)

@@ -135,6 +135,11 @@ class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable
         """Constructor arguments from the proto's hyper-parameter fields (the inverse of the fill)."""
         return {attr: hyper_parameters[field] for field, attr in cls._hyper_parameters}
 
+    def _specific_arguments(self) -> dict[str, Any]:
+        """This class's own constructor arguments (beyond the base ones), e.g. for Keras serialisation."""
+        names = [attr for _, attr in self._hyper_parameters] + [attr for _, attr in self._slots]
+        return {name: getattr(self, name) for name in names}
+
     def _load(self):
         if self._load_op is None:
             raise NotImplementedError(f"TensorFlow has no TPU Load op for {type(self).__name__}.")
@@ -301,6 +306,10 @@ class Lion(_CatalogueOptimizer):
     def _kwargs_from_hyper_parameters(cls, hyper_parameters):
         return {"beta_1": hyper_parameters["beta1"], "beta_2": hyper_parameters["beta2"],
                 "lazy_lion": not hyper_parameters["use_non_lazy_lion"]}
+
+    def _specific_arguments(self):
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "lazy_lion": self.lazy_lion,
+                "initial_momentum_value": self.initial_momentum_value}
 
 
 class BoundedAdagrad(_CatalogueOptimizer):

@@ -32,11 +32,15 @@ struct AdagradMomentum {
     // exponent 2 is the common case: sqrt is exact-rounded and much faster than pow.
     const bool sum = beta2 == 1.0f, sqrt_exp = exponent == 2.0f;
     if (use_nesterov) {
-      sum ? (sqrt_exp ? Update<true, true, true>(lr, g, w, slots, dim) : Update<true, true, false>(lr, g, w, slots, dim))
-          : (sqrt_exp ? Update<true, false, true>(lr, g, w, slots, dim) : Update<true, false, false>(lr, g, w, slots, dim));
+      sum ? (sqrt_exp ? Update<true, true, true>(lr, g, w, slots, dim)
+                      : Update<true, true, false>(lr, g, w, slots, dim))
+          : (sqrt_exp ? Update<true, false, true>(lr, g, w, slots, dim)
+                      : Update<true, false, false>(lr, g, w, slots, dim));
     } else {
-      sum ? (sqrt_exp ? Update<false, true, true>(lr, g, w, slots, dim) : Update<false, true, false>(lr, g, w, slots, dim))
-          : (sqrt_exp ? Update<false, false, true>(lr, g, w, slots, dim) : Update<false, false, false>(lr, g, w, slots, dim));
+      sum ? (sqrt_exp ? Update<false, true, true>(lr, g, w, slots, dim)
+                      : Update<false, true, false>(lr, g, w, slots, dim))
+          : (sqrt_exp ? Update<false, false, true>(lr, g, w, slots, dim)
+                      : Update<false, false, false>(lr, g, w, slots, dim));
     }
   }
 
