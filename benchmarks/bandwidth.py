@@ -80,6 +80,17 @@ def probe(threads: int = 1, mb: int = 1024, reps: int = 3, dims: tuple[int, ...]
     return json.loads(proc.stdout)
 
 
+def best_of(a: dict, b: dict) -> dict:
+    """Per figure, the larger of two probe results (same dims): the hardware can do at least that."""
+    out = dict(a)
+    for key in ("stream_read_gbs", "stream_write_gbs", "stream_copy_gbs"):
+        out[key] = max(a[key], b[key])
+    rows_b = {r["dim"]: r for r in b["rows"]}
+    out["rows"] = [{**r, **{k: max(r[k], rows_b[r["dim"]][k]) for k in ("random_rmw_gbs", "sorted_rmw_gbs")}}
+                   if r["dim"] in rows_b else r for r in a["rows"]]
+    return out
+
+
 def rmw_gbs(probe_result: dict, dim: int) -> float:
     """Random-row read-modify-write GB/s at ``dim``, interpolated in log(dim) between measured dims."""
     rows = sorted(probe_result["rows"], key=lambda r: r["dim"])
