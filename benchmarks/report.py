@@ -162,7 +162,8 @@ def markdown(result: dict, plots: list[str]) -> str:
         out.append(f"- **Our op library did not load**: {peers['ours']['note']}")
     if bw:
         when = ", best of the probes at the start and the end of the run" if result.get("bandwidth_probes") else ""
-        out.append(f"- Bandwidth probe ({bw['threads']} thread(s), {bw['buffer_mb']} MiB buffers{when}): streaming read "
+        out.append(f"- Bandwidth probe ({bw['threads']} thread(s), {bw['buffer_mb']} MiB buffers{when}): "
+                   f"streaming read "
                    f"{bw['stream_read_gbs']:.1f} GB/s, write {bw['stream_write_gbs']:.1f} GB/s, copy "
                    f"{bw['stream_copy_gbs']:.1f} GB/s; random-row read-modify-write " + ", ".join(
                        f"{r['random_rmw_gbs']:.1f} GB/s @ dim {r['dim']}" for r in bw["rows"]) + ".")
