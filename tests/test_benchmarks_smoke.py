@@ -127,3 +127,82 @@ def test_plots_are_pngs(smoke_run):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"![{name}]({name})" in (out / "REPORT.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- the suite's pieces
+# Pure-Python parts the report's numbers rest on, checked against hand computations.
+
+
+def _import(name):
+    sys.path.insert(0, ROOT)
+    try:
+        return __import__(f"benchmarks.{name}", fromlist=[name])
+    finally:
+        sys.path.remove(ROOT)
+
+
+@pytest.mark.parametrize(
+    "optimizer, slots, dense",
+    [("sgd", 0, False), ("adagrad", 1, False), ("adam", 2, False), ("ftrl", 2, False), ("adam_nonlazy", 2, True)],
+)
+def test_bytes_per_step_matches_the_traffic_model(optimizer, slots, dense):
+    bandwidth = _import("bandwidth")
+    v, d, n, u = 1000, 16, 300, 120
+    summary = {"tables": [{"name": "t0", "vocab": v, "dim": d}], "unique_rows": [u], "num_ids": n,
+               "features": [{"table": 0, "kind": "single", "batch": n, "sequence_length": 0}]}
+    b = bandwidth.bytes_per_step(summary, optimizer)
+    assert b["stream_bytes"] == n * d * 4 * 2 + n * 8 * 2  # activations out + upstream in, ids read twice
+    if dense:
+        assert b["rows_bytes"] == [0] and b["dense_bytes"] == v * d * 4 * (1 + slots) * 2
+    else:
+        assert b["rows_bytes"] == [u * d * 4 * (1 + slots) * 2] and b["dense_bytes"] == 0
+    probe = {"stream_copy_gbs": 10.0, "rows": [{"dim": 8, "random_rmw_gbs": 2.0}, {"dim": 32, "random_rmw_gbs": 8.0}]}
+    # dim 16 sits halfway between 8 and 32 in log(dim): 5 GB/s.
+    assert bandwidth.rmw_gbs(probe, 16) == pytest.approx(5.0)
+    bound = bandwidth.bound_ms(summary, optimizer, probe)
+    expect = (b["rows_bytes"][0] / 5e9 + (b["stream_bytes"] + b["dense_bytes"]) / 10e9) * 1e3
+    assert bound["bound_ms"] == pytest.approx(expect)
+
+
+def test_sequence_and_bag_features_count_their_activations():
+    bandwidth = _import("bandwidth")
+    summary = {"tables": [{"name": "t0", "vocab": 100, "dim": 4}], "unique_rows": [10], "num_ids": 60,
+               "features": [{"table": 0, "kind": "sequence", "batch": 3, "sequence_length": 20}]}
+    b = bandwidth.bytes_per_step(summary, "sgd")
+    assert b["stream_bytes"] == 3 * 20 * 4 * 4 * 2 + 60 * 8 * 2 + 4 * 8 * 2  # + row splits (batch + 1) twice
+
+
+def test_summarize_quartiles():
+    harness = _import("harness")
+    s = harness.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s["q1_ms"], s["median_ms"], s["q3_ms"], s["iqr_ms"]) == (2.0, 3.0, 4.0, 2.0)
+
+
+def test_time_alternating_rotates_and_reports_failures():
+    harness = _import("harness")
+    calls = []
+    res = harness.time_alternating({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"),
+                                    "bad": lambda: 1 / 0}, steps={"a": 2, "b": 1}, blocks=3, warmup=1)
+    assert res["bad"]["error"].startswith("ZeroDivisionError")
+    assert len(res["a"]["block_ms"]) == 3 and len(res["b"]["block_ms"]) == 3
+    timed = calls[2:]  # after one warmup call each
+    assert timed == ["a", "a", "b", "b", "a", "a", "a", "a", "b"]  # blocks start with a, then b, then a
+
+
+@pytest.mark.parametrize("s", [0.8, 1.05, 1.4])
+def test_zipf_ids_follow_the_law(s):
+    import numpy as np
+
+    workloads = _import("workloads")
+    vocab, n = 1000, 200_000
+    ids = workloads.zipf_ids(np.random.default_rng(0), vocab, n, s)
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < vocab
+    # Frequencies by rank: the permutation scatters ids but keeps the law, so sorted counts follow k^-s.
+    counts = np.sort(np.bincount(ids, minlength=vocab))[::-1]
+    ranks = np.arange(1, vocab + 1, dtype=np.float64)
+    expected = n * ranks ** (-s) / np.sum(ranks ** (-s))
+    assert counts[0] == pytest.approx(expected[0], rel=0.05)
+    assert counts[9] == pytest.approx(expected[9], rel=0.15)
+    # Hot ids are scattered, not packed into the first rows.
+    hottest = np.argsort(np.bincount(ids, minlength=vocab))[::-1][:10]
+    assert hottest.max() > 100
