@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=1 if args.smoke else 3,
     )
     t0 = time.time()
-    result = suite.run(opts, args.out, log=lambda m: print(m, flush=True))
+    result = suite.run(opts, log=lambda m: print(m, flush=True))
     result["meta"]["wall_s"] = time.time() - t0
     for path in report.write(result, args.out, with_report=not args.no_report):
         print("wrote", path)

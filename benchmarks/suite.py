@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -255,11 +256,14 @@ def bench_accumulator(opts: Options) -> dict:
     return out
 
 
-def bench_threads(opts: Options, out_dir: str) -> list[dict]:
+def bench_threads(opts: Options) -> list[dict]:
     """W1 at 1 and 2 intra-op threads, each in a child process (thread pools are fixed at TF start-up)."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
     records = []
+    scratch = tempfile.mkdtemp(prefix="tf_embed_ops_bench_threads_")
     for threads in (1, 2):
-        child_out = os.path.join(out_dir, f"_threads{threads}")
+        child_out = os.path.join(scratch, f"threads{threads}")
         cmd = [sys.executable, "-m", "benchmarks", "--only", "W1", "--threads", str(threads), "--out", child_out,
                "--optimizers", ",".join(SWEEP_OPTIMIZERS), "--no-report", "--blocks", str(opts.blocks)]
         if opts.smoke:
@@ -279,10 +283,11 @@ def bench_threads(opts: Options, out_dir: str) -> list[dict]:
         for rec in child["runs"]:
             if rec.get("workload") == "W1" and rec.get("section") == "W1":
                 records.append({**rec, "section": "threads", "threads": threads})
+    shutil.rmtree(scratch, ignore_errors=True)
     return records
 
 
-def run(opts: Options, out_dir: str, log=print) -> dict:
+def run(opts: Options, log=print) -> dict:
     """Runs the selected sections; returns {"meta", "bandwidth", "workloads", "runs", "accumulator", "peers"}."""
     meta = _meta(opts)
     ok, why = ours.available()
@@ -350,7 +355,7 @@ def run(opts: Options, out_dir: str, log=print) -> dict:
                 gc.collect()
 
     if opts.wants("threads"):
-        result["runs"] += bench_threads(opts, out_dir)
+        result["runs"] += bench_threads(opts)
         log("threads: done")
 
     if opts.wants("accumulator"):
