@@ -1,0 +1,73 @@
+"""``python -m benchmarks``: runs the suite and writes JSON, REPORT.md and PNG plots.
+
+Examples:
+    python -m benchmarks                      # everything (about 15 minutes on 2 cores), into benchmarks/results
+    python -m benchmarks --smoke --out /tmp/b # tiny sizes, seconds: checks the suite end to end
+    python -m benchmarks --only W1 --optimizers sgd,adagrad
+    python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes and 2 blocks: an end-to-end check, not a measurement")
+    p.add_argument("--only", default="", help=f"comma-separated sections among {', '.join(SECTIONS)}")
+    p.add_argument("--optimizers", default="", help="comma-separated optimizers (default: all); 'lookup' = serving")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: benchmarks/results)")
+    p.add_argument("--threads", type=int, default=1, help="TensorFlow intra/inter-op threads and FBGEMM threads")
+    p.add_argument("--blocks", type=int, default=None, help="timed blocks per engine (default 7, smoke 2)")
+    p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
+    p.add_argument("--no-fbgemm", action="store_true", help="skip the FBGEMM peer (reported as absent)")
+    p.add_argument("--no-report", action="store_true", help="write JSON only (no REPORT.md / plots)")
+    args = p.parse_args(argv)
+    only = tuple(s for s in args.only.split(",") if s)
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        p.error(f"--only: unknown section(s) {bad}; choose from {SECTIONS}")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Thread pools are fixed when TensorFlow starts: configure before any op runs.
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tf.get_logger().setLevel("ERROR")
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+
+    from benchmarks import report, suite  # pylint: disable=import-outside-toplevel
+
+    opts = suite.Options(
+        smoke=args.smoke,
+        only=tuple(s for s in args.only.split(",") if s),
+        optimizers=tuple(s for s in args.optimizers.split(",") if s),
+        threads=args.threads,
+        fbgemm_python=args.fbgemm_python,
+        no_fbgemm=args.no_fbgemm,
+        blocks=args.blocks or (2 if args.smoke else 7),
+        warmup=1 if args.smoke else 3,
+    )
+    t0 = time.time()
+    result = suite.run(opts, log=lambda m: print(m, flush=True))
+    result["meta"]["wall_s"] = time.time() - t0
+    for path in report.write(result, args.out, with_report=not args.no_report):
+        print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Our engine: the fused step (``embedding_activations`` + ``send_tpu_embedding_gradients``) on a workload.
+
+One step is what the TPU engine does: normalise the features (in the graph, as the enqueue does), look up and
+combine, then apply the fused backward + optimizer update in place, given the activations' gradient (a fixed
+upstream tensor, the same for every engine).
+The hyper-parameters are those of ``peers/tf_native.py`` so every engine runs the same update rule.
+
+Example:
+    >>> step = fused_step(w1(smoke=True), "adagrad")  # doctest: +SKIP
+    >>> step()                                        # one training step  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as opt_pb2
+from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as cfg_pb2
+
+from benchmarks.peers import tf_native as tn
+from benchmarks.workloads import Workload
+
+# Our optimizers in the suite, with their slot initial values (Load/Retrieve order; TPU defaults).
+SLOT_INIT = {
+    "sgd": [], "adagrad": [tn.ADAGRAD_INIT], "adagrad_momentum": [tn.ADAGRAD_INIT, 0.0], "adam": [0.0, 0.0],
+    "adam_nonlazy": [0.0, 0.0], "ftrl": [tn.ADAGRAD_INIT, 0.0], "momentum": [0.0], "rms_prop": [1.0, 0.0],
+    "centered_rms_prop": [1.0, 0.0, 0.0],
+}
+OPTIMIZERS = tuple(SLOT_INIT)
+
+
+def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
+    p = opt_pb2.OptimizationParameters()
+    p.learning_rate.constant = tn.LR
+    p.gradient_accumulation_status = opt_pb2.GradientAccumulationStatus.ENABLED
+    if optimizer == "sgd":
+        p.stochastic_gradient_descent.SetInParent()
+    elif optimizer == "adagrad":
+        p.adagrad.SetInParent()
+    elif optimizer == "adagrad_momentum":
+        p.adagrad_momentum.momentum = tn.MOMENTUM
+        p.adagrad_momentum.exponent = 2.0
+        p.adagrad_momentum.beta2 = 1.0
+        p.adagrad_momentum.epsilon = tn.ADAGRAD_MOMENTUM_EPS
+    elif optimizer in ("adam", "adam_nonlazy"):
+        p.adam.beta1, p.adam.beta2, p.adam.epsilon = tn.BETA1, tn.BETA2, tn.EPS
+        p.adam.use_non_lazy_adam = optimizer == "adam_nonlazy"
+    elif optimizer == "ftrl":
+        p.ftrl.lr_power = -0.5
+    elif optimizer == "momentum":
+        p.momentum.momentum = tn.MOMENTUM
+    elif optimizer == "rms_prop":
+        p.rms_prop.rho, p.rms_prop.momentum, p.rms_prop.epsilon = tn.RHO, tn.MOMENTUM, tn.EPS
+    elif optimizer == "centered_rms_prop":
+        c = p.centered_rms_prop
+        c.rho, c.momentum, c.epsilon = tn.RHO, tn.MOMENTUM, tn.EPS
+    else:
+        raise ValueError(f"optimizer: unknown {optimizer!r}; expected one of {OPTIMIZERS}")
+    return p
+
+
+def make_config(wl: Workload, optimizer: str) -> cfg_pb2.TPUEmbeddingConfiguration:
+    """The TPUEmbeddingConfiguration of the workload: one table descriptor per table, one feature each."""
+    cfg = cfg_pb2.TPUEmbeddingConfiguration()
+    cfg.mode = cfg_pb2.TPUEmbeddingConfiguration.TRAINING
+    cfg.num_hosts = 1
+    cfg.num_tensor_cores = 1
+    cfg.sharding_strategy = cfg_pb2.TPUEmbeddingConfiguration.DIV_DEFAULT
+    for t in wl.tables:
+        td = cfg.table_descriptor.add()
+        td.name, td.vocabulary_size, td.dimension = t.name, t.vocab, t.dim
+        td.optimization_parameters.CopyFrom(_optimization_parameters(optimizer))
+    for f in wl.features:
+        fd = cfg.feature_descriptor.add()
+        fd.name, fd.table_id = f.name, f.table
+        fd.input_shape.extend([f.batch, f.sequence_length] if f.sequence_length else [f.batch])
+    return cfg
+
+
+def _raw_inputs(wl: Workload) -> list:
+    """The features as a user hands them over: dense ids, or RaggedTensors for bags and sequences."""
+    out = []
+    for f in wl.features:
+        ids = tf.constant(f.ids, tf.int64)
+        if f.row_splits is None:
+            out.append(ids)
+        else:
+            out.append(tf.RaggedTensor.from_row_splits(ids, tf.constant(f.row_splits, tf.int64), validate=False))
+    return out
+
+
+def _state(wl: Workload, optimizer: str) -> tuple[list[tf.Variable], list[list[tf.Variable]]]:
+    tables = tn.make_tables(wl, 0)
+    slots = [[tf.Variable(tf.fill([t.vocab, t.dim], v), name=f"{t.name}_s{i}")
+              for i, v in enumerate(SLOT_INIT.get(optimizer, []))] for t in wl.tables]
+    return tables, slots
+
+
+def _api():
+    from tf_embed_ops import embedding_ops  # pylint: disable=import-outside-toplevel
+
+    return embedding_ops
+
+
+def fused_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
+    """One fused training step of ``optimizer`` on ``wl`` (forward, loss gradient, fused backward + update)."""
+    api = _api()
+    cfg = make_config(wl, optimizer).SerializeToString()
+    tables, slots = _state(wl, optimizer)
+    raw = _raw_inputs(wl)
+    upstream = [f["upstream"] for f in tn.make_inputs(wl)["features"]]
+    combiners = [wl.combiner] * len(wl.tables)
+    lengths = [f.sequence_length for f in wl.features]
+
+    @tf.function
+    def step():
+        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
+        acts = api.embedding_activations(feats, tables, cfg, combiners)
+        # The activations' gradient is the fixed upstream tensor (as for every engine): the model between the
+        # activations and the loss is not what is measured.
+        api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners)
+        return acts
+
+    step.state = (tables, slots)
+    return step
+
+
+def lookup_step(wl: Workload) -> Callable[[], list[tf.Tensor]]:
+    """Serving: our forward op alone (normalise + look up + combine)."""
+    api = _api()
+    cfg = make_config(wl, "sgd").SerializeToString()
+    tables = tn.make_tables(wl, 3)
+    raw = _raw_inputs(wl)
+    combiners = [wl.combiner] * len(wl.tables)
+    lengths = [f.sequence_length for f in wl.features]
+
+    @tf.function
+    def step():
+        feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
+        return api.embedding_activations(feats, tables, cfg, combiners)
+
+    step.tables = tables
+    return step
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if the op library and the fused wrappers load, else (False, why)."""
+    try:
+        _api()
+        import tf_embed_ops  # pylint: disable=import-outside-toplevel
+
+        _ = tf_embed_ops.ops
+    except Exception as e:  # noqa: BLE001  (reported in the results, never hidden)
+        return False, f"{type(e).__name__}: {e}"
+    return True, ""
