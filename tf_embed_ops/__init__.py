@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tf_embed_ops._loader import LibraryLoadError, get_library_path
 
-__all__ = ["LibraryLoadError", "get_library_path", "ops"]
+__all__ = ["LibraryLoadError", "TPUEmbedding", "get_library_path", "keras", "ops"]
 __version__ = "0.1.0"
 
 
@@ -17,4 +17,12 @@ def __getattr__(name: str):
         from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
 
         return _loader.load_ops()
+    if name == "TPUEmbedding":
+        from tf_embed_ops.tpu_embedding import TPUEmbedding  # pylint: disable=import-outside-toplevel
+
+        return TPUEmbedding
+    if name == "keras":
+        import importlib  # pylint: disable=import-outside-toplevel
+
+        return importlib.import_module("tf_embed_ops.keras")
     raise AttributeError(f"module 'tf_embed_ops' has no attribute {name!r}")

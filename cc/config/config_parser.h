@@ -12,12 +12,18 @@
 
 namespace tf_embed_ops {
 
-// Parses a serialized TPUEmbeddingConfiguration and validates it.  Errors are InvalidArgument (malformed or
+// Parses a serialized TPUEmbeddingConfiguration and validates it (every rule is listed in docs/config.md).
+// `out` is written only on success.  Errors are InvalidArgument (malformed or
 // contradictory config; the message names the table/feature, the field and the value) or Unimplemented (a
 // valid optimizer this library does not run yet).
 absl::Status ParseEmbeddingConfig(const std::string& serialized, EmbeddingConfig* out);
 
-// Same, from an already-parsed message.
+// Only the wire-format step of ParseEmbeddingConfig (InvalidArgument on corrupt or truncated bytes); for callers
+// that need the message itself too, e.g. the Python view.
+absl::Status ParseEmbeddingConfigProto(const std::string& serialized,
+                                       tensorflow::tpu::TPUEmbeddingConfiguration* proto);
+
+// Validation of an already-parsed message.
 absl::Status EmbeddingConfigFromProto(const tensorflow::tpu::TPUEmbeddingConfiguration& proto,
                                       EmbeddingConfig* out);
 

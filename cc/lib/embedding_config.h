@@ -52,6 +52,9 @@ struct TableSpec {
   std::string name;
   int64_t vocabulary_size = 0;  // > 0
   int32_t dimension = 0;        // > 0
+  // As given in the proto: 0 when feature descriptors are given (the engine derives it), > 0 in the V1 style
+  // (no feature descriptors), where it is the number of per-sample lookups into this table.
+  int32_t num_features = 0;
   TableOptimization optimization;
 };
 
@@ -66,8 +69,12 @@ enum class ShardingStrategy { kDivDefault = 0, kMod = 1 };
 
 struct EmbeddingConfig {
   std::vector<TableSpec> tables;      // index = table id
-  std::vector<FeatureSpec> features;  // index = feature position in the op's input lists
-  EmbeddingMode mode = EmbeddingMode::kUnspecified;
+  // index = feature position in the op's input lists.  A V1-style config (no feature descriptors) gets one
+  // synthesised feature per table, input_shape [batch_size_per_tensor_core * num_features] (spec §2.2), and
+  // features_synthesized = true.
+  std::vector<FeatureSpec> features;
+  bool features_synthesized = false;
+  EmbeddingMode mode = EmbeddingMode::kUnspecified;  // accepted by the parser; kernels that need one check it
   int32_t num_hosts = 0;
   int32_t num_tensor_cores = 0;
   int32_t batch_size_per_tensor_core = 0;

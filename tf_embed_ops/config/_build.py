@@ -1,0 +1,191 @@
+"""from_feature_config(): TableConfig/FeatureConfig + optimizers -> the TPUEmbeddingConfiguration TensorFlow builds.
+
+Mirrors ``tf.tpu.experimental.embedding.TPUEmbedding.__init__`` + ``_create_config_proto`` (tpu_embedding_v2.py)
+and ``TableConfig._set_table_descriptor`` (tpu_embedding_v2_utils.py) field for field, with two differences:
+it never mutates the user's TableConfig objects (TF writes the global optimizer and ``table_{i}`` names into
+them), and it does not crash under protobuf 7 (see _optimizers.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
+from tensorflow.python.util import nest
+
+from tf_embed_ops.config import _optimizers
+
+TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
+_emb = tf.tpu.experimental.embedding
+
+
+def _table_order(features: list[Any]) -> list[Any]:
+    # First appearance in nest.flatten order, by identity (TableConfig has no __eq__, so TF's `in` is identity).
+    tables: list[Any] = []
+    for feature in features:
+        if not any(feature.table is t for t in tables):
+            tables.append(feature.table)
+    return tables
+
+
+def _output_shapes_from_batch_size(features: list[Any], batch_size: int) -> list[tf.TensorShape]:
+    # TPUEmbedding._get_output_shapes_from_batch_size: sequence features without output_shape get [B, L].
+    return [
+        tf.TensorShape([batch_size, f.max_sequence_length])
+        if not f.output_shape and f.max_sequence_length > 0
+        else tf.TensorShape([batch_size])
+        for f in features
+    ]
+
+
+def _resolve_output_shapes(feature_config: Any, features: list[Any], output_shapes: Any) -> list[tf.TensorShape]:
+    """FeatureConfig.output_shape first, then ``output_shapes`` (TPUEmbedding._update_output_shapes priority)."""
+    shapes = [tf.TensorShape(f.output_shape) for f in features]
+    if output_shapes is None:
+        return shapes
+    if isinstance(output_shapes, int) and not isinstance(output_shapes, bool):
+        if output_shapes < 1:
+            raise ValueError(f"output_shapes: a per-replica batch size must be >= 1, got {output_shapes}")
+        incoming = _output_shapes_from_batch_size(features, output_shapes)
+    else:
+        try:
+            flat = nest.flatten_up_to(feature_config, output_shapes)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"output_shapes: must have the structure of feature_config ({e})") from None
+        incoming = [tf.TensorShape(s) for s in flat]
+    paths = [p for p, _ in nest.flatten_with_joined_string_paths(feature_config)]
+    merged = []
+    for path, old, new in zip(paths, shapes, incoming):
+        if old and new and old.rank is not None and new.rank is not None:
+            # TPUEmbedding._check_output_shapes: a rank-1/2 incoming shape may stand for a longer sequence shape.
+            skip = new.rank in (1, 2) and old.rank > new.rank
+            if not skip and (old.rank != new.rank or not old.is_compatible_with(new)):
+                raise ValueError(
+                    f"output_shapes: feature {path or '<root>'} has FeatureConfig.output_shape {old}, which "
+                    f"contradicts the given output shape {new}"
+                )
+        merged.append(old if old else new)
+    return merged
+
+
+def from_feature_config(
+    feature_config: Any,
+    optimizer: Any = None,
+    *,
+    num_hosts: int = 1,
+    num_tensor_cores: int = 1,
+    pipeline_execution_with_tensor_core: bool = False,
+    output_shapes: Any = None,
+) -> TPUEmbeddingConfiguration:
+    """Builds the TPUEmbeddingConfiguration TensorFlow's ``TPUEmbedding`` builds for these features.
+
+    Tables are numbered in order of first appearance in ``tf.nest.flatten(feature_config)`` (dicts flatten in key
+    order), unnamed tables are called ``table_{i}``, each vocabulary is padded to ``max(vocabulary_size,
+    num_hosts)``, and each callable learning rate gets a dynamic tag: callables are collected in table order,
+    de-duplicated with ``==``, and a table's tag is its callable's index (spec §2.3).  One feature descriptor per
+    flattened feature, named only if ``FeatureConfig.name`` is set, with ``input_shape`` when the shape is fully
+    known.  ``mode`` is TRAINING and ``sharding_strategy`` DIV_DEFAULT, as TensorFlow always sets them.  The
+    TableConfig/optimizer objects are not modified.
+
+    Args:
+      feature_config: a ``tf.tpu.experimental.embedding.FeatureConfig`` or a nest (list/tuple/dict) of them.
+      optimizer: the global optimizer, used for every table whose ``TableConfig.optimizer`` is None: a
+        ``tf.tpu.experimental.embedding`` SGD, Adagrad, AdagradMomentum, Adam or FTRL, or any registered class.
+      num_hosts: number of hosts the tables are sharded over (``strategy.extended.num_hosts`` on TPU).
+      num_tensor_cores: ``num_replicas * cores_per_replica``.
+      pipeline_execution_with_tensor_core: copied into the proto.
+      output_shapes: per-replica output shapes (the activation shape without the embedding dimension) with the
+        structure of ``feature_config`` (entries may be None), or an int per-replica batch size (``[B]``, or
+        ``[B, max_sequence_length]`` for sequence features), as ``TPUEmbedding.build`` takes it.
+        ``FeatureConfig.output_shape`` takes priority.  A feature whose shape stays unknown or partial gets no
+        ``input_shape`` (it becomes known at the first batch); TensorFlow would refuse to build then.
+
+    Returns:
+      A new ``TPUEmbeddingConfiguration`` message.
+
+    Raises:
+      ValueError: ``feature_config`` holds something other than FeatureConfig; a table has no optimizer (neither
+        its own nor ``optimizer``); an unsupported optimizer class; duplicate table names; bad ``num_hosts``/
+        ``num_tensor_cores``; ``output_shapes`` of the wrong structure or contradicting ``FeatureConfig``.
+
+    Example:
+      >>> table = tf.tpu.experimental.embedding.TableConfig(vocabulary_size=1000, dim=16, name="video")
+      >>> features = {"watched": tf.tpu.experimental.embedding.FeatureConfig(table, output_shape=[32])}
+      >>> proto = from_feature_config(features, tf.tpu.experimental.embedding.Adagrad(0.1))
+    """
+    features = nest.flatten(feature_config)
+    if not features:
+        raise ValueError("feature_config: no FeatureConfig found")
+    for i, feature in enumerate(features):
+        if not isinstance(feature, _emb.FeatureConfig):
+            raise ValueError(
+                f"feature_config: entry {i} of the flattened nest is a {type(feature).__name__}, expected "
+                "tf.tpu.experimental.embedding.FeatureConfig"
+            )
+    for name, value in (("num_hosts", num_hosts), ("num_tensor_cores", num_tensor_cores)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
+
+    tables = _table_order(features)
+    names: list[str] = []
+    table_optimizers: list[Any] = []
+    for i, table in enumerate(tables):
+        name = table.name if table.name is not None else f"table_{i}"
+        table_optimizer = table.optimizer if table.optimizer is not None else optimizer
+        if table_optimizer is None:
+            raise ValueError(
+                f"optimizer: table {name!r} has no optimizer; pass a global `optimizer` or set TableConfig.optimizer"
+            )
+        if _optimizers.codec_for_optimizer(table_optimizer) is None:
+            supported = ", ".join(c.__name__ for c in _optimizers.supported_optimizer_classes())
+            raise ValueError(
+                f"optimizer: table {name!r} has optimizer {type(table_optimizer).__name__}, which is not supported "
+                f"(supported: {supported})"
+            )
+        if name in names:
+            raise ValueError(f"feature_config: Tables must have a unique name. Multiple tables with name {name} found.")
+        names.append(name)
+        table_optimizers.append(table_optimizer)
+
+    # Dynamic learning rates: TPUEmbedding.__init__ collects the callables with `not in` (==), in table order.
+    dynamic: list[Any] = []
+    for table_optimizer in table_optimizers:
+        lr = table_optimizer.learning_rate
+        if callable(lr) and lr not in dynamic:
+            dynamic.append(lr)
+
+    proto = TPUEmbeddingConfiguration()
+    for table, name, table_optimizer in zip(tables, names, table_optimizers):
+        td = proto.table_descriptor.add()
+        td.name = name
+        td.vocabulary_size = max(table.vocabulary_size, num_hosts)
+        td.dimension = table.dim
+        params = td.optimization_parameters
+        lr = table_optimizer.learning_rate
+        if callable(lr):
+            params.learning_rate.dynamic.tag = next(i for i, r in enumerate(dynamic) if r == lr)
+        else:
+            params.learning_rate.constant = lr
+        _optimizers.codec_for_optimizer(table_optimizer).fill(table_optimizer, params)
+        q = table.quantization_config
+        if q:
+            params.simulated_quantization.enabled = True
+            params.simulated_quantization.num_buckets = q.num_buckets
+            params.simulated_quantization.clipping_limits.lower.value = q.lower
+            params.simulated_quantization.clipping_limits.upper.value = q.upper
+
+    table_id = {id(t): i for i, t in enumerate(tables)}
+    for feature, shape in zip(features, _resolve_output_shapes(feature_config, features, output_shapes)):
+        fd = proto.feature_descriptor.add()
+        if feature.name:
+            fd.name = feature.name
+        fd.table_id = table_id[id(feature.table)]
+        if shape.rank is not None and shape.is_fully_defined():
+            fd.input_shape.extend(shape.as_list())
+
+    proto.mode = TPUEmbeddingConfiguration.TRAINING
+    proto.num_hosts = num_hosts
+    proto.num_tensor_cores = num_tensor_cores
+    proto.sharding_strategy = TPUEmbeddingConfiguration.DIV_DEFAULT
+    proto.pipeline_execution_with_tensor_core = pipeline_execution_with_tensor_core
+    return proto

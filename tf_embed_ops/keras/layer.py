@@ -1,0 +1,238 @@
+"""`tf_embed_ops.keras.TPUEmbedding`: a Keras 3 layer whose tables train with their TPU optimizers in `fit`.
+
+The tables and slots are non-trainable `keras.Variable`s (so the Keras optimizer never touches them, and
+`model.save`/`load_model`/`tf.train.Checkpoint` handle them like any weight). In training mode the lookup goes
+through a custom gradient whose backward pass runs the fused `SendTPUEmbeddingGradients` op. Keras' train step
+differentiates only with respect to trainable weights, so the layer owns one trainable scalar, the *update
+trigger*: the lookup is a function of it, its gradient is the (zero) output of the backward pass, and that zero
+depends on the fused update op. The update is therefore on the data path of the gradient Keras applies, not a
+side effect graph optimisation could prune (spec section 5, the dummy-variable technique of the TPUEstimator era).
+
+Example:
+    >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 8, name="user")
+    >>> layer = TPUEmbedding({"user": tf.tpu.experimental.embedding.FeatureConfig(table)},
+    ...                      tf.tpu.experimental.embedding.Adagrad(0.1))
+    >>> acts = layer({"user": tf.constant([3, 7])})   # {"user": [2, 8]}
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.keras import serialization, serving
+
+__all__ = ["TPUEmbedding"]
+
+
+class _KerasTableStore(mid_level.TPUEmbedding):
+    """The mid-level object with `keras.Variable` tables, created through the owning layer's `add_weight`.
+
+    Checkpoint structure below the layer is TensorFlow's (`_tpu_embedding/<table>`, `_tpu_embedding/<table>/<slot>`,
+    as TensorFlow Recommenders' TPUEmbedding layer writes it).
+    """
+
+    def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool):
+        super().__init__(feature_config, optimizer, pipeline)
+        self._add_weight = add_weight
+        # The CPU kernels take the batch shape from their inputs; the configuration's input_shape is descriptive.
+        # Keras batches have unknown size when the layer is traced, so record batch 1 there.
+        self._output_shapes = [
+            s
+            if s.rank
+            else tf.TensorShape([1, f.max_sequence_length] if f.max_sequence_length > 0 else [1])
+            for s, f in zip(self._output_shapes, tf.nest.flatten(feature_config))
+        ]
+
+    def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool):
+        # keras.Variable names may not contain "/"; the checkpoint name (given to the tracker) keeps it.
+        return self._add_weight(
+            name=name.replace("/", "."),
+            shape=shape,
+            initializer=initializer,
+            dtype="float32",
+            trainable=trainable,
+            autocast=False,
+        )
+
+    def _create_variables_and_slots(self) -> dict:
+        variables = super()._create_variables_and_slots()
+        for table, slots in variables.items():
+            for slot, var in slots.items():
+                if not isinstance(var, keras.Variable):
+                    raise ValueError(
+                        f"Table {table!r} slot {slot!r}: slot_variable_creation_fn returned {type(var).__name__}; "
+                        "inside the Keras layer it must return keras.Variable objects (or leave it unset)."
+                    )
+        return variables
+
+    def _tables_and_slots(self) -> tuple[list, list]:
+        tables, slots = super()._tables_and_slots()
+        # keras.Variable.value is the backing tf.Variable (autocast is off), whose handle the kernels take.
+        return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
+
+
+def _lookup_and_update(trigger: tf.Tensor, inputs: list, tables: list, slots: list, store: _KerasTableStore) -> list:
+    """Activations whose backward pass applies the fused table update and returns a zero gradient for `trigger`."""
+    config = store._serialized_config  # noqa: SLF001
+    combiners = store._combiners  # noqa: SLF001
+    learning_rate_fns = list(store._dynamic_learning_rates)  # noqa: SLF001
+
+    @tf.custom_gradient
+    def forward(t):
+        acts = list(embedding_ops.embedding_activations(inputs, tables, config, combiners=combiners))
+
+        def backward(*grads):
+            grads = [
+                tf.zeros_like(a) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
+                for g, a in zip(grads, acts)
+            ]
+            learning_rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
+            update = embedding_ops.send_tpu_embedding_gradients(
+                grads, learning_rates, inputs, tables, slots, config, combiners=combiners
+            )
+            # The trigger's gradient is produced after (and only after) the update: whoever applies it runs it.
+            with tf.control_dependencies([update]):
+                return tf.identity(tf.zeros_like(t))
+
+        return acts, backward
+
+    return forward(trigger)
+
+
+@keras.saving.register_keras_serializable(package="tf_embed_ops")
+class TPUEmbedding(keras.layers.Layer):
+    """Embedding lookups for a nest of `FeatureConfig`s, trained by the tables' TPU optimizers in `model.fit`.
+
+    Takes the same `feature_config`/`optimizer` as `tf.tpu.experimental.embedding.TPUEmbedding` (and
+    TensorFlow Recommenders' layer). `call(features, weights=None)` returns activations in the nest of
+    `feature_config`: `[B, dim]` per feature, `[B, max_sequence_length, dim]` for sequence features. In
+    training mode the backward pass updates the touched table rows with each table's optimizer; the model's
+    Keras optimizer updates the rest of the model and never the tables.
+
+    Example:
+        >>> emb = TPUEmbedding(feature_config, tf.tpu.experimental.embedding.Adagrad(0.05))
+        >>> inputs = {"user": keras.Input(shape=(), dtype="int64"), ...}
+        >>> acts = emb(inputs)
+        >>> model = keras.Model(inputs, keras.layers.Dense(1)(acts["user"]))
+        >>> model.compile("adam", "binary_crossentropy"); model.fit(dataset)
+    """
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+        **kwargs: Any,
+    ):
+        """Creates the layer and its tables/slots.
+
+        Args:
+          feature_config: nest of `tf.tpu.experimental.embedding.FeatureConfig` (or its `get_config` dict form).
+          optimizer: default table optimizer (`tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum,
+            Adam, FTRL}`), or its dict form; tables with their own optimizer keep it.
+          pipeline_execution_with_tensor_core: recorded in the configuration; no numeric effect on CPU.
+          **kwargs: `keras.layers.Layer` arguments (name, ...).
+
+        Raises:
+          ValueError: as `tf_embed_ops.TPUEmbedding`, or if a slot_variable_creation_fn returns non-keras variables.
+        """
+        super().__init__(**kwargs)
+        if isinstance(feature_config, dict) and "tables" in feature_config and "structure" in feature_config:
+            feature_config = serialization.feature_config_from_dict(feature_config)
+        if isinstance(optimizer, dict):
+            optimizer = serialization.optimizer_from_dict(optimizer)
+        # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
+        self.supports_jit = False
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
+        self._global_optimizer = optimizer
+        self._pipeline = bool(pipeline_execution_with_tensor_core)
+        self._tpu_embedding = _KerasTableStore(self.add_weight, feature_config, optimizer, self._pipeline)
+        self._tpu_embedding.build()
+        self._update_trigger = self.add_weight(
+            name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
+        )
+        self.built = True
+
+    @property
+    def feature_config(self) -> Any:
+        return self._tpu_embedding._feature_config  # noqa: SLF001
+
+    @property
+    def embedding_tables(self) -> dict:
+        """`{TableConfig: keras.Variable}`."""
+        return self._tpu_embedding.embedding_tables
+
+    @property
+    def slot_variables(self) -> dict:
+        """`{TableConfig: {slot_name: keras.Variable}}`, slots in Load/Retrieve order."""
+        return self._tpu_embedding.slot_variables
+
+    @property
+    def config_proto(self):
+        """The `TPUEmbeddingConfiguration` the kernels run (input shapes record batch 1; see `_KerasTableStore`)."""
+        return self._tpu_embedding.config_proto
+
+    def build(self, input_shape: Any = None) -> None:  # variables exist from __init__
+        self.built = True
+
+    def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        store = self._tpu_embedding
+        inputs, _ = store._normalize_inputs(features, weights)  # noqa: SLF001
+        flat_features = tf.nest.flatten(store._feature_config)  # noqa: SLF001
+        if serving.in_serving_mode():
+            kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
+            tables = store._variables  # noqa: SLF001
+            acts = [
+                serving.plain_lookup(
+                    inp,
+                    dense,
+                    tables[f.table.name]["parameters"].value,
+                    f.table.dim,
+                    f.table.combiner,
+                    f.table.quantization_config,
+                )
+                for inp, dense, f in zip(inputs, kinds, flat_features)
+            ]
+        else:
+            tables, slots = store._tables_and_slots()  # noqa: SLF001
+            if training:
+                trigger = tf.convert_to_tensor(self._update_trigger.value)
+                acts = _lookup_and_update(trigger, inputs, tables, slots, store)
+            else:
+                acts = embedding_ops.embedding_activations(
+                    inputs, tables, store._serialized_config, combiners=store._combiners  # noqa: SLF001
+                )
+        acts = store._reshape_activations(list(acts))  # noqa: SLF001
+        return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
+
+    def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        outputs = []
+        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self.feature_config)):
+            dim = f.table.dim
+            shape = list(x.shape)
+            if f.output_shape:
+                out = f.output_shape.as_list() + [dim]
+            elif f.max_sequence_length > 0 and len(shape) == 2 and (getattr(x, "sparse", False) or getattr(
+                x, "ragged", False
+            )):
+                out = [shape[0], f.max_sequence_length, dim]
+            else:
+                out = (shape if len(shape) == 1 else shape[:-1]) + [dim]
+            outputs.append(keras.KerasTensor(out, dtype="float32"))
+        return tf.nest.pack_sequence_as(self.feature_config, outputs)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            {
+                "feature_config": serialization.feature_config_to_dict(self.feature_config),
+                "optimizer": serialization.optimizer_to_dict(self._global_optimizer),
+                "pipeline_execution_with_tensor_core": self._pipeline,
+            }
+        )
+        return config

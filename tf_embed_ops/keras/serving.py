@@ -1,0 +1,179 @@
+"""Serving without the plugin: the embedding lookup as plain TensorFlow ops, and a SavedModel exporter.
+
+`plain_lookup` computes exactly what our `EmbeddingActivations` op computes (same normalisation, combiners,
+sequence layout, simulated quantization) from gathers and segment sums only, so a model exported with
+`export_for_serving` loads in TF Serving or any TensorFlow without `tf_embed_ops`.
+
+Example:
+    >>> export_for_serving(model, "/tmp/ctr", input_signature=[{"user": tf.TensorSpec([None], tf.int64)}])
+    >>> # elsewhere, without tf_embed_ops:
+    >>> tf.saved_model.load("/tmp/ctr").signatures["serving_default"](user=tf.constant([3, 7], tf.int64))
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["export_for_serving", "plain_lookup"]
+
+
+def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
+    """Simulated quantization of gathered rows (spec 1.1): clip, then round to one of num_buckets levels."""
+    lo, hi, n = float(quantization.lower), float(quantization.upper), int(quantization.num_buckets)
+    step = (hi - lo) / (n - 1)
+    x = tf.clip_by_value(rows, lo, hi)
+    return tf.floor((x - lo) / step + 0.5) * step + lo
+
+
+def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner: str, quantization: Any = None):
+    """One feature's activation from a normalised `FeatureInput`, with plain TensorFlow ops only.
+
+    Args:
+      feature_input: `embedding_ops.FeatureInput` (what `normalize_feature` returns).
+      dense: True when the feature came from a dense Tensor (its splits input is then empty).
+      table: the [vocabulary_size, dim] table (variable or tensor).
+      dim: the table's dimension.
+      combiner: "sum", "mean" or "sqrtn".
+      quantization: the table's `QuantizationConfig`, or None.
+
+    Returns:
+      A float32 tensor of shape sample_shape + [dim].
+    """
+    splits, ids, weights, sample_shape = feature_input
+    ids = tf.cast(ids, tf.int64)
+    sample_shape = tf.cast(sample_shape, tf.int64)
+    num_samples = tf.reduce_prod(sample_shape)
+    if splits.shape.rank == 2:
+        # Sparse: the sample is the row-major position of indices[:, :-1] inside sample_shape.
+        coords = tf.cast(splits[:, :-1], tf.int64)
+        strides = tf.math.cumprod(sample_shape, exclusive=True, reverse=True)
+        sample = tf.reduce_sum(coords * strides[tf.newaxis, :], axis=1)
+    elif dense:
+        sample = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
+    else:
+        sample = tf.ragged.row_splits_to_segment_ids(tf.cast(splits, tf.int64), out_type=tf.int64)
+    weights = tf.cast(weights, tf.float32)
+    if weights.shape.rank == 1 and weights.shape[0] == 0:
+        weights = tf.ones(tf.shape(ids), tf.float32)
+    elif weights.shape[0] is None:
+        weights = tf.cond(
+            tf.size(weights) > 0, lambda: weights, lambda: tf.ones(tf.shape(ids), tf.float32)
+        )
+    if combiner == "sum":
+        scale = weights
+    else:
+        per_id = weights if combiner == "mean" else tf.square(weights)
+        norm = tf.math.unsorted_segment_sum(per_id, sample, num_samples)
+        if combiner == "sqrtn":
+            norm = tf.sqrt(norm)
+        scale = tf.math.divide_no_nan(weights, tf.gather(norm, sample))
+    rows = tf.gather(table, ids)
+    if quantization is not None:
+        rows = _quantize(rows, quantization)
+    acts = tf.math.unsorted_segment_sum(rows * scale[:, tf.newaxis], sample, num_samples)
+    return tf.reshape(acts, tf.concat([sample_shape, [dim]], axis=0))
+
+
+_SERVING_MODE = {"on": False}
+
+
+@contextlib.contextmanager
+def serving_mode():
+    """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op)."""
+    previous = _SERVING_MODE["on"]
+    _SERVING_MODE["on"] = True
+    try:
+        yield
+    finally:
+        _SERVING_MODE["on"] = previous
+
+
+def in_serving_mode() -> bool:
+    return _SERVING_MODE["on"]
+
+
+def _custom_ops_in(graph_def: Any) -> list:
+    ops = {n.op for n in graph_def.node}
+    for f in graph_def.library.function:
+        ops.update(n.op for n in f.node_def)
+    return sorted(op for op in ops if op.startswith("TfEmbed"))
+
+
+def _arg_name(path: str, used: set) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", path).strip("_") or "input"
+    if not name[0].isalpha():
+        name = "x_" + name
+    base, i = name, 1
+    while name in used:
+        name = f"{base}_{i}"
+        i += 1
+    used.add(name)
+    return name
+
+
+def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
+    """Writes a SavedModel whose `serving_default` signature runs `model` without any `tf_embed_ops` op.
+
+    Composite inputs (RaggedTensorSpec, SparseTensorSpec) become their component tensors in the signature,
+    named after their path (e.g. `genres_values`, `genres_row_splits`), since signatures take plain tensors.
+
+    Args:
+      model: a Keras model (or any callable Trackable) that uses `tf_embed_ops.keras.TPUEmbedding` layers.
+      filepath: the SavedModel directory.
+      input_signature: the nest of specs of `model`'s single positional input.
+
+    Returns:
+      {signature argument name: component spec}, the signature's inputs.
+
+    Raises:
+      RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
+    """
+    specs = tf.nest.flatten(input_signature, expand_composites=True)
+    used: set = set()
+    names = []
+    for path, spec in _component_paths(input_signature):
+        names.append(_arg_name(path, used))
+        del spec
+    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names)]
+
+    def serve(*components):
+        inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
+        with serving_mode():
+            outputs = model(inputs, training=False)
+        if isinstance(outputs, dict):
+            return outputs
+        return {"output_0": outputs} if not isinstance(outputs, (list, tuple)) else {
+            f"output_{i}": o for i, o in enumerate(outputs)
+        }
+
+    concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
+    custom = _custom_ops_in(concrete.graph.as_graph_def())
+    if custom:
+        raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    root = tf.Module()
+    root.model = model
+    tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
+    return dict(zip(names, specs))
+
+
+def _component_paths(structure: Any) -> list:
+    """(path, component spec) for every tensor component, in flatten(expand_composites=True) order."""
+    out = []
+    paths = list(tf.__internal__.nest.yield_flat_paths(structure))
+    for path, spec in zip(paths, tf.nest.flatten(structure)):
+        base = "_".join(str(k) for k in path)
+        components = tf.nest.flatten(spec, expand_composites=True)
+        if len(components) == 1 and isinstance(spec, tf.TensorSpec):
+            out.append((base, components[0]))
+        elif isinstance(spec, tf.RaggedTensorSpec):
+            suffixes = ["values"] + [f"row_splits_{i}" if i else "row_splits" for i in range(len(components) - 1)]
+            out.extend((f"{base}_{s}", c) for s, c in zip(suffixes, components))
+        elif isinstance(spec, tf.SparseTensorSpec):
+            out.extend((f"{base}_{s}", c) for s, c in zip(["indices", "values", "dense_shape"], components))
+        else:
+            out.extend((f"{base}_{i}", c) for i, c in enumerate(components))
+    return out
+
