@@ -1,0 +1,94 @@
+// Kernel of TfEmbed>EmbeddingActivations: validate every feature against the config and the table variables,
+// then gather and combine each feature's samples (cc/lib/embedding_forward.h) in parallel over samples.
+#define EIGEN_USE_THREADS
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/kernels/embedding_kernel_util.h"
+#include "cc/lib/embedding_forward.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
+
+namespace tf_embed_ops {
+namespace {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+class EmbeddingActivationsOp : public tensorflow::OpKernel {
+ public:
+  explicit EmbeddingActivationsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Init(ctx));
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    const int n = attrs_.num_features;
+    const EmbeddingConfig& config = attrs_.config;
+    // Inputs: splits[N], ids[N], weights[N], sample_shapes[N], tables[T].
+    const int first_table = 4 * n;
+
+    std::vector<FeatureBatch> batches(n);
+    std::vector<FeatureLayout> layouts(n);
+    std::vector<tensorflow::Tensor*> outputs(n);
+    for (int f = 0; f < n; ++f) {
+      const std::string label = attrs_.FeatureLabel(f);
+      const TableSpec& table = config.tables[config.features[f].table_id];
+      OP_REQUIRES_OK(ctx, ReadFeatureBatch(ctx, 0, n, f, label, &batches[f]));
+      // The output first: TensorShape checks sample_shape (negative or overflowing dims) and the allocator
+      // fails cleanly on an absurd one, before the layout allocates per-sample bookkeeping.
+      tensorflow::TensorShape shape;
+      OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(batches[f].sample_shape, &shape));
+      OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(table.dimension));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(f, shape, &outputs[f]));
+      OP_REQUIRES_OK(ctx, BuildFeatureLayout(batches[f], attrs_.combiners[f], label, &layouts[f]));
+      OP_REQUIRES_OK(ctx, ValidateIds(batches[f].ids, batches[f].num_ids, table.vocabulary_size, label, table.name));
+    }
+
+    std::vector<int> table_inputs;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      tensorflow::Var* var = nullptr;
+      OP_REQUIRES_OK(ctx, CheckVariableDtype(ctx, first_table + t, absl::StrCat("table '", config.tables[t].name, "'"),
+                                             &var));
+      var->Unref();
+      table_inputs.push_back(first_table + t);
+    }
+    // Shared locks in address order (the exclusive ones of SendTPUEmbeddingGradients use the same order).
+    auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/false,
+                                                                                    /*sparse=*/true, table_inputs);
+    OP_REQUIRES_OK(ctx, ctx->status());
+    std::vector<tensorflow::Tensor> tables(attrs_.num_tables);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      OP_REQUIRES_OK(ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true, true,
+                                                                                   &tables[t]));
+      OP_REQUIRES_OK(ctx, CheckTableShape(tables[t], config.tables[t], absl::StrCat("table '", config.tables[t].name, "'")));
+    }
+
+    const ShardFn shard = IntraOpShardFn(ctx);
+    for (int f = 0; f < n; ++f) {
+      const int t = config.features[f].table_id;
+      const TableSpec& table = config.tables[t];
+      tensorflow::Tensor* out = outputs[f];
+      const SimulatedQuantization& q = table.optimization.simulated_quantization;
+      std::unique_ptr<Quantizer> quantizer = q.enabled ? std::make_unique<Quantizer>(q) : nullptr;
+      const float* weights = tables[t].flat<float>().data();
+      float* dst = out->flat<float>().data();
+      const FeatureLayout& layout = layouts[f];
+      const int64_t* ids = batches[f].ids;
+      const int64_t dim = table.dimension;
+      const int64_t ids_per_sample = layout.num_samples ? batches[f].num_ids / layout.num_samples + 1 : 1;
+      shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+        CombineSamples(layout, ids, weights, dim, quantizer.get(), begin, end, dst);
+      });
+    }
+  }
+
+ private:
+  FusedEmbeddingAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>EmbeddingActivations").Device(tensorflow::DEVICE_CPU), EmbeddingActivationsOp);
+
+}  // namespace
+}  // namespace tf_embed_ops

@@ -1,0 +1,123 @@
+#include "cc/kernels/embedding_kernel_util.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cc/config/config_parser.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tf_embed_ops {
+
+absl::Status FusedEmbeddingAttrs::Init(tensorflow::OpKernelConstruction* ctx) {
+  std::string serialized;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("config", &serialized));
+  TF_RETURN_IF_ERROR(ParseEmbeddingConfig(serialized, &config));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("N", &num_features));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("T", &num_tables));
+  if (static_cast<int>(config.features.size()) != num_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the op has ", num_features, " features but config has ", config.features.size(),
+        " feature descriptors; the config must describe every feature, in input order"));
+  }
+  if (static_cast<int>(config.tables.size()) != num_tables) {
+    return absl::InvalidArgumentError(absl::StrCat("the op has ", num_tables, " table handles but config has ",
+                                                   config.tables.size(), " tables"));
+  }
+  std::vector<std::string> names;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
+  // Per table (TPUEmbedding V2) takes precedence when N == T; per feature is the V1 form (spec A5).
+  const bool per_table = static_cast<int>(names.size()) == num_tables;
+  if (!names.empty() && !per_table && static_cast<int>(names.size()) != num_features) {
+    return absl::InvalidArgumentError(absl::StrCat("combiners has ", names.size(), " entries; expected ", num_tables,
+                                                   " (one per table), ", num_features,
+                                                   " (one per feature) or 0 (all \"sum\")"));
+  }
+  combiners.assign(num_features, Combiner::kSum);
+  for (int f = 0; f < num_features; ++f) {
+    if (names.empty()) continue;
+    const int k = per_table ? config.features[f].table_id : f;
+    if (!ParseCombiner(names[k], &combiners[f])) {
+      return absl::InvalidArgumentError(absl::StrCat("combiners[", k, "] = \"", names[k],
+                                                     "\": only \"sum\", \"mean\" and \"sqrtn\" are supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FusedEmbeddingAttrs::FeatureLabel(int feature) const {
+  const std::string& name = config.features[feature].name;
+  return name.empty() ? absl::StrCat("feature ", feature) : absl::StrCat("feature ", feature, " ('", name, "')");
+}
+
+absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
+                              const std::string& label, FeatureBatch* out) {
+  const tensorflow::Tensor& splits = ctx->input(first_list_input + feature);
+  const tensorflow::Tensor& ids = ctx->input(first_list_input + num_features + feature);
+  const tensorflow::Tensor& weights = ctx->input(first_list_input + 2 * num_features + feature);
+  const tensorflow::Tensor& shape = ctx->input(first_list_input + 3 * num_features + feature);
+  if (ids.dims() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": embedding_indices must be rank 1, got shape ", ids.shape().DebugString()));
+  }
+  if (weights.dims() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": aggregation_weights must be rank 1, got shape ", weights.shape().DebugString()));
+  }
+  if (shape.dims() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": sample_shape must be rank 1, got shape ", shape.shape().DebugString()));
+  }
+  if (splits.dims() == 0 || splits.dims() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": sample_indices_or_row_splits must be rank 1 or 2 (or "
+                                                   "empty), got shape ", splits.shape().DebugString()));
+  }
+  out->splits_or_indices = splits.flat<int64_t>().data();
+  out->splits_or_indices_rank = splits.NumElements() == 0 && splits.dims() <= 1 ? 0 : splits.dims();
+  out->splits_or_indices_rows = splits.dims() >= 1 ? splits.dim_size(0) : 0;
+  out->splits_or_indices_cols = splits.dims() == 2 ? splits.dim_size(1) : 0;
+  out->ids = ids.flat<int64_t>().data();
+  out->num_ids = ids.NumElements();
+  out->weights = weights.flat<float>().data();
+  out->num_weights = weights.NumElements();
+  const auto dims = shape.flat<int64_t>();
+  out->sample_shape.assign(dims.data(), dims.data() + dims.size());
+  return absl::OkStatus();
+}
+
+absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
+                                tensorflow::Var** var) {
+  if (ctx->input_dtype(input) != tensorflow::DT_RESOURCE) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected a resource variable handle"));
+  }
+  TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), var));
+  tsl::tf_shared_lock lock(*(*var)->mu());
+  if (!(*var)->is_initialized) {
+    (*var)->Unref();
+    return absl::FailedPreconditionError(absl::StrCat(what, ": the variable is not initialized"));
+  }
+  if ((*var)->tensor()->dtype() != tensorflow::DT_FLOAT) {
+    const std::string got = tensorflow::DataTypeString((*var)->tensor()->dtype());
+    (*var)->Unref();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the variable must be float32, got ", got));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what) {
+  if (tensor.dims() != 2 || tensor.dim_size(0) != table.vocabulary_size || tensor.dim_size(1) != table.dimension) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the variable has shape ", tensor.shape().DebugString(),
+                                                   " but table '", table.name, "' is [", table.vocabulary_size, ",",
+                                                   table.dimension, "] (vocabulary_size, dimension) in the config"));
+  }
+  return absl::OkStatus();
+}
+
+ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx) {
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
+    if (total <= 0) return;
+    pool->ParallelFor(total, cost_per_unit, fn);
+  };
+}
+
+}  // namespace tf_embed_ops

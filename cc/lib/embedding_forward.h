@@ -1,0 +1,38 @@
+// The forward pass of one feature (spec §3.1): for each sample s in [begin, end),
+//   out[s] = sum over the sample's ids i (input order) of scale_i * Q(E[id_i]),
+// where Q is simulated quantization when enabled (else the identity).  Samples are independent, so callers
+// shard [0, num_samples) freely; the per-sample summation order is fixed, so the result does not depend on
+// the sharding.  Ids must already be validated against the table.
+#ifndef TF_EMBED_OPS_CC_LIB_EMBEDDING_FORWARD_H_
+#define TF_EMBED_OPS_CC_LIB_EMBEDDING_FORWARD_H_
+
+#include <cstdint>
+#include <cstring>
+
+#include "cc/lib/feature_layout.h"
+#include "cc/lib/simulated_quantization.h"
+
+namespace tf_embed_ops {
+
+// `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
+inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
+                           const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  for (int64_t s = begin; s < end; ++s) {
+    float* o = out + s * dim;
+    std::memset(o, 0, sizeof(float) * dim);
+    for (int64_t k = layout.member_offsets[s]; k < layout.member_offsets[s + 1]; ++k) {
+      const int64_t i = layout.members[k];
+      const float c = layout.scale[i];
+      const float* row = table + ids[i] * dim;
+      if (quantizer == nullptr) {
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * row[d];
+      } else {
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * (*quantizer)(row[d]);
+      }
+    }
+  }
+}
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_EMBEDDING_FORWARD_H_

@@ -1,0 +1,133 @@
+#include "cc/lib/feature_layout.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tf_embed_ops {
+namespace {
+
+absl::Status Invalid(const std::string& label, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(label, ": ", what));
+}
+
+// Output sample of every id, validating the structure on the way.
+absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int64_t num_samples,
+                            std::vector<int64_t>* sample_of) {
+  sample_of->resize(b.num_ids);
+  switch (b.splits_or_indices_rank) {
+    case 0:
+      if (b.num_ids != num_samples) {
+        return Invalid(label, absl::StrCat("dense input (empty sample_indices_or_row_splits) has ", b.num_ids,
+                                           " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "),
+                                           "] has ", num_samples, " samples; they must be equal"));
+      }
+      for (int64_t i = 0; i < b.num_ids; ++i) (*sample_of)[i] = i;
+      return absl::OkStatus();
+    case 1: {
+      const int64_t* splits = b.splits_or_indices;
+      if (b.sample_shape.size() != 1 || b.splits_or_indices_rows != num_samples + 1) {
+        return Invalid(label, absl::StrCat("ragged input needs a rank-1 sample_shape [B] and B + 1 row_splits; got ",
+                                           b.splits_or_indices_rows, " row_splits for sample_shape [",
+                                           absl::StrJoin(b.sample_shape, ", "), "]"));
+      }
+      if (splits[0] != 0) return Invalid(label, absl::StrCat("row_splits[0] = ", splits[0], ", must be 0"));
+      if (splits[num_samples] != b.num_ids) {
+        return Invalid(label, absl::StrCat("row_splits[", num_samples, "] = ", splits[num_samples],
+                                           " must equal the number of ids, ", b.num_ids));
+      }
+      for (int64_t s = 0; s < num_samples; ++s) {
+        if (splits[s + 1] < splits[s]) {
+          return Invalid(label, absl::StrCat("row_splits must be non-decreasing: row_splits[", s + 1, "] = ",
+                                             splits[s + 1], " < row_splits[", s, "] = ", splits[s]));
+        }
+        for (int64_t i = splits[s]; i < splits[s + 1]; ++i) (*sample_of)[i] = s;
+      }
+      return absl::OkStatus();
+    }
+    case 2: {
+      const int64_t cols = b.splits_or_indices_cols;
+      const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
+      if (b.splits_or_indices_rows != b.num_ids || cols != rank + 1) {
+        return Invalid(label, absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols,
+                                           "]; expected [", b.num_ids, " (number of ids), ", rank + 1,
+                                           " (rank of sample_shape + 1)]"));
+      }
+      for (int64_t i = 0; i < b.num_ids; ++i) {
+        const int64_t* idx = b.splits_or_indices + i * cols;
+        int64_t position = 0;
+        for (int64_t d = 0; d < rank; ++d) {
+          if (idx[d] < 0 || idx[d] >= b.sample_shape[d]) {
+            return Invalid(label, absl::StrCat("indices[", i, ", ", d, "] = ", idx[d], " is not in [0, ",
+                                               b.sample_shape[d], ") (sample_shape [",
+                                               absl::StrJoin(b.sample_shape, ", "), "])"));
+          }
+          position = position * b.sample_shape[d] + idx[d];
+        }
+        (*sample_of)[i] = position;
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return Invalid(label, absl::StrCat("sample_indices_or_row_splits must be empty, rank 1 (row_splits) or rank 2 "
+                                         "(sparse indices); got rank ", b.splits_or_indices_rank));
+  }
+}
+
+}  // namespace
+
+absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const std::string& label,
+                                FeatureLayout* out) {
+  int64_t num_samples = 1;
+  for (size_t d = 0; d < b.sample_shape.size(); ++d) {
+    if (b.sample_shape[d] < 0) {
+      return Invalid(label, absl::StrCat("sample_shape[", d, "] = ", b.sample_shape[d], " is negative"));
+    }
+    num_samples *= b.sample_shape[d];
+  }
+  if (b.num_weights != 0 && b.num_weights != b.num_ids) {
+    return Invalid(label, absl::StrCat("has ", b.num_weights, " weights for ", b.num_ids,
+                                       " ids; give one weight per id or none (all ones)"));
+  }
+  out->num_samples = num_samples;
+  if (auto s = ComputeSamples(b, label, num_samples, &out->sample_of); !s.ok()) return s;
+
+  // Group ids by sample with a stable counting sort, so each group keeps input order (the summation order of
+  // the forward pass is then fixed by the input alone).
+  out->member_offsets.assign(num_samples + 1, 0);
+  for (int64_t i = 0; i < b.num_ids; ++i) ++out->member_offsets[out->sample_of[i] + 1];
+  for (int64_t s = 0; s < num_samples; ++s) out->member_offsets[s + 1] += out->member_offsets[s];
+  out->members.resize(b.num_ids);
+  {
+    std::vector<int64_t> cursor(out->member_offsets.begin(), out->member_offsets.end() - 1);
+    for (int64_t i = 0; i < b.num_ids; ++i) out->members[cursor[out->sample_of[i]]++] = i;
+  }
+
+  out->scale.resize(b.num_ids);
+  for (int64_t s = 0; s < num_samples; ++s) {
+    double sum_w = 0.0, sum_w2 = 0.0;
+    for (int64_t k = out->member_offsets[s]; k < out->member_offsets[s + 1]; ++k) {
+      const double w = b.num_weights ? b.weights[out->members[k]] : 1.0;
+      sum_w += w;
+      sum_w2 += w * w;
+    }
+    const float inv = InverseNorm(combiner, sum_w, sum_w2);
+    for (int64_t k = out->member_offsets[s]; k < out->member_offsets[s + 1]; ++k) {
+      const int64_t i = out->members[k];
+      out->scale[i] = (b.num_weights ? b.weights[i] : 1.0f) * inv;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateIds(const int64_t* ids, int64_t num_ids, int64_t vocabulary_size, const std::string& label,
+                         const std::string& table_name) {
+  for (int64_t i = 0; i < num_ids; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocabulary_size) {
+      return Invalid(label, absl::StrCat("ids[", i, "] = ", ids[i], " is not in [0, ", vocabulary_size,
+                                         ") (vocabulary_size of table '", table_name, "')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tf_embed_ops

@@ -1,0 +1,58 @@
+// Where each id of a feature lands: the TPU enqueue's (sample_indices_or_row_splits, ids, weights) triple
+// (spec §3.1) resolved into per-id output samples and combiner factors, plus the sample -> ids grouping the
+// forward pass walks.  TensorFlow-free; the kernels build one FeatureLayout per feature per call.
+//
+// Input forms (`splits_or_indices` with `splits_or_indices_rank`):
+//   rank 0 (empty): every id is its own sample (dense input); num_ids must equal the number of samples.
+//   rank 1: ragged row_splits, sample = row; splits[0] = 0, non-decreasing, splits[last] = num_ids, and there
+//           are exactly num_samples + 1 splits.
+//   rank 2: sparse indices [num_ids, cols], cols >= 1; sample = row-major position of indices[:, :-1] inside
+//           sample_shape (the last column is the reduced one); cols - 1 must equal the rank of sample_shape and
+//           each coordinate must lie inside it.
+#ifndef TF_EMBED_OPS_CC_LIB_FEATURE_LAYOUT_H_
+#define TF_EMBED_OPS_CC_LIB_FEATURE_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cc/lib/combiner.h"
+
+namespace tf_embed_ops {
+
+// Borrowed views of one feature's inputs.
+struct FeatureBatch {
+  const int64_t* splits_or_indices = nullptr;
+  int splits_or_indices_rank = 0;           // 0, 1 or 2 (see above)
+  int64_t splits_or_indices_rows = 0;       // dim 0 of splits_or_indices
+  int64_t splits_or_indices_cols = 0;       // dim 1 when rank 2
+  const int64_t* ids = nullptr;
+  int64_t num_ids = 0;
+  const float* weights = nullptr;           // nullptr or num_ids entries
+  int64_t num_weights = 0;                  // 0 (all ones) or num_ids
+  std::vector<int64_t> sample_shape;        // output shape without the embedding dimension
+};
+
+struct FeatureLayout {
+  int64_t num_samples = 0;            // prod(sample_shape)
+  std::vector<int64_t> sample_of;     // per id: its output sample
+  std::vector<float> scale;           // per id: w_i / norm_s (0 where the norm is 0)
+  // Ids grouped by sample, each group in input order: ids of sample s are
+  // members[member_offsets[s] .. member_offsets[s + 1]).
+  std::vector<int64_t> member_offsets;
+  std::vector<int64_t> members;
+};
+
+// Checks the structure of `batch` (shapes, splits, indices, weights count; not the id range, which depends on
+// the table: see ValidateIds) and builds its layout.  `label` names the feature in error messages.
+absl::Status BuildFeatureLayout(const FeatureBatch& batch, Combiner combiner, const std::string& label,
+                                FeatureLayout* out);
+
+// Every id in [0, vocabulary_size); the error names the feature, the position, the id and the range.
+absl::Status ValidateIds(const int64_t* ids, int64_t num_ids, int64_t vocabulary_size, const std::string& label,
+                         const std::string& table_name);
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_FEATURE_LAYOUT_H_

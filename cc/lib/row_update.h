@@ -1,0 +1,36 @@
+// The per-row training pipeline of the TPU embedding engine (spec §1.2, ambiguities A3/A4), written once for
+// every optimizer struct (Sgd, Adagrad, ... : UpdateRow(lr, g, w, slots, dim)):
+//   g = clip(g, gradient_clipping_limits)                     (on the accumulated sum)
+//   w -= wd * (multiply_weight_decay_factor_by_learning_rate ? lr : 1) * w    (decoupled decay, before the step)
+//   w, slots = optimizer(w, slots, g, lr)
+//   w = clip(w, clipping_limits)                               (SCX apply_weight_clipping_to_table)
+#ifndef TF_EMBED_OPS_CC_LIB_ROW_UPDATE_H_
+#define TF_EMBED_OPS_CC_LIB_ROW_UPDATE_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cc/lib/embedding_config.h"
+
+namespace tf_embed_ops {
+
+// `g` is scratch owned by the caller and is clipped in place.
+template <typename Optimizer>
+inline void UpdateRowPipeline(const Optimizer& optimizer, const TableOptimization& o, float lr, float* g, float* w,
+                              float* const* slots, int64_t dim) {
+  if (o.gradient_clipping.IsActive()) {
+    for (int64_t d = 0; d < dim; ++d) g[d] = std::min(std::max(g[d], o.gradient_clipping.lower), o.gradient_clipping.upper);
+  }
+  if (o.weight_decay_factor != 0.0f) {
+    const float decay = o.weight_decay_factor * (o.multiply_weight_decay_factor_by_learning_rate ? lr : 1.0f);
+    for (int64_t d = 0; d < dim; ++d) w[d] -= decay * w[d];
+  }
+  optimizer.UpdateRow(lr, g, w, slots, dim);
+  if (o.weight_clipping.IsActive()) {
+    for (int64_t d = 0; d < dim; ++d) w[d] = std::min(std::max(w[d], o.weight_clipping.lower), o.weight_clipping.upper);
+  }
+}
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_ROW_UPDATE_H_

@@ -1,0 +1,88 @@
+// Applies one step's accumulated gradients to a table and its slots (spec §1.2): the row pipeline of
+// row_update.h on every touched row (lazy optimizers), or on every row with a zero gradient where untouched
+// (optimizers whose UpdatesAllRows() is true: non-lazy Adam).  A touched row whose summed gradient is 0 is
+// still updated (A11).
+//
+// Work is split by the caller-supplied `Shard` function (the kernels pass TensorFlow's intra-op pool): rows are
+// independent and each row's gradient is summed in a fixed order (RowGradientPlan), so the result is bitwise
+// the same for any sharding.  Gradient accumulation DISABLED uses this same exact path (see docs/ops.md).
+#ifndef TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
+#define TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <variant>
+#include <vector>
+
+#include "cc/lib/embedding_config.h"
+#include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/row_update.h"
+
+namespace tf_embed_ops {
+
+// Runs fn(begin, end) over disjoint ranges covering [0, total); cost_per_unit is in CPU cycles per unit.
+using ShardFn = std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
+
+// Borrowed, row-major [vocabulary_size, dim] buffers of a table and its slots (kSlots order).
+struct TableBuffers {
+  float* weights = nullptr;
+  std::vector<float*> slots;
+  int64_t vocabulary_size = 0;
+  int64_t dim = 0;
+};
+
+namespace internal {
+
+template <typename Optimizer>
+void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                     const TableBuffers& t, const ShardFn& shard) {
+  constexpr size_t kNumSlots = Optimizer::kSlots.size();
+  const int64_t dim = t.dim;
+  // Rough cycles per row: the optimizer touches (1 + slots) rows of dim floats, plus the gradient gather.
+  const int64_t row_cost = dim * static_cast<int64_t>(8 + 6 * kNumSlots);
+  auto update = [&](int64_t row, float* g) {
+    std::array<float*, kNumSlots + 1> slot_rows{};
+    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * dim;
+    UpdateRowPipeline(optimizer, o, lr, g, t.weights + row * dim, slot_rows.data(), dim);
+  };
+  if (!optimizer.UpdatesAllRows()) {
+    shard(plan.num_rows(), row_cost, [&](int64_t begin, int64_t end) {
+      std::vector<float> g(dim);
+      for (int64_t u = begin; u < end; ++u) {
+        plan.Accumulate(u, dim, g.data());
+        update(plan.row(u), g.data());
+      }
+    });
+    return;
+  }
+  // Every row: walk the row range alongside the touched rows sorted by id.
+  const std::vector<int64_t> order = plan.OrderByRow();
+  shard(t.vocabulary_size, row_cost, [&](int64_t begin, int64_t end) {
+    std::vector<float> g(dim);
+    auto it = std::lower_bound(order.begin(), order.end(), begin,
+                               [&plan](int64_t u, int64_t row) { return plan.row(u) < row; });
+    for (int64_t row = begin; row < end; ++row) {
+      if (it != order.end() && plan.row(*it) == row) {
+        plan.Accumulate(*it, dim, g.data());
+        ++it;
+      } else {
+        std::fill(g.begin(), g.end(), 0.0f);
+      }
+      update(row, g.data());
+    }
+  });
+}
+
+}  // namespace internal
+
+inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
+                        const ShardFn& shard) {
+  std::visit([&](const auto& optimizer) { internal::UpdateTableWith(optimizer, o, lr, plan, t, shard); },
+             o.optimizer);
+}
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_

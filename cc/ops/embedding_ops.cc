@@ -1,0 +1,135 @@
+// Registration of the fused embedding training ops (spec §3; docs/ops.md has the full contract).
+//
+// Per-feature inputs are the TPU enqueue's normalised form, one list entry per feature (feature-descriptor
+// order): sample_indices_or_row_splits (empty = dense, rank 1 = row_splits, rank 2 = sparse indices),
+// embedding_indices (int64 ids), aggregation_weights (float32, empty = all ones), sample_shapes (int64 1-D: the
+// activation's shape without the embedding dimension).
+#include "absl/strings/str_cat.h"
+#include "cc/config/config_parser.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_embed_ops {
+namespace {
+
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// Activation shape of feature i: sample_shape (as far as it is known statically) + [dim of its table].
+absl::Status ActivationShape(InferenceContext* c, const EmbeddingConfig& config, int feature,
+                             int sample_shape_input, ShapeHandle* out) {
+  if (feature >= static_cast<int>(config.features.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the config has ", config.features.size(),
+                                                   " feature descriptors but the op has more features"));
+  }
+  const int64_t dim = config.tables[config.features[feature].table_id].dimension;
+  ShapeHandle sample_shape;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(sample_shape_input), 1, &sample_shape));
+  ShapeHandle samples;
+  TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(sample_shape_input, &samples));
+  return c->Concatenate(samples, c->Vector(dim), out);
+}
+
+absl::Status ParseConfigAttr(InferenceContext* c, EmbeddingConfig* config) {
+  std::string serialized;
+  TF_RETURN_IF_ERROR(c->GetAttr("config", &serialized));
+  return ParseEmbeddingConfig(serialized, config);
+}
+
+absl::Status ActivationsShapeFn(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  EmbeddingConfig config;
+  TF_RETURN_IF_ERROR(ParseConfigAttr(c, &config));
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle unused;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &unused));      // ids
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + i), 1, &unused));  // weights
+    ShapeHandle out;
+    TF_RETURN_IF_ERROR(ActivationShape(c, config, i, 3 * n + i, &out));
+    c->set_output(i, out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendGradientsShapeFn(InferenceContext* c) {
+  int n, nn;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("NN", &nn));
+  EmbeddingConfig config;
+  TF_RETURN_IF_ERROR(ParseConfigAttr(c, &config));
+  // Inputs: gradients[N], learning_rates[NN], splits[N], ids[N], weights[N], sample_shapes[N], tables, slots.
+  const int first_sample_shape = n + nn + 3 * n;
+  for (int i = 0; i < n; ++i) {
+    ShapeHandle expected, merged;
+    TF_RETURN_IF_ERROR(ActivationShape(c, config, i, first_sample_shape + i, &expected));
+    TF_RETURN_IF_ERROR(c->Merge(c->input(i), expected, &merged));
+  }
+  for (int i = 0; i < nn; ++i) {
+    ShapeHandle unused;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 0, &unused));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("TfEmbed>EmbeddingActivations")
+    .Input("sample_indices_or_row_splits: N * int64")
+    .Input("embedding_indices: N * int64")
+    .Input("aggregation_weights: N * float32")
+    .Input("sample_shapes: N * int64")
+    .Input("tables: T * resource")
+    .Output("activations: N * float32")
+    .Attr("config: string")
+    .Attr("combiners: list(string) = []")
+    .Attr("N: int >= 1")
+    .Attr("T: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(ActivationsShapeFn)
+    .Doc(R"doc(
+Looks up and combines the embeddings of N features (the TPU engine's forward pass, on CPU).
+
+Feature i uses table config.feature_descriptor[i].table_id; its activation has shape sample_shapes[i] + [dim].
+Each sample s gets sum_i w_i * Q(E[id_i]) / norm_s (norm 1 / sum w / sqrt(sum w^2) for sum / mean / sqrtn; 0
+where the norm is 0, so empty samples are zero).  Q is the table's simulated quantization when enabled.
+No gradient flows through this op: tables change only through SendTPUEmbeddingGradients.
+
+config: a serialized tensorflow.tpu.TPUEmbeddingConfiguration with one feature descriptor per feature.
+combiners: "sum", "mean" or "sqrtn"; T entries (per table), or N entries (per feature), or none (all "sum",
+  as TF's enqueue ops).  When N == T the list is read per table.
+tables: float32 resource variables of shape [vocabulary_size, dim], in table order.
+)doc");
+
+REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
+    .Input("inputs: N * float32")
+    .Input("learning_rates: NN * float32")
+    .Input("sample_indices_or_row_splits: N * int64")
+    .Input("embedding_indices: N * int64")
+    .Input("aggregation_weights: N * float32")
+    .Input("sample_shapes: N * int64")
+    .Input("tables: T * resource")
+    .Input("slots: S * resource")
+    .Attr("config: string")
+    .Attr("combiners: list(string) = []")
+    .Attr("N: int >= 1")
+    .Attr("NN: int >= 0 = 0")
+    .Attr("T: int >= 1")
+    .Attr("S: int >= 0 = 0")
+    .SetIsStateful()
+    .SetShapeFn(SendGradientsShapeFn)
+    .Doc(R"doc(
+Applies one step of the TPU embedding engine's backward pass and optimizer to the tables, in place.
+
+The gradients of the activations (inputs[i] has the shape of activation i) are distributed over the ids by the
+combiner, summed per table row across all features sharing the table, and each touched row (every row for
+non-lazy Adam) goes through gradient clipping, decoupled weight decay, the table's optimizer and weight
+clipping.  Everything is validated before the first write: a rejected call changes no table or slot.
+
+learning_rates: one scalar per dynamic learning-rate tag, in tag order.
+tables: float32 resource variables [vocabulary_size, dim], in table order.
+slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order.
+)doc");
+
+}  // namespace tf_embed_ops
