@@ -10,6 +10,7 @@ Example:
   >>> cfg = tec.load(tec.example_config_path())
   >>> print([(t.name, t.optimizer.kind, t.slot_names) for t in cfg.tables])
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ and ``TableConfig._set_table_descriptor`` (tpu_embedding_v2_utils.py) field for 
 it never mutates the user's TableConfig objects (TF writes the global optimizer and ``table_{i}`` names into
 them), and it does not crash under protobuf 7 (see _optimizers.py).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,7 +56,7 @@ def _resolve_output_shapes(feature_config: Any, features: list[Any], output_shap
         incoming = [tf.TensorShape(s) for s in flat]
     paths = [p for p, _ in nest.flatten_with_joined_string_paths(feature_config)]
     merged = []
-    for path, old, new in zip(paths, shapes, incoming):
+    for path, old, new in zip(paths, shapes, incoming, strict=False):
         if old and new and old.rank is not None and new.rank is not None:
             # TPUEmbedding._check_output_shapes: a rank-1/2 incoming shape may stand for a longer sequence shape.
             skip = new.rank in (1, 2) and old.rank > new.rank
@@ -155,7 +156,7 @@ def from_feature_config(
             dynamic.append(lr)
 
     proto = TPUEmbeddingConfiguration()
-    for table, name, table_optimizer in zip(tables, names, table_optimizers):
+    for table, name, table_optimizer in zip(tables, names, table_optimizers, strict=False):
         td = proto.table_descriptor.add()
         td.name = name
         td.vocabulary_size = max(table.vocabulary_size, num_hosts)
@@ -175,7 +176,7 @@ def from_feature_config(
             params.simulated_quantization.clipping_limits.upper.value = q.upper
 
     table_id = {id(t): i for i, t in enumerate(tables)}
-    for feature, shape in zip(features, _resolve_output_shapes(feature_config, features, output_shapes)):
+    for feature, shape in zip(features, _resolve_output_shapes(feature_config, features, output_shapes), strict=False):
         fd = proto.feature_descriptor.add()
         if feature.name:
             fd.name = feature.name

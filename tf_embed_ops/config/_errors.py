@@ -5,6 +5,7 @@ The C++ validator (cc/config) produces every validation message; these classes c
 for the same config, so ``except tf.errors.InvalidArgumentError`` catches a bad config both at ``load()`` and in a
 kernel.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -4,6 +4,7 @@ So a config saved from a TPU job becomes the Python objects ``TPUEmbedding`` (Te
 ``from_feature_config(*to_feature_config(c))`` gives ``c`` back field for field (see the function's notes for
 what a proto cannot carry).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -162,5 +163,5 @@ def to_feature_config(
     ]
     names = [f.name for f in cfg.features]
     if all(names) and len(set(names)) == len(names) and names == sorted(names):
-        return {f.name: feature for f, feature in zip(cfg.features, features)}, global_optimizer
+        return {f.name: feature for f, feature in zip(cfg.features, features, strict=False)}, global_optimizer
     return tuple(features), global_optimizer

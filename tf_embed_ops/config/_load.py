@@ -1,4 +1,5 @@
 """load(): any form of a TPUEmbeddingConfiguration -> a validated EmbeddingConfig, validation done in C++."""
+
 from __future__ import annotations
 
 import os
@@ -46,20 +47,20 @@ def parse_text(text: str, origin: str = "config text") -> TPUEmbeddingConfigurat
 
 def _read_path(path: str) -> bytes:
     suffix = os.path.splitext(path)[1].lower()
+    if suffix not in BINARY_SUFFIXES + TEXT_SUFFIXES:
+        raise ValueError(
+            f"source: cannot tell the format of {path!r} from its suffix {suffix!r}; use one of "
+            f"{', '.join(BINARY_SUFFIXES)} (binary) or {', '.join(TEXT_SUFFIXES)} (text format)"
+        )
     with open(path, "rb") as f:
         data = f.read()
     if suffix in BINARY_SUFFIXES:
         return data
-    if suffix in TEXT_SUFFIXES:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InvalidConfigError(f"{path}: text-format config is not UTF-8 ({e})") from None
-        return parse_text(text, origin=path).SerializeToString()
-    raise ValueError(
-        f"source: cannot tell the format of {path!r} from its suffix {suffix!r}; use one of "
-        f"{', '.join(BINARY_SUFFIXES)} (binary) or {', '.join(TEXT_SUFFIXES)} (text format)"
-    )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidConfigError(f"{path}: text-format config is not UTF-8 ({e})") from None
+    return parse_text(text, origin=path).SerializeToString()
 
 
 def _serialized(source: ConfigSource) -> bytes:
@@ -110,7 +111,9 @@ def load(source: ConfigSource) -> EmbeddingConfig:
     try:
         proto.ParseFromString(serialized)
     except message_lib.DecodeError as e:  # C++ accepted it; Python's parser should too
-        raise InvalidConfigError(f"config: Python protobuf could not parse bytes the C++ parser accepted: {e}") from None
+        raise InvalidConfigError(
+            f"config: Python protobuf could not parse bytes the C++ parser accepted: {e}"
+        ) from None
     return EmbeddingConfig(proto, parsed)
 
 

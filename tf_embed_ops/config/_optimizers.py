@@ -9,6 +9,7 @@ The fill functions write field for field what TensorFlow's ``_Optimizer._set_opt
 except that ``low_dimensional_packing_status`` is assigned as an int: TensorFlow assigns the Python bool, which
 protobuf 7 rejects (spec §1.5, A13).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,7 +80,9 @@ def supported_optimizer_classes() -> tuple[type, ...]:
 
 def fill_common(opt: Any, params: OptimizationParameters) -> None:
     """Accumulation, weight and gradient clipping, weight decay and packing, as ``_Optimizer`` writes them."""
-    params.gradient_accumulation_status = _ACCUMULATION.ENABLED if opt.use_gradient_accumulation else _ACCUMULATION.DISABLED
+    params.gradient_accumulation_status = (
+        _ACCUMULATION.ENABLED if opt.use_gradient_accumulation else _ACCUMULATION.DISABLED
+    )
     if opt.clip_weight_min is not None:
         params.clipping_limits.lower.value = opt.clip_weight_min
     if opt.clip_weight_max is not None:

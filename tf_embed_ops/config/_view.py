@@ -4,6 +4,7 @@ Every value comes from the C++ validator's model (cc/config), so what Python sho
 float32 hyper-parameters are shown as the shortest decimal that round-trips in float32 (``0.1``, not
 ``0.10000000149011612``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,9 @@ def _f32(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def _f32_or_none(value: float | None) -> float | None:
-    return None if value is None else _f32(value)
+def _bound(value: float | None) -> float | None:
+    # An infinite clip bound clips nothing: shown as None, like an absent one.
+    return None if value is None or math.isinf(value) else _f32(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,14 +151,16 @@ def _table_info(table_id: int, d: Mapping[str, Any]) -> TableInfo:
             updates_all_rows=opt["updates_all_rows"],
         ),
         learning_rate=LearningRateInfo(tag=lr["tag"]) if lr["dynamic"] else LearningRateInfo(_f32(lr["constant"])),
-        weight_clipping=ClipLimits(*map(_f32_or_none, d["weight_clipping"])),
-        gradient_clipping=ClipLimits(*map(_f32_or_none, d["gradient_clipping"])),
+        weight_clipping=ClipLimits(*map(_bound, d["weight_clipping"])),
+        gradient_clipping=ClipLimits(*map(_bound, d["gradient_clipping"])),
         weight_decay_factor=_f32(d["weight_decay_factor"]),
         multiply_weight_decay_factor_by_learning_rate=d["multiply_weight_decay_factor_by_learning_rate"],
         gradient_accumulation=d["gradient_accumulation"],
         gradient_accumulation_status=d["gradient_accumulation_status"],
         low_dimensional_packing_status=d["low_dimensional_packing_status"],
-        simulated_quantization=None if q is None else QuantizationInfo(q["num_buckets"], _f32(q["lower"]), _f32(q["upper"])),
+        simulated_quantization=None
+        if q is None
+        else QuantizationInfo(q["num_buckets"], _f32(q["lower"]), _f32(q["upper"])),
     )
 
 

@@ -1,0 +1,292 @@
+"""tf_embed_ops.TPUEmbedding trains like the TPU engine: checked against the numpy model in _embedding_reference.
+
+Several steps per optimizer x input kind x combiner, shared tables, sequence features, dynamic learning rates,
+eager and tf.function.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_embed_ops
+from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
+
+emb_api = tf.tpu.experimental.embedding
+
+OPTIMIZERS = {
+    "sgd": lambda lr: emb_api.SGD(lr),
+    "adagrad": lambda lr: emb_api.Adagrad(lr, initial_accumulator_value=0.2),
+    "adagrad_momentum": lambda lr: emb_api.AdagradMomentum(
+        lr, momentum=0.7, use_nesterov=True, exponent=3.0, beta2=0.9, epsilon=1e-3
+    ),
+    "adam": lambda lr: emb_api.Adam(lr, beta_1=0.8, beta_2=0.95, epsilon=1e-3, sum_inside_sqrt=False),
+    "adam_non_lazy": lambda lr: emb_api.Adam(lr, beta_1=0.8, beta_2=0.95, epsilon=1e-3, lazy_adam=False),
+    "ftrl": lambda lr: emb_api.FTRL(
+        lr, l1_regularization_strength=0.01, l2_regularization_strength=0.02, beta=0.1, initial_accumulator_value=0.3
+    ),
+    "ftrl_multiply_linear": lambda lr: emb_api.FTRL(
+        lr, l1_regularization_strength=0.01, beta=0.05, multiply_linear_by_learning_rate=True
+    ),
+}
+VOCAB, DIM, BATCH = 13, 3, 5
+RTOL, ATOL = 2e-5, 2e-6
+
+
+def _rows(rng, kind: str, batch: int = BATCH, vocab: int = VOCAB) -> tuple:
+    """Random rows of ids (+ weights); dense rows hold exactly one id. Includes duplicates and empty rows."""
+    if kind == "dense":
+        return [[int(rng.integers(vocab))] for _ in range(batch)], None
+    rows = [list(rng.integers(vocab, size=int(rng.integers(0, 4)))) for _ in range(batch)]
+    rows[0] = [1, 1, 4]  # a duplicate inside one sample
+    rows[-1] = []  # an empty sample
+    weights = [list(rng.uniform(0.5, 2.0, size=len(r))) for r in rows]
+    return [[int(i) for i in r] for r in rows], weights
+
+
+def _to_tf(kind: str, rows: list, weights: list | None):
+    if kind == "dense":
+        return tf.constant([r[0] for r in rows], tf.int64), None
+    ragged = tf.ragged.constant(rows, dtype=tf.int64, ragged_rank=1)
+    w = None if weights is None else tf.ragged.constant(weights, dtype=tf.float32, ragged_rank=1)
+    if kind == "ragged":
+        return ragged, w
+    return ragged.to_sparse(), (None if w is None else w.to_sparse())
+
+
+def _run_steps(emb, ref_tables, feature_config, steps, use_function, targets_fn, lr_values=None):
+    """Runs `steps` (list of {name: (RefFeature, tf_input, tf_weight)}) on emb and on the reference."""
+
+    def tf_step(features, weights, targets):
+        emb.enqueue(features, weights=weights, training=True)
+        with tf.GradientTape() as tape:
+            acts = emb.dequeue()
+            tape.watch(acts)
+            loss = tf.add_n([0.5 * tf.reduce_sum((acts[k] - targets[k]) ** 2) for k in acts])
+        emb.apply_gradients(tape.gradient(loss, acts))
+        return acts
+
+    step_fn = tf.function(tf_step) if use_function else tf_step
+    for n, batch in enumerate(steps):
+        if lr_values is not None:
+            lr_values(n)
+        features = {k: v[1] for k, v in batch.items()}
+        weights = {k: v[2] for k, v in batch.items()}
+        if all(w is None for w in weights.values()):
+            weights = None
+        # Reference forward and backward.
+        grads: dict = {name: {} for name in ref_tables}
+        ref_acts, targets = {}, {}
+        for k, (ref, _, _) in batch.items():
+            fc = feature_config[k]
+            table = ref_tables[fc.table.name]
+            ref_acts[k] = activations(ref, table.params, fc.table.combiner)
+            targets[k] = targets_fn(k, ref_acts[k].shape)
+            row_gradients(ref, ref_acts[k] - targets[k], fc.table.combiner, grads[fc.table.name])
+        acts = step_fn(features, weights, {k: tf.constant(v, tf.float32) for k, v in targets.items()})
+        for k in batch:
+            np.testing.assert_allclose(acts[k].numpy(), ref_acts[k], rtol=RTOL, atol=ATOL, err_msg=f"step {n} {k}")
+        for name, table in ref_tables.items():
+            lr = table.opt.learning_rate
+            table.apply(grads[name], float(lr()) if callable(lr) else lr)
+
+
+def _check_state(emb, ref_tables):
+    for table_config, var in emb.embedding_tables.items():
+        ref = ref_tables[table_config.name]
+        np.testing.assert_allclose(var.numpy(), ref.params, rtol=RTOL, atol=ATOL, err_msg=table_config.name)
+        for slot, slot_var in emb.slot_variables[table_config].items():
+            np.testing.assert_allclose(
+                slot_var.numpy(), ref.slots[slot], rtol=RTOL, atol=ATOL, err_msg=f"{table_config.name}/{slot}"
+            )
+
+
+def _setup(optimizer_name: str, combiner: str, seed: int = 0, lr=0.1):
+    shared = emb_api.TableConfig(VOCAB, DIM, combiner=combiner, name="shared")
+    feature_config = {
+        "a": emb_api.FeatureConfig(table=shared, name="a"),
+        "b": emb_api.FeatureConfig(table=shared, name="b"),  # two features on one table: gradients accumulate
+    }
+    emb = tf_embed_ops.TPUEmbedding(feature_config, OPTIMIZERS[optimizer_name](lr))
+    emb.build()
+    ref_tables = {"shared": RefTable(emb.embedding_tables[shared].numpy(), shared.optimizer)}
+    return emb, feature_config, ref_tables
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("kind", ["dense", "sparse", "ragged"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_matches_reference_over_several_steps(optimizer_name, kind, combiner):
+    if kind == "dense" and combiner != "mean":
+        pytest.skip("dense inputs hold one id per sample: every combiner is the identity")
+    emb, feature_config, ref_tables = _setup(optimizer_name, combiner)
+    rng = np.random.default_rng(7)
+    steps = []
+    for _ in range(3):
+        batch = {}
+        for k in ("a", "b"):
+            rows, weights = _rows(rng, kind)
+            x, w = _to_tf(kind, rows, weights)
+            batch[k] = (RefFeature("shared", rows, weights), x, w)
+        steps.append(batch)
+    target_rng = np.random.default_rng(3)
+    targets_fn = lambda k, shape: target_rng.normal(size=shape)
+    _run_steps(emb, ref_tables, feature_config, steps, use_function=False, targets_fn=targets_fn)
+    _check_state(emb, ref_tables)
+
+
+@pytest.mark.parametrize("optimizer_name", ["adagrad", "adam", "ftrl"])
+def test_tf_function_with_enqueue_dequeue_apply_in_one_function(optimizer_name):
+    emb, feature_config, ref_tables = _setup(optimizer_name, "sqrtn")
+    rng = np.random.default_rng(11)
+    steps = []
+    for _ in range(3):
+        batch = {}
+        for k in ("a", "b"):
+            rows, weights = _rows(rng, "ragged")
+            x, w = _to_tf("ragged", rows, weights)
+            batch[k] = (RefFeature("shared", rows, weights), x, w)
+        steps.append(batch)
+    target_rng = np.random.default_rng(5)
+    _run_steps(emb, ref_tables, feature_config, steps, True, lambda k, shape: target_rng.normal(size=shape))
+    _check_state(emb, ref_tables)
+
+
+@pytest.mark.parametrize("kind", ["sparse", "ragged"])
+@pytest.mark.parametrize("use_function", [False, True])
+def test_sequence_feature_is_truncated_and_trained(kind, use_function):
+    table = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="seq")
+    feature_config = {"s": emb_api.FeatureConfig(table=table, max_sequence_length=3, name="s")}
+    emb = tf_embed_ops.TPUEmbedding(feature_config, emb_api.Adagrad(0.2))
+    emb.build()
+    ref_tables = {"seq": RefTable(emb.embedding_tables[table].numpy(), table.optimizer)}
+    rows = [[1, 2, 3, 4, 5], [2], [], [7, 7]]  # row 0 is longer than L = 3: ids 4 and 5 are dropped
+    x, _ = _to_tf(kind, rows, None)
+    steps = [{"s": (RefFeature("seq", rows, None, max_sequence_length=3), x, None)}] * 2
+    target_rng = np.random.default_rng(1)
+    _run_steps(emb, ref_tables, feature_config, steps, use_function, lambda k, s: target_rng.normal(size=s))
+    _check_state(emb, ref_tables)
+    acts = emb({"s": x})["s"]
+    assert acts.shape == (4, 3, DIM)
+
+
+def test_tables_with_their_own_optimizers_and_dynamic_learning_rates_in_tag_order():
+    lr_a = tf.Variable(0.1)
+    lr_b = tf.Variable(0.3)
+    fn_a = lambda: lr_a  # noqa: E731
+    fn_b = lambda: lr_b  # noqa: E731
+    t_c = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="c", optimizer=emb_api.Adagrad(fn_a))
+    t_a = emb_api.TableConfig(VOCAB, DIM, combiner="mean", name="a", optimizer=emb_api.SGD(fn_b))
+    t_b = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="b", optimizer=emb_api.FTRL(0.5))
+    t_d = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="d")  # takes the global optimizer, same callable
+    feature_config = {
+        "f0": emb_api.FeatureConfig(table=t_c),
+        "f1": emb_api.FeatureConfig(table=t_a),
+        "f2": emb_api.FeatureConfig(table=t_b),
+        "f3": emb_api.FeatureConfig(table=t_d),
+    }
+    emb = tf_embed_ops.TPUEmbedding(feature_config, emb_api.Adam(fn_b, beta_1=0.5, beta_2=0.9))
+    emb.build()
+    assert type(t_d.optimizer).__name__ == "Adam" and type(t_c.optimizer).__name__ == "Adagrad"
+    tags = {t.name: t.optimization_parameters.learning_rate for t in emb.config_proto.table_descriptor}
+    assert tags["c"].dynamic.tag == 0 and tags["a"].dynamic.tag == 1 and tags["d"].dynamic.tag == 1
+    assert tags["b"].constant == pytest.approx(0.5)
+
+    ref_tables = {t.name: RefTable(emb.embedding_tables[t].numpy(), t.optimizer) for t in (t_c, t_a, t_b, t_d)}
+    rng = np.random.default_rng(2)
+    steps = []
+    for _ in range(3):
+        batch = {}
+        for k, t in zip(("f0", "f1", "f2", "f3"), ("c", "a", "b", "d")):
+            rows, weights = _rows(rng, "ragged")
+            x, w = _to_tf("ragged", rows, weights)
+            batch[k] = (RefFeature(t, rows, weights), x, w)
+        steps.append(batch)
+
+    def set_lr(step):  # the learning rates change between steps; apply_gradients must read the new values
+        lr_a.assign([0.1, 0.02, 0.3][step])
+        lr_b.assign([0.3, 0.05, 0.01][step])
+
+    target_rng = np.random.default_rng(9)
+    _run_steps(emb, ref_tables, feature_config, steps, True, lambda k, s: target_rng.normal(size=s), set_lr)
+    _check_state(emb, ref_tables)
+
+
+def test_clipping_and_weight_decay_are_passed_through():
+    table = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="t")
+    optimizer = emb_api.Adagrad(
+        0.5, clipvalue=0.3, clip_weight_min=-0.4, clip_weight_max=0.4, weight_decay_factor=0.1,
+        multiply_weight_decay_factor_by_learning_rate=True,
+    )
+    feature_config = {"x": emb_api.FeatureConfig(table=table)}
+    emb = tf_embed_ops.TPUEmbedding(feature_config, optimizer)
+    emb.build()
+    ref_tables = {"t": RefTable(emb.embedding_tables[table].numpy(), optimizer)}
+    rng = np.random.default_rng(4)
+    steps = []
+    for _ in range(2):
+        rows, weights = _rows(rng, "sparse")
+        x, w = _to_tf("sparse", rows, weights)
+        steps.append({"x": (RefFeature("t", rows, weights), x, w)})
+    _run_steps(emb, ref_tables, feature_config, steps, False, lambda k, s: np.full(s, 3.0))
+    _check_state(emb, ref_tables)
+
+
+def test_untouched_rows_stay_unchanged_for_lazy_optimizers_and_change_for_non_lazy_adam():
+    for name, expect_untouched_fixed in (("adam", True), ("adam_non_lazy", False), ("adagrad", True)):
+        emb, _, _ = _setup(name, "sum")
+        table = next(iter(emb.embedding_tables))
+        before = emb.embedding_tables[table].numpy().copy()
+        emb.enqueue({"a": tf.constant([2, 3], tf.int64), "b": tf.constant([3, 3], tf.int64)})
+        acts = emb.dequeue()
+        emb.apply_gradients({k: tf.ones_like(v) for k, v in acts.items()})
+        after = emb.embedding_tables[table].numpy()
+        untouched = [r for r in range(VOCAB) if r not in (2, 3)]
+        assert not np.allclose(after[[2, 3]], before[[2, 3]])
+        assert np.array_equal(after[untouched], before[untouched]) == expect_untouched_fixed, name
+
+
+def test_none_gradient_sends_zero_with_a_warning(caplog):
+    emb, _, _ = _setup("adagrad", "sum")
+    table = next(iter(emb.embedding_tables))
+    before = emb.embedding_tables[table].numpy().copy()
+    emb.enqueue({"a": tf.constant([2], tf.int64), "b": tf.constant([5], tf.int64)})
+    acts = emb.dequeue()
+    emb.apply_gradients({"a": tf.ones_like(acts["a"]), "b": None})
+    after = emb.embedding_tables[table].numpy()
+    assert not np.allclose(after[2], before[2])
+    np.testing.assert_array_equal(after[5], before[5])  # Adagrad with a zero gradient is a no-op
+    assert "No gradient passed for feature b" in caplog.text
+
+
+def test_dense_inputs_of_shape_b1_and_lookup_only_call():
+    table = emb_api.TableConfig(VOCAB, DIM, name="t")
+    emb = tf_embed_ops.TPUEmbedding({"x": emb_api.FeatureConfig(table=table)}, emb_api.SGD(0.1))
+    ids = tf.constant([[3], [0], [12]], tf.int64)
+    out = emb({"x": ids})["x"]
+    assert out.shape == (3, DIM)  # TPU dequeue shape (ambiguity A7): the trailing 1 is reduced
+    np.testing.assert_array_equal(out.numpy(), emb.embedding_tables[table].numpy()[[3, 0, 12]])
+
+
+def test_table_initializer_and_slot_variable_creation_fn_are_honoured():
+    created = []
+
+    def slot_fn(table_var, slot_names, initializers):
+        created.append(list(slot_names))
+        return {
+            n: tf.Variable(init(table_var.shape, dtype=tf.float32) + 0.5, name=f"custom_{n}")
+            for n, init in zip(slot_names, initializers)
+        }
+
+    table = emb_api.TableConfig(4, 2, name="t", initializer=tf.initializers.Constant(0.25))
+    emb = tf_embed_ops.TPUEmbedding(
+        {"x": emb_api.FeatureConfig(table=table)},
+        emb_api.FTRL(0.1, initial_accumulator_value=0.2, slot_variable_creation_fn=slot_fn),
+    )
+    emb.build()
+    assert created == [["accumulators", "linears"]]
+    np.testing.assert_array_equal(emb.embedding_tables[table].numpy(), np.full((4, 2), 0.25, np.float32))
+    slots = emb.slot_variables[table]
+    assert list(slots) == ["accumulators", "linears"]
+    np.testing.assert_allclose(slots["accumulators"].numpy(), 0.7)
+    np.testing.assert_allclose(slots["linears"].numpy(), 0.5)

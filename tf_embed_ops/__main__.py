@@ -1,0 +1,81 @@
+"""Command line: ``python -m tf_embed_ops inspect CONFIG [--json]``.
+
+CONFIG is a ``.pb`` / ``.pbtxt`` TPUEmbeddingConfiguration, or the word ``example`` for the bundled example.
+A config that does not load exits with status 1 and the validator's message on stderr (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tf_embed_ops", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser(
+        "inspect",
+        help="validate a TPUEmbeddingConfiguration and print its tables, features, optimizers and tags",
+        description="Validate a TPUEmbeddingConfiguration (the same C++ checks the ops run) and print it.",
+    )
+    inspect.add_argument("config", help="path to a .pb (binary) or .pbtxt (text) config, or 'example'")
+    inspect.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    return parser
+
+
+@contextlib.contextmanager
+def _native_stderr_held_back() -> Iterator[None]:
+    """Holds back what native code writes to fd 2 (TensorFlow's start-up logging) unless the block fails.
+
+    TF_CPP_MIN_LOG_LEVEL does not silence the absl messages TensorFlow prints while loading, and they would
+    bury the one line a failing ``inspect`` is meant to print.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _inspect(config: str, as_json: bool) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with _native_stderr_held_back():
+        from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops import config as tec  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops.config import _inspect  # pylint: disable=import-outside-toplevel
+
+        _loader.load_config_module()
+
+    path = tec.example_config_path() if config == "example" else config
+    try:
+        cfg = tec.load(path)
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError
+        print(f"error: {path}: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(_inspect.format_json(cfg) if as_json else _inspect.format_text(cfg, title=f"config: {path}"))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m tf_embed_ops`` and the ``tf-embed-ops`` script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "inspect":
+        return _inspect(args.config, args.json)
+    return 2  # unreachable: argparse enforces the sub-command
+
+
+if __name__ == "__main__":
+    sys.exit(main())
