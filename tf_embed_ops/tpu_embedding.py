@@ -295,7 +295,9 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 self._feature_config,
                 optimizer=None,  # the tables already carry their (possibly global) optimizer
                 pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
-                output_shapes=[s.as_list() for s in self._output_shapes],
+                output_shapes=tf.nest.pack_sequence_as(
+                    self._feature_config, [s.as_list() for s in self._output_shapes]
+                ),
             )
         return self._config_proto
 
