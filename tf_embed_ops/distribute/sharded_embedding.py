@@ -70,9 +70,18 @@ def _place_variables_on(device: str | None):
     return tf.variable_creator_scope(creator)
 
 
-def _parameter_server_count(strategy: Any) -> int:
-    spec = strategy.cluster_resolver.cluster_spec()
-    return spec.num_tasks("ps") if "ps" in spec.jobs else 0
+def _parameter_server_count() -> int:
+    """Parameter-server tasks of the cluster this process is connected to.
+
+    ParameterServerStrategy does not expose its cluster resolver (`strategy.cluster_resolver` is None), but
+    connecting to the cluster registers every remote device, so count the distinct ps tasks among them.
+    """
+    tasks = set()
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        if spec.job == "ps":
+            tasks.add(spec.task)
+    return len(tasks)
 
 
 class ShardedTPUEmbedding(mid_level.TPUEmbedding):
@@ -120,7 +129,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 f"Argument `strategy` must be a tf.distribute.experimental.ParameterServerStrategy (or None); got "
                 f"{type(strategy).__name__}."
             )
-        num_servers = _parameter_server_count(strategy) if strategy is not None else None
+        num_servers = _parameter_server_count() if strategy is not None else None
         if num_shards is None:
             num_shards = num_servers if num_servers is not None else 1
         if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
