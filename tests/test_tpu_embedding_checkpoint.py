@@ -81,7 +81,7 @@ def test_round_trip(tmp_path, restore_before_build):
     emb = tf_embed_ops.TPUEmbedding(*_feature_config())
     _train_one_step(emb)
     saved = _all_values(emb)
-    path = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "ck"))
+    path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ck"))
 
     fresh = tf_embed_ops.TPUEmbedding(*_feature_config())
     if not restore_before_build:
@@ -95,7 +95,7 @@ def test_round_trip(tmp_path, restore_before_build):
 def test_ours_restores_into_tensorflows_serving_class(tmp_path):
     emb = tf_embed_ops.TPUEmbedding(*_feature_config())
     _train_one_step(emb)
-    path = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "ck"))
+    path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ck"))
     serving = emb_api.TPUEmbeddingForServing(*_feature_config())
     tf.train.Checkpoint(embedding=serving).restore(path).assert_existing_objects_matched()
     _assert_same(_all_values(emb), _all_values(serving))
@@ -113,7 +113,7 @@ def test_tensorflows_serving_class_restores_into_ours(tmp_path):
     for slots in serving.variables.values():
         for var in slots.values():
             var.assign(rng.normal(size=var.shape).astype(np.float32))
-    path = tf.train.Checkpoint(embedding=serving).write(str(tmp_path / "ck"))
+    path = tf.train.Checkpoint(embedding=serving).save(str(tmp_path / "ck"))
     emb = tf_embed_ops.TPUEmbedding(*_feature_config())
     tf.train.Checkpoint(embedding=emb).restore(path).assert_existing_objects_matched()
     _assert_same(_all_values(serving), _all_values(emb))

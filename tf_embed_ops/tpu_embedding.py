@@ -284,22 +284,24 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         Raises:
           ValueError: if the output shapes are not known yet (call `build` with shapes, or `enqueue` first).
         """
-        if self._config_proto is None:
-            for (path, _), shape in zip(_flatten_with_paths(self._feature_config), self._output_shapes):
-                if not shape.is_fully_defined():
-                    raise ValueError(
-                        f"Input Feature {path} has output shape {shape} which is not fully defined. Call build() "
-                        "with per_replica_input_shapes, set FeatureConfig.output_shape, or enqueue a batch first."
-                    )
-            self._config_proto = config_lib.from_feature_config(
-                self._feature_config,
-                optimizer=None,  # the tables already carry their (possibly global) optimizer
-                pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
-                output_shapes=tf.nest.pack_sequence_as(
-                    self._feature_config, [s.as_list() for s in self._output_shapes]
-                ),
-            )
-        return self._config_proto
+        if self._config_proto is not None:
+            return self._config_proto
+        # The tables already carry their (possibly global) optimizer. A table with none (lookup only, as TF's
+        # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
+        untrained = any(t.optimizer is None for t in self._table_config)
+        proto = config_lib.from_feature_config(
+            self._feature_config,
+            optimizer=_tpu_embedding.SGD(learning_rate=0.0) if untrained else None,
+            pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
+            output_shapes=tf.nest.pack_sequence_as(
+                self._feature_config, [tf.TensorShape(s) for s in self._output_shapes]
+            ),
+        )
+        # input_shape is written only once every shape is known (TF fixes them at build); until then the proto
+        # is recomputed. The kernels take the batch shape from their inputs, never from here.
+        if all(s.is_fully_defined() for s in self._output_shapes):
+            self._config_proto = proto
+        return proto
 
     @property
     def _serialized_config(self) -> bytes:
@@ -321,19 +323,14 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         return out
 
     def _merge_output_shapes(self, incoming: list) -> None:
-        """Fills unknown output shapes; a FeatureConfig.output_shape always wins (checked for consistency)."""
-        merged = []
-        for (path, _), old, new in zip(_flatten_with_paths(self._feature_config), self._output_shapes, incoming):
-            if old.rank is not None and old.rank > 0:
-                if new.rank is not None and new.rank == old.rank and not old.is_compatible_with(new):
-                    raise ValueError(
-                        f"Inconsistent shape for input feature {path}: output shape is set to {old}, but got "
-                        f"incoming output shape {new}."
-                    )
-                merged.append(old)
-            else:
-                merged.append(new)
-        self._output_shapes = merged
+        """Fills still-unknown output shapes (for `config_proto`); known ones stay, as TF's priority order says.
+
+        Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the
+        last, partial one) is not an error; the configuration keeps describing the first.
+        """
+        self._output_shapes = [
+            old if old.rank is not None and old.rank > 0 else new for old, new in zip(self._output_shapes, incoming)
+        ]
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
 

@@ -38,14 +38,6 @@ class _KerasTableStore(mid_level.TPUEmbedding):
     def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool):
         super().__init__(feature_config, optimizer, pipeline)
         self._add_weight = add_weight
-        # The CPU kernels take the batch shape from their inputs; the configuration's input_shape is descriptive.
-        # Keras batches have unknown size when the layer is traced, so record batch 1 there.
-        self._output_shapes = [
-            s
-            if s.rank
-            else tf.TensorShape([1, f.max_sequence_length] if f.max_sequence_length > 0 else [1])
-            for s, f in zip(self._output_shapes, tf.nest.flatten(feature_config))
-        ]
 
     def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool):
         # keras.Variable names may not contain "/"; the checkpoint name (given to the tracker) keeps it.
@@ -73,34 +65,6 @@ class _KerasTableStore(mid_level.TPUEmbedding):
         tables, slots = super()._tables_and_slots()
         # keras.Variable.value is the backing tf.Variable (autocast is off), whose handle the kernels take.
         return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
-
-
-def _lookup_and_update(trigger: tf.Tensor, inputs: list, tables: list, slots: list, store: _KerasTableStore) -> list:
-    """Activations whose backward pass applies the fused table update and returns a zero gradient for `trigger`."""
-    config = store._serialized_config  # noqa: SLF001
-    combiners = store._combiners  # noqa: SLF001
-    learning_rate_fns = list(store._dynamic_learning_rates)  # noqa: SLF001
-
-    @tf.custom_gradient
-    def forward(t):
-        acts = list(embedding_ops.embedding_activations(inputs, tables, config, combiners=combiners))
-
-        def backward(*grads):
-            grads = [
-                tf.zeros_like(a) if g is None else tf.cast(tf.convert_to_tensor(g), tf.float32)
-                for g, a in zip(grads, acts)
-            ]
-            learning_rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
-            update = embedding_ops.send_tpu_embedding_gradients(
-                grads, learning_rates, inputs, tables, slots, config, combiners=combiners
-            )
-            # The trigger's gradient is produced after (and only after) the update: whoever applies it runs it.
-            with tf.control_dependencies([update]):
-                return tf.identity(tf.zeros_like(t))
-
-        return acts, backward
-
-    return forward(trigger)
 
 
 @keras.saving.register_keras_serializable(package="tf_embed_ops")
@@ -174,7 +138,7 @@ class TPUEmbedding(keras.layers.Layer):
 
     @property
     def config_proto(self):
-        """The `TPUEmbeddingConfiguration` the kernels run (input shapes record batch 1; see `_KerasTableStore`)."""
+        """The `TPUEmbeddingConfiguration` the kernels run (no `input_shape`: Keras batches vary)."""
         return self._tpu_embedding.config_proto
 
     def build(self, input_shape: Any = None) -> None:  # variables exist from __init__
@@ -201,8 +165,16 @@ class TPUEmbedding(keras.layers.Layer):
         else:
             tables, slots = store._tables_and_slots()  # noqa: SLF001
             if training:
-                trigger = tf.convert_to_tensor(self._update_trigger.value)
-                acts = _lookup_and_update(trigger, inputs, tables, slots, store)
+                # The fused update hangs on the trigger's gradient (see the module docstring).
+                acts = embedding_ops.embedding_lookup_and_update(
+                    inputs,
+                    tables,
+                    slots,
+                    store._serialized_config,  # noqa: SLF001
+                    combiners=store._combiners,  # noqa: SLF001
+                    learning_rates=list(store._dynamic_learning_rates),  # noqa: SLF001
+                    trigger=tf.convert_to_tensor(self._update_trigger.value),
+                )
             else:
                 acts = embedding_ops.embedding_activations(
                     inputs, tables, store._serialized_config, combiners=store._combiners  # noqa: SLF001

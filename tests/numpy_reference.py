@@ -1,0 +1,164 @@
+"""Independent numpy reference of the TPU embedding training step, written from specs/tpu_embedding.md.
+
+It deliberately shares nothing with the C++ (no normalised FeatureInput, no dedup plan): features are plain
+lists of ``(sample_position, id, weight)`` entries, gradients are summed per row with float64 dictionaries, and
+each optimizer is written from the equations of spec §1.3.  Tables are float32 arrays updated out of place.
+
+Optimizer settings are plain dicts: ``{"name": "adagrad", ...hyper-parameters...}`` plus the common options
+``gradient_clip`` (lo, hi), ``weight_clip`` (lo, hi), ``weight_decay``, ``multiply_weight_decay_by_lr``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def entries_from_rows(rows, weights=None, max_sequence_length=0):
+    """Ragged rows of ids -> (entries, sample_shape) per spec §3.1.
+
+    Non-sequence: sample = row b.  Sequence (L > 0): id k of row b at (b, k), k >= L dropped (truncation).
+    """
+    entries = []
+    for b, row in enumerate(rows):
+        for k, i in enumerate(row):
+            w = 1.0 if weights is None else float(weights[b][k])
+            if max_sequence_length:
+                if k >= max_sequence_length:
+                    continue
+                entries.append(((b, k), int(i), w))
+            else:
+                entries.append(((b,), int(i), w))
+    shape = (len(rows), max_sequence_length) if max_sequence_length else (len(rows),)
+    return entries, shape
+
+
+def quantize(v, lower, upper, num_buckets):
+    """Simulated quantization (spec §1.1), float32 like the table storage."""
+    v = np.asarray(v, np.float32)
+    x = np.clip(v, np.float32(lower), np.float32(upper))
+    q = np.float32((np.float32(upper) - np.float32(lower)) / np.float32(num_buckets - 1))
+    return (np.floor((x - np.float32(lower)) / q + np.float32(0.5)) * q + np.float32(lower)).astype(np.float32)
+
+
+def _norms(entries, combiner):
+    sums, sums2 = {}, {}
+    for pos, _, w in entries:
+        sums[pos] = sums.get(pos, 0.0) + w
+        sums2[pos] = sums2.get(pos, 0.0) + w * w
+    if combiner == "sum":
+        return {p: 1.0 for p in sums}
+    if combiner == "mean":
+        return sums
+    return {p: math.sqrt(s) for p, s in sums2.items()}
+
+
+def forward(table, entries, sample_shape, combiner, quantization=None):
+    """act[s] = sum_i w_i * Q(E[id_i]) / norm_s; zero for empty samples and zero norms (spec §3.1, A6)."""
+    table = np.asarray(table, np.float32)
+    dim = table.shape[1]
+    out = np.zeros(tuple(sample_shape) + (dim,), np.float64)
+    norms = _norms(entries, combiner)
+    for pos, i, w in entries:
+        row = table[i] if quantization is None else quantize(table[i], *quantization)
+        if norms[pos] != 0:
+            out[pos] += w / norms[pos] * row.astype(np.float64)
+    return out
+
+
+def row_gradients(features, vocabulary_size):
+    """Gradient accumulation (spec §1.2, §3.1): grad[r] += w_i / norm_s * dL/dact[s], summed over features.
+
+    features: list of (entries, combiner, gradient array of shape sample_shape + [dim]).
+    Returns {row: float64 gradient} for every touched row (even if the sum is zero).
+    """
+    grads = {}
+    for entries, combiner, gradient in features:
+        norms = _norms(entries, combiner)
+        gradient = np.asarray(gradient, np.float64)
+        for pos, i, w in entries:
+            assert 0 <= i < vocabulary_size
+            contribution = (w / norms[pos] if norms[pos] != 0 else 0.0) * gradient[pos]
+            grads[i] = grads.get(i, 0.0) + contribution
+    return grads
+
+
+SLOTS = {
+    "sgd": [],
+    "adagrad": ["accumulators"],
+    "adagrad_momentum": ["accumulators", "momenta"],
+    "adam": ["momenta", "velocities"],
+    "ftrl": ["accumulators", "linears"],
+}
+
+
+def _optimizer_row(opt, lr, g, w, slots):
+    """One optimizer step on one row (spec §1.3); returns (w, slots)."""
+    name = opt["name"]
+    if name == "sgd":
+        return w - lr * g, slots
+    if name == "adagrad":
+        (a,) = slots
+        a = a + g * g
+        return w - lr * g / np.sqrt(a), [a]
+    if name == "adagrad_momentum":
+        a, m = slots
+        beta2, exponent, eps = opt.get("beta2", 1.0), opt.get("exponent", 2.0), opt.get("epsilon", 1e-10)
+        momentum, nesterov = opt.get("momentum", 0.0), opt.get("use_nesterov", False)
+        a = a + g * g if beta2 == 1.0 else beta2 * a + (1 - beta2) * g * g
+        s = g * np.power(a + eps, -1.0 / exponent)
+        m = momentum * m + s
+        step = momentum * m + s if nesterov else m
+        return w - lr * step, [a, m]
+    if name == "adam":
+        m, v = slots
+        b1, b2, eps = opt.get("beta1", 0.9), opt.get("beta2", 0.999), opt.get("epsilon", 1e-7)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        if opt.get("use_sum_inside_sqrt", True):
+            w = w - lr * m / np.sqrt(v + eps * eps)
+        else:
+            w = w - lr * m / (np.sqrt(v) + eps)
+        return w, [m, v]
+    if name == "ftrl":
+        a, lin = slots
+        p = -opt.get("lr_power", -0.5)
+        l1, l2, beta = opt.get("l1", 0.0), opt.get("l2", 0.0), opt.get("beta", 0.0)
+        a_new = a + g * g
+        sigma = np.power(a_new, p) - np.power(a, p)
+        if opt.get("multiply_linear_by_lr", False):
+            lin = lin + lr * g - sigma * w
+            quad = np.power(a_new, p) + 2 * lr * l2 + beta
+            thr = lr * l1
+        else:
+            lin = lin + g - sigma / lr * w
+            quad = (np.power(a_new, p) + beta) / lr + 2 * l2
+            thr = l1
+        w = np.where(np.abs(lin) > thr, np.sign(lin) * thr - lin, 0.0) / quad
+        return w, [a_new, lin]
+    raise ValueError(name)
+
+
+def apply_step(opt, lr, table, slots, grads):
+    """The per-row pipeline (spec §1.2): clip g -> decay -> optimizer -> clip w, on touched rows (all rows for
+    non-lazy Adam, with a zero gradient where untouched).  Returns new (table, slots) as float32 arrays."""
+    table = np.asarray(table, np.float64).copy()
+    slots = [np.asarray(s, np.float64).copy() for s in slots]
+    rows = sorted(grads)
+    if opt["name"] == "adam" and opt.get("use_non_lazy_adam", False):
+        rows = range(table.shape[0])
+    for r in rows:
+        g = np.asarray(grads.get(r, np.zeros(table.shape[1])), np.float64)
+        if "gradient_clip" in opt:
+            g = np.clip(g, *opt["gradient_clip"])
+        w = table[r]
+        wd = opt.get("weight_decay", 0.0)
+        if wd:
+            w = w - wd * (lr if opt.get("multiply_weight_decay_by_lr", False) else 1.0) * w
+        w, new_slots = _optimizer_row(opt, lr, g, w, [s[r] for s in slots])
+        if "weight_clip" in opt:
+            w = np.clip(w, *opt["weight_clip"])
+        table[r] = w
+        for s, value in zip(slots, new_slots):
+            s[r] = value
+    return table.astype(np.float32), [s.astype(np.float32) for s in slots]

@@ -1,0 +1,57 @@
+"""Results are bitwise independent of the intra-op thread count (each process fixes its own pool size)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+sys.path.insert(0, sys.argv[2])
+from embedding_test_util import make_config
+from tf_embed_ops import embedding_ops as eo
+
+rng = np.random.default_rng(7)
+vocab, dim, n = 4000, 16, 30000
+out = []
+for opt in ({"name": "adagrad_momentum", "momentum": 0.9, "use_nesterov": True},
+            {"name": "adam", "use_non_lazy_adam": True},
+            {"name": "ftrl", "l1": 0.01, "multiply_linear_by_lr": True}):
+    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": opt, "lr": 0.05}],
+                         [("a", 0, [n]), ("b", 0, [n // 4])])
+    table = tf.Variable(rng.normal(size=(vocab, dim)).astype(np.float32))
+    slots = [tf.Variable(rng.uniform(0.1, 1, size=(vocab, dim)).astype(np.float32)) for _ in range(2)]
+    for step in range(2):
+        a = eo.normalize_feature(tf.constant(np.minimum(rng.zipf(1.1, n) - 1, vocab - 1), tf.int64))
+        lengths = rng.integers(0, 8, n // 4)
+        b = eo.normalize_feature(tf.RaggedTensor.from_row_lengths(
+            tf.constant(rng.integers(0, vocab, lengths.sum()), tf.int64), lengths),
+            tf.RaggedTensor.from_row_lengths(tf.constant(rng.normal(size=lengths.sum()), tf.float32), lengths))
+        grads = [rng.normal(size=(n, dim)).astype(np.float32), rng.normal(size=(n // 4, dim)).astype(np.float32)]
+        acts = eo.embedding_activations([a, b], [table], config, ["sqrtn"])
+        out += [x.numpy().tobytes() for x in acts]
+        eo.send_tpu_embedding_gradients(grads, [], [a, b], [table], [slots], config, ["sqrtn"])
+    out += [v.numpy().tobytes() for v in [table, *slots]]
+import hashlib
+print(hashlib.sha256(b"".join(out)).hexdigest())
+"""
+
+
+def _digest(threads: int) -> str:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(threads), here], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_one_and_two_threads_give_bitwise_identical_tables():
+    assert _digest(1) == _digest(2)
