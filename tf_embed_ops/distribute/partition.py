@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 
-__all__ = ["partition_feature", "scaled_weights"]
+__all__ = ["partition_feature", "row_gradients", "scaled_weights"]
 
 
 def _static_rank_and_size(tensor: tf.Tensor) -> tuple[int | None, int | None]:
@@ -136,3 +136,25 @@ def partition_feature(feature: embedding_ops.FeatureInput, combiner: str, bounda
             embedding_ops.FeatureInput(parts_indices[k], parts_ids[k], parts_weights[k], sample_shape)
             for k in range(num_shards)
         ]
+
+
+def row_gradients(feature: embedding_ops.FeatureInput, combiner: str, gradient: tf.Tensor) -> tuple:
+    """Every id's gradient contribution ``w_i / norm_s * dL/dact[s]`` (what the backward op accumulates per row).
+
+    Args:
+      feature: a normalised (or partitioned) feature.
+      combiner: the combiner the feature runs with ("sum" for a partitioned one).
+      gradient: dL/d(activation), shape ``sample_shape + [dim]``.
+
+    Returns:
+      ``(ids, rows)``: the feature's ids (int64 [n]) and their contributions (float32 [n, dim]), in input order.
+    """
+    with tf.name_scope("row_gradients"):
+        ids = tf.convert_to_tensor(feature.ids, tf.int64)
+        num_ids = tf.size(ids, out_type=tf.int64)
+        sample_shape = tf.cast(feature.sample_shape, tf.int64)
+        samples = _flat_samples(_sample_coordinates(feature, num_ids), sample_shape)
+        gradient = tf.convert_to_tensor(gradient, tf.float32)
+        dim = tf.shape(gradient, out_type=tf.int64)[-1]
+        per_sample = tf.reshape(gradient, tf.stack([tf.reduce_prod(sample_shape), dim]))
+        return ids, scaled_weights(feature, combiner)[:, tf.newaxis] * tf.gather(per_sample, samples)

@@ -156,6 +156,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
         self._plans = None
         self._partition_cache = None
+        # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables.
+        self._aggregator = None
+        self._forced_local_step = None
 
     # ------------------------------------------------------------------ variables
 
@@ -217,15 +220,18 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
     @property
     def server_plans(self) -> list:
         """One `server_plan.ServerPlan` per shard index: the tables, features and config each server runs."""
-        if self._plans is None:
-            self._plans = server_plan.plan_servers(self.config_proto, self._boundaries)
-        return self._plans
+        proto = self.config_proto
+        # The base class recomputes the proto until every output shape is known; re-plan when it changes.
+        if self._plans is None or self._plans[0] is not proto:
+            self._plans = (proto, server_plan.plan_servers(proto, self._boundaries))
+        return self._plans[1]
 
     def _partition(self, inputs: list) -> list:
         """Per feature: its per-shard inputs (a list of one original input for unsharded tables)."""
         cached = self._partition_cache
         if cached is not None and cached[0] is inputs:
             return cached[1]
+        self._partition_cache = None
         parts = []
         with tf.name_scope("shard_ids"):
             for inp, feature in zip(inputs, tf.nest.flatten(self._feature_config), strict=True):
@@ -235,8 +241,17 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 else:
                     parts.append(partition.partition_feature(inp, feature.table.combiner, bounds))
         # dequeue and apply_gradients of one step see the same `inputs` list; partition once for both.
-        self._partition_cache = (inputs, parts)
+        self._partition_cache = (inputs, parts, None)
         return parts
+
+    def _local_step(self, inputs: list) -> Any:
+        """The synchronous step this batch was looked up at (read by its dequeue; else now)."""
+        if self._forced_local_step is not None:
+            return tf.cast(self._forced_local_step, tf.int64)
+        cached = self._partition_cache
+        if cached is not None and cached[0] is inputs and cached[2] is not None:
+            return cached[2]
+        return self._aggregator.global_step.read_value()
 
     def _shard_combiners(self, plan: server_plan.ServerPlan) -> list:
         # Sharded tables had their weights pre-divided by the sample norms on the worker: they run "sum".
@@ -256,6 +271,13 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _lookup(self, inputs: list, name: str | None = None) -> list:
         parts = self._partition(inputs)
+        if self._aggregator is not None:
+            # Under synchronous training a gradient is tagged with the step its rows were read at (stale rule):
+            # read it before the lookups.
+            step = self._aggregator.global_step.read_value()
+            self._partition_cache = (inputs, parts, step)
+            with tf.control_dependencies([step]):
+                parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
         partials = [[] for _ in inputs]
         for plan in self.server_plans:
             tables, _ = self._shard_variables(plan)
@@ -274,6 +296,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         parts = self._partition(inputs)
+        if self._aggregator is not None:
+            self._aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
+            return
         for plan in self.server_plans:
             tables, slots = self._shard_variables(plan)
             with tf.device(self._devices[plan.task]):
