@@ -60,7 +60,7 @@ def plan_servers(config_proto, table_boundaries: list) -> list:
         raise ValueError(
             f"Argument `table_boundaries` must have one entry per table ({len(tables)}); got {len(table_boundaries)}."
         )
-    for t, (desc, bounds) in enumerate(zip(tables, table_boundaries)):
+    for t, (desc, bounds) in enumerate(zip(tables, table_boundaries, strict=True)):
         if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != desc.vocabulary_size:
             raise ValueError(
                 f"table_boundaries[{t}] = {list(bounds)} must run from 0 to the vocabulary size "
