@@ -104,7 +104,8 @@ def partition_feature(feature: embedding_ops.FeatureInput, combiner: str, bounda
     Raises:
       ValueError: for an unknown combiner or malformed `boundaries`.
     """
-    if len(boundaries) < 2 or boundaries[0] != 0 or any(a >= b for a, b in zip(boundaries, boundaries[1:], strict=False)):
+    ascending = all(a < b for a, b in zip(boundaries, boundaries[1:], strict=False))
+    if len(boundaries) < 2 or boundaries[0] != 0 or not ascending:
         raise ValueError(f"Argument `boundaries` must be ascending from 0 with at least one shard; got {boundaries}.")
     num_shards = len(boundaries) - 1
     with tf.name_scope("partition_feature"):

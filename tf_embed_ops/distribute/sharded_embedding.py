@@ -84,6 +84,14 @@ def _parameter_server_count() -> int:
     return len(tasks)
 
 
+class _SyncState:
+    """The attached SyncSparseAggregator (if any) and an explicit local step for the next apply_gradients."""
+
+    def __init__(self):
+        self.aggregator = None
+        self.forced_local_step = None
+
+
 class ShardedTPUEmbedding(mid_level.TPUEmbedding):
     """`tf_embed_ops.TPUEmbedding` with every table row-sharded over parameter servers.
 
@@ -156,9 +164,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
         self._plans = None
         self._partition_cache = None
-        # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables.
-        self._aggregator = None
-        self._forced_local_step = None
+        # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
+        # holder, so the aggregator is not tracked as a checkpoint child of the embedding.
+        self._sync = _SyncState()
 
     # ------------------------------------------------------------------ variables
 
@@ -246,12 +254,12 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _local_step(self, inputs: list) -> Any:
         """The synchronous step this batch was looked up at (read by its dequeue; else now)."""
-        if self._forced_local_step is not None:
-            return tf.cast(self._forced_local_step, tf.int64)
+        if self._sync.forced_local_step is not None:
+            return tf.cast(self._sync.forced_local_step, tf.int64)
         cached = self._partition_cache
         if cached is not None and cached[0] is inputs and cached[2] is not None:
             return cached[2]
-        return self._aggregator.global_step.read_value()
+        return self._sync.aggregator.global_step.read_value()
 
     def _shard_combiners(self, plan: server_plan.ServerPlan) -> list:
         # Sharded tables had their weights pre-divided by the sample norms on the worker: they run "sum".
@@ -271,10 +279,10 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _lookup(self, inputs: list, name: str | None = None) -> list:
         parts = self._partition(inputs)
-        if self._aggregator is not None:
+        if self._sync.aggregator is not None:
             # Under synchronous training a gradient is tagged with the step its rows were read at (stale rule):
             # read it before the lookups.
-            step = self._aggregator.global_step.read_value()
+            step = self._sync.aggregator.global_step.read_value()
             self._partition_cache = (inputs, parts, step)
             with tf.control_dependencies([step]):
                 parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
@@ -296,8 +304,8 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         parts = self._partition(inputs)
-        if self._aggregator is not None:
-            self._aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
+        if self._sync.aggregator is not None:
+            self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
             return
         for plan in self.server_plans:
             tables, slots = self._shard_variables(plan)

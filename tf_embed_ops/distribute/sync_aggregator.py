@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -52,6 +53,15 @@ def _apply_config(server_config: bytes) -> bytes:
         feature.table_id = j
         feature.input_shape.append(1)  # descriptive: the kernels take the row count from the inputs
     return config.SerializeToString()
+
+
+class _RuntimeState:
+    """The aggregator's accumulators and compiled round functions (recreated per process, never checkpointed)."""
+
+    def __init__(self, embedding):
+        self.embedding = embedding  # not a checkpoint child: checkpoint the embedding beside the aggregator
+        self.accumulators = None
+        self.round_functions = {}
 
 
 class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
@@ -79,7 +89,7 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
         """
         if not isinstance(embedding, ShardedTPUEmbedding):
             raise ValueError(f"Argument `embedding` must be a ShardedTPUEmbedding; got {type(embedding).__name__}.")
-        if getattr(embedding, "_aggregator", None) is not None:
+        if embedding._sync.aggregator is not None:  # noqa: SLF001
             raise ValueError("Argument `embedding` already has a SyncSparseAggregator attached.")
         if not isinstance(replicas_to_aggregate, int) or isinstance(replicas_to_aggregate, bool) or (
             replicas_to_aggregate < 1
@@ -89,15 +99,19 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
             if table.optimizer is None:
                 raise ValueError(f"Table {table.name!r} has no optimizer; synchronous training needs one.")
         embedding._maybe_build()  # noqa: SLF001
-        self._embedding = embedding
         self._replicas_to_aggregate = replicas_to_aggregate
         strategy = embedding.strategy
         scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
         first = embedding._devices[0]  # noqa: SLF001
         with tf.init_scope(), scope, tf.device(first), _place_variables_on(first):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sync_global_step")
-        self._accumulators = None
-        embedding._aggregator = self  # noqa: SLF001
+        # Runtime state outside checkpoint tracking (AutoTrackable would track lists/dicts set as attributes).
+        self._runtime = _RuntimeState(embedding)
+        embedding._sync.aggregator = self  # noqa: SLF001
+
+    @property
+    def _embedding(self) -> ShardedTPUEmbedding:
+        return self._runtime.embedding
 
     @property
     def replicas_to_aggregate(self) -> int:
@@ -106,7 +120,7 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
 
     def _server_accumulators(self) -> list:
         """Per server plan: one SUM accumulator per local table shard, created on that server (once)."""
-        if self._accumulators is None:
+        if self._runtime.accumulators is None:
             emb = self._embedding
             accumulators = []
             with tf.init_scope():
@@ -123,8 +137,8 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
                             acc.set_global_step(self.global_step.read_value())
                             per_table.append(acc)
                     accumulators.append(per_table)
-            self._accumulators = accumulators
-        return self._accumulators
+            self._runtime.accumulators = accumulators
+        return self._runtime.accumulators
 
     def initialize_steps(self) -> None:
         """Sets every accumulator's step to `global_step` (call on the chief after restoring a checkpoint).
@@ -167,16 +181,19 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
           local_step: the global step the gradient was computed at; default: the step read by the `dequeue`
             of this batch.  A step below the accumulators' is stale and dropped.
         """
-        self._embedding._forced_local_step = local_step  # noqa: SLF001
+        self._embedding._sync.forced_local_step = local_step  # noqa: SLF001
         try:
             self._embedding.apply_gradients(gradients)
         finally:
-            self._embedding._forced_local_step = None  # noqa: SLF001
+            self._embedding._sync.forced_local_step = None  # noqa: SLF001
 
     # ------------------------------------------------------------------ chief side
 
     def take_and_apply(self, timeout: float | None = None) -> tf.Tensor:
         """Chief side: waits for `replicas_to_aggregate` gradients per shard, applies their sum, advances the step.
+
+        Eagerly, the round runs as one `tf.function`: a blocking take issued as a plain eager op would hold the
+        parameter server's eager executor, and the workers' steps, queued behind it, would never arrive.
 
         Args:
           timeout: seconds each take may wait (None: no limit).
@@ -185,9 +202,18 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
           The new global step (int64 scalar).
 
         Raises:
-          tf.errors.DeadlineExceededError: if `timeout` passes first (no table changes: every take is done
-            before any update).
+          tf.errors.DeadlineExceededError: if `timeout` passes first.  No table changes (every update waits for
+            all takes), but shards whose take had already completed lose this round's gradients.
         """
+        if tf.executing_eagerly():
+            self._server_accumulators()  # create them eagerly, outside the trace
+            key = None if timeout is None else float(timeout)
+            if key not in self._runtime.round_functions:
+                self._runtime.round_functions[key] = tf.function(functools.partial(self._take_and_apply, timeout=key))
+            return self._runtime.round_functions[key]()
+        return self._take_and_apply(timeout)
+
+    def _take_and_apply(self, timeout: float | None) -> tf.Tensor:
         emb = self._embedding
         accumulators = self._server_accumulators()
         learning_rates = [tf.cast(fn(), tf.float32) for fn in emb._dynamic_learning_rates]  # noqa: SLF001
