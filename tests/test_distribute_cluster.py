@@ -80,6 +80,38 @@ def _train_step(emb, watched, watched_weights, history, user):
     return loss
 
 
+def _keras_parts(layer_cls, **kwargs) -> tuple:
+    """A sharded or single-machine embedding layer + Dense(1) + Keras SGD, deterministic initial values."""
+    import keras
+
+    def rows_initializer(shape, dtype=tf.float32):  # every row [-1, 0, 1], whatever the shard's row count
+        return tf.broadcast_to(tf.constant(np.linspace(-1, 1, 3), dtype), shape)
+
+    table = emb_api.TableConfig(11, 3, name="video", combiner="mean", initializer=rows_initializer)
+    layer = layer_cls({"watched": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.2), **kwargs)
+    dense = keras.layers.Dense(1, kernel_initializer="ones", bias_initializer="zeros")
+    dense.build((None, 3))
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(dense.trainable_variables + layer.trainable_variables)
+    return layer, dense, optimizer
+
+
+def _keras_step(layer, dense, optimizer, ids, y):
+    """One Keras training step: the model's optimizer applies the trigger's gradient, which runs the update."""
+    with tf.GradientTape() as tape:
+        acts = layer({"watched": ids}, training=True)
+        loss = tf.reduce_mean((dense(acts["watched"])[:, 0] - y) ** 2)
+    variables = dense.trainable_variables + layer.trainable_variables
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+    return loss
+
+
+def _keras_batch(step: int) -> tuple:
+    rng = np.random.default_rng(500 + step)
+    rows = [[int(i) for i in rng.integers(11, size=int(rng.integers(1, 4)))] for _ in range(BATCH)]
+    return tf.ragged.constant(rows, tf.int64, ragged_rank=1), tf.constant(rng.normal(size=BATCH), tf.float32)
+
+
 def _values(emb) -> dict:
     out = {}
     for table, var in emb.embedding_tables.items():
@@ -145,6 +177,19 @@ def _child(scenario: str, args: dict) -> None:
             coordinator.join()
         for key, value in _values(plain).items():
             results[f"sequential/{key}"] = value
+
+        # Keras 3 model parts in a custom step: scheduled, run through strategy.run (Keras optimizers need a
+        # replica context), one step at a time.
+        from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
+
+        with strategy.scope():
+            layer, dense, optimizer = _keras_parts(ShardedEmbeddingLayer)
+        keras_step = tf.function(lambda ids, y: strategy.run(_keras_step, args=(layer, dense, optimizer, ids, y)))
+        for step in range(2):
+            coordinator.schedule(keras_step, args=_keras_batch(step))
+            coordinator.join()
+        results["keras/video"] = _values(layer.embedding)["video"]
+        results["keras/dense_kernel"] = dense.kernel.numpy()
     np.savez(args["out"], **results)
     with open(args["out"] + ".json", "w", encoding="utf-8") as f:
         json.dump(devices, f)
@@ -193,9 +238,16 @@ def runs(tmp_path_factory):
     paths = {"mid": str(tmp / "mid"), "final": str(tmp / "final"), "single": single_path}
     first, first_devices = _run_child("first", dict(paths, out=str(tmp / "first.npz")))
     resumed, _ = _run_child("resume", {"restore": paths["mid"], "out": str(tmp / "resume.npz")})
+    import tf_embed_ops.keras
+
+    layer, dense, optimizer = _keras_parts(tf_embed_ops.keras.TPUEmbedding)
+    for step in range(2):
+        _keras_step(layer, dense, optimizer, *_keras_batch(step))
     return {
         "first": first, "devices": first_devices, "resumed": resumed, "paths": paths,
         "single_restored": single_values, "single_sequential": _values(single),
+        "single_keras": {"video": tf.convert_to_tensor(layer.embedding_tables[next(iter(layer.embedding_tables))])
+                         .numpy(), "dense_kernel": dense.kernel.numpy()},
     }
 
 
@@ -261,6 +313,12 @@ def test_sharded_checkpoint_restores_into_the_single_process_class(runs):
 def test_single_process_checkpoint_restores_into_the_cluster(runs):
     for key, value in runs["single_restored"].items():
         np.testing.assert_array_equal(runs["first"][f"restored/{key}"], value, err_msg=key)
+
+
+def test_keras_custom_step_matches_the_single_machine_layer(runs):
+    for key, value in runs["single_keras"].items():
+        np.testing.assert_allclose(runs["first"][f"keras/{key}"], value, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert not np.allclose(runs["single_keras"]["video"], np.linspace(-1, 1, 3)[None, :])
 
 
 def test_scheduled_steps_match_the_single_process_class(runs):

@@ -302,15 +302,16 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         # Stitch on the worker: sharded features sum their shards' partial activations (shard order).
         return [p[0] if len(p) == 1 else tf.add_n(p) for p in partials]
 
-    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
+    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> list:
+        """Runs the update on every server (or feeds the aggregator); returns the ops (empty eagerly)."""
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
-            self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
-            return
+            return self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
+        ops = []
         for plan in self.server_plans:
             tables, slots = self._shard_variables(plan)
             with tf.device(self._devices[plan.task]):
-                embedding_ops.send_tpu_embedding_gradients(
+                op = embedding_ops.send_tpu_embedding_gradients(
                     [gradients[f] for f in plan.features],
                     [learning_rates[tag] for tag in plan.tags],
                     [parts[f][plan.task] for f in plan.features],
@@ -319,3 +320,6 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                     plan.config,
                     combiners=self._shard_combiners(plan),
                 )
+            if op is not None:
+                ops.append(op)
+        return ops

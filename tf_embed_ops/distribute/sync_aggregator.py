@@ -152,11 +152,14 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
 
     # ------------------------------------------------------------------ worker side
 
-    def _push(self, gradients: list, inputs: list, parts: list, local_step: tf.Tensor) -> None:
-        """Applies the per-row gradients of one worker step to the shard accumulators (called by the embedding)."""
+    def _push(self, gradients: list, inputs: list, parts: list, local_step: tf.Tensor) -> list:
+        """Applies the per-row gradients of one worker step to the shard accumulators (called by the embedding).
+
+        Returns the apply ops (empty eagerly)."""
         emb = self._embedding
         flat_features = tf.nest.flatten(emb._feature_config)  # noqa: SLF001
         accumulators = self._server_accumulators()
+        ops = []
         for plan, per_table in zip(emb.server_plans, accumulators, strict=True):
             combiners = emb._shard_combiners(plan)  # noqa: SLF001
             for j, t in enumerate(plan.tables):
@@ -171,7 +174,10 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
                 unique, position = tf.unique(tf.concat(ids, axis=0), out_idx=tf.int64)
                 summed = tf.math.unsorted_segment_sum(tf.concat(rows, axis=0), position, tf.size(unique))
                 with tf.device(emb._devices[plan.task]):  # noqa: SLF001
-                    per_table[j].apply_grad(unique, summed, local_step=local_step)
+                    op = per_table[j].apply_grad(unique, summed, local_step=local_step)
+                if op is not None:
+                    ops.append(op)
+        return ops
 
     def apply_gradients(self, gradients: Any, local_step: Any = None) -> None:
         """Worker side: `embedding.apply_gradients(gradients)`, optionally tagging the gradient with `local_step`.
