@@ -123,9 +123,37 @@ def _values(emb) -> dict:
 
 # ------------------------------------------------------------------------ child process (one cluster each)
 
+def _chief_of_separate_processes(args: dict) -> None:
+    """The chief of a job whose ps/worker tasks are other processes (`python -m tf_embed_ops.distribute.server`)."""
+    from tf_embed_ops.distribute import ShardedTPUEmbedding
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        emb = ShardedTPUEmbedding(_feature_config())
+        emb.build(per_replica_batch_size=BATCH)
+    init = _initial(11)
+    for table, var in emb.embedding_tables.items():
+        bounds = emb.shard_boundaries[table]
+        for p, shard in enumerate(var.variables):
+            shard.assign(init[table.name][bounds[p] : bounds[p + 1]])
+    step = tf.function(lambda *a: _train_step(emb, *a))
+    for worker in range(2):
+        coordinator.schedule(step, args=_tf_args(_worker_batch(0, worker)))
+        coordinator.join()
+    devices = {t.name: [s.device for s in v.variables] for t, v in emb.embedding_tables.items()}
+    np.savez(args["out"], **_values(emb))
+    with open(args["out"] + ".json", "w", encoding="utf-8") as f:
+        json.dump({"sync": devices}, f)
+
+
 def _child(scenario: str, args: dict) -> None:
     from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator, create_local_cluster
 
+    if scenario == "chief":
+        _chief_of_separate_processes(args)
+        return
     strategy = create_local_cluster(num_workers=2, num_ps=2)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     results, devices = {}, {}
@@ -197,10 +225,15 @@ def _child(scenario: str, args: dict) -> None:
 
 # ------------------------------------------------------------------------ pytest side
 
-def _run_child(scenario: str, args: dict) -> tuple:
+def _child_env(**extra) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **extra)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def _run_child(scenario: str, args: dict, env: dict | None = None) -> tuple:
+    env = env or _child_env()
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), scenario, json.dumps(args)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
@@ -251,7 +284,47 @@ def runs(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def separate_processes(tmp_path_factory):
+    """A job as on real hosts: 2 ps + 2 worker server processes started from TF_CONFIG, and a chief process."""
+    from tf_embed_ops.distribute.local_cluster import _free_port
+
+    tmp = tmp_path_factory.mktemp("processes")
+    cluster = {
+        "chief": [f"localhost:{_free_port()}"],
+        "ps": [f"localhost:{_free_port()}" for _ in range(2)],
+        "worker": [f"localhost:{_free_port()}" for _ in range(2)],
+    }
+    servers = []
+    try:
+        for job in ("ps", "worker"):
+            for index in range(2):
+                tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+                servers.append(subprocess.Popen(
+                    [sys.executable, "-m", "tf_embed_ops.distribute.server"], env=_child_env(TF_CONFIG=tf_config),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                ))
+        chief_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+        values, devices = _run_child("chief", {"out": str(tmp / "chief.npz")}, env=_child_env(TF_CONFIG=chief_config))
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait(timeout=60)
+    single = _single_process(_initial(11))
+    for worker in range(2):
+        _train_step(single, *_tf_args(_worker_batch(0, worker)))
+    return values, devices, _values(single)
+
+
 pytestmark = pytest.mark.slow
+
+
+def test_separate_processes_from_tf_config_train_like_one_process(separate_processes):
+    values, devices, expected = separate_processes
+    ps = [f"/job:ps/replica:0/task:{p}/device:CPU:0" for p in range(2)]
+    assert devices["sync"] == {"video": ps, "user": ps}
+    for key, value in expected.items():
+        np.testing.assert_allclose(values[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
 
 
 def _reference_sync_rounds() -> dict:
