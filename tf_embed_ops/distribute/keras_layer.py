@@ -126,8 +126,19 @@ def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Ten
                                                                                                   strict=True)]
             rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
             updates = store._send_gradients(grads, rates, inputs)  # noqa: SLF001
+            # A zero behind a bare control edge is not enough: in Keras' compiled train step with Adam, Grappler
+            # drops the edge and the updates never run (measured, as for the single-machine layer).  The zero
+            # is computed from one element of every server's first shard, read after the updates
+            # (multiply_no_nan: exactly 0 even for inf/NaN), so the updates are data dependencies of the
+            # trigger's gradient.  Only a scalar per server crosses the network.
+            probes = []
             with tf.control_dependencies(updates):
-                return tf.zeros_like(trigger_value)
+                for plan in store.server_plans:
+                    shard = store._shard_variables(plan)[0][0]  # noqa: SLF001
+                    with tf.device(store._devices[plan.task]):  # noqa: SLF001
+                        row = tf.raw_ops.ResourceGather(resource=shard.handle, indices=[0], dtype=tf.float32)
+                        probes.append(tf.math.multiply_no_nan(row[0, 0], tf.zeros([], tf.float32)))
+            return tf.zeros_like(trigger_value) + tf.add_n(probes)
 
         return acts, grad
 
