@@ -23,11 +23,11 @@ class RefFeature:
         weights = self.weights or [[1.0] * len(r) for r in self.rows]
         if self.max_sequence_length:
             out = []
-            for ids, ws in zip(self.rows, weights):
+            for ids, ws in zip(self.rows, weights, strict=False):
                 for k in range(self.max_sequence_length):
                     out.append([(ids[k], ws[k])] if k < len(ids) else [])
             return out
-        return [list(zip(ids, ws)) for ids, ws in zip(self.rows, weights)]
+        return [list(zip(ids, ws, strict=False)) for ids, ws in zip(self.rows, weights, strict=False)]
 
     def output_shape(self, dim: int) -> tuple:
         b = len(self.rows)

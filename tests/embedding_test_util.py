@@ -1,13 +1,13 @@
 """Test helpers for the fused embedding ops: TPUEmbeddingConfiguration protos built directly from plain dicts,
 and features of every input kind built from ragged Python rows together with their numpy-reference entries."""
+
 from __future__ import annotations
 
 import numpy as np
+import numpy_reference as ref
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as opb
 from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as cpb
-
-import numpy_reference as ref
 
 INPUT_KINDS = ["dense", "dense_2d", "ragged", "sparse", "sparse_rank3", "ragged_sequence", "sparse_sequence"]
 
@@ -33,7 +33,9 @@ def make_config(tables, features):
             q.enabled, q.num_buckets = True, n
             q.clipping_limits.lower.value, q.clipping_limits.upper.value = lo, hi
         p.gradient_accumulation_status = (
-            opb.GradientAccumulationStatus.ENABLED if t.get("accumulation", True) else opb.GradientAccumulationStatus.DISABLED
+            opb.GradientAccumulationStatus.ENABLED
+            if t.get("accumulation", True)
+            else opb.GradientAccumulationStatus.DISABLED
         )
     for name, table_id, shape in features:
         fd = config.feature_descriptor.add()

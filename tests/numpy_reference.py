@@ -159,6 +159,6 @@ def apply_step(opt, lr, table, slots, grads):
         if "weight_clip" in opt:
             w = np.clip(w, *opt["weight_clip"])
         table[r] = w
-        for s, value in zip(slots, new_slots):
+        for s, value in zip(slots, new_slots, strict=False):
             s[r] = value
     return table.astype(np.float32), [s.astype(np.float32) for s in slots]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from embedding_test_util import make_config
+
 from tf_embed_ops import embedding_ops as eo
 
 OPT = {"name": "adam"}
@@ -35,7 +35,7 @@ def _snapshot(table, slots):
 
 
 def _assert_unchanged(before, table, slots):
-    for old, var in zip(before, [table, *slots]):
+    for old, var in zip(before, [table, *slots], strict=False):
         np.testing.assert_array_equal(var.numpy(), old)
 
 

@@ -8,8 +8,8 @@ import gc
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from sparse_accumulator_support import RUNNERS, ReferenceAccumulator
+
 from tf_embed_ops import _loader
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
 

@@ -249,3 +249,29 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
         out = acc.take_grad(1)
         np.add.at(got, out.indices.numpy(), out.values.numpy())
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_eager_cancellation_manager_cancels_blocked_take():
+    from tensorflow.python.eager import cancellation  # pylint: disable=import-outside-toplevel
+
+    acc = SparseConditionalAccumulator(tf.float32)
+    acc.apply_grad([0], [[1.0]])
+    take = tf.function(lambda: acc.take_grad(2).values).get_concrete_function()
+    manager = cancellation.CancellationManager()
+    cancelable = manager.get_cancelable_function(take)
+    errors = []
+
+    def run():
+        try:
+            cancelable()
+        except tf.errors.CancelledError as e:
+            errors.append(e)
+
+    t = _thread(run)
+    time.sleep(0.3)
+    manager.start_cancel()
+    t.join(20.0)
+    assert len(errors) == 1 and "TakeGrad operation was cancelled" in str(errors[0])
+    assert int(acc.num_accumulated()) == 1  # untouched
+    acc.apply_grad([0], [[3.0]], local_step=0)  # step not incremented
+    np.testing.assert_allclose(acc.take_grad(2, timeout=10.0).values.numpy(), [[2.0]])

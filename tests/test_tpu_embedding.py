@@ -197,7 +197,7 @@ def test_tables_with_their_own_optimizers_and_dynamic_learning_rates_in_tag_orde
     steps = []
     for _ in range(3):
         batch = {}
-        for k, t in zip(("f0", "f1", "f2", "f3"), ("c", "a", "b", "d")):
+        for k, t in zip(("f0", "f1", "f2", "f3"), ("c", "a", "b", "d"), strict=False):
             rows, weights = _rows(rng, "ragged")
             x, w = _to_tf("ragged", rows, weights)
             batch[k] = (RefFeature(t, rows, weights), x, w)
@@ -282,7 +282,7 @@ def test_table_initializer_and_slot_variable_creation_fn_are_honoured():
         created.append(list(slot_names))
         return {
             n: tf.Variable(init(table_var.shape, dtype=tf.float32) + 0.5, name=f"custom_{n}")
-            for n, init in zip(slot_names, initializers)
+            for n, init in zip(slot_names, initializers, strict=False)
         }
 
     table = emb_api.TableConfig(4, 2, name="t", initializer=tf.initializers.Constant(0.25))

@@ -8,10 +8,11 @@ Features are first normalised, as the TPU enqueue does, to a :class:`FeatureInpu
 * :func:`embedding_lookup_and_update` ties both together through ``tf.custom_gradient`` for Keras-style
   training, and :func:`adam_bias_corrected_learning_rate` gives the dynamic rate TPU Adam users supply.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -28,7 +29,7 @@ __all__ = [
 
 _COMBINERS = ("sum", "mean", "sqrtn")
 
-LearningRate = Union[float, tf.Tensor, tf.Variable, Callable[[], object]]
+LearningRate = float | tf.Tensor | tf.Variable | Callable[[], object]
 
 
 class FeatureInput(NamedTuple):
@@ -187,7 +188,9 @@ def _serialized_config(config) -> bytes:
         return config if isinstance(config, bytes) else config.encode("latin-1")
     if hasattr(config, "SerializeToString"):
         return config.SerializeToString()
-    raise ValueError(f"config: expected a TPUEmbeddingConfiguration or its serialized bytes, got {type(config).__name__}")
+    raise ValueError(
+        f"config: expected a TPUEmbeddingConfiguration or its serialized bytes, got {type(config).__name__}"
+    )
 
 
 def _combiners(combiners) -> list[str]:
@@ -367,11 +370,16 @@ def embedding_lookup_and_update(
         acts = embedding_activations(feats, tables, config, combiners)
 
         def grad(*upstream):
-            dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts)]
+            dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
             update = send_tpu_embedding_gradients(dys, rates, feats, tables, slots, config, combiners)
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
-                return tf.zeros_like(trigger_value)
+                # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,
+                # Grappler drops the edge and the update never runs (measured). The zero is instead computed
+                # from a table value read after the update (multiply_no_nan: exactly 0 even for inf/NaN), so
+                # the update is a data dependency of the trigger's gradient.
+                probe = tf.raw_ops.ReadVariableOp(resource=tables[0].handle, dtype=tf.float32)[0, 0]
+                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
 
         return acts, grad
 

@@ -314,7 +314,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
     def _output_shapes_from_input_shapes(self, input_shapes: list) -> list:
         """TF's rule: a rank-2 non-[B,1] input of a sequence feature gets [B, L]; otherwise drop the last axis."""
         out = []
-        for shape, feature in zip(input_shapes, tf.nest.flatten(self._feature_config)):
+        for shape, feature in zip(input_shapes, tf.nest.flatten(self._feature_config), strict=False):
             if shape.rank is None or shape.rank < 1:
                 raise ValueError(f"Received input tensor of shape {shape}. Rank must be 1 and above.")
             if shape.rank == 2 and shape[-1] != 1 and not feature.output_shape and feature.max_sequence_length > 0:
@@ -329,7 +329,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         last, partial one) is not an error; the configuration keeps describing the first.
         """
         self._output_shapes = [
-            old if old.rank is not None and old.rank > 0 else new for old, new in zip(self._output_shapes, incoming)
+            old if old.rank is not None and old.rank > 0 else new
+            for old, new in zip(self._output_shapes, incoming, strict=False)
         ]
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
@@ -354,7 +355,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             flat_weights = tf.nest.flatten(weights)
 
         inputs, shapes = [], []
-        for (path, feature), inp, weight in zip(_flatten_with_paths(self._feature_config), flat_features, flat_weights):
+        paths_and_configs = _flatten_with_paths(self._feature_config)
+        for (path, feature), inp, weight in zip(paths_and_configs, flat_features, flat_weights, strict=False):
             if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
                 pass
             elif inp is None:
@@ -450,7 +452,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
     def _reshape_activations(self, activations: list) -> list:
         """Applies FeatureConfig.output_shape (the op gives input_shape + [dim])."""
         out = []
-        for act, feature in zip(activations, tf.nest.flatten(self._feature_config)):
+        for act, feature in zip(activations, tf.nest.flatten(self._feature_config), strict=False):
             if feature.output_shape:
                 act = tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
             out.append(act)
@@ -502,7 +504,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             # The expected shape is the activation's: recompute it from the op's shape function (cheap, static).
             flat = []
             for (path, gradient), feature, feature_input in zip(
-                _flatten_with_paths(gradients), tf.nest.flatten(self._feature_config), pending.inputs
+                _flatten_with_paths(gradients), tf.nest.flatten(self._feature_config), pending.inputs, strict=False
             ):
                 expected = _activation_shape(feature_input, feature)
                 if gradient is None:
@@ -515,7 +517,9 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 elif not isinstance(gradient, tf.Tensor):
                     raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
                 elif not gradient.shape.is_compatible_with(expected):
-                    raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {expected}.")
+                    raise ValueError(
+                        f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {expected}."
+                    )
                 if feature.output_shape:
                     gradient = tf.reshape(gradient, _dynamic_activation_shape(feature_input, None, feature.table.dim))
                 flat.append(tf.cast(gradient, tf.float32))
@@ -555,7 +559,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 def _flatten_with_paths(structure: Any) -> list:
     """[(path, leaf)] in nest.flatten order, the path's keys joined with '/' as TensorFlow reports them."""
     paths = tf.__internal__.nest.yield_flat_paths(structure)
-    return [("/".join(str(k) for k in path), leaf) for path, leaf in zip(paths, tf.nest.flatten(structure))]
+    leaves = tf.nest.flatten(structure)
+    return [("/".join(str(k) for k in path), leaf) for path, leaf in zip(paths, leaves, strict=False)]
 
 
 def _activation_shape(feature_input: Any, feature: Any) -> tf.TensorShape:

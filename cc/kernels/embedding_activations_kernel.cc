@@ -30,7 +30,9 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     const int first_table = 4 * n;
 
     std::vector<FeatureBatch> batches(n);
-    std::vector<FeatureLayout> layouts(n);
+    WorkspacePool::Scoped workspace = workspaces_.Acquire();
+    std::vector<FeatureLayout>& layouts = workspace->layouts;
+    layouts.resize(n);
     std::vector<tensorflow::Tensor*> outputs(n);
     for (int f = 0; f < n; ++f) {
       const std::string label = attrs_.FeatureLabel(f);
@@ -86,6 +88,7 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
 
  private:
   FusedEmbeddingAttrs attrs_;
+  WorkspacePool workspaces_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>EmbeddingActivations").Device(tensorflow::DEVICE_CPU), EmbeddingActivationsOp);

@@ -4,15 +4,19 @@
 #ifndef TF_EMBED_OPS_CC_KERNELS_EMBEDDING_KERNEL_UTIL_H_
 #define TF_EMBED_OPS_CC_KERNELS_EMBEDDING_KERNEL_UTIL_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cc/lib/combiner.h"
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/feature_layout.h"
+#include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
+#include "tsl/platform/mutex.h"
+#include "tsl/platform/thread_annotations.h"
 
 namespace tf_embed_ops {
 
@@ -27,6 +31,49 @@ struct FusedEmbeddingAttrs {
   absl::Status Init(tensorflow::OpKernelConstruction* ctx);
   // "feature 3 ('watched')" or "feature 3" when the descriptor has no name.
   std::string FeatureLabel(int feature) const;
+};
+
+// Scratch of one kernel call: feature layouts and per-table accumulation plans.  Kernels keep these in a pool
+// and reuse them, so a steady-state step allocates (and page-faults) nothing for its bookkeeping; what a pool
+// holds is bounded by the largest batch seen, never by the vocabulary.
+struct EmbeddingWorkspace {
+  std::vector<FeatureLayout> layouts;                // per feature
+  std::vector<std::vector<GradientSource>> sources;  // per table
+  std::vector<RowGradientPlan> plans;                // per table
+};
+
+// Thread-safe free list of workspaces (concurrent Compute calls each take their own).
+class WorkspacePool {
+ public:
+  class Scoped {
+   public:
+    Scoped(WorkspacePool* pool, std::unique_ptr<EmbeddingWorkspace> ws) : pool_(pool), ws_(std::move(ws)) {}
+    ~Scoped() { pool_->Release(std::move(ws_)); }
+    Scoped(const Scoped&) = delete;
+    Scoped& operator=(const Scoped&) = delete;
+    EmbeddingWorkspace* operator->() { return ws_.get(); }
+
+   private:
+    WorkspacePool* pool_;
+    std::unique_ptr<EmbeddingWorkspace> ws_;
+  };
+
+  Scoped Acquire() {
+    tsl::mutex_lock lock(mu_);
+    if (free_.empty()) return Scoped(this, std::make_unique<EmbeddingWorkspace>());
+    std::unique_ptr<EmbeddingWorkspace> ws = std::move(free_.back());
+    free_.pop_back();
+    return Scoped(this, std::move(ws));
+  }
+
+ private:
+  void Release(std::unique_ptr<EmbeddingWorkspace> ws) {
+    tsl::mutex_lock lock(mu_);
+    free_.push_back(std::move(ws));
+  }
+
+  tsl::mutex mu_;
+  std::vector<std::unique_ptr<EmbeddingWorkspace>> free_ TF_GUARDED_BY(mu_);
 };
 
 // Views the per-feature inputs of feature `feature` (the four lists start at `first_list_input`, each N long)

@@ -52,7 +52,9 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
 
     // 1. Features and their gradients.
     std::vector<FeatureBatch> batches(n);
-    std::vector<FeatureLayout> layouts(n);
+    WorkspacePool::Scoped workspace = workspaces_.Acquire();
+    std::vector<FeatureLayout>& layouts = workspace->layouts;
+    layouts.resize(n);
     for (int f = 0; f < n; ++f) {
       const std::string label = attrs_.FeatureLabel(f);
       const TableSpec& table = config.tables[config.features[f].table_id];
@@ -119,6 +121,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
 
     // 4. Update, table by table (all checks passed: nothing below fails).
     const ShardFn shard = IntraOpShardFn(ctx);
+    workspace->sources.resize(attrs_.num_tables);
+    workspace->plans.resize(attrs_.num_tables);
     size_t v = 0;
     for (int t = 0; t < attrs_.num_tables; ++t) {
       const TableSpec& table = config.tables[t];
@@ -129,13 +133,14 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
       for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(values[v++].flat<float>().data());
 
-      std::vector<GradientSource> sources;
+      std::vector<GradientSource>& sources = workspace->sources[t];
+      sources.clear();
       for (int f = 0; f < n; ++f) {
         if (config.features[f].table_id != t) continue;
         sources.push_back(GradientSource{batches[f].ids, batches[f].num_ids, &layouts[f],
                                          ctx->input(f).flat<float>().data()});
       }
-      RowGradientPlan plan;
+      RowGradientPlan& plan = workspace->plans[t];
       plan.Build(&sources);
       const LearningRate& rate = table.optimization.learning_rate;
       const float lr = rate.is_dynamic ? learning_rates[rate.tag] : rate.constant;
@@ -145,6 +150,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
 
  private:
   FusedEmbeddingAttrs attrs_;
+  WorkspacePool workspaces_;
   int num_learning_rates_ = 0;
   int num_slots_ = 0;
   std::vector<int> first_slot_;  // per table: index of its first slot in the slots list

@@ -152,21 +152,23 @@ void SparseAccumulatorResource::TakeGradient(tf::OpKernelContext* ctx, int32_t n
   tf::CancellationManager* cm = ctx->cancellation_manager();
   auto keep_alive = std::make_shared<ResourceRef>(this);
   uint64_t id;
+  bool already_cancelled = false;
   {
     tf::mutex_lock lock(mu_);
     id = next_attempt_id_++;
     tf::CancellationToken token = tf::CancellationManager::kInvalidToken;
     if (cm != nullptr) {
       token = cm->get_cancellation_token();
-      const bool registered = cm->RegisterCallback(
+      already_cancelled = !cm->RegisterCallback(
           token, [this, id, keep_alive] { Abort(id, absl::CancelledError(kCancelledMessage), true); });
-      if (!registered) {
-        ctx->SetStatus(absl::CancelledError(kCancelledMessage));
-        done();
-        return;
-      }
     }
-    attempts_.push_back(Attempt{id, num_required, ctx, std::move(done), cm, token, 0});
+    if (!already_cancelled) attempts_.push_back(Attempt{id, num_required, ctx, std::move(done), cm, token, 0});
+  }
+  if (already_cancelled) {
+    // Outside the lock: `done` may run the rest of the step inline.
+    ctx->SetStatus(absl::CancelledError(kCancelledMessage));
+    done();
+    return;
   }
   Flush();
   if (timeout_seconds < 0) return;

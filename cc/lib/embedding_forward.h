@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cc/lib/feature_layout.h"
+#include "cc/lib/prefetch.h"
 #include "cc/lib/simulated_quantization.h"
 
 namespace tf_embed_ops {
@@ -18,9 +19,22 @@ namespace tf_embed_ops {
 inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
                            const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
   for (int64_t s = begin; s < end; ++s) {
+    const int64_t ahead = s + kPrefetchDistance;
+    if (ahead < end && layout.member_offsets[ahead] < layout.member_offsets[ahead + 1]) {
+      PrefetchRow<false>(table + ids[layout.members[layout.member_offsets[ahead]]] * dim, dim);
+    }
     float* o = out + s * dim;
+    const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
+    if (last - first == 1 && quantizer == nullptr) {
+      // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
+      const int64_t i = layout.members[first];
+      const float c = layout.scale[i];
+      const float* row = table + ids[i] * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = c * row[d];
+      continue;
+    }
     std::memset(o, 0, sizeof(float) * dim);
-    for (int64_t k = layout.member_offsets[s]; k < layout.member_offsets[s + 1]; ++k) {
+    for (int64_t k = first; k < last; ++k) {
       const int64_t i = layout.members[k];
       const float c = layout.scale[i];
       const float* row = table + ids[i] * dim;

@@ -97,10 +97,8 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
   for (int64_t i = 0; i < b.num_ids; ++i) ++out->member_offsets[out->sample_of[i] + 1];
   for (int64_t s = 0; s < num_samples; ++s) out->member_offsets[s + 1] += out->member_offsets[s];
   out->members.resize(b.num_ids);
-  {
-    std::vector<int64_t> cursor(out->member_offsets.begin(), out->member_offsets.end() - 1);
-    for (int64_t i = 0; i < b.num_ids; ++i) out->members[cursor[out->sample_of[i]]++] = i;
-  }
+  out->cursor.assign(out->member_offsets.begin(), out->member_offsets.end() - 1);
+  for (int64_t i = 0; i < b.num_ids; ++i) out->members[out->cursor[out->sample_of[i]]++] = i;
 
   out->scale.resize(b.num_ids);
   for (int64_t s = 0; s < num_samples; ++s) {

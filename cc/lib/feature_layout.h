@@ -42,6 +42,8 @@ struct FeatureLayout {
   // members[member_offsets[s] .. member_offsets[s + 1]).
   std::vector<int64_t> member_offsets;
   std::vector<int64_t> members;
+  // Scratch of BuildFeatureLayout; a layout reused for the next step keeps every buffer's capacity.
+  std::vector<int64_t> cursor;
 };
 
 // Checks the structure of `batch` (shapes, splits, indices, weights count; not the id range, which depends on

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "cc/lib/prefetch.h"
+
 namespace tf_embed_ops {
 namespace {
 
@@ -24,38 +26,36 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   while ((int64_t{1} << bits) < 2 * total) ++bits;
   const int64_t capacity = int64_t{1} << bits;
   const int shift = 64 - bits;
-  std::vector<int64_t> keys(capacity, -1);  // ids are validated non-negative, so -1 marks an empty slot
-  std::vector<int64_t> values(capacity);
-
+  // Key and value side by side: one cache line per probe.
+  buckets_.assign(capacity, Bucket{-1, 0});
   rows_.clear();
-  std::vector<int64_t> unique_of(total);
-  std::vector<int64_t> counts;
+  counts_.clear();
+  unique_of_.resize(total);
   int64_t n = 0;
   for (const GradientSource& s : *sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       uint64_t h = Slot(row, shift);
-      while (keys[h] != -1 && keys[h] != row) h = (h + 1) & (capacity - 1);
-      if (keys[h] == -1) {
-        keys[h] = row;
-        values[h] = static_cast<int64_t>(rows_.size());
+      while (buckets_[h].row != -1 && buckets_[h].row != row) h = (h + 1) & (capacity - 1);
+      if (buckets_[h].row == -1) {
+        buckets_[h] = Bucket{row, static_cast<int64_t>(rows_.size())};
         rows_.push_back(row);
-        counts.push_back(0);
+        counts_.push_back(0);
       }
-      unique_of[n] = values[h];
-      ++counts[values[h]];
+      unique_of_[n] = buckets_[h].unique;
+      ++counts_[buckets_[h].unique];
     }
   }
 
   // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
   offsets_.assign(rows_.size() + 1, 0);
-  for (size_t u = 0; u < rows_.size(); ++u) offsets_[u + 1] = offsets_[u] + counts[u];
+  for (size_t u = 0; u < rows_.size(); ++u) offsets_[u + 1] = offsets_[u] + counts_[u];
   entries_.resize(total);
-  std::vector<int64_t> cursor(offsets_.begin(), offsets_.end() - 1);
+  cursor_.assign(offsets_.begin(), offsets_.end() - 1);
   n = 0;
   for (size_t f = 0; f < sources->size(); ++f) {
     for (int64_t i = 0; i < (*sources)[f].num_ids; ++i, ++n) {
-      entries_[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), i};
+      entries_[cursor_[unique_of_[n]]++] = Entry{static_cast<int32_t>(f), i};
     }
   }
 }
@@ -63,6 +63,12 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
 void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
   std::memset(g, 0, sizeof(float) * dim);
   for (int64_t k = offsets_[u]; k < offsets_[u + 1]; ++k) {
+    if (k + kPrefetchDistance < static_cast<int64_t>(entries_.size())) {
+      // Next rows' gradients: entries are contiguous across unique rows, so this also covers row u + 1.
+      const Entry& ahead = entries_[k + kPrefetchDistance];
+      const GradientSource& a = (*sources_)[ahead.source];
+      PrefetchRow<false>(a.gradient + a.layout->sample_of[ahead.position] * dim, dim);
+    }
     const GradientSource& s = (*sources_)[entries_[k].source];
     const int64_t i = entries_[k].position;
     const float c = s.layout->scale[i];

@@ -25,6 +25,7 @@ struct GradientSource {
   const float* gradient = nullptr;  // row-major [layout->num_samples, dim]
 };
 
+// Reusable: Build() may be called again for the next step, keeping the buffers' capacity.
 class RowGradientPlan {
  public:
   // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls).
@@ -44,7 +45,14 @@ class RowGradientPlan {
     int32_t source;
     int64_t position;
   };
+  struct Bucket {
+    int64_t row;  // -1 = empty (ids are validated non-negative)
+    int64_t unique;
+  };
   const std::vector<GradientSource>* sources_ = nullptr;
+  // Scratch kept between Build calls so a reused plan allocates (and page-faults) nothing in steady state.
+  std::vector<Bucket> buckets_;
+  std::vector<int64_t> unique_of_, counts_, cursor_;
   std::vector<int64_t> rows_;     // unique rows, first-occurrence order
   std::vector<int64_t> offsets_;  // rows_.size() + 1
   std::vector<Entry> entries_;    // contributions grouped by unique row, (source, position) order inside

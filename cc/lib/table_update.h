@@ -18,6 +18,7 @@
 
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/prefetch.h"
 #include "cc/lib/row_update.h"
 
 namespace tf_embed_ops {
@@ -51,6 +52,11 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
     shard(plan.num_rows(), row_cost, [&](int64_t begin, int64_t end) {
       std::vector<float> g(dim);
       for (int64_t u = begin; u < end; ++u) {
+        if (u + kPrefetchDistance < end) {
+          const int64_t ahead = plan.row(u + kPrefetchDistance);
+          PrefetchRow<true>(t.weights + ahead * dim, dim);
+          for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * dim, dim);
+        }
         plan.Accumulate(u, dim, g.data());
         update(plan.row(u), g.data());
       }

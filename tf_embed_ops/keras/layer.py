@@ -67,6 +67,27 @@ class _KerasTableStore(mid_level.TPUEmbedding):
         return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
 
 
+def activation_specs(features: Any, feature_config: Any) -> Any:
+    """Symbolic activations (`keras.KerasTensor`s) for symbolic `features`, without tracing any op.
+
+    `input_shape + [dim]` with a trailing 1 of dense inputs reduced, `[B, L, dim]` for rank-2 ragged/sparse
+    sequence features, `output_shape + [dim]` when the FeatureConfig sets one.
+    """
+    outputs = []
+    for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config), strict=False):
+        dim = f.table.dim
+        shape = list(x.shape)
+        composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
+        if f.output_shape:
+            out = f.output_shape.as_list() + [dim]
+        elif f.max_sequence_length > 0 and len(shape) == 2 and composite:
+            out = [shape[0], f.max_sequence_length, dim]
+        else:
+            out = (shape if len(shape) == 1 else shape[:-1]) + [dim]
+        outputs.append(keras.KerasTensor(out, dtype="float32"))
+    return tf.nest.pack_sequence_as(feature_config, outputs)
+
+
 @keras.saving.register_keras_serializable(package="tf_embed_ops")
 class TPUEmbedding(keras.layers.Layer):
     """Embedding lookups for a nest of `FeatureConfig`s, trained by the tables' TPU optimizers in `model.fit`.
@@ -160,7 +181,7 @@ class TPUEmbedding(keras.layers.Layer):
                     f.table.combiner,
                     f.table.quantization_config,
                 )
-                for inp, dense, f in zip(inputs, kinds, flat_features)
+                for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
             ]
         else:
             tables, slots = store._tables_and_slots()  # noqa: SLF001
@@ -183,20 +204,7 @@ class TPUEmbedding(keras.layers.Layer):
         return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
-        outputs = []
-        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self.feature_config)):
-            dim = f.table.dim
-            shape = list(x.shape)
-            if f.output_shape:
-                out = f.output_shape.as_list() + [dim]
-            elif f.max_sequence_length > 0 and len(shape) == 2 and (getattr(x, "sparse", False) or getattr(
-                x, "ragged", False
-            )):
-                out = [shape[0], f.max_sequence_length, dim]
-            else:
-                out = (shape if len(shape) == 1 else shape[:-1]) + [dim]
-            outputs.append(keras.KerasTensor(out, dtype="float32"))
-        return tf.nest.pack_sequence_as(self.feature_config, outputs)
+        return activation_specs(features, self.feature_config)
 
     def get_config(self) -> dict:
         config = super().get_config()

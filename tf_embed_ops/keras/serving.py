@@ -137,7 +137,7 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     for path, spec in _component_paths(input_signature):
         names.append(_arg_name(path, used))
         del spec
-    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names)]
+    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
 
     def serve(*components):
         inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
@@ -153,26 +153,29 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     custom = _custom_ops_in(concrete.graph.as_graph_def())
     if custom:
         raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    # Track the backing tf.Variables, not the Keras model: saving a Keras model object makes Keras add its own
+    # default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs).
     root = tf.Module()
-    root.model = model
+    root.serving_variables = [getattr(v, "value", v) for v in model.variables]
     tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
-    return dict(zip(names, specs))
+    return dict(zip(names, specs, strict=False))
 
 
 def _component_paths(structure: Any) -> list:
     """(path, component spec) for every tensor component, in flatten(expand_composites=True) order."""
     out = []
     paths = list(tf.__internal__.nest.yield_flat_paths(structure))
-    for path, spec in zip(paths, tf.nest.flatten(structure)):
+    for path, spec in zip(paths, tf.nest.flatten(structure), strict=False):
         base = "_".join(str(k) for k in path)
         components = tf.nest.flatten(spec, expand_composites=True)
         if len(components) == 1 and isinstance(spec, tf.TensorSpec):
             out.append((base, components[0]))
         elif isinstance(spec, tf.RaggedTensorSpec):
             suffixes = ["values"] + [f"row_splits_{i}" if i else "row_splits" for i in range(len(components) - 1)]
-            out.extend((f"{base}_{s}", c) for s, c in zip(suffixes, components))
+            out.extend((f"{base}_{s}", c) for s, c in zip(suffixes, components, strict=False))
         elif isinstance(spec, tf.SparseTensorSpec):
-            out.extend((f"{base}_{s}", c) for s, c in zip(["indices", "values", "dense_shape"], components))
+            names = ["indices", "values", "dense_shape"]
+            out.extend((f"{base}_{s}", c) for s, c in zip(names, components, strict=False))
         else:
             out.extend((f"{base}_{i}", c) for i, c in enumerate(components))
     return out

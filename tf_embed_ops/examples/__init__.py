@@ -1,0 +1,1 @@
+"""Runnable end-to-end examples (`python -m tf_embed_ops.examples.ctr`)."""
