@@ -148,6 +148,26 @@ def _chief_of_separate_processes(args: dict) -> None:
         json.dump({"sync": devices}, f)
 
 
+def _table_consumers(function, args: tuple, emb) -> list:
+    """(op type, requested device, shard device) for every op of the traced step that takes a shard's handle."""
+    graph = function.get_concrete_function(*args).graph
+    shard_device = {}
+    for table, var in emb.embedding_tables.items():
+        for slot_var in [var, *emb.slot_variables[table].values()]:
+            for shard in slot_var.variables:
+                shard_device[id(shard.handle)] = shard.device
+    placeholders = {}
+    for external, internal in graph.captures:
+        if id(external) in shard_device:
+            placeholders[internal.ref()] = shard_device[id(external)]
+    consumers = []
+    for op in graph.get_operations():
+        for tensor in op.inputs:
+            if tensor.ref() in placeholders:
+                consumers.append((op.type, op.device, placeholders[tensor.ref()]))
+    return consumers
+
+
 def _child(scenario: str, args: dict) -> None:
     from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator, create_local_cluster
 
@@ -177,6 +197,8 @@ def _child(scenario: str, args: dict) -> None:
         first_round = SAVE_AFTER
 
     worker_step = tf.function(lambda *a: _train_step(emb, *a))
+    if scenario == "first":
+        devices["consumers"] = _table_consumers(worker_step, _tf_args(_worker_batch(0, 0)), emb)
     for round_ in range(first_round, ROUNDS):
         for worker in range(2):
             coordinator.schedule(worker_step, args=_tf_args(_worker_batch(round_, worker)))
@@ -200,6 +222,7 @@ def _child(scenario: str, args: dict) -> None:
         for key, value in _values(plain).items():
             results[f"restored/{key}"] = value
         plain_step = tf.function(lambda *a: _train_step(plain, *a))
+        devices["consumers"] += _table_consumers(plain_step, _tf_args(_worker_batch(ROUNDS, 0)), plain)
         for worker in range(2):
             coordinator.schedule(plain_step, args=_tf_args(_worker_batch(ROUNDS, worker)))
             coordinator.join()
@@ -355,6 +378,18 @@ def _reference_sync_rounds() -> dict:
 def test_shards_live_on_their_parameter_servers(runs):
     ps = [f"/job:ps/replica:0/task:{p}/device:CPU:0" for p in range(2)]
     assert runs["devices"]["sync"] == {"video": ps, "user": ps}
+
+
+def test_tables_are_only_touched_by_our_ops_on_their_own_server(runs):
+    # No read or gather of a table or slot in the worker step: only the forward and the fused update take
+    # the shards' handles, each placed on the shard's own parameter server. No table crosses the network.
+    consumers = runs["devices"]["consumers"]
+    # The synchronous step only looks up (its update goes to the accumulators); the plain one does both.
+    assert {c[0] for c in consumers} == {"TfEmbed>EmbeddingActivations", "TfEmbed>SendTPUEmbeddingGradients"}
+    for op_type, requested, shard_device in consumers:
+        assert op_type in ("TfEmbed>EmbeddingActivations", "TfEmbed>SendTPUEmbeddingGradients"), op_type
+        same = tf.DeviceSpec.from_string(requested) == tf.DeviceSpec.from_string(shard_device)
+        assert same, (requested, shard_device)
 
 
 def test_synchronous_rounds_match_the_reference(runs):
