@@ -27,16 +27,21 @@ class NinjaBuildExt(build_ext):
         staged = {ext.name: os.path.join(build_dir, "out", ext.name.split(".")[-1] + ".so") for ext in self.extensions}
         ninja_file = configure.write_ninja(build_dir, staged[OP_LIBRARY], staged[CONFIG_MODULE], config)
         jobs = os.environ.get("TF_EMBED_OPS_JOBS", str(os.cpu_count() or 1))
-        subprocess.check_call([_ninja(), "-f", ninja_file, "-j", jobs])
+        subprocess.check_call([_ninja(), "-C", build_dir, "-f", ninja_file, "-j", jobs])
         for ext in self.extensions:
             target = self.get_ext_fullpath(ext.name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copyfile(staged[ext.name], target)
         configure.write_build_info(os.path.dirname(self.get_ext_fullpath(OP_LIBRARY)), config)
-        if self.inplace or getattr(self, "editable_mode", False):
-            # Editable installs copy only the declared extensions back into the source tree; the loader's
-            # build record must sit beside them there too.
-            configure.write_build_info(os.path.join(configure.ROOT, "tf_embed_ops"), config)
+
+    def copy_extensions_to_source(self):
+        # `build_ext --inplace` and editable installs build into build/lib and then copy only the declared
+        # extensions back into the source tree; the loader's build record must travel with them.
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        package_dir = os.path.abspath(build_py.get_package_dir("tf_embed_ops"))
+        built = os.path.join(self.build_lib, "tf_embed_ops", "_build_info.json")
+        shutil.copyfile(built, os.path.join(package_dir, "_build_info.json"))
 
 
 def _ninja() -> str:

@@ -1,28 +1,58 @@
 """tf_embed_ops: the TPU embedding training contract on CPU, as TensorFlow custom ops.
 
-``tf_embed_ops.ops`` is the raw op module (loaded on first use); ``get_library_path()`` gives the library for
-``tf.load_op_library`` in other programs.
+Everything is loaded lazily: ``import tf_embed_ops`` imports neither TensorFlow nor the op library; each name
+below is resolved on first use.
+
+- ``get_library_path()``: the op library, for ``tf.load_op_library`` in other programs; ``ops``: the raw op module.
+- ``config``: the TPUEmbeddingConfiguration loader (``from_feature_config``, ``load``, ``to_feature_config``).
+- ``optimizers``: the TPU optimizer catalogue (TensorFlow's five plus Momentum, RMSProp, ... Assign).
+- ``embedding_activations``, ``send_tpu_embedding_gradients``, ``embedding_lookup_and_update``,
+  ``normalize_feature``, ``FeatureInput``, ``adam_bias_corrected_learning_rate``: the fused ops' wrappers.
+- ``TPUEmbedding``: the mid-level API, trainable on CPU; ``keras.TPUEmbedding``: the Keras 3 layer.
+- ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
 """
+
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from tf_embed_ops._loader import LibraryLoadError, get_library_path
 
-__all__ = ["LibraryLoadError", "TPUEmbedding", "get_library_path", "keras", "ops"]
 __version__ = "0.1.0"
 
+# Public name -> (module, attribute or None for the module itself).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "config": ("tf_embed_ops.config", None),
+    "optimizers": ("tf_embed_ops.optimizers", None),
+    "keras": ("tf_embed_ops.keras", None),
+    "distribute": ("tf_embed_ops.distribute", None),
+    "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
+    "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
+    "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),
+    "normalize_feature": ("tf_embed_ops.embedding_ops", "normalize_feature"),
+    "embedding_activations": ("tf_embed_ops.embedding_ops", "embedding_activations"),
+    "send_tpu_embedding_gradients": ("tf_embed_ops.embedding_ops", "send_tpu_embedding_gradients"),
+    "embedding_lookup_and_update": ("tf_embed_ops.embedding_ops", "embedding_lookup_and_update"),
+    "adam_bias_corrected_learning_rate": ("tf_embed_ops.embedding_ops", "adam_bias_corrected_learning_rate"),
+}
 
-def __getattr__(name: str):
-    # Lazy: `import tf_embed_ops` must not load the library (nor TensorFlow's kernels) by itself.
+__all__ = ["LibraryLoadError", "get_library_path", "ops", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
     if name == "ops":
         from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
 
         return _loader.load_ops()
-    if name == "TPUEmbedding":
-        from tf_embed_ops.tpu_embedding import TPUEmbedding  # pylint: disable=import-outside-toplevel
-
-        return TPUEmbedding
-    if name == "keras":
-        import importlib  # pylint: disable=import-outside-toplevel
-
-        return importlib.import_module("tf_embed_ops.keras")
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name)
+        value = module if attribute is None else getattr(module, attribute)
+        globals()[name] = value  # resolve once
+        return value
     raise AttributeError(f"module 'tf_embed_ops' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

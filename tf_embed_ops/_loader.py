@@ -6,6 +6,7 @@ by the build into ``_build_info.json``) is compared with the running one.  A C++
 TensorFlow fails in obscure ways (undefined symbols, or worse, a crash in a kernel), so a mismatch is an error
 that says both versions and how to rebuild, never a warning.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,7 +43,9 @@ def get_library_path() -> str:
     """
     path = os.path.join(_PACKAGE_DIR, _OP_LIBRARY_NAME)
     if not os.path.exists(path):
-        raise LibraryLoadError(f"tf_embed_ops op library not found at {path}: the package was not built. {_REBUILD_HINT}")
+        raise LibraryLoadError(
+            f"tf_embed_ops op library not found at {path}: the package was not built. {_REBUILD_HINT}"
+        )
     _check_tensorflow_version()
     return path
 
@@ -54,7 +57,9 @@ def built_tensorflow_version() -> str:
         with open(path, encoding="utf-8") as f:
             return json.load(f)["tensorflow_version"]
     except (OSError, ValueError, KeyError) as e:
-        raise LibraryLoadError(f"tf_embed_ops build record {path} is missing or unreadable ({e}). {_REBUILD_HINT}") from e
+        raise LibraryLoadError(
+            f"tf_embed_ops build record {path} is missing or unreadable ({e}). {_REBUILD_HINT}"
+        ) from e
 
 
 def _check_tensorflow_version() -> None:
@@ -95,5 +100,7 @@ def load_config_module() -> types.ModuleType:
                 try:
                     _config_module = importlib.import_module("tf_embed_ops._config")
                 except ImportError as e:
-                    raise LibraryLoadError(f"tf_embed_ops config module could not be loaded: {e}. {_REBUILD_HINT}") from e
+                    raise LibraryLoadError(
+                        f"tf_embed_ops config module could not be loaded: {e}. {_REBUILD_HINT}"
+                    ) from e
     return _config_module

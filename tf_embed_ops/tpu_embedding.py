@@ -38,15 +38,12 @@ from tf_embed_ops import embedding_ops
 __all__ = ["TPUEmbedding"]
 
 _tpu_embedding = tf.tpu.experimental.embedding
-# The optimizers our kernels implement (the public `tf.tpu.experimental.embedding` ones, CustomOptimizer aside:
-# it is a SparseCore program with no Load/Retrieve op and no CPU meaning).
-_SUPPORTED_OPTIMIZERS = (
-    _tpu_embedding.SGD,
-    _tpu_embedding.Adagrad,
-    _tpu_embedding.AdagradMomentum,
-    _tpu_embedding.Adam,
-    _tpu_embedding.FTRL,
-)
+
+
+def _supported_optimizers() -> tuple[type, ...]:
+    # Every optimizer class the config loader maps into the proto: TensorFlow's five and tf_embed_ops.optimizers
+    # (CustomOptimizer aside: a SparseCore program with no Load/Retrieve op and no CPU meaning).
+    return config_lib.supported_optimizer_classes()
 
 
 class _Pending(NamedTuple):
@@ -89,7 +86,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
           feature_config: a nested structure (dict, list, tuple, or a single one) of
             `tf.tpu.experimental.embedding.FeatureConfig`.
           optimizer: the default optimizer for tables whose `TableConfig.optimizer` is None: one of
-            `tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum, Adam, FTRL}`, or None (then tables
+            `tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum, Adam, FTRL}`, a
+            `tf_embed_ops.optimizers` class (Momentum, RMSProp, ... Assign), or None (then tables
             without their own optimizer get no slots and cannot be trained, as in TensorFlow's serving class).
           pipeline_execution_with_tensor_core: written to the configuration as TensorFlow does. On CPU the
             lookup never overlaps the update, so activations are never stale (the result equals False).
@@ -124,11 +122,11 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 # TensorFlow writes the global optimizer into the TableConfig itself; so do we (same objects,
                 # same config proto from tf_embed_ops.config.from_feature_config).
                 table.optimizer = optimizer
-            if table.optimizer is not None and not isinstance(table.optimizer, _SUPPORTED_OPTIMIZERS):
+            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
                 raise ValueError(
                     f"{type(table.optimizer)} is an unsupported optimizer class (table {table.name or i!r}). "
                     "Please pass an instance of tf.tpu.experimental.embedding.SGD, Adagrad, AdagradMomentum, "
-                    "Adam or FTRL."
+                    "Adam or FTRL, or of a tf_embed_ops.optimizers class."
                 )
             if not isinstance(table.combiner, str):
                 raise ValueError(

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 from tf_embed_ops.config._view import TableInfo
+from tf_embed_ops.optimizers import CATALOGUE, set_common_optimization_parameters
 
 OptimizationParameters = optimization_parameters_pb2.OptimizationParameters
 _ACCUMULATION = optimization_parameters_pb2.GradientAccumulationStatus
@@ -78,25 +79,9 @@ def supported_optimizer_classes() -> tuple[type, ...]:
 # ---- the fields every TensorFlow optimizer writes (tpu_embedding_v2_utils._Optimizer) ----
 
 
-def fill_common(opt: Any, params: OptimizationParameters) -> None:
-    """Accumulation, weight and gradient clipping, weight decay and packing, as ``_Optimizer`` writes them."""
-    params.gradient_accumulation_status = (
-        _ACCUMULATION.ENABLED if opt.use_gradient_accumulation else _ACCUMULATION.DISABLED
-    )
-    if opt.clip_weight_min is not None:
-        params.clipping_limits.lower.value = opt.clip_weight_min
-    if opt.clip_weight_max is not None:
-        params.clipping_limits.upper.value = opt.clip_weight_max
-    if opt.clip_gradient_min is not None:
-        params.gradient_clipping_limits.lower.value = opt.clip_gradient_min
-    if opt.clip_gradient_max is not None:
-        params.gradient_clipping_limits.upper.value = opt.clip_gradient_max
-    if opt.weight_decay_factor:
-        params.weight_decay_factor = opt.weight_decay_factor
-        if opt.multiply_weight_decay_factor_by_learning_rate:
-            params.multiply_weight_decay_factor_by_learning_rate = True
-    # TF: `parameters.low_dimensional_packing_status = <bool>`; False -> UNSPECIFIED, True -> ENABLED.
-    params.low_dimensional_packing_status = int(opt.low_dimensional_packing_status)
+# Accumulation, weight and gradient clipping, weight decay and packing, as ``_Optimizer`` writes them (without
+# its protobuf-7 crash); shared with tf_embed_ops.optimizers.
+fill_common = set_common_optimization_parameters
 
 
 def common_kwargs(table: TableInfo, learning_rate: Any) -> dict[str, Any]:
@@ -221,3 +206,21 @@ for _codec in (
     OptimizerCodec("adam", _emb.Adam, _fill_adam, _make_adam),
 ):
     register_optimizer(_codec)
+
+
+# ---- the rest of the TPU catalogue (tf_embed_ops.optimizers) ----
+
+
+def _catalogue_codec(cls: type) -> OptimizerCodec:
+    def fill(opt: Any, params: OptimizationParameters) -> None:
+        opt._set_optimization_parameters(params)  # pylint: disable=protected-access
+
+    def make(table: TableInfo, lr: Any) -> Any:
+        kwargs = cls._kwargs_from_hyper_parameters(table.optimizer.hyperparameters)  # pylint: disable=protected-access
+        return cls(**kwargs, **common_kwargs(table, lr))
+
+    return OptimizerCodec(cls._proto_field, cls, fill, make)  # pylint: disable=protected-access
+
+
+for _cls in CATALOGUE.values():
+    register_optimizer(_catalogue_codec(_cls))

@@ -118,7 +118,8 @@ class TPUEmbedding(keras.layers.Layer):
         Args:
           feature_config: nest of `tf.tpu.experimental.embedding.FeatureConfig` (or its `get_config` dict form).
           optimizer: default table optimizer (`tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum,
-            Adam, FTRL}`), or its dict form; tables with their own optimizer keep it.
+            Adam, FTRL}` or a `tf_embed_ops.optimizers` class), or its dict form; tables with their own
+            optimizer keep it.
           pipeline_execution_with_tensor_core: recorded in the configuration; no numeric effect on CPU.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 

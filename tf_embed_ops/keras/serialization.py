@@ -15,9 +15,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tf_embed_ops import optimizers as _optimizers
+
 __all__ = ["feature_config_from_dict", "feature_config_to_dict", "optimizer_from_dict", "optimizer_to_dict"]
 
 _emb = tf.tpu.experimental.embedding
+# Class names of tf_embed_ops.optimizers carry this prefix in a saved config (TF's five are bare names).
+_CATALOGUE_PREFIX = "tf_embed_ops.optimizers."
 
 _COMMON_OPTIMIZER_ARGS = (
     "learning_rate",
@@ -81,11 +85,20 @@ def optimizer_to_dict(optimizer: Any) -> dict | None:
     if optimizer is None:
         return None
     name = type(optimizer).__name__
-    if name not in _OPTIMIZER_ARGS or not isinstance(optimizer, getattr(_emb, name)):
-        raise ValueError(f"Cannot serialise optimizer {optimizer!r}: not one of {sorted(_OPTIMIZER_ARGS)}.")
+    catalogue = type(optimizer) in _optimizers.CATALOGUE.values()
+    if not catalogue and (name not in _OPTIMIZER_ARGS or not isinstance(optimizer, getattr(_emb, name))):
+        raise ValueError(
+            f"Cannot serialise optimizer {optimizer!r}: not one of {sorted(_OPTIMIZER_ARGS)} nor a "
+            "tf_embed_ops.optimizers class."
+        )
     if optimizer.slot_variable_creation_fn is not None:
         raise ValueError(f"Cannot serialise {name} with a slot_variable_creation_fn (a Python callable).")
-    args = {a: getattr(optimizer, a) for a in _COMMON_OPTIMIZER_ARGS + _OPTIMIZER_ARGS[name]}
+    args = {a: getattr(optimizer, a) for a in _COMMON_OPTIMIZER_ARGS}
+    if catalogue:
+        args.update(optimizer._specific_arguments())  # pylint: disable=protected-access
+        name = _CATALOGUE_PREFIX + name
+    else:
+        args.update({a: getattr(optimizer, a) for a in _OPTIMIZER_ARGS[name]})
     lr = args["learning_rate"]
     if callable(lr):
         args["learning_rate"] = _serialize_callable(lr, f"{name}.learning_rate")
@@ -103,7 +116,10 @@ def optimizer_from_dict(d: dict | None) -> Any:
         args["learning_rate"] = keras.saving.deserialize_keras_object(args["learning_rate"]["keras"])
     if args.get("clipvalue") is not None:
         args["clipvalue"] = tuple(args["clipvalue"])
-    return getattr(_emb, d["class_name"])(**args)
+    class_name = d["class_name"]
+    if class_name.startswith(_CATALOGUE_PREFIX):
+        return getattr(_optimizers, class_name[len(_CATALOGUE_PREFIX):])(**args)
+    return getattr(_emb, class_name)(**args)
 
 
 def _initializer_to_dict(init: Any, table_name: str) -> dict | None:

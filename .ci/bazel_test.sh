@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# CI: `bazel test //...` with Debian's bazel-bootstrap (Bazel 4), offline, against the TensorFlow installed for
+# ${PYTHON:-python3} (the README's pip install).  Test logs of failing tests are printed (--test_output=errors
+# in .bazelrc).  Usage: .ci/bazel_test.sh [extra bazel test flags]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+python=${PYTHON:-python3}
+
+if ! command -v bazel >/dev/null; then
+  apt-get update -qq
+  apt-get install -y -qq bazel-bootstrap >/dev/null
+fi
+
+# Writes .tf_configure.bazelrc: TensorFlow's headers, libraries and flags, the Python and pybind11 headers.
+"$python" configure.py >/dev/null
+
+# Output base outside the source tree, so `//...` never walks into it and a checkout stays clean.
+output_root=${BAZEL_OUTPUT_USER_ROOT:-/tmp/tf_embed_ops_bazel}
+status=0
+bazel --output_user_root="$output_root" test //... --verbose_failures "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+  # Compile/link failures have no test log; failing tests already printed theirs.  Name what broke.
+  echo "bazel test //... failed (exit $status); test logs are under bazel-links/testlogs/" >&2
+fi
+# The bazel server would otherwise keep its memory for hours after CI is done with it.
+bazel --output_user_root="$output_root" shutdown
+exit "$status"
