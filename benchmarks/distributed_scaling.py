@@ -9,7 +9,9 @@ steps concurrently (asynchronous training), and with `--sync` one round = one st
 Every configuration runs in its own Python process (in-process servers cannot be shut down).  All tasks share
 this machine's cores, so the numbers show the protocol's overheads, not a real multi-host speed-up.
 
-Usage: python benchmarks/distributed_scaling.py [--ps 1 2 4] [--workers 2] [--steps 40] [--rounds 3] [--quick]
+`--ps 0` is the baseline without a cluster: one process, one shard, steps back to back.
+
+Usage: python benchmarks/distributed_scaling.py [--ps 0 1 2 4] [--workers 2] [--steps 40] [--rounds 3] [--quick]
 Writes benchmarks/results/distributed_scaling.json and prints a markdown table.
 """
 from __future__ import annotations
@@ -46,13 +48,20 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
     from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator, create_local_cluster
 
     emb_api = tf.tpu.experimental.embedding
-    strategy = create_local_cluster(num_workers=workers, num_ps=num_ps)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     table = emb_api.TableConfig(vocab, DIM, name="w1", combiner="sum")
-    with strategy.scope():
-        emb = ShardedTPUEmbedding({"ids": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.01))
+    if num_ps == 0:
+        # Baseline: no cluster, one process, one shard (the single-machine path), steps run back to back.
+        strategy = coordinator = None
+        emb = ShardedTPUEmbedding({"ids": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.01), num_shards=1)
         emb.build(per_replica_batch_size=batch)
-        aggregator = SyncSparseAggregator(emb, replicas_to_aggregate=workers) if sync else None
+        workers, sync, aggregator = 0, False, None
+    else:
+        strategy = create_local_cluster(num_workers=workers, num_ps=num_ps)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope():
+            emb = ShardedTPUEmbedding({"ids": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.01))
+            emb.build(per_replica_batch_size=batch)
+            aggregator = SyncSparseAggregator(emb, replicas_to_aggregate=workers) if sync else None
 
     @tf.function
     def step(ids):
@@ -67,6 +76,10 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
     pool = [tf.constant(zipf_ids(rng, batch, vocab, ZIPF_S)) for _ in range(8)]
 
     def run(n: int) -> None:
+        if coordinator is None:
+            for i in range(n):
+                step(pool[i % len(pool)])
+            return
         if sync:
             for r in range(n // workers):
                 for w in range(workers):
@@ -77,7 +90,7 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
                 coordinator.schedule(step, args=(pool[i % len(pool)],))
         coordinator.join()
 
-    run(2 * workers)  # warm-up: traces, function registration on every task
+    run(max(2 * workers, 2))  # warm-up: traces, function registration on every task
     rates = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -89,7 +102,7 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ps", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--ps", type=int, nargs="+", default=[0, 1, 2, 4], help="0: one process, no cluster")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
@@ -130,7 +143,9 @@ def main() -> None:
     print(f"| parameter servers | workers | mode | steps/s (median of {args.rounds}) | ids/s |")
     print("|---:|---:|---|---:|---:|")
     for r in results:
-        print(f"| {r['num_ps']} | {r['workers']} | {record['mode']} | {r['median_steps_per_s']:.2f} | "
+        ps = r["num_ps"] or "none (one process)"
+        mode = record["mode"] if r["num_ps"] else "-"
+        print(f"| {ps} | {r['workers']} | {mode} | {r['median_steps_per_s']:.2f} | "
               f"{r['median_steps_per_s'] * batch:,.0f} |")
 
 
