@@ -77,10 +77,13 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
     """
 
     def __init__(self, embedding: ShardedTPUEmbedding, replicas_to_aggregate: int):
-        """Creates one accumulator per table shard and the global step, and attaches to `embedding`.
+        """Creates the global step and attaches to `embedding`.
+
+        The accumulators (one per table shard, on the shard's server, starting at `global_step`) are created
+        at first use: the first worker step, `take_and_apply` or `initialize_steps`.
 
         Args:
-          embedding: a `ShardedTPUEmbedding` (it is built if needed; its output shapes must then be known).
+          embedding: a `ShardedTPUEmbedding` (built here if it is not yet).
           replicas_to_aggregate: gradients each round waits for (>= 1), usually the number of workers.
 
         Raises:
