@@ -9,6 +9,8 @@ single-process `tf_embed_ops.TPUEmbedding`) and compares.
   round 2 and at the end; on a second embedding it restores a single-process checkpoint and runs scheduled
   steps one at a time.
 * `resume`: cluster 2 (fresh process, fresh ports) restores the round-2 checkpoint and runs rounds 3-4.
+* `chief`: the chief of a job whose 2 ps and 2 worker tasks are separate processes started from TF_CONFIG with
+  `python -m tf_embed_ops.distribute.server`, as on real hosts.
 """
 from __future__ import annotations
 
