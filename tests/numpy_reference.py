@@ -89,7 +89,79 @@ SLOTS = {
     "adagrad_momentum": ["accumulators", "momenta"],
     "adam": ["momenta", "velocities"],
     "ftrl": ["accumulators", "linears"],
+    # The rest of the catalogue (docs/optimizers.md); names are the proto's oneof fields.
+    "lion": ["momenta"],
+    "bounded_adagrad": ["accumulators"],
+    "online_yogi": ["vs", "linears"],
+    "proximal_yogi": ["v", "m"],
+    "assign": [],
 }
+
+_TF_OPTIMIZER_NAMES = {"SGD": "sgd", "Adagrad": "adagrad", "AdagradMomentum": "adagrad_momentum", "Adam": "adam",
+                       "FTRL": "ftrl"}
+
+
+def spec_from_optimizer(optimizer) -> dict:
+    """A `tf.tpu.experimental.embedding` or `tf_embed_ops.optimizers` object -> this module's settings dict.
+
+    Reads only the objects' public constructor attributes, so the reference stays independent of the config
+    loader and the kernels.
+    """
+    kind = type(optimizer).__name__
+    o = optimizer
+    if kind == "AdagradMomentum":
+        spec = dict(momentum=o.momentum, use_nesterov=o.use_nesterov, exponent=o.exponent, beta2=o.beta2,
+                    epsilon=o.epsilon)
+    elif kind == "Adam":
+        spec = dict(beta1=o.beta_1, beta2=o.beta_2, epsilon=o.epsilon, use_non_lazy_adam=not o.lazy_adam,
+                    use_sum_inside_sqrt=o.sum_inside_sqrt)
+    elif kind == "FTRL":
+        spec = dict(lr_power=o.learning_rate_power, l1=o.l1_regularization_strength, l2=o.l2_regularization_strength,
+                    beta=o.beta, multiply_linear_by_lr=o.multiply_linear_by_learning_rate)
+    elif kind == "Lion":
+        spec = dict(beta1=o.beta_1, beta2=o.beta_2, use_non_lazy_lion=not o.lazy_lion)
+    elif kind == "BoundedAdagrad":
+        spec = dict(update_accumulator_first=o.update_accumulator_first, max_var_update=o.max_var_update,
+                    max_accumulator=o.max_accumulator)
+    elif kind in ("OnlineYogi", "ProximalYogi"):
+        spec = dict(l1=o.l1_regularization_strength, l2=o.l2_regularization_strength, beta2=o.beta_2)
+        if kind == "ProximalYogi":
+            spec.update(beta1=o.beta_1, epsilon=o.epsilon)
+    elif kind in ("SGD", "Adagrad", "Assign"):
+        spec = {}
+    else:
+        raise ValueError(f"no numpy reference for optimizer {kind}")
+    name = _TF_OPTIMIZER_NAMES.get(kind) or {"Lion": "lion", "BoundedAdagrad": "bounded_adagrad",
+                                             "OnlineYogi": "online_yogi", "ProximalYogi": "proximal_yogi",
+                                             "Assign": "assign"}[kind]
+    spec["name"] = name
+    inf = float("inf")
+    if o.clip_gradient_min is not None or o.clip_gradient_max is not None:
+        spec["gradient_clip"] = (-inf if o.clip_gradient_min is None else o.clip_gradient_min,
+                                 inf if o.clip_gradient_max is None else o.clip_gradient_max)
+    if o.clip_weight_min is not None or o.clip_weight_max is not None:
+        spec["weight_clip"] = (-inf if o.clip_weight_min is None else o.clip_weight_min,
+                               inf if o.clip_weight_max is None else o.clip_weight_max)
+    if o.weight_decay_factor:
+        spec["weight_decay"] = o.weight_decay_factor
+        spec["multiply_weight_decay_by_lr"] = bool(o.multiply_weight_decay_factor_by_learning_rate)
+    return spec
+
+
+def initial_slot_values(optimizer) -> dict:
+    """{slot name: initial value} of an optimizer object, in Load/Retrieve order (its constructor arguments)."""
+    kind = type(optimizer).__name__
+    if kind in ("Adagrad", "BoundedAdagrad"):
+        return {"accumulators": optimizer.initial_accumulator_value}
+    if kind == "FTRL":
+        return {"accumulators": optimizer.initial_accumulator_value, "linears": 0.0}
+    if kind == "OnlineYogi":
+        return {"vs": optimizer.initial_v_value, "linears": optimizer.initial_linear_value}
+    if kind == "ProximalYogi":
+        return {"v": optimizer.initial_v_value, "m": optimizer.initial_m_value}
+    if kind == "Lion":
+        return {"momenta": optimizer.initial_momentum_value}
+    return {name: 0.0 for name in SLOTS[spec_from_optimizer(optimizer)["name"]]}
 
 
 def _optimizer_row(opt, lr, g, w, slots):
@@ -136,6 +208,36 @@ def _optimizer_row(opt, lr, g, w, slots):
             thr = l1
         w = np.where(np.abs(lin) > thr, np.sign(lin) * thr - lin, 0.0) / quad
         return w, [a_new, lin]
+    if name == "lion":
+        (m,) = slots
+        c = opt["beta1"] * m + (1 - opt["beta1"]) * g
+        return w - lr * np.sign(c), [opt["beta2"] * m + (1 - opt["beta2"]) * g]
+    if name == "bounded_adagrad":
+        (a,) = slots
+        a_new = a + g * g
+        if opt["max_accumulator"] > 0:
+            a_new = np.minimum(a_new, opt["max_accumulator"])
+        step = lr * g / np.sqrt(a_new if opt["update_accumulator_first"] else a)
+        if opt["max_var_update"] > 0:
+            step = np.clip(step, -opt["max_var_update"], opt["max_var_update"])
+        return w - step, [a_new]
+    if name == "proximal_yogi":
+        v, m = slots
+        m = opt["beta1"] * m + (1 - opt["beta1"]) * g
+        v = v - (1 - opt["beta2"]) * np.sign(v - g * g) * g * g
+        eta = lr / (np.sqrt(v) + opt["epsilon"])
+        x = w - eta * m
+        if opt["l1"] > 0:
+            x = np.sign(x) * np.maximum(np.abs(x) - eta * opt["l1"], 0)
+        return x / (1 + eta * opt["l2"]), [v, m]
+    if name == "online_yogi":
+        v, lin = slots
+        v_new = v - (1 - opt["beta2"]) * np.sign(v - g * g) * g * g
+        lin = lin + g - (np.sqrt(v_new) - np.sqrt(v)) / lr * w
+        w = (np.clip(lin, -opt["l1"], opt["l1"]) - lin) / (np.sqrt(v_new) / lr + 2 * opt["l2"])
+        return w, [v_new, lin]
+    if name == "assign":
+        return g.copy(), []
     raise ValueError(name)
 
 
@@ -145,7 +247,7 @@ def apply_step(opt, lr, table, slots, grads):
     table = np.asarray(table, np.float64).copy()
     slots = [np.asarray(s, np.float64).copy() for s in slots]
     rows = sorted(grads)
-    if opt["name"] == "adam" and opt.get("use_non_lazy_adam", False):
+    if opt.get("use_non_lazy_adam", False) or opt.get("use_non_lazy_lion", False):
         rows = range(table.shape[0])
     for r in rows:
         g = np.asarray(grads.get(r, np.zeros(table.shape[1])), np.float64)
@@ -159,6 +261,6 @@ def apply_step(opt, lr, table, slots, grads):
         if "weight_clip" in opt:
             w = np.clip(w, *opt["weight_clip"])
         table[r] = w
-        for s, value in zip(slots, new_slots, strict=False):
+        for s, value in zip(slots, new_slots, strict=True):
             s[r] = value
     return table.astype(np.float32), [s.astype(np.float32) for s in slots]

@@ -147,6 +147,19 @@ def test_training_steps_match_reference(opt, option):
     slot_vars = [[tf.Variable(s) for s in slots] for slots in slot_values]
     inputs = [eo.normalize_feature(f[0], f[1], **f[4]) for f in feats]
     feature_tables = [0, 0, 1]
+    if option == "accumulation_disabled" and opt.get("use_non_lazy_adam"):
+        # Rejected by the config validator (OPT: non-lazy Adam needs accumulation; TF's Python Adam raises too).
+        grads = [
+            np.ones(tuple(f[3]) + (tables[t]["dim"],), np.float32)
+            for f, t in zip(feats, feature_tables, strict=True)
+        ]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="non-lazy Adam needs gradient accumulation"):
+            eo.send_tpu_embedding_gradients(grads, [], inputs, table_vars, slot_vars, config, combiners)
+        for t in range(2):
+            np.testing.assert_array_equal(table_vars[t].numpy(), values[t])
+            for var, expected in zip(slot_vars[t], slot_values[t], strict=True):
+                np.testing.assert_array_equal(var.numpy(), expected)
+        return
     for _ in range(3):
         grads = [
             rng.normal(size=tuple(f[3]) + (tables[t]["dim"],)).astype(np.float32)
@@ -311,3 +324,64 @@ def test_adam_bias_corrected_learning_rate():
     np.testing.assert_allclose(float(lr()), 0.01 * np.sqrt(1 - 0.999**10) / (1 - 0.9**10), rtol=1e-4)
     with pytest.raises(ValueError, match="beta1"):
         eo.adam_bias_corrected_learning_rate(0.01, 1.0, 0.999, step)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_weighted_dense_feature_input(combiner):
+    # The op accepts weights for dense input (each id its own sample); Python never builds one, but the kernel
+    # has a dedicated path for dense layouts, so check it against the reference too.
+    rng = np.random.default_rng(8)
+    value = rng.normal(size=(6, 3)).astype(np.float32)
+    ids, weights = [4, 0, 4, 5], [2.0, -0.5, 0.0, 1.5]
+    rows = [[i] for i in ids]
+    entries, shape = ref.entries_from_rows(rows, [[w] for w in weights])
+    config = make_config([{"name": "t", "vocab": 6, "dim": 3}], [("f", 0, [4])])
+    feature = eo.FeatureInput(np.zeros([0], np.int64), ids, weights, [4])
+    (act,) = eo.embedding_activations([feature], [tf.Variable(value)], config, [combiner])
+    np.testing.assert_allclose(act.numpy(), ref.forward(value, entries, shape, combiner), rtol=1e-6, atol=1e-7)
+    table = tf.Variable(value)
+    grad = rng.normal(size=(4, 3)).astype(np.float32)
+    eo.send_tpu_embedding_gradients([grad], [], [feature], [table], [[]], config, [combiner])
+    expected, _ = ref.apply_step({"name": "sgd"}, 0.1, value, [], ref.row_gradients([(entries, combiner, grad)], 6))
+    np.testing.assert_allclose(table.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+def test_empty_batch(kind):
+    config = make_config([{"name": "t", "vocab": 4, "dim": 2, "opt": {"name": "adagrad"}}], [("f", 0, [1])])
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    table, acc = tf.Variable(value), tf.Variable(np.full((4, 2), 0.1, np.float32))
+    if kind == "dense":
+        x = tf.zeros([0], tf.int64)
+    elif kind == "ragged":
+        x = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), tf.constant([0], tf.int64))
+    else:
+        x = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [0, 3])
+    feature = eo.normalize_feature(x)
+    (act,) = eo.embedding_activations([feature], [table], config)
+    assert act.shape == (0, 2)
+    eo.send_tpu_embedding_gradients([tf.zeros([0, 2])], [], [feature], [table], [[acc]], config)
+    np.testing.assert_array_equal(table.numpy(), value)
+
+
+def test_tf1_graph_and_session():
+    opt = {"name": "sgd"}
+    x_rows = [[1, 2], [3]]
+    entries, shape = ref.entries_from_rows(x_rows)
+    config = make_config([{"name": "t", "vocab": 4, "dim": 2, "opt": opt, "lr": 0.5}], [("f", 0, list(shape))])
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    grad = np.ones((2, 2), np.float32)
+    with tf.Graph().as_default():
+        table = tf.compat.v1.Variable(value, use_resource=True)
+        ids = tf.compat.v1.ragged.placeholder(tf.int64, ragged_rank=1, value_shape=[])
+        feature = eo.normalize_feature(ids)
+        (act,) = eo.embedding_activations([feature], [table], config)
+        update = eo.send_tpu_embedding_gradients([grad], [], [feature], [table], [[]], config)
+        with tf.compat.v1.Session() as sess:
+            sess.run(table.initializer)
+            feed = {ids: tf.compat.v1.ragged.RaggedTensorValue(np.array([1, 2, 3]), np.array([0, 2, 3]))}
+            np.testing.assert_allclose(sess.run(act, feed), ref.forward(value, entries, shape, "sum"))
+            sess.run(update, feed)
+            result = sess.run(table)
+    expected, _ = ref.apply_step(opt, 0.5, value, [], ref.row_gradients([(entries, "sum", grad)], 4))
+    np.testing.assert_allclose(result, expected)

@@ -181,8 +181,8 @@ def test_bad_combiner_and_feature_count():
 
 def test_unimplemented_optimizer_is_named():
     config, table, slots, feats, grads = _setup()
-    config.table_descriptor[0].optimization_parameters.momentum.momentum = 0.9
-    with pytest.raises(tf.errors.UnimplementedError, match="video"):
+    config.table_descriptor[0].optimization_parameters.mdl_adagrad_light.l2 = 0.1
+    with pytest.raises(tf.errors.UnimplementedError, match="video.*mdl_adagrad_light"):
         eo.embedding_activations(feats, [table], config)
 
 

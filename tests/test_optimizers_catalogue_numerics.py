@@ -4,7 +4,7 @@ References, never the kernel's own output:
 - TensorFlow's dense CPU kernels of the same rule (ResourceApplyMomentum, ResourceApplyRMSProp,
   ResourceApplyCenteredRMSProp, ResourceApplyAdadelta, ResourceApplyProximalAdagrad), run on the touched rows
   with the row's summed gradient (gradient accumulation);
-- numpy written from docs/optimizers.md for the rules TensorFlow has no kernel of.
+- tests/numpy_reference.py (written from docs/optimizers.md) for the rules TensorFlow has no kernel of.
 Untouched rows must not change.
 """
 
@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import tf_embed_ops.config as tec
 import tf_embed_ops.optimizers as teo
+from tests import numpy_reference
 from tf_embed_ops import embedding_ops
 
 E = tf.tpu.experimental.embedding
@@ -119,80 +120,30 @@ def test_matches_tensorflow_dense_kernel_on_touched_rows(optimizer, apply):
     _assert_untouched_unchanged(w_init, slots_init, w, slots, summed)
 
 
-# ---- against numpy written from docs/optimizers.md ----
-
-def _sign(x):
-    return np.sign(x).astype(np.float32)
-
-
-def _lion(w, s, g, lr, o):
-    m = s[0]
-    c = o.beta_1 * m + (1 - o.beta_1) * g
-    w -= lr * _sign(c)
-    s[0] = o.beta_2 * m + (1 - o.beta_2) * g
-
-
-def _bounded_adagrad(w, s, g, lr, o):
-    a = s[0]
-    a_new = a + g * g
-    if o.max_accumulator > 0:
-        a_new = np.minimum(a_new, o.max_accumulator)
-    step = lr * g / np.sqrt(a_new if o.update_accumulator_first else a)
-    if o.max_var_update > 0:
-        step = np.clip(step, -o.max_var_update, o.max_var_update)
-    w -= step
-    s[0] = a_new
-
-
-def _proximal_yogi(w, s, g, lr, o):
-    v, m = s
-    m[:] = o.beta_1 * m + (1 - o.beta_1) * g
-    v[:] = v - (1 - o.beta_2) * _sign(v - g * g) * g * g
-    eta = lr / (np.sqrt(v) + o.epsilon)
-    x = w - eta * m
-    if o.l1_regularization_strength > 0:
-        x = _sign(x) * np.maximum(np.abs(x) - eta * o.l1_regularization_strength, 0)
-    w[:] = x / (1 + eta * o.l2_regularization_strength)
-
-
-def _online_yogi(w, s, g, lr, o):
-    v, lin = s
-    v_new = v - (1 - o.beta_2) * _sign(v - g * g) * g * g
-    lin += g - (np.sqrt(v_new) - np.sqrt(v)) / lr * w
-    l1, l2 = o.l1_regularization_strength, o.l2_regularization_strength
-    w[:] = (np.clip(lin, -l1, l1) - lin) / (np.sqrt(v_new) / lr + 2 * l2)
-    v[:] = v_new
-
-
-def _assign(w, s, g, lr, o):
-    w[:] = g
-
+# ---- against the numpy reference (tests/numpy_reference.py, written from docs/optimizers.md) ----
 
 NUMPY_CASES = [
-    ("lion", teo.Lion(learning_rate=LR, beta_1=0.8, beta_2=0.95), _lion),
-    ("bounded_adagrad_old_acc", teo.BoundedAdagrad(learning_rate=LR, max_var_update=0.02), _bounded_adagrad),
+    ("lion", teo.Lion(learning_rate=LR, beta_1=0.8, beta_2=0.95)),
+    ("bounded_adagrad_old_acc", teo.BoundedAdagrad(learning_rate=LR, max_var_update=0.02)),
     ("bounded_adagrad_new_acc", teo.BoundedAdagrad(learning_rate=LR, update_accumulator_first=True,
-                                                   max_accumulator=1.5), _bounded_adagrad),
+                                                   max_accumulator=1.5)),
     ("proximal_yogi", teo.ProximalYogi(learning_rate=LR, l1_regularization_strength=0.01,
-                                       l2_regularization_strength=0.1, beta_1=0.5, beta_2=0.9, epsilon=1e-2),
-     _proximal_yogi),
+                                       l2_regularization_strength=0.1, beta_1=0.5, beta_2=0.9, epsilon=1e-2)),
     ("online_yogi", teo.OnlineYogi(learning_rate=LR, l1_regularization_strength=0.05, l2_regularization_strength=0.1,
-                                   beta_2=0.9), _online_yogi),
-    ("assign", teo.Assign(), _assign),
+                                   beta_2=0.9)),
+    ("assign", teo.Assign()),
+    ("lion_clipped_decayed", teo.Lion(learning_rate=LR, clipvalue=0.3, clip_weight_min=-0.5, clip_weight_max=0.5,
+                                      weight_decay_factor=0.1, multiply_weight_decay_factor_by_learning_rate=True)),
 ]
 
 
-@pytest.mark.parametrize("optimizer, rule", [(o, r) for _, o, r in NUMPY_CASES], ids=[n for n, _, _ in NUMPY_CASES])
-def test_matches_numpy_reading_on_touched_rows(optimizer, rule):
+@pytest.mark.parametrize("optimizer", [o for _, o in NUMPY_CASES], ids=[n for n, _ in NUMPY_CASES])
+def test_matches_numpy_reference_on_touched_rows(optimizer):
     w_init, slots_init, summed, w, slots = _run_steps(optimizer)
-    ref_w = w_init.copy()
-    ref_slots = [s.copy() for s in slots_init]
+    spec = numpy_reference.spec_from_optimizer(optimizer)
+    ref_w, ref_slots = w_init, slots_init
     for g in summed:
-        for r, grad in g.items():
-            row_slots = [s[r] for s in ref_slots]  # views: the rules update them in place
-            rule(ref_w[r], row_slots, grad, LR, optimizer)
-            for s, v in zip(ref_slots, row_slots, strict=True):
-                s[r] = v
+        ref_w, ref_slots = numpy_reference.apply_step(spec, LR, ref_w, ref_slots, g)
     np.testing.assert_allclose(w, ref_w, rtol=2e-6, atol=2e-6)
     for s, r in zip(slots, ref_slots, strict=True):
         np.testing.assert_allclose(s, r, rtol=2e-6, atol=2e-6)

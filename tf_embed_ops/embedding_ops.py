@@ -336,9 +336,9 @@ def embedding_lookup_and_update(
     input, ``trigger`` (a float32 scalar: typically the value of a trainable dummy variable of the layer).  When
     a tape differentiates the loss with respect to ``trigger`` (or to the variable it was read from), the
     gradient function runs :func:`send_tpu_embedding_gradients` with the activations' gradients and returns a
-    zero gradient for ``trigger`` that has a control dependency on the update.  The update is therefore a real
-    data dependency of the trigger's gradient, which Keras' compiled train step cannot prune.  Gradients that
-    do not reach an activation are zeros.
+    zero gradient for ``trigger`` computed from a table value read after the update.  The update is therefore a
+    data dependency (not merely a control edge, which Grappler was measured to drop in Keras' compiled train
+    step) of the trigger's gradient.  Gradients that do not reach an activation are zeros.
 
     Args:
       features, tables, slots, config, combiners: as for :func:`send_tpu_embedding_gradients`.

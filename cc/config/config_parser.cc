@@ -18,9 +18,9 @@ using Proto = tpu::TPUEmbeddingConfiguration;
 
 absl::Status CheckTopLevelFields(const Proto& proto) {
   if (!Proto::Mode_IsValid(proto.mode())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: mode has unknown value ", proto.mode(),
-        " (allowed: 0 UNSPECIFIED, 1 INFERENCE, 2 TRAINING, 3 BACKWARD_PASS_ONLY)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: mode has unknown value ", proto.mode(),
+                     " (allowed: 0 UNSPECIFIED, 1 INFERENCE, 2 TRAINING, 3 BACKWARD_PASS_ONLY)"));
   }
   if (!Proto::ShardingStrategy_IsValid(proto.sharding_strategy())) {
     return absl::InvalidArgumentError(absl::StrCat("config: sharding_strategy has unknown value ",
@@ -35,8 +35,8 @@ absl::Status CheckTopLevelFields(const Proto& proto) {
         absl::StrCat("config: num_tensor_cores must be >= 0, got ", proto.num_tensor_cores()));
   }
   if (proto.batch_size_per_tensor_core() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("config: batch_size_per_tensor_core must be >= 0, got ",
-                                                   proto.batch_size_per_tensor_core()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: batch_size_per_tensor_core must be >= 0, got ", proto.batch_size_per_tensor_core()));
   }
   if (proto.table_descriptor_size() == 0) {
     return absl::InvalidArgumentError("config: no table_descriptor; a config needs at least one table");
@@ -71,9 +71,9 @@ absl::Status TablesFromProto(const Proto& proto, EmbeddingConfig* config) {
 // counts from the input shapes, so setting them too is a contradiction.
 absl::Status FeaturesFromProto(const Proto& proto, EmbeddingConfig* config) {
   if (proto.batch_size_per_tensor_core() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: batch_size_per_tensor_core is ", proto.batch_size_per_tensor_core(),
-        " but must be 0 (unset) when feature_descriptor is given; it is derived from the input shapes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: batch_size_per_tensor_core is ", proto.batch_size_per_tensor_core(),
+                     " but must be 0 (unset) when feature_descriptor is given; it is derived from the input shapes"));
   }
   const int num_tables = proto.table_descriptor_size();
   for (int t = 0; t < num_tables; ++t) {
@@ -127,8 +127,10 @@ absl::Status SynthesizeFeatures(const Proto& proto, EmbeddingConfig* config) {
   for (int t = 0; t < proto.table_descriptor_size(); ++t) {
     const auto& td = proto.table_descriptor(t);
     if (td.num_features() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(TableContext(td.name(), t), ": num_features must be > 0 when no "
-                                                     "feature_descriptor is given, got ", td.num_features()));
+      return absl::InvalidArgumentError(absl::StrCat(TableContext(td.name(), t),
+                                                     ": num_features must be > 0 when no "
+                                                     "feature_descriptor is given, got ",
+                                                     td.num_features()));
     }
     FeatureSpec feature;
     feature.name = td.name();

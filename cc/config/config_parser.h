@@ -24,8 +24,7 @@ absl::Status ParseEmbeddingConfigProto(const std::string& serialized,
                                        tensorflow::tpu::TPUEmbeddingConfiguration* proto);
 
 // Validation of an already-parsed message.
-absl::Status EmbeddingConfigFromProto(const tensorflow::tpu::TPUEmbeddingConfiguration& proto,
-                                      EmbeddingConfig* out);
+absl::Status EmbeddingConfigFromProto(const tensorflow::tpu::TPUEmbeddingConfiguration& proto, EmbeddingConfig* out);
 
 }  // namespace tf_embed_ops
 

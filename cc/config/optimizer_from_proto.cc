@@ -11,11 +11,10 @@ namespace {
 namespace tpu = ::tensorflow::tpu;
 
 // Checks are written as "value is in range" so that NaN, which fails every comparison, is rejected too.
-absl::Status Require(bool ok, const std::string& context, const std::string& field, float value,
-                     const char* allowed) {
+absl::Status Require(bool ok, const std::string& context, const std::string& field, float value, const char* allowed) {
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(context, ": optimization_parameters.", field, " must be ", allowed,
-                                                 ", got ", value));
+  return absl::InvalidArgumentError(
+      absl::StrCat(context, ": optimization_parameters.", field, " must be ", allowed, ", got ", value));
 }
 
 absl::Status FromAdagradMomentum(const tpu::AdagradMomentumParameters& m, const std::string& ctx,
@@ -26,15 +25,13 @@ absl::Status FromAdagradMomentum(const tpu::AdagradMomentumParameters& m, const 
                        m.exponent(), "> 0 and finite");
       !s.ok())
     return s;
-  if (auto s = Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adagrad_momentum.epsilon",
-                       m.epsilon(), "> 0 and finite");
+  if (auto s = Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adagrad_momentum.epsilon", m.epsilon(),
+                       "> 0 and finite");
       !s.ok())
     return s;
-  if (auto s = Require(std::isfinite(m.momentum()), ctx, "adagrad_momentum.momentum", m.momentum(), "finite");
-      !s.ok())
+  if (auto s = Require(std::isfinite(m.momentum()), ctx, "adagrad_momentum.momentum", m.momentum(), "finite"); !s.ok())
     return s;
-  if (auto s = Require(std::isfinite(m.beta2()), ctx, "adagrad_momentum.beta2", m.beta2(), "finite"); !s.ok())
-    return s;
+  if (auto s = Require(std::isfinite(m.beta2()), ctx, "adagrad_momentum.beta2", m.beta2(), "finite"); !s.ok()) return s;
   AdagradMomentum o;
   o.momentum = m.momentum();
   o.use_nesterov = m.use_nesterov();
@@ -51,8 +48,8 @@ absl::Status FromAdam(const tpu::AdamParameters& m, const std::string& ctx, Opti
     return s;
   if (auto s = Require(m.beta2() >= 0.0f && m.beta2() < 1.0f, ctx, "adam.beta2", m.beta2(), "in [0, 1)"); !s.ok())
     return s;
-  if (auto s = Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adam.epsilon", m.epsilon(),
-                       "> 0 and finite");
+  if (auto s =
+          Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adam.epsilon", m.epsilon(), "> 0 and finite");
       !s.ok())
     return s;
   Adam o;
@@ -135,11 +132,10 @@ absl::Status FromCatalogue(const tpu::OptimizationParameters& params, const std:
     }
     case tpu::OptimizationParameters::kCenteredRmsProp: {
       const auto& m = params.centered_rms_prop();
-      if (auto s = CheckAll(
-              {{UnitClosed(m.rho()), "centered_rms_prop.rho", m.rho(), "in [0, 1]"},
-               {NonNegative(m.momentum()), "centered_rms_prop.momentum", m.momentum(), ">= 0 and finite"},
-               {NonNegative(m.epsilon()), "centered_rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
-              ctx);
+      if (auto s = CheckAll({{UnitClosed(m.rho()), "centered_rms_prop.rho", m.rho(), "in [0, 1]"},
+                             {NonNegative(m.momentum()), "centered_rms_prop.momentum", m.momentum(), ">= 0 and finite"},
+                             {NonNegative(m.epsilon()), "centered_rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
+                            ctx);
           !s.ok())
         return s;
       *out = CenteredRmsProp{m.rho(), m.momentum(), m.epsilon()};
@@ -179,8 +175,8 @@ absl::Status FromCatalogue(const tpu::OptimizationParameters& params, const std:
       const auto& m = params.bounded_adagrad();
       if (auto s = CheckAll({{NonNegative(m.max_var_update()), "bounded_adagrad.max_var_update", m.max_var_update(),
                               ">= 0 and finite (0 disables it)"},
-                             {NonNegative(m.max_accumulator()), "bounded_adagrad.max_accumulator",
-                              m.max_accumulator(), ">= 0 and finite (0 disables it)"}},
+                             {NonNegative(m.max_accumulator()), "bounded_adagrad.max_accumulator", m.max_accumulator(),
+                              ">= 0 and finite (0 disables it)"}},
                             ctx);
           !s.ok())
         return s;
@@ -273,7 +269,8 @@ absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const
       return FromCatalogue(params, context, out);
     case tpu::OptimizationParameters::kMdlAdagradLight:
       return absl::UnimplementedError(absl::StrCat(
-          context, ": optimizer 'mdl_adagrad_light' is not implemented by tf_embed_ops: its update rule is not public"));
+          context,
+          ": optimizer 'mdl_adagrad_light' is not implemented by tf_embed_ops: its update rule is not public"));
     case tpu::OptimizationParameters::kFrequencyAwareAdagrad:
       return absl::UnimplementedError(absl::StrCat(
           context,
@@ -297,9 +294,8 @@ absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const
       const auto* field = params.GetDescriptor()->FindFieldByNumber(static_cast<int>(params.parameters_case()));
       const std::string name = field != nullptr ? std::string(field->name())
                                                 : absl::StrCat("field ", static_cast<int>(params.parameters_case()));
-      return absl::UnimplementedError(absl::StrCat(
-          context, ": optimizer '", name,
-          "' is not implemented by tf_embed_ops"));
+      return absl::UnimplementedError(
+          absl::StrCat(context, ": optimizer '", name, "' is not implemented by tf_embed_ops"));
     }
   }
 }

@@ -21,9 +21,8 @@ absl::Status ClipLimitsFromProto(const tpu::ClippingLimits& limits, const std::s
   if (limits.has_lower()) c.lower = limits.lower().value();
   if (limits.has_upper()) c.upper = limits.upper().value();
   if (std::isnan(c.lower) || std::isnan(c.upper)) {
-    return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters.", field,
-                                                   " bounds must not be NaN, got lower ", c.lower, ", upper ",
-                                                   c.upper));
+    return absl::InvalidArgumentError(absl::StrCat(
+        ctx, ": optimization_parameters.", field, " bounds must not be NaN, got lower ", c.lower, ", upper ", c.upper));
   }
   if (c.lower > c.upper) {
     return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters.", field, ".lower (", c.lower,
@@ -74,8 +73,9 @@ absl::Status QuantizationFromProto(const tpu::SimulatedQuantization& q, const st
     }
     if (!(s.lower < s.upper && std::isfinite(s.lower) && std::isfinite(s.upper))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters.simulated_quantization.clipping_limits must be finite with lower < upper, "
-               "got lower ",
+          ctx,
+          ": optimization_parameters.simulated_quantization.clipping_limits must be finite with lower < upper, "
+          "got lower ",
           s.lower, ", upper ", s.upper));
     }
   }
@@ -90,8 +90,8 @@ absl::Status OptimizationFromProto(const tpu::OptimizationParameters& p, const s
   if (auto s = LearningRateFromProto(p.learning_rate(), ctx, &opt.learning_rate); !s.ok()) return s;
   if (auto s = ClipLimitsFromProto(p.clipping_limits(), ctx, "clipping_limits", &opt.weight_clipping); !s.ok())
     return s;
-  if (auto s = ClipLimitsFromProto(p.gradient_clipping_limits(), ctx, "gradient_clipping_limits",
-                                   &opt.gradient_clipping);
+  if (auto s =
+          ClipLimitsFromProto(p.gradient_clipping_limits(), ctx, "gradient_clipping_limits", &opt.gradient_clipping);
       !s.ok())
     return s;
   if (!(p.weight_decay_factor() >= 0.0f && std::isfinite(p.weight_decay_factor()))) {
@@ -103,15 +103,15 @@ absl::Status OptimizationFromProto(const tpu::OptimizationParameters& p, const s
 
   const int accumulation = p.gradient_accumulation_status();
   if (!tpu::GradientAccumulationStatus::Status_IsValid(accumulation)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ctx, ": optimization_parameters.gradient_accumulation_status has unknown value ", accumulation,
-        " (allowed: 0 UNSPECIFIED, 1 ENABLED, 2 DISABLED)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ctx, ": optimization_parameters.gradient_accumulation_status has unknown value ", accumulation,
+                     " (allowed: 0 UNSPECIFIED, 1 ENABLED, 2 DISABLED)"));
   }
   const int packing = p.low_dimensional_packing_status();
   if (!tpu::LowDimensionalPackingStatus::Status_IsValid(packing)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ctx, ": optimization_parameters.low_dimensional_packing_status has unknown value ", packing,
-        " (allowed: 0 UNSPECIFIED, 1 ENABLED, 2 DISABLED)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ctx, ": optimization_parameters.low_dimensional_packing_status has unknown value ", packing,
+                     " (allowed: 0 UNSPECIFIED, 1 ENABLED, 2 DISABLED)"));
   }
   // UNSPECIFIED means ENABLED (OPT, UTIL UseGradientAccumulation).
   opt.gradient_accumulation = accumulation != tpu::GradientAccumulationStatus::DISABLED;
@@ -119,38 +119,40 @@ absl::Status OptimizationFromProto(const tpu::OptimizationParameters& p, const s
     // Gradient clipping acts on the per-row sum, which only exists with accumulation; TF's Python optimizers
     // refuse clipvalue without it (spec §1.5, A4).
     if (p.gradient_clipping_limits().has_lower() || p.gradient_clipping_limits().has_upper()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters.gradient_clipping_limits is set but gradient_accumulation_status is "
-               "DISABLED; gradient clipping needs gradient accumulation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx,
+                       ": optimization_parameters.gradient_clipping_limits is set but gradient_accumulation_status is "
+                       "DISABLED; gradient clipping needs gradient accumulation"));
     }
     // Non-lazy Adam and Lion update every row every step from the accumulated gradient (OPT); Assign assigns
     // the row's summed gradient, which without accumulation would be whichever contribution came last.
     if (const auto* adam = std::get_if<Adam>(&opt.optimizer); adam != nullptr && adam->use_non_lazy_adam) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters.adam.use_non_lazy_adam is true but gradient_accumulation_status is "
-               "DISABLED; non-lazy Adam needs gradient accumulation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx,
+                       ": optimization_parameters.adam.use_non_lazy_adam is true but gradient_accumulation_status is "
+                       "DISABLED; non-lazy Adam needs gradient accumulation"));
     }
     if (const auto* lion = std::get_if<Lion>(&opt.optimizer); lion != nullptr && lion->use_non_lazy_lion) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters.lion.use_non_lazy_lion is true but gradient_accumulation_status is "
-               "DISABLED; non-lazy Lion needs gradient accumulation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx,
+                       ": optimization_parameters.lion.use_non_lazy_lion is true but gradient_accumulation_status is "
+                       "DISABLED; non-lazy Lion needs gradient accumulation"));
     }
     if (std::holds_alternative<Assign>(opt.optimizer)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters.assign needs gradient accumulation (it assigns the row's summed "
-               "gradient), but gradient_accumulation_status is DISABLED"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx,
+                       ": optimization_parameters.assign needs gradient accumulation (it assigns the row's summed "
+                       "gradient), but gradient_accumulation_status is DISABLED"));
     }
   }
-  if (auto s = QuantizationFromProto(p.simulated_quantization(), ctx, &opt.simulated_quantization); !s.ok())
-    return s;
+  if (auto s = QuantizationFromProto(p.simulated_quantization(), ctx, &opt.simulated_quantization); !s.ok()) return s;
   *out = std::move(opt);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status TableFromProto(const tpu::TPUEmbeddingConfiguration::TableDescriptor& td, int table_id,
-                            TableSpec* out) {
+absl::Status TableFromProto(const tpu::TPUEmbeddingConfiguration::TableDescriptor& td, int table_id, TableSpec* out) {
   if (td.name().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(TableContext("", table_id),
                                                    ": name is empty; every table needs a unique non-empty name (it "
@@ -158,8 +160,7 @@ absl::Status TableFromProto(const tpu::TPUEmbeddingConfiguration::TableDescripto
   }
   const std::string ctx = TableContext(td.name(), table_id);
   if (td.vocabulary_size() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ctx, ": vocabulary_size must be > 0, got ", td.vocabulary_size()));
+    return absl::InvalidArgumentError(absl::StrCat(ctx, ": vocabulary_size must be > 0, got ", td.vocabulary_size()));
   }
   if (td.dimension() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(ctx, ": dimension must be > 0, got ", td.dimension()));

@@ -51,8 +51,8 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     std::vector<int> table_inputs;
     for (int t = 0; t < attrs_.num_tables; ++t) {
       tensorflow::Var* var = nullptr;
-      OP_REQUIRES_OK(ctx, CheckVariableDtype(ctx, first_table + t, absl::StrCat("table '", config.tables[t].name, "'"),
-                                             &var));
+      OP_REQUIRES_OK(
+          ctx, CheckVariableDtype(ctx, first_table + t, absl::StrCat("table '", config.tables[t].name, "'"), &var));
       var->Unref();
       table_inputs.push_back(first_table + t);
     }
@@ -62,9 +62,10 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->status());
     std::vector<tensorflow::Tensor> tables(attrs_.num_tables);
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      OP_REQUIRES_OK(ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true, true,
-                                                                                   &tables[t]));
-      OP_REQUIRES_OK(ctx, CheckTableShape(tables[t], config.tables[t], absl::StrCat("table '", config.tables[t].name, "'")));
+      OP_REQUIRES_OK(
+          ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true, true, &tables[t]));
+      OP_REQUIRES_OK(ctx,
+                     CheckTableShape(tables[t], config.tables[t], absl::StrCat("table '", config.tables[t].name, "'")));
     }
 
     const ShardFn shard = IntraOpShardFn(ctx);

@@ -15,13 +15,13 @@ absl::Status FusedEmbeddingAttrs::Init(tensorflow::OpKernelConstruction* ctx) {
   TF_RETURN_IF_ERROR(ctx->GetAttr("N", &num_features));
   TF_RETURN_IF_ERROR(ctx->GetAttr("T", &num_tables));
   if (static_cast<int>(config.features.size()) != num_features) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the op has ", num_features, " features but config has ", config.features.size(),
-        " feature descriptors; the config must describe every feature, in input order"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the op has ", num_features, " features but config has ", config.features.size(),
+                     " feature descriptors; the config must describe every feature, in input order"));
   }
   if (static_cast<int>(config.tables.size()) != num_tables) {
-    return absl::InvalidArgumentError(absl::StrCat("the op has ", num_tables, " table handles but config has ",
-                                                   config.tables.size(), " tables"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the op has ", num_tables, " table handles but config has ", config.tables.size(), " tables"));
   }
   std::vector<std::string> names;
   TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
@@ -37,8 +37,8 @@ absl::Status FusedEmbeddingAttrs::Init(tensorflow::OpKernelConstruction* ctx) {
     if (names.empty()) continue;
     const int k = per_table ? config.features[f].table_id : f;
     if (!ParseCombiner(names[k], &combiners[f])) {
-      return absl::InvalidArgumentError(absl::StrCat("combiners[", k, "] = \"", names[k],
-                                                     "\": only \"sum\", \"mean\" and \"sqrtn\" are supported"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("combiners[", k, "] = \"", names[k], "\": only \"sum\", \"mean\" and \"sqrtn\" are supported"));
     }
   }
   return absl::OkStatus();
@@ -68,8 +68,10 @@ absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_i
         absl::StrCat(label, ": sample_shape must be rank 1, got shape ", shape.shape().DebugString()));
   }
   if (splits.dims() == 0 || splits.dims() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": sample_indices_or_row_splits must be rank 1 or 2 (or "
-                                                   "empty), got shape ", splits.shape().DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(label,
+                                                   ": sample_indices_or_row_splits must be rank 1 or 2 (or "
+                                                   "empty), got shape ",
+                                                   splits.shape().DebugString()));
   }
   out->splits_or_indices = splits.flat<int64_t>().data();
   out->splits_or_indices_rank = splits.NumElements() == 0 && splits.dims() <= 1 ? 0 : splits.dims();

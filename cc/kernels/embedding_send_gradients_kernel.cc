@@ -36,9 +36,9 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       expected_slots += static_cast<int>(OptimizerSlots(table.optimization.optimizer).size());
     }
     OP_REQUIRES(ctx, num_slots_ == expected_slots,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "slots has ", num_slots_, " handles but the config's optimizers have ", expected_slots,
-                    " slots in all (each table's slots, in Load/Retrieve order, tables in order)")));
+                absl::InvalidArgumentError(
+                    absl::StrCat("slots has ", num_slots_, " handles but the config's optimizers have ", expected_slots,
+                                 " slots in all (each table's slots, in Load/Retrieve order, tables in order)")));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -76,8 +76,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     for (int k = 0; k < num_learning_rates_; ++k) {
       const tensorflow::Tensor& lr = ctx->input(n + k);
       OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
-                  absl::InvalidArgumentError(absl::StrCat("learning_rates[", k, "] must be a scalar, got shape ",
-                                                          lr.shape().DebugString())));
+                  absl::InvalidArgumentError(
+                      absl::StrCat("learning_rates[", k, "] must be a scalar, got shape ", lr.shape().DebugString())));
       learning_rates[k] = lr.scalar<float>()();
     }
 
@@ -93,8 +93,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       const std::vector<SlotInfo> slots = OptimizerSlots(table.optimization.optimizer);
       for (size_t k = 0; k < slots.size(); ++k) {
         var_inputs.push_back(first_slot + first_slot_[t] + static_cast<int>(k));
-        var_names.push_back(absl::StrCat("slot '", slots[k].name, "' of table '", table.name, "' (slots[",
-                                         first_slot_[t] + k, "])"));
+        var_names.push_back(
+            absl::StrCat("slot '", slots[k].name, "' of table '", table.name, "' (slots[", first_slot_[t] + k, "])"));
         var_tables.push_back(&table);
       }
     }
@@ -106,7 +106,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       seen.push_back(var);
       var->Unref();  // the pointer is only compared; the lock holder below keeps its own references
       OP_REQUIRES(ctx, !duplicate,
-                  absl::InvalidArgumentError(absl::StrCat(var_names[v], ": the same variable is passed twice; "
+                  absl::InvalidArgumentError(absl::StrCat(var_names[v],
+                                                          ": the same variable is passed twice; "
                                                           "every table and slot needs its own variable")));
     }
     auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true,
@@ -114,8 +115,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->status());
     std::vector<tensorflow::Tensor> values(var_inputs.size());
     for (size_t v = 0; v < var_inputs.size(); ++v) {
-      OP_REQUIRES_OK(ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, var_inputs[v], true, true,
-                                                                                   &values[v]));
+      OP_REQUIRES_OK(
+          ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, var_inputs[v], true, true, &values[v]));
       OP_REQUIRES_OK(ctx, CheckTableShape(values[v], *var_tables[v], var_names[v]));
     }
 
@@ -137,8 +138,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       sources.clear();
       for (int f = 0; f < n; ++f) {
         if (config.features[f].table_id != t) continue;
-        sources.push_back(GradientSource{batches[f].ids, batches[f].num_ids, &layouts[f],
-                                         ctx->input(f).flat<float>().data()});
+        sources.push_back(
+            GradientSource{batches[f].ids, batches[f].num_ids, &layouts[f], ctx->input(f).flat<float>().data()});
       }
       RowGradientPlan& plan = workspace->plans[t];
       plan.Build(&sources);

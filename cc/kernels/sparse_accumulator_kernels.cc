@@ -195,16 +195,17 @@ class SetGlobalStepOp : public tf::OpKernel {
   }
 };
 
-#define TF_EMBED_REGISTER_ACCUMULATOR_KERNELS(T)                                                                 \
-  REGISTER_KERNEL_BUILDER(                                                                                       \
-      Name("TfEmbed>SparseAccumulator").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"), SparseAccumulatorOp); \
-  REGISTER_KERNEL_BUILDER(Name("TfEmbed>AnonymousSparseAccumulator").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"), \
-                          AnonymousSparseAccumulatorOp);                                                         \
-  REGISTER_KERNEL_BUILDER(                                                                                       \
-      Name("TfEmbed>SparseAccumulatorApplyGradient").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),          \
-      ApplyGradientOp);                                                                                          \
-  REGISTER_KERNEL_BUILDER(                                                                                       \
-      Name("TfEmbed>SparseAccumulatorTakeGradient").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),           \
+#define TF_EMBED_REGISTER_ACCUMULATOR_KERNELS(T)                                                               \
+  REGISTER_KERNEL_BUILDER(Name("TfEmbed>SparseAccumulator").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"), \
+                          SparseAccumulatorOp);                                                                \
+  REGISTER_KERNEL_BUILDER(                                                                                     \
+      Name("TfEmbed>AnonymousSparseAccumulator").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),            \
+      AnonymousSparseAccumulatorOp);                                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                                     \
+      Name("TfEmbed>SparseAccumulatorApplyGradient").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),        \
+      ApplyGradientOp);                                                                                        \
+  REGISTER_KERNEL_BUILDER(                                                                                     \
+      Name("TfEmbed>SparseAccumulatorTakeGradient").Device(tf::DEVICE_CPU).TypeConstraint<T>("dtype"),         \
       TakeGradientOp);
 
 TF_EMBED_REGISTER_ACCUMULATOR_KERNELS(Eigen::half)

@@ -62,8 +62,7 @@ class ResourceRef {
 
 }  // namespace
 
-SparseAccumulatorResource::SparseAccumulatorResource(tf::DataType dtype, const tf::PartialTensorShape& shape,
-                                                     bool mean)
+SparseAccumulatorResource::SparseAccumulatorResource(tf::DataType dtype, const tf::PartialTensorShape& shape, bool mean)
     : dtype_(dtype), shape_(shape), checked_shape_(ToAccumulatorShape(shape)), mean_(mean) {}
 
 SparseAccumulatorResource::~SparseAccumulatorResource() = default;

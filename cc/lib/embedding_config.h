@@ -68,7 +68,7 @@ enum class EmbeddingMode { kUnspecified = 0, kInference = 1, kTraining = 2, kBac
 enum class ShardingStrategy { kDivDefault = 0, kMod = 1 };
 
 struct EmbeddingConfig {
-  std::vector<TableSpec> tables;      // index = table id
+  std::vector<TableSpec> tables;  // index = table id
   // index = feature position in the op's input lists.  A V1-style config (no feature descriptors) gets one
   // synthesised feature per table, input_shape [batch_size_per_tensor_core * num_features] (spec §2.2), and
   // features_synthesized = true.

@@ -18,8 +18,8 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
     case 0:
       if (b.num_ids != num_samples) {
         return Invalid(label, absl::StrCat("dense input (empty sample_indices_or_row_splits) has ", b.num_ids,
-                                           " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "),
-                                           "] has ", num_samples, " samples; they must be equal"));
+                                           " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "), "] has ",
+                                           num_samples, " samples; they must be equal"));
       }
       for (int64_t i = 0; i < b.num_ids; ++i) (*sample_of)[i] = i;
       return absl::OkStatus();
@@ -37,8 +37,8 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
       }
       for (int64_t s = 0; s < num_samples; ++s) {
         if (splits[s + 1] < splits[s]) {
-          return Invalid(label, absl::StrCat("row_splits must be non-decreasing: row_splits[", s + 1, "] = ",
-                                             splits[s + 1], " < row_splits[", s, "] = ", splits[s]));
+          return Invalid(label, absl::StrCat("row_splits must be non-decreasing: row_splits[", s + 1,
+                                             "] = ", splits[s + 1], " < row_splits[", s, "] = ", splits[s]));
         }
         for (int64_t i = splits[s]; i < splits[s + 1]; ++i) (*sample_of)[i] = s;
       }
@@ -48,18 +48,18 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
       const int64_t cols = b.splits_or_indices_cols;
       const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
       if (b.splits_or_indices_rows != b.num_ids || cols != rank + 1) {
-        return Invalid(label, absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols,
-                                           "]; expected [", b.num_ids, " (number of ids), ", rank + 1,
-                                           " (rank of sample_shape + 1)]"));
+        return Invalid(
+            label, absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols, "]; expected [",
+                                b.num_ids, " (number of ids), ", rank + 1, " (rank of sample_shape + 1)]"));
       }
       for (int64_t i = 0; i < b.num_ids; ++i) {
         const int64_t* idx = b.splits_or_indices + i * cols;
         int64_t position = 0;
         for (int64_t d = 0; d < rank; ++d) {
           if (idx[d] < 0 || idx[d] >= b.sample_shape[d]) {
-            return Invalid(label, absl::StrCat("indices[", i, ", ", d, "] = ", idx[d], " is not in [0, ",
-                                               b.sample_shape[d], ") (sample_shape [",
-                                               absl::StrJoin(b.sample_shape, ", "), "])"));
+            return Invalid(label,
+                           absl::StrCat("indices[", i, ", ", d, "] = ", idx[d], " is not in [0, ", b.sample_shape[d],
+                                        ") (sample_shape [", absl::StrJoin(b.sample_shape, ", "), "])"));
           }
           position = position * b.sample_shape[d] + idx[d];
         }
@@ -69,7 +69,8 @@ absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int
     }
     default:
       return Invalid(label, absl::StrCat("sample_indices_or_row_splits must be empty, rank 1 (row_splits) or rank 2 "
-                                         "(sparse indices); got rank ", b.splits_or_indices_rank));
+                                         "(sparse indices); got rank ",
+                                         b.splits_or_indices_rank));
   }
 }
 
@@ -90,6 +91,21 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
   }
   out->num_samples = num_samples;
   if (auto s = ComputeSamples(b, label, num_samples, &out->sample_of); !s.ok()) return s;
+
+  if (b.splits_or_indices_rank == 0) {
+    // Dense input: sample i holds exactly id i, so the grouping is the identity and the combiner factor is
+    // w_i / norm(w_i) (1 for unweighted input whatever the combiner).  Same values as the general path below.
+    out->member_offsets.resize(num_samples + 1);
+    out->members.resize(b.num_ids);
+    out->scale.resize(b.num_ids);
+    for (int64_t i = 0; i <= num_samples; ++i) out->member_offsets[i] = i;
+    for (int64_t i = 0; i < b.num_ids; ++i) {
+      out->members[i] = i;
+      const double w = b.num_weights ? b.weights[i] : 1.0;
+      out->scale[i] = static_cast<float>(w) * InverseNorm(combiner, w, w * w);
+    }
+    return absl::OkStatus();
+  }
 
   // Group ids by sample with a stable counting sort, so each group keeps input order (the summation order of
   // the forward pass is then fixed by the input alone).

@@ -24,20 +24,20 @@ namespace tf_embed_ops {
 // Borrowed views of one feature's inputs.
 struct FeatureBatch {
   const int64_t* splits_or_indices = nullptr;
-  int splits_or_indices_rank = 0;           // 0, 1 or 2 (see above)
-  int64_t splits_or_indices_rows = 0;       // dim 0 of splits_or_indices
-  int64_t splits_or_indices_cols = 0;       // dim 1 when rank 2
+  int splits_or_indices_rank = 0;      // 0, 1 or 2 (see above)
+  int64_t splits_or_indices_rows = 0;  // dim 0 of splits_or_indices
+  int64_t splits_or_indices_cols = 0;  // dim 1 when rank 2
   const int64_t* ids = nullptr;
   int64_t num_ids = 0;
-  const float* weights = nullptr;           // nullptr or num_ids entries
-  int64_t num_weights = 0;                  // 0 (all ones) or num_ids
-  std::vector<int64_t> sample_shape;        // output shape without the embedding dimension
+  const float* weights = nullptr;     // nullptr or num_ids entries
+  int64_t num_weights = 0;            // 0 (all ones) or num_ids
+  std::vector<int64_t> sample_shape;  // output shape without the embedding dimension
 };
 
 struct FeatureLayout {
-  int64_t num_samples = 0;            // prod(sample_shape)
-  std::vector<int64_t> sample_of;     // per id: its output sample
-  std::vector<float> scale;           // per id: w_i / norm_s (0 where the norm is 0)
+  int64_t num_samples = 0;         // prod(sample_shape)
+  std::vector<int64_t> sample_of;  // per id: its output sample
+  std::vector<float> scale;        // per id: w_i / norm_s (0 where the norm is 0)
   // Ids grouped by sample, each group in input order: ids of sample s are
   // members[member_offsets[s] .. member_offsets[s + 1]).
   std::vector<int64_t> member_offsets;

@@ -10,9 +10,7 @@ namespace tf_embed_ops {
 namespace {
 
 // Fibonacci hashing: ids are often small consecutive integers, which this spreads over the table.
-inline uint64_t Slot(int64_t row, int shift) {
-  return (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift;
-}
+inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift; }
 
 }  // namespace
 

@@ -19,7 +19,8 @@ template <typename Optimizer>
 inline void UpdateRowPipeline(const Optimizer& optimizer, const TableOptimization& o, float lr, float* g, float* w,
                               float* const* slots, int64_t dim) {
   if (o.gradient_clipping.IsActive()) {
-    for (int64_t d = 0; d < dim; ++d) g[d] = std::min(std::max(g[d], o.gradient_clipping.lower), o.gradient_clipping.upper);
+    for (int64_t d = 0; d < dim; ++d)
+      g[d] = std::min(std::max(g[d], o.gradient_clipping.lower), o.gradient_clipping.upper);
   }
   if (o.weight_decay_factor != 0.0f) {
     const float decay = o.weight_decay_factor * (o.multiply_weight_decay_factor_by_learning_rate ? lr : 1.0f);

@@ -58,8 +58,8 @@ class SparseRowSum {
       while (end < order.size() && order[end].first == order[begin].first) ++end;
       run_positions.clear();
       for (size_t k = begin + 1; k < end; ++k) run_positions.push_back(order[k].second);
-      hint = AddRun(order[begin].first, hint, values + order[begin].second * row_width_, values,
-                    run_positions.data(), run_positions.size());
+      hint = AddRun(order[begin].first, hint, values + order[begin].second * row_width_, values, run_positions.data(),
+                    run_positions.size());
       begin = end;
     }
   }
@@ -117,8 +117,7 @@ class SparseRowSum {
 
   // Adds the run of one index: the row at `first`, then the `num_more` rows of `values` at `more` (input
   // order).  Returns the index's entry, the hint for the next (larger) index.
-  Iterator AddRun(int64_t index, Iterator hint, const T* first, const T* values, const int64_t* more,
-                  size_t num_more) {
+  Iterator AddRun(int64_t index, Iterator hint, const T* first, const T* values, const int64_t* more, size_t num_more) {
     Iterator it = Locate(index, hint);
     const bool inserted = it == slot_of_.end() || it->first != index;
     if (inserted) {

@@ -53,8 +53,7 @@ std::string CheckIndices(const AccumulatorShape& shape, const SparseGradientView
 }
 
 // Step 8c: values against the held gradient when there is one, else against the accumulator shape.
-std::string CheckValues(const AccumulatorShape& shape, const SparseGradientView& g,
-                        const std::vector<int64_t>* held) {
+std::string CheckValues(const AccumulatorShape& shape, const SparseGradientView& g, const std::vector<int64_t>* held) {
   const int64_t values_rank = static_cast<int64_t>(g.values_dims.size());
   if (held != nullptr) {
     const int64_t held_rank = static_cast<int64_t>(held->size());

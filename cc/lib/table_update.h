@@ -24,7 +24,8 @@
 namespace tf_embed_ops {
 
 // Runs fn(begin, end) over disjoint ranges covering [0, total); cost_per_unit is in CPU cycles per unit.
-using ShardFn = std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
+using ShardFn =
+    std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
 
 // Borrowed, row-major [vocabulary_size, dim] buffers of a table and its slots (kSlots order).
 struct TableBuffers {
@@ -85,8 +86,7 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
 
 inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
                         const ShardFn& shard) {
-  std::visit([&](const auto& optimizer) { internal::UpdateTableWith(optimizer, o, lr, plan, t, shard); },
-             o.optimizer);
+  std::visit([&](const auto& optimizer) { internal::UpdateTableWith(optimizer, o, lr, plan, t, shard); }, o.optimizer);
 }
 
 }  // namespace tf_embed_ops

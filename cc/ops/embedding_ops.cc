@@ -17,11 +17,11 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 // Activation shape of feature i: sample_shape (as far as it is known statically) + [dim of its table].
-absl::Status ActivationShape(InferenceContext* c, const EmbeddingConfig& config, int feature,
-                             int sample_shape_input, ShapeHandle* out) {
+absl::Status ActivationShape(InferenceContext* c, const EmbeddingConfig& config, int feature, int sample_shape_input,
+                             ShapeHandle* out) {
   if (feature >= static_cast<int>(config.features.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("the config has ", config.features.size(),
-                                                   " feature descriptors but the op has more features"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the config has ", config.features.size(), " feature descriptors but the op has more features"));
   }
   const int64_t dim = config.tables[config.features[feature].table_id].dimension;
   ShapeHandle sample_shape;

@@ -28,17 +28,35 @@ struct AdagradMomentum {
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    // The options are loop-invariant: dispatch once so each variant's loop is branch-free and vectorises.
+    // exponent 2 is the common case: sqrt is exact-rounded and much faster than pow.
+    const bool sum = beta2 == 1.0f, sqrt_exp = exponent == 2.0f;
+    if (use_nesterov) {
+      sum ? (sqrt_exp ? Update<true, true, true>(lr, g, w, slots, dim)
+                      : Update<true, true, false>(lr, g, w, slots, dim))
+          : (sqrt_exp ? Update<true, false, true>(lr, g, w, slots, dim)
+                      : Update<true, false, false>(lr, g, w, slots, dim));
+    } else {
+      sum ? (sqrt_exp ? Update<false, true, true>(lr, g, w, slots, dim)
+                      : Update<false, true, false>(lr, g, w, slots, dim))
+          : (sqrt_exp ? Update<false, false, true>(lr, g, w, slots, dim)
+                      : Update<false, false, false>(lr, g, w, slots, dim));
+    }
+  }
+
+ private:
+  template <bool kNesterov, bool kSumAccumulator, bool kSqrtExponent>
+  void Update(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
     float* a = slots[0];
     float* m = slots[1];
     const float power = -1.0f / exponent;
     for (int64_t i = 0; i < dim; ++i) {
       const float g2 = g[i] * g[i];
-      a[i] = beta2 == 1.0f ? a[i] + g2 : beta2 * a[i] + (1.0f - beta2) * g2;
-      // exponent 2 is the common case: sqrt is exact-rounded and much faster than pow.
-      const float scale = exponent == 2.0f ? 1.0f / std::sqrt(a[i] + epsilon) : std::pow(a[i] + epsilon, power);
+      a[i] = kSumAccumulator ? a[i] + g2 : beta2 * a[i] + (1.0f - beta2) * g2;
+      const float scale = kSqrtExponent ? 1.0f / std::sqrt(a[i] + epsilon) : std::pow(a[i] + epsilon, power);
       const float s = g[i] * scale;
       m[i] = momentum * m[i] + s;
-      w[i] -= lr * (use_nesterov ? momentum * m[i] + s : m[i]);
+      w[i] -= lr * (kNesterov ? momentum * m[i] + s : m[i]);
     }
   }
 };

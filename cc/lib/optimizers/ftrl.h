@@ -28,18 +28,33 @@ struct Ftrl {
 
   bool UpdatesAllRows() const { return false; }
 
-  // x^p for the accumulator; p = 0.5 (lr_power = -0.5) is the common case and sqrt is exact.
-  float Power(float x) const { return lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -lr_power); }
-
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    // The options are loop-invariant: dispatch once so each variant's loop is branch-free and vectorises.
+    // lr_power = -0.5 (the default) takes sqrt, which is exact and much faster than pow.
+    const bool sqrt_power = lr_power == -0.5f;
+    if (multiply_linear_by_lr) {
+      sqrt_power ? Update<true, true>(lr, g, w, slots, dim) : Update<true, false>(lr, g, w, slots, dim);
+    } else {
+      sqrt_power ? Update<false, true>(lr, g, w, slots, dim) : Update<false, false>(lr, g, w, slots, dim);
+    }
+  }
+
+ private:
+  template <bool kSqrtPower>
+  float Power(float x) const {
+    return kSqrtPower ? std::sqrt(x) : std::pow(x, -lr_power);
+  }
+
+  template <bool kMultiplyLinearByLr, bool kSqrtPower>
+  void Update(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
     float* a = slots[0];
     float* lin = slots[1];
     for (int64_t i = 0; i < dim; ++i) {
       const float a_new = a[i] + g[i] * g[i];
-      const float p_new = Power(a_new);
-      const float sigma = p_new - Power(a[i]);
+      const float p_new = Power<kSqrtPower>(a_new);
+      const float sigma = p_new - Power<kSqrtPower>(a[i]);
       float quad, thr;
-      if (multiply_linear_by_lr) {
+      if (kMultiplyLinearByLr) {
         lin[i] += lr * g[i] - sigma * w[i];
         quad = p_new + 2.0f * lr * l2 + beta;
         thr = lr * l1;
