@@ -327,8 +327,13 @@ def separate_processes(tmp_path_factory):
                 tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
                 servers.append(subprocess.Popen(
                     [sys.executable, "-m", "tf_embed_ops.distribute.server"], env=_child_env(TF_CONFIG=tf_config),
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 ))
+        # Start the chief only once every task serves (the server prints one line then): a task that failed to
+        # start is reported here, where the chief would wait for it forever.
+        for server in servers:
+            line = server.stdout.readline()
+            assert "server started" in line, f"a ps/worker task did not start (rc {server.poll()}): {line!r}"
         chief_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
         values, devices = _run_child("chief", {"out": str(tmp / "chief.npz")}, env=_child_env(TF_CONFIG=chief_config))
     finally:

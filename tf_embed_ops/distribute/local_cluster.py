@@ -14,6 +14,7 @@ Example:
 """
 from __future__ import annotations
 
+import random
 import socket
 
 import tensorflow as tf
@@ -21,12 +22,29 @@ import tensorflow as tf
 __all__ = ["create_local_cluster"]
 
 
+_taken_ports: set = set()
+
+
 def _free_port() -> int:
-    # Bind to port 0 and let the kernel pick; the tiny race with another process grabbing it is acceptable
-    # for tests (TensorFlow's portpicker has the same window).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    """A localhost port that is free now, below the usual ephemeral range and never handed out twice here.
+
+    A port the kernel picks for `bind(0)` comes from the ephemeral range, where the cluster's own outgoing gRPC
+    connections also take their local ports: a task that binds its port a few seconds later (a process still
+    importing TensorFlow) can then find it taken.  So probe random ports in [20000, 32000) instead.
+    """
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(20000, 32000)
+        if port in _taken_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("localhost", port))
+            except OSError:
+                continue
+        _taken_ports.add(port)
+        return port
+    raise RuntimeError("no free localhost port found in [20000, 32000)")
 
 
 def create_local_cluster(num_workers: int = 2, num_ps: int = 2, *, variable_partitioner=None):
