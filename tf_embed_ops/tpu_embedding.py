@@ -466,10 +466,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
           RuntimeError: if not built, nothing was enqueued, or the ids live in another graph.
         """
         pending = self._take_pending("dequeue")
-        tables, _ = self._tables_and_slots()
-        acts = embedding_ops.embedding_activations(
-            pending.inputs, tables, self._serialized_config, combiners=self._combiners, name=name
-        )
+        acts = self._lookup(pending.inputs, name=name)
         return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
 
     def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
@@ -502,7 +499,6 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             raise ValueError(f"Argument `gradients` must have the structure of `feature_config`: {e}") from e
 
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
-            tables, slots = self._tables_and_slots()
             # The expected shape is the activation's: recompute it from the op's shape function (cheap, static).
             flat = []
             for (path, gradient), feature, feature_input in zip(
@@ -526,15 +522,23 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     gradient = tf.reshape(gradient, _dynamic_activation_shape(feature_input, None, feature.table.dim))
                 flat.append(tf.cast(gradient, tf.float32))
             learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-            embedding_ops.send_tpu_embedding_gradients(
-                flat,
-                learning_rates,
-                pending.inputs,
-                tables,
-                slots,
-                self._serialized_config,
-                combiners=self._combiners,
+            self._send_gradients(flat, learning_rates, pending.inputs)
+
+    def _lookup(self, inputs: list, name: str | None = None) -> list:
+        """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass."""
+        tables, _ = self._tables_and_slots()
+        return list(
+            embedding_ops.embedding_activations(
+                inputs, tables, self._serialized_config, combiners=self._combiners, name=name
             )
+        )
+
+    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
+        """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
+        tables, slots = self._tables_and_slots()
+        embedding_ops.send_tpu_embedding_gradients(
+            gradients, learning_rates, inputs, tables, slots, self._serialized_config, combiners=self._combiners
+        )
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""
@@ -546,10 +550,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             inputs, shapes = self._normalize_inputs(features, weights)
             self._merge_output_shapes(shapes)
             self._maybe_build()
-            tables, _ = self._tables_and_slots()
-            acts = embedding_ops.embedding_activations(
-                inputs, tables, self._serialized_config, combiners=self._combiners
-            )
+            acts = self._lookup(inputs)
             return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
 
 

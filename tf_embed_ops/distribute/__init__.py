@@ -1,0 +1,41 @@
+"""Scale-out with `tf.distribute.experimental.ParameterServerStrategy` (docs/distributed.md).
+
+* `ShardedTPUEmbedding`: the mid-level API with tables and slots DIV row-sharded over parameter servers;
+  lookups and the fused update run on the server that owns the rows; checkpoints match the single-process class.
+* `ShardedEmbeddingLayer`: the Keras 3 layer over a `ShardedTPUEmbedding` (imported on first use).
+* `SyncSparseAggregator`: synchronous (SyncReplicas-style) rounds through per-shard sparse accumulators.
+* `create_local_cluster`: an in-process localhost cluster for tests and examples.
+* `python -m tf_embed_ops.distribute.server`: runs a ps/worker task from TF_CONFIG with our kernels loaded.
+* `div_shard_sizes`, `div_shard_boundaries`, `num_table_shards`: the DIV sharding arithmetic.
+
+Example:
+    >>> from tf_embed_ops import distribute as ted
+    >>> strategy = ted.create_local_cluster(num_workers=2, num_ps=2)
+    >>> with strategy.scope():
+    ...   emb = ted.ShardedTPUEmbedding(feature_config, tf.tpu.experimental.embedding.SGD(0.1))
+"""
+from __future__ import annotations
+
+from tf_embed_ops.distribute.local_cluster import create_local_cluster
+from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
+from tf_embed_ops.distribute.sharding import div_shard_boundaries, div_shard_sizes, num_table_shards
+from tf_embed_ops.distribute.sync_aggregator import SyncSparseAggregator
+
+__all__ = [
+    "ShardedEmbeddingLayer",
+    "ShardedTPUEmbedding",
+    "SyncSparseAggregator",
+    "create_local_cluster",
+    "div_shard_boundaries",
+    "div_shard_sizes",
+    "num_table_shards",
+]
+
+
+def __getattr__(name: str):
+    # Lazy: the Keras layer imports keras, which the strategy-only path does not need.
+    if name == "ShardedEmbeddingLayer":
+        from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer  # pylint: disable=import-outside-toplevel
+
+        return ShardedEmbeddingLayer
+    raise AttributeError(f"module 'tf_embed_ops.distribute' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""`ShardedEmbeddingLayer`: the Keras 3 embedding layer over a `ShardedTPUEmbedding` (tables on parameter servers).
+
+Same training contract as `tf_embed_ops.keras.TPUEmbedding`: in training mode the lookup goes through a custom
+gradient whose backward pass runs the per-shard fused updates, and the layer's trainable scalar *update
+trigger* receives a zero gradient that depends on those updates, so whoever applies the model's gradients runs
+them.  The tables and slots are the embedding's `ShardedVariable`s, tracked under `_tpu_embedding` (so
+`tf.train.Checkpoint(model)` keys match the single-machine layer); they are not Keras weights.
+
+Keras 3 (3.15) has no ParameterServerStrategy support in `Model.fit` (it cannot drive a `ClusterCoordinator`;
+fit raises "To use this dataset, you need to pass this dataset to ClusterCoordinator.create_per_worker_dataset"),
+so under the strategy train with a custom step scheduled by `ClusterCoordinator.schedule` (docs/distributed.md).
+Without a strategy (shards on one machine) `fit` works as for the unsharded layer.
+
+Example:
+    >>> with strategy.scope():
+    ...   layer = ShardedEmbeddingLayer(feature_config, tf.tpu.experimental.embedding.Adagrad(0.1))
+    ...   model = keras.Sequential([...])   # uses layer
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
+
+__all__ = ["ShardedEmbeddingLayer"]
+
+
+class ShardedEmbeddingLayer(keras.layers.Layer):
+    """Embedding lookups over DIV-sharded tables, trained by the tables' TPU optimizers on the backward pass.
+
+    `call(features, weights=None, training=None)` returns activations in the nest of `feature_config`, as
+    `tf_embed_ops.keras.TPUEmbedding` does.
+
+    Example:
+        >>> layer = ShardedEmbeddingLayer(feature_config, tf.tpu.experimental.embedding.SGD(0.1), num_shards=2)
+        >>> acts = layer({"watched": ids}, training=True)
+    """
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+        *,
+        strategy: Any = None,
+        num_shards: int | None = None,
+        **kwargs: Any,
+    ):
+        """Creates the layer, its sharded tables/slots and the update trigger.
+
+        Args:
+          feature_config, optimizer, pipeline_execution_with_tensor_core: as `tf_embed_ops.TPUEmbedding`.
+          strategy, num_shards: as `ShardedTPUEmbedding`.
+          **kwargs: `keras.layers.Layer` arguments (name, ...).
+
+        Raises:
+          ValueError: as `ShardedTPUEmbedding`.
+        """
+        super().__init__(**kwargs)
+        # Custom ops: no XLA; ids stay integers and Sparse/Ragged inputs stay composite.
+        self.supports_jit = False
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
+        self._tpu_embedding = ShardedTPUEmbedding(
+            feature_config, optimizer, pipeline_execution_with_tensor_core, strategy=strategy, num_shards=num_shards
+        )
+        self._tpu_embedding.build()
+        self._update_trigger = self.add_weight(
+            name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
+        )
+        self.built = True
+
+    @property
+    def embedding(self) -> ShardedTPUEmbedding:
+        """The underlying `ShardedTPUEmbedding` (tables, slots, shard layout)."""
+        return self._tpu_embedding
+
+    @property
+    def embedding_tables(self) -> dict:
+        """`{TableConfig: ShardedVariable}`."""
+        return self._tpu_embedding.embedding_tables
+
+    def build(self, input_shape: Any = None) -> None:  # variables exist from __init__
+        self.built = True
+
+    def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        store = self._tpu_embedding
+        inputs, shapes = store._normalize_inputs(features, weights)  # noqa: SLF001
+        store._merge_output_shapes(shapes)  # noqa: SLF001
+        if training:
+            acts = _lookup_and_update(store, inputs, tf.convert_to_tensor(self._update_trigger.value))
+        else:
+            acts = store._lookup(inputs)  # noqa: SLF001
+        acts = store._reshape_activations(list(acts))  # noqa: SLF001
+        return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
+
+    def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
+        outputs = []
+        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding._feature_config),  # noqa: SLF001
+                        strict=True):
+            shape = list(x.shape)
+            composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
+            if f.output_shape:
+                out = f.output_shape.as_list() + [f.table.dim]
+            elif f.max_sequence_length > 0 and len(shape) == 2 and composite:
+                out = [shape[0], f.max_sequence_length, f.table.dim]
+            else:
+                out = (shape if len(shape) == 1 else shape[:-1]) + [f.table.dim]
+            outputs.append(keras.KerasTensor(out, dtype="float32"))
+        return tf.nest.pack_sequence_as(self._tpu_embedding._feature_config, outputs)  # noqa: SLF001
+
+
+def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Tensor) -> list:
+    """Activations whose backward pass runs the per-shard fused updates and returns a zero for `trigger`."""
+    learning_rate_fns = list(store._dynamic_learning_rates)  # noqa: SLF001
+
+    @tf.custom_gradient
+    def lookup(trigger_value):
+        acts = store._lookup(inputs)  # noqa: SLF001
+
+        def grad(*upstream):
+            grads = [tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts,
+                                                                                                  strict=True)]
+            rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
+            updates = store._send_gradients(grads, rates, inputs)  # noqa: SLF001
+            # A zero behind a bare control edge is not enough: in Keras' compiled train step with Adam, Grappler
+            # drops the edge and the updates never run (measured, as for the single-machine layer).  The zero
+            # is computed from one element of every server's first shard, read after the updates
+            # (multiply_no_nan: exactly 0 even for inf/NaN), so the updates are data dependencies of the
+            # trigger's gradient.  Only a scalar per server crosses the network.
+            probes = []
+            with tf.control_dependencies(updates):
+                for plan in store.server_plans:
+                    shard = store._shard_variables(plan)[0][0]  # noqa: SLF001
+                    with tf.device(store._devices[plan.task]):  # noqa: SLF001
+                        row = tf.raw_ops.ResourceGather(resource=shard.handle, indices=[0], dtype=tf.float32)
+                        probes.append(tf.math.multiply_no_nan(row[0, 0], tf.zeros([], tf.float32)))
+            return tf.zeros_like(trigger_value) + tf.add_n(probes)
+
+        return acts, grad
+
+    return lookup(trigger)

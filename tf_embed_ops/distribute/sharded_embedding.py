@@ -1,0 +1,325 @@
+"""`ShardedTPUEmbedding`: the mid-level API with tables row-sharded over parameter servers.
+
+Under `tf.distribute.experimental.ParameterServerStrategy`, each table (and each optimizer slot) is split into
+contiguous DIV row ranges (`sharding.div_shard_sizes`), shard p living on ``/job:ps/task:p``.  A step never moves
+a table: the worker partitions the ids by owning shard (`partition.partition_feature`), each parameter server
+runs our forward op on its own shards and sends back partial activations that the worker sums, and in
+`apply_gradients` each parameter server runs the fused backward+optimizer op on its shards with the full
+activation gradients.  Every row's gradient is accumulated on the one server that owns it, so a step updates
+the tables exactly as the single-process class does (up to float summation order across shards in the forward
+pass; see docs/distributed.md).
+
+Checkpoints: each table and slot is a `ShardedVariable` tracked under the same name as in the single-process
+class (``<table>``, ``<table>/<slot>``), and `ShardedVariable` saves its shards as slices of the full
+``[vocabulary_size, dim]`` tensor under one key, as TensorFlow does for TPU tables.  So a checkpoint moves both
+ways between this class (with any number of servers) and `tf_embed_ops.TPUEmbedding` / TensorFlow's classes.
+
+Without a strategy, `num_shards` shards are created on the current device: the same code path on one machine
+(used by the tests to check the sharded math without a cluster).
+
+Example:
+    >>> strategy = tf_embed_ops.distribute.create_local_cluster(num_workers=2, num_ps=2)
+    >>> coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    >>> with strategy.scope():
+    ...   emb = ShardedTPUEmbedding(feature_config, tf.tpu.experimental.embedding.Adagrad(0.1))
+    ...   emb.build(per_replica_batch_size=128)
+    >>> @tf.function
+    ... def step(ids):
+    ...   emb.enqueue({"watched": ids})
+    ...   with tf.GradientTape() as tape:
+    ...     acts = emb.dequeue(); tape.watch(acts); loss = tf.reduce_sum(acts["watched"] ** 2)
+    ...   emb.apply_gradients(tape.gradient(loss, acts))
+    >>> coordinator.schedule(step, args=(ids,)); coordinator.join()
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.distribute import partition, server_plan, sharding
+
+__all__ = ["ShardedTPUEmbedding"]
+
+
+class _DeviceAnchor(NamedTuple):
+    """Stands in for a variable in `colocate_with`: ParameterServerStrategy then places the new variable on
+    `device` instead of its round-robin choice (it reads only `.device`, and `.name` for its log line)."""
+
+    device: str
+    name: str
+
+
+def _place_variables_on(device: str | None):
+    """A variable-creator scope that asks the active strategy to put new variables on `device`.
+
+    ParameterServerStrategy ignores `tf.device` (it places variables round-robin) but honours `colocate_with`;
+    without a strategy the default creator ignores `colocate_with`, and the enclosing `tf.device` applies.
+    """
+
+    def creator(next_creator, **kwargs):
+        if device is not None and tf.distribute.has_strategy():
+            kwargs["colocate_with"] = _DeviceAnchor(device, f"tf_embed_ops_shard_on_{device}")
+        return next_creator(**kwargs)
+
+    return tf.variable_creator_scope(creator)
+
+
+def _parameter_server_count() -> int:
+    """Parameter-server tasks of the cluster this process is connected to.
+
+    ParameterServerStrategy does not expose its cluster resolver (`strategy.cluster_resolver` is None), but
+    connecting to the cluster registers every remote device, so count the distinct ps tasks among them.
+    """
+    tasks = set()
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        if spec.job == "ps":
+            tasks.add(spec.task)
+    return len(tasks)
+
+
+class _SyncState:
+    """The attached SyncSparseAggregator (if any) and an explicit local step for the next apply_gradients."""
+
+    def __init__(self):
+        self.aggregator = None
+        self.forced_local_step = None
+
+
+class ShardedTPUEmbedding(mid_level.TPUEmbedding):
+    """`tf_embed_ops.TPUEmbedding` with every table row-sharded over parameter servers.
+
+    Same constructor arguments, methods and checkpoint keys as `tf_embed_ops.TPUEmbedding`; `embedding_tables`
+    and the slot variables are `ShardedVariable`s (iterate them for the per-server shards).  Create (or
+    `build`) it under the strategy's scope; call `enqueue`/`dequeue`/`apply_gradients` inside functions
+    scheduled with `ClusterCoordinator.schedule` (or on the coordinator itself).
+
+    Example:
+        >>> with strategy.scope():
+        ...   emb = ShardedTPUEmbedding(feature_config, tf.tpu.experimental.embedding.SGD(0.1))
+        >>> [v.device for v in emb.embedding_tables[table]]   # one shard per parameter server
+    """
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+        *,
+        strategy: Any = None,
+        num_shards: int | None = None,
+    ):
+        """Creates the object; variables are created by `build` (or the first `enqueue`).
+
+        Args:
+          feature_config: as `tf_embed_ops.TPUEmbedding`.
+          optimizer: as `tf_embed_ops.TPUEmbedding` (a `slot_variable_creation_fn` is not supported).
+          pipeline_execution_with_tensor_core: as `tf_embed_ops.TPUEmbedding`.
+          strategy: a `ParameterServerStrategy`; defaults to the strategy whose scope is active, if any.
+          num_shards: shards per table (at most the vocabulary size). Defaults to the number of parameter
+            servers; without a strategy, to 1, all shards on the current device.
+
+        Raises:
+          ValueError: as `tf_embed_ops.TPUEmbedding`; for a strategy that is not a ParameterServerStrategy, a
+            `num_shards` out of range, or a table optimizer with a `slot_variable_creation_fn`.
+        """
+        super().__init__(feature_config, optimizer, pipeline_execution_with_tensor_core)
+        if strategy is None and tf.distribute.has_strategy():
+            strategy = tf.distribute.get_strategy()
+        if strategy is not None and not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            raise ValueError(
+                f"Argument `strategy` must be a tf.distribute.experimental.ParameterServerStrategy (or None); got "
+                f"{type(strategy).__name__}."
+            )
+        num_servers = _parameter_server_count() if strategy is not None else None
+        if num_shards is None:
+            num_shards = num_servers if num_servers is not None else 1
+        if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
+            raise ValueError(f"Argument `num_shards` must be an int >= 1; got {num_shards!r}.")
+        if num_servers is not None and num_shards > num_servers:
+            raise ValueError(
+                f"Argument `num_shards` ({num_shards}) must not exceed the number of parameter servers "
+                f"({num_servers})."
+            )
+        for table in self._table_config:
+            if table.optimizer is not None and table.optimizer.slot_variable_creation_fn is not None:
+                raise ValueError(
+                    f"Table {table.name!r}: slot_variable_creation_fn is not supported by ShardedTPUEmbedding "
+                    "(slots are sharded like their table); leave it unset."
+                )
+        self._strategy = strategy
+        self._devices = [
+            f"/job:ps/replica:0/task:{p}/device:CPU:0" if strategy is not None else None for p in range(num_shards)
+        ]
+        self._boundaries = [
+            sharding.div_shard_boundaries(t.vocabulary_size, sharding.num_table_shards(t.vocabulary_size, num_shards))
+            for t in self._table_config
+        ]
+        self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
+        self._plans = None
+        self._partition_cache = None
+        # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
+        # holder, so the aggregator is not tracked as a checkpoint child of the embedding.
+        self._sync = _SyncState()
+
+    # ------------------------------------------------------------------ variables
+
+    @property
+    def strategy(self) -> Any:
+        """The `ParameterServerStrategy` the shards live under (None on one machine)."""
+        return self._strategy
+
+    @property
+    def shard_boundaries(self) -> dict:
+        """`{TableConfig: [b_0 = 0, b_1, ..., vocabulary_size]}`: shard p holds rows [b_p, b_{p+1})."""
+        return {t: list(b) for t, b in zip(self._table_config, self._boundaries, strict=True)}
+
+    def _sharded_variable(self, name: str, table_index: int, dim: int, initializer: Callable) -> Any:
+        bounds = self._boundaries[table_index]
+        shards = []
+        for p in range(len(bounds) - 1):
+            shape = (bounds[p + 1] - bounds[p], dim)
+            with tf.device(self._devices[p]), _place_variables_on(self._devices[p]):
+                shards.append(
+                    tf.Variable(
+                        initial_value=functools.partial(initializer, shape, dtype=tf.float32),
+                        shape=shape,
+                        dtype=tf.float32,
+                        trainable=False,
+                        name=f"{name.replace('/', '.')}_{p}",
+                    )
+                )
+        return tf.__internal__.distribute.ShardedVariable(shards, name=name)
+
+    def _create_variables_and_slots(self) -> dict:
+        """{table name: {"parameters": ShardedVariable, <slot>: ShardedVariable}}, tracked as the base class does.
+
+        Each shard's initial value comes from the initializer called with the shard's shape (as TensorFlow's
+        partitioned variables do), so random initial tables differ from an unsharded run; constant ones and
+        checkpoint-restored ones do not.
+        """
+        scope = self._strategy.scope() if self._strategy is not None else contextlib.nullcontext()
+        variables = {}
+        with scope:
+            for t, table in enumerate(self._table_config):
+                parameters = self._sharded_variable(table.name, t, table.dim, table.initializer)
+                # Tracking restores a pending checkpoint value (slice by slice) into the new shards.
+                self._track_trackable(parameters, name=table.name)
+                slots = {}
+                if table.optimizer is not None:
+                    names = table.optimizer._slot_names()  # noqa: SLF001
+                    initializers = table.optimizer._slot_initializers()  # noqa: SLF001
+                    for slot, initializer in zip(names, initializers, strict=True):
+                        name = f"{table.name}/{slot}"
+                        slots[slot] = self._sharded_variable(name, t, table.dim, initializer)
+                        self._track_trackable(slots[slot], name=name)
+                slots["parameters"] = parameters
+                variables[table.name] = slots
+        return variables
+
+    # ------------------------------------------------------------------ per-server execution
+
+    @property
+    def server_plans(self) -> list:
+        """One `server_plan.ServerPlan` per shard index: the tables, features and config each server runs."""
+        proto = self.config_proto
+        # The base class recomputes the proto until every output shape is known; re-plan when it changes.
+        if self._plans is None or self._plans[0] is not proto:
+            self._plans = (proto, server_plan.plan_servers(proto, self._boundaries))
+        return self._plans[1]
+
+    def _partition(self, inputs: list) -> list:
+        """Per feature: its per-shard inputs (a list of one original input for unsharded tables)."""
+        cached = self._partition_cache
+        if cached is not None and cached[0] is inputs:
+            return cached[1]
+        self._partition_cache = None
+        parts = []
+        with tf.name_scope("shard_ids"):
+            for inp, feature in zip(inputs, tf.nest.flatten(self._feature_config), strict=True):
+                bounds = self._boundaries[self._table_index[feature.table.name]]
+                if len(bounds) == 2:
+                    parts.append([inp])  # one shard: the feature goes through untouched, with its combiner
+                else:
+                    parts.append(partition.partition_feature(inp, feature.table.combiner, bounds))
+        # dequeue and apply_gradients of one step see the same `inputs` list; partition once for both.
+        self._partition_cache = (inputs, parts, None)
+        return parts
+
+    def _local_step(self, inputs: list) -> Any:
+        """The synchronous step this batch was looked up at (read by its dequeue; else now)."""
+        if self._sync.forced_local_step is not None:
+            return tf.cast(self._sync.forced_local_step, tf.int64)
+        cached = self._partition_cache
+        if cached is not None and cached[0] is inputs and cached[2] is not None:
+            return cached[2]
+        return self._sync.aggregator.global_step.read_value()
+
+    def _shard_combiners(self, plan: server_plan.ServerPlan) -> list:
+        # Sharded tables had their weights pre-divided by the sample norms on the worker: they run "sum".
+        return [
+            self._table_config[t].combiner if len(self._boundaries[t]) == 2 else "sum" for t in plan.tables
+        ]
+
+    def _shard_variables(self, plan: server_plan.ServerPlan) -> tuple[list, list]:
+        tables, slots = [], []
+        for t in plan.tables:
+            table = self._table_config[t]
+            owned = self._variables[table.name]
+            tables.append(owned["parameters"].variables[plan.task])
+            names = table.optimizer._slot_names() if table.optimizer is not None else []  # noqa: SLF001
+            slots.append([owned[n].variables[plan.task] for n in names])
+        return tables, slots
+
+    def _lookup(self, inputs: list, name: str | None = None) -> list:
+        parts = self._partition(inputs)
+        if self._sync.aggregator is not None:
+            # Under synchronous training a gradient is tagged with the step its rows were read at (stale rule):
+            # read it before the lookups.
+            step = self._sync.aggregator.global_step.read_value()
+            self._partition_cache = (inputs, parts, step)
+            with tf.control_dependencies([step]):
+                parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
+        partials = [[] for _ in inputs]
+        for plan in self.server_plans:
+            tables, _ = self._shard_variables(plan)
+            with tf.device(self._devices[plan.task]):
+                acts = embedding_ops.embedding_activations(
+                    [parts[f][plan.task] for f in plan.features],
+                    tables,
+                    plan.config,
+                    combiners=self._shard_combiners(plan),
+                    name=name,
+                )
+            for f, act in zip(plan.features, acts, strict=True):
+                partials[f].append(act)
+        # Stitch on the worker: sharded features sum their shards' partial activations (shard order).
+        return [p[0] if len(p) == 1 else tf.add_n(p) for p in partials]
+
+    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> list:
+        """Runs the update on every server (or feeds the aggregator); returns the ops (empty eagerly)."""
+        parts = self._partition(inputs)
+        if self._sync.aggregator is not None:
+            return self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
+        ops = []
+        for plan in self.server_plans:
+            tables, slots = self._shard_variables(plan)
+            with tf.device(self._devices[plan.task]):
+                op = embedding_ops.send_tpu_embedding_gradients(
+                    [gradients[f] for f in plan.features],
+                    [learning_rates[tag] for tag in plan.tags],
+                    [parts[f][plan.task] for f in plan.features],
+                    tables,
+                    slots,
+                    plan.config,
+                    combiners=self._shard_combiners(plan),
+                )
+            if op is not None:
+                ops.append(op)
+        return ops
