@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tests.test_keras_layer import _data, _dataset, _model
+from tests.keras_test_util import _data, _dataset, _model
 from tf_embed_ops import keras as te_keras
 
 
