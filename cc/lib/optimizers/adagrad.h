@@ -15,6 +15,9 @@ struct Adagrad {
   static constexpr const char* kName = "adagrad";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"accumulators", 0.1f}}};
 
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

@@ -25,6 +25,16 @@ struct AdagradMomentum {
   float beta2 = 1.0f;
   float epsilon = 1e-10f;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("momentum", momentum);
+    visit("use_nesterov", use_nesterov);
+    visit("exponent", exponent);
+    visit("beta2", beta2);
+    visit("epsilon", epsilon);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

@@ -25,6 +25,16 @@ struct Adam {
   bool use_non_lazy_adam = false;
   bool use_sum_inside_sqrt = true;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("beta1", beta1);
+    visit("beta2", beta2);
+    visit("epsilon", epsilon);
+    visit("use_non_lazy_adam", use_non_lazy_adam);
+    visit("use_sum_inside_sqrt", use_sum_inside_sqrt);
+  }
+
   bool UpdatesAllRows() const { return use_non_lazy_adam; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

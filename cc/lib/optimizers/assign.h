@@ -14,6 +14,9 @@ struct Assign {
   static constexpr const char* kName = "assign";
   static constexpr std::array<SlotInfo, 0> kSlots = {};
 
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float /*lr*/, const float* g, float* w, float* const* /*slots*/, int64_t dim) const {

@@ -24,6 +24,14 @@ struct BoundedAdagrad {
   float max_var_update = 0.0f;
   float max_accumulator = 0.0f;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("update_accumulator_first", update_accumulator_first);
+    visit("max_var_update", max_var_update);
+    visit("max_accumulator", max_accumulator);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   float Bound(float a) const { return max_accumulator > 0.0f ? std::min(a, max_accumulator) : a; }

@@ -24,6 +24,15 @@ struct FrequencyEstimator {
   float outlier_threshold = 0.0f;
   float weight_exponent = 0.0f;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("tau", tau);
+    visit("max_delta", max_delta);
+    visit("outlier_threshold", outlier_threshold);
+    visit("weight_exponent", weight_exponent);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float step, const float* /*g*/, float* d, float* const* slots, int64_t dim) const {

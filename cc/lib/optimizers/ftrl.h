@@ -26,6 +26,17 @@ struct Ftrl {
   bool multiply_linear_by_lr = false;
   bool allow_zero_accumulator = false;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("l1", l1);
+    visit("l2", l2);
+    visit("lr_power", lr_power);
+    visit("beta", beta);
+    visit("multiply_linear_by_lr", multiply_linear_by_lr);
+    visit("allow_zero_accumulator", allow_zero_accumulator);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

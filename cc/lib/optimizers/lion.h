@@ -20,6 +20,14 @@ struct Lion {
   float beta2 = 0.0f;
   bool use_non_lazy_lion = false;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("beta1", beta1);
+    visit("beta2", beta2);
+    visit("use_non_lazy_lion", use_non_lazy_lion);
+  }
+
   bool UpdatesAllRows() const { return use_non_lazy_lion; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

@@ -17,6 +17,13 @@ struct Momentum {
   float momentum = 0.0f;
   bool use_nesterov = false;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("momentum", momentum);
+    visit("use_nesterov", use_nesterov);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

@@ -27,6 +27,16 @@ struct ProximalYogi {
   float beta2 = 0.0f;
   float epsilon = 0.0f;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("l1", l1);
+    visit("l2", l2);
+    visit("beta1", beta1);
+    visit("beta2", beta2);
+    visit("epsilon", epsilon);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

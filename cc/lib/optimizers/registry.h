@@ -1,6 +1,6 @@
-// The list of optimizers the engine runs.  Adding one = one header with a struct shaped like Sgd (kName,
-// kSlots, UpdatesAllRows(), UpdateRow()) plus one entry in OptimizerParams below; cc/config maps its proto
-// message to the struct.
+// The list of optimizers the engine runs.  Adding one = one header with a struct shaped like Adam (kName,
+// kSlots, ForEachHyperParameter(), UpdatesAllRows(), UpdateRow()) plus one entry in OptimizerParams below;
+// cc/config maps its proto message to the struct.
 #ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_REGISTRY_H_
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_REGISTRY_H_
 

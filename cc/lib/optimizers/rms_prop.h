@@ -19,6 +19,14 @@ struct RmsProp {
   float momentum = 0.0f;
   float epsilon = 0.0f;
 
+  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& visit) const {
+    visit("rho", rho);
+    visit("momentum", momentum);
+    visit("epsilon", epsilon);
+  }
+
   bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {

@@ -14,6 +14,9 @@ struct Sgd {
   static constexpr std::array<SlotInfo, 0> kSlots = {};
 
   // A zero gradient is a no-op, so only touched rows ever need visiting.
+  template <typename Visitor>
+  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
+
   bool UpdatesAllRows() const { return false; }
 
   // `slots` holds kSlots.size() row pointers, each of `dim` floats.
