@@ -12,12 +12,14 @@
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/prefetch.h"
 #include "cc/lib/simulated_quantization.h"
+#include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
 
-// `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
-inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
-                           const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+namespace internal {
+
+inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
+                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
   if (layout.one_id_per_sample) {
     // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
     // quantization only, where it is not a plain copy).
@@ -61,6 +63,14 @@ inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, cons
       }
     }
   }
+}
+
+}  // namespace internal
+
+// `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
+inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
+                           const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  RunWithRowLoopIsa([&] { internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out); });
 }
 
 }  // namespace tf_embed_ops

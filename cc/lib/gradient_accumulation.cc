@@ -1,20 +1,14 @@
 #include "cc/lib/gradient_accumulation.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
-#include "cc/lib/prefetch.h"
 
 namespace tf_embed_ops {
 namespace {
 
 // Fibonacci hashing: ids are often small consecutive integers, which this spreads over the table.
 inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift; }
-
-inline int64_t SampleOf(const FeatureLayout& layout, int64_t i) {
-  return layout.one_id_per_sample ? i : layout.sample_of[i];
-}
 
 }  // namespace
 
@@ -58,23 +52,6 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
     for (int64_t i = 0; i < (*sources)[f].num_ids; ++i, ++n) {
       entries_[cursor_[unique_of_[n]]++] = Entry{static_cast<int32_t>(f), i};
     }
-  }
-}
-
-void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
-  std::memset(g, 0, sizeof(float) * dim);
-  for (int64_t k = offsets_[u]; k < offsets_[u + 1]; ++k) {
-    if (k + kPrefetchDistance < static_cast<int64_t>(entries_.size())) {
-      // Next rows' gradients: entries are contiguous across unique rows, so this also covers row u + 1.
-      const Entry& ahead = entries_[k + kPrefetchDistance];
-      const GradientSource& a = (*sources_)[ahead.source];
-      PrefetchRow<false>(a.gradient + SampleOf(*a.layout, ahead.position) * dim, dim);
-    }
-    const GradientSource& s = (*sources_)[entries_[k].source];
-    const int64_t i = entries_[k].position;
-    const float c = s.layout->scale[i];
-    const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
-    for (int64_t d = 0; d < dim; ++d) g[d] += c * dact[d];
   }
 }
 

@@ -11,9 +11,11 @@
 #define TF_EMBED_OPS_CC_LIB_GRADIENT_ACCUMULATION_H_
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cc/lib/feature_layout.h"
+#include "cc/lib/prefetch.h"
 
 namespace tf_embed_ops {
 
@@ -26,6 +28,11 @@ struct GradientSource {
 };
 
 // Reusable: Build() may be called again for the next step, keeping the buffers' capacity.
+// The output sample of a source's id i.
+inline int64_t SampleOf(const FeatureLayout& layout, int64_t i) {
+  return layout.one_id_per_sample ? i : layout.sample_of[i];
+}
+
 class RowGradientPlan {
  public:
   static constexpr int64_t kMaxIds = (int64_t{1} << 31) - 1;  // unique-row indices are int32
@@ -37,7 +44,8 @@ class RowGradientPlan {
   int64_t num_rows() const { return static_cast<int64_t>(rows_.size()); }
   int64_t row(int64_t u) const { return rows_[u]; }
 
-  // g[0, dim) = sum of the contributions to unique row u, in the plan's fixed order.
+  // g[0, dim) = sum of the contributions to unique row u, in the plan's fixed order.  Inline: the row loops
+  // that call it are compiled per vector ISA (vector_isa.h) and must inline it to vectorise it.
   void Accumulate(int64_t u, int64_t dim, float* g) const;
 
   // Unique-row indices u ordered by row id (for walking the whole table, as non-lazy Adam does).
@@ -58,6 +66,24 @@ class RowGradientPlan {
   std::vector<int64_t> offsets_;  // rows_.size() + 1
   std::vector<Entry> entries_;    // contributions grouped by unique row, (source, position) order inside
 };
+
+inline void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
+  std::memset(g, 0, sizeof(float) * dim);
+  const int64_t num_entries = static_cast<int64_t>(entries_.size());
+  for (int64_t k = offsets_[u]; k < offsets_[u + 1]; ++k) {
+    if (k + kPrefetchDistance < num_entries) {
+      // Next rows' gradients: entries are contiguous across unique rows, so this also covers row u + 1.
+      const Entry& ahead = entries_[k + kPrefetchDistance];
+      const GradientSource& a = (*sources_)[ahead.source];
+      PrefetchRow<false>(a.gradient + SampleOf(*a.layout, ahead.position) * dim, dim);
+    }
+    const GradientSource& s = (*sources_)[entries_[k].source];
+    const int64_t i = entries_[k].position;
+    const float c = s.layout->scale[i];
+    const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
+    for (int64_t d = 0; d < dim; ++d) g[d] += c * dact[d];
+  }
+}
 
 }  // namespace tf_embed_ops
 

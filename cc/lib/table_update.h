@@ -20,6 +20,7 @@
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/prefetch.h"
 #include "cc/lib/row_update.h"
+#include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
 
@@ -52,15 +53,17 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
   if (!optimizer.UpdatesAllRows()) {
     shard(plan.num_rows(), row_cost, [&](int64_t begin, int64_t end) {
       std::vector<float> g(dim);
-      for (int64_t u = begin; u < end; ++u) {
-        if (u + kPrefetchDistance < end) {
-          const int64_t ahead = plan.row(u + kPrefetchDistance);
-          PrefetchRow<true>(t.weights + ahead * dim, dim);
-          for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * dim, dim);
+      RunWithRowLoopIsa([&] {
+        for (int64_t u = begin; u < end; ++u) {
+          if (u + kPrefetchDistance < end) {
+            const int64_t ahead = plan.row(u + kPrefetchDistance);
+            PrefetchRow<true>(t.weights + ahead * dim, dim);
+            for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * dim, dim);
+          }
+          plan.Accumulate(u, dim, g.data());
+          update(plan.row(u), g.data());
         }
-        plan.Accumulate(u, dim, g.data());
-        update(plan.row(u), g.data());
-      }
+      });
     });
     return;
   }
@@ -70,15 +73,17 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
     std::vector<float> g(dim);
     auto it = std::lower_bound(order.begin(), order.end(), begin,
                                [&plan](int64_t u, int64_t row) { return plan.row(u) < row; });
-    for (int64_t row = begin; row < end; ++row) {
-      if (it != order.end() && plan.row(*it) == row) {
-        plan.Accumulate(*it, dim, g.data());
-        ++it;
-      } else {
-        std::fill(g.begin(), g.end(), 0.0f);
+    RunWithRowLoopIsa([&] {
+      for (int64_t row = begin; row < end; ++row) {
+        if (it != order.end() && plan.row(*it) == row) {
+          plan.Accumulate(*it, dim, g.data());
+          ++it;
+        } else {
+          std::fill(g.begin(), g.end(), 0.0f);
+        }
+        update(row, g.data());
       }
-      update(row, g.data());
-    }
+    });
   });
 }
 
