@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-
 namespace tf_embed_ops {
 namespace {
 
