@@ -19,43 +19,70 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   // Capacity: a power of two at least twice the number of ids (load factor <= 0.5).
   int bits = 4;
   while ((int64_t{1} << bits) < 2 * total) ++bits;
-  const int64_t capacity = int64_t{1} << bits;
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
   const int shift = 64 - bits;
-  buckets_.assign(capacity, -1);
-  rows_.clear();
-  counts_.clear();
+  buckets_.assign(mask + 1, Bucket{kEmptyRow, 0});
+  // Sized for the worst case (every id distinct) once, so the loop below writes through raw pointers with no
+  // capacity checks; only the first num_rows_ entries are meaningful.
+  if (static_cast<int64_t>(rows_.size()) < total) {
+    rows_.resize(total);
+    counts_.resize(total);
+  }
   unique_of_.resize(total);
+  Bucket* const buckets = buckets_.data();
+  int64_t* const rows = rows_.data();
+  int32_t* const counts = counts_.data();
+  int32_t* const unique_of = unique_of_.data();
+  int32_t num_rows = 0;
   int64_t n = 0;
   for (const GradientSource& s : *sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       uint64_t h = Slot(row, shift);
-      while (buckets_[h] != -1 && rows_[buckets_[h]] != row) h = (h + 1) & (capacity - 1);
-      if (buckets_[h] == -1) {
-        buckets_[h] = static_cast<int32_t>(rows_.size());
-        rows_.push_back(row);
-        counts_.push_back(0);
+      int32_t u;
+      for (;;) {
+        Bucket& b = buckets[h];
+        if (b.row == row) {
+          u = b.unique;
+          break;
+        }
+        if (b.row == kEmptyRow) {
+          u = num_rows++;
+          b = Bucket{row, u};
+          rows[u] = row;
+          counts[u] = 0;
+          break;
+        }
+        h = (h + 1) & mask;
       }
-      unique_of_[n] = buckets_[h];
-      ++counts_[buckets_[h]];
+      unique_of[n] = u;
+      ++counts[u];
     }
   }
+  num_rows_ = num_rows;
 
   // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
-  offsets_.assign(rows_.size() + 1, 0);
-  for (size_t u = 0; u < rows_.size(); ++u) offsets_[u + 1] = offsets_[u] + counts_[u];
+  offsets_.resize(num_rows + 1);
+  cursor_.resize(num_rows);
+  offsets_[0] = 0;
+  for (int32_t u = 0; u < num_rows; ++u) {
+    cursor_[u] = offsets_[u];
+    offsets_[u + 1] = offsets_[u] + counts[u];
+  }
   entries_.resize(total);
-  cursor_.assign(offsets_.begin(), offsets_.end() - 1);
+  Entry* const entries = entries_.data();
+  int64_t* const cursor = cursor_.data();
   n = 0;
   for (size_t f = 0; f < sources->size(); ++f) {
-    for (int64_t i = 0; i < (*sources)[f].num_ids; ++i, ++n) {
-      entries_[cursor_[unique_of_[n]]++] = Entry{static_cast<int32_t>(f), i};
+    const int64_t num_ids = (*sources)[f].num_ids;
+    for (int64_t i = 0; i < num_ids; ++i, ++n) {
+      entries[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), static_cast<int32_t>(i)};
     }
   }
 }
 
 std::vector<int64_t> RowGradientPlan::OrderByRow() const {
-  std::vector<int64_t> order(rows_.size());
+  std::vector<int64_t> order(num_rows_);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [this](int64_t a, int64_t b) { return rows_[a] < rows_[b]; });
   return order;

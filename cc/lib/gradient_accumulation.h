@@ -41,7 +41,7 @@ class RowGradientPlan {
   // most kMaxIds ids in all.
   void Build(const std::vector<GradientSource>* sources);
 
-  int64_t num_rows() const { return static_cast<int64_t>(rows_.size()); }
+  int64_t num_rows() const { return num_rows_; }
   int64_t row(int64_t u) const { return rows_[u]; }
 
   // g[0, dim) = sum of the contributions to unique row u, in the plan's fixed order.  Inline: the row loops
@@ -54,16 +54,22 @@ class RowGradientPlan {
  private:
   struct Entry {
     int32_t source;
-    int64_t position;
+    int32_t position;  // < kMaxIds
+  };
+  // A hash bucket holds its key next to its value, so a probe reads one cache line with no dependent load.
+  static constexpr int64_t kEmptyRow = -1;  // ids are validated non-negative
+  struct Bucket {
+    int64_t row;
+    int32_t unique;
   };
   const std::vector<GradientSource>* sources_ = nullptr;
   // Scratch kept between Build calls so a reused plan allocates (and page-faults) nothing in steady state.
-  // Hash buckets hold a unique-row index (-1 = empty) and the key is read back from rows_: 4-byte buckets keep
-  // the table cache-resident (128 KiB for 16k ids, against 512 KiB with 16-byte key/value buckets).
-  std::vector<int32_t> buckets_;
-  std::vector<int64_t> unique_of_, counts_, cursor_;
-  std::vector<int64_t> rows_;     // unique rows, first-occurrence order
-  std::vector<int64_t> offsets_;  // rows_.size() + 1
+  std::vector<Bucket> buckets_;
+  std::vector<int32_t> unique_of_, counts_;
+  std::vector<int64_t> cursor_;
+  int64_t num_rows_ = 0;
+  std::vector<int64_t> rows_;     // unique rows in first-occurrence order: the first num_rows_ entries
+  std::vector<int64_t> offsets_;  // num_rows_ + 1
   std::vector<Entry> entries_;    // contributions grouped by unique row, (source, position) order inside
 };
 
