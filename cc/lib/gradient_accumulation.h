@@ -27,12 +27,12 @@ struct GradientSource {
   const float* gradient = nullptr;  // row-major [layout->num_samples, dim]
 };
 
-// Reusable: Build() may be called again for the next step, keeping the buffers' capacity.
 // The output sample of a source's id i.
 inline int64_t SampleOf(const FeatureLayout& layout, int64_t i) {
   return layout.one_id_per_sample ? i : layout.sample_of[i];
 }
 
+// Reusable: Build() may be called again for the next step, keeping the buffers' capacity.
 class RowGradientPlan {
  public:
   static constexpr int64_t kMaxIds = (int64_t{1} << 31) - 1;  // unique-row indices are int32
