@@ -10,91 +10,15 @@ namespace {
 
 namespace tpu = ::tensorflow::tpu;
 
-// Checks are written as "value is in range" so that NaN, which fails every comparison, is rejected too.
-absl::Status Require(bool ok, const std::string& context, const std::string& field, float value, const char* allowed) {
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(context, ": optimization_parameters.", field, " must be ", allowed, ", got ", value));
-}
-
-absl::Status FromAdagradMomentum(const tpu::AdagradMomentumParameters& m, const std::string& ctx,
-                                 OptimizerParams* out) {
-  // TF's AdagradMomentum raises for exponent <= 0 and epsilon <= 0 (a zero epsilon divides 0 by 0 on the
-  // first update of an untouched accumulator).
-  if (auto s = Require(m.exponent() > 0.0f && std::isfinite(m.exponent()), ctx, "adagrad_momentum.exponent",
-                       m.exponent(), "> 0 and finite");
-      !s.ok())
-    return s;
-  if (auto s = Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adagrad_momentum.epsilon", m.epsilon(),
-                       "> 0 and finite");
-      !s.ok())
-    return s;
-  if (auto s = Require(std::isfinite(m.momentum()), ctx, "adagrad_momentum.momentum", m.momentum(), "finite"); !s.ok())
-    return s;
-  if (auto s = Require(std::isfinite(m.beta2()), ctx, "adagrad_momentum.beta2", m.beta2(), "finite"); !s.ok()) return s;
-  AdagradMomentum o;
-  o.momentum = m.momentum();
-  o.use_nesterov = m.use_nesterov();
-  o.exponent = m.exponent();
-  o.beta2 = m.beta2();
-  o.epsilon = m.epsilon();
-  *out = o;
-  return absl::OkStatus();
-}
-
-absl::Status FromAdam(const tpu::AdamParameters& m, const std::string& ctx, OptimizerParams* out) {
-  // Same ranges as TF's Adam: betas in [0, 1), epsilon > 0.
-  if (auto s = Require(m.beta1() >= 0.0f && m.beta1() < 1.0f, ctx, "adam.beta1", m.beta1(), "in [0, 1)"); !s.ok())
-    return s;
-  if (auto s = Require(m.beta2() >= 0.0f && m.beta2() < 1.0f, ctx, "adam.beta2", m.beta2(), "in [0, 1)"); !s.ok())
-    return s;
-  if (auto s =
-          Require(m.epsilon() > 0.0f && std::isfinite(m.epsilon()), ctx, "adam.epsilon", m.epsilon(), "> 0 and finite");
-      !s.ok())
-    return s;
-  Adam o;
-  o.beta1 = m.beta1();
-  o.beta2 = m.beta2();
-  o.epsilon = m.epsilon();
-  o.use_non_lazy_adam = m.use_non_lazy_adam();
-  o.use_sum_inside_sqrt = m.use_sum_inside_sqrt();
-  *out = o;
-  return absl::OkStatus();
-}
-
-absl::Status FromFtrl(const tpu::FtrlParameters& m, const std::string& ctx, OptimizerParams* out) {
-  // TF's FTRL documents l1, l2 >= 0 and learning_rate_power <= 0 (a positive power makes the per-coordinate
-  // step grow with the accumulated squared gradient).
-  if (auto s = Require(m.l1() >= 0.0f && std::isfinite(m.l1()), ctx, "ftrl.l1", m.l1(), ">= 0 and finite"); !s.ok())
-    return s;
-  if (auto s = Require(m.l2() >= 0.0f && std::isfinite(m.l2()), ctx, "ftrl.l2", m.l2(), ">= 0 and finite"); !s.ok())
-    return s;
-  if (auto s = Require(m.lr_power() <= 0.0f && std::isfinite(m.lr_power()), ctx, "ftrl.lr_power", m.lr_power(),
-                       "<= 0 and finite");
-      !s.ok())
-    return s;
-  if (auto s = Require(m.beta() >= 0.0f && std::isfinite(m.beta()), ctx, "ftrl.beta", m.beta(), ">= 0 and finite");
-      !s.ok())
-    return s;
-  Ftrl o;
-  o.l1 = m.l1();
-  o.l2 = m.l2();
-  o.lr_power = m.lr_power();
-  o.beta = m.beta();
-  o.multiply_linear_by_lr = m.multiply_linear_by_lr();
-  o.allow_zero_accumulator = m.allow_zero_accumulator();
-  *out = o;
-  return absl::OkStatus();
-}
-
-// Range checks of the rest of the catalogue, written as "value is in range" so NaN fails too.
+// Range checks, written as "value is in range" so that NaN, which fails every comparison, is rejected too.
 bool Finite(float v) { return std::isfinite(v); }
 bool NonNegative(float v) { return v >= 0.0f && std::isfinite(v); }
 bool Positive(float v) { return v > 0.0f && std::isfinite(v); }
 bool UnitClosed(float v) { return v >= 0.0f && v <= 1.0f; }
 bool UnitHalfOpen(float v) { return v >= 0.0f && v < 1.0f; }
 
-// A list of (check passed, field, value, allowed) evaluated in order; the first failure is the error.
+// One (check passed, field, value, allowed) entry; Set() evaluates them in order and the first failure is the
+// error, which names the field, the allowed range and the value.
 struct FieldCheck {
   bool ok;
   const char* field;
@@ -102,122 +26,130 @@ struct FieldCheck {
   const char* allowed;
 };
 
-absl::Status CheckAll(std::initializer_list<FieldCheck> checks, const std::string& ctx) {
+// *out = optimizer once every check has passed.
+template <typename Optimizer>
+absl::Status Set(const std::string& ctx, std::initializer_list<FieldCheck> checks, const Optimizer& optimizer,
+                 OptimizerParams* out) {
   for (const FieldCheck& c : checks) {
-    if (auto s = Require(c.ok, ctx, c.field, c.value, c.allowed); !s.ok()) return s;
+    if (!c.ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx, ": optimization_parameters.", c.field, " must be ", c.allowed, ", got ", c.value));
+    }
   }
+  *out = optimizer;
   return absl::OkStatus();
 }
 
-absl::Status FromCatalogue(const tpu::OptimizationParameters& params, const std::string& ctx, OptimizerParams* out) {
+// The optimizers we implement, with the same ranges as TensorFlow's own optimizers where it has one.
+absl::Status FromImplemented(const tpu::OptimizationParameters& params, const std::string& ctx, OptimizerParams* out) {
   switch (params.parameters_case()) {
+    case tpu::OptimizationParameters::kStochasticGradientDescent:
+      return Set(ctx, {}, Sgd{}, out);
+    case tpu::OptimizationParameters::kAdagrad:
+      return Set(ctx, {}, Adagrad{}, out);
+    case tpu::OptimizationParameters::kAdagradMomentum: {
+      // TF's AdagradMomentum raises for exponent <= 0 and epsilon <= 0 (a zero epsilon divides 0 by 0 on the
+      // first update of an untouched accumulator).
+      const auto& m = params.adagrad_momentum();
+      return Set(ctx,
+                 {{Positive(m.exponent()), "adagrad_momentum.exponent", m.exponent(), "> 0 and finite"},
+                  {Positive(m.epsilon()), "adagrad_momentum.epsilon", m.epsilon(), "> 0 and finite"},
+                  {Finite(m.momentum()), "adagrad_momentum.momentum", m.momentum(), "finite"},
+                  {Finite(m.beta2()), "adagrad_momentum.beta2", m.beta2(), "finite"}},
+                 AdagradMomentum{m.momentum(), m.use_nesterov(), m.exponent(), m.beta2(), m.epsilon()}, out);
+    }
+    case tpu::OptimizationParameters::kAdam: {
+      // Same ranges as TF's Adam: betas in [0, 1), epsilon > 0.
+      const auto& m = params.adam();
+      return Set(ctx,
+                 {{UnitHalfOpen(m.beta1()), "adam.beta1", m.beta1(), "in [0, 1)"},
+                  {UnitHalfOpen(m.beta2()), "adam.beta2", m.beta2(), "in [0, 1)"},
+                  {Positive(m.epsilon()), "adam.epsilon", m.epsilon(), "> 0 and finite"}},
+                 Adam{m.beta1(), m.beta2(), m.epsilon(), m.use_non_lazy_adam(), m.use_sum_inside_sqrt()}, out);
+    }
+    case tpu::OptimizationParameters::kFtrl: {
+      // TF's FTRL documents l1, l2 >= 0 and learning_rate_power <= 0 (a positive power makes the per-coordinate
+      // step grow with the accumulated squared gradient).
+      const auto& m = params.ftrl();
+      return Set(
+          ctx,
+          {{NonNegative(m.l1()), "ftrl.l1", m.l1(), ">= 0 and finite"},
+           {NonNegative(m.l2()), "ftrl.l2", m.l2(), ">= 0 and finite"},
+           {m.lr_power() <= 0.0f && std::isfinite(m.lr_power()), "ftrl.lr_power", m.lr_power(), "<= 0 and finite"},
+           {NonNegative(m.beta()), "ftrl.beta", m.beta(), ">= 0 and finite"}},
+          Ftrl{m.l1(), m.l2(), m.lr_power(), m.beta(), m.multiply_linear_by_lr(), m.allow_zero_accumulator()}, out);
+    }
     case tpu::OptimizationParameters::kMomentum: {
       const auto& m = params.momentum();
-      if (auto s = CheckAll({{NonNegative(m.momentum()), "momentum.momentum", m.momentum(), ">= 0 and finite"}}, ctx);
-          !s.ok())
-        return s;
-      *out = Momentum{m.momentum(), m.use_nesterov()};
-      return absl::OkStatus();
+      return Set(ctx, {{NonNegative(m.momentum()), "momentum.momentum", m.momentum(), ">= 0 and finite"}},
+                 Momentum{m.momentum(), m.use_nesterov()}, out);
     }
     case tpu::OptimizationParameters::kRmsProp: {
       const auto& m = params.rms_prop();
-      if (auto s = CheckAll({{UnitClosed(m.rho()), "rms_prop.rho", m.rho(), "in [0, 1]"},
-                             {NonNegative(m.momentum()), "rms_prop.momentum", m.momentum(), ">= 0 and finite"},
-                             {NonNegative(m.epsilon()), "rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = RmsProp{m.rho(), m.momentum(), m.epsilon()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{UnitClosed(m.rho()), "rms_prop.rho", m.rho(), "in [0, 1]"},
+                  {NonNegative(m.momentum()), "rms_prop.momentum", m.momentum(), ">= 0 and finite"},
+                  {NonNegative(m.epsilon()), "rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
+                 RmsProp{m.rho(), m.momentum(), m.epsilon()}, out);
     }
     case tpu::OptimizationParameters::kCenteredRmsProp: {
       const auto& m = params.centered_rms_prop();
-      if (auto s = CheckAll({{UnitClosed(m.rho()), "centered_rms_prop.rho", m.rho(), "in [0, 1]"},
-                             {NonNegative(m.momentum()), "centered_rms_prop.momentum", m.momentum(), ">= 0 and finite"},
-                             {NonNegative(m.epsilon()), "centered_rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = CenteredRmsProp{m.rho(), m.momentum(), m.epsilon()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{UnitClosed(m.rho()), "centered_rms_prop.rho", m.rho(), "in [0, 1]"},
+                  {NonNegative(m.momentum()), "centered_rms_prop.momentum", m.momentum(), ">= 0 and finite"},
+                  {NonNegative(m.epsilon()), "centered_rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
+                 CenteredRmsProp{m.rho(), m.momentum(), m.epsilon()}, out);
     }
     case tpu::OptimizationParameters::kAdadelta: {
       const auto& m = params.adadelta();
-      if (auto s = CheckAll({{UnitClosed(m.rho()), "adadelta.rho", m.rho(), "in [0, 1]"},
-                             {NonNegative(m.epsilon()), "adadelta.epsilon", m.epsilon(), ">= 0 and finite"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = Adadelta{m.rho(), m.epsilon()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{UnitClosed(m.rho()), "adadelta.rho", m.rho(), "in [0, 1]"},
+                  {NonNegative(m.epsilon()), "adadelta.epsilon", m.epsilon(), ">= 0 and finite"}},
+                 Adadelta{m.rho(), m.epsilon()}, out);
     }
     case tpu::OptimizationParameters::kProximalAdagrad: {
       const auto& m = params.proximal_adagrad();
-      if (auto s = CheckAll({{NonNegative(m.l1()), "proximal_adagrad.l1", m.l1(), ">= 0 and finite"},
-                             {NonNegative(m.l2()), "proximal_adagrad.l2", m.l2(), ">= 0 and finite"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = ProximalAdagrad{m.l1(), m.l2()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{NonNegative(m.l1()), "proximal_adagrad.l1", m.l1(), ">= 0 and finite"},
+                  {NonNegative(m.l2()), "proximal_adagrad.l2", m.l2(), ">= 0 and finite"}},
+                 ProximalAdagrad{m.l1(), m.l2()}, out);
     }
     case tpu::OptimizationParameters::kLion: {
       const auto& m = params.lion();
-      if (auto s = CheckAll({{UnitClosed(m.beta1()), "lion.beta1", m.beta1(), "in [0, 1]"},
-                             {UnitClosed(m.beta2()), "lion.beta2", m.beta2(), "in [0, 1]"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = Lion{m.beta1(), m.beta2(), m.use_non_lazy_lion()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{UnitClosed(m.beta1()), "lion.beta1", m.beta1(), "in [0, 1]"},
+                  {UnitClosed(m.beta2()), "lion.beta2", m.beta2(), "in [0, 1]"}},
+                 Lion{m.beta1(), m.beta2(), m.use_non_lazy_lion()}, out);
     }
     case tpu::OptimizationParameters::kBoundedAdagrad: {
       const auto& m = params.bounded_adagrad();
-      if (auto s = CheckAll({{NonNegative(m.max_var_update()), "bounded_adagrad.max_var_update", m.max_var_update(),
-                              ">= 0 and finite (0 disables it)"},
-                             {NonNegative(m.max_accumulator()), "bounded_adagrad.max_accumulator", m.max_accumulator(),
-                              ">= 0 and finite (0 disables it)"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = BoundedAdagrad{m.update_accumulator_first(), m.max_var_update(), m.max_accumulator()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{NonNegative(m.max_var_update()), "bounded_adagrad.max_var_update", m.max_var_update(),
+                   ">= 0 and finite (0 disables it)"},
+                  {NonNegative(m.max_accumulator()), "bounded_adagrad.max_accumulator", m.max_accumulator(),
+                   ">= 0 and finite (0 disables it)"}},
+                 BoundedAdagrad{m.update_accumulator_first(), m.max_var_update(), m.max_accumulator()}, out);
     }
     case tpu::OptimizationParameters::kOnlineYogi: {
       const auto& m = params.online_yogi();
-      if (auto s = CheckAll({{NonNegative(m.l1()), "online_yogi.l1", m.l1(), ">= 0 and finite"},
-                             {NonNegative(m.l2()), "online_yogi.l2", m.l2(), ">= 0 and finite"},
-                             {UnitClosed(m.beta2()), "online_yogi.beta2", m.beta2(), "in [0, 1]"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = OnlineYogi{m.l1(), m.l2(), m.beta2()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{NonNegative(m.l1()), "online_yogi.l1", m.l1(), ">= 0 and finite"},
+                  {NonNegative(m.l2()), "online_yogi.l2", m.l2(), ">= 0 and finite"},
+                  {UnitClosed(m.beta2()), "online_yogi.beta2", m.beta2(), "in [0, 1]"}},
+                 OnlineYogi{m.l1(), m.l2(), m.beta2()}, out);
     }
     case tpu::OptimizationParameters::kProximalYogi: {
       const auto& m = params.proximal_yogi();
-      if (auto s = CheckAll({{NonNegative(m.l1()), "proximal_yogi.l1", m.l1(), ">= 0 and finite"},
-                             {NonNegative(m.l2()), "proximal_yogi.l2", m.l2(), ">= 0 and finite"},
-                             {UnitHalfOpen(m.beta1()), "proximal_yogi.beta1", m.beta1(), "in [0, 1)"},
-                             {UnitHalfOpen(m.beta2()), "proximal_yogi.beta2", m.beta2(), "in [0, 1)"},
-                             {Positive(m.epsilon()), "proximal_yogi.epsilon", m.epsilon(), "> 0 and finite"}},
-                            ctx);
-          !s.ok())
-        return s;
-      *out = ProximalYogi{m.l1(), m.l2(), m.beta1(), m.beta2(), m.epsilon()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{NonNegative(m.l1()), "proximal_yogi.l1", m.l1(), ">= 0 and finite"},
+                  {NonNegative(m.l2()), "proximal_yogi.l2", m.l2(), ">= 0 and finite"},
+                  {UnitHalfOpen(m.beta1()), "proximal_yogi.beta1", m.beta1(), "in [0, 1)"},
+                  {UnitHalfOpen(m.beta2()), "proximal_yogi.beta2", m.beta2(), "in [0, 1)"},
+                  {Positive(m.epsilon()), "proximal_yogi.epsilon", m.epsilon(), "> 0 and finite"}},
+                 ProximalYogi{m.l1(), m.l2(), m.beta1(), m.beta2(), m.epsilon()}, out);
     }
     case tpu::OptimizationParameters::kFrequencyEstimator: {
       const auto& m = params.frequency_estimator();
-      if (auto s = CheckAll(
-              {{m.tau() > 0.0f && m.tau() < 1.0f, "frequency_estimator.tau", m.tau(), "in (0, 1)"},
-               {Positive(m.max_delta()), "frequency_estimator.max_delta", m.max_delta(), "> 0 and finite"},
-               {NonNegative(m.outlier_threshold()), "frequency_estimator.outlier_threshold", m.outlier_threshold(),
-                ">= 0 and finite"},
-               {Finite(m.weight_exponent()), "frequency_estimator.weight_exponent", m.weight_exponent(), "finite"}},
-              ctx);
-          !s.ok())
-        return s;
       // The global step arrives as the table's learning rate (TPUEstimator passed float(global_step)); a
       // constant would freeze the estimate's clock.
       if (!params.learning_rate().has_dynamic()) {
@@ -227,14 +159,18 @@ absl::Status FromCatalogue(const tpu::OptimizationParameters& params, const std:
                          "optimization_parameters.learning_rate must be dynamic (a tag), got constant ",
                          params.learning_rate().constant()));
       }
-      *out = FrequencyEstimator{m.tau(), m.max_delta(), m.outlier_threshold(), m.weight_exponent()};
-      return absl::OkStatus();
+      return Set(ctx,
+                 {{m.tau() > 0.0f && m.tau() < 1.0f, "frequency_estimator.tau", m.tau(), "in (0, 1)"},
+                  {Positive(m.max_delta()), "frequency_estimator.max_delta", m.max_delta(), "> 0 and finite"},
+                  {NonNegative(m.outlier_threshold()), "frequency_estimator.outlier_threshold", m.outlier_threshold(),
+                   ">= 0 and finite"},
+                  {Finite(m.weight_exponent()), "frequency_estimator.weight_exponent", m.weight_exponent(), "finite"}},
+                 FrequencyEstimator{m.tau(), m.max_delta(), m.outlier_threshold(), m.weight_exponent()}, out);
     }
     case tpu::OptimizationParameters::kAssign:
-      *out = Assign{};
-      return absl::OkStatus();
+      return Set(ctx, {}, Assign{}, out);
     default:
-      return absl::InternalError(absl::StrCat(ctx, ": FromCatalogue called for a non-catalogue optimizer"));
+      return absl::InternalError(absl::StrCat(ctx, ": FromImplemented called for an optimizer we do not implement"));
   }
 }
 
@@ -244,17 +180,10 @@ absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const
                                 OptimizerParams* out) {
   switch (params.parameters_case()) {
     case tpu::OptimizationParameters::kStochasticGradientDescent:
-      *out = Sgd{};
-      return absl::OkStatus();
     case tpu::OptimizationParameters::kAdagrad:
-      *out = Adagrad{};
-      return absl::OkStatus();
     case tpu::OptimizationParameters::kAdagradMomentum:
-      return FromAdagradMomentum(params.adagrad_momentum(), context, out);
     case tpu::OptimizationParameters::kAdam:
-      return FromAdam(params.adam(), context, out);
     case tpu::OptimizationParameters::kFtrl:
-      return FromFtrl(params.ftrl(), context, out);
     case tpu::OptimizationParameters::kMomentum:
     case tpu::OptimizationParameters::kRmsProp:
     case tpu::OptimizationParameters::kCenteredRmsProp:
@@ -266,7 +195,7 @@ absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const
     case tpu::OptimizationParameters::kProximalYogi:
     case tpu::OptimizationParameters::kFrequencyEstimator:
     case tpu::OptimizationParameters::kAssign:
-      return FromCatalogue(params, context, out);
+      return FromImplemented(params, context, out);
     case tpu::OptimizationParameters::kMdlAdagradLight:
       return absl::UnimplementedError(absl::StrCat(
           context,
