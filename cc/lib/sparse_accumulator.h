@@ -346,6 +346,9 @@ class SparseRowSum {
     }
     new_rows_.clear();
     for (int64_t i = 0; i < n; ++i) {
+      // The buckets are random accesses into a table that may be far larger than the caches.
+      const int64_t ahead = i + internal::kPrefetchRows;
+      if (ahead < n && plan_[ahead] < 0) table_.Prefetch(indices[ahead]);
       if (plan_[i] >= 0) continue;
       new_rows_.push_back({i, Slot(Assign(indices[i]))});
     }
