@@ -11,8 +11,8 @@
 // Layout, and why: every apply probes the held set once per row, but the set is needed in index order only
 // once per round (at take).  So rows live in an arena in arrival order (a row's "slot"), an open-addressing
 // hash table maps index -> slot, and Extract sorts the slots' indices (a radix sort, skipped when the rows
-// arrived in ascending order, as disjoint gradients do).  An ordered B-tree costed ~20 ns per probe or insert,
-// as much as the row arithmetic itself.
+// arrived in ascending order, as disjoint gradients do).  An ordered B-tree cost ~20 ns per probe or insert,
+// half as much as the (memory-bound) row arithmetic; the hash probe costs ~8 ns.
 //
 // Add runs in two passes: a serial one gives every canonical row its slot (counts, new rows, arena growth),
 // then the row arithmetic, which may be sharded over threads: each canonical row is one unit of work and
