@@ -173,6 +173,28 @@ def test_random_mix_matches_reference(runner, mean):
         np.testing.assert_array_equal(got[2], want[2])
 
 
+@pytest.mark.parametrize("mean", [True, False])
+def test_large_gradients_match_reference_bitwise(mean):
+    # Big enough for the row arithmetic to be split over the intra-op threads, over several rounds of one
+    # accumulator (its row memory is reused; the row width changes in the last round): the sums must be
+    # bitwise those of a float32 reference adding each row's contributions in gradient order.
+    rng = np.random.default_rng(11)
+    acc = SparseConditionalAccumulator(tf.float32, reduction_type="MEAN" if mean else "SUM")
+    ref = ReferenceAccumulator(mean=mean, dtype=np.float32)
+    for step, width in enumerate((64, 64, 8)):
+        gradients = [np.sort(rng.choice(20_000, size=12_000, replace=False)) for _ in range(4)]
+        gradients.append(rng.integers(0, 20_000, size=6_000))  # unsorted, with duplicates
+        gradients.append(np.arange(30_000 + step, 30_000 + step + 9_000))  # all beyond the held rows
+        for indices in gradients:
+            values = rng.standard_normal((indices.size, width), dtype=np.float32)
+            acc.apply_grad(tf.constant(indices, tf.int64), tf.constant(values), local_step=step)
+            ref.apply(indices, values, local_step=step)
+        got = acc.take_grad(len(gradients))
+        want = ref.take()
+        np.testing.assert_array_equal(got.indices.numpy(), want[0])
+        assert got.values.numpy().tobytes() == want[1].tobytes()
+
+
 def test_take_returns_all_held_gradients(runner):
     acc = runner.make(tf.float32)
     for v in (1.0, 2.0, 6.0):

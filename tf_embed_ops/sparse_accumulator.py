@@ -20,12 +20,17 @@ __all__ = ["SparseConditionalAccumulator", "TakeGradResult"]
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _REDUCTION_TYPES = ("MEAN", "SUM")
 
+# grad_shape when it is unknown: an empty int64 vector, converted by the op itself.
+_NO_SHAPE: list[int] = []
+
 TakeGradResult = collections.namedtuple("TakeGradResult", ["indices", "values", "shape"])
 TakeGradResult.__doc__ = "The aggregate a take returns: sorted unique int64 indices, the rows, the int64 dense shape."
 
 
 def _int64(value: Any, argument: str) -> tf.Tensor:
     """Converts an index-like argument to int64 (int32 tensors are widened; other dtypes are an error)."""
+    if isinstance(value, tf.Tensor) and value.dtype == tf.int64:
+        return value  # the common case, first: eager applies are bound by this wrapper's overhead
     if isinstance(value, (tf.Tensor, tf.Variable)) or tf.is_tensor(value):
         if value.dtype not in (tf.int32, tf.int64):
             raise ValueError(f"{argument} must be int32 or int64, got a {value.dtype.name} tensor")
@@ -36,8 +41,10 @@ def _int64(value: Any, argument: str) -> tf.Tensor:
         raise ValueError(f"{argument} must be convertible to int64: {e}") from e
 
 
-def _step(value: Any, argument: str) -> tf.Tensor:
+def _step(value: Any, argument: str) -> tf.Tensor | int:
     # As TensorFlow's wrapper does: any number is accepted and cast (a float 7.9 becomes 7).
+    if type(value) is int:  # noqa: E721 (not bool): the op converts it to int64 itself, no cast op needed
+        return value
     tensor = value if tf.is_tensor(value) else tf.convert_to_tensor(value)
     if not (tensor.dtype.is_integer or tensor.dtype.is_floating):
         raise ValueError(f"{argument} must be a number, got dtype {tensor.dtype.name}")
@@ -137,6 +144,8 @@ class SparseConditionalAccumulator:
         return self._reduction_type
 
     def _values(self, grad_values: Any) -> tf.Tensor:
+        if isinstance(grad_values, tf.Tensor) and grad_values.dtype == self._dtype:
+            return grad_values
         if tf.is_tensor(grad_values) or isinstance(grad_values, tf.Variable):
             if grad_values.dtype != self._dtype:
                 raise ValueError(
@@ -184,7 +193,7 @@ class SparseConditionalAccumulator:
             indices = _int64(grad_indices, "grad_indices")
             values = self._values(grad_values)
             has_known_shape = grad_shape is not None
-            shape = _int64(grad_shape if has_known_shape else [], "grad_shape")
+            shape = _int64(grad_shape, "grad_shape") if has_known_shape else _NO_SHAPE
             step = _step(local_step, "local_step")
             return _loader.load_ops().tf_embed_sparse_accumulator_apply_gradient(
                 self._handle, step, indices, values, shape, has_known_shape=has_known_shape)
@@ -231,9 +240,11 @@ class SparseConditionalAccumulator:
             if math.isnan(seconds) or seconds < 0:
                 raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
         with tf.name_scope(name or "take_grad"):
-            required = tf.convert_to_tensor(num_required, dtype=tf.int32)
+            # Python ints and floats go to the op as they are: it converts them without extra ops.
+            required = num_required if type(num_required) is int else tf.convert_to_tensor(  # noqa: E721
+                num_required, dtype=tf.int32)
             out = _loader.load_ops().tf_embed_sparse_accumulator_take_gradient(
-                self._handle, required, tf.constant(seconds, tf.float32), dtype=self._dtype)
+                self._handle, required, seconds, dtype=self._dtype)
             return TakeGradResult(out.indices, out.values, out.shape)
 
     def take_indexed_slices_grad(

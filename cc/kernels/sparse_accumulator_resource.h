@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/lib/sparse_accumulator.h"
 #include "cc/lib/sparse_accumulator_validation.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -26,16 +27,24 @@
 
 namespace tf_embed_ops {
 
-// The typed row store behind the resource (one implementation per dtype, in the .cc).
+// The typed row store behind the resource (one implementation per dtype, in the .cc).  `shard` runs the row
+// arithmetic (see cc/lib/sparse_accumulator.h); null runs it on the calling thread.
 class RowStore {
  public:
   virtual ~RowStore() = default;
   virtual int64_t num_rows() const = 0;
+  virtual int64_t row_width() const = 0;
+  // Empties the store, keeping its memory for the next round.
+  virtual void Clear() = 0;
   // `values` has the store's dtype and num_indices * row_width elements.
-  virtual void Add(const tensorflow::Tensor& indices, const tensorflow::Tensor& values) = 0;
+  virtual void Add(const tensorflow::Tensor& indices, const tensorflow::Tensor& values, const RowShardFn& shard) = 0;
   // Writes the sorted rows into pre-allocated `indices` [num_rows] and `values` [num_rows, ...].
-  virtual void Extract(bool mean, tensorflow::Tensor* indices, tensorflow::Tensor* values) const = 0;
+  virtual void Extract(bool mean, tensorflow::Tensor* indices, tensorflow::Tensor* values,
+                       const RowShardFn& shard) const = 0;
 };
+
+// Shards over the intra-op thread pool of `ctx`'s device.
+RowShardFn IntraOpRowShard(tensorflow::OpKernelContext* ctx);
 
 class SparseAccumulatorResource : public tensorflow::ResourceBase {
  public:
@@ -53,9 +62,10 @@ class SparseAccumulatorResource : public tensorflow::ResourceBase {
   void SetGlobalStep(int64_t new_global_step);
 
   // Validates the gradient (always, even when stale), then adds it unless local_step < global step.
-  // `gradient_shape` is null when the shape is unknown.  A rejected gradient changes nothing.
+  // `gradient_shape` is null when the shape is unknown.  A rejected gradient changes nothing.  `shard` runs
+  // the row arithmetic (under the lock: rows are independent, so the intra-op threads split one gradient).
   absl::Status ApplyGradient(int64_t local_step, const tensorflow::Tensor& indices, const tensorflow::Tensor& values,
-                             const tensorflow::Tensor* gradient_shape);
+                             const tensorflow::Tensor* gradient_shape, const RowShardFn& shard);
 
   // Queues a take of at least `num_required` (> 0) gradients; `timeout_seconds` < 0 waits forever.  Sets the
   // three outputs of `ctx` (or its status) and calls `done` exactly once.
@@ -100,6 +110,9 @@ class SparseAccumulatorResource : public tensorflow::ResourceBase {
   // Shape of the held values (rank and dims 1.. fixed by the first gradient of a round); valid when counter_ > 0.
   std::vector<int64_t> held_values_dims_ TF_GUARDED_BY(mu_);
   std::unique_ptr<RowStore> rows_ TF_GUARDED_BY(mu_);
+  // The store of the last completed take, emptied: the next round reuses its memory (no page faults, no
+  // table growth) when its row width matches.  Holds what one round needed, as TensorFlow's held tensor does.
+  std::unique_ptr<RowStore> spare_rows_ TF_GUARDED_BY(mu_);
   std::list<Attempt> attempts_ TF_GUARDED_BY(mu_);
   uint64_t next_attempt_id_ TF_GUARDED_BY(mu_) = 1;
 };
