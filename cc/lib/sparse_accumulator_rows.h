@@ -1,11 +1,9 @@
 // Row kernels of the sparse accumulator (cc/lib/sparse_accumulator.h), over lists of row pointers.
 //
 // Why separate: the accumulator is bound by memory traffic (every gradient row is read once, from DRAM), and
-// a core keeps more of it in flight with wider loads, so on x86-64 the float and double kernels are compiled
-// for AVX-512, AVX2 and the baseline, and the loader picks the best the CPU has (GCC/clang target_clones,
-// resolved once at load time).  The package itself is built for the baseline ISA, as TensorFlow is.  The
-// element-wise operations are the same in every variant (no reassociation, no FMA), so results are bitwise
-// identical whichever runs.  Other types use the generic templates.
+// a core keeps more of it in flight with wider loads, so the float and double kernels run with the widest
+// vector ISA the CPU has, like the embedding row loops (cc/lib/vector_isa.h: an AVX2 copy chosen at run time,
+// bitwise equal to the baseline one).  Other types use the generic templates.
 #ifndef TF_EMBED_OPS_CC_LIB_SPARSE_ACCUMULATOR_ROWS_H_
 #define TF_EMBED_OPS_CC_LIB_SPARSE_ACCUMULATOR_ROWS_H_
 

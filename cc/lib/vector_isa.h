@@ -1,5 +1,5 @@
 // Runtime choice of the vector instruction set for the row loops (forward gather/combine, gradient
-// accumulation, optimizer row updates).
+// accumulation, optimizer row updates, the sparse accumulator's row adds).
 //
 // The library is built for baseline x86-64 (SSE2) so one wheel runs on any machine, but those loops are a large
 // share of a step and run about 20-25% faster with 256-bit AVX2 (benchmarks/results/REPORT.md).  So each loop is
