@@ -18,7 +18,7 @@ from embedding_test_util import make_config
 from tf_embed_ops import embedding_ops as eo
 
 rng = np.random.default_rng(7)
-vocab, dim, n = 4000, 16, 30000
+vocab, dim, n = 20000, 32, 30000  # large enough that every loop splits over 2 threads
 out = []
 quantization = {"quantization": (-0.5, 0.5, 255)}
 for opt, extra in (({"name": "adagrad_momentum", "momentum": 0.9, "use_nesterov": True}, {}),

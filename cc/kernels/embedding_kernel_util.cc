@@ -114,12 +114,4 @@ absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& 
   return absl::OkStatus();
 }
 
-ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx) {
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
-    if (total <= 0) return;
-    pool->ParallelFor(total, cost_per_unit, fn);
-  };
-}
-
 }  // namespace tf_embed_ops

@@ -1,6 +1,6 @@
 // What both fused embedding kernels share: reading the config-derived per-feature settings in the
 // constructor, viewing the per-feature input lists as cc/lib FeatureBatch structs, checking table/slot
-// variables against the config, and handing cc/lib a sharding function over TensorFlow's intra-op pool.
+// variables against the config (the sharding function is cc/kernels/intra_op_shard.h).
 #ifndef TF_EMBED_OPS_CC_KERNELS_EMBEDDING_KERNEL_UTIL_H_
 #define TF_EMBED_OPS_CC_KERNELS_EMBEDDING_KERNEL_UTIL_H_
 
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/intra_op_shard.h"
 #include "cc/lib/combiner.h"
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/feature_layout.h"
@@ -89,9 +90,6 @@ absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, con
 
 // `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`.
 absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what);
-
-// Shards over the kernel's intra-op thread pool (Eigen's cost model picks the block size).
-ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx);
 
 }  // namespace tf_embed_ops
 

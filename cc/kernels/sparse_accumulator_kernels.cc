@@ -130,7 +130,7 @@ class ApplyGradientOp : public tf::OpKernel {
     const tf::Tensor& local_step = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckScalar(local_step, "local_step"));
     OP_REQUIRES_OK(ctx, acc->ApplyGradient(local_step.scalar<int64_t>()(), ctx->input(2), ctx->input(3),
-                                           has_known_shape_ ? &ctx->input(4) : nullptr, IntraOpRowShard(ctx)));
+                                           has_known_shape_ ? &ctx->input(4) : nullptr, IntraOpShardFn(ctx)));
   }
 
  private:

@@ -28,10 +28,10 @@ class TypedRowStore : public RowStore {
   int64_t num_rows() const override { return rows_.num_rows(); }
   int64_t row_width() const override { return rows_.row_width(); }
   void Clear() override { rows_.Clear(); }
-  void Add(const tf::Tensor& indices, const tf::Tensor& values, const RowShardFn& shard) override {
+  void Add(const tf::Tensor& indices, const tf::Tensor& values, const ShardFn& shard) override {
     rows_.Add(indices.flat<int64_t>().data(), indices.NumElements(), values.flat<T>().data(), shard);
   }
-  void Extract(bool mean, tf::Tensor* indices, tf::Tensor* values, const RowShardFn& shard) const override {
+  void Extract(bool mean, tf::Tensor* indices, tf::Tensor* values, const ShardFn& shard) const override {
     rows_.Extract(mean, indices->flat<int64_t>().data(), values->flat<T>().data(), shard);
   }
 
@@ -66,24 +66,6 @@ class ResourceRef {
 };
 
 }  // namespace
-
-RowShardFn IntraOpRowShard(tf::OpKernelContext* ctx) {
-  tf::thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
-    // Rows cost alike, so one block per thread is balanced; with fixed blocks the calling thread runs the
-    // first one instead of sleeping until the pool is done (the adaptive split hands every block to the pool
-    // once there are more blocks than threads), and each apply wakes as few threads as possible.  A block
-    // must be worth a wake-up: measured on a 2-vCPU VM, splitting 1,024 rows x 64 floats (~260k cycles)
-    // made an apply slower, 16,384 rows (~4M cycles) twice as fast.
-    constexpr int64_t kMinBlockCost = 1000000;
-    const int64_t blocks = std::min<int64_t>(pool->NumThreads(), total * cost_per_unit / kMinBlockCost);
-    if (blocks <= 1) {
-      fn(0, total);
-      return;
-    }
-    pool->ParallelFor(total, tf::thread::ThreadPool::SchedulingParams::Fixed((total + blocks - 1) / blocks), fn);
-  };
-}
 
 SparseAccumulatorResource::SparseAccumulatorResource(tf::DataType dtype, const tf::PartialTensorShape& shape, bool mean)
     : dtype_(dtype), shape_(shape), checked_shape_(ToAccumulatorShape(shape)), mean_(mean) {}
@@ -138,7 +120,7 @@ std::unique_ptr<RowStore> SparseAccumulatorResource::NewRowStore(int64_t row_wid
 
 absl::Status SparseAccumulatorResource::ApplyGradient(int64_t local_step, const tf::Tensor& indices,
                                                       const tf::Tensor& values, const tf::Tensor* gradient_shape,
-                                                      const RowShardFn& shard) {
+                                                      const ShardFn& shard) {
   SparseGradientView view;
   view.indices_dims = Dims(indices);
   view.indices = indices.dims() == 1 ? indices.flat<int64_t>().data() : nullptr;
@@ -283,7 +265,7 @@ void SparseAccumulatorResource::Flush() {
     if (attempt.cm != nullptr) attempt.cm->TryDeregisterCallback(attempt.token);
     if (attempt.timer_id != 0) DeadlineTimer::Global().Cancel(attempt.timer_id);
     if (completion.rows != nullptr) {
-      completion.rows->Extract(mean_, completion.indices, completion.values, IntraOpRowShard(attempt.ctx));
+      completion.rows->Extract(mean_, completion.indices, completion.values, IntraOpShardFn(attempt.ctx));
       // Emptied outside the lock, then kept for the next round (unless a spare is already there).
       completion.rows->Clear();
       tf::mutex_lock lock(mu_);

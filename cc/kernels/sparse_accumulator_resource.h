@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/intra_op_shard.h"
 #include "cc/lib/sparse_accumulator.h"
 #include "cc/lib/sparse_accumulator_validation.h"
 #include "tensorflow/core/framework/cancellation.h"
@@ -37,14 +38,11 @@ class RowStore {
   // Empties the store, keeping its memory for the next round.
   virtual void Clear() = 0;
   // `values` has the store's dtype and num_indices * row_width elements.
-  virtual void Add(const tensorflow::Tensor& indices, const tensorflow::Tensor& values, const RowShardFn& shard) = 0;
+  virtual void Add(const tensorflow::Tensor& indices, const tensorflow::Tensor& values, const ShardFn& shard) = 0;
   // Writes the sorted rows into pre-allocated `indices` [num_rows] and `values` [num_rows, ...].
   virtual void Extract(bool mean, tensorflow::Tensor* indices, tensorflow::Tensor* values,
-                       const RowShardFn& shard) const = 0;
+                       const ShardFn& shard) const = 0;
 };
-
-// Shards over the intra-op thread pool of `ctx`'s device.
-RowShardFn IntraOpRowShard(tensorflow::OpKernelContext* ctx);
 
 class SparseAccumulatorResource : public tensorflow::ResourceBase {
  public:
@@ -65,7 +63,7 @@ class SparseAccumulatorResource : public tensorflow::ResourceBase {
   // `gradient_shape` is null when the shape is unknown.  A rejected gradient changes nothing.  `shard` runs
   // the row arithmetic (under the lock: rows are independent, so the intra-op threads split one gradient).
   absl::Status ApplyGradient(int64_t local_step, const tensorflow::Tensor& indices, const tensorflow::Tensor& values,
-                             const tensorflow::Tensor* gradient_shape, const RowShardFn& shard);
+                             const tensorflow::Tensor* gradient_shape, const ShardFn& shard);
 
   // Queues a take of at least `num_required` (> 0) gradients; `timeout_seconds` < 0 waits forever.  Sets the
   // three outputs of `ctx` (or its status) and calls `done` exactly once.

@@ -43,6 +43,8 @@ class RowGradientPlan {
 
   int64_t num_rows() const { return num_rows_; }
   int64_t row(int64_t u) const { return rows_[u]; }
+  // Contributions to unique rows [0, u): Accumulate(u) sums contributions(u + 1) - contributions(u) rows.
+  int64_t contributions(int64_t u) const { return offsets_[u]; }
 
   // g[0, dim) = sum of the contributions to unique row u, in the plan's fixed order.  Inline: the row loops
   // that call it are compiled per vector ISA (vector_isa.h) and must inline it to vectorise it.

@@ -36,14 +36,10 @@
 #include <utility>
 #include <vector>
 
+#include "cc/lib/shard.h"
 #include "cc/lib/sparse_accumulator_rows.h"
 
 namespace tf_embed_ops {
-
-// Runs fn(begin, end) over disjoint ranges covering [0, total), possibly in parallel, and returns when all
-// are done; cost_per_unit is in CPU cycles.  A null function means "run serially".
-using RowShardFn =
-    std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
 
 namespace sparse_accumulator_internal {
 
@@ -166,7 +162,7 @@ inline std::vector<int64_t> SortedOrder(const std::vector<int64_t>& keys) {
   return order;
 }
 
-inline void RunSharded(const RowShardFn& shard, int64_t total, int64_t cost_per_unit,
+inline void RunSharded(const ShardFn& shard, int64_t total, int64_t cost_per_unit,
                        const std::function<void(int64_t, int64_t)>& fn) {
   if (total <= 0) return;
   if (shard) {
@@ -205,7 +201,7 @@ class SparseRowSum {
 
   // Adds one gradient: `n` indices and `n * row_width()` values, row-major.  Indices are not range-checked
   // here (the caller validated them).  `shard` (may be null) runs the row arithmetic.
-  void Add(const int64_t* indices, int64_t n, const T* values, const RowShardFn& shard = nullptr) {
+  void Add(const int64_t* indices, int64_t n, const T* values, const ShardFn& shard = nullptr) {
     namespace internal = sparse_accumulator_internal;
     if (n == 0) return;
     table_.Reserve(num_rows() + n);
@@ -236,7 +232,7 @@ class SparseRowSum {
   // Writes the held rows in ascending index order: `num_rows()` indices and `num_rows() * row_width()`
   // values.  With `mean`, each row is divided by its count converted to T (as TensorFlow does, so float16
   // rounds the count first).  `shard` (may be null) runs the copy.
-  void Extract(bool mean, int64_t* out_indices, T* out_values, const RowShardFn& shard = nullptr) const {
+  void Extract(bool mean, int64_t* out_indices, T* out_values, const ShardFn& shard = nullptr) const {
     namespace internal = sparse_accumulator_internal;
     const std::vector<int64_t> order = ascending_ ? std::vector<int64_t>() : internal::SortedOrder(index_of_slot_);
     const int64_t* slots = ascending_ ? nullptr : order.data();
@@ -333,7 +329,7 @@ class SparseRowSum {
   // Once the held set covers most of what arrives (the usual steady state), pass 2 and 3 are small and the
   // whole apply runs in parallel.  Pass 1 is skipped when no row can be held (the first gradient of a round,
   // or indices all beyond the largest held one).
-  void AddUnique(const int64_t* indices, int64_t n, const T* values, const RowShardFn& shard) {
+  void AddUnique(const int64_t* indices, int64_t n, const T* values, const ShardFn& shard) {
     namespace internal = sparse_accumulator_internal;
     plan_.resize(static_cast<size_t>(n));
     const int64_t cost = RowCost();
@@ -363,7 +359,7 @@ class SparseRowSum {
   }
 
   // Pass 1 of AddUnique: adds the rows already held, marks the others (plan_[i] = -1).
-  void ProbeAndAddHeld(const int64_t* indices, int64_t n, const T* values, const RowShardFn& shard) {
+  void ProbeAndAddHeld(const int64_t* indices, int64_t n, const T* values, const ShardFn& shard) {
     namespace internal = sparse_accumulator_internal;
     internal::RunSharded(shard, n, RowCost(), [this, indices, values](int64_t begin, int64_t end) {
       // Probed in blocks, whose hits then go to one call of the (vectorised) row kernel.

@@ -20,13 +20,10 @@
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/prefetch.h"
 #include "cc/lib/row_update.h"
+#include "cc/lib/shard.h"
 #include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
-
-// Runs fn(begin, end) over disjoint ranges covering [0, total); cost_per_unit is in CPU cycles per unit.
-using ShardFn =
-    std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
 
 // Borrowed, row-major [vocabulary_size, dim] buffers of a table and its slots (kSlots order).
 struct TableBuffers {
@@ -51,7 +48,32 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
     UpdateRowPipeline(optimizer, o, lr, g, t.weights + row * dim, slot_rows.data(), dim);
   };
   if (!optimizer.UpdatesAllRows()) {
-    shard(plan.num_rows(), row_cost, [&](int64_t begin, int64_t end) {
+    // A unique row costs its update plus one gradient row per contribution, and zipf ids make a few rows
+    // carry thousands of contributions (the first ones: unique rows come in first-occurrence order).  So the
+    // rows are cut into kWorkBlocks ranges of equal work, and those are what the shard function splits.
+    const int64_t num_rows = plan.num_rows();
+    constexpr int64_t kWorkBlocks = 64;
+    constexpr int64_t kRowWork = 2 * (1 + static_cast<int64_t>(kNumSlots));  // in gradient-row reads
+    auto work = [&](int64_t u) { return plan.contributions(u) + kRowWork * u; };
+    const int64_t total_work = work(num_rows);
+    std::array<int64_t, kWorkBlocks + 1> first_row{};
+    for (int64_t b = 1; b < kWorkBlocks; ++b) {
+      // The first row whose work reaches b / kWorkBlocks of the total (work(u) increases with u).
+      int64_t lo = first_row[b - 1], hi = num_rows;
+      const int64_t target = total_work * b / kWorkBlocks;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (work(mid) < target) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      first_row[b] = lo;
+    }
+    first_row[kWorkBlocks] = num_rows;
+    shard(kWorkBlocks, row_cost * num_rows / kWorkBlocks + 1, [&](int64_t first_block, int64_t end_block) {
+      const int64_t begin = first_row[first_block], end = first_row[end_block];
       std::vector<float> g(dim);
       RunWithRowLoopIsa([&] {
         for (int64_t u = begin; u < end; ++u) {
