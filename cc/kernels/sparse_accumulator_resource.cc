@@ -1,6 +1,5 @@
 #include "cc/kernels/sparse_accumulator_resource.h"
 
-#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -8,11 +7,9 @@
 #include "cc/lib/sparse_accumulator.h"
 #include "cc/lib/sparse_accumulator_deadline_timer.h"
 #include "tensorflow/core/framework/bfloat16.h"
-#include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/numeric_types.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/logging.h"
-#include "tensorflow/core/platform/threadpool.h"
 
 namespace tf_embed_ops {
 namespace {
