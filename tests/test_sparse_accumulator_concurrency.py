@@ -1,5 +1,5 @@
-"""Blocking, FIFO service, cancellation, timeouts and thread safety of the sparse accumulator (spec §5.2, §5.4,
-§10.11-14, §11)."""
+"""Blocking, FIFO service, cancellation, timeouts and thread safety of the sparse accumulator
+(docs/sparse_accumulator.md, "Semantics")."""
 from __future__ import annotations
 
 import threading
@@ -25,7 +25,7 @@ def _wait_until(predicate, timeout=20.0):
         time.sleep(0.01)
 
 
-# --- TensorFlow's threaded tests, graph mode (§10.11-14) ----------------------------------------------------
+# --- TensorFlow's threaded tests (sparse_conditional_accumulator_test.py), graph mode ----------------------
 
 @pytest.mark.parametrize("reduction_type,expected", [("MEAN", 55.0), ("SUM", 550.0)])
 def test_parallel_apply_graph(reduction_type, expected):

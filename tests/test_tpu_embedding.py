@@ -271,7 +271,7 @@ def test_dense_inputs_of_shape_b1_and_lookup_only_call():
     emb = tf_embed_ops.TPUEmbedding({"x": emb_api.FeatureConfig(table=table)}, emb_api.SGD(0.1))
     ids = tf.constant([[3], [0], [12]], tf.int64)
     out = emb({"x": ids})["x"]
-    assert out.shape == (3, DIM)  # TPU dequeue shape (ambiguity A7): the trailing 1 is reduced
+    assert out.shape == (3, DIM)  # TPU dequeue shape (docs/semantics.md): the trailing 1 is reduced
     np.testing.assert_array_equal(out.numpy(), emb.embedding_tables[table].numpy()[[3, 0, 12]])
 
 

@@ -7,7 +7,7 @@ here; another optimizer class (e.g. a tf_embed_ops one) is one :func:`register_o
 
 The fill functions write field for field what TensorFlow's ``_Optimizer._set_optimization_parameters`` writes,
 except that ``low_dimensional_packing_status`` is assigned as an int: TensorFlow assigns the Python bool, which
-protobuf 7 rejects (spec §1.5, A13).
+protobuf 7 rejects (docs/semantics.md, "Python behaviour we do not copy").
 """
 
 from __future__ import annotations

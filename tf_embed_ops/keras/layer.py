@@ -6,7 +6,7 @@ through a custom gradient whose backward pass runs the fused `SendTPUEmbeddingGr
 differentiates only with respect to trainable weights, so the layer owns one trainable scalar, the *update
 trigger*: the lookup is a function of it, its gradient is the (zero) output of the backward pass, and that zero
 depends on the fused update op. The update is therefore on the data path of the gradient Keras applies, not a
-side effect graph optimisation could prune (spec section 5, the dummy-variable technique of the TPUEstimator era).
+side effect graph optimisation could prune (the dummy-variable technique of TensorFlow's TPUEstimator era).
 
 Example:
     >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 8, name="user")
