@@ -98,7 +98,7 @@ def rmw_gbs(probe_result: dict, dim: int) -> float:
         return rows[0]["random_rmw_gbs"]
     for lo, hi in zip(rows, rows[1:], strict=False):
         if lo["dim"] <= dim <= hi["dim"]:
-            import math  # pylint: disable=import-outside-toplevel
+            import math
 
             t = (math.log(dim) - math.log(lo["dim"])) / (math.log(hi["dim"]) - math.log(lo["dim"]))
             return lo["random_rmw_gbs"] + t * (hi["random_rmw_gbs"] - lo["random_rmw_gbs"])

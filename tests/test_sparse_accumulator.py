@@ -357,7 +357,7 @@ def test_empty_shape_apply(runner):
 def test_validate_shape_sequence(runner):
     """TensorFlow's testValidateShape, plus: every rejection leaves the count and the held rows unchanged."""
     acc = runner.make(tf.float32, shape=[2, 2, None])
-    ones = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    ones = lambda *s: np.ones(s, np.float32)
     rejected = [
         (dict(indices=[0], values=ones(1, 2, 1), grad_shape=[2, 2]), "expected shape rank at least 3, got 2"),
         (dict(indices=[0], values=ones(1, 2, 1), grad_shape=[2, 3, 1]), "expected shape dim 1 to be 2, got 3"),

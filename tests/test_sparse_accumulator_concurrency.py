@@ -224,7 +224,7 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
         try:
             for idx, vals in p:
                 acc.apply_grad(idx, vals, grad_shape=[64, 4], local_step=2**62)  # never stale
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+        except Exception as e:  # reported by the assertion below
             failures.append(e)
 
     def taker():
@@ -252,7 +252,7 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
 
 
 def test_eager_cancellation_manager_cancels_blocked_take():
-    from tensorflow.python.eager import cancellation  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.eager import cancellation
 
     acc = SparseConditionalAccumulator(tf.float32)
     acc.apply_grad([0], [[1.0]])

@@ -173,8 +173,8 @@ def test_sequence_feature_is_truncated_and_trained(kind, use_function):
 def test_tables_with_their_own_optimizers_and_dynamic_learning_rates_in_tag_order():
     lr_a = tf.Variable(0.1)
     lr_b = tf.Variable(0.3)
-    fn_a = lambda: lr_a  # noqa: E731
-    fn_b = lambda: lr_b  # noqa: E731
+    fn_a = lambda: lr_a
+    fn_b = lambda: lr_b
     t_c = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="c", optimizer=emb_api.Adagrad(fn_a))
     t_a = emb_api.TableConfig(VOCAB, DIM, combiner="mean", name="a", optimizer=emb_api.SGD(fn_b))
     t_b = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="b", optimizer=emb_api.FTRL(0.5))

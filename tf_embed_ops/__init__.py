@@ -42,7 +42,7 @@ __all__ = ["LibraryLoadError", "get_library_path", "ops", *_LAZY]
 
 def __getattr__(name: str) -> Any:
     if name == "ops":
-        from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops import _loader
 
         return _loader.load_ops()
     if name in _LAZY:

@@ -77,7 +77,7 @@ def _constant(value: float) -> init_ops_v2.Initializer:
     return init_ops_v2.Constant(value, support_partition=True)
 
 
-class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
+class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):
     """Common behaviour of this module's optimizers.
 
     Subclasses set `_proto_field` (the `parameters` oneof field), `_slots` (name -> attribute holding the
