@@ -100,6 +100,69 @@ TEST(RowPipelineTest, WeightsAreClippedAfterTheUpdate) {
   EXPECT_EQ(w, (std::vector<float>{0.0f, 103.0f}));
 }
 
+// For every optimizer: the pipeline is exactly clip(g) -> decay(w) -> the optimizer's own row update -> clip(w),
+// written out step by step here (bitwise).  The optimizers' own updates are checked in optimizers_test.cc.
+TEST(RowPipelineTest, EveryOptimizerRunsBetweenTheClippingAndDecaySteps) {
+  Ftrl ftrl;
+  ftrl.l1 = 0.01f;
+  Lion lion;
+  lion.beta1 = 0.5f;
+  lion.beta2 = 0.9f;
+  RmsProp rms;
+  rms.rho = 0.9f;
+  rms.epsilon = 0.1f;
+  CenteredRmsProp centered;
+  centered.rho = 0.9f;
+  centered.epsilon = 1.0f;
+  Adadelta adadelta;
+  adadelta.rho = 0.9f;
+  adadelta.epsilon = 0.1f;
+  OnlineYogi online;
+  online.beta2 = 0.9f;
+  ProximalYogi proximal;
+  proximal.beta1 = 0.9f;
+  proximal.beta2 = 0.9f;
+  proximal.epsilon = 0.1f;
+  FrequencyEstimator frequency;
+  frequency.tau = 0.5f;
+  frequency.max_delta = 10.0f;
+  frequency.outlier_threshold = 2.0f;
+  const std::vector<OptimizerParams> optimizers = {
+      tf_embed_ops::Sgd{}, Adagrad{}, AdagradMomentum{}, Adam{}, ftrl,     Momentum{}, rms,     centered, adadelta,
+      ProximalAdagrad{},   lion,      BoundedAdagrad{},  online, proximal, frequency,  Assign{}};
+  ASSERT_EQ(optimizers.size(), std::variant_size_v<OptimizerParams>);
+  TableOptimization o;
+  o.gradient_clipping = {-0.5f, 0.25f};
+  o.weight_decay_factor = 0.2f;
+  o.multiply_weight_decay_factor_by_learning_rate = true;
+  o.weight_clipping = {-0.6f, 0.55f};
+  const float lr = 0.5f;
+  const std::vector<float> g0 = {0.75f, -0.1f, -2.0f, 0.2f};
+  const std::vector<float> w0 = {0.5f, -0.5f, 0.58f, -0.7f};
+  for (const OptimizerParams& params : optimizers) {
+    std::visit(
+        [&](const auto& optimizer) {
+          const size_t num_slots = optimizer.kSlots.size();
+          std::vector<std::vector<float>> slots(num_slots, std::vector<float>(4, 0.3f));
+          std::vector<float> w = w0;
+          RunPipeline(optimizer, o, lr, g0, &w, &slots);
+
+          std::vector<std::vector<float>> expected_slots(num_slots, std::vector<float>(4, 0.3f));
+          std::vector<float*> slot_ptrs;
+          for (auto& s : expected_slots) slot_ptrs.push_back(s.data());
+          std::vector<float> g = g0, expected = w0;
+          for (float& x : g) x = std::min(std::max(x, -0.5f), 0.25f);
+          for (float& x : expected) x -= (0.2f * lr) * x;
+          optimizer.UpdateRow(lr, g.data(), expected.data(), slot_ptrs.data(), 4);
+          for (float& x : expected) x = std::min(std::max(x, -0.6f), 0.55f);
+
+          EXPECT_EQ(w, expected) << OptimizerName(params);
+          EXPECT_EQ(slots, expected_slots) << OptimizerName(params);
+        },
+        params);
+  }
+}
+
 TEST(RowPipelineTest, InactiveOptionsLeaveThePlainUpdate) {
   EXPECT_FALSE(ClipLimits{}.IsActive());
   EXPECT_TRUE((ClipLimits{-kInf, 3.0f}.IsActive()));
