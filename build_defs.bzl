@@ -29,7 +29,7 @@ def tf_embed_op_library(name, srcs = [], deps = [], copts = [], linkopts = [], *
       **kwargs: passed on to cc_binary (visibility, tags, ...).
 
     Example:
-      tf_embed_op_library(name = "_my_ops.so", deps = ["//cc:ops"])
+      tf_embed_op_library(name = "_my_ops.so", deps = ["//cc/kernels", "//cc/ops"])
     """
     if not name.endswith(".so"):
         fail("tf_embed_op_library %s: the name is the library's file name and must end in .so" % name)

@@ -28,7 +28,7 @@ OPT_FLAGS = ["-O3", "-DNDEBUG", "-fno-math-errno", "-fPIC", "-fvisibility=hidden
 
 def tf_build_config() -> dict:
     """Flags and paths of the installed TensorFlow (imports it: call from a process that may)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     lib_dir = tf.sysconfig.get_lib()
     link_flags = list(tf.sysconfig.get_link_flags())
@@ -125,9 +125,9 @@ def _which(program: str) -> str | None:
 
 def python_build_config() -> dict:
     """Headers and extension suffix of this interpreter and its pip pybind11, for the config module."""
-    import importlib.machinery  # pylint: disable=import-outside-toplevel
+    import importlib.machinery
 
-    import pybind11  # pylint: disable=import-outside-toplevel
+    import pybind11
 
     return {
         "python_include_dir": sysconfig.get_paths()["include"],

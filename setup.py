@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import configure  # noqa: E402  pylint: disable=wrong-import-position
+import configure
 
 OP_LIBRARY = "tf_embed_ops._tf_embed_ops"
 CONFIG_MODULE = "tf_embed_ops._config"
@@ -48,7 +48,7 @@ def _ninja() -> str:
     found = shutil.which("ninja")
     if found:
         return found
-    import ninja  # pylint: disable=import-outside-toplevel
+    import ninja
 
     return os.path.join(ninja.BIN_DIR, "ninja")
 

@@ -7,9 +7,13 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 python=${PYTHON:-python3}
 
-if ! command -v bazel >/dev/null; then
+# Bazel 4 (Debian's bazel-bootstrap) and the system GoogleTest the C++ unit tests link (@system_gtest).
+missing=()
+command -v bazel >/dev/null || missing+=(bazel-bootstrap)
+[ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+if [ ${#missing[@]} -ne 0 ]; then
   apt-get update -qq
-  apt-get install -y -qq bazel-bootstrap >/dev/null
+  apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # Writes .tf_configure.bazelrc: TensorFlow's headers, libraries and flags, the Python and pybind11 headers.

@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Thread pools are fixed when TensorFlow starts: configure before any op runs.
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
-    from benchmarks import report, suite  # pylint: disable=import-outside-toplevel
+    from benchmarks import report, suite
 
     opts = suite.Options(
         smoke=args.smoke,

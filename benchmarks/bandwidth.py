@@ -30,7 +30,7 @@ import subprocess
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bandwidth_probe.cc")
 
-# Slots per optimizer, as the TPU Load/Retrieve ops order them (spec section 1.3); "dense" updates every row.
+# Slots per optimizer, as the TPU Load/Retrieve ops order them (docs/semantics.md); "dense" updates every row.
 OPTIMIZER_SLOTS = {
     "sgd": 0, "adagrad": 1, "adagrad_momentum": 2, "adam": 2, "adam_nonlazy": 2, "ftrl": 2, "momentum": 1,
     "rms_prop": 2, "centered_rms_prop": 3, "lookup": 0,
@@ -98,7 +98,7 @@ def rmw_gbs(probe_result: dict, dim: int) -> float:
         return rows[0]["random_rmw_gbs"]
     for lo, hi in zip(rows, rows[1:], strict=False):
         if lo["dim"] <= dim <= hi["dim"]:
-            import math  # pylint: disable=import-outside-toplevel
+            import math
 
             t = (math.log(dim) - math.log(lo["dim"])) / (math.log(hi["dim"]) - math.log(lo["dim"]))
             return lo["random_rmw_gbs"] + t * (hi["random_rmw_gbs"] - lo["random_rmw_gbs"])

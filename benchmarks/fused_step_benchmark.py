@@ -25,12 +25,12 @@ import time
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as opb  # noqa: E402
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as cpb  # noqa: E402
+import tensorflow as tf
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2 as opb
+from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as cpb
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tf_embed_ops import embedding_ops as eo  # noqa: E402
+from tf_embed_ops import embedding_ops as eo
 
 VOCAB, DIM, BATCH, ZIPF_S = 1_000_000, 64, 16_384, 1.05
 LR = 0.01

@@ -53,7 +53,7 @@ def time_alternating(engines: dict[str, Callable[[], object]], steps: int | dict
             if sync is not None and out is not None:
                 sync(out)
             live[name] = fn
-        except Exception as e:  # noqa: BLE001  (an engine that cannot run is reported, the others still are)
+        except Exception as e:  # an engine that cannot run is reported, the others still are
             results[name] = {"error": f"{type(e).__name__}: {_first_line(e)}"}
     times: dict[str, list[float]] = {name: [] for name in live}
     names = list(live)

@@ -97,7 +97,7 @@ def _state(wl: Workload, optimizer: str) -> tuple[list[tf.Variable], list[list[t
 
 
 def _api():
-    from tf_embed_ops import embedding_ops  # pylint: disable=import-outside-toplevel
+    from tf_embed_ops import embedding_ops
 
     return embedding_ops
 
@@ -147,9 +147,9 @@ def available() -> tuple[bool, str]:
     """(True, "") if the op library and the fused wrappers load, else (False, why)."""
     try:
         _api()
-        import tf_embed_ops  # pylint: disable=import-outside-toplevel
+        import tf_embed_ops
 
         _ = tf_embed_ops.ops
-    except Exception as e:  # noqa: BLE001  (reported in the results, never hidden)
+    except Exception as e:  # reported in the results, never hidden
         return False, f"{type(e).__name__}: {e}"
     return True, ""

@@ -92,7 +92,7 @@ def targets(result: dict) -> list[dict]:
         out.append({"target": name, "measured": ratio, "goal": goal, "status": status, "how": how,
                     "ceiling": ceiling})
 
-    ours = lambda o: idx.get(("W1", o, "ours"))  # noqa: E731
+    ours = lambda o: idx.get(("W1", o, "ours"))
     for o, goal, what in (("sgd", 1.0, "W1 SGD: >= FBGEMM"), ("adagrad", 3.0, "W1 element-wise Adagrad: >= 3x FBGEMM")):
         peer = idx.get(("W1", o, "fbgemm"))
         add(what, _ratio(peer, ours(o)), goal, f"FBGEMM {'EXACT_SGD' if o == 'sgd' else 'EXACT_ADAGRAD'} ms / ours ms",
@@ -303,11 +303,11 @@ def markdown(result: dict, plots: list[str]) -> str:
 def plot(result: dict, out_dir: str) -> list[str]:
     """Writes the PNGs; returns their file names (empty if matplotlib is missing)."""
     try:
-        import matplotlib  # pylint: disable=import-outside-toplevel
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-        from matplotlib.ticker import NullFormatter  # pylint: disable=import-outside-toplevel
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return []
     files = []

@@ -91,7 +91,7 @@ def _time_engines(engines: dict, opts: Options) -> dict:
                 fn()
             steps[name] = 1 if opts.smoke else harness.steps_for(harness.estimate_ms(fn), opts.block_ms)
             warm[name] = fn
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors[name] = {"error": _error_text(e)}
     res = harness.time_alternating(warm, steps, opts.blocks, warmup=0)
     for name, r in res.items():
@@ -113,7 +113,7 @@ def _error_text(e: BaseException) -> str:
 def _build(builder, *args) -> object:
     try:
         return builder(*args)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         err = _error_text(e)
 
         def failing():
@@ -204,7 +204,7 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
     Runs on small workloads (it reads whole tables back). A benchmark of two engines that compute different
     updates would compare nothing; this is what makes the ratios meaningful.
     """
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import numpy as np
 
     out = []
     for wl in smoke_workloads:
@@ -228,7 +228,7 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
                             for a, b0 in zip(t_a, [tn.make_tables(wl, 0)[i].numpy() for i in range(len(t_a))],
                                              strict=True))
                 rec.update({"max_abs_diff": max(diffs), "max_abs_update": moved, "steps": steps})
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 rec["error"] = _error_text(e)
             out.append(rec)
     return out
@@ -237,8 +237,8 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
 def bench_accumulator(opts: Options) -> dict:
     """Our SparseConditionalAccumulator vs TensorFlow's (reuses benchmarks/accumulator_benchmark.py)."""
     try:
-        from benchmarks import accumulator_benchmark as ab  # pylint: disable=import-outside-toplevel
-    except Exception as e:  # noqa: BLE001
+        from benchmarks import accumulator_benchmark as ab
+    except Exception as e:
         return {"error": f"accumulator benchmark unavailable: {_error_text(e)}"}
     applies, rows, width, repeats = (4, 256, 8, 2) if opts.smoke else (32, 16384, 64, 5)
     out = {"config": {"applies": applies, "rows": rows, "width": width, "repeats": repeats}, "cases": {}}
@@ -247,7 +247,7 @@ def bench_accumulator(opts: Options) -> dict:
             indices, values = ab.make_gradients(case, applies, rows, width)
             graph = ab.time_graph(indices, values, repeats)
             eager = ab.time_eager(indices, values, repeats)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             out["cases"][case] = {"error": _error_text(e)}
             continue
         row = {name: harness.summarize([x * 1e3 for x in t]) for name, t in graph.items()}
@@ -258,7 +258,7 @@ def bench_accumulator(opts: Options) -> dict:
 
 def bench_threads(opts: Options) -> list[dict]:
     """W1 at 1 and 2 intra-op threads, each in a child process (thread pools are fixed at TF start-up)."""
-    import tempfile  # pylint: disable=import-outside-toplevel
+    import tempfile
 
     records = []
     scratch = tempfile.mkdtemp(prefix="tf_embed_ops_bench_threads_")
@@ -311,7 +311,7 @@ def run(opts: Options, log=print) -> dict:
             probe = bandwidth.probe(opts.threads, reps=5)
         log(f"bandwidth: copy {probe['stream_copy_gbs']:.1f} GB/s, random-row RMW "
             f"{bandwidth.rmw_gbs(probe, 64):.1f} GB/s at dim 64")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         probe = None
         meta["bandwidth_error"] = _error_text(e)
         log(f"bandwidth probe unavailable: {meta['bandwidth_error']}")
@@ -372,7 +372,7 @@ def run(opts: Options, log=print) -> dict:
             rebound(result)
             log(f"bandwidth (best of start and end): copy {result['bandwidth']['stream_copy_gbs']:.1f} GB/s, "
                 f"random-row RMW {bandwidth.rmw_gbs(result['bandwidth'], 64):.1f} GB/s at dim 64")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log(f"second bandwidth probe failed ({_error_text(e)}); keeping the first")
     return result
 

@@ -1,4 +1,4 @@
-"""An independent numpy model of the TPU embedding engine, written from specs/tpu_embedding.md (sections 1-3).
+"""An independent numpy model of the TPU embedding engine, written from docs/semantics.md.
 
 Inputs are plain Python: per feature, rows of ids (and optional weights) and the layout of its output (per row,
 or a sequence of length L).  Used by the mid-level and Keras tests as the reference; optimizer steps come from

@@ -1,8 +1,9 @@
-"""Independent numpy reference of the TPU embedding training step, written from specs/tpu_embedding.md.
+"""Independent numpy reference of the TPU embedding training step, written from docs/semantics.md.
 
 It deliberately shares nothing with the C++ (no normalised FeatureInput, no dedup plan): features are plain
 lists of ``(sample_position, id, weight)`` entries, gradients are summed per row with float64 dictionaries, and
-each optimizer is written from the equations of spec §1.3.  Tables are float32 arrays updated out of place.
+each optimizer is written from the equations of its "Optimizers" section.  Tables are float32 arrays updated out
+of place.
 
 Optimizer settings are plain dicts: ``{"name": "adagrad", ...hyper-parameters...}`` plus the common options
 ``gradient_clip`` (lo, hi), ``weight_clip`` (lo, hi), ``weight_decay``, ``multiply_weight_decay_by_lr``.
@@ -15,7 +16,7 @@ import numpy as np
 
 
 def entries_from_rows(rows, weights=None, max_sequence_length=0):
-    """Ragged rows of ids -> (entries, sample_shape) per spec §3.1.
+    """Ragged rows of ids -> (entries, sample_shape), as the ragged input form defines them.
 
     Non-sequence: sample = row b.  Sequence (L > 0): id k of row b at (b, k), k >= L dropped (truncation).
     """
@@ -34,7 +35,7 @@ def entries_from_rows(rows, weights=None, max_sequence_length=0):
 
 
 def quantize(v, lower, upper, num_buckets):
-    """Simulated quantization (spec §1.1), float32 like the table storage."""
+    """Simulated quantization, float32 like the table storage."""
     v = np.asarray(v, np.float32)
     x = np.clip(v, np.float32(lower), np.float32(upper))
     q = np.float32((np.float32(upper) - np.float32(lower)) / np.float32(num_buckets - 1))
@@ -54,7 +55,7 @@ def _norms(entries, combiner):
 
 
 def forward(table, entries, sample_shape, combiner, quantization=None):
-    """act[s] = sum_i w_i * Q(E[id_i]) / norm_s; zero for empty samples and zero norms (spec §3.1, A6)."""
+    """act[s] = sum_i w_i * Q(E[id_i]) / norm_s; zero for empty samples and zero norms."""
     table = np.asarray(table, np.float32)
     dim = table.shape[1]
     out = np.zeros(tuple(sample_shape) + (dim,), np.float64)
@@ -67,7 +68,7 @@ def forward(table, entries, sample_shape, combiner, quantization=None):
 
 
 def row_gradients(features, vocabulary_size):
-    """Gradient accumulation (spec §1.2, §3.1): grad[r] += w_i / norm_s * dL/dact[s], summed over features.
+    """Gradient accumulation: grad[r] += w_i / norm_s * dL/dact[s], summed over features.
 
     features: list of (entries, combiner, gradient array of shape sample_shape + [dim]).
     Returns {row: float64 gradient} for every touched row (even if the sum is zero).
@@ -165,7 +166,7 @@ def initial_slot_values(optimizer) -> dict:
 
 
 def _optimizer_row(opt, lr, g, w, slots):
-    """One optimizer step on one row (spec §1.3); returns (w, slots)."""
+    """One optimizer step on one row; returns (w, slots)."""
     name = opt["name"]
     if name == "sgd":
         return w - lr * g, slots
@@ -242,7 +243,7 @@ def _optimizer_row(opt, lr, g, w, slots):
 
 
 def apply_step(opt, lr, table, slots, grads):
-    """The per-row pipeline (spec §1.2): clip g -> decay -> optimizer -> clip w, on touched rows (all rows for
+    """The per-row pipeline: clip g -> decay -> optimizer -> clip w, on touched rows (all rows for
     non-lazy Adam, with a zero gradient where untouched).  Returns new (table, slots) as float32 arrays."""
     table = np.asarray(table, np.float64).copy()
     slots = [np.asarray(s, np.float64).copy() for s in slots]

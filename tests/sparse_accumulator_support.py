@@ -1,6 +1,6 @@
 """Test support for the sparse accumulator suites: execution modes and an independent numpy reference.
 
-The reference is written from the spec (docs/sparse_accumulator.md, canonical mode), not from the kernels:
+The reference is written from the semantics (docs/sparse_accumulator.md, canonical mode), not from the kernels:
 per-row sums and counts, a row's count growing by one per gradient touching it, duplicates within one
 gradient summed first, rows returned in ascending order.
 """
@@ -78,7 +78,7 @@ def _to_numpy(out):
 
 
 class ReferenceAccumulator:
-    """numpy model of one accumulator (spec §2-§6, canonical mode), for valid inputs only."""
+    """numpy model of one accumulator (docs/sparse_accumulator.md, canonical mode), for valid inputs only."""
 
     def __init__(self, mean: bool = True, dim0: int = -1, dtype=np.float64):
         self.mean = mean

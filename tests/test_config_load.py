@@ -1,4 +1,4 @@
-"""load(): every source form, the readable view (checked against the spec's tables), the serialisations, the CLI."""
+"""load(): every source form, the readable view (checked against docs/semantics.md), the serialisations, the CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from google.protobuf import text_format
 import tf_embed_ops.config as tec
 from tf_embed_ops.__main__ import main
 
-# Spec §1.3: slots after `parameters`, in Load/Retrieve order; initial values from TF's optimizers (§1.5).
+# Slots after `parameters`, in Load/Retrieve order; initial values from TF's Python optimizers.
 EXPECTED_SLOTS = {
     "video": ("adam", [("momenta", 0.0), ("velocities", 0.0)]),
     "user": ("adagrad", [("accumulators", 0.1)]),

@@ -2,7 +2,7 @@
 
 The reference is TensorFlow's real builder, run on CPU by making its TPUStrategy check see a stand-in strategy
 (num_hosts, num_replicas_in_sync are all it reads).  Its protobuf-7 crash (a bool assigned to the
-low_dimensional_packing_status enum, spec §1.5) is worked around only here, by turning that attribute into an
+low_dimensional_packing_status enum) is worked around only here, by turning that attribute into an
 int before the build.
 """
 
@@ -141,7 +141,8 @@ def case_quantization():
 
 
 def case_dynamic_learning_rates_shared_and_distinct():
-    # Spec §2.3 example: tables [C(f1), A(f2), B(0.5), D(f2)] -> tags C=0, A=1, D=1; two equal-bodied lambdas differ.
+    # docs/semantics.md's example: tables [C(f1), A(f2), B(0.5), D(f2)] -> tags C=0, A=1, D=1; two equal-bodied
+    # lambdas differ.
     f1 = lambda: 0.1
     f2 = lambda: 0.2
     f3 = lambda: 0.2
@@ -218,7 +219,8 @@ def test_to_feature_config_round_trips(case):
 
 
 def test_tensorflow_builder_really_crashes_without_the_workaround():
-    # Why the reference needs its workaround (and why from_feature_config exists): spec §1.5, A13.
+    # Why the reference needs its workaround (and why from_feature_config exists): docs/semantics.md, "Python
+    # behaviour we do not copy".
     t = E.TableConfig(4, 2, name="t")
     emb_args = ([E.FeatureConfig(t, output_shape=[2])], E.SGD(0.1))
     strategy = _StandInTPUStrategy(1, 1)

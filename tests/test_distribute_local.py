@@ -325,7 +325,7 @@ def test_stale_gradient_is_dropped():
     after_round = _checkpoint_values(emb)
     # The late worker computed its gradient at the old step; the accumulators drop it.
     _step(emb, late_batch, apply=lambda g: aggregator.apply_gradients(g, local_step=stale_step))
-    for per_server in aggregator._server_accumulators():  # noqa: SLF001
+    for per_server in aggregator._server_accumulators():
         for acc in per_server:
             assert int(acc.num_accumulated()) == 0
     with pytest.raises(tf.errors.DeadlineExceededError):

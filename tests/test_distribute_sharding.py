@@ -18,7 +18,7 @@ from tf_embed_ops.distribute.server_plan import plan_servers
 
 
 def _reference_owner(vocab: int, shards: int, row: int) -> int:
-    """Owner of `row` written from the spec's wording: shard h holds floor(V/H) + (h < V % H) contiguous rows."""
+    """Owner of `row` from docs/semantics.md's wording: shard h holds floor(V/H) + (h < V % H) contiguous rows."""
     start = 0
     for h in range(shards):
         size = vocab // shards + (1 if h < vocab % shards else 0)
@@ -124,7 +124,7 @@ def _feature(kind: str, rows: list, weights: list | None, max_len: int = 0):
 
 
 def _reference_entries(rows, weights, combiner, max_len):
-    """{(sample, id): factor w_i / norm_s} summed, from the spec's combiner definition (0 for a zero norm)."""
+    """{(sample, id): factor w_i / norm_s} summed, from the combiner definition (0 for a zero norm)."""
     out = {}
     for b, row in enumerate(rows):
         ws = weights[b] if weights is not None else [1.0] * len(row)

@@ -62,9 +62,35 @@ def test_out_of_range_id_changes_nothing(bad_ids, message):
 
 
 def test_first_and_last_valid_ids_are_accepted():
+    """Ids 0 and VOCAB - 1 are looked up and updated like any other row (no off-by-one at either end)."""
     config, table, slots, feats, grads = _setup()
     feats[1] = eo.normalize_feature(tf.constant([0, VOCAB - 1], tf.int64))
+    for slot in slots:  # Adam's momenta and velocities start at 0
+        slot.assign(tf.zeros([VOCAB, DIM]))
+    w = table.numpy().copy()
+
+    acts = eo.embedding_activations(feats, [table], config)
+    np.testing.assert_array_equal(acts[1].numpy(), w[[0, VOCAB - 1]])  # 'liked': one id per sample
+    np.testing.assert_array_equal(acts[0].numpy()[2], w[VOCAB - 1])  # 'watched' row 2 = [9]
+
     _send(config, table, slots, feats, grads)
+    # All-ones upstream gradients, sum combiner: 'watched' touches rows 1, 2 and 9, 'liked' rows 0 and 9, so
+    # the summed gradient is 1 for rows 0, 1, 2 and 2 for row 9.  Adam (beta1 0.9, beta2 0.999, epsilon 1e-7,
+    # epsilon inside the square root, no bias correction) from zero slots, lr 0.1.
+    g = np.zeros((VOCAB, DIM), np.float32)
+    g[[0, 1, 2]] = 1.0
+    g[VOCAB - 1] = 2.0
+    one = np.float32(1)
+    m = (one - np.float32(0.9)) * g  # 1 - beta in float32, as the kernel computes it
+    v = (one - np.float32(0.999)) * g * g
+    expected = w - np.float32(0.1) * m / np.sqrt(v + np.float32(1e-7) ** 2)
+    touched = [0, 1, 2, VOCAB - 1]
+    np.testing.assert_allclose(table.numpy()[touched], expected[touched], rtol=1e-6)
+    np.testing.assert_allclose(slots[0].numpy()[touched], m[touched], rtol=1e-6)
+    np.testing.assert_allclose(slots[1].numpy()[touched], v[touched], rtol=1e-6)
+    untouched = [3, 4, 5, 6, 7, 8]
+    np.testing.assert_array_equal(table.numpy()[untouched], w[untouched])
+    np.testing.assert_array_equal(slots[1].numpy()[untouched], 0.0)
 
 
 def test_wrong_gradient_shape_changes_nothing():

@@ -78,7 +78,7 @@ def test_fit_reduces_loss_keras_optimizer_never_touches_tables_and_evaluate_pred
     model.predict(_dataset(x, y, 16), verbose=0)
     for t, v in layer.embedding_tables.items():
         np.testing.assert_array_equal(v.numpy(), after[t.name])
-    assert float(layer._update_trigger.numpy()) == 0.0  # noqa: SLF001 - the trigger's gradient is exactly zero
+    assert float(layer._update_trigger.numpy()) == 0.0  # the trigger's gradient is exactly zero
 
 
 def test_model_save_and_load_model_round_trip(tmp_path):

@@ -1,5 +1,5 @@
-"""Semantics of tf_embed_ops.SparseConditionalAccumulator (spec §1-§8, §10, §11), eagerly, in tf.function
-and in a TF1 graph/session.  Expected values come from the spec's worked examples or the numpy reference in
+"""Semantics of tf_embed_ops.SparseConditionalAccumulator (docs/sparse_accumulator.md), eagerly, in tf.function
+and in a TF1 graph/session.  Expected values are worked by hand from those semantics or come from the numpy reference in
 sparse_accumulator_support.py, never from the kernels."""
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def assert_take(result, indices, values, shape):
     np.testing.assert_array_equal(got_shape, np.asarray(shape, np.int64))
 
 
-# --- construction (spec §10.1-4, §1.2, §1.4) ---------------------------------------------------------------
+# --- construction ------------------------------------------------------------------------------------------
 
 def test_graph_constructor_attrs():
     with tf.Graph().as_default():
@@ -90,7 +90,7 @@ def test_graph_num_accumulated_default_name():
         assert acc.num_accumulated().op.name == "Q_NumAccumulated"
 
 
-# --- dtypes (spec §1.2, §10.7) -----------------------------------------------------------------------------
+# --- dtypes ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
 def test_dtypes_mean_of_two(runner, dtype):
@@ -121,7 +121,7 @@ def test_multiple_accumulators_with_one_name_are_independent(runner):
         assert_take(take(runner, acc), [0], [[i + 1]], [-1, 1])
 
 
-# --- aggregation (spec §4.3, §5.3, §10.9-10, §11) --------------------------------------------------------
+# --- aggregation (MEAN is per row) -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("reduction_type,expected", [
     ("MEAN", [[0.5, 0.5], [0, 2], [3, 0]]),
@@ -244,7 +244,7 @@ def test_nan_and_inf_propagate(runner):
     assert np.isnan(values[0, 0]) and values[1, 0] == np.inf
 
 
-# --- canonical mode (spec §4.5; ours differs from TensorFlow here, docs/sparse_accumulator.md) -------------
+# --- canonical mode (ours differs from TensorFlow here: docs/sparse_accumulator.md) -------------------------
 
 def test_canonical_unsorted_single_gradient_is_sorted(runner):
     acc = runner.make(tf.float32, reduction_type="SUM")
@@ -264,7 +264,7 @@ def test_canonical_duplicates_count_once_per_gradient(runner):
     acc = runner.make(tf.float32)
     apply(runner, acc, [1, 1], [[2.0], [4.0]])
     apply(runner, acc, [1], [[10.0]])
-    # (2 + 4) + 10 over 2 gradients; TensorFlow's merge gives rows [6, 4] here (spec §4.5).
+    # (2 + 4) + 10 over 2 gradients; TensorFlow's merge gives rows [6, 4] here.
     assert_take(take(runner, acc), [1], [[8.0]], [-1, 1])
 
 
@@ -274,7 +274,7 @@ def test_canonical_duplicates_in_first_gradient_only(runner):
     assert_take(take(runner, acc), [1, 3], [[2.0], [8.0]], [-1, 1])
 
 
-# --- shapes (spec §1.3, §4.2 step 8, §5.3, §10.18-20, §11) -----------------------------------------------
+# --- shapes (the accumulator shape is a minimum rank) -------------------------------------------------------
 
 @pytest.mark.parametrize("shape,values_shape,expected_dense", [
     ([5], (1, 3), [5, 3]),
@@ -357,7 +357,7 @@ def test_empty_shape_apply(runner):
 def test_validate_shape_sequence(runner):
     """TensorFlow's testValidateShape, plus: every rejection leaves the count and the held rows unchanged."""
     acc = runner.make(tf.float32, shape=[2, 2, None])
-    ones = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    ones = lambda *s: np.ones(s, np.float32)
     rejected = [
         (dict(indices=[0], values=ones(1, 2, 1), grad_shape=[2, 2]), "expected shape rank at least 3, got 2"),
         (dict(indices=[0], values=ones(1, 2, 1), grad_shape=[2, 3, 1]), "expected shape dim 1 to be 2, got 3"),
@@ -435,7 +435,7 @@ def test_num_required_must_be_positive(runner, num_required):
     assert_take(take(runner, acc), [0], [[2.0]], [-1, 1])
 
 
-# --- set_global_step (spec §6) -----------------------------------------------------------------------------
+# --- set_global_step ---------------------------------------------------------------------------------------
 
 def test_set_global_step_raise_lower_negative_and_keeps_held(runner):
     acc = runner.make(tf.float32, reduction_type="SUM")
@@ -454,7 +454,7 @@ def test_set_global_step_raise_lower_negative_and_keeps_held(runner):
     assert count(runner, acc) == 1
 
 
-# --- Python conversion and robustness (spec §7 table) -----------------------------------------------------
+# --- Python conversion and robustness ----------------------------------------------------------------------
 
 def test_python_lists_and_ints_convert_to_dtype(runner):
     acc = runner.make(tf.float64)
@@ -539,7 +539,7 @@ def test_bad_timeout_is_value_error(timeout):
         acc.take_grad(1, timeout=timeout)
 
 
-# --- sharing and lifetime (spec §3, §9, §11) --------------------------------------------------------------
+# --- sharing and lifetime ----------------------------------------------------------------------------------
 
 def test_eager_instances_are_independent_and_survive_each_other():
     a = SparseConditionalAccumulator(tf.float32)
@@ -594,7 +594,7 @@ def test_graph_shared_name_mismatch_is_invalid_argument():
                 sess.run(b.num_accumulated())
 
 
-# --- control flow (spec §9) ----------------------------------------------------------------------------------
+# --- control flow ------------------------------------------------------------------------------------------
 
 def test_handle_works_inside_cond_and_while_loop():
     acc = SparseConditionalAccumulator(tf.float32, shape=[None, 1], reduction_type="SUM")

@@ -1,5 +1,5 @@
-"""Blocking, FIFO service, cancellation, timeouts and thread safety of the sparse accumulator (spec §5.2, §5.4,
-§10.11-14, §11)."""
+"""Blocking, FIFO service, cancellation, timeouts and thread safety of the sparse accumulator
+(docs/sparse_accumulator.md, "Semantics")."""
 from __future__ import annotations
 
 import threading
@@ -25,7 +25,7 @@ def _wait_until(predicate, timeout=20.0):
         time.sleep(0.01)
 
 
-# --- TensorFlow's threaded tests, graph mode (§10.11-14) ----------------------------------------------------
+# --- TensorFlow's threaded tests (sparse_conditional_accumulator_test.py), graph mode ----------------------
 
 @pytest.mark.parametrize("reduction_type,expected", [("MEAN", 55.0), ("SUM", 550.0)])
 def test_parallel_apply_graph(reduction_type, expected):
@@ -224,7 +224,7 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
         try:
             for idx, vals in p:
                 acc.apply_grad(idx, vals, grad_shape=[64, 4], local_step=2**62)  # never stale
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+        except Exception as e:  # reported by the assertion below
             failures.append(e)
 
     def taker():
@@ -252,7 +252,7 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
 
 
 def test_eager_cancellation_manager_cancels_blocked_take():
-    from tensorflow.python.eager import cancellation  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.eager import cancellation
 
     acc = SparseConditionalAccumulator(tf.float32)
     acc.apply_grad([0], [[1.0]])

@@ -1,6 +1,6 @@
 """Randomized parity with TensorFlow's own SparseConditionalAccumulator (graph mode) on the well-defined
-contract: sorted unique indices (spec §4.4).  Same gradients, steps and takes go to both; results must be equal
-bit for bit (both add the held row and the incoming row, then divide by the per-row count)."""
+contract: sorted unique indices (docs/sparse_accumulator.md).  Same gradients, steps and takes go to both; results
+must be equal bit for bit (both add the held row and the incoming row, then divide by the per-row count)."""
 from __future__ import annotations
 
 import numpy as np

@@ -173,8 +173,8 @@ def test_sequence_feature_is_truncated_and_trained(kind, use_function):
 def test_tables_with_their_own_optimizers_and_dynamic_learning_rates_in_tag_order():
     lr_a = tf.Variable(0.1)
     lr_b = tf.Variable(0.3)
-    fn_a = lambda: lr_a  # noqa: E731
-    fn_b = lambda: lr_b  # noqa: E731
+    fn_a = lambda: lr_a
+    fn_b = lambda: lr_b
     t_c = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="c", optimizer=emb_api.Adagrad(fn_a))
     t_a = emb_api.TableConfig(VOCAB, DIM, combiner="mean", name="a", optimizer=emb_api.SGD(fn_b))
     t_b = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="b", optimizer=emb_api.FTRL(0.5))
@@ -271,7 +271,7 @@ def test_dense_inputs_of_shape_b1_and_lookup_only_call():
     emb = tf_embed_ops.TPUEmbedding({"x": emb_api.FeatureConfig(table=table)}, emb_api.SGD(0.1))
     ids = tf.constant([[3], [0], [12]], tf.int64)
     out = emb({"x": ids})["x"]
-    assert out.shape == (3, DIM)  # TPU dequeue shape (ambiguity A7): the trailing 1 is reduced
+    assert out.shape == (3, DIM)  # TPU dequeue shape (docs/semantics.md): the trailing 1 is reduced
     np.testing.assert_array_equal(out.numpy(), emb.embedding_tables[table].numpy()[[3, 0, 12]])
 
 

@@ -15,11 +15,16 @@ below is resolved on first use.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata as _metadata
 from typing import Any
 
 from tf_embed_ops._loader import LibraryLoadError, get_library_path
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml; an installed package reads it from its metadata.
+try:
+    __version__ = _metadata.version("tf_embed_ops")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed (e.g. bazel's runfiles)
+    __version__ = "0+unknown"
 
 # Public name -> (module, attribute or None for the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -42,7 +47,7 @@ __all__ = ["LibraryLoadError", "get_library_path", "ops", *_LAZY]
 
 def __getattr__(name: str) -> Any:
     if name == "ops":
-        from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops import _loader
 
         return _loader.load_ops()
     if name in _LAZY:

@@ -53,9 +53,9 @@ def _native_stderr_held_back() -> Iterator[None]:
 def _inspect(config: str, as_json: bool) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with _native_stderr_held_back():
-        from tf_embed_ops import _loader  # pylint: disable=import-outside-toplevel
-        from tf_embed_ops import config as tec  # pylint: disable=import-outside-toplevel
-        from tf_embed_ops.config import _inspect  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops import _loader
+        from tf_embed_ops import config as tec
+        from tf_embed_ops.config import _inspect
 
         _loader.load_config_module()
 

@@ -63,7 +63,7 @@ def built_tensorflow_version() -> str:
 
 
 def _check_tensorflow_version() -> None:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     built = built_tensorflow_version()
     if built != tf.__version__:
@@ -79,7 +79,7 @@ def load_ops() -> types.ModuleType:
     if _ops_module is None:
         with _lock:
             if _ops_module is None:
-                import tensorflow as tf  # pylint: disable=import-outside-toplevel
+                import tensorflow as tf
 
                 path = get_library_path()
                 _ops_module = tf.load_op_library(path)
@@ -94,7 +94,7 @@ def load_config_module() -> types.ModuleType:
             if _config_module is None:
                 # The module's protobuf and absl code lives in TensorFlow's shared libraries, which importing
                 # tensorflow loads into the process first.
-                import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+                import tensorflow  # noqa: F401
 
                 _check_tensorflow_version()
                 try:

@@ -391,7 +391,7 @@ def embedding_lookup_and_update(
 def adam_bias_corrected_learning_rate(
     learning_rate: LearningRate, beta1: float, beta2: float, step_variable
 ) -> Callable[[], tf.Tensor]:
-    """The dynamic learning rate TPU Adam expects: ``lr * sqrt(1 - beta2^t) / (1 - beta1^t)`` (spec A10).
+    """The dynamic learning rate TPU Adam expects: ``lr * sqrt(1 - beta2^t) / (1 - beta1^t)`` (docs/semantics.md).
 
     TPU Adam applies no bias correction itself; users fold it into a callable learning rate.  Here
     ``t = step_variable + 1``: ``step_variable`` counts the steps already applied (like Keras'

@@ -43,7 +43,7 @@ def set_common_optimization_parameters(optimizer: Any, parameters: opt_pb2.Optim
     """Fills the fields every optimizer shares, as TensorFlow's `_Optimizer._set_optimization_parameters` does.
 
     TensorFlow's own version assigns a Python bool to the `low_dimensional_packing_status` enum field, which
-    protobuf 7 rejects (spec A13); this one writes the enum value.
+    protobuf 7 rejects; this one writes the enum value.
 
     Args:
       optimizer: a `tf.tpu.experimental.embedding` optimizer or one of this module's.
@@ -77,7 +77,7 @@ def _constant(value: float) -> init_ops_v2.Initializer:
     return init_ops_v2.Constant(value, support_partition=True)
 
 
-class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
+class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):
     """Common behaviour of this module's optimizers.
 
     Subclasses set `_proto_field` (the `parameters` oneof field), `_slots` (name -> attribute holding the

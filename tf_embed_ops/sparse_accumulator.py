@@ -43,7 +43,7 @@ def _int64(value: Any, argument: str) -> tf.Tensor:
 
 def _step(value: Any, argument: str) -> tf.Tensor | int:
     # As TensorFlow's wrapper does: any number is accepted and cast (a float 7.9 becomes 7).
-    if type(value) is int:  # noqa: E721 (not bool): the op converts it to int64 itself, no cast op needed
+    if type(value) is int:  # exactly int, not bool: the op converts it to int64 itself, no cast op needed
         return value
     tensor = value if tf.is_tensor(value) else tf.convert_to_tensor(value)
     if not (tensor.dtype.is_integer or tensor.dtype.is_floating):
@@ -241,7 +241,7 @@ class SparseConditionalAccumulator:
                 raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
         with tf.name_scope(name or "take_grad"):
             # Python ints and floats go to the op as they are: it converts them without extra ops.
-            required = num_required if type(num_required) is int else tf.convert_to_tensor(  # noqa: E721
+            required = num_required if type(num_required) is int else tf.convert_to_tensor(
                 num_required, dtype=tf.int32)
             out = _loader.load_ops().tf_embed_sparse_accumulator_take_gradient(
                 self._handle, required, seconds, dtype=self._dtype)

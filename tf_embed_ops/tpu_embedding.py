@@ -237,8 +237,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
-                slots = dict(table.optimizer._create_slots(parameters, slot_creator))  # noqa: SLF001
-                expected = list(table.optimizer._slot_names())  # noqa: SLF001
+                slots = dict(table.optimizer._create_slots(parameters, slot_creator))
+                expected = list(table.optimizer._slot_names())
                 missing = [s for s in expected if s not in slots]
                 if missing:
                     raise ValueError(
@@ -263,7 +263,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         self._maybe_build()
         out = {}
         for table in self._table_config:
-            names = table.optimizer._slot_names() if table.optimizer is not None else []  # noqa: SLF001
+            names = table.optimizer._slot_names() if table.optimizer is not None else []
             out[table] = {name: self._variables[table.name][name] for name in names}
         return out
 
@@ -443,7 +443,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         tables = [self._variables[t.name]["parameters"] for t in self._table_config]
         slots = []
         for t in self._table_config:
-            names = t.optimizer._slot_names() if t.optimizer is not None else []  # noqa: SLF001
+            names = t.optimizer._slot_names() if t.optimizer is not None else []
             slots.append([self._variables[t.name][n] for n in names])
         return tables, slots
 

@@ -80,7 +80,7 @@ def _inputs(features, base_dir, torch):
 
 def _time(emb, ids, offsets, job: dict) -> dict:
     """Warms up, sizes the blocks, and times forward + backward (which applies the fused optimizer update)."""
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
 
     # The upstream gradient: fixed random values of the activation's shape, as in our step.
     grad = torch.randn_like(emb(ids, offsets)) * 1e-3
@@ -106,17 +106,17 @@ def _time(emb, ids, offsets, job: dict) -> dict:
 
 
 def run(job: dict, base_dir: str) -> dict:
-    import fbgemm_gpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (registers the ops)
-    import torch  # pylint: disable=import-outside-toplevel
-    from fbgemm_gpu import split_embedding_configs as cfg  # pylint: disable=import-outside-toplevel
-    from fbgemm_gpu import split_table_batched_embeddings_ops_training as tbe_mod  # pylint: disable=import-outside-toplevel
+    import fbgemm_gpu  # registers the ops
+    import torch
+    from fbgemm_gpu import split_embedding_configs as cfg
+    from fbgemm_gpu import split_table_batched_embeddings_ops_training as tbe_mod
 
     # EmbOptimType is the enum's real name; older releases called it OptimType.
     if not hasattr(cfg, "OptimType"):
         cfg.OptimType = cfg.EmbOptimType
     for name in ("EmbeddingLocation", "ComputeDevice", "PoolingMode"):
         if not hasattr(tbe_mod, name):
-            from fbgemm_gpu import split_table_batched_embeddings_ops_common as common  # noqa: PLC0415
+            from fbgemm_gpu import split_table_batched_embeddings_ops_common as common
 
             setattr(tbe_mod, name, getattr(common, name))
 
@@ -137,7 +137,7 @@ def run(job: dict, base_dir: str) -> dict:
             out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt],
                                    "out_dims": dims}
             del emb
-        except Exception as e:  # noqa: BLE001  (reported per optimizer: FBGEMM lacks some CPU kernels)
+        except Exception as e:  # reported per optimizer: FBGEMM lacks some CPU kernels
             out["results"][opt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     return out
 

@@ -92,7 +92,7 @@ def _table_grads(tape: tf.GradientTape, acts: list[tf.Tensor], tables: list[tf.V
 
 def keras_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
     """Keras 3 optimizer on tf.Variable tables. Keras has no lazy Adam: "adam" and "adam_nonlazy" both run Adam."""
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     if optimizer not in KERAS_OPTIMIZERS:
         raise NotImplementedError(f"Keras 3 has no {optimizer} optimizer")

@@ -67,7 +67,8 @@ absl::Status TablesFromProto(const Proto& proto, EmbeddingConfig* config) {
   return absl::OkStatus();
 }
 
-// Feature descriptors given (the V2 style, spec §2.2): the engine derives batch size and per-table feature
+// Feature descriptors given (the V2 style; docs/semantics.md, "Tables, features and input forms"): the engine
+// derives batch size and per-table feature
 // counts from the input shapes, so setting them too is a contradiction.
 absl::Status FeaturesFromProto(const Proto& proto, EmbeddingConfig* config) {
   if (proto.batch_size_per_tensor_core() != 0) {
@@ -117,7 +118,8 @@ absl::Status FeaturesFromProto(const Proto& proto, EmbeddingConfig* config) {
   return absl::OkStatus();
 }
 
-// No feature descriptors (the V1 style): one feature per table, batch_size * num_features samples (spec §2.2).
+// No feature descriptors (the V1 style): one feature per table, batch_size * num_features samples (TensorFlow's
+// tpu_embedding_configuration_proto_rewrite.cc; docs/semantics.md, "Tables, features and input forms").
 absl::Status SynthesizeFeatures(const Proto& proto, EmbeddingConfig* config) {
   const int32_t batch = proto.batch_size_per_tensor_core();
   if (batch <= 0) {

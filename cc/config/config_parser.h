@@ -1,4 +1,4 @@
-// The one parser and validator of TPUEmbeddingConfiguration (spec §1-2, §6).  Used by every kernel that
+// The one parser and validator of TPUEmbeddingConfiguration (rules: docs/config.md).  Used by every kernel that
 // takes a `config` attr and, through the pybind11 module, by tf_embed_ops.config.load: the same rules and the
 // same messages everywhere.
 #ifndef TF_EMBED_OPS_CC_CONFIG_CONFIG_PARSER_H_

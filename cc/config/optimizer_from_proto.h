@@ -1,5 +1,5 @@
 // OptimizationParameters.parameters (the algorithm oneof) -> the cc/lib optimizer struct, with the
-// hyper-parameter ranges TensorFlow's Python optimizers enforce (spec §1.3, §1.5).  Adding an optimizer = one
+// hyper-parameter ranges TensorFlow's Python optimizers enforce (docs/semantics.md).  Adding an optimizer = one
 // case here + its header in cc/lib/optimizers.
 #ifndef TF_EMBED_OPS_CC_CONFIG_OPTIMIZER_FROM_PROTO_H_
 #define TF_EMBED_OPS_CC_CONFIG_OPTIMIZER_FROM_PROTO_H_

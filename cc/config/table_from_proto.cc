@@ -117,7 +117,7 @@ absl::Status OptimizationFromProto(const tpu::OptimizationParameters& p, const s
   opt.gradient_accumulation = accumulation != tpu::GradientAccumulationStatus::DISABLED;
   if (!opt.gradient_accumulation) {
     // Gradient clipping acts on the per-row sum, which only exists with accumulation; TF's Python optimizers
-    // refuse clipvalue without it (spec §1.5, A4).
+    // refuse clipvalue without it (docs/semantics.md, "Gradient clipping").
     if (p.gradient_clipping_limits().has_lower() || p.gradient_clipping_limits().has_upper()) {
       return absl::InvalidArgumentError(
           absl::StrCat(ctx,

@@ -1,4 +1,4 @@
-// One TableDescriptor -> TableSpec, with every per-table rule of spec §1 checked (the cross-table and
+// One TableDescriptor -> TableSpec, with every per-table rule checked (docs/config.md; the cross-table and
 // cross-feature rules live in config_parser.cc).
 #ifndef TF_EMBED_OPS_CC_CONFIG_TABLE_FROM_PROTO_H_
 #define TF_EMBED_OPS_CC_CONFIG_TABLE_FROM_PROTO_H_

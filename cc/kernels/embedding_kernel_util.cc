@@ -25,7 +25,8 @@ absl::Status FusedEmbeddingAttrs::Init(tensorflow::OpKernelConstruction* ctx) {
   }
   std::vector<std::string> names;
   TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &names));
-  // Per table (TPUEmbedding V2) takes precedence when N == T; per feature is the V1 form (spec A5).
+  // Per table (TPUEmbedding V2) takes precedence when N == T; per feature is the V1 form (docs/semantics.md,
+  // "The combiners list").
   const bool per_table = static_cast<int>(names.size()) == num_tables;
   if (!names.empty() && !per_table && static_cast<int>(names.size()) != num_features) {
     return absl::InvalidArgumentError(absl::StrCat("combiners has ", names.size(), " entries; expected ", num_tables,

@@ -1,6 +1,6 @@
 // The sparse conditional accumulator as a TensorFlow resource: state, locking, and the queue of waiting takes.
 //
-// Semantics are spec §2-§6 (docs/sparse_accumulator.md lists where ours differ from TensorFlow).  One mutex
+// Semantics are TensorFlow's (docs/sparse_accumulator.md, "Semantics"; it lists where ours differ).  One mutex
 // guards the state; the row arithmetic is cc/lib/sparse_accumulator.h.  A take that cannot complete is queued
 // (FIFO, head-of-line blocking) without holding a thread; it completes from whichever thread makes it ready
 // (an apply, another take, a cancellation) and is removed by cancellation or its timeout.  Completing a take

@@ -1,6 +1,6 @@
-// Combiners of the TPU embedding engine (spec §3.1): a sample s with member ids i is reduced to
+// Combiners of the TPU embedding engine (docs/semantics.md, "Combiners"): a sample s with member ids i is reduced to
 //   act[s] = sum_i w_i * E[id_i] / norm_s,   norm_s = 1 (sum) | sum_i w_i (mean) | sqrt(sum_i w_i^2) (sqrtn).
-// A zero norm (and so an empty sample) gives a zero activation and no gradient (spec A6: div_no_nan, as TF's
+// A zero norm (and so an empty sample) gives a zero activation and no gradient (div_no_nan, as TF's
 // serving path and V0 do).  Both passes use the same per-id factor w_i / norm_s, so the backward pass is the
 // exact transpose of the forward one.
 #ifndef TF_EMBED_OPS_CC_LIB_COMBINER_H_

@@ -22,7 +22,7 @@ struct ClipLimits {
   }
 };
 
-// Forward-only simulated quantization of gathered rows (spec §1.1).  num_buckets >= 2 when enabled.
+// Forward-only simulated quantization of gathered rows (docs/semantics.md).  num_buckets >= 2 when enabled.
 struct SimulatedQuantization {
   bool enabled = false;
   float lower = 0.0f;
@@ -44,7 +44,7 @@ struct TableOptimization {
   ClipLimits gradient_clipping;  // applied to the summed gradient before it (gradient_clipping_limits)
   float weight_decay_factor = 0.0f;
   bool multiply_weight_decay_factor_by_learning_rate = false;
-  bool gradient_accumulation = true;  // UNSPECIFIED means ENABLED (spec §1.1)
+  bool gradient_accumulation = true;  // UNSPECIFIED means ENABLED (docs/semantics.md, "Gradient accumulation")
   SimulatedQuantization simulated_quantization;
 };
 
@@ -70,7 +70,7 @@ enum class ShardingStrategy { kDivDefault = 0, kMod = 1 };
 struct EmbeddingConfig {
   std::vector<TableSpec> tables;  // index = table id
   // index = feature position in the op's input lists.  A V1-style config (no feature descriptors) gets one
-  // synthesised feature per table, input_shape [batch_size_per_tensor_core * num_features] (spec §2.2), and
+  // synthesised feature per table, input_shape [batch_size_per_tensor_core * num_features], and
   // features_synthesized = true.
   std::vector<FeatureSpec> features;
   bool features_synthesized = false;

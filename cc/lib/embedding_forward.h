@@ -1,4 +1,4 @@
-// The forward pass of one feature (spec §3.1): for each sample s in [begin, end),
+// The forward pass of one feature (docs/semantics.md, "Combiners"): for each sample s in [begin, end),
 //   out[s] = sum over the sample's ids i (input order) of scale_i * Q(E[id_i]),
 // where Q is simulated quantization when enabled (else the identity).  Samples are independent, so callers
 // shard [0, num_samples) freely; the per-sample summation order is fixed, so the result does not depend on

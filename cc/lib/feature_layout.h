@@ -1,5 +1,6 @@
 // Where each id of a feature lands: the TPU enqueue's (sample_indices_or_row_splits, ids, weights) triple
-// (spec §3.1) resolved into per-id output samples and combiner factors, plus the sample -> ids grouping the
+// (docs/semantics.md, "Tables, features and input forms") resolved into per-id output samples and combiner
+// factors, plus the sample -> ids grouping the
 // forward pass walks.  TensorFlow-free; the kernels build one FeatureLayout per feature per call.
 //
 // Input forms (`splits_or_indices` with `splits_or_indices_rank`):

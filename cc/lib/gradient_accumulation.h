@@ -1,4 +1,4 @@
-// Gradient accumulation of one table for one step (spec §1.2, TEST `_compute_gradients_wrt_embedding_table`):
+// Gradient accumulation of one table for one step (docs/semantics.md, "Gradient accumulation"):
 // every contribution  (w_i / norm_s) * dL/dact[s]  of every feature sharing the table is summed per row, and
 // the optimizer then runs once per touched row with that sum.
 //

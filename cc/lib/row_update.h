@@ -1,9 +1,10 @@
-// The per-row training pipeline of the TPU embedding engine (spec §1.2, ambiguities A3/A4), written once for
+// The per-row training pipeline of the TPU embedding engine (docs/semantics.md, "The training step, row by row",
+// "Weight decay" and "Gradient clipping"), written once for
 // every optimizer struct (Sgd, Adagrad, ... : UpdateRow(lr, g, w, slots, dim)):
 //   g = clip(g, gradient_clipping_limits)                     (on the accumulated sum)
 //   w -= wd * (multiply_weight_decay_factor_by_learning_rate ? lr : 1) * w    (decoupled decay, before the step)
 //   w, slots = optimizer(w, slots, g, lr)
-//   w = clip(w, clipping_limits)                               (SCX apply_weight_clipping_to_table)
+//   w = clip(w, clipping_limits)                               (apply_weight_clipping_to_table, SparseCore)
 #ifndef TF_EMBED_OPS_CC_LIB_ROW_UPDATE_H_
 #define TF_EMBED_OPS_CC_LIB_ROW_UPDATE_H_
 

@@ -1,4 +1,4 @@
-// Forward-only simulated quantization of a gathered table element (spec §1.1; U QuantizationConfig):
+// Forward-only simulated quantization of a gathered table element (docs/semantics.md, "Simulated quantization"):
 //   x = clip(v, lo, hi);  q = (hi - lo) / (N - 1);  out = floor((x - lo) / q + 0.5) * q + lo.
 // Storage stays float32 and the backward pass is straight-through (gradients ignore it).
 #ifndef TF_EMBED_OPS_CC_LIB_SIMULATED_QUANTIZATION_H_

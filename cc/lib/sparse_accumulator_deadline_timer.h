@@ -1,6 +1,6 @@
 // A process-wide timer for the accumulator's take timeouts (TensorFlow-free).
 //
-// A waiting take must not hold a thread (spec: TakeGrad is asynchronous), so its timeout cannot be a sleeping
+// A waiting take must not hold a thread (TakeGrad is an asynchronous op), so its timeout cannot be a sleeping
 // thread either.  One lazily started thread serves every deadline in the process; callbacks run on it, one at
 // a time, without any timer lock held, so a callback may take other locks (and call Cancel()).
 #ifndef TF_EMBED_OPS_CC_LIB_SPARSE_ACCUMULATOR_DEADLINE_TIMER_H_

@@ -1,6 +1,6 @@
 // Validation of one sparse gradient against an accumulator's shape and held state (TensorFlow-free).
 //
-// The checks and their messages are TensorFlow's (spec §4.2 steps 5-8, in that order), plus one of ours:
+// The checks and their messages are TensorFlow's (sparse_conditional_accumulator.h, in its order), plus one of ours:
 // negative indices are rejected (TensorFlow accepts them).  The first failing check wins.  Nothing here
 // depends on the step: the caller validates before the stale check, so a malformed gradient is an error
 // even when it is stale (TensorFlow drops stale gradients unvalidated).
@@ -13,7 +13,7 @@
 
 namespace tf_embed_ops {
 
-// The accumulator's partial shape.  An unknown rank and rank 0 both impose nothing (spec §1.3); -1 is an
+// The accumulator's partial shape.  An unknown rank and rank 0 both impose nothing; -1 is an
 // unknown dimension.
 struct AccumulatorShape {
   bool known_rank = false;
@@ -40,7 +40,8 @@ struct SparseGradientView {
 std::string ValidateSparseGradient(const AccumulatorShape& shape, const SparseGradientView& gradient,
                                    const std::vector<int64_t>* held_values_dims);
 
-// The dense shape a take reports (spec §5.3): dim 0 of the accumulator shape when known (else -1), then the
+// The dense shape a take reports (docs/sparse_accumulator.md, "Semantics"): dim 0 of the accumulator shape when
+// known (else -1), then the
 // held values' dims 1..
 std::vector<int64_t> TakeOutputShape(const AccumulatorShape& shape, const std::vector<int64_t>& held_values_dims);
 

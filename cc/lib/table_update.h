@@ -1,7 +1,7 @@
-// Applies one step's accumulated gradients to a table and its slots (spec §1.2): the row pipeline of
+// Applies one step's accumulated gradients to a table and its slots (docs/semantics.md): the row pipeline of
 // row_update.h on every touched row (lazy optimizers), or on every row with a zero gradient where untouched
 // (optimizers whose UpdatesAllRows() is true: non-lazy Adam).  A touched row whose summed gradient is 0 is
-// still updated (A11).
+// still updated (docs/semantics.md, "Touched rows with a zero gradient").
 //
 // Work is split by the caller-supplied `Shard` function (the kernels pass TensorFlow's intra-op pool): rows are
 // independent and each row's gradient is summed in a fixed order (RowGradientPlan), so the result is bitwise

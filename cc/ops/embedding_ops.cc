@@ -1,4 +1,4 @@
-// Registration of the fused embedding training ops (spec §3; docs/ops.md has the full contract).
+// Registration of the fused embedding training ops (docs/ops.md has the full contract, docs/semantics.md the math).
 //
 // Per-feature inputs are the TPU enqueue's normalised form, one list entry per feature (feature-descriptor
 // order): sample_indices_or_row_splits (empty = dense, rank 1 = row_splits, rank 2 = sparse indices),

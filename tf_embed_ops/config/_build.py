@@ -83,8 +83,8 @@ def from_feature_config(
     Tables are numbered in order of first appearance in ``tf.nest.flatten(feature_config)`` (dicts flatten in key
     order), unnamed tables are called ``table_{i}``, each vocabulary is padded to ``max(vocabulary_size,
     num_hosts)``, and each callable learning rate gets a dynamic tag: callables are collected in table order,
-    de-duplicated with ``==``, and a table's tag is its callable's index (spec §2.3).  One feature descriptor per
-    flattened feature, named only if ``FeatureConfig.name`` is set, with ``input_shape`` when the shape is fully
+    de-duplicated with ``==``, and a table's tag is its callable's index (docs/semantics.md).  One feature descriptor
+    per flattened feature, named only if ``FeatureConfig.name`` is set, with ``input_shape`` when the shape is fully
     known.  ``mode`` is TRAINING and ``sharding_strategy`` DIV_DEFAULT, as TensorFlow always sets them.  The
     TableConfig/optimizer objects are not modified.
 

@@ -7,7 +7,7 @@ here; another optimizer class (e.g. a tf_embed_ops one) is one :func:`register_o
 
 The fill functions write field for field what TensorFlow's ``_Optimizer._set_optimization_parameters`` writes,
 except that ``low_dimensional_packing_status`` is assigned as an int: TensorFlow assigns the Python bool, which
-protobuf 7 rejects (spec §1.5, A13).
+protobuf 7 rejects (docs/semantics.md, "Python behaviour we do not copy").
 """
 
 from __future__ import annotations
@@ -213,13 +213,13 @@ for _codec in (
 
 def _catalogue_codec(cls: type) -> OptimizerCodec:
     def fill(opt: Any, params: OptimizationParameters) -> None:
-        opt._set_optimization_parameters(params)  # pylint: disable=protected-access
+        opt._set_optimization_parameters(params)
 
     def make(table: TableInfo, lr: Any) -> Any:
-        kwargs = cls._kwargs_from_hyper_parameters(table.optimizer.hyperparameters)  # pylint: disable=protected-access
+        kwargs = cls._kwargs_from_hyper_parameters(table.optimizer.hyperparameters)
         return cls(**kwargs, **common_kwargs(table, lr))
 
-    return OptimizerCodec(cls._proto_field, cls, fill, make)  # pylint: disable=protected-access
+    return OptimizerCodec(cls._proto_field, cls, fill, make)
 
 
 for _cls in CATALOGUE.values():

@@ -89,7 +89,7 @@ class ClipLimits:
 
 @dataclasses.dataclass(frozen=True)
 class QuantizationInfo:
-    """Forward-only simulated quantization of looked-up rows (spec §1.1)."""
+    """Forward-only simulated quantization of looked-up rows (docs/semantics.md, "Simulated quantization")."""
 
     num_buckets: int
     lower: float

@@ -35,7 +35,7 @@ __all__ = [
 def __getattr__(name: str):
     # Lazy: the Keras layer imports keras, which the strategy-only path does not need.
     if name == "ShardedEmbeddingLayer":
-        from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
         return ShardedEmbeddingLayer
     raise AttributeError(f"module 'tf_embed_ops.distribute' has no attribute {name!r}")

@@ -213,8 +213,8 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 self._track_trackable(parameters, name=table.name)
                 slots = {}
                 if table.optimizer is not None:
-                    names = table.optimizer._slot_names()  # noqa: SLF001
-                    initializers = table.optimizer._slot_initializers()  # noqa: SLF001
+                    names = table.optimizer._slot_names()
+                    initializers = table.optimizer._slot_initializers()
                     for slot, initializer in zip(names, initializers, strict=True):
                         name = f"{table.name}/{slot}"
                         slots[slot] = self._sharded_variable(name, t, table.dim, initializer)
@@ -273,7 +273,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             table = self._table_config[t]
             owned = self._variables[table.name]
             tables.append(owned["parameters"].variables[plan.task])
-            names = table.optimizer._slot_names() if table.optimizer is not None else []  # noqa: SLF001
+            names = table.optimizer._slot_names() if table.optimizer is not None else []
             slots.append([owned[n].variables[plan.task] for n in names])
         return tables, slots
 
@@ -306,7 +306,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         """Runs the update on every server (or feeds the aggregator); returns the ops (empty eagerly)."""
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
-            return self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))  # noqa: SLF001
+            return self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))
         ops = []
         for plan in self.server_plans:
             tables, slots = self._shard_variables(plan)

@@ -1,7 +1,7 @@
 """DIV row sharding of embedding tables: which rows live on which shard (the TPU's DIV_DEFAULT layout).
 
 A table of V rows split over N shards keeps contiguous row ranges; shard i holds ``V // N + (i < V % N)`` rows,
-so the first ``V mod N`` shards are one row larger (spec §3.4, TensorFlow's ``make_sharded_variable_creator``).
+so the first ``V mod N`` shards are one row larger (TensorFlow's ``make_sharded_variable_creator``).
 A table never gets an empty shard: one with fewer rows than parameter servers is split over ``V`` shards only
 (the TPU pads the vocabulary instead, which would change the checkpoint shape; we keep the full [V, dim]).
 

@@ -21,14 +21,14 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-from tf_embed_ops import config as te_config  # noqa: E402
-from tf_embed_ops import embedding_ops  # noqa: E402
-from tf_embed_ops import keras as te_keras  # noqa: E402
-from tf_embed_ops.keras.layer import activation_specs  # noqa: E402
+from tf_embed_ops import config as te_config
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import keras as te_keras
+from tf_embed_ops.keras.layer import activation_specs
 
 emb = tf.tpu.experimental.embedding
 

@@ -6,7 +6,7 @@ through a custom gradient whose backward pass runs the fused `SendTPUEmbeddingGr
 differentiates only with respect to trainable weights, so the layer owns one trainable scalar, the *update
 trigger*: the lookup is a function of it, its gradient is the (zero) output of the backward pass, and that zero
 depends on the fused update op. The update is therefore on the data path of the gradient Keras applies, not a
-side effect graph optimisation could prune (spec section 5, the dummy-variable technique of the TPUEstimator era).
+side effect graph optimisation could prune (the dummy-variable technique of TensorFlow's TPUEstimator era).
 
 Example:
     >>> table = tf.tpu.experimental.embedding.TableConfig(1000, 8, name="user")
@@ -146,7 +146,7 @@ class TPUEmbedding(keras.layers.Layer):
 
     @property
     def feature_config(self) -> Any:
-        return self._tpu_embedding._feature_config  # noqa: SLF001
+        return self._tpu_embedding._feature_config
 
     @property
     def embedding_tables(self) -> dict:
@@ -168,11 +168,11 @@ class TPUEmbedding(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
-        inputs, _ = store._normalize_inputs(features, weights)  # noqa: SLF001
-        flat_features = tf.nest.flatten(store._feature_config)  # noqa: SLF001
+        inputs, _ = store._normalize_inputs(features, weights)
+        flat_features = tf.nest.flatten(store._feature_config)
         if serving.in_serving_mode():
             kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
-            tables = store._variables  # noqa: SLF001
+            tables = store._variables
             acts = [
                 serving.plain_lookup(
                     inp,
@@ -185,24 +185,24 @@ class TPUEmbedding(keras.layers.Layer):
                 for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
             ]
         else:
-            tables, slots = store._tables_and_slots()  # noqa: SLF001
+            tables, slots = store._tables_and_slots()
             if training:
                 # The fused update hangs on the trigger's gradient (see the module docstring).
                 acts = embedding_ops.embedding_lookup_and_update(
                     inputs,
                     tables,
                     slots,
-                    store._serialized_config,  # noqa: SLF001
-                    combiners=store._combiners,  # noqa: SLF001
-                    learning_rates=list(store._dynamic_learning_rates),  # noqa: SLF001
+                    store._serialized_config,
+                    combiners=store._combiners,
+                    learning_rates=list(store._dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                 )
             else:
                 acts = embedding_ops.embedding_activations(
-                    inputs, tables, store._serialized_config, combiners=store._combiners  # noqa: SLF001
+                    inputs, tables, store._serialized_config, combiners=store._combiners
                 )
-        acts = store._reshape_activations(list(acts))  # noqa: SLF001
-        return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
+        acts = store._reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store._feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)

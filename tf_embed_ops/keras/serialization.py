@@ -67,7 +67,7 @@ def _serialize_callable(value: Any, what: str) -> Any:
     if callable(getattr(value, "get_config", None)) and not isinstance(value, type):
         try:
             return {"keras": keras.saving.serialize_keras_object(value)}
-        except Exception as e:  # noqa: BLE001 - re-raised with the argument's name
+        except Exception as e:  # re-raised with the argument's name
             raise ValueError(f"{what} {value!r} cannot be serialised: {e}") from e
     raise ValueError(
         f"{what} {value!r} cannot be serialised: use a float, or a 0-argument callable class registered with "
@@ -95,7 +95,7 @@ def optimizer_to_dict(optimizer: Any) -> dict | None:
         raise ValueError(f"Cannot serialise {name} with a slot_variable_creation_fn (a Python callable).")
     args = {a: getattr(optimizer, a) for a in _COMMON_OPTIMIZER_ARGS}
     if catalogue:
-        args.update(optimizer._specific_arguments())  # pylint: disable=protected-access
+        args.update(optimizer._specific_arguments())
         name = _CATALOGUE_PREFIX + name
     else:
         args.update({a: getattr(optimizer, a) for a in _OPTIMIZER_ARGS[name]})

@@ -21,7 +21,7 @@ __all__ = ["export_for_serving", "plain_lookup"]
 
 
 def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
-    """Simulated quantization of gathered rows (spec 1.1): clip, then round to one of num_buckets levels."""
+    """Simulated quantization of gathered rows (docs/semantics.md): clip, then round to one of num_buckets levels."""
     lo, hi, n = float(quantization.lower), float(quantization.upper), int(quantization.num_buckets)
     step = (hi - lo) / (n - 1)
     x = tf.clip_by_value(rows, lo, hi)

@@ -1,5 +1,5 @@
 // Adagrad as the TPU embedding engine runs it: a += g^2; w -= lr * g / sqrt(a).  There is no epsilon: the
-// accumulator starts positive (Python's initial_accumulator_value must be > 0).  (spec §1.3; SCX, TEST)
+// accumulator starts positive (Python's initial_accumulator_value must be > 0).  (docs/semantics.md, "Optimizers")
 #ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ADAGRAD_H_
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ADAGRAD_H_
 

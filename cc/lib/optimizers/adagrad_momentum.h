@@ -1,5 +1,6 @@
-// AdagradMomentum in the SparseCore form, with the gradient folded into the momentum (spec §1.3 and
-// ambiguity A1: SCX and the TEST golden agree, the proto comment does not; checkpoints store this form):
+// AdagradMomentum in the SparseCore form, with the gradient folded into the momentum (docs/semantics.md,
+// "AdagradMomentum": the SparseCore ops and TF's golden test agree, the proto comment does not; checkpoints
+// store this form):
 //   a = (beta2 == 1) ? a + g^2 : beta2 * a + (1 - beta2) * g^2
 //   s = g * (a + epsilon)^(-1/exponent)
 //   m = momentum * m + s

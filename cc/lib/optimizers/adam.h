@@ -1,5 +1,5 @@
-// Adam as the TPU embedding engine runs it (spec §1.3, ambiguity A10): no bias correction (TPU users fold it
-// into a dynamic learning rate lr * sqrt(1 - b2^t) / (1 - b1^t)).
+// Adam as the TPU embedding engine runs it (docs/semantics.md, "Bias correction"): no bias correction (TPU users
+// fold it into a dynamic learning rate lr * sqrt(1 - b2^t) / (1 - b1^t)).
 //   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
 //   w -= lr * m / sqrt(v + eps^2)        if use_sum_inside_sqrt
 //   w -= lr * m / (sqrt(v) + eps)        otherwise

@@ -1,4 +1,4 @@
-// Bounded Adagrad.  The proto gives only the parameters (spec A9); this is our documented reading of them,
+// Bounded Adagrad.  The proto gives only the parameters; this is our documented reading of them (docs/semantics.md),
 // Adagrad (Duchi et al.) with two optional bounds:
 //   update_accumulator_first:  a = min(a + g^2, max_acc);  step = lr * g / sqrt(a)
 //   otherwise:                 step = lr * g / sqrt(a);    a = min(a + g^2, max_acc)

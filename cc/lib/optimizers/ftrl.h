@@ -1,4 +1,5 @@
-// FTRL-proximal as SparseCore runs it (spec §1.3; SCX, TF ApplyFtrl).  With p = -lr_power, a' = a + g^2:
+// FTRL-proximal as SparseCore and TF's ApplyFtrl run it (docs/semantics.md, "Optimizers").  With p = -lr_power,
+// a' = a + g^2:
 //   standard:              lin += g - (a'^p - a^p) / lr * w;   quad = (a'^p + beta) / lr + 2 * l2;   thr = l1
 //   multiply_linear_by_lr: lin += lr*g - (a'^p - a^p) * w;     quad = a'^p + 2 * lr * l2 + beta;    thr = lr*l1
 //   w = (clamp(lin, -thr, thr) - lin) / quad;   a = a'

@@ -1,4 +1,4 @@
-// Online Yogi.  The proto gives only the parameters (l1, l2, beta2; spec A9) and says "Yogi plus FTRL-style
+// Online Yogi.  The proto gives only the parameters (l1, l2, beta2; docs/semantics.md) and says "Yogi plus FTRL-style
 // extensions".  Our documented reading: FTRL-proximal (ftrl.h, lr_power = -1/2, beta = 0) whose squared-gradient
 // accumulator is Yogi's additive second moment instead of Adagrad's sum:
 //   v' = v - (1 - b2) * sign(v - g^2) * g^2

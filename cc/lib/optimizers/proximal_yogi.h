@@ -1,4 +1,4 @@
-// Proximal Yogi.  The proto gives only the parameters (spec A9) and cites the Yogi paper (Zaheer et al.,
+// Proximal Yogi.  The proto gives only the parameters (docs/semantics.md) and cites the Yogi paper (Zaheer et al.,
 // NeurIPS 2018) "plus some extensions based on FTRL"; we follow the public proximal form of Yogi
 // (tensorflow/addons' Yogi optimizer), with no bias correction (use a dynamic learning rate, as for Adam):
 //   m = b1 * m + (1 - b1) * g

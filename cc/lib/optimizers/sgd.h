@@ -1,4 +1,4 @@
-// Stochastic gradient descent: w -= lr * g.  No slots.  (spec §1.3; SCX, TEST)
+// Stochastic gradient descent: w -= lr * g.  No slots.  (docs/semantics.md, "Optimizers")
 #ifndef TF_EMBED_OPS_CC_LIB_OPTIMIZERS_SGD_H_
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_SGD_H_
 
