@@ -270,7 +270,7 @@ def _learning_rate_values(learning_rates) -> list[tf.Tensor]:
 
 
 def send_tpu_embedding_gradients(
-    gradients, learning_rates, features, tables, slots, config, combiners=None, name=None
+    gradients, learning_rates, features, tables, slots, config, combiners=None, name=None, check_numerics=False
 ) -> tf.Operation:
     """Applies one training step to the tables and their slots in place (our SendTPUEmbeddingGradients).
 
@@ -282,7 +282,8 @@ def send_tpu_embedding_gradients(
     Args:
       gradients: one float32 tensor per feature, shaped like its activation.
       learning_rates: one scalar (float, tensor or zero-argument callable, evaluated now) per dynamic
-        learning-rate tag of the config, in tag order; empty when all rates are constant.
+        learning-rate tag of the config, in tag order; empty when all rates are constant.  Each must be finite
+        and >= 0 (checked by the op, which then names the tag and the tables using it).
       features: the same FeatureInput list the activations were computed from.
       tables: list of float32 tf.Variable [vocabulary_size, dim], in table order.
       slots: per table, the list of its slot variables in Load/Retrieve order (e.g. Adam: momenta,
@@ -290,6 +291,8 @@ def send_tpu_embedding_gradients(
       config: the TPUEmbeddingConfiguration (proto or bytes).
       combiners: as for :func:`embedding_activations`.
       name: op name.
+      check_numerics: if True, a gradient holding NaN or +-inf rejects the whole step (the error names the
+        feature, the table and the position).  By default such gradients are applied, as the TPU applies them.
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -324,11 +327,12 @@ def send_tpu_embedding_gradients(
             slots=slot_handles,
             config=_serialized_config(config),
             combiners=_combiners(combiners),
+            check_numerics=bool(check_numerics),
         )
 
 
 def embedding_lookup_and_update(
-    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None
+    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None, check_numerics=False
 ) -> list[tf.Tensor]:
     """Activations whose backward pass applies the fused table update (the Keras-layer building block).
 
@@ -346,6 +350,7 @@ def embedding_lookup_and_update(
         runs, i.e. once per step).
       trigger: float32 scalar tensor the update hangs on; None uses a constant zero, which only works when
         the caller differentiates with respect to the returned activations' producer itself (rarely useful).
+      check_numerics: as for :func:`send_tpu_embedding_gradients`.
 
     Returns:
       One activation per feature.
@@ -371,7 +376,9 @@ def embedding_lookup_and_update(
 
         def grad(*upstream):
             dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-            update = send_tpu_embedding_gradients(dys, rates, feats, tables, slots, config, combiners)
+            update = send_tpu_embedding_gradients(
+                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics
+            )
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
                 # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,

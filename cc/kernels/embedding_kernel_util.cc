@@ -86,6 +86,16 @@ absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_i
   return absl::OkStatus();
 }
 
+absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, const std::string& label,
+                             tensorflow::TensorShape* out) {
+  absl::Status status = tensorflow::TensorShape::BuildTensorShape(batch.sample_shape, out);
+  if (status.ok()) status = out->AddDimWithStatus(table.dimension);
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(absl::StrCat(label, ": sample_shape [", absl::StrJoin(batch.sample_shape, ", "),
+                                                 "] + [", table.dimension, "] (dimension of table '", table.name,
+                                                 "') is not a valid activation shape: ", status.message()));
+}
+
 absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
                                 tensorflow::Var** var) {
   if (ctx->input_dtype(input) != tensorflow::DT_RESOURCE) {

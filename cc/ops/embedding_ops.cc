@@ -117,6 +117,7 @@ REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
     .Attr("NN: int >= 0 = 0")
     .Attr("T: int >= 1")
     .Attr("S: int >= 0 = 0")
+    .Attr("check_numerics: bool = false")
     .SetIsStateful()
     .SetShapeFn(SendGradientsShapeFn)
     .Doc(R"doc(
@@ -127,7 +128,9 @@ combiner, summed per table row across all features sharing the table, and each t
 non-lazy Adam) goes through gradient clipping, decoupled weight decay, the table's optimizer and weight
 clipping.  Everything is validated before the first write: a rejected call changes no table or slot.
 
-learning_rates: one scalar per dynamic learning-rate tag, in tag order.
+learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
+check_numerics: also reject a step whose gradients hold NaN or +-inf (by default they are applied, as the TPU
+  applies them).
 tables: float32 resource variables [vocabulary_size, dim], in table order.
 slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order.
 )doc");
