@@ -216,10 +216,18 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         for table in self._table_config:
             shape = (table.vocabulary_size, table.dim)
 
-            def getter(name, shape, dtype, initializer, trainable, _shape=shape):
+            def getter(name, shape, dtype, initializer, trainable, _shape=shape, _table=table.name):
                 # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
                 del shape, dtype
-                return self._make_variable(name, _shape, initializer, trainable)
+                try:
+                    return self._make_variable(name, _shape, initializer, trainable)
+                except ValueError as e:
+                    # The initializer is a pending checkpoint value when a restore ran before `build`; TensorFlow's
+                    # shape error then names neither the table nor the variable.
+                    raise ValueError(
+                        f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)} "
+                        f"(vocabulary_size, dim): {e}"
+                    ) from e
 
             def variable_creator(name, initializer, trainable=True, _shape=shape, _getter=getter):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
@@ -388,7 +396,9 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     )
                 max_len = 0
             try:
-                normalized = embedding_ops.normalize_feature(inp, weights=weight, max_sequence_length=max_len)
+                normalized = embedding_ops.normalize_feature(
+                    inp, weights=weight, max_sequence_length=max_len, feature_name=path
+                )
             except ValueError as e:
                 raise ValueError(f"Feature {path}: {e}") from e
             inputs.append(normalized)
