@@ -95,7 +95,10 @@ def test_bad_row_splits_inside_tf_function(splits):
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def step(s):
-        f = [eo.FeatureInput(s, tf.constant([1, 2, 3, 4], tf.int64), tf.zeros([0]), tf.constant([3], tf.int64)), feats[1]]
+        f = [
+            eo.FeatureInput(s, tf.constant([1, 2, 3, 4], tf.int64), tf.zeros([0]), tf.constant([3], tf.int64)),
+            feats[1],
+        ]
         _send(config, variables, f, grads)
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 0 \('watched'\): row_splits\[1\]"):
@@ -156,7 +159,10 @@ def _sparse(indices, sample_shape, num_ids=None):
     indices = np.asarray(indices, np.int64).reshape([-1, len(sample_shape) + 1])
     n = len(indices) if num_ids is None else num_ids
     return eo.FeatureInput(
-        tf.constant(indices), tf.constant(np.arange(n) % VOCAB, tf.int64), tf.zeros([0]), tf.constant(sample_shape, tf.int64)
+        tf.constant(indices),
+        tf.constant(np.arange(n) % VOCAB, tf.int64),
+        tf.zeros([0]),
+        tf.constant(sample_shape, tf.int64),
     )
 
 
@@ -165,7 +171,10 @@ def _sparse(indices, sample_shape, num_ids=None):
     [
         ([2**40], r"sample_shape \[1099511627776\] has more than 2147483647 samples"),
         ([2**62, 2**62], r"sample_shape \[4611686018427387904, 4611686018427387904\] has more than 2147483647"),
-        ([65536, 65536], r"sample_shape \[65536, 65536\] has more than 2147483647 samples \(sample_shape\[1\] = 65536\)"),
+        (
+            [65536, 65536],
+            r"sample_shape \[65536, 65536\] has more than 2147483647 samples \(sample_shape\[1\] = 65536\)",
+        ),
         ([3, -1], r"sample_shape\[1\] = -1 is negative"),
     ],
 )
@@ -265,8 +274,9 @@ def test_check_numerics_on_tpu_embedding():
 
 def test_check_numerics_on_keras_layer():
     table = emb_api.TableConfig(VOCAB, DIM, name="video", combiner="sum")
-    layer = te.keras.TPUEmbedding({"watched": emb_api.FeatureConfig(table=table, name="watched")}, emb_api.SGD(0.1),
-                                  check_numerics=True)
+    layer = te.keras.TPUEmbedding(
+        {"watched": emb_api.FeatureConfig(table=table, name="watched")}, emb_api.SGD(0.1), check_numerics=True
+    )
     assert layer.get_config()["check_numerics"] is True
     before = layer.embedding_tables[table].numpy().copy()
     ids = tf.constant([1, 2], tf.int64)
@@ -286,5 +296,7 @@ def test_restore_before_build_with_wrong_shape_names_the_table(tmp_path):
     path = tf.train.Checkpoint(e=saved).save(str(tmp_path / "ckpt"))
     other = te.TPUEmbedding({"a": emb_api.FeatureConfig(emb_api.TableConfig(7, 2, name="video"))}, emb_api.SGD(0.1))
     tf.train.Checkpoint(e=other).restore(path).expect_partial()
-    with pytest.raises(ValueError, match=r"Table 'video': cannot create variable 'video' with shape \(7, 2\).*\(6, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"Table 'video': cannot create variable 'video' with shape \(7, 2\).*\(6, 2\)"
+    ):
         other.build()
