@@ -17,3 +17,25 @@ import sys
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+def _config():
+    from . import config_fuzz
+
+    return config_fuzz
+
+
+def _ops():
+    from . import ops_fuzz
+
+    return ops_fuzz
+
+
+def _accumulator():
+    from . import accumulator_fuzz
+
+    return accumulator_fuzz
+
+
+# Target name -> its module (imported on use: each pulls in TensorFlow).
+TARGETS = {"config": _config, "ops": _ops, "accumulator": _accumulator}
