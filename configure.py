@@ -255,6 +255,7 @@ def _main(argv: list[str] | None = None) -> None:
     if args.ninja:
         suffix = python_build_config()["ext_suffix"]
         out = os.path.join(os.path.abspath(args.ninja), "out")
+        os.makedirs(out, exist_ok=True)
         print("wrote", write_ninja(os.path.abspath(args.ninja), os.path.join(out, "_tf_embed_ops" + suffix),
                                    os.path.join(out, "_config" + suffix), cfg))
         write_build_info(out, cfg)

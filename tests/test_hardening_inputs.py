@@ -300,3 +300,16 @@ def test_restore_before_build_with_wrong_shape_names_the_table(tmp_path):
         ValueError, match=r"Table 'video': cannot create variable 'video' with shape \(7, 2\).*\(6, 2\)"
     ):
         other.build()
+
+
+def test_static_gradient_shape_error_names_the_feature():
+    config, variables, feats, grads = _setup()
+
+    @tf.function
+    def step():
+        _send(config, variables, feats, [grads[0], tf.ones([2, DIM + 1])])
+
+    with pytest.raises(
+        ValueError, match=r"feature 1 \('liked'\): the gradient \(inputs\[1\]\) has shape \[2,4\], expected \[\?,3\]"
+    ):
+        step.get_concrete_function()

@@ -56,10 +56,11 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->status());
     std::vector<tensorflow::Tensor> tables(attrs_.num_tables);
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      OP_REQUIRES_OK(
-          ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true, true, &tables[t]));
-      OP_REQUIRES_OK(ctx,
-                     CheckTableShape(tables[t], config.tables[t], absl::StrCat("table '", config.tables[t].name, "'")));
+      const std::string what = absl::StrCat("table '", config.tables[t].name, "'");
+      OP_REQUIRES_OK(ctx, Named(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true,
+                                                                                         true, &tables[t]),
+                                what));
+      OP_REQUIRES_OK(ctx, CheckTableShape(tables[t], config.tables[t], what));
     }
 
     // 2. Allocate (the sizes are validated now), lay out each feature and combine its samples.

@@ -84,6 +84,10 @@ class WorkspacePool {
 absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
                               const std::string& label, FeatureBatch* out);
 
+// `status` with "what: " in front of its message (same code), for errors of TensorFlow helpers that cannot know
+// which table or slot they were handling.
+absl::Status Named(const absl::Status& status, const std::string& what);
+
 // sample_shape + [dimension of `table`]: the shape of the feature's activation (and of its gradient).  Call it
 // on a batch ValidateFeatureBatch accepted; errors (a rank TensorShape cannot hold) name the feature.
 absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, const std::string& label,

@@ -204,8 +204,9 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   absl::Status ReadLockedVariables(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
     step->values.resize(step->var_inputs.size());
     for (size_t v = 0; v < step->var_inputs.size(); ++v) {
-      TF_RETURN_IF_ERROR(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, step->var_inputs[v], true, true,
-                                                                                  &step->values[v]));
+      TF_RETURN_IF_ERROR(Named(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, step->var_inputs[v], true,
+                                                                                        true, &step->values[v]),
+                               step->var_names[v]));
       TF_RETURN_IF_ERROR(CheckTableShape(step->values[v], *step->var_tables[v], step->var_names[v]));
     }
     return absl::OkStatus();
