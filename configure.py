@@ -26,6 +26,28 @@ CONFIG_MODULE_SOURCES = ["cc/lib/*.cc", "cc/config/*.cc", "cc/python/*.cc"]
 OPT_FLAGS = ["-O3", "-DNDEBUG", "-fno-math-errno", "-fPIC", "-fvisibility=hidden", "-Wno-deprecated-declarations"]
 
 
+# TF_EMBED_OPS_SANITIZE=address,undefined (or `python configure.py --sanitize ...`) builds both shared objects
+# with AddressSanitizer/UndefinedBehaviorSanitizer.  UBSan stops at its first finding (no recovery), vptr is
+# left out (TensorFlow's types cross uninstrumented libraries), and -O1 -g keeps the reports readable.  The
+# sanitizer runtime must then be loaded first: LD_PRELOAD the libasan/libubsan of this compiler
+# (.ci/sanitize.sh does all of it; docs/reliability.md explains).
+SANITIZERS = ("address", "undefined")
+
+
+def sanitize_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) for the sanitizers named in TF_EMBED_OPS_SANITIZE; ([], []) when unset."""
+    names = [n for n in os.environ.get("TF_EMBED_OPS_SANITIZE", "").replace(" ", "").split(",") if n]
+    unknown = [n for n in names if n not in SANITIZERS]
+    if unknown:
+        raise ValueError(f"TF_EMBED_OPS_SANITIZE: unknown sanitizer(s) {unknown}; supported: {', '.join(SANITIZERS)}")
+    if not names:
+        return [], []
+    flags = ["-fsanitize=" + ",".join(names), "-fno-omit-frame-pointer", "-g", "-O1"]
+    if "undefined" in names:
+        flags += ["-fno-sanitize-recover=undefined", "-fno-sanitize=vptr"]
+    return flags, ["-fsanitize=" + ",".join(names)]
+
+
 def tf_build_config() -> dict:
     """Flags and paths of the installed TensorFlow (imports it: call from a process that may)."""
     import tensorflow as tf
@@ -75,7 +97,7 @@ def write_ninja(build_dir: str, op_library: str, config_module: str, config: dic
         f"cxx = {launcher}{cxx}",
         f"cflags = {' '.join(cflags)}",
         f"pyflags = {' '.join(py_cflags)}",
-        f"ldflags = -shared {' '.join(config['link_flags'])} {rpath}",
+        f"ldflags = -shared {' '.join(config['link_flags'])} {rpath} {' '.join(sanitize_flags()[1])}",
         "rule cxx",
         "  command = $cxx -MMD -MF $out.d $flags -c $in -o $out",
         "  depfile = $out.d",
@@ -138,12 +160,51 @@ def python_build_config() -> dict:
 
 
 def opt_flags() -> list[str]:
-    """Our optimisation flags plus the user's TF_EMBED_OPS_CXXFLAGS (e.g. "-march=native")."""
-    return OPT_FLAGS + os.environ.get("TF_EMBED_OPS_CXXFLAGS", "").split()
+    """Our optimisation flags, the sanitizer flags (TF_EMBED_OPS_SANITIZE; they come later, so their -O1 wins),
+    plus the user's TF_EMBED_OPS_CXXFLAGS (e.g. "-march=native")."""
+    return OPT_FLAGS + sanitize_flags()[0] + os.environ.get("TF_EMBED_OPS_CXXFLAGS", "").split()
 
 
 def _bazelrc_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sanitizer_runtime_env() -> dict:
+    """What a Python process needs to load libraries built with both sanitizers: the runtimes of this compiler
+    preloaded (Python itself is not instrumented), leak checks off (the interpreter's allocations at exit are
+    not leaks of ours), and a halt with a stack trace at the first report."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    cxx = os.environ.get("CXX", "g++")
+    runtimes = [
+        subprocess.check_output([cxx, f"-print-file-name={lib}"], text=True).strip()
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    return {
+        "LD_PRELOAD": " ".join(runtimes),
+        "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=1",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+    }
+
+
+def _bazelrc_asan_lines() -> list[str]:
+    """`--config=asan` (declared in .bazelrc): the sanitizer flags of sanitize_flags(), and the runtime for py_test."""
+    saved = os.environ.get("TF_EMBED_OPS_SANITIZE")
+    os.environ["TF_EMBED_OPS_SANITIZE"] = ",".join(SANITIZERS)
+    try:
+        copts, linkopts = sanitize_flags()
+    finally:
+        if saved is None:
+            del os.environ["TF_EMBED_OPS_SANITIZE"]
+        else:
+            os.environ["TF_EMBED_OPS_SANITIZE"] = saved
+    lines = [f"build:asan --copt={flag}" for flag in copts] + [f"build:asan --linkopt={flag}" for flag in linkopts]
+    lines.append("build:asan --strip=never")
+    try:
+        env = sanitizer_runtime_env()
+    except (OSError, ValueError):  # no compiler to ask: the build config still works, tests need the env by hand
+        return lines
+    return lines + [f"test:asan --test_env={name}={_bazelrc_quote(value)}" for name, value in env.items()]
 
 
 def write_bazelrc(config: dict, python: dict | None = None) -> str:
@@ -168,13 +229,40 @@ def write_bazelrc(config: dict, python: dict | None = None) -> str:
     lines += [f"build --repo_env={name}={_bazelrc_quote(value)}" for name, value in repo_env.items()]
     # py_test runs this interpreter (with its TensorFlow) rather than a registered Python toolchain.
     lines.append(f"build --python_path={_bazelrc_quote(sys.executable)}")
+    lines += _bazelrc_asan_lines()
     path = os.path.join(ROOT, ".tf_configure.bazelrc")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return path
 
 
-if __name__ == "__main__":
+def _main(argv: list[str] | None = None) -> None:
+    import argparse  # pylint: disable=import-outside-toplevel
+
+    parser = argparse.ArgumentParser(description="Writes .tf_configure.bazelrc (default) or a ninja build.")
+    parser.add_argument(
+        "--sanitize", metavar="LIST", help="e.g. address,undefined (same as TF_EMBED_OPS_SANITIZE)"
+    )
+    parser.add_argument(
+        "--ninja",
+        metavar="BUILD_DIR",
+        help="write BUILD_DIR/build.ninja building both shared objects into BUILD_DIR/out (then run ninja -C it)",
+    )
+    args = parser.parse_args(argv)
+    if args.sanitize is not None:
+        os.environ["TF_EMBED_OPS_SANITIZE"] = args.sanitize
     cfg = tf_build_config()
+    if args.ninja:
+        suffix = python_build_config()["ext_suffix"]
+        out = os.path.join(os.path.abspath(args.ninja), "out")
+        os.makedirs(out, exist_ok=True)
+        print("wrote", write_ninja(os.path.abspath(args.ninja), os.path.join(out, "_tf_embed_ops" + suffix),
+                                   os.path.join(out, "_config" + suffix), cfg))
+        write_build_info(out, cfg)
+        return
     print(json.dumps(cfg, indent=2))
     print("wrote", write_bazelrc(cfg))
+
+
+if __name__ == "__main__":
+    _main()

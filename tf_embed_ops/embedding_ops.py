@@ -62,7 +62,7 @@ def _empty_float() -> tf.Tensor:
     return tf.zeros([0], tf.float32)
 
 
-def normalize_feature(x, weights=None, max_sequence_length: int = 0) -> FeatureInput:
+def normalize_feature(x, weights=None, max_sequence_length: int = 0, feature_name: str | None = None) -> FeatureInput:
     """Normalises one feature's ids (and optional weights) to a :class:`FeatureInput`, as the TPU enqueue does.
 
     * Dense ``tf.Tensor``: each id is its own sample; a trailing dimension of 1 is reduced ([B, 1] -> sample
@@ -77,6 +77,8 @@ def normalize_feature(x, weights=None, max_sequence_length: int = 0) -> FeatureI
       x: the ids: a Tensor, SparseTensor or RaggedTensor of integers.
       weights: None, or float weights of the same kind and structure as ``x`` (not for dense input).
       max_sequence_length: L > 0 makes a rank-2 sparse/ragged feature a sequence feature.
+      feature_name: names the feature in the errors of run-time checks (ragged sequence input is checked here,
+        because its layout is derived in Python; every other form is checked by the ops).
 
     Returns:
       The FeatureInput.
@@ -94,7 +96,7 @@ def normalize_feature(x, weights=None, max_sequence_length: int = 0) -> FeatureI
     if isinstance(x, tf.SparseTensor):
         return _normalize_sparse(x, weights, max_sequence_length)
     if isinstance(x, tf.RaggedTensor):
-        return _normalize_ragged(x, weights, max_sequence_length)
+        return _normalize_ragged(x, weights, max_sequence_length, feature_name)
     x = tf.convert_to_tensor(x)
     if weights is not None:
         raise ValueError("weights: dense input takes no weights (as TPUEmbedding); use a SparseTensor or RaggedTensor")
@@ -140,7 +142,30 @@ def _normalize_sparse(x: tf.SparseTensor, weights, max_sequence_length: int) -> 
     return FeatureInput(indices, ids, w, dense_shape[:-1])
 
 
-def _normalize_ragged(x: tf.RaggedTensor, weights, max_sequence_length: int) -> FeatureInput:
+def _checked_row_splits(splits: tf.Tensor, num_ids: tf.Tensor, feature_name: str | None) -> tf.Tensor:
+    """`splits` once they are known valid: [0, ..., num_ids], non-decreasing (so every entry is in [0, num_ids]).
+
+    ``tf.RaggedTensor.from_row_splits(..., validate=False)`` lets any splits through; the sequence layout indexes
+    through them in Python, so they are checked before that (the ops check every other input form themselves).
+    Comparisons only, no differences: nothing can overflow.
+    """
+    what = f"feature {feature_name!r}" if feature_name else "ragged feature"
+    valid = tf.logical_and(
+        tf.logical_and(tf.equal(splits[0], 0), tf.equal(splits[-1], num_ids)),
+        tf.reduce_all(splits[1:] >= splits[:-1]),
+    )
+    check = tf.debugging.Assert(
+        valid,
+        [f"{what}: row_splits must start at 0, be non-decreasing and end at the number of ids", num_ids, splits],
+        summarize=16,
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(splits)
+
+
+def _normalize_ragged(
+    x: tf.RaggedTensor, weights, max_sequence_length: int, feature_name: str | None = None
+) -> FeatureInput:
     _check_weights_kind(weights, tf.RaggedTensor, "RaggedTensor")
     if x.shape.rank != 2 or x.ragged_rank != 1:
         raise ValueError(f"x: a RaggedTensor feature must have rank 2 (ragged_rank 1), got shape {x.shape}")
@@ -151,7 +176,8 @@ def _normalize_ragged(x: tf.RaggedTensor, weights, max_sequence_length: int) -> 
     w = _empty_float() if weights is None else tf.cast(weights.values, tf.float32)
     batch = tf.shape(splits, out_type=tf.int64)[0] - 1
     if max_sequence_length > 0:
-        rows = tf.cast(x.value_rowids(), tf.int64)
+        splits = _checked_row_splits(splits, tf.size(ids, out_type=tf.int64), feature_name)
+        rows = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
         positions = tf.range(tf.size(ids, out_type=tf.int64)) - tf.gather(splits, rows)
         keep = positions < max_sequence_length
         indices = tf.stack([tf.boolean_mask(rows, keep), tf.boolean_mask(positions, keep)], axis=1)
@@ -270,7 +296,7 @@ def _learning_rate_values(learning_rates) -> list[tf.Tensor]:
 
 
 def send_tpu_embedding_gradients(
-    gradients, learning_rates, features, tables, slots, config, combiners=None, name=None
+    gradients, learning_rates, features, tables, slots, config, combiners=None, name=None, check_numerics=False
 ) -> tf.Operation:
     """Applies one training step to the tables and their slots in place (our SendTPUEmbeddingGradients).
 
@@ -282,7 +308,8 @@ def send_tpu_embedding_gradients(
     Args:
       gradients: one float32 tensor per feature, shaped like its activation.
       learning_rates: one scalar (float, tensor or zero-argument callable, evaluated now) per dynamic
-        learning-rate tag of the config, in tag order; empty when all rates are constant.
+        learning-rate tag of the config, in tag order; empty when all rates are constant.  Each must be finite
+        and >= 0 (checked by the op, which then names the tag and the tables using it).
       features: the same FeatureInput list the activations were computed from.
       tables: list of float32 tf.Variable [vocabulary_size, dim], in table order.
       slots: per table, the list of its slot variables in Load/Retrieve order (e.g. Adam: momenta,
@@ -290,6 +317,8 @@ def send_tpu_embedding_gradients(
       config: the TPUEmbeddingConfiguration (proto or bytes).
       combiners: as for :func:`embedding_activations`.
       name: op name.
+      check_numerics: if True, a gradient holding NaN or +-inf rejects the whole step (the error names the
+        feature, the table and the position).  By default such gradients are applied, as the TPU applies them.
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -324,11 +353,12 @@ def send_tpu_embedding_gradients(
             slots=slot_handles,
             config=_serialized_config(config),
             combiners=_combiners(combiners),
+            check_numerics=bool(check_numerics),
         )
 
 
 def embedding_lookup_and_update(
-    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None
+    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None, check_numerics=False
 ) -> list[tf.Tensor]:
     """Activations whose backward pass applies the fused table update (the Keras-layer building block).
 
@@ -346,6 +376,7 @@ def embedding_lookup_and_update(
         runs, i.e. once per step).
       trigger: float32 scalar tensor the update hangs on; None uses a constant zero, which only works when
         the caller differentiates with respect to the returned activations' producer itself (rarely useful).
+      check_numerics: as for :func:`send_tpu_embedding_gradients`.
 
     Returns:
       One activation per feature.
@@ -371,7 +402,9 @@ def embedding_lookup_and_update(
 
         def grad(*upstream):
             dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-            update = send_tpu_embedding_gradients(dys, rates, feats, tables, slots, config, combiners)
+            update = send_tpu_embedding_gradients(
+                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics
+            )
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
                 # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,

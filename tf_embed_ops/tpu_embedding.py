@@ -79,6 +79,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         feature_config: Any,
         optimizer: Any = None,
         pipeline_execution_with_tensor_core: bool = False,
+        check_numerics: bool = False,
     ):
         """Creates the mid-level API object; variables are created by `build` (or the first `enqueue`).
 
@@ -91,6 +92,9 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             without their own optimizer get no slots and cannot be trained, as in TensorFlow's serving class).
           pipeline_execution_with_tensor_core: written to the configuration as TensorFlow does. On CPU the
             lookup never overlaps the update, so activations are never stale (the result equals False).
+          check_numerics: if True, `apply_gradients` rejects a step whose gradients hold NaN or +-inf with an
+            `InvalidArgumentError` naming the feature and table, and changes nothing. By default such gradients
+            are applied, as the TPU applies them (not part of TensorFlow's signature; an addition of this package).
 
         Raises:
           ValueError: if a feature is not a `FeatureConfig`, an optimizer is unsupported, two tables share a
@@ -107,6 +111,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 )
         self._feature_config = feature_config
         self._pipeline_execution_with_tensor_core = bool(pipeline_execution_with_tensor_core)
+        self._check_numerics = bool(check_numerics)
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in flat_features]
 
         # Table order: first appearance in nest.flatten(feature_config), by identity (TF compares with `in`,
@@ -211,10 +216,18 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         for table in self._table_config:
             shape = (table.vocabulary_size, table.dim)
 
-            def getter(name, shape, dtype, initializer, trainable, _shape=shape):
+            def getter(name, shape, dtype, initializer, trainable, _shape=shape, _table=table.name):
                 # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
                 del shape, dtype
-                return self._make_variable(name, _shape, initializer, trainable)
+                try:
+                    return self._make_variable(name, _shape, initializer, trainable)
+                except ValueError as e:
+                    # The initializer is a pending checkpoint value when a restore ran before `build`; TensorFlow's
+                    # shape error then names neither the table nor the variable.
+                    raise ValueError(
+                        f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)} "
+                        f"(vocabulary_size, dim): {e}"
+                    ) from e
 
             def variable_creator(name, initializer, trainable=True, _shape=shape, _getter=getter):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
@@ -383,7 +396,9 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     )
                 max_len = 0
             try:
-                normalized = embedding_ops.normalize_feature(inp, weights=weight, max_sequence_length=max_len)
+                normalized = embedding_ops.normalize_feature(
+                    inp, weights=weight, max_sequence_length=max_len, feature_name=path
+                )
             except ValueError as e:
                 raise ValueError(f"Feature {path}: {e}") from e
             inputs.append(normalized)
@@ -537,7 +552,14 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
         tables, slots = self._tables_and_slots()
         embedding_ops.send_tpu_embedding_gradients(
-            gradients, learning_rates, inputs, tables, slots, self._serialized_config, combiners=self._combiners
+            gradients,
+            learning_rates,
+            inputs,
+            tables,
+            slots,
+            self._serialized_config,
+            combiners=self._combiners,
+            check_numerics=self._check_numerics,
         )
 
     def __call__(self, features: Any, weights: Any = None) -> Any:

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/config/error_context.h"
+#include "cc/config/strict_wire_format.h"
 #include "cc/config/table_from_proto.h"
 
 namespace tf_embed_ops {
@@ -190,6 +191,12 @@ absl::Status EmbeddingConfigFromProto(const Proto& proto, EmbeddingConfig* out) 
 }
 
 absl::Status ParseEmbeddingConfigProto(const std::string& serialized, Proto* proto) {
+  // First the rules Python's protobuf enforces and C++'s does not, so both accept exactly the same bytes.
+  if (auto s = CheckStrictWireFormat(serialized, Proto::descriptor()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: could not parse ", serialized.size(),
+                     " bytes as a serialized tensorflow.tpu.TPUEmbeddingConfiguration: ", s.message()));
+  }
   if (!proto->ParseFromString(serialized)) {
     return absl::InvalidArgumentError(absl::StrCat("config: could not parse ", serialized.size(),
                                                    " bytes as a serialized tensorflow.tpu.TPUEmbeddingConfiguration "

@@ -18,7 +18,8 @@ namespace tf_embed_ops {
 // valid optimizer this library does not run yet).
 absl::Status ParseEmbeddingConfig(const std::string& serialized, EmbeddingConfig* out);
 
-// Only the wire-format step of ParseEmbeddingConfig (InvalidArgument on corrupt or truncated bytes); for callers
+// Only the wire-format step of ParseEmbeddingConfig (InvalidArgument on corrupt or truncated bytes, and on bytes
+// Python's protobuf would refuse although C++'s accepts them: cc/config/strict_wire_format.h); for callers
 // that need the message itself too, e.g. the Python view.
 absl::Status ParseEmbeddingConfigProto(const std::string& serialized,
                                        tensorflow::tpu::TPUEmbeddingConfiguration* proto);

@@ -29,23 +29,17 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     // Inputs: splits[N], ids[N], weights[N], sample_shapes[N], tables[T].
     const int first_table = 4 * n;
 
+    // 1. Validate every feature completely (structure, then ids) before anything is sized by its inputs.
     std::vector<FeatureBatch> batches(n);
-    WorkspacePool::Scoped workspace = workspaces_.Acquire();
-    std::vector<FeatureLayout>& layouts = workspace->layouts;
-    layouts.resize(n);
-    std::vector<tensorflow::Tensor*> outputs(n);
+    std::vector<int64_t> num_samples(n);
+    std::vector<tensorflow::TensorShape> output_shapes(n);
     for (int f = 0; f < n; ++f) {
       const std::string label = attrs_.FeatureLabel(f);
       const TableSpec& table = config.tables[config.features[f].table_id];
       OP_REQUIRES_OK(ctx, ReadFeatureBatch(ctx, 0, n, f, label, &batches[f]));
-      // The output first: TensorShape checks sample_shape (negative or overflowing dims) and the allocator
-      // fails cleanly on an absurd one, before the layout allocates per-sample bookkeeping.
-      tensorflow::TensorShape shape;
-      OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(batches[f].sample_shape, &shape));
-      OP_REQUIRES_OK(ctx, shape.AddDimWithStatus(table.dimension));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(f, shape, &outputs[f]));
-      OP_REQUIRES_OK(ctx, BuildFeatureLayout(batches[f], attrs_.combiners[f], label, &layouts[f]));
+      OP_REQUIRES_OK(ctx, ValidateFeatureBatch(batches[f], label, &num_samples[f]));
       OP_REQUIRES_OK(ctx, ValidateIds(batches[f].ids, batches[f].num_ids, table.vocabulary_size, label, table.name));
+      OP_REQUIRES_OK(ctx, ActivationShape(batches[f], table, label, &output_shapes[f]));
     }
 
     std::vector<int> table_inputs;
@@ -62,12 +56,22 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->status());
     std::vector<tensorflow::Tensor> tables(attrs_.num_tables);
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      OP_REQUIRES_OK(
-          ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true, true, &tables[t]));
-      OP_REQUIRES_OK(ctx,
-                     CheckTableShape(tables[t], config.tables[t], absl::StrCat("table '", config.tables[t].name, "'")));
+      const std::string what = absl::StrCat("table '", config.tables[t].name, "'");
+      OP_REQUIRES_OK(ctx, Named(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, first_table + t, true,
+                                                                                         true, &tables[t]),
+                                what));
+      OP_REQUIRES_OK(ctx, CheckTableShape(tables[t], config.tables[t], what));
     }
 
+    // 2. Allocate (the sizes are validated now), lay out each feature and combine its samples.
+    WorkspacePool::Scoped workspace = workspaces_.Acquire();
+    std::vector<FeatureLayout>& layouts = workspace->layouts;
+    layouts.resize(n);
+    std::vector<tensorflow::Tensor*> outputs(n);
+    for (int f = 0; f < n; ++f) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(f, output_shapes[f], &outputs[f]));
+      BuildValidatedFeatureLayout(batches[f], num_samples[f], attrs_.combiners[f], &layouts[f]);
+    }
     const ShardFn shard = IntraOpShardFn(ctx);
     for (int f = 0; f < n; ++f) {
       const int t = config.features[f].table_id;

@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "cc/config/config_parser.h"
 #include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace tf_embed_ops {
@@ -87,12 +88,27 @@ absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_i
   return absl::OkStatus();
 }
 
+absl::Status Named(const absl::Status& status, const std::string& what) {
+  if (status.ok()) return status;
+  return tensorflow::errors::CreateWithUpdatedMessage(status, absl::StrCat(what, ": ", status.message()));
+}
+
+absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, const std::string& label,
+                             tensorflow::TensorShape* out) {
+  absl::Status status = tensorflow::TensorShape::BuildTensorShape(batch.sample_shape, out);
+  if (status.ok()) status = out->AddDimWithStatus(table.dimension);
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(absl::StrCat(label, ": sample_shape [", absl::StrJoin(batch.sample_shape, ", "),
+                                                 "] + [", table.dimension, "] (dimension of table '", table.name,
+                                                 "') is not a valid activation shape: ", status.message()));
+}
+
 absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
                                 tensorflow::Var** var) {
   if (ctx->input_dtype(input) != tensorflow::DT_RESOURCE) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected a resource variable handle"));
   }
-  TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), var));
+  TF_RETURN_IF_ERROR(Named(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), var), what));
   tsl::tf_shared_lock lock(*(*var)->mu());
   if (!(*var)->is_initialized) {
     (*var)->Unref();

@@ -16,6 +16,7 @@
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tsl/platform/mutex.h"
 #include "tsl/platform/thread_annotations.h"
 
@@ -53,6 +54,7 @@ class WorkspacePool {
     Scoped(const Scoped&) = delete;
     Scoped& operator=(const Scoped&) = delete;
     EmbeddingWorkspace* operator->() { return ws_.get(); }
+    EmbeddingWorkspace* get() { return ws_.get(); }
 
    private:
     WorkspacePool* pool_;
@@ -81,6 +83,15 @@ class WorkspacePool {
 // as a FeatureBatch.  Checks ranks only; BuildFeatureLayout checks the structure.
 absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
                               const std::string& label, FeatureBatch* out);
+
+// `status` with "what: " in front of its message (same code), for errors of TensorFlow helpers that cannot know
+// which table or slot they were handling.
+absl::Status Named(const absl::Status& status, const std::string& what);
+
+// sample_shape + [dimension of `table`]: the shape of the feature's activation (and of its gradient).  Call it
+// on a batch ValidateFeatureBatch accepted; errors (a rank TensorShape cannot hold) name the feature.
+absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, const std::string& label,
+                             tensorflow::TensorShape* out);
 
 // Looks up the float32 variable behind resource input `input` and checks its dtype and initialisation
 // without writing anything (must run before the training_op_helpers lock, whose copy-on-read switch

@@ -1,15 +1,24 @@
-// Kernel of TfEmbed>SendTPUEmbeddingGradients: validate everything (features, gradients, learning rates,
-// variables) before the first write, then per table: combiner backward + accumulation plan
-// (cc/lib/gradient_accumulation.h) and the row pipeline over touched rows (cc/lib/table_update.h), sharded over
-// the intra-op pool.  Tables and slots are updated in place under exclusive locks taken in address order.
+// Kernel of TfEmbed>SendTPUEmbeddingGradients, in three named steps:
+//   Validate: every input (features, ids, gradients, learning rates, variables) is checked in serial passes
+//             that allocate nothing sized by an input and write nothing; the variables are locked
+//             (exclusively, in address order) and their shapes checked last.
+//   Plan:     per feature the id -> sample layout, per table the combiner backward + accumulation plan
+//             (cc/lib/gradient_accumulation.h).
+//   Update:   per table the row pipeline over touched rows (cc/lib/table_update.h), sharded over the intra-op
+//             pool, in place.
+// Plan and Update cannot fail, so a rejected call changes no table and no slot.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/numerics.h"
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -20,20 +29,51 @@ namespace {
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
+// What Validate establishes and Plan/Update read: views of the inputs, the rates, the variables.
+struct ValidatedStep {
+  std::vector<FeatureBatch> batches;   // per feature
+  std::vector<int64_t> num_samples;    // per feature
+  std::vector<float> learning_rates;   // per dynamic tag
+  std::vector<int> var_inputs;         // tables and slots: per table, its table then its slots
+  std::vector<std::string> var_names;  // for errors
+  std::vector<const TableSpec*> var_tables;
+  std::vector<tensorflow::Tensor> values;  // the locked variables' tensors, in var_inputs order
+};
+
+// "table 'a'" or "tables 'a', 'b'".
+std::string TableList(const std::vector<std::string>& names) {
+  return absl::StrCat(names.size() == 1 ? "table '" : "tables '", absl::StrJoin(names, "', '"), "'");
+}
+
+// "[2, 1]": the coordinates of flat index `flat` in `shape`.
+std::string Coordinates(const tensorflow::TensorShape& shape, int64_t flat) {
+  std::vector<int64_t> coords(shape.dims());
+  for (int d = shape.dims() - 1; d >= 0; --d) {
+    const int64_t size = shape.dim_size(d);
+    coords[d] = size ? flat % size : 0;
+    flat = size ? flat / size : 0;
+  }
+  return absl::StrCat("[", absl::StrJoin(coords, ", "), "]");
+}
+
 class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
  public:
   explicit SendTPUEmbeddingGradientsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Init(ctx));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
     OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
                 absl::InvalidArgumentError(absl::StrCat(
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
                     attrs_.config.num_learning_rate_tags, " dynamic learning-rate tags; give one scalar per tag")));
     int expected_slots = 0;
+    tag_tables_.resize(num_learning_rates_);
     for (const TableSpec& table : attrs_.config.tables) {
       first_slot_.push_back(expected_slots);
       expected_slots += static_cast<int>(OptimizerSlots(table.optimization.optimizer).size());
+      const LearningRate& rate = table.optimization.learning_rate;
+      if (rate.is_dynamic) tag_tables_[rate.tag].push_back(table.name);
     }
     OP_REQUIRES(ctx, num_slots_ == expected_slots,
                 absl::InvalidArgumentError(
@@ -42,128 +82,182 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
-    const int n = attrs_.num_features;
-    const EmbeddingConfig& config = attrs_.config;
-    // Inputs: gradients[N], learning_rates[NN], splits[N], ids[N], weights[N], sample_shapes[N], tables[T],
-    // slots[S].
-    const int first_feature_list = n + num_learning_rates_;
-    const int first_table = first_feature_list + 4 * n;
-    const int first_slot = first_table + attrs_.num_tables;
-
-    // 1. Features and their gradients.
-    std::vector<FeatureBatch> batches(n);
-    WorkspacePool::Scoped workspace = workspaces_.Acquire();
-    std::vector<FeatureLayout>& layouts = workspace->layouts;
-    layouts.resize(n);
-    for (int f = 0; f < n; ++f) {
-      const std::string label = attrs_.FeatureLabel(f);
-      const TableSpec& table = config.tables[config.features[f].table_id];
-      OP_REQUIRES_OK(ctx, ReadFeatureBatch(ctx, first_feature_list, n, f, label, &batches[f]));
-      tensorflow::TensorShape expected;
-      OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(batches[f].sample_shape, &expected));
-      OP_REQUIRES_OK(ctx, expected.AddDimWithStatus(table.dimension));
-      const tensorflow::Tensor& gradient = ctx->input(f);
-      OP_REQUIRES(ctx, gradient.shape() == expected,
-                  absl::InvalidArgumentError(absl::StrCat(label, ": the gradient (inputs[", f, "]) has shape ",
-                                                          gradient.shape().DebugString(), ", expected ",
-                                                          expected.DebugString(), " (sample_shape + [dim])")));
-      OP_REQUIRES_OK(ctx, BuildFeatureLayout(batches[f], attrs_.combiners[f], label, &layouts[f]));
-      OP_REQUIRES_OK(ctx, ValidateIds(batches[f].ids, batches[f].num_ids, table.vocabulary_size, label, table.name));
-    }
-
-    std::vector<int64_t> ids_per_table(attrs_.num_tables, 0);
-    for (int f = 0; f < n; ++f) ids_per_table[config.features[f].table_id] += batches[f].num_ids;
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      OP_REQUIRES(ctx, ids_per_table[t] <= RowGradientPlan::kMaxIds,
-                  absl::InvalidArgumentError(absl::StrCat("table '", config.tables[t].name, "': its features have ",
-                                                          ids_per_table[t], " ids in all; at most ",
-                                                          RowGradientPlan::kMaxIds, " per step are supported")));
-    }
-
-    // 2. Learning rates.
-    std::vector<float> learning_rates(num_learning_rates_);
-    for (int k = 0; k < num_learning_rates_; ++k) {
-      const tensorflow::Tensor& lr = ctx->input(n + k);
-      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
-                  absl::InvalidArgumentError(
-                      absl::StrCat("learning_rates[", k, "] must be a scalar, got shape ", lr.shape().DebugString())));
-      learning_rates[k] = lr.scalar<float>()();
-    }
-
-    // 3. Variables: dtypes, distinctness, then exclusive locks and shapes.
-    std::vector<int> var_inputs;
-    std::vector<std::string> var_names;
-    std::vector<const TableSpec*> var_tables;
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const TableSpec& table = config.tables[t];
-      var_inputs.push_back(first_table + t);
-      var_names.push_back(absl::StrCat("table '", table.name, "'"));
-      var_tables.push_back(&table);
-      const std::vector<SlotInfo> slots = OptimizerSlots(table.optimization.optimizer);
-      for (size_t k = 0; k < slots.size(); ++k) {
-        var_inputs.push_back(first_slot + first_slot_[t] + static_cast<int>(k));
-        var_names.push_back(
-            absl::StrCat("slot '", slots[k].name, "' of table '", table.name, "' (slots[", first_slot_[t] + k, "])"));
-        var_tables.push_back(&table);
-      }
-    }
-    std::vector<const tensorflow::Var*> seen;
-    for (size_t v = 0; v < var_inputs.size(); ++v) {
-      tensorflow::Var* var = nullptr;
-      OP_REQUIRES_OK(ctx, CheckVariableDtype(ctx, var_inputs[v], var_names[v], &var));
-      const bool duplicate = std::find(seen.begin(), seen.end(), var) != seen.end();
-      seen.push_back(var);
-      var->Unref();  // the pointer is only compared; the lock holder below keeps its own references
-      OP_REQUIRES(ctx, !duplicate,
-                  absl::InvalidArgumentError(absl::StrCat(var_names[v],
-                                                          ": the same variable is passed twice; "
-                                                          "every table and slot needs its own variable")));
-    }
+    ValidatedStep step;
+    OP_REQUIRES_OK(ctx, ValidateFeatures(ctx, &step));
+    OP_REQUIRES_OK(ctx, ValidateLearningRates(ctx, &step));
+    OP_REQUIRES_OK(ctx, ValidateVariables(ctx, &step));
     auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true,
-                                                                                    /*sparse=*/true, var_inputs);
+                                                                                    /*sparse=*/true, step.var_inputs);
     OP_REQUIRES_OK(ctx, ctx->status());
-    std::vector<tensorflow::Tensor> values(var_inputs.size());
-    for (size_t v = 0; v < var_inputs.size(); ++v) {
-      OP_REQUIRES_OK(
-          ctx, tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, var_inputs[v], true, true, &values[v]));
-      OP_REQUIRES_OK(ctx, CheckTableShape(values[v], *var_tables[v], var_names[v]));
-    }
-
-    // 4. Update, table by table (all checks passed: nothing below fails).
-    const ShardFn shard = IntraOpShardFn(ctx);
-    workspace->sources.resize(attrs_.num_tables);
-    workspace->plans.resize(attrs_.num_tables);
-    size_t v = 0;
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const TableSpec& table = config.tables[t];
-      TableBuffers buffers;
-      buffers.vocabulary_size = table.vocabulary_size;
-      buffers.dim = table.dimension;
-      buffers.weights = values[v++].flat<float>().data();
-      const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
-      for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(values[v++].flat<float>().data());
-
-      std::vector<GradientSource>& sources = workspace->sources[t];
-      sources.clear();
-      for (int f = 0; f < n; ++f) {
-        if (config.features[f].table_id != t) continue;
-        sources.push_back(
-            GradientSource{batches[f].ids, batches[f].num_ids, &layouts[f], ctx->input(f).flat<float>().data()});
-      }
-      RowGradientPlan& plan = workspace->plans[t];
-      plan.Build(&sources);
-      const LearningRate& rate = table.optimization.learning_rate;
-      const float lr = rate.is_dynamic ? learning_rates[rate.tag] : rate.constant;
-      UpdateTable(table.optimization, lr, plan, buffers, shard);
-    }
+    OP_REQUIRES_OK(ctx, ReadLockedVariables(ctx, &step));
+    // Everything is validated: nothing below fails.
+    WorkspacePool::Scoped workspace = workspaces_.Acquire();
+    Plan(ctx, step, workspace.get());
+    Update(ctx, step, *workspace.get());
   }
 
  private:
+  // Inputs: gradients[N], learning_rates[NN], splits[N], ids[N], weights[N], sample_shapes[N], tables[T],
+  // slots[S].
+  int FirstFeatureList() const { return attrs_.num_features + num_learning_rates_; }
+  int FirstTable() const { return FirstFeatureList() + 4 * attrs_.num_features; }
+  int FirstSlot() const { return FirstTable() + attrs_.num_tables; }
+
+  // Each feature's structure and ids, its gradient's shape (and values, with check_numerics), then the ids per
+  // table.
+  absl::Status ValidateFeatures(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
+    const int n = attrs_.num_features;
+    const EmbeddingConfig& config = attrs_.config;
+    step->batches.resize(n);
+    step->num_samples.resize(n);
+    std::vector<int64_t> ids_per_table(attrs_.num_tables, 0);
+    for (int f = 0; f < n; ++f) {
+      const std::string label = attrs_.FeatureLabel(f);
+      const TableSpec& table = config.tables[config.features[f].table_id];
+      FeatureBatch& batch = step->batches[f];
+      TF_RETURN_IF_ERROR(ReadFeatureBatch(ctx, FirstFeatureList(), n, f, label, &batch));
+      TF_RETURN_IF_ERROR(ValidateFeatureBatch(batch, label, &step->num_samples[f]));
+      TF_RETURN_IF_ERROR(ValidateIds(batch.ids, batch.num_ids, table.vocabulary_size, label, table.name));
+      tensorflow::TensorShape expected;
+      TF_RETURN_IF_ERROR(ActivationShape(batch, table, label, &expected));
+      const tensorflow::Tensor& gradient = ctx->input(f);
+      if (gradient.shape() != expected) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, ": the gradient (inputs[", f, "]) has shape ", gradient.shape().DebugString(),
+                         ", expected ", expected.DebugString(), " (sample_shape + [dim of table '", table.name, "'])"));
+      }
+      if (check_numerics_) {
+        const int64_t bad = FirstNonFinite(gradient.flat<float>().data(), gradient.NumElements());
+        if (bad >= 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(label, ": the gradient (inputs[", f, "]) holds ", gradient.flat<float>()(bad), " at ",
+                           Coordinates(gradient.shape(), bad), "; check_numerics rejects the step (table '", table.name,
+                           "' and every other table are unchanged)"));
+        }
+      }
+      ids_per_table[config.features[f].table_id] += batch.num_ids;
+    }
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      if (ids_per_table[t] > RowGradientPlan::kMaxIds) {
+        return absl::InvalidArgumentError(absl::StrCat("table '", config.tables[t].name, "': its features have ",
+                                                       ids_per_table[t], " ids in all; at most ",
+                                                       RowGradientPlan::kMaxIds, " per step are supported"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // One scalar per dynamic tag, finite and >= 0 (the rule the config applies to constant rates).
+  absl::Status ValidateLearningRates(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
+    step->learning_rates.resize(num_learning_rates_);
+    for (int k = 0; k < num_learning_rates_; ++k) {
+      const tensorflow::Tensor& lr = ctx->input(attrs_.num_features + k);
+      const std::string what = absl::StrCat("learning_rates[", k, "] (dynamic learning-rate tag ", k, ", used by ",
+                                            TableList(tag_tables_[k]), ")");
+      if (!tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": must be a scalar, got shape ", lr.shape().DebugString()));
+      }
+      const float value = lr.scalar<float>()();
+      if (!(value >= 0.0f && std::isfinite(value))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " = ", value, ": a learning rate must be finite and >= 0; no table was updated"));
+      }
+      step->learning_rates[k] = value;
+    }
+    return absl::OkStatus();
+  }
+
+  // Dtypes, initialisation and distinctness of the table and slot variables (before any lock: the
+  // training_op_helpers lock assumes the dtype).
+  absl::Status ValidateVariables(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
+    const EmbeddingConfig& config = attrs_.config;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      const TableSpec& table = config.tables[t];
+      step->var_inputs.push_back(FirstTable() + t);
+      step->var_names.push_back(absl::StrCat("table '", table.name, "'"));
+      step->var_tables.push_back(&table);
+      const std::vector<SlotInfo> slots = OptimizerSlots(table.optimization.optimizer);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        step->var_inputs.push_back(FirstSlot() + first_slot_[t] + static_cast<int>(k));
+        step->var_names.push_back(
+            absl::StrCat("slot '", slots[k].name, "' of table '", table.name, "' (slots[", first_slot_[t] + k, "])"));
+        step->var_tables.push_back(&table);
+      }
+    }
+    std::vector<const tensorflow::Var*> seen;
+    for (size_t v = 0; v < step->var_inputs.size(); ++v) {
+      tensorflow::Var* var = nullptr;
+      TF_RETURN_IF_ERROR(CheckVariableDtype(ctx, step->var_inputs[v], step->var_names[v], &var));
+      const bool duplicate = std::find(seen.begin(), seen.end(), var) != seen.end();
+      seen.push_back(var);
+      var->Unref();  // the pointer is only compared; the lock holder keeps its own references
+      if (duplicate) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            step->var_names[v], ": the same variable is passed twice; every table and slot needs its own variable"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Under the exclusive locks: the variables' tensors and their shapes.
+  absl::Status ReadLockedVariables(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
+    step->values.resize(step->var_inputs.size());
+    for (size_t v = 0; v < step->var_inputs.size(); ++v) {
+      TF_RETURN_IF_ERROR(Named(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, step->var_inputs[v], true,
+                                                                                        true, &step->values[v]),
+                               step->var_names[v]));
+      TF_RETURN_IF_ERROR(CheckTableShape(step->values[v], *step->var_tables[v], step->var_names[v]));
+    }
+    return absl::OkStatus();
+  }
+
+  // Layouts of the features, then per table its gradient sources and accumulation plan.
+  void Plan(tensorflow::OpKernelContext* ctx, const ValidatedStep& step, EmbeddingWorkspace* ws) const {
+    const int n = attrs_.num_features;
+    ws->layouts.resize(n);
+    for (int f = 0; f < n; ++f) {
+      BuildValidatedFeatureLayout(step.batches[f], step.num_samples[f], attrs_.combiners[f], &ws->layouts[f]);
+    }
+    ws->sources.resize(attrs_.num_tables);
+    ws->plans.resize(attrs_.num_tables);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      std::vector<GradientSource>& sources = ws->sources[t];
+      sources.clear();
+      for (int f = 0; f < n; ++f) {
+        if (attrs_.config.features[f].table_id != t) continue;
+        sources.push_back(GradientSource{step.batches[f].ids, step.batches[f].num_ids, &ws->layouts[f],
+                                         ctx->input(f).flat<float>().data()});
+      }
+      ws->plans[t].Build(&sources);
+    }
+  }
+
+  // The row pipeline of every table over its plan, in place.
+  void Update(tensorflow::OpKernelContext* ctx, ValidatedStep& step, const EmbeddingWorkspace& ws) const {
+    const ShardFn shard = IntraOpShardFn(ctx);
+    size_t v = 0;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      const TableSpec& table = attrs_.config.tables[t];
+      TableBuffers buffers;
+      buffers.vocabulary_size = table.vocabulary_size;
+      buffers.dim = table.dimension;
+      buffers.weights = step.values[v++].flat<float>().data();
+      const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
+      for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(step.values[v++].flat<float>().data());
+      const LearningRate& rate = table.optimization.learning_rate;
+      const float lr = rate.is_dynamic ? step.learning_rates[rate.tag] : rate.constant;
+      UpdateTable(table.optimization, lr, ws.plans[t], buffers, shard);
+    }
+  }
+
   FusedEmbeddingAttrs attrs_;
   WorkspacePool workspaces_;
   int num_learning_rates_ = 0;
   int num_slots_ = 0;
-  std::vector<int> first_slot_;  // per table: index of its first slot in the slots list
+  bool check_numerics_ = false;
+  std::vector<int> first_slot_;                       // per table: index of its first slot in the slots list
+  std::vector<std::vector<std::string>> tag_tables_;  // per dynamic tag: the tables that use it
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>SendTPUEmbeddingGradients").Device(tensorflow::DEVICE_CPU),

@@ -10,89 +10,141 @@ absl::Status Invalid(const std::string& label, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(label, ": ", what));
 }
 
-// Output sample of every id, validating the structure on the way.
-absl::Status ComputeSamples(const FeatureBatch& b, const std::string& label, int64_t num_samples,
-                            std::vector<int64_t>* sample_of) {
-  switch (b.splits_or_indices_rank) {
-    case 0:
-      if (b.num_ids != num_samples) {
-        return Invalid(label, absl::StrCat("dense input (empty sample_indices_or_row_splits) has ", b.num_ids,
-                                           " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "), "] has ",
-                                           num_samples, " samples; they must be equal"));
+// Ragged input: the splits are checked completely before anything reads through them.  Every entry is
+// range-checked on its own (not only through its neighbours), so a check never relies on an earlier one
+// having caught an overflow in a difference.
+absl::Status ValidateRowSplits(const FeatureBatch& b, const std::string& label, int64_t num_samples) {
+  if (b.sample_shape.size() != 1 || b.splits_or_indices_rows != num_samples + 1) {
+    return Invalid(label, absl::StrCat("ragged input needs a rank-1 sample_shape [B] and B + 1 row_splits; got ",
+                                       b.splits_or_indices_rows, " row_splits for sample_shape [",
+                                       absl::StrJoin(b.sample_shape, ", "), "]"));
+  }
+  const int64_t* splits = b.splits_or_indices;
+  if (splits[0] != 0) return Invalid(label, absl::StrCat("row_splits[0] = ", splits[0], ", must be 0"));
+  if (splits[num_samples] != b.num_ids) {
+    return Invalid(label, absl::StrCat("row_splits[", num_samples, "] = ", splits[num_samples],
+                                       " must equal the number of ids, ", b.num_ids));
+  }
+  for (int64_t s = 1; s < num_samples; ++s) {
+    if (splits[s] < 0 || splits[s] > b.num_ids) {
+      return Invalid(label, absl::StrCat("row_splits[", s, "] = ", splits[s], " is not in [0, ", b.num_ids,
+                                         "] (the number of ids)"));
+    }
+    if (splits[s] < splits[s - 1]) {
+      return Invalid(label, absl::StrCat("row_splits must be non-decreasing: row_splits[", s, "] = ", splits[s],
+                                         " < row_splits[", s - 1, "] = ", splits[s - 1]));
+    }
+  }
+  if (num_samples > 0 && splits[num_samples] < splits[num_samples - 1]) {
+    return Invalid(
+        label, absl::StrCat("row_splits must be non-decreasing: row_splits[", num_samples, "] = ", splits[num_samples],
+                            " < row_splits[", num_samples - 1, "] = ", splits[num_samples - 1]));
+  }
+  return absl::OkStatus();
+}
+
+// Sparse input: [num_ids, rank + 1] indices, each of the first rank coordinates inside sample_shape (the last
+// column is the reduced one and is not read).
+absl::Status ValidateSparseIndices(const FeatureBatch& b, const std::string& label) {
+  const int64_t cols = b.splits_or_indices_cols;
+  const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
+  if (b.splits_or_indices_rows != b.num_ids || cols != rank + 1) {
+    return Invalid(label,
+                   absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols, "]; expected [",
+                                b.num_ids, " (number of ids), ", rank + 1, " (rank of sample_shape + 1)]"));
+  }
+  for (int64_t i = 0; i < b.num_ids; ++i) {
+    const int64_t* idx = b.splits_or_indices + i * cols;
+    for (int64_t d = 0; d < rank; ++d) {
+      if (idx[d] < 0 || idx[d] >= b.sample_shape[d]) {
+        return Invalid(label, absl::StrCat("indices[", i, ", ", d, "] = ", idx[d], " is not in [0, ", b.sample_shape[d],
+                                           ") (sample_shape [", absl::StrJoin(b.sample_shape, ", "), "])"));
       }
-      sample_of->clear();  // the identity (FeatureLayout::one_id_per_sample)
-      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Output sample of every id of a validated batch (left empty for dense input: the identity).
+void ComputeSamples(const FeatureBatch& b, std::vector<int64_t>* sample_of) {
+  switch (b.splits_or_indices_rank) {
     case 1: {
       const int64_t* splits = b.splits_or_indices;
-      if (b.sample_shape.size() != 1 || b.splits_or_indices_rows != num_samples + 1) {
-        return Invalid(label, absl::StrCat("ragged input needs a rank-1 sample_shape [B] and B + 1 row_splits; got ",
-                                           b.splits_or_indices_rows, " row_splits for sample_shape [",
-                                           absl::StrJoin(b.sample_shape, ", "), "]"));
-      }
+      const int64_t num_samples = b.splits_or_indices_rows - 1;
       sample_of->resize(b.num_ids);
-      if (splits[0] != 0) return Invalid(label, absl::StrCat("row_splits[0] = ", splits[0], ", must be 0"));
-      if (splits[num_samples] != b.num_ids) {
-        return Invalid(label, absl::StrCat("row_splits[", num_samples, "] = ", splits[num_samples],
-                                           " must equal the number of ids, ", b.num_ids));
-      }
       for (int64_t s = 0; s < num_samples; ++s) {
-        if (splits[s + 1] < splits[s]) {
-          return Invalid(label, absl::StrCat("row_splits must be non-decreasing: row_splits[", s + 1,
-                                             "] = ", splits[s + 1], " < row_splits[", s, "] = ", splits[s]));
-        }
         for (int64_t i = splits[s]; i < splits[s + 1]; ++i) (*sample_of)[i] = s;
       }
-      return absl::OkStatus();
+      return;
     }
     case 2: {
       const int64_t cols = b.splits_or_indices_cols;
       const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
-      if (b.splits_or_indices_rows != b.num_ids || cols != rank + 1) {
-        return Invalid(
-            label, absl::StrCat("sparse indices have shape [", b.splits_or_indices_rows, ", ", cols, "]; expected [",
-                                b.num_ids, " (number of ids), ", rank + 1, " (rank of sample_shape + 1)]"));
-      }
       sample_of->resize(b.num_ids);
       for (int64_t i = 0; i < b.num_ids; ++i) {
         const int64_t* idx = b.splits_or_indices + i * cols;
         int64_t position = 0;
-        for (int64_t d = 0; d < rank; ++d) {
-          if (idx[d] < 0 || idx[d] >= b.sample_shape[d]) {
-            return Invalid(label,
-                           absl::StrCat("indices[", i, ", ", d, "] = ", idx[d], " is not in [0, ", b.sample_shape[d],
-                                        ") (sample_shape [", absl::StrJoin(b.sample_shape, ", "), "])"));
-          }
-          position = position * b.sample_shape[d] + idx[d];
-        }
+        for (int64_t d = 0; d < rank; ++d) position = position * b.sample_shape[d] + idx[d];
         (*sample_of)[i] = position;
       }
-      return absl::OkStatus();
+      return;
     }
     default:
-      return Invalid(label, absl::StrCat("sample_indices_or_row_splits must be empty, rank 1 (row_splits) or rank 2 "
-                                         "(sparse indices); got rank ",
-                                         b.splits_or_indices_rank));
+      sample_of->clear();  // the identity (FeatureLayout::one_id_per_sample)
   }
 }
 
 }  // namespace
 
-absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const std::string& label,
-                                FeatureLayout* out) {
-  int64_t num_samples = 1;
+absl::Status ValidateFeatureBatch(const FeatureBatch& b, const std::string& label, int64_t* num_samples) {
+  bool empty = false;
   for (size_t d = 0; d < b.sample_shape.size(); ++d) {
     if (b.sample_shape[d] < 0) {
       return Invalid(label, absl::StrCat("sample_shape[", d, "] = ", b.sample_shape[d], " is negative"));
     }
-    num_samples *= b.sample_shape[d];
+    empty = empty || b.sample_shape[d] == 0;
+  }
+  int64_t samples = empty ? 0 : 1;
+  for (size_t d = 0; d < b.sample_shape.size() && !empty; ++d) {
+    // samples <= kMaxSamples < 2^31 here, so the division test is exact and the product cannot overflow.
+    if (b.sample_shape[d] > kMaxSamples / samples) {
+      return Invalid(label, absl::StrCat("sample_shape [", absl::StrJoin(b.sample_shape, ", "), "] has more than ",
+                                         kMaxSamples, " samples (sample_shape[", d, "] = ", b.sample_shape[d],
+                                         "); at most that many per feature and call are supported"));
+    }
+    samples *= b.sample_shape[d];
   }
   if (b.num_weights != 0 && b.num_weights != b.num_ids) {
     return Invalid(label, absl::StrCat("has ", b.num_weights, " weights for ", b.num_ids,
                                        " ids; give one weight per id or none (all ones)"));
   }
+  switch (b.splits_or_indices_rank) {
+    case 0:
+      if (b.num_ids != samples) {
+        return Invalid(label, absl::StrCat("dense input (empty sample_indices_or_row_splits) has ", b.num_ids,
+                                           " ids but sample_shape [", absl::StrJoin(b.sample_shape, ", "), "] has ",
+                                           samples, " samples; they must be equal"));
+      }
+      break;
+    case 1:
+      if (auto s = ValidateRowSplits(b, label, samples); !s.ok()) return s;
+      break;
+    case 2:
+      if (auto s = ValidateSparseIndices(b, label); !s.ok()) return s;
+      break;
+    default:
+      return Invalid(label, absl::StrCat("sample_indices_or_row_splits must be empty, rank 1 (row_splits) or rank 2 "
+                                         "(sparse indices); got rank ",
+                                         b.splits_or_indices_rank));
+  }
+  *num_samples = samples;
+  return absl::OkStatus();
+}
+
+void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
   out->num_samples = num_samples;
   out->one_id_per_sample = b.splits_or_indices_rank == 0;
-  if (auto s = ComputeSamples(b, label, num_samples, &out->sample_of); !s.ok()) return s;
+  ComputeSamples(b, &out->sample_of);
 
   if (b.splits_or_indices_rank == 0) {
     // Dense input: sample i holds exactly id i, so the grouping is the identity (left implicit) and the
@@ -105,7 +157,7 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
       const double w = b.num_weights ? b.weights[i] : 1.0;
       out->scale[i] = static_cast<float>(w) * InverseNorm(combiner, w, w * w);
     }
-    return absl::OkStatus();
+    return;
   }
 
   // Group ids by sample with a stable counting sort, so each group keeps input order (the summation order of
@@ -131,6 +183,13 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
       out->scale[i] = (b.num_weights ? b.weights[i] : 1.0f) * inv;
     }
   }
+}
+
+absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const std::string& label,
+                                FeatureLayout* out) {
+  int64_t num_samples = 0;
+  if (auto s = ValidateFeatureBatch(b, label, &num_samples); !s.ok()) return s;
+  BuildValidatedFeatureLayout(b, num_samples, combiner, out);
   return absl::OkStatus();
 }
 

@@ -50,8 +50,24 @@ struct FeatureLayout {
   std::vector<int64_t> cursor;
 };
 
-// Checks the structure of `batch` (shapes, splits, indices, weights count; not the id range, which depends on
-// the table: see ValidateIds) and builds its layout.  `label` names the feature in error messages.
+// The most samples one feature may have per call.  Only sparse-indices input can ask for more samples than it
+// has ids (sample_shape is a plain input there), and the layout keeps int64 bookkeeping per sample, so an
+// absurd sample_shape must be refused before anything is sized by it.  2^31 - 1 is far beyond any batch.
+inline constexpr int64_t kMaxSamples = (int64_t{1} << 31) - 1;
+
+// Checks everything about `batch` that does not depend on the table, in one serial pass that neither allocates
+// nor writes: sample_shape (non-negative, product without int64 overflow, at most kMaxSamples samples), the
+// weights count, and the splits or indices completely (every row split in [0, num_ids], first 0,
+// non-decreasing, last num_ids; every index coordinate inside sample_shape; sparse indices may come in any
+// order: ids are grouped by sample with a stable sort).  On success `*num_samples` = prod(sample_shape).
+// `label` names the feature in error messages, which also give the position and the value.
+absl::Status ValidateFeatureBatch(const FeatureBatch& batch, const std::string& label, int64_t* num_samples);
+
+// Builds the layout of a batch that ValidateFeatureBatch accepted (with `num_samples` from it).  Indexes by
+// the validated splits and indices without checking them again, so it must never see an unvalidated batch.
+void BuildValidatedFeatureLayout(const FeatureBatch& batch, int64_t num_samples, Combiner combiner, FeatureLayout* out);
+
+// ValidateFeatureBatch, then BuildValidatedFeatureLayout.
 absl::Status BuildFeatureLayout(const FeatureBatch& batch, Combiner combiner, const std::string& label,
                                 FeatureLayout* out);
 

@@ -4,6 +4,8 @@
 // order): sample_indices_or_row_splits (empty = dense, rank 1 = row_splits, rank 2 = sparse indices),
 // embedding_indices (int64 ids), aggregation_weights (float32, empty = all ones), sample_shapes (int64 1-D: the
 // activation's shape without the embedding dimension).
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "cc/config/config_parser.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -16,6 +18,12 @@ namespace {
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+// "feature 3 ('watched')", as the kernels name features.
+std::string FeatureLabel(const EmbeddingConfig& config, int feature) {
+  const std::string& name = config.features[feature].name;
+  return name.empty() ? absl::StrCat("feature ", feature) : absl::StrCat("feature ", feature, " ('", name, "')");
+}
+
 // Activation shape of feature i: sample_shape (as far as it is known statically) + [dim of its table].
 absl::Status ActivationShape(InferenceContext* c, const EmbeddingConfig& config, int feature, int sample_shape_input,
                              ShapeHandle* out) {
@@ -25,10 +33,13 @@ absl::Status ActivationShape(InferenceContext* c, const EmbeddingConfig& config,
   }
   const int64_t dim = config.tables[config.features[feature].table_id].dimension;
   ShapeHandle sample_shape;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(sample_shape_input), 1, &sample_shape));
   ShapeHandle samples;
-  TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(sample_shape_input, &samples));
-  return c->Concatenate(samples, c->Vector(dim), out);
+  absl::Status status = c->WithRank(c->input(sample_shape_input), 1, &sample_shape);
+  if (status.ok()) status = c->MakeShapeFromShapeTensor(sample_shape_input, &samples);
+  if (status.ok()) status = c->Concatenate(samples, c->Vector(dim), out);
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(
+      absl::StrCat(FeatureLabel(config, feature), ": sample_shapes[", feature, "]: ", status.message()));
 }
 
 absl::Status ParseConfigAttr(InferenceContext* c, EmbeddingConfig* config) {
@@ -44,8 +55,13 @@ absl::Status ActivationsShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(ParseConfigAttr(c, &config));
   for (int i = 0; i < n; ++i) {
     ShapeHandle unused;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &unused));      // ids
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + i), 1, &unused));  // weights
+    absl::Status status = c->WithRank(c->input(n + i), 1, &unused);          // ids
+    if (status.ok()) status = c->WithRank(c->input(2 * n + i), 1, &unused);  // weights
+    if (!status.ok() && i < static_cast<int>(config.features.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          FeatureLabel(config, i), ": embedding_indices and aggregation_weights must be rank 1: ", status.message()));
+    }
+    TF_RETURN_IF_ERROR(status);
     ShapeHandle out;
     TF_RETURN_IF_ERROR(ActivationShape(c, config, i, 3 * n + i, &out));
     c->set_output(i, out);
@@ -64,7 +80,11 @@ absl::Status SendGradientsShapeFn(InferenceContext* c) {
   for (int i = 0; i < n; ++i) {
     ShapeHandle expected, merged;
     TF_RETURN_IF_ERROR(ActivationShape(c, config, i, first_sample_shape + i, &expected));
-    TF_RETURN_IF_ERROR(c->Merge(c->input(i), expected, &merged));
+    if (absl::Status s = c->Merge(c->input(i), expected, &merged); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          FeatureLabel(config, i), ": the gradient (inputs[", i, "]) has shape ", c->DebugString(c->input(i)),
+          ", expected ", c->DebugString(expected), " (sample_shape + [dim]): ", s.message()));
+    }
   }
   for (int i = 0; i < nn; ++i) {
     ShapeHandle unused;
@@ -117,6 +137,7 @@ REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
     .Attr("NN: int >= 0 = 0")
     .Attr("T: int >= 1")
     .Attr("S: int >= 0 = 0")
+    .Attr("check_numerics: bool = false")
     .SetIsStateful()
     .SetShapeFn(SendGradientsShapeFn)
     .Doc(R"doc(
@@ -127,7 +148,9 @@ combiner, summed per table row across all features sharing the table, and each t
 non-lazy Adam) goes through gradient clipping, decoupled weight decay, the table's optimizer and weight
 clipping.  Everything is validated before the first write: a rejected call changes no table or slot.
 
-learning_rates: one scalar per dynamic learning-rate tag, in tag order.
+learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
+check_numerics: also reject a step whose gradients hold NaN or +-inf (by default they are applied, as the TPU
+  applies them).
 tables: float32 resource variables [vocabulary_size, dim], in table order.
 slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order.
 )doc");

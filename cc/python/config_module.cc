@@ -115,7 +115,11 @@ py::dict Parse(const py::bytes& serialized) {
     if (status.ok()) status = EmbeddingConfigFromProto(proto, &config);
   }
   ThrowIfError(status);
-  return ConfigDict(config, proto);
+  py::dict d = ConfigDict(config, proto);
+  // The message as C++ parsed it: tf_embed_ops.config builds its Python view from these bytes, never from the
+  // caller's, so the Python view cannot read the input differently from the kernels.
+  d["serialized"] = py::bytes(proto.SerializeAsString());
+  return d;
 }
 
 }  // namespace
@@ -126,7 +130,8 @@ PYBIND11_MODULE(_config, m) {
   py::register_exception<tf_embed_ops::InvalidArgument>(m, "InvalidArgumentError", PyExc_ValueError);
   py::register_exception<tf_embed_ops::Unimplemented>(m, "UnimplementedError", PyExc_NotImplementedError);
   m.def("parse", &tf_embed_ops::Parse, py::arg("serialized"),
-        "Parses and validates a serialized TPUEmbeddingConfiguration; returns the validated model as a dict.\n"
+        "Parses and validates a serialized TPUEmbeddingConfiguration; returns the validated model as a dict\n"
+        "(its 'serialized' entry: the message as parsed, re-serialized).\n"
         "Raises InvalidArgumentError (ValueError) or UnimplementedError (NotImplementedError) with the C++ "
         "message.");
   m.def("supported_optimizers", &tf_embed_ops::SupportedOptimizers,

@@ -22,6 +22,9 @@ _FULL_NAME = TPUEmbeddingConfiguration.DESCRIPTOR.full_name
 def validate_serialized(serialized: bytes) -> dict:
     """Runs the C++ parser/validator on wire-format bytes; returns its model as a dict.
 
+    The C++ parser is the one that decides (the kernels run it on their ``config`` attr); its ``"serialized"``
+    entry holds the message as C++ parsed it, re-serialized.
+
     Raises:
       InvalidConfigError: corrupt bytes or a rule violated (the C++ message, unchanged).
       UnimplementedConfigError: an optimizer tf_embed_ops does not run.
@@ -37,6 +40,17 @@ def validate_serialized(serialized: bytes) -> dict:
 
 def parse_text(text: str, origin: str = "config text") -> TPUEmbeddingConfiguration:
     """Text format -> message; a syntax or type error becomes InvalidConfigError naming ``origin`` and the line."""
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected a str, got {type(text).__name__}")
+    try:
+        # Text the UTF-8 codec cannot encode (a lone surrogate) would otherwise fail deep in the protobuf
+        # runtime (SystemError from upb); refuse it here, with its position.
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidConfigError(
+            f"{origin}: not a valid text-format {_FULL_NAME}: character {text[e.start]!r} at offset {e.start} "
+            f"cannot be encoded as UTF-8 ({e.reason})"
+        ) from None
     proto = TPUEmbeddingConfiguration()
     try:
         text_format.Parse(text, proto)
@@ -107,13 +121,10 @@ def load(source: ConfigSource) -> EmbeddingConfig:
         return source
     serialized = _serialized(source)
     parsed = validate_serialized(serialized)
+    # C++ decided; the Python message is built from C++'s own re-serialization of what it parsed, so the view
+    # and the kernels always see the same message (and load accepts exactly what the ops accept).
     proto = TPUEmbeddingConfiguration()
-    try:
-        proto.ParseFromString(serialized)
-    except message_lib.DecodeError as e:  # C++ accepted it; Python's parser should too
-        raise InvalidConfigError(
-            f"config: Python protobuf could not parse bytes the C++ parser accepted: {e}"
-        ) from None
+    proto.ParseFromString(parsed.pop("serialized"))
     return EmbeddingConfig(proto, parsed)
 
 

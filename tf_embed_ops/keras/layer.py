@@ -35,8 +35,8 @@ class _KerasTableStore(mid_level.TPUEmbedding):
     as TensorFlow Recommenders' TPUEmbedding layer writes it).
     """
 
-    def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool):
-        super().__init__(feature_config, optimizer, pipeline)
+    def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool, check_numerics: bool):
+        super().__init__(feature_config, optimizer, pipeline, check_numerics=check_numerics)
         self._add_weight = add_weight
 
     def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool):
@@ -111,6 +111,7 @@ class TPUEmbedding(keras.layers.Layer):
         feature_config: Any,
         optimizer: Any = None,
         pipeline_execution_with_tensor_core: bool = False,
+        check_numerics: bool = False,
         **kwargs: Any,
     ):
         """Creates the layer and its tables/slots.
@@ -121,6 +122,9 @@ class TPUEmbedding(keras.layers.Layer):
             Adam, FTRL}` or a `tf_embed_ops.optimizers` class), or its dict form; tables with their own
             optimizer keep it.
           pipeline_execution_with_tensor_core: recorded in the configuration; no numeric effect on CPU.
+          check_numerics: if True, a training step whose activation gradients hold NaN or +-inf fails with an
+            `InvalidArgumentError` naming the feature and table, and no table or slot changes. By default such
+            gradients are applied, as the TPU applies them.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 
         Raises:
@@ -137,7 +141,10 @@ class TPUEmbedding(keras.layers.Layer):
         self._allow_non_tensor_positional_args = True
         self._global_optimizer = optimizer
         self._pipeline = bool(pipeline_execution_with_tensor_core)
-        self._tpu_embedding = _KerasTableStore(self.add_weight, feature_config, optimizer, self._pipeline)
+        self._check_numerics = bool(check_numerics)
+        self._tpu_embedding = _KerasTableStore(
+            self.add_weight, feature_config, optimizer, self._pipeline, self._check_numerics
+        )
         self._tpu_embedding.build()
         self._update_trigger = self.add_weight(
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
@@ -196,6 +203,7 @@ class TPUEmbedding(keras.layers.Layer):
                     combiners=store._combiners,
                     learning_rates=list(store._dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
+                    check_numerics=self._check_numerics,
                 )
             else:
                 acts = embedding_ops.embedding_activations(
@@ -214,6 +222,7 @@ class TPUEmbedding(keras.layers.Layer):
                 "feature_config": serialization.feature_config_to_dict(self.feature_config),
                 "optimizer": serialization.optimizer_to_dict(self._global_optimizer),
                 "pipeline_execution_with_tensor_core": self._pipeline,
+                "check_numerics": self._check_numerics,
             }
         )
         return config
