@@ -216,12 +216,14 @@ def preprocess(
                         f"max_unique_ids_per_table[{name!r}] in the SparseCoreEmbeddingConfig)."
                     )
         # The CSR wrap runs after every SparseCore's sort, SparseCore after SparseCore.
+        total = sum(len(p) for per_partition in sorted_scs for p in per_partition)
+        packed = 0
         for per_partition in sorted_scs if check_capacity else ():
             for partition in range(num_physical):
                 entries = per_partition[partition]
                 if used + len(entries) > capacity:
                     if not allow_id_dropping:
-                        remaining = sum(len(p) for p in per_partition[partition:])
+                        remaining = total - packed  # as TensorFlow counts it: every id of the chip not yet placed
                         raise CapacityError(
                             f"The max_ids_per_chip is set to be {capacity} which is not going to fit all ids. The "
                             f"remaining id count is {remaining} . Please consider setting the allow_id_dropping to "
@@ -233,6 +235,7 @@ def preprocess(
                     used = capacity
                 else:
                     used += len(entries)
+                packed += len(entries)
                 used = -(-used // XLA_PAD_SIZE) * XLA_PAD_SIZE
                 for feature, sample, ident, gain in entries:
                     out[feature][0].append(sample)
