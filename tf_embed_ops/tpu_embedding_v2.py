@@ -257,7 +257,8 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
             return
         with tf.init_scope():
             self._engine.build()
-            self._checkpoint_children = self._make_checkpoint_children()
+            # Kept out of attribute tracking (a SavedModel tracks the engine's per-table variables instead).
+            self.__dict__["_checkpoint_children"] = self._make_checkpoint_children()
         self._built = True
 
     def _maybe_build(self) -> None:
