@@ -176,3 +176,14 @@ def test_unstack_rejects_a_value_that_does_not_fit_the_layout():
         layout_lib.unstack_value(tf.zeros([lay.num_sparse_cores * 3 + 1, 8]), lay)
     with pytest.raises(ValueError, match="does not fit its layout"):
         layout_lib.unstack_value(tf.zeros([lay.num_sparse_cores, 8]), lay)
+
+
+def test_checkpoint_of_another_layout_is_refused_before_anything_changes(tmp_path):
+    path, _ = _tensorflow_written_checkpoint(str(tmp_path / "ck"), num_replicas=2, num_sc_per_chip=4)
+    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=4, num_sc_per_chip=2)  # 8 SparseCores too
+    emb.build()
+    before = {(n, s): v.numpy() for n, slots in emb.variables.items() for s, v in slots.items()}
+    with pytest.raises(ValueError, match=r"written for other SparseCore layouts \(tables \['item', 'user', 'video'\]"):
+        tf.train.Checkpoint(embedding=emb).read(path)
+    for (name, slot), value in before.items():
+        np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value)

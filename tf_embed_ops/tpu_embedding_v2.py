@@ -316,6 +316,33 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         self._maybe_build()
         return dict(self._checkpoint_children)
 
+    def _checkpoint_adapter(self, path: str):
+        """Called by TensorFlow's restore before any child is restored: refuses a checkpoint of another layout.
+
+        Values are unstacked with this object's layouts, so a checkpoint written for other layouts (another
+        topology, table set or stacking) would restore wrong rows; TensorFlow's TPU class reshards in that case,
+        which is not implemented here.
+        """
+        reader = tf.train.load_checkpoint(path)
+        key = next(
+            (k for k in reader.get_variable_to_dtype_map() if _v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY in k), None
+        )
+        if key is None:
+            return None
+        theirs = sparse_core_layout_pb2.SparseCoreTableLayouts()
+        theirs.ParseFromString(reader.get_tensor(key))
+        theirs = {lay.table_name: lay for lay in theirs.tables}
+        ours = self._stacking.layouts
+        differ = sorted(n for n in set(theirs) | set(ours) if theirs.get(n) != ours.get(n))
+        if differ:
+            raise ValueError(
+                f"The checkpoint at {path} was written for other SparseCore layouts (tables {differ} differ: another "
+                f"topology, table set or stacking than num_replicas={self._num_replicas}, "
+                f"num_sc_per_chip={self._num_sc_per_chip}); resharding between layouts is not implemented. Create "
+                "this object with the topology the checkpoint was written for."
+            )
+        return None
+
     def _make_checkpoint_children(self) -> dict:
         """Created once: the checkpoint machinery identifies children by object."""
         children = {}
