@@ -187,3 +187,17 @@ def test_checkpoint_of_another_layout_is_refused_before_anything_changes(tmp_pat
         tf.train.Checkpoint(embedding=emb).read(path)
     for (name, slot), value in before.items():
         np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value)
+
+
+def test_disable_table_stacking_gives_one_stack_per_table_and_still_restores_in_serving(tmp_path):
+    config = emb_api.SparseCoreEmbeddingConfig(disable_table_stacking=True)
+    emb = te.TPUEmbeddingV2(_feature_config(), sparse_core_embedding_config=config)
+    emb.build()
+    assert {lay.stacked_table_name for lay in emb.embedding_layouts.values()} == {"video", "user", "item"}
+    values = _random_fill(emb, seed=8)
+    path = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "ck"))
+    serving = emb_api.TPUEmbeddingForServing(_feature_config(optimizer=False), None)
+    tf.train.Checkpoint(embedding=serving).read(path).expect_partial()
+    serving.build()
+    for name in ("video", "user", "item"):
+        np.testing.assert_array_equal(serving.variables[name]["parameters"].numpy(), values[(name, "parameters")])
