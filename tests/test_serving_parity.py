@@ -198,3 +198,25 @@ def test_keras_layer_output_shape_sequence_matches_serving():
     with pytest.raises(ValueError, match="should be the factor of the input data batch size"):
         five = _ragged([[1], [2], [3], [4], [5]])  # 12 samples are no multiple of 5
         layer(dict(features, watched=five, liked=five, user=five))
+
+
+def test_keras_layer_trains_an_output_shape_sequence_like_numpy():
+    """The Keras training path (fused update in the backward pass) with an output_shape sequence: SGD moves each
+    kept position's row by lr x its gradient; truncated ids and padding positions move nothing."""
+    from tf_embed_ops import keras as te_keras
+
+    video = emb_api.TableConfig(12, 4, name="video", combiner="mean", optimizer=emb_api.SGD(0.5))
+    layer = te_keras.TPUEmbedding({"watched": emb_api.FeatureConfig(table=video, output_shape=[2, 3])})
+    features = {"watched": _ragged([[1, 2, 3, 9], [4]])}
+    layer(features)
+    (table_var,) = layer.embedding_tables.values()
+    before = np.asarray(table_var).copy()
+    coefficients = tf.constant(np.random.default_rng(1).normal(size=(2, 3, 4)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        out = layer(features, training=True)["watched"]
+        loss = tf.reduce_sum(out * coefficients)
+    tape.gradient(loss, layer.trainable_variables)  # the backward pass runs the fused update
+    want = before.copy()
+    for row, (b, p) in zip([1, 2, 3, 4], [(0, 0), (0, 1), (0, 2), (1, 0)], strict=True):  # id 9 truncated
+        want[row] -= 0.5 * coefficients.numpy()[b, p]
+    np.testing.assert_allclose(np.asarray(table_var), want, rtol=1e-6, atol=1e-6)
