@@ -324,3 +324,41 @@ def test_row_id_initializer_and_gradient_shape_errors():
         emb.apply_gradients({"f": tf.zeros([4, 3])}, batch)
     with pytest.raises(ValueError):
         emb.enqueue({"g": tf.constant([0, 1, 2, 3])})  # every feature is needed, as in TensorFlow
+
+
+def test_stats_of_stacked_tables_use_tensorflows_id_to_sparsecore_mapping():
+    """Two stacked tables on 2 chips x 4 SparseCores: an id's partition is the shard TensorFlow's
+    `map_indices_in_shard` places its row in (the stack's rotation included), counted per table."""
+    from tensorflow.python.tpu import tpu_embedding_v3_utils as tf_utils
+
+    def fc():
+        sgd = emb_api.SGD(0.1)
+        video = emb_api.TableConfig(40, 4, name="video", optimizer=sgd)
+        user = emb_api.TableConfig(24, 4, name="user", optimizer=sgd)
+        return {
+            "watched": emb_api.FeatureConfig(table=video, output_shape=[8]),
+            "user": emb_api.FeatureConfig(table=user, output_shape=[8]),
+        }
+
+    rng = np.random.default_rng(4)
+    rows = {
+        "watched": [list(rng.integers(0, 40, size=6)) for _ in range(8)],
+        "user": [list(rng.integers(0, 24, size=3)) for _ in range(8)],
+    }
+    features = {k: tf.ragged.constant(v, dtype=tf.int64) for k, v in rows.items()}
+    layouts = te.TPUEmbeddingV2(fc(), num_replicas=2, num_sc_per_chip=4).embedding_layouts
+    assert layouts["user"].stacked_table_name == layouts["video"].stacked_table_name == "user_video"
+    ids, unique = {}, {}
+    for key, table in (("watched", "video"), ("user", "user")):
+        lay = layouts[table]
+        for sample, row in enumerate(rows[key]):
+            for i in set(row):
+                shard, _ = tf_utils.map_indices_in_shard(
+                    8, lay.sparse_core_shard_row_offset, lay.sparse_core_shard_rotation, i
+                )
+                cell = (sample // 2, int(shard))
+                ids[cell] = ids.get(cell, 0) + 1
+                unique.setdefault(cell, set()).add((table, i))
+    max_ids, max_unique = te.TPUEmbeddingV2.compute_sparse_core_stats(features, fc(), num_tpu_chips=2)
+    assert int(max_ids["user_video"]) == max(ids.values())
+    assert int(max_unique["user_video"]) == max(len(u) for u in unique.values())
