@@ -362,3 +362,15 @@ def test_stats_of_stacked_tables_use_tensorflows_id_to_sparsecore_mapping():
     max_ids, max_unique = te.TPUEmbeddingV2.compute_sparse_core_stats(features, fc(), num_tpu_chips=2)
     assert int(max_ids["user_video"]) == max(ids.values())
     assert int(max_unique["user_video"]) == max(len(u) for u in unique.values())
+
+
+def test_dense_batch_must_hold_one_id_per_sample_or_none():
+    table = emb_api.TableConfig(8, 2, name="t", optimizer=emb_api.SGD(0.1))
+    emb = te.TPUEmbeddingV2({"f": emb_api.FeatureConfig(table=table, output_shape=[4])})
+    with pytest.raises(ValueError, match=r"Sample count \(product of output_shape\): 4. Got 3 elements"):
+        emb({"f": tf.constant([1, 2, 3], tf.int64)})
+    acts, _ = emb({"f": tf.zeros([0], tf.int64)})  # an empty dense batch is valid, as in TensorFlow
+    np.testing.assert_array_equal(acts["f"].numpy(), np.zeros((4, 2)))
+    traced = tf.function(lambda ids: emb({"f": ids})[0]["f"], input_signature=[tf.TensorSpec([None], tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="should have values elements number the same"):
+        traced(tf.constant([1, 2, 3], tf.int64))

@@ -423,11 +423,16 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
                 w = tf.reshape(tf.convert_to_tensor(weight, tf.float32), [-1])
             else:
                 raise ValueError(f"Expect weight to be Tensor type but got {type(weight)}")
-            if inp.shape.num_elements() is not None and inp.shape.num_elements() != samples:
-                raise ValueError(
-                    f"Feature {path}: Dense tensor input should have values elements number the same as the sample "
-                    f"count. But got {inp.shape.num_elements()} elements for values and sample count as {samples}."
-                )
+            message = (
+                f"Feature {path}: Dense tensor input should have values elements number the same as the sample "
+                f"count (or none). Sample count (product of output_shape): {samples}."
+            )
+            count = inp.shape.num_elements()
+            if count is not None and count not in (0, samples):
+                raise ValueError(f"{message} Got {count} elements.")
+            if count is None:
+                size = tf.size(values, out_type=tf.int64)
+                tf.debugging.Assert(tf.logical_or(tf.equal(size, 0), tf.equal(size, samples)), [message, size])
             rows = tf.range(tf.size(values, out_type=tf.int64))
         if not values.dtype.is_integer:
             raise ValueError(f"Feature {path}: ids must be integers; got {values.dtype.name}.")
