@@ -178,12 +178,32 @@ def test_unstack_rejects_a_value_that_does_not_fit_the_layout():
         layout_lib.unstack_value(tf.zeros([lay.num_sparse_cores, 8]), lay)
 
 
-def test_checkpoint_of_another_layout_is_refused_before_anything_changes(tmp_path):
+@pytest.mark.parametrize("written,read", [((2, 4), (4, 2)), ((2, 4), (1, 4)), ((1, 4), (4, 2))])
+def test_checkpoint_of_another_topology_restores_with_its_own_layouts(tmp_path, written, read):
+    path, values = _tensorflow_written_checkpoint(str(tmp_path / "ck"), *written)
+    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=read[0], num_sc_per_chip=read[1])
+    assert (
+        emb.embedding_layouts
+        != te.TPUEmbeddingV2(_feature_config(), num_replicas=written[0], num_sc_per_chip=written[1]).embedding_layouts
+    )
+    tf.train.Checkpoint(embedding=emb).read(path).assert_consumed()
+    for (name, slot), value in values.items():
+        np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value, err_msg=f"{name}/{slot}")
+    # Written back in this object's own layouts.
+    again = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "again"))
+    other = te.TPUEmbeddingV2(_feature_config(), num_replicas=read[0], num_sc_per_chip=read[1])
+    tf.train.Checkpoint(embedding=other).read(again).assert_consumed()
+    for (name, slot), value in values.items():
+        np.testing.assert_array_equal(other.variables[name][slot].numpy(), value)
+
+
+def test_checkpoint_of_another_stacking_is_refused_before_anything_changes(tmp_path):
     path, _ = _tensorflow_written_checkpoint(str(tmp_path / "ck"), num_replicas=2, num_sc_per_chip=4)
-    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=4, num_sc_per_chip=2)  # 8 SparseCores too
+    config = emb_api.SparseCoreEmbeddingConfig(disable_table_stacking=True)
+    emb = te.TPUEmbeddingV2(_feature_config(), sparse_core_embedding_config=config, num_replicas=2)
     emb.build()
     before = {(n, s): v.numpy() for n, slots in emb.variables.items() for s, v in slots.items()}
-    with pytest.raises(ValueError, match=r"written for other SparseCore layouts \(tables \['item', 'user', 'video'\]"):
+    with pytest.raises(ValueError, match="stacks its tables differently"):
         tf.train.Checkpoint(embedding=emb).read(path)
     for (name, slot), value in before.items():
         np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value)

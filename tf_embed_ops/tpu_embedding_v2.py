@@ -297,9 +297,10 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         return layout_lib.stack_values(values, [self._stacking.layouts[n] for n in names])
 
     def _restore_stacked_value(self, stack: str, slot: str, value: Any) -> list:
+        layouts = self.__dict__.get("_restore_layouts") or self._stacking.layouts
         ops = []
         for name in self._stacking.stacked_table_to_tables[stack]:
-            part = layout_lib.unstack_value(value, self._stacking.layouts[name])
+            part = layout_lib.unstack_value(value, layouts[name])
             ops.append(self._engine.variables[name][slot].assign(part))
         return ops
 
@@ -317,12 +318,14 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         return dict(self._checkpoint_children)
 
     def _checkpoint_adapter(self, path: str):
-        """Called by TensorFlow's restore before any child is restored: refuses a checkpoint of another layout.
+        """Called by TensorFlow's restore before any child is restored: picks the layouts to unstack with.
 
-        Values are unstacked with this object's layouts, so a checkpoint written for other layouts (another
-        topology, table set or stacking) would restore wrong rows; TensorFlow's TPU class reshards in that case,
-        which is not implemented here.
+        A checkpoint written for another topology (other `num_replicas` / `num_sc_per_chip`) but the same stacks
+        (same tables in each stacked table) is unstacked with the checkpoint's own layouts, so it restores into
+        this object's tables exactly. Other stackings (another table set, `disable_table_stacking`) are refused
+        before anything is restored; TensorFlow's TPU class reshards those too, which is not implemented here.
         """
+        self.__dict__["_restore_layouts"] = None
         reader = tf.train.load_checkpoint(path)
         key = next(
             (k for k in reader.get_variable_to_dtype_map() if _v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY in k), None
@@ -333,14 +336,23 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         theirs.ParseFromString(reader.get_tensor(key))
         theirs = {lay.table_name: lay for lay in theirs.tables}
         ours = self._stacking.layouts
-        differ = sorted(n for n in set(theirs) | set(ours) if theirs.get(n) != ours.get(n))
-        if differ:
+
+        def stacks(layouts):
+            out = {}
+            for lay in layouts.values():
+                out.setdefault(lay.stacked_table_name, set()).add((lay.table_name, tuple(lay.unsharded_shape)))
+            return out
+
+        if stacks(theirs) != stacks(ours):
             raise ValueError(
-                f"The checkpoint at {path} was written for other SparseCore layouts (tables {differ} differ: another "
-                f"topology, table set or stacking than num_replicas={self._num_replicas}, "
-                f"num_sc_per_chip={self._num_sc_per_chip}); resharding between layouts is not implemented. Create "
-                "this object with the topology the checkpoint was written for."
+                f"The checkpoint at {path} stacks its tables differently (checkpoint: "
+                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(theirs).items()} }, this object: "
+                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(ours).items()} }, or the table shapes differ); "
+                "resharding between stackings is not implemented. Create this object with the tables and "
+                "SparseCoreEmbeddingConfig the checkpoint was written with."
             )
+        if theirs != ours:
+            self.__dict__["_restore_layouts"] = theirs  # another topology: unstack with the writer's layouts
         return None
 
     def _make_checkpoint_children(self) -> dict:
