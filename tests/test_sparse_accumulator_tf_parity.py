@@ -114,3 +114,23 @@ def test_same_errors_as_tensorflow(shape, prior, kwargs):
 def test_longer_grad_shape_accepted_like_tensorflow():
     kwargs = dict(grad_indices=[0, 2], grad_values=[[1.0, 1.0]] * 2, grad_shape=[3, 2, 5])
     assert _run_tf_and_ours([3, 2], kwargs) == [None, None]
+
+
+def test_accumulator_ref_is_the_resource_handle_like_tensorflows_property():
+    """Drop-in code reads `accumulator_ref` (TensorFlow's public property, a ref-typed handle there): ours is the
+    resource handle the ops take, usable directly with the raw op."""
+    from tf_embed_ops import _loader
+
+    with tf.Graph().as_default():  # TensorFlow's class is graph-only; its property is the handle tensor
+        theirs = tf.compat.v1.SparseConditionalAccumulator(tf.float32, shape=[4, 2])
+        assert isinstance(theirs.accumulator_ref, tf.Tensor)
+    ours = SparseConditionalAccumulator(tf.float32, shape=[4, 2])
+    assert ours.accumulator_ref is ours.accumulator_handle
+    assert ours.accumulator_ref.dtype == tf.resource and ours.accumulator_ref.shape.rank == 0
+    ours.apply_grad([1, 3], [[1.0, 2.0], [3.0, 4.0]], local_step=0)
+    assert int(_loader.load_ops().tf_embed_sparse_accumulator_num_accumulated(ours.accumulator_ref)) == 1
+
+    with tf.Graph().as_default():
+        graph_acc = SparseConditionalAccumulator(tf.float32, shape=[4, 2], name="acc")
+        assert graph_acc.accumulator_ref.dtype == tf.resource
+        assert graph_acc.accumulator_ref.op.name == graph_acc.accumulator_handle.op.name

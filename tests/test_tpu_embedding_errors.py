@@ -55,7 +55,7 @@ def test_unnamed_tables_get_tensorflows_names():
     [
         ({"a": tf.constant([1], tf.int64)}, None, "structure"),
         ({"a": tf.constant([1], tf.int64), "b": tf.constant([2], tf.int64)},
-         {"a": tf.constant([1.0]), "b": None}, "dense input a"),
+         {"a": tf.constant([1.0]), "b": None}, "Weight specified for a, but input is dense"),
         ({"a": tf.constant([[1, 2]], tf.int64), "b": tf.constant([2], tf.int64)}, None, "a"),
         ({"a": tf.ragged.constant([[1]], dtype=tf.int64), "b": tf.constant([2], tf.int64)},
          {"a": tf.ragged.constant([[1.0]]).to_sparse(), "b": None}, "does not match"),

@@ -9,6 +9,8 @@ below is resolved on first use.
 - ``embedding_activations``, ``send_tpu_embedding_gradients``, ``embedding_lookup_and_update``,
   ``normalize_feature``, ``FeatureInput``, ``adam_bias_corrected_learning_rate``: the fused ops' wrappers.
 - ``TPUEmbedding``: the mid-level API, trainable on CPU; ``keras.TPUEmbedding``: the Keras 3 layer.
+- ``TPUEmbeddingV2``: the SparseCore mid-level API (TPU v5p/v6e), trainable on CPU; ``sparse_core``: its layouts,
+  host preprocessing and checkpoint format.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
 """
 
@@ -34,6 +36,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "distribute": ("tf_embed_ops.distribute", None),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
+    "TPUEmbeddingV2": ("tf_embed_ops.tpu_embedding_v2", "TPUEmbeddingV2"),
+    "sparse_core": ("tf_embed_ops.sparse_core", None),
     "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),
     "normalize_feature": ("tf_embed_ops.embedding_ops", "normalize_feature"),
     "embedding_activations": ("tf_embed_ops.embedding_ops", "embedding_activations"),

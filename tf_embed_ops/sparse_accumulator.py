@@ -124,6 +124,15 @@ class SparseConditionalAccumulator:
     handle = accumulator_handle
 
     @property
+    def accumulator_ref(self) -> tf.Tensor:
+        """The accumulator's scalar resource handle (a `tf.resource` tensor), as TensorFlow's property names it.
+
+        TensorFlow's class holds a ref-typed handle in graphs and a resource handle eagerly; ours is always the
+        resource handle (the same tensor as `accumulator_handle`), which is what the ops here take.
+        """
+        return self._handle
+
+    @property
     def dtype(self) -> tf.dtypes.DType:
         """The dtype of the gradient values."""
         return self._dtype

@@ -375,18 +375,25 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             else:
                 inp = tf.convert_to_tensor(inp)
                 if weight is not None:
+                    # TensorFlow's serving-class wording first (callers match on it), then ours.
                     raise ValueError(
-                        f"Weight specified for dense input {path}, which is not allowed. Weight will always be 1 "
-                        "in this case."
+                        f"Weight specified for {path}, but input is dense. Weight will always be 1 in this case."
                     )
             if weight is not None and not isinstance(weight, type(inp)):
                 raise ValueError(
-                    f"Weight for {path} is type {type(weight).__name__} which does not match type input which is "
-                    f"{type(inp).__name__}."
+                    f"Weight for {path} is of type {type(weight)} but it does not match type of the input which is "
+                    f"{type(inp)}. Weights must be of the same kind as the ids."
                 )
             rank = inp.shape.rank
             sequence = feature.max_sequence_length > 0 and not feature.output_shape
-            if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)) and rank == 2 and sequence:
+            output_shape_positions = _output_shape_positions(path, inp, feature)
+            if output_shape_positions:
+                # TensorFlow ignores weights (and the combiner) of such a sequence lookup; a dense id is a row
+                # holding one id.
+                max_len, weight = output_shape_positions, None
+                if isinstance(inp, tf.Tensor):
+                    inp = tf.RaggedTensor.from_tensor(tf.reshape(inp, [-1, 1]))
+            elif isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)) and rank == 2 and sequence:
                 max_len = feature.max_sequence_length
             else:
                 if feature.max_sequence_length > 0 and isinstance(inp, tf.SparseTensor) and (rank or 0) > 2:
@@ -464,8 +471,12 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
     def _reshape_activations(self, activations: list) -> list:
         """Applies FeatureConfig.output_shape (the op gives input_shape + [dim])."""
+        return self._reshape_activations_for(activations, tf.nest.flatten(self._feature_config))
+
+    @staticmethod
+    def _reshape_activations_for(activations: list, features: list) -> list:
         out = []
-        for act, feature in zip(activations, tf.nest.flatten(self._feature_config), strict=False):
+        for act, feature in zip(activations, features, strict=True):
             if feature.output_shape:
                 act = tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
             out.append(act)
@@ -567,13 +578,77 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         return self.embedding_lookup(features, weights)
 
     def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
-        """Same as `__call__`."""
+        """Same as `__call__`.
+
+        As TensorFlow's serving class, `features` may hold only some of the configured features (matched by
+        their joined key paths); the result then has the nest of `features`. `enqueue` (training) needs all.
+        """
         with tf.name_scope("tpu_embedding_lookup"):
+            present, subset = None, features
+            try:
+                tf.nest.assert_same_structure(self._feature_config, features)
+            except (ValueError, TypeError):
+                present, features, weights = self._complete_subset(features, weights)
             inputs, shapes = self._normalize_inputs(features, weights)
+            if present is not None:
+                # Shapes of the stand-ins must not enter config_proto.
+                config_paths = [path for path, _ in _flatten_with_paths(self._feature_config)]
+                shapes = [
+                    s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)
+                ]
             self._merge_output_shapes(shapes)
             self._maybe_build()
             acts = self._lookup(inputs)
-            return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
+            if present is None:
+                return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
+            # Output in the order (and nest) of `features`, whose leaves need not be in feature order.
+            position = {path: i for i, (path, _) in enumerate(_flatten_with_paths(self._feature_config))}
+            wanted = [position[path] for path in present]
+            flat_config = tf.nest.flatten(self._feature_config)
+            reshaped = self._reshape_activations_for([acts[i] for i in wanted], [flat_config[i] for i in wanted])
+            return tf.nest.pack_sequence_as(subset, reshaped)
+
+    def _complete_subset(self, features: Any, weights: Any) -> tuple[list, Any, Any]:
+        """Maps a nest of some of the features onto `feature_config`, with empty stand-ins for the others.
+
+        The stand-ins (a dense batch of no ids) keep the configuration and table order of the full feature set, so
+        the kernels run unchanged; their activations are dropped. Returns (the key paths of `features` in its
+        flatten order, the completed features, the completed weights).
+
+        Raises:
+          ValueError: if a key path of `features` is not one of `feature_config`'s (TensorFlow's wording), or
+            `weights` does not have the structure of `features`.
+        """
+        flat_inputs = _flatten_with_paths(features)
+        if weights is not None:
+            try:
+                tf.nest.assert_same_structure(features, weights)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"Argument `weights` must have the structure of `features`: {e}") from e
+            flat_weights = tf.nest.flatten(weights)
+        else:
+            flat_weights = [None] * len(flat_inputs)
+        config_paths = [path for path, _ in _flatten_with_paths(self._feature_config)]
+        input_keys = {path for path, _ in flat_inputs}
+        if not input_keys.issubset(config_paths):
+            raise ValueError(
+                f"Inputs are not a subset of feature_config. Inputs keys are {input_keys}, but feature_config keys "
+                f"are {config_paths}. Unknown keys: {sorted(input_keys - set(config_paths))}."
+            )
+        by_path = {path: (inp, w) for (path, inp), w in zip(flat_inputs, flat_weights, strict=True)}
+        full_inputs, full_weights = [], []
+        for path, feature in zip(config_paths, tf.nest.flatten(self._feature_config), strict=True):
+            # A feature with an output_shape needs that many samples to stay a plain lookup (of row 0).
+            samples = feature.output_shape.num_elements() if feature.output_shape else 0
+            inp, w = by_path.get(path, (tf.zeros([samples], tf.int64), None))
+            full_inputs.append(inp)
+            full_weights.append(w)
+        present = [path for path, _ in flat_inputs]
+        return (
+            present,
+            tf.nest.pack_sequence_as(self._feature_config, full_inputs),
+            tf.nest.pack_sequence_as(self._feature_config, full_weights),
+        )
 
 
 def _flatten_with_paths(structure: Any) -> list:
@@ -581,6 +656,38 @@ def _flatten_with_paths(structure: Any) -> list:
     paths = tf.__internal__.nest.yield_flat_paths(structure)
     leaves = tf.nest.flatten(structure)
     return [("/".join(str(k) for k in path), leaf) for path, leaf in zip(paths, leaves, strict=False)]
+
+
+def _output_shape_positions(path: str, inp: Any, feature: Any) -> int:
+    """The sequence length a `FeatureConfig.output_shape` implies for this input, or 0 for a plain lookup.
+
+    TensorFlow's rule: with B samples and P = prod(output_shape), P == B is a plain lookup reshaped to
+    `output_shape + [dim]`; P a larger multiple of B makes the feature a sequence of P / B positions (ids padded
+    or truncated per sample, no combiner, no weights); anything else is a ValueError at lookup time. Only inputs
+    with one sample axis (dense [B] or [B, 1], rank-2 sparse or ragged) can be sequences. When B is not known
+    statically the lookup is plain and the reshape checks P == B when it runs.
+    """
+    if not feature.output_shape:
+        return 0
+    shape = inp.shape
+    if shape.rank is None:
+        return 0
+    dims = shape.as_list()
+    sample_dims = dims if isinstance(inp, tf.Tensor) and (len(dims) == 1 or dims[-1] != 1) else dims[:-1]
+    if any(d is None for d in sample_dims):
+        return 0
+    samples = functools.reduce(lambda a, b: a * b, sample_dims, 1)
+    product = functools.reduce(lambda a, b: a * b, feature.output_shape.as_list(), 1)
+    if product == samples:
+        return 0
+    one_sample_axis = len(sample_dims) == 1 and not (isinstance(inp, tf.Tensor) and len(dims) == 2 and dims[1] != 1)
+    if samples > 0 and product > samples and product % samples == 0 and one_sample_axis:
+        return product // samples
+    raise ValueError(
+        "Output shape set in the FeatureConfig should be the factor of the input data batch size. But instead got "
+        f"output shape {feature.output_shape}, input data batch size {samples} (feature {path}: the product of "
+        "output_shape must equal the number of samples, or be a larger multiple of it for a sequence lookup)."
+    )
 
 
 def _activation_shape(feature_input: Any, feature: Any) -> tf.TensorShape:

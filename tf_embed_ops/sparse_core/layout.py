@@ -1,0 +1,112 @@
+"""Table stacking and the SparseCore row layout of `TPUEmbeddingV2`.
+
+`TPUEmbeddingV2` stores tables with the same width and optimizer in one *stacked* variable. Each table is padded
+(rows to a multiple of the SparseCore count and more, columns to a multiple of 8), its rows are dealt out over the
+SparseCores by id modulo the SparseCore count (row r lives in shard `(r + rotation) % num_sc`), and within every
+shard the tables follow each other at a row offset. The stacked variable is the concatenation of the shards.
+TensorFlow describes each table's place by a `SparseCoreTableLayout`; the stacker that computes them is
+TensorFlow's own, so a configuration gets exactly the layouts it gets on a TPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.tpu import tpu_embedding_v3 as _v3
+from tensorflow.python.util import nest
+
+__all__ = ["Stacking", "compute_stacking", "stack_values", "unstack_value"]
+
+
+@dataclasses.dataclass
+class Stacking:
+    """What the stacker decided, keyed as TensorFlow keys it."""
+
+    layouts: dict  # table name -> SparseCoreTableLayout
+    stacked_table_to_tables: dict  # stacked name -> [table names], by row offset in a shard
+    table_to_stacked_table_offset: dict  # table name -> (stacked name, col offset, col shift)
+    feature_to_sample_offset: dict  # feature path -> first sample row of the feature in its stack
+    table_to_sample_count: dict  # stacked name -> samples of all its features (one replica)
+
+
+def compute_stacking(
+    feature_config: Any, num_replicas: int, num_sc_per_chip: int, sparse_core_embedding_config: Any
+) -> Stacking:
+    """Runs TensorFlow's table stacker on a private copy of `feature_config` (which it mutates)."""
+    clone = _v3._clone_feature_config(feature_config)  # noqa: SLF001
+    tables = []
+    for feature in nest.flatten(clone):
+        if not any(feature.table is t for t in tables):
+            tables.append(feature.table)
+    flat_features = nest.flatten_with_joined_string_paths(clone)
+    s = _v3._stack_tables_with_same_table_dim_and_optimizer(  # noqa: SLF001
+        tables, flat_features, num_replicas, num_sc_per_chip, sparse_core_embedding_config
+    )
+    stacked = {
+        name: [t.name for t in sorted(ts, key=lambda t: s.table_to_layout[t.name].sparse_core_shard_row_offset)]
+        for name, ts in s.stacked_table_to_tables.items()
+    }
+    return Stacking(
+        layouts=dict(s.table_to_layout),
+        stacked_table_to_tables=stacked,
+        table_to_stacked_table_offset=dict(s.table_to_stacked_table_offset),
+        feature_to_sample_offset=dict(s.feature_to_sample_offset),
+        table_to_sample_count=dict(s.table_to_sample_count),
+    )
+
+
+def stack_values(values: list, layouts: list) -> tf.Tensor:
+    """Per-table values (unpadded `[vocab, dim]`) -> the stacked variable's value (TensorFlow ops, any context).
+
+    `values` and `layouts` are the tables of one stack, in matching order. Padding rows and columns are zero, as
+    TensorFlow's resharding pads them.
+    """
+    num_sc = layouts[0].num_sparse_cores
+    rows_per_shard = layouts[0].total_rows_per_sparse_core_shard
+    width = layouts[0].unsharded_padded_shape[1]
+    pieces, cursor = [], 0
+    for value, layout in sorted(zip(values, layouts, strict=True), key=lambda p: p[1].sparse_core_shard_row_offset):
+        value = tf.convert_to_tensor(value)
+        rows, cols = layout.unsharded_shape
+        if value.shape != (rows, cols):
+            raise ValueError(f"Table {layout.table_name!r}: value of shape {value.shape}, layout says {(rows, cols)}.")
+        padded_rows, padded_cols = layout.unsharded_padded_shape
+        if padded_cols != width:
+            raise ValueError(f"Table {layout.table_name!r}: padded width {padded_cols}, its stack's is {width}.")
+        size = padded_rows // num_sc
+        offset = layout.sparse_core_shard_row_offset
+        if offset > cursor:
+            pieces.append(tf.zeros([num_sc, offset - cursor, width], value.dtype))
+        padded = tf.pad(value, [[0, padded_rows - rows], [0, padded_cols - cols]])
+        # Row r goes to shard (r % num_sc + rotation) % num_sc, at position offset + r // num_sc.
+        shards = tf.transpose(tf.reshape(padded, [size, num_sc, width]), [1, 0, 2])
+        pieces.append(tf.roll(shards, layout.sparse_core_shard_rotation, axis=0))
+        cursor = offset + size
+    if cursor < rows_per_shard:
+        pieces.append(tf.zeros([num_sc, rows_per_shard - cursor, width], pieces[-1].dtype))
+    return tf.reshape(tf.concat(pieces, axis=1), [num_sc * rows_per_shard, width])
+
+
+def unstack_value(stacked: Any, layout: Any) -> tf.Tensor:
+    """The stacked variable's value -> one table's unpadded `[vocab, dim]` value (TensorFlow ops)."""
+    stacked = tf.convert_to_tensor(stacked)
+    num_sc = layout.num_sparse_cores
+    total_rows, width = stacked.shape
+    if total_rows % num_sc:
+        raise ValueError(
+            f"Stacked table {layout.stacked_table_name!r} has {total_rows} rows, not a multiple of the "
+            f"{num_sc} SparseCores of the layout of table {layout.table_name!r}."
+        )
+    size = layout.unsharded_padded_shape[0] // num_sc
+    offset = layout.sparse_core_shard_row_offset
+    rows, cols = layout.unsharded_shape
+    if offset + size > total_rows // num_sc or cols > width:
+        raise ValueError(
+            f"Table {layout.table_name!r} does not fit its layout in a stacked value of shape {stacked.shape}."
+        )
+    shards = tf.reshape(stacked, [num_sc, total_rows // num_sc, width])[:, offset : offset + size, :]
+    shards = tf.roll(shards, -layout.sparse_core_shard_rotation, axis=0)
+    table = tf.reshape(tf.transpose(shards, [1, 0, 2]), [size * num_sc, width])
+    return table[:rows, :cols]

@@ -1,0 +1,633 @@
+"""`TPUEmbeddingV2`: TensorFlow's SparseCore mid-level API (TPU v5p/v6e), trainable on CPU.
+
+Same constructor and methods as `tf.tpu.experimental.embedding.TPUEmbeddingV2`: `enqueue` returns the
+preprocessed batch, `dequeue(batch)` and `embedding_lookup` / `__call__` return `(activations, batch)`, and
+`apply_gradients(gradients, batch)` trains. What differs from the v2 (TensorCore) engine is SparseCore's:
+
+* the host preprocessing: ids repeated in a sample are merged, combiners become per-id gains computed on the host,
+  per-SparseCore capacity limits (`SparseCoreEmbeddingConfig.max_ids_per_table`, `max_unique_ids_per_table`,
+  `max_ids_per_chip_per_sample`) are errors, or drop ids exactly where SparseCore drops them when
+  `allow_id_dropping` (`tf_embed_ops.sparse_core.preprocess` ports TensorFlow's host kernels);
+* the fused updates: no gradient clipping, no weight clipping, no gradient-accumulation switch (per-row sums
+  always), Adam always lazy, and weight decay raises `NotImplementedError` as TensorFlow's class does;
+* activations are `output_shape + [dim]` and every feature needs an `output_shape` whose product is its batch.
+
+The numerics run on `tf_embed_ops.TPUEmbedding`'s engine: this class builds a `TPUEmbeddingConfiguration` with
+those SparseCore settings (the combiner folded into the host gains, so every table combines by `sum`) and feeds its
+fused ops. Variables are per table (`{TableConfig: variable}`), but checkpoints are written and read in the
+stacked SparseCore layout of `TPUEmbeddingV2`, with its `_sparse_core_table_layouts` entry, so checkpoints move
+both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TPUEmbeddingForServing`.
+
+Example:
+    >>> api = tf.tpu.experimental.embedding
+    >>> table = api.TableConfig(64, 8, name="video", optimizer=api.Adagrad(0.1))
+    >>> fc = {"watched": api.FeatureConfig(table, output_shape=[16])}
+    >>> emb = TPUEmbeddingV2(fc)
+    >>> with tf.GradientTape() as tape:
+    ...   acts, batch = emb(features)
+    ...   tape.watch(acts); loss = model(acts)
+    >>> emb.apply_gradients(tape.gradient(loss, acts), batch)
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import operator
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+from tensorflow.python.tpu import tpu_embedding_v3 as _v3
+from tensorflow.python.tpu import tpu_embedding_v3_utils as _v3_utils
+from tensorflow.python.trackable import base as trackable_base
+from tensorflow.python.util import nest
+
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.sparse_core import layout as layout_lib
+from tf_embed_ops.sparse_core import preprocess as preprocess_lib
+
+__all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
+
+_emb = tf.tpu.experimental.embedding
+# What TensorFlow's TPUEmbeddingV2.apply_gradients can run (anything else raises there).
+_SPARSECORE_OPTIMIZERS = (_emb.SGD, _emb.Adagrad, _emb.AdagradMomentum, _emb.Adam, _emb.FTRL)
+
+
+class SparseCoreBatch(NamedTuple):
+    """What `enqueue` returns and `dequeue` / `apply_gradients` take (TensorFlow's partitioned tensors)."""
+
+    inputs: tuple  # per feature: embedding_ops.FeatureInput of the kept (sample, id, gain) triples
+    dropped: dict  # {stacked table: number of ids dropped by the capacity limits}
+
+
+def _sparse_core_optimizer(optimizer: Any) -> Any:
+    """The optimizer as SparseCore's fused update runs it: no clipping, per-row sums, lazy Adam.
+
+    TensorFlow's SparseCore update ops take the learning rate and the algorithm's own hyper-parameters only; the
+    table's clipping limits and accumulation flag are never passed, and its Adam kernel updates touched rows only.
+    """
+    if optimizer is None:
+        return None
+    sc = copy.copy(optimizer)
+    sc.clip_weight_min = sc.clip_weight_max = None
+    sc.clip_gradient_min = sc.clip_gradient_max = None
+    sc.use_gradient_accumulation = True
+    if isinstance(sc, _emb.Adam):
+        sc.lazy_adam = True
+    return sc
+
+
+class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
+    """`tf.tpu.experimental.embedding.TPUEmbeddingV2` (SparseCore), trainable on CPU.
+
+    Differences from TensorFlow's class (see docs/mid_level_api.md for the full table): no `TPUStrategy`; the
+    SparseCore topology the layouts describe is given by `num_replicas` and `num_sc_per_chip` (TensorFlow reads
+    it from the strategy) and a batch is one replica's; `embedding_tables` / `variables` are per table, not per
+    stacked table (`stacked_tables()` gives the stacked values); ids outside a table are an error (SparseCore
+    would read a neighbouring table of the stack).
+    """
+
+    DEFAULT_MAX_IDS_PER_TABLE = 256
+    DEFAULT_MAX_UNIQUE_IDS_PER_TABLE = 256
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+        sparse_core_embedding_config: Any = None,
+        *,
+        num_replicas: int = 1,
+        num_sc_per_chip: int = 4,
+    ):
+        """Creates the object; variables are created by `build` (or the first lookup).
+
+        Args:
+          feature_config: a nest of `tf.tpu.experimental.embedding.FeatureConfig`, each with an `output_shape`.
+          optimizer: default optimizer of tables without one: `SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`
+            (TensorFlow's SparseCore updates), or None (tables without an optimizer get no slots and cannot be
+            trained).
+          pipeline_execution_with_tensor_core: recorded; on CPU the lookup never overlaps the update.
+          sparse_core_embedding_config: a `tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig`; its limits
+            are keyed by stacked table name (see `embedding_layouts`).
+          num_replicas: TPU chips the layouts and the id-to-SparseCore mapping describe (TensorFlow: the
+            strategy's replicas). A batch given to this object is one replica's batch.
+          num_sc_per_chip: SparseCores per chip (TensorFlow's default when the hardware does not say: 4).
+
+        Raises:
+          NotImplementedError: a table's optimizer sets weight decay (as TensorFlow's class).
+          ValueError: a feature without `output_shape`, a sample count not divisible by `num_sc_per_chip`, an
+            unsupported optimizer, combiner or table dtype, a non-power-of-two SparseCore count, or a bad config.
+        """
+        self._feature_config = _v3._clone_feature_config(feature_config)  # noqa: SLF001  (as TensorFlow)
+        if not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"Argument `num_replicas` must be an int >= 1; got {num_replicas!r}.")
+        if not isinstance(num_sc_per_chip, int) or num_sc_per_chip < 1:
+            raise ValueError(f"Argument `num_sc_per_chip` must be an int >= 1; got {num_sc_per_chip!r}.")
+        physical = num_replicas * num_sc_per_chip
+        if physical & (physical - 1):
+            raise ValueError(
+                f"num_replicas x num_sc_per_chip = {physical} SparseCores; SparseCore needs a power of two "
+                "(ids are mapped to SparseCores by their low bits)."
+            )
+        self._num_replicas = num_replicas
+        self._num_sc_per_chip = num_sc_per_chip
+        self._pipelining = bool(pipeline_execution_with_tensor_core)
+        if sparse_core_embedding_config is None:
+            sparse_core_embedding_config = _emb.SparseCoreEmbeddingConfig()
+            logging.warning(
+                "SparseCoreEmbeddingConfig is not provided. Using default values %s", sparse_core_embedding_config
+            )
+        self._sparse_core_embedding_config = sparse_core_embedding_config
+        self._flat_features = nest.flatten_with_joined_string_paths(self._feature_config)
+
+        # Table order, global optimizer and names exactly as TensorFlow's base class does them.
+        self._table_config = []
+        for _, feature in self._flat_features:
+            if not any(feature.table is t for t in self._table_config):
+                self._table_config.append(feature.table)
+        names = []
+        for i, table in enumerate(self._table_config):
+            if table.optimizer is None:
+                table.optimizer = optimizer
+            if table.name is None:
+                table.name = f"table_{i}"
+            if table.name in names:
+                raise ValueError(f"Tables must have a unique name. Multiple tables with name {table.name} found.")
+            names.append(table.name)
+            self._check_table(table)
+        for path, feature in self._flat_features:
+            self._check_feature(path, feature)
+
+        self._stacking = layout_lib.compute_stacking(
+            self._feature_config, num_replicas, num_sc_per_chip, sparse_core_embedding_config
+        )
+        self._max_ids, self._max_unique_ids = self._capacity_limits()
+        self._engine = mid_level.TPUEmbedding(self._engine_feature_config(), None, self._pipelining)
+        self._built = False
+
+    # ------------------------------------------------------------------ validation and configuration
+
+    @staticmethod
+    def _check_table(table: Any) -> None:
+        opt = table.optimizer
+        if opt is not None and (
+            opt.weight_decay_factor is not None or opt.multiply_weight_decay_factor_by_learning_rate is not None
+        ):
+            raise NotImplementedError(
+                "weight_decay_factor and multiply_weight_decay_factor_by_learning_rate are not supported yet. But "
+                f"found in table {table.name} setting."
+            )
+        if opt is not None and not isinstance(opt, _SPARSECORE_OPTIMIZERS):
+            raise ValueError(
+                f"Table {table.name!r}: {type(opt).__name__} has no SparseCore update in TensorFlow's "
+                "TPUEmbeddingV2; use SGD, Adagrad, AdagradMomentum, Adam or FTRL (or tf_embed_ops.TPUEmbedding)."
+            )
+        if not isinstance(table.combiner, str):
+            raise ValueError(f"Table {table.name!r}: a CustomCombiner has no CPU meaning; use 'sum', 'mean', 'sqrtn'.")
+        if getattr(table, "dtype", tf.float32) != tf.float32:
+            # TensorFlow's TPUEmbeddingV2 creates every table variable as float32 whatever TableConfig.dtype says
+            # (only its on-device batch initializer reads the dtype), and the fused CPU kernels are float32.
+            raise ValueError(
+                f"Table {table.name!r} has dtype {table.dtype.name}: TPUEmbeddingV2 stores and trains float32 "
+                "tables only (TensorFlow's class also creates its variables as float32). Use an int32 table with "
+                "tf.tpu.experimental.embedding.TPUEmbeddingForServing-style lookups instead."
+            )
+
+    def _check_feature(self, path: str, feature: Any) -> None:
+        if not feature.output_shape:
+            raise ValueError(
+                f"Feature {path!r} has no output_shape; TPUEmbeddingV2 needs one for every feature (its sample "
+                "count is the product of output_shape)."
+            )
+        samples = functools.reduce(operator.mul, feature.output_shape.as_list(), 1)
+        if samples % self._num_sc_per_chip:
+            raise ValueError(
+                f"Feature {path!r}: sample_count {samples} (product of output_shape) is not divisible by the "
+                f"number of sparsecores per chip {self._num_sc_per_chip}."
+            )
+
+    def _capacity_limits(self) -> tuple[dict, dict]:
+        config = self._sparse_core_embedding_config
+        max_ids, max_unique = {}, {}
+        for name in self._stacking.stacked_table_to_tables:
+            given_ids = config.max_ids_per_table or {}
+            given_unique = config.max_unique_ids_per_table or {}
+            max_ids[name] = given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE)
+            max_unique[name] = given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
+            for what, value in (("max_ids_per_table", max_ids[name]), ("max_unique_ids_per_table", max_unique[name])):
+                if not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"SparseCoreEmbeddingConfig.{what}[{name!r}] must be an int > 0; got {value!r}.")
+        for key in set(config.max_ids_per_table or {}) | set(config.max_unique_ids_per_table or {}):
+            if key not in self._stacking.stacked_table_to_tables:
+                raise ValueError(
+                    f"SparseCoreEmbeddingConfig names table {key!r}, which is not a stacked table; the limits are "
+                    f"keyed by stacked table name: {sorted(self._stacking.stacked_table_to_tables)}."
+                )
+        if not isinstance(config.max_ids_per_chip_per_sample, int) or config.max_ids_per_chip_per_sample <= 0:
+            raise ValueError(
+                "SparseCoreEmbeddingConfig.max_ids_per_chip_per_sample must be an int > 0; got "
+                f"{config.max_ids_per_chip_per_sample!r}."
+            )
+        return max_ids, max_unique
+
+    def _engine_feature_config(self) -> list:
+        """The engine's view: same tables (names, sizes, initializers, slots), SparseCore optimizers, `sum`."""
+        engine_tables = {}
+        features = []
+        for _, feature in self._flat_features:
+            table = feature.table
+            if table.name not in engine_tables:
+                clone = copy.copy(table)
+                clone.optimizer = _sparse_core_optimizer(table.optimizer)
+                clone.combiner = "sum"  # the host gains already hold the combiner
+                engine_tables[table.name] = clone
+            features.append(_emb.FeatureConfig(table=engine_tables[table.name]))
+        return features
+
+    # ------------------------------------------------------------------ variables
+
+    def build(self) -> None:
+        """Creates the tables and slots (idempotent)."""
+        if self._built:
+            return
+        with tf.init_scope():
+            self._engine.build()
+            # Kept out of attribute tracking (a SavedModel tracks the engine's per-table variables instead).
+            self.__dict__["_checkpoint_children"] = self._make_checkpoint_children()
+        self._built = True
+
+    def _maybe_build(self) -> None:
+        if not self._built:
+            with tf.init_scope():
+                self.build()
+
+    def _engine_table(self, table: Any) -> Any:
+        return next(t for t in self._engine._table_config if t.name == table.name)  # noqa: SLF001
+
+    @property
+    def embedding_tables(self) -> dict:
+        """`{TableConfig: tf.Variable}` per table (TensorFlow's class keys stacked variables by stacked name)."""
+        self._maybe_build()
+        return {t: self._engine.variables[t.name]["parameters"] for t in self._table_config}
+
+    @property
+    def variables(self) -> dict:
+        """`{table name: {"parameters": var, <slot>: var}}`, per table."""
+        self._maybe_build()
+        return self._engine.variables
+
+    @property
+    def embedding_layouts(self) -> dict:
+        """`{table name: SparseCoreTableLayout}`: where each table lives in its stacked variable (TensorFlow's)."""
+        return dict(self._stacking.layouts)
+
+    def stacked_tables(self, slot: str = "parameters") -> dict:
+        """`{stacked table name: tf.Tensor}`: the values TensorFlow's stacked variables would hold."""
+        self._maybe_build()
+        return {name: self._stacked_value(name, slot) for name in self._stacking.stacked_table_to_tables}
+
+    def _stacked_value(self, stack: str, slot: str) -> tf.Tensor:
+        names = self._stacking.stacked_table_to_tables[stack]
+        values = [self._engine.variables[n][slot].read_value() for n in names]
+        return layout_lib.stack_values(values, [self._stacking.layouts[n] for n in names])
+
+    def _restore_stacked_value(self, stack: str, slot: str, value: Any) -> list:
+        layouts = self.__dict__.get("_restore_layouts") or self._stacking.layouts
+        ops = []
+        for name in self._stacking.stacked_table_to_tables[stack]:
+            part = layout_lib.unstack_value(value, layouts[name])
+            ops.append(self._engine.variables[name][slot].assign(part))
+        return ops
+
+    def _slot_names(self, stack: str) -> list:
+        first = self._stacking.stacked_table_to_tables[stack][0]
+        table = next(t for t in self._table_config if t.name == first)
+        return list(table.optimizer._slot_names()) if table.optimizer is not None else []  # noqa: SLF001
+
+    def _trackable_children(self, save_type=trackable_base.SaveType.CHECKPOINT, **kwargs):
+        if save_type != trackable_base.SaveType.CHECKPOINT:
+            return super()._trackable_children(save_type, **kwargs)
+        # Checkpoints hold TensorFlow's SparseCore names: one stacked variable per stack and slot, and the
+        # layouts; the per-table engine variables are not children.
+        self._maybe_build()
+        return dict(self._checkpoint_children)
+
+    def _checkpoint_adapter(self, path: str):
+        """Called by TensorFlow's restore before any child is restored: picks the layouts to unstack with.
+
+        A checkpoint written for another topology (other `num_replicas` / `num_sc_per_chip`) but the same stacks
+        (same tables in each stacked table) is unstacked with the checkpoint's own layouts, so it restores into
+        this object's tables exactly. Other stackings (another table set, `disable_table_stacking`) are refused
+        before anything is restored; TensorFlow's TPU class reshards those too, which is not implemented here.
+        """
+        self.__dict__["_restore_layouts"] = None
+        reader = tf.train.load_checkpoint(path)
+        key = next(
+            (k for k in reader.get_variable_to_dtype_map() if _v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY in k), None
+        )
+        if key is None:
+            return None
+        theirs = sparse_core_layout_pb2.SparseCoreTableLayouts()
+        theirs.ParseFromString(reader.get_tensor(key))
+        theirs = {lay.table_name: lay for lay in theirs.tables}
+        ours = self._stacking.layouts
+
+        def stacks(layouts):
+            out = {}
+            for lay in layouts.values():
+                out.setdefault(lay.stacked_table_name, set()).add((lay.table_name, tuple(lay.unsharded_shape)))
+            return out
+
+        if stacks(theirs) != stacks(ours):
+            raise ValueError(
+                f"The checkpoint at {path} stacks its tables differently (checkpoint: "
+                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(theirs).items()} }, this object: "
+                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(ours).items()} }, or the table shapes differ); "
+                "resharding between stackings is not implemented. Create this object with the tables and "
+                "SparseCoreEmbeddingConfig the checkpoint was written with."
+            )
+        if theirs != ours:
+            self.__dict__["_restore_layouts"] = theirs  # another topology: unstack with the writer's layouts
+        return None
+
+    def _make_checkpoint_children(self) -> dict:
+        """Created once: the checkpoint machinery identifies children by object."""
+        children = {}
+        for stack in self._stacking.stacked_table_to_tables:
+            for slot in ["parameters"] + self._slot_names(stack):
+                key = stack if slot == "parameters" else f"{stack}/{slot}"
+                children[key] = _StackedSlot(self, stack, slot)
+        layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
+        layouts.tables.extend(self._stacking.layouts[n] for n in sorted(self._stacking.layouts))
+        with tf.device("/cpu:0"):
+            children[_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY] = _v3_utils.SparseCoreLayoutsTrackable(
+                tf.constant(layouts.SerializeToString(), dtype=tf.string)
+            )
+        return children
+
+    # ------------------------------------------------------------------ lookups and training
+
+    def _plans(self) -> tuple[list, dict]:
+        features = []
+        for path, feature in self._flat_features:
+            stack, col_offset, col_shift = self._stacking.table_to_stacked_table_offset[feature.table.name]
+            features.append(
+                preprocess_lib.FeaturePlan(
+                    path=path,
+                    table=feature.table.name,
+                    stack=stack,
+                    sample_count=functools.reduce(operator.mul, feature.output_shape.as_list(), 1),
+                    row_offset=self._stacking.feature_to_sample_offset[path],
+                    col_offset=col_offset,
+                    col_shift=col_shift,
+                    combiner=feature.table.combiner,
+                    vocabulary_size=feature.table.vocabulary_size,
+                )
+            )
+        stacks = {
+            name: preprocess_lib.StackPlan(
+                name=name,
+                sample_count=self._stacking.table_to_sample_count[name],
+                max_ids=self._max_ids[name],
+                max_unique_ids=self._max_unique_ids[name],
+            )
+            for name in self._stacking.stacked_table_to_tables
+        }
+        return features, stacks
+
+    def _coo(self, path: str, inp: Any, weight: Any, samples: int) -> tuple:
+        """One feature as (sample rows, ids, weights) tensors, as SparseCore's COO conversion reads it."""
+        if isinstance(inp, tf.SparseTensor):
+            if weight is not None and not isinstance(weight, tf.SparseTensor):
+                raise ValueError(f"Expect weight to be SparseTensor type but got {type(weight)}")
+            rank = inp.shape.rank
+            if rank is None or rank < 2:
+                raise ValueError(f"Feature {path}: a SparseTensor needs rank >= 2; got shape {inp.shape}.")
+            # The sample of an id is its index without the last coordinate, row-major.
+            strides = tf.math.cumprod(inp.dense_shape[:-1], exclusive=True, reverse=True)
+            rows = tf.reduce_sum(inp.indices[:, :-1] * strides[None, :], axis=1)
+            values = inp.values
+            w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
+        elif isinstance(inp, tf.RaggedTensor):
+            if weight is not None and not isinstance(weight, tf.RaggedTensor):
+                raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weight)}")
+            if inp.shape.rank != 2:
+                raise ValueError(f"Feature {path}: a RaggedTensor must have rank 2; got shape {inp.shape}.")
+            nrows = inp.nrows()
+            tf.debugging.assert_equal(
+                nrows,
+                tf.cast(samples, nrows.dtype),
+                message=f"Feature {path}: the ragged batch must have {samples} rows (the product of output_shape).",
+            )
+            rows, values = inp.value_rowids(), inp.values
+            w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
+        else:
+            inp = tf.convert_to_tensor(inp)
+            values = tf.reshape(inp, [-1])
+            if weight is None:
+                w = tf.ones_like(values, tf.float32)
+            elif isinstance(weight, tf.Tensor) or not isinstance(weight, (tf.SparseTensor, tf.RaggedTensor)):
+                w = tf.reshape(tf.convert_to_tensor(weight, tf.float32), [-1])
+            else:
+                raise ValueError(f"Expect weight to be Tensor type but got {type(weight)}")
+            message = (
+                f"Feature {path}: Dense tensor input should have values elements number the same as the sample "
+                f"count (or none). Sample count (product of output_shape): {samples}."
+            )
+            count = inp.shape.num_elements()
+            if count is not None and count not in (0, samples):
+                raise ValueError(f"{message} Got {count} elements.")
+            if count is None:
+                size = tf.size(values, out_type=tf.int64)
+                tf.debugging.Assert(tf.logical_or(tf.equal(size, 0), tf.equal(size, samples)), [message, size])
+            rows = tf.range(tf.size(values, out_type=tf.int64))
+        if not values.dtype.is_integer:
+            raise ValueError(f"Feature {path}: ids must be integers; got {values.dtype.name}.")
+        return tf.cast(rows, tf.int64), tf.cast(values, tf.int64), tf.cast(w, tf.float32)
+
+    def enqueue(self, features: Any, weights: Any = None, device: str | None = None) -> SparseCoreBatch:
+        """Preprocesses a batch on the host, as SparseCore does; returns what `dequeue` takes.
+
+        Args:
+          features: a nest matching `feature_config` of dense `Tensor`s (one id per sample; as many ids as the
+            product of `output_shape`), `SparseTensor`s (rank >= 2; rows sorted) or `RaggedTensor`s (rank 2, one
+            row per sample).
+          weights: None or a matching nest of float weights of the same kinds (dense ids take dense weights).
+          device: ignored on CPU (TensorFlow places the preprocessing on the host of that TPU device).
+
+        Raises:
+          ValueError: structure, kind or size mismatch; InvalidArgumentError (when it runs) for ids outside their
+            table, unsorted SparseTensor rows, or a batch over a SparseCore capacity limit (unless the limit is
+            `max_ids_per_chip_per_sample` and `allow_id_dropping` is set: then those ids are dropped).
+        """
+        del device
+        tf.nest.assert_same_structure(self._feature_config, features)
+        flat_inputs = tf.nest.flatten(features)
+        flat_weights = [None] * len(flat_inputs)
+        if weights is not None:
+            tf.nest.assert_same_structure(self._feature_config, weights)
+            flat_weights = tf.nest.flatten(weights)
+        plans, stacks = self._plans()
+        coo = []
+        for (path, _), plan, inp, weight in zip(self._flat_features, plans, flat_inputs, flat_weights, strict=True):
+            coo.extend(self._coo(path, inp, weight, plan.sample_count))
+        config = self._sparse_core_embedding_config
+        num_features = len(plans)
+
+        def run(*arrays):
+            triples = [tuple(arrays[3 * i : 3 * i + 3]) for i in range(num_features)]
+            try:
+                kept, _, _, dropped = preprocess_lib.preprocess(
+                    triples,
+                    plans,
+                    stacks,
+                    self._num_replicas,
+                    self._num_sc_per_chip,
+                    config.max_ids_per_chip_per_sample,
+                    config.allow_id_dropping,
+                )
+            except ValueError as e:
+                raise tf.errors.InvalidArgumentError(None, None, str(e)) from e
+            for name, count in dropped.items():
+                if count:
+                    logging.warning(
+                        "Table %s is dropping %d ids so that the batch fits SparseCore's buffer.", name, count
+                    )
+            out = []
+            for samples, ids, gains in kept:
+                out.extend([samples, ids, gains])
+            out.append(np.asarray([dropped[n] for n in sorted(dropped)], np.int64))
+            return out
+
+        with tf.name_scope("tpu_embedding_v2_enqueue"):
+            flat = tf.numpy_function(
+                run, coo, [tf.int64, tf.int64, tf.float32] * num_features + [tf.int64], stateful=False
+            )
+        inputs = []
+        for i, plan in enumerate(plans):
+            samples, ids, gains = flat[3 * i : 3 * i + 3]
+            ids = tf.ensure_shape(ids, [None])
+            ragged_ids = tf.RaggedTensor.from_value_rowids(
+                ids, tf.ensure_shape(samples, [None]), nrows=plan.sample_count
+            )
+            ragged_gains = ragged_ids.with_values(tf.ensure_shape(gains, [None]))
+            inputs.append(embedding_ops.normalize_feature(ragged_ids, weights=ragged_gains))
+        dropped = dict(zip(sorted(stacks), tf.unstack(tf.ensure_shape(flat[-1], [len(stacks)])), strict=True))
+        return SparseCoreBatch(tuple(inputs), dropped)
+
+    def dequeue(self, partitioned_tensors: SparseCoreBatch) -> tuple[Any, SparseCoreBatch]:
+        """Looks up an enqueued batch: `(activations in the nest of feature_config, the batch)`."""
+        if not isinstance(partitioned_tensors, SparseCoreBatch):
+            raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
+        self._maybe_build()
+        acts = self._engine._lookup(list(partitioned_tensors.inputs))  # noqa: SLF001
+        out = [
+            tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
+            for act, (_, feature) in zip(acts, self._flat_features, strict=True)
+        ]
+        return tf.nest.pack_sequence_as(self._feature_config, out), partitioned_tensors
+
+    def embedding_lookup(self, features: Any, weights: Any = None) -> tuple[Any, SparseCoreBatch]:
+        """`enqueue` then `dequeue`: `(activations, batch)`; pass the batch to `apply_gradients`."""
+        self._maybe_build()
+        return self.dequeue(self.enqueue(features, weights))
+
+    def __call__(self, features: Any, weights: Any = None) -> tuple[Any, SparseCoreBatch]:
+        return self.embedding_lookup(features, weights)
+
+    def apply_gradients(self, gradients: Any, preserved_outputs: SparseCoreBatch) -> None:
+        """Updates the tables from the gradients w.r.t. the activations of `preserved_outputs`' lookup.
+
+        A `None` gradient sends zeros (TensorFlow's warning). Learning-rate callables are evaluated here.
+
+        Raises:
+          RuntimeError: not built, or a table has no optimizer.
+          ValueError: a non-Tensor gradient or one of the wrong shape.
+        """
+        if not self._built:
+            raise RuntimeError(
+                "apply_gradients called on unbuilt TPUEmbeddingV2 object. Please either call the embedding lookup "
+                "method first or manually call the build method."
+            )
+        if not isinstance(preserved_outputs, SparseCoreBatch):
+            raise ValueError(f"Expect the batch from embedding_lookup but get {type(preserved_outputs)}.")
+        nest.assert_same_structure(self._feature_config, gradients)
+        for table in self._table_config:
+            if table.optimizer is None:
+                raise RuntimeError(f"Table {table.name!r} has no optimizer; it can be looked up but not trained.")
+        flat = []
+        for gradient, (path, feature) in zip(nest.flatten(gradients), self._flat_features, strict=True):
+            shape = feature.output_shape.as_list() + [feature.table.dim]
+            samples = functools.reduce(operator.mul, feature.output_shape.as_list(), 1)
+            if gradient is not None and not isinstance(gradient, tf.Tensor):
+                raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
+            if gradient is None:
+                logging.warning(
+                    "No gradient passed for feature %s, sending zero gradient. This may not be correct behavior for "
+                    "certain optimizers like Adam.",
+                    path,
+                )
+                gradient = tf.zeros(shape, tf.float32)
+            elif not gradient.shape.is_compatible_with(shape):
+                raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
+            flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
+        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._engine._dynamic_learning_rates]  # noqa: SLF001
+        self._engine._send_gradients(flat, learning_rates, list(preserved_outputs.inputs))  # noqa: SLF001
+
+    # ------------------------------------------------------------------ statistics
+
+    @classmethod
+    def compute_sparse_core_stats(
+        cls,
+        features: Any,
+        feature_config: Any,
+        num_tpu_chips: int,
+        num_sc_per_chip: int = 4,
+        optimizer: Any = None,
+        sparse_core_embedding_config: Any = None,
+    ) -> tuple[dict, dict]:
+        """`(max_ids, max_unique_ids)` per stacked table for one batch, as TensorFlow's helper reports them.
+
+        Size `SparseCoreEmbeddingConfig.max_ids_per_table` / `max_unique_ids_per_table` with the maximum over
+        sample batches. Counts are per SparseCore, after SparseCore's merging of repeated ids, for the layout of
+        `num_tpu_chips` chips; `features` is one chip's batch.
+        """
+        config = sparse_core_embedding_config or _emb.SparseCoreEmbeddingConfig()
+        emb = cls(feature_config, optimizer, False, config, num_replicas=num_tpu_chips, num_sc_per_chip=num_sc_per_chip)
+        plans, stacks = emb._plans()
+        tf.nest.assert_same_structure(emb._feature_config, features)
+        triples = []
+        for (path, _), plan, inp in zip(emb._flat_features, plans, tf.nest.flatten(features), strict=True):
+            rows, ids, w = emb._coo(path, inp, None, plan.sample_count)
+            triples.append((rows.numpy(), ids.numpy(), w.numpy()))
+        _, max_ids, max_unique, _ = preprocess_lib.preprocess(
+            triples,
+            plans,
+            stacks,
+            num_tpu_chips,
+            num_sc_per_chip,
+            config.max_ids_per_chip_per_sample,
+            config.allow_id_dropping,
+            check_capacity=False,
+        )
+        as_tensors = functools.partial(tf.constant, dtype=tf.int32)
+        return ({k: as_tensors(v) for k, v in max_ids.items()}, {k: as_tensors(v) for k, v in max_unique.items()})
+
+
+class _StackedSlot(trackable_base.Trackable):
+    """One stacked variable of the checkpoint (a stack's parameters or one slot), backed by per-table variables."""
+
+    def __init__(self, owner: TPUEmbeddingV2, stack: str, slot: str):
+        self._owner, self._stack, self._slot = owner, stack, slot
+
+    def _serialize_to_tensors(self) -> dict:
+        return {trackable_base.VARIABLE_VALUE_KEY: self._owner._stacked_value(self._stack, self._slot)}  # noqa: SLF001
+
+    def _restore_from_tensors(self, restored_tensors: dict):
+        value = restored_tensors[trackable_base.VARIABLE_VALUE_KEY]
+        return tf.group(self._owner._restore_stacked_value(self._stack, self._slot, value))  # noqa: SLF001
