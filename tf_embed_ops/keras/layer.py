@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
-from tf_embed_ops.keras import serialization, serving
+from tf_embed_ops.keras import optimizer_mapping, serialization, serving
 
 __all__ = ["TPUEmbedding"]
 
@@ -131,6 +131,7 @@ class TPUEmbedding(keras.layers.Layer):
             feature_config = serialization.feature_config_from_dict(feature_config)
         if isinstance(optimizer, dict):
             optimizer = serialization.optimizer_from_dict(optimizer)
+        optimizer = optimizer_mapping.to_table_optimizer(optimizer, "(the default optimizer)")
         # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
         self.supports_jit = False
         self._convert_input_args = False
