@@ -121,6 +121,10 @@ def _truncate(x: Any, max_ids: int | None) -> Any:
     return tf.sparse.slice(x, tf.zeros([2], tf.int64), tf.stack([shape[0], tf.minimum(shape[1], max_ids)]))
 
 
+def _kind(x: Any) -> str:
+    return "ragged" if isinstance(x, tf.RaggedTensor) else "sparse" if isinstance(x, tf.SparseTensor) else "dense"
+
+
 def _prepare(x: Any, w: Any, feature: Any) -> tuple[Any, Any]:
     """One feature's input in keras-rs's terms -> what the TPUEmbedding layer takes (same combined result)."""
     what = f"Feature {feature.name!r}:"
@@ -130,7 +134,7 @@ def _prepare(x: Any, w: Any, feature: Any) -> tuple[Any, Any]:
         if x.shape.rank != 2:
             raise ValueError(f"{what} ragged/sparse input must be (batch, None); got shape {x.shape}.")
         if w is not None and not isinstance(w, type(x)):
-            raise ValueError(f"{what} weights are {type(w).__name__} but the input is {type(x).__name__}.")
+            raise ValueError(f"{what} weights are {_kind(w)} but the input is {_kind(x)}; they must match.")
         x = _truncate(x, max_ids)
         w = None if w is None else _truncate(tf.cast(w, tf.float32) if isinstance(w, tf.RaggedTensor) else w, max_ids)
         if isinstance(w, tf.SparseTensor):

@@ -93,7 +93,7 @@ def _from_keras(optimizer: keras.optimizers.Optimizer, table: str) -> Any:
     mapping = next((m for m in _MAPPINGS if isinstance(optimizer, m[0])), None)
     if mapping is None:
         raise ValueError(
-            f"Table {table!r}: Keras optimizer {type(optimizer).__name__} has no TPU equivalent; use "
+            f"Table {table!r}: unsupported optimizer {type(optimizer).__name__}: no TPU equivalent; use "
             "keras.optimizers.SGD, Adagrad, Adam or Ftrl (or a tf.tpu.experimental.embedding optimizer)."
         )
     keras_class, tpu_class, copied, unsupported = mapping
