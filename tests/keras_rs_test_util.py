@@ -150,3 +150,41 @@ def fit_step_reference(tables, slots, tpu_optimizers, rows, head_w, y, learning_
             ref.spec_from_optimizer(opt), lr, tables[table], slots[table], grads
         )
     return new_tables, new_slots
+
+
+def tables(layer) -> dict:
+    return {t.name: v.numpy().copy() for t, v in layer.embedding_tables.items()}
+
+
+def slots(layer) -> dict:
+    return {t.name: [v.numpy().copy() for v in s.values()] for t, s in layer.slot_variables.items()}
+
+
+def check_one_fit_step(layer) -> None:
+    """One `model.fit` step of `ranking_model(layer)` (frozen head, mse, the model's Adam) moves every table and
+    slot as the numpy reference of its own table optimizer says, and the model's optimizer holds no table."""
+    model = ranking_model(layer)
+    head = model.get_layer("head")
+    head_w = np.linspace(-1.0, 1.0, 12).reshape(12, 1).astype(np.float32)
+    head.set_weights([head_w, np.zeros(1, np.float32)])
+    head.trainable = False  # a fixed head makes dL/dact a closed form for the reference
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    x, w, rows = inputs(seed=2)
+    y = np.random.default_rng(3).normal(size=(B, 1))
+    tpu_opts = {t.name: t.optimizer for t in layer.embedding_tables}
+    before_tables, before_slots = tables(layer), slots(layer)
+    expected_tables, expected_slots = fit_step_reference(
+        before_tables, before_slots, tpu_opts, rows, head_w.astype(np.float64), y
+    )
+
+    model.fit(model_feed(x, w), tf.constant(y, tf.float32), batch_size=B, epochs=1, verbose=0, shuffle=False)
+
+    after_tables, after_slots = tables(layer), slots(layer)
+    for name in TABLES:
+        np.testing.assert_allclose(after_tables[name], expected_tables[name], rtol=2e-5, atol=2e-6, err_msg=name)
+        np.testing.assert_array_equal(after_tables[name][-2:], before_tables[name][-2:])  # never looked up
+        assert not np.array_equal(after_tables[name], before_tables[name]), name
+        for got, want in zip(after_slots[name], expected_slots[name], strict=True):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=name)
+    # The model's Adam has slots for the update trigger (a scalar) and the head only, none table-sized.
+    assert all(int(np.prod(v.shape)) < 16 for v in model.optimizer.variables)

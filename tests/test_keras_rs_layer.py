@@ -17,12 +17,7 @@ def _layer(optimizers=None, **kwargs):
     )
 
 
-def _tables(layer):
-    return {t.name: v.numpy().copy() for t, v in layer.embedding_tables.items()}
-
-
-def _slots(layer):
-    return {t.name: [v.numpy().copy() for v in s.values()] for t, s in layer.slot_variables.items()}
+_tables, _slots = util.tables, util.slots
 
 
 def test_forward_equals_the_numpy_reference_for_every_input_kind_with_truncation():
@@ -45,33 +40,7 @@ def test_get_embedding_tables_returns_every_table_by_name():
 
 
 def test_fit_step_moves_tables_by_their_own_optimizers_and_the_model_optimizer_holds_no_table_state():
-    layer = _layer()
-    model = util.ranking_model(layer)
-    head = model.get_layer("head")
-    head_w = np.linspace(-1.0, 1.0, 12).reshape(12, 1).astype(np.float32)
-    head.set_weights([head_w, np.zeros(1, np.float32)])
-    head.trainable = False  # a fixed head makes dL/dact a closed form for the reference
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-    x, w, rows = util.inputs(seed=2)
-    y = np.random.default_rng(3).normal(size=(util.B, 1))
-    tpu_opts = {t.name: t.optimizer for t in layer.embedding_tables}
-    before_tables, before_slots = _tables(layer), _slots(layer)
-    expected_tables, expected_slots = util.fit_step_reference(
-        before_tables, before_slots, tpu_opts, rows, head_w.astype(np.float64), y
-    )
-
-    model.fit(util.model_feed(x, w), tf.constant(y, tf.float32), batch_size=util.B, epochs=1, verbose=0, shuffle=False)
-
-    after_tables, after_slots = _tables(layer), _slots(layer)
-    for name in util.TABLES:
-        np.testing.assert_allclose(after_tables[name], expected_tables[name], rtol=2e-5, atol=2e-6, err_msg=name)
-        np.testing.assert_array_equal(after_tables[name][-2:], before_tables[name][-2:])  # never looked up
-        assert not np.array_equal(after_tables[name], before_tables[name]), name
-        for got, want in zip(after_slots[name], expected_slots[name], strict=True):
-            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=name)
-    table_sizes = {v.size for v in before_tables.values()}
-    assert all(int(np.prod(v.shape)) not in table_sizes for v in model.optimizer.variables)
-    assert all(int(np.prod(v.shape)) < 16 for v in model.optimizer.variables)  # the trigger scalar and the head
+    util.check_one_fit_step(_layer())
 
 
 def test_schedule_runs_on_the_table_optimizers_iterations_and_survives_save_and_load(tmp_path):
