@@ -169,3 +169,21 @@ def test_keras_layer_accepts_a_keras_default_optimizer_and_round_trips_a_schedul
     assert isinstance(rate, optimizer_mapping.KerasLearningRate)
     np.testing.assert_allclose(float(rate()), 0.3, rtol=1e-6)  # step 0, then it advances
     np.testing.assert_allclose(float(rate()), 0.3 * 0.5**0.5, rtol=1e-6)
+
+
+def test_keras_layer_saves_the_schedules_step_with_its_weights(tmp_path):
+    schedule = ko.schedules.PiecewiseConstantDecay([1], [0.4, 0.2])
+    table = emb.TableConfig(8, 2, name="t", optimizer=ko.SGD(schedule))
+    layer = te_keras.TPUEmbedding({"a": emb.FeatureConfig(table)}, name="emb")
+    ids = keras.Input(shape=(), dtype="int64", name="a")
+    model = keras.Model({"a": ids}, keras.layers.Dense(1)(layer({"a": ids})["a"]))
+    model.compile("sgd", "mse")
+    x, y = {"a": np.arange(6, dtype=np.int64)}, np.ones((6, 1), np.float32)
+    model.fit(x, y, batch_size=3, epochs=1, verbose=0, shuffle=False)  # two steps
+    assert int(table.optimizer.learning_rate.optimizer.iterations.numpy()) == 2
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path).get_layer("emb")
+    rate = next(iter(loaded.embedding_tables)).optimizer.learning_rate
+    assert int(rate.optimizer.iterations.numpy()) == 2
+    np.testing.assert_allclose(float(rate()), 0.2, rtol=1e-6)  # past the boundary: the schedule resumed

@@ -211,11 +211,6 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
         super().__init__(tpu_features, None, **kwargs)
         self._feature_configs = feature_configs
         self._table_stacking = table_stacking
-        # Schedules step on their Keras optimizer's iterations: saved with the layer's weights, so a loaded model
-        # resumes the schedule where it stopped.
-        for rate in self._tpu_embedding._dynamic_learning_rates:  # noqa: SLF001
-            if isinstance(rate, optimizer_mapping.KerasLearningRate):
-                self._track_variable(rate.optimizer.iterations)
 
     def call(self, inputs: Any, weights: Any = None, training: bool | None = None) -> Any:
         flat_features = keras.tree.flatten(self._feature_configs)

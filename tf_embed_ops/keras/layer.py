@@ -143,6 +143,10 @@ class TPUEmbedding(keras.layers.Layer):
         self._update_trigger = self.add_weight(
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
         )
+        # A Keras schedule steps on its optimizer's iterations: saved with the weights, it resumes after loading.
+        for rate in self._tpu_embedding._dynamic_learning_rates:  # noqa: SLF001
+            if isinstance(rate, optimizer_mapping.KerasLearningRate):
+                self._track_variable(rate.optimizer.iterations)
         self.built = True
 
     @property
