@@ -126,6 +126,8 @@ def test_each_option_without_tpu_meaning_is_rejected_naming_table_and_option_in_
     # The default optimizer of the mid-level API is checked per table, by that table's name.
     with pytest.raises(ValueError, match=match):
         tf_embed_ops.TPUEmbedding(_one_table(None), make())
+    with pytest.raises(ValueError, match=match):
+        te_keras.TPUEmbedding(_one_table(None), make())
 
 
 def test_mid_level_api_trains_with_a_keras_schedule_on_the_optimizers_iterations():

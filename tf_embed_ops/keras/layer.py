@@ -131,7 +131,6 @@ class TPUEmbedding(keras.layers.Layer):
             feature_config = serialization.feature_config_from_dict(feature_config)
         if isinstance(optimizer, dict):
             optimizer = serialization.optimizer_from_dict(optimizer)
-        optimizer = optimizer_mapping.to_table_optimizer(optimizer, "(the default optimizer)")
         # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
         self.supports_jit = False
         self._convert_input_args = False
@@ -140,6 +139,8 @@ class TPUEmbedding(keras.layers.Layer):
         self._pipeline = bool(pipeline_execution_with_tensor_core)
         self._tpu_embedding = _KerasTableStore(self.add_weight, feature_config, optimizer, self._pipeline)
         self._tpu_embedding.build()
+        # A Keras default optimizer was converted per table (errors name the table); get_config saves its TPU form.
+        self._global_optimizer = optimizer_mapping.to_table_optimizer(optimizer, "(the default optimizer)")
         self._update_trigger = self.add_weight(
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
         )
