@@ -165,6 +165,7 @@ def _one(table_kwargs=None, feature_kwargs=None, **layer_kwargs):
         ({}, {}, {"table_stacking": [["t", "u"]]}, r"table_stacking names table 'u'"),
         ({}, {}, {"table_stacking": [["t"], ["t"]]}, r"table_stacking lists table 't' more than once"),
         ({}, {}, {"table_stacking": "all"}, r"table_stacking must be 'auto', None or a list"),
+        ({}, {}, {"update_stats": "yes"}, r"update_stats must be a bool; got 'yes'"),
     ],
 )
 def test_configs_we_cannot_honour_are_rejected_by_name(table_kwargs, feature_kwargs, layer_kwargs, match):

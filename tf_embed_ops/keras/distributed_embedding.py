@@ -177,7 +177,9 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
     The model's optimizer sees one scalar of this layer (the update trigger), never a table.
     """
 
-    def __init__(self, feature_configs: Any, *, table_stacking: Any = "auto", **kwargs: Any):
+    def __init__(
+        self, feature_configs: Any, *, table_stacking: Any = "auto", update_stats: bool = False, **kwargs: Any
+    ):
         """Creates the tables (and their optimizer slots).
 
         Args:
@@ -186,6 +188,7 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
             "sgd", "adagrad", "adam", "ftrl", or a `tf.tpu.experimental.embedding` / `tf_embed_ops.optimizers`
             object. Tables shared between features are shared by identity.
           table_stacking: "auto", None or a list of lists of table names; validated, no effect on CPU.
+          update_stats: keras-rs's switch for SparseCore input statistics; accepted (a bool), no effect on CPU.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 
         Raises:
@@ -205,12 +208,15 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
                 tables.append(feature.table)
             _check_feature(feature)
         _check_table_stacking(table_stacking, [t.name for t in tables])
+        if not isinstance(update_stats, bool):
+            raise ValueError(f"update_stats must be a bool; got {update_stats!r}.")
         tpu_features = keras.tree.map_structure(
             lambda f: _emb.FeatureConfig(table=tpu_tables[id(f.table)], name=f.name), feature_configs
         )
         super().__init__(tpu_features, None, **kwargs)
         self._feature_configs = feature_configs
         self._table_stacking = table_stacking
+        self._update_stats = update_stats
 
     def call(self, inputs: Any, weights: Any = None, training: bool | None = None) -> Any:
         flat_features = keras.tree.flatten(self._feature_configs)
@@ -262,6 +268,7 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
         config["feature_configs"] = keras.tree.map_structure(feature_dict, self._feature_configs)
         config["tables"] = tables
         config["table_stacking"] = self._table_stacking
+        config["update_stats"] = self._update_stats
         config["keras_rs_configs"] = _is_keras_rs(keras.tree.flatten(self._feature_configs)[0])
         return config
 
