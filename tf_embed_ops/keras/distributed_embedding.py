@@ -135,11 +135,8 @@ def _prepare(x: Any, w: Any, feature: Any) -> tuple[Any, Any]:
             raise ValueError(f"{what} ragged/sparse input must be (batch, None); got shape {x.shape}.")
         if w is not None and not isinstance(w, type(x)):
             raise ValueError(f"{what} weights are {_kind(w)} but the input is {_kind(x)}; they must match.")
-        x = _truncate(x, max_ids)
-        w = None if w is None else _truncate(tf.cast(w, tf.float32) if isinstance(w, tf.RaggedTensor) else w, max_ids)
-        if isinstance(w, tf.SparseTensor):
-            w = tf.SparseTensor(w.indices, tf.cast(w.values, tf.float32), w.dense_shape)
-        return x, w
+        # tf.cast keeps ragged/sparse structure, so the weights stay aligned with the ids.
+        return _truncate(x, max_ids), (None if w is None else _truncate(tf.cast(w, tf.float32), max_ids))
     x = tf.convert_to_tensor(x)
     if x.shape.rank != len(declared):
         raise ValueError(f"{what} input of shape {x.shape} does not match the declared input_shape {declared}.")
