@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from benchmarks import bandwidth, harness, ours
 from benchmarks import workloads as wls
-from benchmarks.peers import fbgemm
+from benchmarks.peers import fbgemm, keras_rs_peer
 from benchmarks.peers import tf_native as tn
 
 # The optimizers of the issue, everywhere; the rest of the TPU catalogue that has a TF raw-op peer, on W1 only.
@@ -137,6 +137,8 @@ def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe
             engines["raw_op"] = _build(tn.raw_op_step, wl, opt)
         if keras and opt in tn.KERAS_OPTIMIZERS:
             engines["keras"] = _build(tn.keras_step, wl, opt)
+        if keras and opt == "adam" and section == "W1":  # keras-rs's layer (model Adam) vs ours (table Adam)
+            engines.update({name: _build(make, wl) for name, make in keras_rs_peer.ENGINES.items()})
         res = _time_engines(engines, opts)
         for engine, r in res.items():
             rec = {"section": section, "workload": wl.name, "optimizer": opt, "engine": engine, **r}

@@ -35,7 +35,7 @@ def test_constructor_rejects_bad_configs():
     with pytest.raises(ValueError, match="unique name"):
         tf_embed_ops.TPUEmbedding({"a": emb_api.FeatureConfig(t), "b": emb_api.FeatureConfig(u)}, emb_api.SGD(0.1))
     with pytest.raises(ValueError, match="unsupported optimizer"):
-        tf_embed_ops.TPUEmbedding(emb_api.FeatureConfig(emb_api.TableConfig(6, 2)), keras.optimizers.SGD(0.1))
+        tf_embed_ops.TPUEmbedding(emb_api.FeatureConfig(emb_api.TableConfig(6, 2)), keras.optimizers.RMSprop(0.1))
     with pytest.raises(ValueError, match="FeatureConfig"):
         tf_embed_ops.TPUEmbedding({"a": emb_api.TableConfig(6, 2)}, emb_api.SGD(0.1))
     with pytest.raises(ValueError, match="at least one"):

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -44,6 +45,16 @@ def _supported_optimizers() -> tuple[type, ...]:
     # Every optimizer class the config loader maps into the proto: TensorFlow's five and tf_embed_ops.optimizers
     # (CustomOptimizer aside: a SparseCore program with no Load/Retrieve op and no CPU meaning).
     return config_lib.supported_optimizer_classes()
+
+
+def _from_keras(optimizer: Any, table: Any) -> Any:
+    # A Keras optimizer or its string name becomes its TPU optimizer (Keras is imported only for those).
+    keras = sys.modules.get("keras")  # a Keras optimizer object implies Keras is imported
+    if isinstance(optimizer, str) or (keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)):
+        from tf_embed_ops.keras import optimizer_mapping  # pylint: disable=import-outside-toplevel
+
+        return optimizer_mapping.to_table_optimizer(optimizer, table)
+    return optimizer
 
 
 class _Pending(NamedTuple):
@@ -127,6 +138,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 # TensorFlow writes the global optimizer into the TableConfig itself; so do we (same objects,
                 # same config proto from tf_embed_ops.config.from_feature_config).
                 table.optimizer = optimizer
+            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
+                table.optimizer = _from_keras(table.optimizer, table.name or i)
             if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
                 raise ValueError(
                     f"{type(table.optimizer)} is an unsupported optimizer class (table {table.name or i!r}). "

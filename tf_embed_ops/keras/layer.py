@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
-from tf_embed_ops.keras import serialization, serving
+from tf_embed_ops.keras import optimizer_mapping, serialization, serving
 
 __all__ = ["TPUEmbedding"]
 
@@ -146,9 +146,15 @@ class TPUEmbedding(keras.layers.Layer):
             self.add_weight, feature_config, optimizer, self._pipeline, self._check_numerics
         )
         self._tpu_embedding.build()
+        # A Keras default optimizer was converted per table (errors name the table); get_config saves its TPU form.
+        self._global_optimizer = optimizer_mapping.to_table_optimizer(optimizer, "(the default optimizer)")
         self._update_trigger = self.add_weight(
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
         )
+        # A Keras schedule steps on its optimizer's iterations: saved with the weights, it resumes after loading.
+        for rate in self._tpu_embedding._dynamic_learning_rates:  # noqa: SLF001
+            if isinstance(rate, optimizer_mapping.KerasLearningRate):
+                self._track_variable(rate.optimizer.iterations)
         self.built = True
 
     @property
