@@ -50,6 +50,11 @@ mkdir -p "$out/absl_only"
 ln -sfn "$include_dir/absl" "$out/absl_only/absl"
 flags="$cxxflags -I. -isystem $out/absl_only -pthread"
 link="-lgtest -lgtest_main -L$lib_dir -l:$framework -Wl,-rpath,$lib_dir -pthread"
+# Objects built with other flags (another TensorFlow, TF_EMBED_OPS_CXXFLAGS) are not reused.
+if [ "$(cat "$out/flags" 2>/dev/null)" != "$cxx $flags $link" ]; then
+  rm -rf "$out/obj"
+  echo "$cxx $flags $link" >"$out/flags"
+fi
 
 compile() {  # source object
   mkdir -p "$(dirname "$2")"

@@ -1,6 +1,6 @@
 // cc/lib/feature_layout: where each id of a feature lands (dense, ragged and sparse input), its combiner factor
 // w_i / norm_s, the grouping by sample, and the rejection of malformed input with an InvalidArgument naming the
-// feature and the offending value (docs/semantics.md, "Combiners" and "Input forms").
+// feature and the offending value (docs/semantics.md, "Combiners" and "Tables, features and input forms").
 #include "cc/lib/feature_layout.h"
 
 #include <cmath>
