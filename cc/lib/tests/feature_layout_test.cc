@@ -238,14 +238,13 @@ TEST(FeatureLayoutErrorsTest, RaggedSplitsMustNotDecrease) {
 
 // A middle split beyond the number of ids (first and last splits valid): the layout must reject it before
 // writing per-id entries for positions that do not exist.
-// DISABLED until the `harden` branch's fix of this heap overflow is merged: on the unfixed code both write past
-// the end of FeatureLayout::sample_of and crash the process (SIGSEGV; SIGABRT from the corrupted heap).  Enable
-// both after that merge.
-TEST(FeatureLayoutErrorsTest, DISABLED_RaggedMiddleSplitBeyondTheIdsIsRejectedBeforeAnyWrite) {
+// Before the splits were validated in full, both wrote past the end of FeatureLayout::sample_of (SIGSEGV, or
+// SIGABRT from the corrupted heap): regression tests.
+TEST(FeatureLayoutErrorsTest, RaggedMiddleSplitBeyondTheIdsIsRejectedBeforeAnyWrite) {
   ExpectInvalid(Ragged({0, int64_t{1} << 40, int64_t{1} << 40, 4}, {1, 2, 3, 4}), {"row_splits"});
 }
 
-TEST(FeatureLayoutErrorsTest, DISABLED_RaggedSplitsBeyondTheIdsThenBackAreRejected) {
+TEST(FeatureLayoutErrorsTest, RaggedSplitsBeyondTheIdsThenBackAreRejected) {
   ExpectInvalid(Ragged({0, 6, 6, 4}, {1, 2, 3, 4}), {"row_splits"});
 }
 
@@ -260,9 +259,9 @@ TEST(FeatureLayoutErrorsTest, SparseCoordinatesMustLieInsideTheSampleShape) {
 }
 
 // A sample shape whose element count overflows int64 must be rejected, not used to size or index the grouping.
-// DISABLED until the `harden` branch's validation is merged: on the unfixed code the product wraps around and
-// the grouping is written out of bounds (SIGSEGV).
-TEST(FeatureLayoutErrorsTest, DISABLED_SampleShapeWhoseSizeOverflowsIsRejected) {
+// Before the sample shape was overflow-checked, the product wrapped around and the grouping was written out of
+// bounds (SIGSEGV): a regression test.
+TEST(FeatureLayoutErrorsTest, SampleShapeWhoseSizeOverflowsIsRejected) {
   ExpectInvalid(Sparse({1, 1, 0}, 3, {int64_t{1} << 32, int64_t{1} << 32}, {1}), {"sample_shape"});
 }
 
