@@ -320,17 +320,22 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
     def _checkpoint_adapter(self, path: str):
         """Called by TensorFlow's restore before any child is restored: picks the layouts to unstack with.
 
-        A checkpoint written for another topology (other `num_replicas` / `num_sc_per_chip`) but the same stacks
+        A checkpoint without SparseCore layouts is a per-table one and restores table by table. A checkpoint
+        written for another topology (other `num_replicas` / `num_sc_per_chip`) but the same stacks
         (same tables in each stacked table) is unstacked with the checkpoint's own layouts, so it restores into
         this object's tables exactly. Other stackings (another table set, `disable_table_stacking`) are refused
         before anything is restored; TensorFlow's TPU class reshards those too, which is not implemented here.
         """
         self.__dict__["_restore_layouts"] = None
+        self.__dict__["_restore_per_table"] = False
         reader = tf.train.load_checkpoint(path)
         key = next(
             (k for k in reader.get_variable_to_dtype_map() if _v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY in k), None
         )
         if key is None:
+            # A per-table checkpoint (TensorFlow's TPUEmbedding / serving class, tf_embed_ops.TPUEmbedding):
+            # `<table>` and `<table>/<slot>` restore straight into the per-table variables (_lookup_dependency).
+            self.__dict__["_restore_per_table"] = True
             return None
         theirs = sparse_core_layout_pb2.SparseCoreTableLayouts()
         theirs.ParseFromString(reader.get_tensor(key))
@@ -354,6 +359,15 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         if theirs != ours:
             self.__dict__["_restore_layouts"] = theirs  # another topology: unstack with the writer's layouts
         return None
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        """During the restore of a per-table checkpoint, `<table>` / `<table>/<slot>` are our own variables."""
+        if self.__dict__.get("_restore_per_table") and self._built:
+            table, _, slot = name.partition("/")
+            variables = self._engine.variables.get(table)
+            if variables is not None and (slot or "parameters") in variables:
+                return variables[slot or "parameters"]
+        return super()._lookup_dependency(name, cached_dependencies)
 
     def _make_checkpoint_children(self) -> dict:
         """Created once: the checkpoint machinery identifies children by object."""
