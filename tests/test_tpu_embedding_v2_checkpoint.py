@@ -243,3 +243,16 @@ def test_restores_a_per_table_checkpoint(tmp_path, writer):
     # Written back, it is a SparseCore checkpoint.
     again = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "again"))
     assert "embedding/_sparse_core_table_layouts/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(again))
+
+
+def test_embedding_table_shards_are_even_row_blocks_per_chip_of_the_stacked_value():
+    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=2)
+    emb.build()
+    _random_fill(emb, seed=2)
+    for name, shards in emb.embedding_table_shards.items():
+        stacked = emb.stacked_tables()[name].numpy()
+        assert [device for device, _ in shards] == ["TPU:0", "TPU:1"]
+        np.testing.assert_array_equal(np.concatenate([s.numpy() for _, s in shards]), stacked)
+        # Chip c holds SparseCores [c * 4, c * 4 + 4): its rows are those the layouts put on them.
+        lay = next(v for v in emb.embedding_layouts.values() if v.stacked_table_name == name)
+        assert shards[0][1].shape[0] == 4 * lay.total_rows_per_sparse_core_shard

@@ -291,6 +291,21 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         self._maybe_build()
         return {name: self._stacked_value(name, slot) for name in self._stacking.stacked_table_to_tables}
 
+    @property
+    def embedding_table_shards(self) -> dict:
+        """`{stacked table name: [(device, shard)]}`: the stacked values split as TensorFlow shards them over chips.
+
+        TensorFlow's property lists each TPU device's shard of a stacked variable (even row blocks, one per chip);
+        here the devices are named `"TPU:<chip>"` for the `num_replicas` chips of the layouts, and the shards are
+        tensors computed from the per-table variables.
+        """
+        self._maybe_build()
+        out = {}
+        for name, value in self.stacked_tables().items():
+            shards = tf.split(value, self._num_replicas, axis=0)
+            out[name] = [(f"TPU:{chip}", shard) for chip, shard in enumerate(shards)]
+        return out
+
     def _stacked_value(self, stack: str, slot: str) -> tf.Tensor:
         names = self._stacking.stacked_table_to_tables[stack]
         values = [self._engine.variables[n][slot].read_value() for n in names]
