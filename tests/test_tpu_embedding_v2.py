@@ -374,3 +374,20 @@ def test_dense_batch_must_hold_one_id_per_sample_or_none():
     traced = tf.function(lambda ids: emb({"f": ids})[0]["f"], input_signature=[tf.TensorSpec([None], tf.int64)])
     with pytest.raises(tf.errors.InvalidArgumentError, match="should have values elements number the same"):
         traced(tf.constant([1, 2, 3], tf.int64))
+
+
+def test_dropping_cuts_inside_a_partition_in_column_order():
+    # All ten ids are on SparseCore 0 (samples 0, 1), partition 0 (multiples of 4); the 8-slot buffer keeps the
+    # first eight in column order (0 ... 28) and drops 32 and 36, both of sample 1, whatever their input order.
+    rows = [[16, 0, 12, 4, 8], [36, 20, 32, 24, 28], [], [], [], [], [], []]
+    emb = _one_table(
+        max_ids_per_chip_per_sample=1,
+        allow_id_dropping=True,
+        max_ids_per_table={"t": 16},
+        max_unique_ids_per_table={"t": 16},
+    )
+    acts, batch = emb({"f": tf.ragged.constant(rows, dtype=tf.int64)})
+    table = np.arange(128, dtype=np.float32).reshape(64, 2)
+    np.testing.assert_array_equal(acts["f"].numpy()[0], table[[0, 4, 8, 12, 16]].sum(axis=0))
+    np.testing.assert_array_equal(acts["f"].numpy()[1], table[[20, 24, 28]].sum(axis=0))
+    assert int(batch.dropped["t"]) == 2

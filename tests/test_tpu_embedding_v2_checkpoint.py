@@ -221,3 +221,38 @@ def test_disable_table_stacking_gives_one_stack_per_table_and_still_restores_in_
     serving.build()
     for name in ("video", "user", "item"):
         np.testing.assert_array_equal(serving.variables[name]["parameters"].numpy(), values[(name, "parameters")])
+
+
+@pytest.mark.parametrize("writer", ["te.TPUEmbedding", "TPUEmbeddingForServing"])
+def test_restores_a_per_table_checkpoint(tmp_path, writer):
+    """A CPU-trained (per-table) checkpoint comes to the SparseCore class table by table, slots included; even a
+    single-table stack whose name is the table's (`item`) is read as the per-table value it is."""
+    if writer == "te.TPUEmbedding":
+        source = te.TPUEmbedding(_feature_config())
+    else:
+        source = emb_api.TPUEmbeddingForServing(_feature_config(), None)
+    source.build()
+    values = _random_fill(source, seed=12)
+    path = tf.train.Checkpoint(embedding=source).write(str(tmp_path / "ck"))
+    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=2)
+    emb.build()
+    status = tf.train.Checkpoint(embedding=emb).read(path)
+    for (name, slot), value in values.items():
+        np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value, err_msg=f"{name}/{slot}")
+    status.expect_partial()  # the stacked entries of this object have no counterpart in a per-table checkpoint
+    # Written back, it is a SparseCore checkpoint.
+    again = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "again"))
+    assert "embedding/_sparse_core_table_layouts/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(again))
+
+
+def test_embedding_table_shards_are_even_row_blocks_per_chip_of_the_stacked_value():
+    emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=2)
+    emb.build()
+    _random_fill(emb, seed=2)
+    for name, shards in emb.embedding_table_shards.items():
+        stacked = emb.stacked_tables()[name].numpy()
+        assert [device for device, _ in shards] == ["TPU:0", "TPU:1"]
+        np.testing.assert_array_equal(np.concatenate([s.numpy() for _, s in shards]), stacked)
+        # Chip c holds SparseCores [c * 4, c * 4 + 4): its rows are those the layouts put on them.
+        lay = next(v for v in emb.embedding_layouts.values() if v.stacked_table_name == name)
+        assert shards[0][1].shape[0] == 4 * lay.total_rows_per_sparse_core_shard

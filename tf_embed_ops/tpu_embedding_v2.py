@@ -39,14 +39,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 from absl import logging
-from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import tpu_embedding_v3 as _v3
-from tensorflow.python.tpu import tpu_embedding_v3_utils as _v3_utils
 from tensorflow.python.trackable import base as trackable_base
 from tensorflow.python.util import nest
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
 
@@ -291,6 +290,21 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         self._maybe_build()
         return {name: self._stacked_value(name, slot) for name in self._stacking.stacked_table_to_tables}
 
+    @property
+    def embedding_table_shards(self) -> dict:
+        """`{stacked table name: [(device, shard)]}`: the stacked values split as TensorFlow shards them over chips.
+
+        TensorFlow's property lists each TPU device's shard of a stacked variable (even row blocks, one per chip);
+        here the devices are named `"TPU:<chip>"` for the `num_replicas` chips of the layouts, and the shards are
+        tensors computed from the per-table variables.
+        """
+        self._maybe_build()
+        out = {}
+        for name, value in self.stacked_tables().items():
+            shards = tf.split(value, self._num_replicas, axis=0)
+            out[name] = [(f"TPU:{chip}", shard) for chip, shard in enumerate(shards)]
+        return out
+
     def _stacked_value(self, stack: str, slot: str) -> tf.Tensor:
         names = self._stacking.stacked_table_to_tables[stack]
         values = [self._engine.variables[n][slot].read_value() for n in names]
@@ -318,42 +332,25 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         return dict(self._checkpoint_children)
 
     def _checkpoint_adapter(self, path: str):
-        """Called by TensorFlow's restore before any child is restored: picks the layouts to unstack with.
+        """Called by TensorFlow's restore before any child is restored: picks how to read the checkpoint.
 
-        A checkpoint written for another topology (other `num_replicas` / `num_sc_per_chip`) but the same stacks
-        (same tables in each stacked table) is unstacked with the checkpoint's own layouts, so it restores into
-        this object's tables exactly. Other stackings (another table set, `disable_table_stacking`) are refused
-        before anything is restored; TensorFlow's TPU class reshards those too, which is not implemented here.
+        A checkpoint without SparseCore layouts is a per-table one and restores table by table
+        (`_lookup_dependency`). A stacked one of another topology but the same stacks is split with its own
+        layouts; another stacking raises (see `sparse_core.checkpoint.layouts_for_restore`).
         """
-        self.__dict__["_restore_layouts"] = None
-        reader = tf.train.load_checkpoint(path)
-        key = next(
-            (k for k in reader.get_variable_to_dtype_map() if _v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY in k), None
-        )
-        if key is None:
-            return None
-        theirs = sparse_core_layout_pb2.SparseCoreTableLayouts()
-        theirs.ParseFromString(reader.get_tensor(key))
-        theirs = {lay.table_name: lay for lay in theirs.tables}
-        ours = self._stacking.layouts
-
-        def stacks(layouts):
-            out = {}
-            for lay in layouts.values():
-                out.setdefault(lay.stacked_table_name, set()).add((lay.table_name, tuple(lay.unsharded_shape)))
-            return out
-
-        if stacks(theirs) != stacks(ours):
-            raise ValueError(
-                f"The checkpoint at {path} stacks its tables differently (checkpoint: "
-                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(theirs).items()} }, this object: "
-                f"{ {k: sorted(t for t, _ in v) for k, v in stacks(ours).items()} }, or the table shapes differ); "
-                "resharding between stackings is not implemented. Create this object with the tables and "
-                "SparseCoreEmbeddingConfig the checkpoint was written with."
-            )
-        if theirs != ours:
-            self.__dict__["_restore_layouts"] = theirs  # another topology: unstack with the writer's layouts
+        theirs = checkpoint_lib.layouts_for_restore(path, self._stacking.layouts)
+        self.__dict__["_restore_per_table"] = theirs is None
+        self.__dict__["_restore_layouts"] = theirs
         return None
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        """During the restore of a per-table checkpoint, `<table>` / `<table>/<slot>` are our own variables."""
+        if self.__dict__.get("_restore_per_table") and self._built:
+            table, _, slot = name.partition("/")
+            variables = self._engine.variables.get(table)
+            if variables is not None and (slot or "parameters") in variables:
+                return variables[slot or "parameters"]
+        return super()._lookup_dependency(name, cached_dependencies)
 
     def _make_checkpoint_children(self) -> dict:
         """Created once: the checkpoint machinery identifies children by object."""
@@ -361,13 +358,11 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         for stack in self._stacking.stacked_table_to_tables:
             for slot in ["parameters"] + self._slot_names(stack):
                 key = stack if slot == "parameters" else f"{stack}/{slot}"
-                children[key] = _StackedSlot(self, stack, slot)
-        layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
-        layouts.tables.extend(self._stacking.layouts[n] for n in sorted(self._stacking.layouts))
-        with tf.device("/cpu:0"):
-            children[_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY] = _v3_utils.SparseCoreLayoutsTrackable(
-                tf.constant(layouts.SerializeToString(), dtype=tf.string)
-            )
+                children[key] = checkpoint_lib.StackedSlot(
+                    functools.partial(self._stacked_value, stack, slot),
+                    functools.partial(self._restore_stacked_value, stack, slot),
+                )
+        children[checkpoint_lib.LAYOUTS_KEY] = checkpoint_lib.layouts_trackable(self._stacking.layouts)
         return children
 
     # ------------------------------------------------------------------ lookups and training
@@ -617,17 +612,3 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         )
         as_tensors = functools.partial(tf.constant, dtype=tf.int32)
         return ({k: as_tensors(v) for k, v in max_ids.items()}, {k: as_tensors(v) for k, v in max_unique.items()})
-
-
-class _StackedSlot(trackable_base.Trackable):
-    """One stacked variable of the checkpoint (a stack's parameters or one slot), backed by per-table variables."""
-
-    def __init__(self, owner: TPUEmbeddingV2, stack: str, slot: str):
-        self._owner, self._stack, self._slot = owner, stack, slot
-
-    def _serialize_to_tensors(self) -> dict:
-        return {trackable_base.VARIABLE_VALUE_KEY: self._owner._stacked_value(self._stack, self._slot)}  # noqa: SLF001
-
-    def _restore_from_tensors(self, restored_tensors: dict):
-        value = restored_tensors[trackable_base.VARIABLE_VALUE_KEY]
-        return tf.group(self._owner._restore_stacked_value(self._stack, self._slot, value))  # noqa: SLF001

@@ -88,34 +88,37 @@ def _convert(rows, ids, weights, f: FeaturePlan, num_sc: int, num_shards: int, s
 
 
 def _sort_one_sc(groups: list, num_physical: int):
-    """Step 2 for one SparseCore: per partition, the merged entries in device order; and the counters."""
+    """Step 2 for one SparseCore: per partition, the merged entries in device order; and the counters.
+
+    Returns (per partition a tuple of arrays (feature, sample, id, gain) in device order, ids per partition,
+    unique ids per partition).
+    """
+    mask = num_physical - 1
     ids_count = np.zeros(num_physical, np.int64)
     unique_count = np.zeros(num_physical, np.int64)
-    per_partition = [[] for _ in range(num_physical)]
-    for entries in groups:  # feature groups by ascending column offset
-        srow, col, gain, feature, sample, ident = entries
-        order = np.lexsort((np.arange(len(col)), col))  # by column, then input position
+    heads_by_group = []
+    for srow, col, gain, feature, sample, ident in groups:  # feature groups by ascending column offset
+        n = len(col)
+        order = np.lexsort((np.arange(n), col))  # by column, then input position
         srow, col, gain = srow[order], col[order], gain[order]
-        feature, sample, ident = feature[order], sample[order], ident[order]
-        prev_row, prev_col, head = -1, -1, -1
-        merged_gain = []
-        heads = []
-        for k in range(len(col)):
-            if srow[k] != prev_row or col[k] != prev_col:
-                partition = col[k] & (num_physical - 1)
-                ids_count[partition] += 1
-                if col[k] != prev_col:
-                    unique_count[partition] += 1
-                heads.append(k)
-                merged_gain.append(np.float32(gain[k]))
-                head = len(heads) - 1
-            else:
-                merged_gain[head] = np.float32(merged_gain[head] + gain[k])
-            prev_row, prev_col = srow[k], col[k]
-        for h, k in enumerate(heads):
-            per_partition[col[k] & (num_physical - 1)].append(
-                (int(feature[k]), int(sample[k]), int(ident[k]), merged_gain[h])
-            )
+        new_pair = np.ones(n, bool)
+        new_col = np.ones(n, bool)
+        if n > 1:
+            new_col[1:] = col[1:] != col[:-1]
+            new_pair[1:] = new_col[1:] | (srow[1:] != srow[:-1])
+        heads = order[new_pair]
+        merged = np.zeros(int(new_pair.sum()), np.float32)
+        # Gains of a repeated (row, column) add onto the first one's, in sorted order (float32, as the kernel).
+        np.add.at(merged, np.cumsum(new_pair) - 1, gain.astype(np.float32))
+        partition = col[new_pair] & mask
+        ids_count += np.bincount(partition, minlength=num_physical)
+        unique_count += np.bincount(col[new_col] & mask, minlength=num_physical)
+        heads_by_group.append((feature[heads], sample[heads], ident[heads], merged, partition))
+    feature, sample, ident, gain, partition = (np.concatenate(x) for x in zip(*heads_by_group, strict=True))
+    by_partition = np.argsort(partition, kind="stable")  # keeps group order, then sorted order, per partition
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(partition, minlength=num_physical))])
+    arrays = (feature[by_partition], sample[by_partition], ident[by_partition], gain[by_partition])
+    per_partition = [tuple(a[bounds[p] : bounds[p + 1]] for a in arrays) for p in range(num_physical)]
     return per_partition, ids_count, unique_count
 
 
@@ -216,12 +219,13 @@ def preprocess(
                         f"max_unique_ids_per_table[{name!r}] in the SparseCoreEmbeddingConfig)."
                     )
         # The CSR wrap runs after every SparseCore's sort, SparseCore after SparseCore.
-        total = sum(len(p) for per_partition in sorted_scs for p in per_partition)
+        total = sum(len(p[0]) for per_partition in sorted_scs for p in per_partition)
         packed = 0
         for per_partition in sorted_scs if check_capacity else ():
             for partition in range(num_physical):
                 entries = per_partition[partition]
-                if used + len(entries) > capacity:
+                count = len(entries[0])
+                if used + count > capacity:
                     if not allow_id_dropping:
                         remaining = total - packed  # as TensorFlow counts it: every id of the chip not yet placed
                         raise CapacityError(
@@ -230,20 +234,25 @@ def preprocess(
                             f"be true. (Table {name!r}: raise max_ids_per_chip_per_sample.)"
                         )
                     kept = capacity - used
-                    dropped[name] += len(entries) - kept
-                    entries = entries[:kept]
+                    dropped[name] += count - kept
+                    entries = tuple(a[:kept] for a in entries)
+                    count = kept
                     used = capacity
                 else:
-                    used += len(entries)
-                packed += len(entries)
+                    used += count
+                packed += count
                 used = -(-used // XLA_PAD_SIZE) * XLA_PAD_SIZE
-                for feature, sample, ident, gain in entries:
-                    out[feature][0].append(sample)
-                    out[feature][1].append(ident)
-                    out[feature][2].append(gain)
+                feature, sample, ident, gain = entries
+                for f in np.unique(feature):
+                    mine = feature == f
+                    out[f][0].append(sample[mine])
+                    out[f][1].append(ident[mine])
+                    out[f][2].append(gain[mine])
     result = []
     for samples, ids, gains in out:
-        samples = np.asarray(samples, np.int64)
+        samples = np.concatenate(samples).astype(np.int64) if samples else np.zeros(0, np.int64)
+        ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
+        gains = np.concatenate(gains).astype(np.float32) if gains else np.zeros(0, np.float32)
         order = np.argsort(samples, kind="stable")
-        result.append((samples[order], np.asarray(ids, np.int64)[order], np.asarray(gains, np.float32)[order]))
+        result.append((samples[order], ids[order], gains[order]))
     return result, max_ids, max_unique, dropped
