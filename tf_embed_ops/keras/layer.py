@@ -61,8 +61,8 @@ class _KerasTableStore(mid_level.TPUEmbedding):
                     )
         return variables
 
-    def _tables_and_slots(self) -> tuple[list, list]:
-        tables, slots = super()._tables_and_slots()
+    def tables_and_slots(self) -> tuple[list, list]:
+        tables, slots = super().tables_and_slots()
         # keras.Variable.value is the backing tf.Variable (autocast is off), whose handle the kernels take.
         return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
 
@@ -146,7 +146,7 @@ class TPUEmbedding(keras.layers.Layer):
 
     @property
     def feature_config(self) -> Any:
-        return self._tpu_embedding._feature_config  # noqa: SLF001
+        return self._tpu_embedding.feature_config
 
     @property
     def embedding_tables(self) -> dict:
@@ -168,11 +168,11 @@ class TPUEmbedding(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
-        inputs, _ = store._normalize_inputs(features, weights)  # noqa: SLF001
-        flat_features = tf.nest.flatten(store._feature_config)  # noqa: SLF001
+        inputs, _ = store.normalize_inputs(features, weights)
+        flat_features = tf.nest.flatten(store.feature_config)
         if serving.in_serving_mode():
             kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
-            tables = store._variables  # noqa: SLF001
+            tables = store.variables
             acts = [
                 serving.plain_lookup(
                     inp,
@@ -185,24 +185,24 @@ class TPUEmbedding(keras.layers.Layer):
                 for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
             ]
         else:
-            tables, slots = store._tables_and_slots()  # noqa: SLF001
+            tables, slots = store.tables_and_slots()
             if training:
                 # The fused update hangs on the trigger's gradient (see the module docstring).
                 acts = embedding_ops.embedding_lookup_and_update(
                     inputs,
                     tables,
                     slots,
-                    store._serialized_config,  # noqa: SLF001
-                    combiners=store._combiners,  # noqa: SLF001
-                    learning_rates=list(store._dynamic_learning_rates),  # noqa: SLF001
+                    store.serialized_config,
+                    combiners=store.combiners,
+                    learning_rates=list(store.dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                 )
             else:
                 acts = embedding_ops.embedding_activations(
-                    inputs, tables, store._serialized_config, combiners=store._combiners  # noqa: SLF001
+                    inputs, tables, store.serialized_config, combiners=store.combiners
                 )
-        acts = store._reshape_activations(list(acts))  # noqa: SLF001
-        return tf.nest.pack_sequence_as(store._feature_config, acts)  # noqa: SLF001
+        acts = store.reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store.feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)
