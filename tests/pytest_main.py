@@ -29,4 +29,5 @@ def _check_package_is_from_runfiles() -> None:
 if __name__ == "__main__":
     sys.dont_write_bytecode = True
     _check_package_is_from_runfiles()
-    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
+    # A bazel target is one file, run whole: both tiers (pyproject's addopts select only the fast one).
+    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-m", "slow or not slow", *sys.argv[1:]]))

@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# The benchmark suite runs in a subprocess: the slow tier.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

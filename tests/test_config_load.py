@@ -159,6 +159,7 @@ def test_cli_bad_config(tmp_path, capsys):
     assert captured.err.strip() == f"error: {path}: table 't' (table_id 0): vocabulary_size must be > 0, got 0"
 
 
+@pytest.mark.slow
 def test_cli_entry_point_in_a_new_process(tmp_path):
     path = tmp_path / "bad.pb"
     path.write_bytes(b"\xff\xfe garbage")

@@ -77,6 +77,7 @@ def _fit(layer) -> tuple:
     return _table(layer), model.layers[-1].get_weights(), history.history["loss"]
 
 
+@pytest.mark.slow
 def test_model_fit_matches_the_single_machine_layer():
     sharded = ShardedEmbeddingLayer(_feature_config(), emb_api.Adagrad(0.1), num_shards=3)
     _set_table(sharded, INIT)

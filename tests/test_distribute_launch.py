@@ -43,6 +43,7 @@ def test_server_module_needs_tf_config(monkeypatch, capsys):
     assert "TF_CONFIG" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_server_module_reports_a_bad_task_without_serving():
     tf_config = json.dumps({"cluster": CLUSTER, "task": {"type": "chief", "index": 0}})
     proc = subprocess.run(

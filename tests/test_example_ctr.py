@@ -11,6 +11,7 @@ import tensorflow as tf
 from tf_embed_ops.examples import ctr
 
 
+@pytest.mark.slow
 def test_smoke_run_prints_auc_for_both_models():
     args = argparse.Namespace(
         smoke=True, config=None, batch_size=256, learning_rate=0.003, quiet=True, train_size=0, test_size=0, epochs=0

@@ -7,12 +7,14 @@ import sys
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.keras_test_util import _data, _dataset, _model
 from tf_embed_ops import keras as te_keras
 
 
+@pytest.mark.slow
 def test_export_runs_without_the_plugin_and_matches_the_trained_model(tmp_path):
     model, _ = _model()
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")

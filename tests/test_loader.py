@@ -16,6 +16,7 @@ def test_library_path_exists_and_is_the_op_library():
     assert os.path.basename(path).startswith("_tf_embed_ops")
 
 
+@pytest.mark.slow
 def test_load_op_library_in_a_new_process():
     code = (
         "import tensorflow as tf, tf_embed_ops\n"

@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
+from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import config as config_lib
-from tf_embed_ops import embedding_ops
 
 __all__ = ["TPUEmbedding"]
 
@@ -69,7 +69,7 @@ def _current_graph():
     return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
-class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
+class TPUEmbedding(_tf_compat.AutoTrackable):
     """The `tf.tpu.experimental.embedding.TPUEmbedding` mid-level API, trainable on CPU.
 
     Ports TPU code by changing an import: the inputs are TensorFlow's own `TableConfig`, `FeatureConfig` and
@@ -202,7 +202,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     for f in tf.nest.flatten(self._feature_config)
                 ]
         if shapes is not None:
-            self._merge_output_shapes(shapes)
+            self.merge_output_shapes(shapes)
         with tf.init_scope():
             self._variables = self._create_variables_and_slots()
         self._built = True
@@ -245,7 +245,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             def variable_creator(name, initializer, trainable=True, _shape=shape, _getter=getter):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
-                return self._add_variable_with_custom_getter(
+                return _tf_compat.add_tracked_variable(
+                    self,
                     name=name,
                     initializer=initializer,
                     shape=_shape,
@@ -263,8 +264,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
-                slots = dict(table.optimizer._create_slots(parameters, slot_creator))
-                expected = list(table.optimizer._slot_names())
+                slots = _tf_compat.create_slots(table.optimizer, parameters, slot_creator)
+                expected = (_tf_compat.slot_names(table.optimizer))
                 missing = [s for s in expected if s not in slots]
                 if missing:
                     raise ValueError(
@@ -289,7 +290,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         self._maybe_build()
         out = {}
         for table in self._table_config:
-            names = table.optimizer._slot_names() if table.optimizer is not None else []
+            names = _tf_compat.slot_names(table.optimizer) if table.optimizer is not None else []
             out[table] = {name: self._variables[table.name][name] for name in names}
         return out
 
@@ -327,12 +328,35 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             self._config_proto = proto
         return proto
 
+    # ------------------------------------------------------------------ the front-end interface
+    # What the Keras layers, the sharded classes and the synchronous aggregator use: the engine's configuration,
+    # its input normalisation, its lookup and its fused update. Subclasses override `lookup` and
+    # `send_gradients` (and `_make_variable` / `_create_variables_and_slots` for their own variables).
+
     @property
-    def _serialized_config(self) -> bytes:
+    def feature_config(self) -> Any:
+        """The `feature_config` nest this object was created with."""
+        return self._feature_config
+
+    @property
+    def table_configs(self) -> list:
+        """The tables in table order (first appearance in `nest.flatten(feature_config)`): the order of the
+        kernels' table inputs and of `config_proto.table_descriptor`."""
+        return list(self._table_config)
+
+    @property
+    def dynamic_learning_rates(self) -> list:
+        """The learning-rate callables in dynamic-learning-rate tag order (one per distinct callable)."""
+        return list(self._dynamic_learning_rates)
+
+    @property
+    def serialized_config(self) -> bytes:
+        """`config_proto` serialized: the kernels' `config` attr."""
         return self.config_proto.SerializeToString()
 
     @property
-    def _combiners(self) -> list:
+    def combiners(self) -> list:
+        """Each table's combiner, in table order."""
         return [table.combiner for table in self._table_config]
 
     def _output_shapes_from_input_shapes(self, input_shapes: list) -> list:
@@ -346,7 +370,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             out.append(shape if shape.rank == 1 else shape[:-1])
         return out
 
-    def _merge_output_shapes(self, incoming: list) -> None:
+    def merge_output_shapes(self, incoming: list) -> None:
         """Fills still-unknown output shapes (for `config_proto`); known ones stay, as TF's priority order says.
 
         Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the
@@ -359,7 +383,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
 
-    def _normalize_inputs(self, features: Any, weights: Any) -> tuple[list, list]:
+    def normalize_inputs(self, features: Any, weights: Any) -> tuple[list, list]:
         """Validates and normalises features (and weights) to FeatureInputs in flattened feature order.
 
         Returns the FeatureInputs and the incoming output shapes (input shape per TF's rule).
@@ -453,8 +477,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         if not isinstance(training, (bool, int)):
             raise ValueError(f"Argument `training` must be a Python bool; got {training!r}.")
         with tf.name_scope(name or "tpu_embedding_enqueue"):
-            inputs, shapes = self._normalize_inputs(features, weights)
-        self._merge_output_shapes(shapes)
+            inputs, shapes = self.normalize_inputs(features, weights)
+        self.merge_output_shapes(shapes)
         self._maybe_build()
         self._pending = _Pending(inputs, bool(training), _current_graph())
 
@@ -474,15 +498,15 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             )
         return pending
 
-    def _tables_and_slots(self) -> tuple[list, list]:
+    def tables_and_slots(self) -> tuple[list, list]:
         tables = [self._variables[t.name]["parameters"] for t in self._table_config]
         slots = []
         for t in self._table_config:
-            names = t.optimizer._slot_names() if t.optimizer is not None else []
+            names = _tf_compat.slot_names(t.optimizer) if t.optimizer is not None else []
             slots.append([self._variables[t.name][n] for n in names])
         return tables, slots
 
-    def _reshape_activations(self, activations: list) -> list:
+    def reshape_activations(self, activations: list) -> list:
         """Applies FeatureConfig.output_shape (the op gives input_shape + [dim])."""
         return self._reshape_activations_for(activations, tf.nest.flatten(self._feature_config))
 
@@ -505,8 +529,8 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
           RuntimeError: if not built, nothing was enqueued, or the ids live in another graph.
         """
         pending = self._take_pending("dequeue")
-        acts = self._lookup(pending.inputs, name=name)
-        return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
+        acts = self.lookup(pending.inputs, name=name)
+        return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
 
     def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
         """Updates the tables with the gradients of the loss w.r.t. the dequeued activations.
@@ -561,28 +585,28 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     gradient = tf.reshape(gradient, _dynamic_activation_shape(feature_input, None, feature.table.dim))
                 flat.append(tf.cast(gradient, tf.float32))
             learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-            self._send_gradients(flat, learning_rates, pending.inputs)
+            self.send_gradients(flat, learning_rates, pending.inputs)
 
-    def _lookup(self, inputs: list, name: str | None = None) -> list:
+    def lookup(self, inputs: list, name: str | None = None) -> list:
         """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass."""
-        tables, _ = self._tables_and_slots()
+        tables, _ = self.tables_and_slots()
         return list(
             embedding_ops.embedding_activations(
-                inputs, tables, self._serialized_config, combiners=self._combiners, name=name
+                inputs, tables, self.serialized_config, combiners=self.combiners, name=name
             )
         )
 
-    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
+    def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
-        tables, slots = self._tables_and_slots()
+        tables, slots = self.tables_and_slots()
         embedding_ops.send_tpu_embedding_gradients(
             gradients,
             learning_rates,
             inputs,
             tables,
             slots,
-            self._serialized_config,
-            combiners=self._combiners,
+            self.serialized_config,
+            combiners=self.combiners,
             check_numerics=self._check_numerics,
         )
 
@@ -602,18 +626,18 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 tf.nest.assert_same_structure(self._feature_config, features)
             except (ValueError, TypeError):
                 present, features, weights = self._complete_subset(features, weights)
-            inputs, shapes = self._normalize_inputs(features, weights)
+            inputs, shapes = self.normalize_inputs(features, weights)
             if present is not None:
                 # Shapes of the stand-ins must not enter config_proto.
                 config_paths = [path for path, _ in _flatten_with_paths(self._feature_config)]
                 shapes = [
                     s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)
                 ]
-            self._merge_output_shapes(shapes)
+            self.merge_output_shapes(shapes)
             self._maybe_build()
-            acts = self._lookup(inputs)
+            acts = self.lookup(inputs)
             if present is None:
-                return tf.nest.pack_sequence_as(self._feature_config, self._reshape_activations(list(acts)))
+                return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
             # Output in the order (and nest) of `features`, whose leaves need not be in feature order.
             position = {path: i for i, (path, _) in enumerate(_flatten_with_paths(self._feature_config))}
             wanted = [position[path] for path in present]
@@ -666,7 +690,7 @@ class TPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
 def _flatten_with_paths(structure: Any) -> list:
     """[(path, leaf)] in nest.flatten order, the path's keys joined with '/' as TensorFlow reports them."""
-    paths = tf.__internal__.nest.yield_flat_paths(structure)
+    paths = _tf_compat.yield_flat_paths(structure)
     leaves = tf.nest.flatten(structure)
     return [("/".join(str(k) for k in path), leaf) for path, leaf in zip(paths, leaves, strict=False)]
 

@@ -39,12 +39,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 from absl import logging
-from tensorflow.python.tpu import tpu_embedding_v3 as _v3
-from tensorflow.python.trackable import base as trackable_base
-from tensorflow.python.util import nest
 
-from tf_embed_ops import embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
@@ -80,7 +78,7 @@ def _sparse_core_optimizer(optimizer: Any) -> Any:
     return sc
 
 
-class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
+class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     """`tf.tpu.experimental.embedding.TPUEmbeddingV2` (SparseCore), trainable on CPU.
 
     Differences from TensorFlow's class (see docs/mid_level_api.md for the full table): no `TPUStrategy`; the
@@ -122,7 +120,7 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
           ValueError: a feature without `output_shape`, a sample count not divisible by `num_sc_per_chip`, an
             unsupported optimizer, combiner or table dtype, a non-power-of-two SparseCore count, or a bad config.
         """
-        self._feature_config = _v3._clone_feature_config(feature_config)  # noqa: SLF001  (as TensorFlow)
+        self._feature_config = _tf_compat.clone_feature_config(feature_config)
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"Argument `num_replicas` must be an int >= 1; got {num_replicas!r}.")
         if not isinstance(num_sc_per_chip, int) or num_sc_per_chip < 1:
@@ -266,7 +264,7 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
                 self.build()
 
     def _engine_table(self, table: Any) -> Any:
-        return next(t for t in self._engine._table_config if t.name == table.name)  # noqa: SLF001
+        return next(t for t in self._engine.table_configs if t.name == table.name)
 
     @property
     def embedding_tables(self) -> dict:
@@ -321,7 +319,7 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
     def _slot_names(self, stack: str) -> list:
         first = self._stacking.stacked_table_to_tables[stack][0]
         table = next(t for t in self._table_config if t.name == first)
-        return list(table.optimizer._slot_names()) if table.optimizer is not None else []  # noqa: SLF001
+        return _tf_compat.slot_names(table.optimizer) if table.optimizer is not None else []
 
     def _trackable_children(self, save_type=trackable_base.SaveType.CHECKPOINT, **kwargs):
         if save_type != trackable_base.SaveType.CHECKPOINT:
@@ -520,7 +518,7 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
         if not isinstance(partitioned_tensors, SparseCoreBatch):
             raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
         self._maybe_build()
-        acts = self._engine._lookup(list(partitioned_tensors.inputs))  # noqa: SLF001
+        acts = self._engine.lookup(list(partitioned_tensors.inputs))
         out = [
             tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
             for act, (_, feature) in zip(acts, self._flat_features, strict=True)
@@ -571,8 +569,8 @@ class TPUEmbeddingV2(tf.__internal__.tracking.AutoTrackable):
             elif not gradient.shape.is_compatible_with(shape):
                 raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
             flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._engine._dynamic_learning_rates]  # noqa: SLF001
-        self._engine._send_gradients(flat, learning_rates, list(preserved_outputs.inputs))  # noqa: SLF001
+        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._engine.dynamic_learning_rates]
+        self._engine.send_gradients(flat, learning_rates, list(preserved_outputs.inputs))
 
     # ------------------------------------------------------------------ statistics
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import text_format
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
+
+from tf_embed_ops._tf_compat import tpu_embedding_configuration_pb2
 
 TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
 

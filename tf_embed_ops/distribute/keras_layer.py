@@ -88,18 +88,18 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
-        inputs, shapes = store._normalize_inputs(features, weights)
-        store._merge_output_shapes(shapes)
+        inputs, shapes = store.normalize_inputs(features, weights)
+        store.merge_output_shapes(shapes)
         if training:
             acts = _lookup_and_update(store, inputs, tf.convert_to_tensor(self._update_trigger.value))
         else:
-            acts = store._lookup(inputs)
-        acts = store._reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store._feature_config, acts)
+            acts = store.lookup(inputs)
+        acts = store.reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store.feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         outputs = []
-        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding._feature_config),
+        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding.feature_config),
                         strict=True):
             shape = list(x.shape)
             composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
@@ -110,22 +110,22 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
             else:
                 out = (shape if len(shape) == 1 else shape[:-1]) + [f.table.dim]
             outputs.append(keras.KerasTensor(out, dtype="float32"))
-        return tf.nest.pack_sequence_as(self._tpu_embedding._feature_config, outputs)
+        return tf.nest.pack_sequence_as(self._tpu_embedding.feature_config, outputs)
 
 
 def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Tensor) -> list:
     """Activations whose backward pass runs the per-shard fused updates and returns a zero for `trigger`."""
-    learning_rate_fns = list(store._dynamic_learning_rates)
+    learning_rate_fns = list(store.dynamic_learning_rates)
 
     @tf.custom_gradient
     def lookup(trigger_value):
-        acts = store._lookup(inputs)
+        acts = store.lookup(inputs)
 
         def grad(*upstream):
             grads = [tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts,
                                                                                                   strict=True)]
             rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
-            updates = store._send_gradients(grads, rates, inputs)
+            updates = store.send_gradients(grads, rates, inputs)
             # A zero behind a bare control edge is not enough: in Keras' compiled train step with Adam, Grappler
             # drops the edge and the updates never run (measured, as for the single-machine layer).  The zero
             # is computed from one element of every server's first shard, read after the updates
@@ -134,8 +134,8 @@ def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Ten
             probes = []
             with tf.control_dependencies(updates):
                 for plan in store.server_plans:
-                    shard = store._shard_variables(plan)[0][0]
-                    with tf.device(store._devices[plan.task]):
+                    shard = store.shard_variables(plan)[0][0]
+                    with tf.device(store.devices[plan.task]):
                         row = tf.raw_ops.ResourceGather(resource=shard.handle, indices=[0], dtype=tf.float32)
                         probes.append(tf.math.multiply_no_nan(row[0, 0], tf.zeros([], tf.float32)))
             return tf.zeros_like(trigger_value) + tf.add_n(probes)

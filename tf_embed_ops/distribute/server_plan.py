@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
+from tf_embed_ops._tf_compat import tpu_embedding_configuration_pb2
 
 __all__ = ["ServerPlan", "plan_servers"]
 

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.distribute import partition, server_plan, sharding
 
@@ -175,6 +175,49 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         """The `ParameterServerStrategy` the shards live under (None on one machine)."""
         return self._strategy
 
+    # ------------------------------------------------------------------ the interface of SyncSparseAggregator
+    # and the sharded Keras layer (per-server placement, plans and variables)
+
+    @property
+    def devices(self) -> list:
+        """The device of each shard index (`/job:ps/.../task:p/...`; None entries on one machine)."""
+        return list(self._devices)
+
+    @property
+    def row_boundaries(self) -> list:
+        """Per table (in `table_configs` order): `[b_0 = 0, ..., vocabulary_size]`, shard p holding [b_p, b_p+1)."""
+        return [list(b) for b in self._boundaries]
+
+    @property
+    def table_index(self) -> dict:
+        """`{table name: position in table_configs}`."""
+        return dict(self._table_index)
+
+    @property
+    def aggregator(self) -> Any:
+        """The attached `SyncSparseAggregator`, or None (then `apply_gradients` updates the tables directly)."""
+        return self._sync.aggregator
+
+    def attach_aggregator(self, aggregator: Any) -> None:
+        """From now on `apply_gradients` feeds `aggregator.push_gradients` instead of updating the tables.
+
+        Raises:
+          ValueError: if an aggregator is attached already.
+        """
+        if self._sync.aggregator is not None:
+            raise ValueError("Argument `embedding` already has a SyncSparseAggregator attached.")
+        self._sync.aggregator = aggregator
+
+    @contextlib.contextmanager
+    def gradients_tagged_with(self, local_step: Any):
+        """Within the block, `apply_gradients` tags its gradients with `local_step` (None: the step its `dequeue`
+        read), for the attached aggregator's staleness rule."""
+        self._sync.forced_local_step = local_step
+        try:
+            yield
+        finally:
+            self._sync.forced_local_step = None
+
     @property
     def shard_boundaries(self) -> dict:
         """`{TableConfig: [b_0 = 0, b_1, ..., vocabulary_size]}`: shard p holds rows [b_p, b_{p+1})."""
@@ -195,7 +238,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                         name=f"{name.replace('/', '.')}_{p}",
                     )
                 )
-        return tf.__internal__.distribute.ShardedVariable(shards, name=name)
+        return _tf_compat.ShardedVariable(shards, name=name)
 
     def _create_variables_and_slots(self) -> dict:
         """{table name: {"parameters": ShardedVariable, <slot>: ShardedVariable}}, tracked as the base class does.
@@ -210,15 +253,15 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             for t, table in enumerate(self._table_config):
                 parameters = self._sharded_variable(table.name, t, table.dim, table.initializer)
                 # Tracking restores a pending checkpoint value (slice by slice) into the new shards.
-                self._track_trackable(parameters, name=table.name)
+                _tf_compat.track_child(self, parameters, name=table.name)
                 slots = {}
                 if table.optimizer is not None:
-                    names = table.optimizer._slot_names()
-                    initializers = table.optimizer._slot_initializers()
+                    names = _tf_compat.slot_names(table.optimizer)
+                    initializers = _tf_compat.slot_initializers(table.optimizer)
                     for slot, initializer in zip(names, initializers, strict=True):
                         name = f"{table.name}/{slot}"
                         slots[slot] = self._sharded_variable(name, t, table.dim, initializer)
-                        self._track_trackable(slots[slot], name=name)
+                        _tf_compat.track_child(self, slots[slot], name=name)
                 slots["parameters"] = parameters
                 variables[table.name] = slots
         return variables
@@ -261,23 +304,23 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             return cached[2]
         return self._sync.aggregator.global_step.read_value()
 
-    def _shard_combiners(self, plan: server_plan.ServerPlan) -> list:
+    def shard_combiners(self, plan: server_plan.ServerPlan) -> list:
         # Sharded tables had their weights pre-divided by the sample norms on the worker: they run "sum".
         return [
             self._table_config[t].combiner if len(self._boundaries[t]) == 2 else "sum" for t in plan.tables
         ]
 
-    def _shard_variables(self, plan: server_plan.ServerPlan) -> tuple[list, list]:
+    def shard_variables(self, plan: server_plan.ServerPlan) -> tuple[list, list]:
         tables, slots = [], []
         for t in plan.tables:
             table = self._table_config[t]
             owned = self._variables[table.name]
             tables.append(owned["parameters"].variables[plan.task])
-            names = table.optimizer._slot_names() if table.optimizer is not None else []
+            names = _tf_compat.slot_names(table.optimizer) if table.optimizer is not None else []
             slots.append([owned[n].variables[plan.task] for n in names])
         return tables, slots
 
-    def _lookup(self, inputs: list, name: str | None = None) -> list:
+    def lookup(self, inputs: list, name: str | None = None) -> list:
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
             # Under synchronous training a gradient is tagged with the step its rows were read at (stale rule):
@@ -288,13 +331,13 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
         partials = [[] for _ in inputs]
         for plan in self.server_plans:
-            tables, _ = self._shard_variables(plan)
+            tables, _ = self.shard_variables(plan)
             with tf.device(self._devices[plan.task]):
                 acts = embedding_ops.embedding_activations(
                     [parts[f][plan.task] for f in plan.features],
                     tables,
                     plan.config,
-                    combiners=self._shard_combiners(plan),
+                    combiners=self.shard_combiners(plan),
                     name=name,
                 )
             for f, act in zip(plan.features, acts, strict=True):
@@ -302,14 +345,14 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         # Stitch on the worker: sharded features sum their shards' partial activations (shard order).
         return [p[0] if len(p) == 1 else tf.add_n(p) for p in partials]
 
-    def _send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> list:
+    def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> list:
         """Runs the update on every server (or feeds the aggregator); returns the ops (empty eagerly)."""
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
-            return self._sync.aggregator._push(gradients, inputs, parts, self._local_step(inputs))
+            return self._sync.aggregator.push_gradients(gradients, inputs, parts, self._local_step(inputs))
         ops = []
         for plan in self.server_plans:
-            tables, slots = self._shard_variables(plan)
+            tables, slots = self.shard_variables(plan)
             with tf.device(self._devices[plan.task]):
                 op = embedding_ops.send_tpu_embedding_gradients(
                     [gradients[f] for f in plan.features],
@@ -318,7 +361,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                     tables,
                     slots,
                     plan.config,
-                    combiners=self._shard_combiners(plan),
+                    combiners=self.shard_combiners(plan),
                 )
             if op is not None:
                 ops.append(op)

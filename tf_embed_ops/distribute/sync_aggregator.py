@@ -32,9 +32,8 @@ import functools
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
 
-from tf_embed_ops import embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops.distribute import partition
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding, _place_variables_on
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
@@ -44,7 +43,7 @@ __all__ = ["SyncSparseAggregator"]
 
 def _apply_config(server_config: bytes) -> bytes:
     """The server's config with one feature per local table: the aggregated rows of that table, one id each."""
-    config = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
+    config = _tf_compat.tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
     config.ParseFromString(server_config)
     del config.feature_descriptor[:]
     for j, table in enumerate(config.table_descriptor):
@@ -64,7 +63,7 @@ class _RuntimeState:
         self.round_functions = {}
 
 
-class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
+class SyncSparseAggregator(_tf_compat.AutoTrackable):
     """Synchronous (SyncReplicas-style) updates of a `ShardedTPUEmbedding` through sparse accumulators.
 
     Creating the aggregator attaches it to `embedding`: from then on `embedding.apply_gradients` feeds the
@@ -92,25 +91,26 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
         """
         if not isinstance(embedding, ShardedTPUEmbedding):
             raise ValueError(f"Argument `embedding` must be a ShardedTPUEmbedding; got {type(embedding).__name__}.")
-        if embedding._sync.aggregator is not None:
+        if embedding.aggregator is not None:
             raise ValueError("Argument `embedding` already has a SyncSparseAggregator attached.")
         if not isinstance(replicas_to_aggregate, int) or isinstance(replicas_to_aggregate, bool) or (
             replicas_to_aggregate < 1
         ):
             raise ValueError(f"Argument `replicas_to_aggregate` must be an int >= 1; got {replicas_to_aggregate!r}.")
-        for table in embedding._table_config:
+        for table in embedding.table_configs:
             if table.optimizer is None:
                 raise ValueError(f"Table {table.name!r} has no optimizer; synchronous training needs one.")
-        embedding._maybe_build()
+        with tf.init_scope():
+            embedding.build()
         self._replicas_to_aggregate = replicas_to_aggregate
         strategy = embedding.strategy
         scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
-        first = embedding._devices[0]
+        first = embedding.devices[0]
         with tf.init_scope(), scope, tf.device(first), _place_variables_on(first):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sync_global_step")
         # Runtime state outside checkpoint tracking (AutoTrackable would track lists/dicts set as attributes).
         self._runtime = _RuntimeState(embedding)
-        embedding._sync.aggregator = self
+        embedding.attach_aggregator(self)
 
     @property
     def _embedding(self) -> ShardedTPUEmbedding:
@@ -129,10 +129,10 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
             with tf.init_scope():
                 for plan in emb.server_plans:
                     per_table = []
-                    with tf.device(emb._devices[plan.task]):
+                    with tf.device(emb.devices[plan.task]):
                         for t in plan.tables:
-                            table = emb._table_config[t]
-                            rows = emb._boundaries[t][plan.task + 1] - emb._boundaries[t][plan.task]
+                            table = emb.table_configs[t]
+                            rows = emb.row_boundaries[t][plan.task + 1] - emb.row_boundaries[t][plan.task]
                             acc = SparseConditionalAccumulator(
                                 tf.float32, shape=[rows, table.dim], reduction_type="SUM",
                                 name=f"{table.name}_{plan.task}_grad_accumulator",
@@ -155,20 +155,20 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
 
     # ------------------------------------------------------------------ worker side
 
-    def _push(self, gradients: list, inputs: list, parts: list, local_step: tf.Tensor) -> list:
+    def push_gradients(self, gradients: list, inputs: list, parts: list, local_step: tf.Tensor) -> list:
         """Applies the per-row gradients of one worker step to the shard accumulators (called by the embedding).
 
         Returns the apply ops (empty eagerly)."""
         emb = self._embedding
-        flat_features = tf.nest.flatten(emb._feature_config)
+        flat_features = tf.nest.flatten(emb.feature_config)
         accumulators = self._server_accumulators()
         ops = []
         for plan, per_table in zip(emb.server_plans, accumulators, strict=True):
-            combiners = emb._shard_combiners(plan)
+            combiners = emb.shard_combiners(plan)
             for j, t in enumerate(plan.tables):
                 ids, rows = [], []
                 for f in plan.features:
-                    if emb._table_index[flat_features[f].table.name] != t:
+                    if emb.table_index[flat_features[f].table.name] != t:
                         continue
                     f_ids, f_rows = partition.row_gradients(parts[f][plan.task], combiners[j], gradients[f])
                     ids.append(f_ids)
@@ -176,7 +176,7 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
                 # De-duplicate on the worker: one row per touched id crosses the network.
                 unique, position = tf.unique(tf.concat(ids, axis=0), out_idx=tf.int64)
                 summed = tf.math.unsorted_segment_sum(tf.concat(rows, axis=0), position, tf.size(unique))
-                with tf.device(emb._devices[plan.task]):
+                with tf.device(emb.devices[plan.task]):
                     op = per_table[j].apply_grad(unique, summed, local_step=local_step)
                 if op is not None:
                     ops.append(op)
@@ -190,11 +190,8 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
           local_step: the global step the gradient was computed at; default: the step read by the `dequeue`
             of this batch.  A step below the accumulators' is stale and dropped.
         """
-        self._embedding._sync.forced_local_step = local_step
-        try:
+        with self._embedding.gradients_tagged_with(local_step):
             self._embedding.apply_gradients(gradients)
-        finally:
-            self._embedding._sync.forced_local_step = None
 
     # ------------------------------------------------------------------ chief side
 
@@ -225,16 +222,16 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
     def _take_and_apply(self, timeout: float | None) -> tf.Tensor:
         emb = self._embedding
         accumulators = self._server_accumulators()
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in emb._dynamic_learning_rates]
+        learning_rates = [tf.cast(fn(), tf.float32) for fn in emb.dynamic_learning_rates]
         taken = []
         with tf.name_scope("sync_take"):
             for plan, per_table in zip(emb.server_plans, accumulators, strict=True):
-                with tf.device(emb._devices[plan.task]):
+                with tf.device(emb.devices[plan.task]):
                     taken.append([acc.take_grad(self._replicas_to_aggregate, timeout=timeout) for acc in per_table])
         updates = []
         with tf.name_scope("sync_apply"), tf.control_dependencies([t.values for per in taken for t in per]):
             for plan, per_table in zip(emb.server_plans, taken, strict=True):
-                tables, slots = emb._shard_variables(plan)
+                tables, slots = emb.shard_variables(plan)
                 inputs = [
                     embedding_ops.FeatureInput(
                         tf.zeros([0], tf.int64),
@@ -244,7 +241,7 @@ class SyncSparseAggregator(tf.__internal__.tracking.AutoTrackable):
                     )
                     for t in per_table
                 ]
-                with tf.device(emb._devices[plan.task]):
+                with tf.device(emb.devices[plan.task]):
                     updates.append(
                         embedding_ops.send_tpu_embedding_gradients(
                             [t.values for t in per_table],

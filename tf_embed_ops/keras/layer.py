@@ -61,8 +61,8 @@ class _KerasTableStore(mid_level.TPUEmbedding):
                     )
         return variables
 
-    def _tables_and_slots(self) -> tuple[list, list]:
-        tables, slots = super()._tables_and_slots()
+    def tables_and_slots(self) -> tuple[list, list]:
+        tables, slots = super().tables_and_slots()
         # keras.Variable.value is the backing tf.Variable (autocast is off), whose handle the kernels take.
         return [t.value for t in tables], [[s.value for s in per_table] for per_table in slots]
 
@@ -152,14 +152,14 @@ class TPUEmbedding(keras.layers.Layer):
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
         )
         # A Keras schedule steps on its optimizer's iterations: saved with the weights, it resumes after loading.
-        for rate in self._tpu_embedding._dynamic_learning_rates:  # noqa: SLF001
+        for rate in self._tpu_embedding.dynamic_learning_rates:
             if isinstance(rate, optimizer_mapping.KerasLearningRate):
                 self._track_variable(rate.optimizer.iterations)
         self.built = True
 
     @property
     def feature_config(self) -> Any:
-        return self._tpu_embedding._feature_config
+        return self._tpu_embedding.feature_config
 
     @property
     def embedding_tables(self) -> dict:
@@ -181,11 +181,11 @@ class TPUEmbedding(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
-        inputs, _ = store._normalize_inputs(features, weights)
-        flat_features = tf.nest.flatten(store._feature_config)
+        inputs, _ = store.normalize_inputs(features, weights)
+        flat_features = tf.nest.flatten(store.feature_config)
         if serving.in_serving_mode():
             kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
-            tables = store._variables
+            tables = store.variables
             acts = [
                 serving.plain_lookup(
                     inp,
@@ -198,25 +198,25 @@ class TPUEmbedding(keras.layers.Layer):
                 for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
             ]
         else:
-            tables, slots = store._tables_and_slots()
+            tables, slots = store.tables_and_slots()
             if training:
                 # The fused update hangs on the trigger's gradient (see the module docstring).
                 acts = embedding_ops.embedding_lookup_and_update(
                     inputs,
                     tables,
                     slots,
-                    store._serialized_config,
-                    combiners=store._combiners,
-                    learning_rates=list(store._dynamic_learning_rates),
+                    store.serialized_config,
+                    combiners=store.combiners,
+                    learning_rates=list(store.dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                     check_numerics=self._check_numerics,
                 )
             else:
                 acts = embedding_ops.embedding_activations(
-                    inputs, tables, store._serialized_config, combiners=store._combiners
+                    inputs, tables, store.serialized_config, combiners=store.combiners
                 )
-        acts = store._reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store._feature_config, acts)
+        acts = store.reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store.feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)

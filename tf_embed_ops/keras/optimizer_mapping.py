@@ -20,6 +20,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_embed_ops import _tf_compat
+
 __all__ = ["KerasLearningRate", "STRING_OPTIMIZERS", "to_table_optimizer"]
 
 _emb = tf.tpu.experimental.embedding
@@ -78,7 +80,7 @@ class KerasLearningRate:
 
 
 def _learning_rate(optimizer: keras.optimizers.Optimizer, table: str) -> Any:
-    rate = optimizer._learning_rate  # pylint: disable=protected-access  # the schedule/callable as given
+    rate = _tf_compat.keras_learning_rate_as_given(optimizer)
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
         if optimizer not in _LEARNING_RATES:
             _LEARNING_RATES[optimizer] = KerasLearningRate(optimizer)

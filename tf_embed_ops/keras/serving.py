@@ -17,6 +17,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_embed_ops import _tf_compat
+
 __all__ = ["export_for_serving", "plain_lookup"]
 
 
@@ -164,7 +166,7 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
 def _component_paths(structure: Any) -> list:
     """(path, component spec) for every tensor component, in flatten(expand_composites=True) order."""
     out = []
-    paths = list(tf.__internal__.nest.yield_flat_paths(structure))
+    paths = list(_tf_compat.yield_flat_paths(structure))
     for path, spec in zip(paths, tf.nest.flatten(structure), strict=False):
         base = "_".join(str(k) for k in path)
         components = tf.nest.flatten(spec, expand_composites=True)

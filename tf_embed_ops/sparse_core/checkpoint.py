@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tensorflow as tf
-from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
-from tensorflow.python.tpu import tpu_embedding_v3_utils as _v3_utils
-from tensorflow.python.trackable import base as trackable_base
+
+from tf_embed_ops._tf_compat import sparse_core_layout_pb2, trackable_base
+from tf_embed_ops._tf_compat import tpu_embedding_v3_utils as _v3_utils
 
 __all__ = ["LAYOUTS_KEY", "StackedSlot", "layouts_trackable", "layouts_for_restore"]
 

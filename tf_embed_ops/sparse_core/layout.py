@@ -14,8 +14,9 @@ import dataclasses
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.tpu import tpu_embedding_v3 as _v3
-from tensorflow.python.util import nest
+
+from tf_embed_ops import _tf_compat
+from tf_embed_ops._tf_compat import nest
 
 __all__ = ["Stacking", "compute_stacking", "stack_values", "unstack_value"]
 
@@ -35,13 +36,13 @@ def compute_stacking(
     feature_config: Any, num_replicas: int, num_sc_per_chip: int, sparse_core_embedding_config: Any
 ) -> Stacking:
     """Runs TensorFlow's table stacker on a private copy of `feature_config` (which it mutates)."""
-    clone = _v3._clone_feature_config(feature_config)  # noqa: SLF001
+    clone = _tf_compat.clone_feature_config(feature_config)
     tables = []
     for feature in nest.flatten(clone):
         if not any(feature.table is t for t in tables):
             tables.append(feature.table)
     flat_features = nest.flatten_with_joined_string_paths(clone)
-    s = _v3._stack_tables_with_same_table_dim_and_optimizer(  # noqa: SLF001
+    s = _tf_compat.stack_sparse_core_tables(
         tables, flat_features, num_replicas, num_sc_per_chip, sparse_core_embedding_config
     )
     stacked = {

@@ -1,0 +1,133 @@
+"""Every use of TensorFlow internals in tf_embed_ops, in one place.
+
+tf_embed_ops replicates TensorFlow classes (the TPU embedding mid-level API, its optimizers, its checkpoint
+layout), and part of what that takes has no public API. Nothing else in the package reaches into TensorFlow's
+private modules or members: it imports them from here. Each entry says why it is needed; all were checked
+against TensorFlow 2.21 (the release the package pins, `tensorflow-cpu==2.21.*`). A TensorFlow upgrade starts
+here: an internal that moved fails at import of this module, with the name of the entry, instead of deep inside
+a training step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+# The TPU embedding protos. TensorFlow ships the generated modules but exports no `tf.*` name for them; the
+# serialized `TPUEmbeddingConfiguration` is the `config` attr of our ops, as of TensorFlow's TPU ops.
+# (TF 2.0 - 2.21: tensorflow/core/protobuf/tpu/.)
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2, tpu_embedding_configuration_pb2
+
+# The SparseCore (TPUEmbeddingV2) layout: its table stacker, checkpoint key and layout proto, which our
+# TPUEmbeddingV2 runs as is so its checkpoints are TensorFlow's, bit for bit. (TF 2.17 - 2.21:
+# tensorflow/python/tpu/tpu_embedding_v3.py, tpu_embedding_v3_utils.py; the proto in tensorflow/core/tpu/kernels.)
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+
+# Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
+# with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
+from tensorflow.python.ops import init_ops_v2
+
+# Our optimizers subclass TensorFlow's TPU optimizer base class so that `tf.tpu.experimental.embedding.TableConfig`
+# accepts them (it checks `isinstance(optimizer, _Optimizer)`) and they create slots as TensorFlow's do.
+# (TF 2.4 - 2.21: tensorflow/python/tpu/tpu_embedding_v2_utils.py.)
+from tensorflow.python.tpu import tpu_embedding_v2_utils, tpu_embedding_v3, tpu_embedding_v3_utils
+
+# Checkpoint hooks of a custom trackable (`Trackable`, `SaveType`, `VARIABLE_VALUE_KEY`), for the stacked SparseCore
+# slots, which are saved as one tensor per stack though we hold one variable per table. (TF 2.11 - 2.21.)
+from tensorflow.python.trackable import base as trackable_base
+
+# Structure helpers TensorFlow's TPUEmbedding uses to match `output_shapes` and name features by path; the public
+# `tf.nest` has neither `flatten_up_to` nor joined-string paths. (TF 2.0 - 2.21.)
+from tensorflow.python.util import nest
+
+__all__ = [
+    "AutoTrackable",
+    "OptimizerBase",
+    "ShardedVariable",
+    "add_tracked_variable",
+    "create_slots",
+    "init_ops_v2",
+    "keras_learning_rate_as_given",
+    "nest",
+    "optimization_parameters_pb2",
+    "set_optimization_parameters",
+    "slot_initializers",
+    "slot_names",
+    "sparse_core_layout_pb2",
+    "stack_sparse_core_tables",
+    "clone_feature_config",
+    "tpu_embedding_v3_utils",
+    "trackable_base",
+    "tpu_embedding_configuration_pb2",
+    "track_child",
+    "yield_flat_paths",
+]
+
+# The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without
+# Keras. (`tf.__internal__` is TensorFlow's name for "public to TensorFlow's own packages"; TF 2.5 - 2.21.)
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
+
+# Row-sharded tables: a checkpoint of a ShardedVariable saves its shards as slices of one tensor under one key,
+# which is how TPU tables are saved; that is what lets a checkpoint move between shard counts. (TF 2.5 - 2.21.)
+ShardedVariable = tf.__internal__.distribute.ShardedVariable
+
+# Feature paths in nest.flatten order, joined as TensorFlow's TPU classes report them in errors. (TF 2.5 - 2.21.)
+yield_flat_paths = tf.__internal__.nest.yield_flat_paths
+
+# See the import above.
+OptimizerBase = tpu_embedding_v2_utils._Optimizer
+
+
+def slot_names(optimizer: Any) -> list[str]:
+    """The optimizer's slot names in TPU Load/Retrieve order (TensorFlow's private `_slot_names`, TF 2.4 - 2.21)."""
+    return list(optimizer._slot_names())
+
+
+def slot_initializers(optimizer: Any) -> list[Any]:
+    """The slots' initializers, same order (TensorFlow's private `_slot_initializers`, TF 2.4 - 2.21)."""
+    return list(optimizer._slot_initializers())
+
+
+def create_slots(optimizer: Any, table: Any, slot_creator: Any) -> dict:
+    """Creates the slots through TensorFlow's own factory, which honours `slot_variable_creation_fn` and the slot
+    initializers (the private `_create_slots`, TF 2.4 - 2.21)."""
+    return dict(optimizer._create_slots(table, slot_creator))
+
+
+def set_optimization_parameters(optimizer: Any, parameters: Any) -> None:
+    """Fills an `OptimizationParameters` message as TensorFlow's TPU classes do (the private
+    `_set_optimization_parameters`, TF 2.4 - 2.21)."""
+    optimizer._set_optimization_parameters(parameters)
+
+
+def add_tracked_variable(trackable: Any, **kwargs: Any) -> Any:
+    """Creates a variable as a named checkpoint child of `trackable`, restoring a pending checkpoint value at
+    creation: how TensorFlow's CPU TPUEmbedding classes create their tables, so our checkpoint keys are theirs
+    (Trackable's protected `_add_variable_with_custom_getter`, TF 2.0 - 2.21)."""
+    return trackable._add_variable_with_custom_getter(**kwargs)
+
+
+def track_child(trackable: Any, child: Any, name: str) -> Any:
+    """Makes `child` a named checkpoint child of `trackable` (Trackable's protected `_track_trackable`,
+    TF 2.0 - 2.21)."""
+    return trackable._track_trackable(child, name=name)
+
+
+def clone_feature_config(feature_config: Any) -> Any:
+    """A copy of a feature nest whose tables are copies too, as TPUEmbeddingV2 makes one before stacking mutates
+    it (the private `tpu_embedding_v3._clone_feature_config`, TF 2.17 - 2.21)."""
+    return tpu_embedding_v3._clone_feature_config(feature_config)
+
+
+def stack_sparse_core_tables(*args: Any) -> Any:
+    """TensorFlow's SparseCore table stacker: which tables share a stack and each one's row layout (the private
+    `tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`, TF 2.17 - 2.21)."""
+    return tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(*args)
+
+
+def keras_learning_rate_as_given(optimizer: Any) -> Any:
+    """A Keras 3 optimizer's learning rate as the user gave it: the schedule or callable itself, where the public
+    `learning_rate` property evaluates it at the current step (Keras' private `_learning_rate`, Keras 3.0 - 3.15).
+    Table optimizers evaluate it on their own step instead."""
+    return optimizer._learning_rate
