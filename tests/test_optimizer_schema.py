@@ -95,7 +95,8 @@ def _python_accepts(schema, python_name, value) -> bool:
     try:
         optimizer = _class(schema)(learning_rate=_learning_rate(schema), **kwargs)
         tec.from_feature_config(_feature_config(optimizer))
-    except ValueError:
+    except ValueError as e:
+        assert python_name in str(e)  # the message names the argument
         return False
     return True
 
@@ -109,7 +110,7 @@ def _cxx_accepts(schema, proto_name, value) -> bool:
     try:
         tec.load(proto)
     except tec.InvalidConfigError as e:
-        assert f"{schema.kind}.{proto_name} must be" in str(e)
+        assert "table 't'" in str(e) and f"{schema.kind}.{proto_name} must be" in str(e)
         return False
     return True
 

@@ -149,8 +149,9 @@ class OptimizerSchema:
                 s.range.check(s.python_name, python_values[s.python_name], where)
         if self.needs_dynamic_learning_rate and not callable(learning_rate):
             raise ValueError(
-                f"{where}Argument `learning_rate` of {self.python_class} must be a zero-argument callable (it becomes "
-                f"a dynamic learning rate: {self.learning_rate_doc}). Received: {learning_rate!r}"
+                f"{where}Argument `learning_rate` of {self.python_class} must be "
+                f"{self.learning_rate_doc.rstrip('.')} (it becomes the table's dynamic learning rate). "
+                f"Received: {learning_rate!r}"
             )
         if not use_gradient_accumulation and self.needs_accumulation(python_values):
             trigger = "use_gradient_accumulation=False"

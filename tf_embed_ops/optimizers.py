@@ -180,10 +180,12 @@ def _docstring(schema: _optimizer_schema.OptimizerSchema) -> str:
             args.append(f"  {s.python_name}: initial value of the `{s.name}` slot.{allowed} "
                         f"Default {s.default_initial_value!r}.")
     args.append(f"  **kwargs: {_BASE_ARGUMENTS_DOC}")
-    notes = []
+    raises = ["Raises:", "  ValueError: an argument is outside its range."]
+    if schema.needs_dynamic_learning_rate:
+        raises.append("    Or `learning_rate` is not a callable.")
     if schema.accumulation.always or schema.accumulation.when_set:
-        notes.append(f"\nRaises ValueError without gradient accumulation when {schema.accumulation.reason}.")
-    return "\n".join([schema.summary, *notes, "", "Args:", *args, ""])
+        raises.append(f"    Or `use_gradient_accumulation=False` although {schema.accumulation.reason}.")
+    return "\n".join([schema.summary, "", "Args:", *args, "", *raises, ""])
 
 
 def _catalogue_class(schema: _optimizer_schema.OptimizerSchema) -> type:
