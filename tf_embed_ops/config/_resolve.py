@@ -46,10 +46,14 @@ class ResolvedTables:
     names: tuple[str, ...]
     optimizers: tuple[Any, ...]
     learning_rates: tuple[Callable[[], Any], ...]
+    _ids: dict[int, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._ids.update({id(t): i for i, t in enumerate(self.tables)})
 
     def table_id(self, table: Any) -> int:
-        """The id of ``table`` (by identity)."""
-        return next(i for i, t in enumerate(self.tables) if t is table)
+        """The id of ``table`` (by identity: it must be one of ``tables``)."""
+        return self._ids[id(table)]
 
     def tag(self, table_id: int) -> int | None:
         """The dynamic learning-rate tag of table ``table_id``, or None when its learning rate is a constant."""
