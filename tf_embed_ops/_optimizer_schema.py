@@ -45,15 +45,22 @@ class Range:
     text: str
 
     def contains(self, value: float) -> bool:
-        """Whether the float32 ``value`` is valid: the same test as the C++ ``Range::Contains``."""
-        if math.isnan(value) or (self.finite and not math.isfinite(value)):
+        """Whether the float32 ``value`` is valid: the same test as the C++ ``Range::Contains`` (NaN fails every
+        bound, so it is valid only where nothing is checked)."""
+        if self.finite and not math.isfinite(value):
             return False
         if self.lower is not None and not (value >= self.lower if self.lower_inclusive else value > self.lower):
             return False
         return self.upper is None or (value <= self.upper if self.upper_inclusive else value < self.upper)
 
+    @property
+    def unchecked(self) -> bool:
+        return self.lower is None and self.upper is None and not self.finite
+
     def check(self, argument: str, value: Any, where: str = "") -> None:
         """Raises ValueError naming ``argument`` (and ``where``) when ``value`` is not a number in range."""
+        if self.unchecked:
+            return
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
             raise ValueError(f"{where}Argument `{argument}` must be a number, {self.text}. Received: {value!r}")
         stored = as_float32(value)
@@ -123,6 +130,13 @@ class OptimizerSchema:
     def proto_values(self, python_values: Mapping[str, Any]) -> dict[str, Any]:
         """``{proto field: value}`` from ``{python argument: value}``."""
         return {h.proto_name: h.to_proto(python_values[h.python_name]) for h in self.hyper_parameters}
+
+    def fill(self, parameters: Any, python_values: Mapping[str, Any]) -> None:
+        """Selects this optimizer in ``parameters`` (an OptimizationParameters) and writes its fields."""
+        message = getattr(parameters, self.kind)
+        message.SetInParent()
+        for field, value in self.proto_values(python_values).items():
+            setattr(message, field, value)
 
     def python_values(self, proto_values: Mapping[str, Any]) -> dict[str, Any]:
         """``{python argument: value}`` from ``{proto field: value}`` (e.g. a loaded table's hyperparameters)."""

@@ -124,10 +124,7 @@ class _CatalogueOptimizer(tpu_embedding_v2_utils._Optimizer):  # pylint: disable
 
     def _set_optimization_parameters(self, parameters: opt_pb2.OptimizationParameters) -> None:
         set_common_optimization_parameters(self, parameters)
-        message = getattr(parameters, self._schema.kind)
-        message.SetInParent()
-        for field, value in self._schema.proto_values(self._specific_arguments()).items():
-            setattr(message, field, value)
+        self._schema.fill(parameters, self._specific_arguments())
 
     @classmethod
     def _kwargs_from_hyper_parameters(cls, hyper_parameters: dict[str, Any]) -> dict[str, Any]:

@@ -86,9 +86,8 @@ inline pybind11::dict OptimizerSchemaDict(const OptimizerSchema& s) {
   }
   pybind11::dict accumulation;
   accumulation["always"] = s.accumulation.always;
-  accumulation["when_set"] = s.accumulation.when_set != nullptr
-                                 ? pybind11::object(pybind11::str(s.accumulation.when_set))
-                                 : pybind11::none();
+  accumulation["when_set"] =
+      s.accumulation.when_set != nullptr ? pybind11::object(pybind11::str(s.accumulation.when_set)) : pybind11::none();
   accumulation["reason"] = s.accumulation.reason;
   pybind11::dict d;
   d["kind"] = s.kind;

@@ -113,10 +113,7 @@ def schema_codec(schema: _optimizer_schema.OptimizerSchema, cls: type) -> Optimi
 
     def fill(opt: Any, params: OptimizationParameters) -> None:
         fill_common(opt, params)
-        message = getattr(params, schema.kind)
-        message.SetInParent()
-        for field, value in schema.proto_values(_python_arguments(schema, opt)).items():
-            setattr(message, field, value)
+        schema.fill(params, _python_arguments(schema, opt))
 
     def make(table: TableInfo, lr: Any) -> Any:
         # Slot initial values are not in the proto (a checkpoint carries them): the schema's defaults stand in.

@@ -14,7 +14,6 @@
 
 #include <array>
 #include <cstddef>
-#include <limits>
 #include <string_view>
 #include <utility>
 #include <variant>
@@ -50,8 +49,6 @@ template <typename Optimizer>
 struct SchemaOf;
 
 namespace schema_internal {
-inline constexpr double kRequired = std::numeric_limits<double>::quiet_NaN();
-inline constexpr const char* kLearningRate = "float, or a zero-argument callable for a dynamic learning rate.";
 inline constexpr auto kTensorFlow = PythonClassOrigin::kTensorFlow;
 inline constexpr auto kCatalogue = PythonClassOrigin::kCatalogue;
 }  // namespace schema_internal
@@ -62,10 +59,10 @@ template <>
 struct SchemaOf<Sgd> {
   static constexpr std::array<HyperParameterSpec, 0> kHyperParameters{};
   static constexpr std::array<SlotArgumentSpec, 0> kSlotArguments{};
-  static constexpr OptimizerSchema kValue = Entry<Sgd>(
-      {"SGD", schema_internal::kTensorFlow, "Stochastic gradient descent: `w -= lr * g`.", 0.01,
-       schema_internal::kLearningRate, false, "LoadTPUEmbeddingStochasticGradientDescentParameters", {}},
-      kHyperParameters, kSlotArguments);
+  static constexpr OptimizerSchema kValue =
+      Entry<Sgd>(Describe("SGD", schema_internal::kTensorFlow, "Stochastic gradient descent: `w -= lr * g`.", 0.01)
+                     .LoadOp("LoadTPUEmbeddingStochasticGradientDescentParameters"),
+                 kHyperParameters, kSlotArguments);
 };
 
 template <>
@@ -73,10 +70,11 @@ struct SchemaOf<Adagrad> {
   static constexpr std::array<HyperParameterSpec, 0> kHyperParameters{};
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{
       {SlotArgument("initial_accumulator_value", Above(0))}};
-  static constexpr OptimizerSchema kValue = Entry<Adagrad>(
-      {"Adagrad", schema_internal::kTensorFlow, "Adagrad without epsilon: `a += g^2; w -= lr * g / sqrt(a)`.", 0.001,
-       schema_internal::kLearningRate, false, "LoadTPUEmbeddingAdagradParameters", {}},
-      kHyperParameters, kSlotArguments);
+  static constexpr OptimizerSchema kValue =
+      Entry<Adagrad>(Describe("Adagrad", schema_internal::kTensorFlow,
+                              "Adagrad without epsilon: `a += g^2; w -= lr * g / sqrt(a)`.", 0.001)
+                         .LoadOp("LoadTPUEmbeddingAdagradParameters"),
+                     kHyperParameters, kSlotArguments);
 };
 
 template <>
@@ -90,9 +88,8 @@ struct SchemaOf<AdagradMomentum> {
   }};
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{{NoSlotArgument(), NoSlotArgument()}};
   static constexpr OptimizerSchema kValue = Entry<AdagradMomentum>(
-      {"AdagradMomentum", schema_internal::kTensorFlow,
-       "Adagrad with momentum: `s = g * (a + epsilon)^(-1/exponent); m = momentum*m + s; w -= lr*m`.", 0.001,
-       schema_internal::kLearningRate, false, "", {}},
+      Describe("AdagradMomentum", schema_internal::kTensorFlow,
+               "Adagrad with momentum: `s = g * (a + epsilon)^(-1/exponent); m = momentum*m + s; w -= lr*m`.", 0.001),
       kHyperParameters, kSlotArguments);
 };
 
@@ -107,11 +104,12 @@ struct SchemaOf<Adam> {
   }};
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{{NoSlotArgument(), NoSlotArgument()}};
   static constexpr OptimizerSchema kValue = Entry<Adam>(
-      {"Adam", schema_internal::kTensorFlow,
-       "Adam without bias correction (fold it into a dynamic learning rate).", 0.001, schema_internal::kLearningRate,
-       false, "LoadTPUEmbeddingADAMParameters",
-       {false, "use_non_lazy_adam",
-        "non-lazy Adam needs gradient accumulation (it updates every row every step from the summed gradient)"}},
+      Describe("Adam", schema_internal::kTensorFlow,
+               "Adam without bias correction (fold it into a dynamic learning rate).", 0.001)
+          .LoadOp("LoadTPUEmbeddingADAMParameters")
+          .NeedsAccumulationWhen("use_non_lazy_adam",
+                                 "non-lazy Adam needs gradient accumulation (it updates every row every step from "
+                                 "the summed gradient)"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -129,8 +127,7 @@ struct SchemaOf<Ftrl> {
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{
       {SlotArgument("initial_accumulator_value", Above(0)), NoSlotArgument()}};
   static constexpr OptimizerSchema kValue = Entry<Ftrl>(
-      {"FTRL", schema_internal::kTensorFlow, "FTRL-proximal.", 0.001, schema_internal::kLearningRate, false,
-       "LoadTPUEmbeddingFTRLParameters", {}},
+      Describe("FTRL", schema_internal::kTensorFlow, "FTRL-proximal.", 0.001).LoadOp("LoadTPUEmbeddingFTRLParameters"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -143,12 +140,13 @@ struct SchemaOf<Momentum> {
       Bool("use_nesterov", "use_nesterov", false, "use the Nesterov form."),
   }};
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{{SlotArgument("initial_momentum_value")}};
-  static constexpr OptimizerSchema kValue = Entry<Momentum>(
-      {"Momentum", schema_internal::kCatalogue,
-       "Momentum (TensorFlow's `ApplyMomentum`): `m = momentum*m + g; w -= lr*m` (Nesterov: "
-       "`w -= lr*g + lr*momentum*m`).",
-       0.01, schema_internal::kLearningRate, false, "LoadTPUEmbeddingMomentumParameters", {}},
-      kHyperParameters, kSlotArguments);
+  static constexpr OptimizerSchema kValue =
+      Entry<Momentum>(Describe("Momentum", schema_internal::kCatalogue,
+                               "Momentum (TensorFlow's `ApplyMomentum`): `m = momentum*m + g; w -= lr*m` (Nesterov: "
+                               "`w -= lr*g + lr*momentum*m`).",
+                               0.01)
+                          .LoadOp("LoadTPUEmbeddingMomentumParameters"),
+                      kHyperParameters, kSlotArguments);
 };
 
 // epsilon > 0 for RMSProp, CenteredRMSProp and Adadelta: TensorFlow's TPU embedding classes refuse epsilon <= 0
@@ -163,12 +161,13 @@ struct SchemaOf<RmsProp> {
   }};
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{
       {SlotArgument("initial_ms_value"), SlotArgument("initial_mom_value")}};
-  static constexpr OptimizerSchema kValue = Entry<RmsProp>(
-      {"RMSProp", schema_internal::kCatalogue,
-       "RMSProp (TensorFlow's `ApplyRMSProp`): `ms += (g^2 - ms)(1 - rho); mom = momentum*mom + "
-       "lr*g/sqrt(ms + epsilon); w -= mom`.",
-       0.001, schema_internal::kLearningRate, false, "LoadTPUEmbeddingRMSPropParameters", {}},
-      kHyperParameters, kSlotArguments);
+  static constexpr OptimizerSchema kValue =
+      Entry<RmsProp>(Describe("RMSProp", schema_internal::kCatalogue,
+                              "RMSProp (TensorFlow's `ApplyRMSProp`): `ms += (g^2 - ms)(1 - rho); mom = momentum*mom + "
+                              "lr*g/sqrt(ms + epsilon); w -= mom`.",
+                              0.001)
+                         .LoadOp("LoadTPUEmbeddingRMSPropParameters"),
+                     kHyperParameters, kSlotArguments);
 };
 
 template <>
@@ -176,10 +175,11 @@ struct SchemaOf<CenteredRmsProp> {
   static constexpr std::array<SlotArgumentSpec, 3> kSlotArguments{
       {SlotArgument("initial_ms_value"), SlotArgument("initial_mom_value"), SlotArgument("initial_mg_value")}};
   static constexpr OptimizerSchema kValue = Entry<CenteredRmsProp>(
-      {"CenteredRMSProp", schema_internal::kCatalogue,
-       "Centered RMSProp (TensorFlow's `ApplyCenteredRMSProp`): RMSProp with `mg += (g - mg)(1 - rho)` and the "
-       "denominator `sqrt(ms - mg^2 + epsilon)`.",
-       0.001, schema_internal::kLearningRate, false, "LoadTPUEmbeddingCenteredRMSPropParameters", {}},
+      Describe("CenteredRMSProp", schema_internal::kCatalogue,
+               "Centered RMSProp (TensorFlow's `ApplyCenteredRMSProp`): RMSProp with `mg += (g - mg)(1 - rho)` and "
+               "the denominator `sqrt(ms - mg^2 + epsilon)`.",
+               0.001)
+          .LoadOp("LoadTPUEmbeddingCenteredRMSPropParameters"),
       SchemaOf<RmsProp>::kHyperParameters, kSlotArguments);
 };
 
@@ -192,10 +192,11 @@ struct SchemaOf<Adadelta> {
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{
       {SlotArgument("initial_accumulator_value"), SlotArgument("initial_update_value")}};
   static constexpr OptimizerSchema kValue = Entry<Adadelta>(
-      {"Adadelta", schema_internal::kCatalogue,
-       "Adadelta (TensorFlow's `ApplyAdadelta`): `a = rho*a + (1 - rho)*g^2; u = sqrt(upd + epsilon) / "
-       "sqrt(a + epsilon) * g; upd = rho*upd + (1 - rho)*u^2; w -= lr*u`.",
-       0.001, schema_internal::kLearningRate, false, "LoadTPUEmbeddingAdadeltaParameters", {}},
+      Describe("Adadelta", schema_internal::kCatalogue,
+               "Adadelta (TensorFlow's `ApplyAdadelta`): `a = rho*a + (1 - rho)*g^2; u = sqrt(upd + epsilon) / "
+               "sqrt(a + epsilon) * g; upd = rho*upd + (1 - rho)*u^2; w -= lr*u`.",
+               0.001)
+          .LoadOp("LoadTPUEmbeddingAdadeltaParameters"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -208,9 +209,9 @@ struct SchemaOf<ProximalAdagrad> {
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{
       {SlotArgument("initial_accumulator_value", Above(0))}};
   static constexpr OptimizerSchema kValue = Entry<ProximalAdagrad>(
-      {"ProximalAdagrad", schema_internal::kCatalogue,
-       "Proximal Adagrad (TensorFlow's `ApplyProximalAdagrad`), with l1/l2 regularization.", 0.001,
-       schema_internal::kLearningRate, false, "LoadTPUEmbeddingProximalAdagradParameters", {}},
+      Describe("ProximalAdagrad", schema_internal::kCatalogue,
+               "Proximal Adagrad (TensorFlow's `ApplyProximalAdagrad`), with l1/l2 regularization.", 0.001)
+          .LoadOp("LoadTPUEmbeddingProximalAdagradParameters"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -227,11 +228,11 @@ struct SchemaOf<Lion> {
   }};
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{{SlotArgument("initial_momentum_value")}};
   static constexpr OptimizerSchema kValue = Entry<Lion>(
-      {"Lion", schema_internal::kCatalogue,
-       "Lion: `c = beta_1*m + (1 - beta_1)*g; w -= lr*sign(c); m = beta_2*m + (1 - beta_2)*g`.", 0.0001,
-       schema_internal::kLearningRate, false, "",
-       {false, "use_non_lazy_lion",
-        "non-lazy Lion needs gradient accumulation (it updates every row every step from the summed gradient)"}},
+      Describe("Lion", schema_internal::kCatalogue,
+               "Lion: `c = beta_1*m + (1 - beta_1)*g; w -= lr*sign(c); m = beta_2*m + (1 - beta_2)*g`.", 0.0001)
+          .NeedsAccumulationWhen("use_non_lazy_lion",
+                                 "non-lazy Lion needs gradient accumulation (it updates every row every step from "
+                                 "the summed gradient)"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -246,9 +247,8 @@ struct SchemaOf<BoundedAdagrad> {
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{
       {SlotArgument("initial_accumulator_value", Above(0))}};
   static constexpr OptimizerSchema kValue = Entry<BoundedAdagrad>(
-      {"BoundedAdagrad", schema_internal::kCatalogue,
-       "Bounded Adagrad (our documented reading of the proto's parameters; see docs/optimizers.md).", 0.001,
-       schema_internal::kLearningRate, false, "", {}},
+      Describe("BoundedAdagrad", schema_internal::kCatalogue,
+               "Bounded Adagrad (our documented reading of the proto's parameters; see docs/optimizers.md).", 0.001),
       kHyperParameters, kSlotArguments);
 };
 
@@ -263,12 +263,12 @@ struct SchemaOf<OnlineYogi> {
   }};
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{
       {SlotArgument("initial_v_value", Above(0)), SlotArgument("initial_linear_value")}};
-  static constexpr OptimizerSchema kValue = Entry<OnlineYogi>(
-      {"OnlineYogi", schema_internal::kCatalogue,
-       "Online Yogi (our documented reading: FTRL-proximal with Yogi's second moment; see docs/optimizers.md).  "
-       "No bias correction: fold it into a dynamic learning rate.",
-       0.001, schema_internal::kLearningRate, false, "", {}},
-      kHyperParameters, kSlotArguments);
+  static constexpr OptimizerSchema kValue =
+      Entry<OnlineYogi>(Describe("OnlineYogi", schema_internal::kCatalogue,
+                                 "Online Yogi (our documented reading: FTRL-proximal with Yogi's second moment; see "
+                                 "docs/optimizers.md).  No bias correction: fold it into a dynamic learning rate.",
+                                 0.001),
+                        kHyperParameters, kSlotArguments);
 };
 
 template <>
@@ -283,9 +283,9 @@ struct SchemaOf<ProximalYogi> {
   static constexpr std::array<SlotArgumentSpec, 2> kSlotArguments{
       {SlotArgument("initial_v_value"), SlotArgument("initial_m_value")}};
   static constexpr OptimizerSchema kValue = Entry<ProximalYogi>(
-      {"ProximalYogi", schema_internal::kCatalogue,
-       "Proximal Yogi (the public proximal Yogi rule, no bias correction; see docs/optimizers.md).", 0.001,
-       schema_internal::kLearningRate, false, "LoadTPUEmbeddingProximalYogiParameters", {}},
+      Describe("ProximalYogi", schema_internal::kCatalogue,
+               "Proximal Yogi (the public proximal Yogi rule, no bias correction; see docs/optimizers.md).", 0.001)
+          .LoadOp("LoadTPUEmbeddingProximalYogiParameters"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -301,13 +301,15 @@ struct SchemaOf<FrequencyEstimator> {
   }};
   static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{{SlotArgument("initial_last_hit_step")}};
   static constexpr OptimizerSchema kValue = Entry<FrequencyEstimator>(
-      {"FrequencyEstimator", schema_internal::kCatalogue,
-       "Frequency estimator: the table row holds D, the average number of steps between hits of the row.  The "
-       "current global step arrives as the table's learning rate, which must therefore be a callable returning it "
-       "(as TPUEstimator passed `float(global_step)`); the gradient is ignored.  Initialise the table to "
-       "`max_delta` (e.g. `TableConfig(initializer=tf.constant_initializer(max_delta))`); dim 1 as on TPU.",
-       schema_internal::kRequired, "a zero-argument callable returning the current global step.", true,
-       "LoadTPUEmbeddingFrequencyEstimatorParameters", {}},
+      Describe("FrequencyEstimator", schema_internal::kCatalogue,
+               "Frequency estimator: the table row holds D, the average number of steps between hits of the row.  "
+               "The current global step arrives as the table's learning rate, which must therefore be a callable "
+               "returning it (as TPUEstimator passed `float(global_step)`); the gradient is ignored.  Initialise "
+               "the table to `max_delta` (e.g. `TableConfig(initializer=tf.constant_initializer(max_delta))`); dim 1 "
+               "as on TPU.",
+               0.0)
+          .DynamicLearningRate("a zero-argument callable returning the current global step.")
+          .LoadOp("LoadTPUEmbeddingFrequencyEstimatorParameters"),
       kHyperParameters, kSlotArguments);
 };
 
@@ -316,12 +318,12 @@ struct SchemaOf<Assign> {
   static constexpr std::array<HyperParameterSpec, 0> kHyperParameters{};
   static constexpr std::array<SlotArgumentSpec, 0> kSlotArguments{};
   static constexpr OptimizerSchema kValue = Entry<Assign>(
-      {"Assign", schema_internal::kCatalogue,
-       "Assign: `w = g` (the row's summed gradient).  The learning rate is unused.", 1.0,
-       "unused (any float or callable).", false, "",
-       {true, nullptr,
-        "assign needs gradient accumulation (it assigns the row's summed gradient; without accumulation the "
-        "result would be whichever contribution of the row came last)"}},
+      Describe("Assign", schema_internal::kCatalogue,
+               "Assign: `w = g` (the row's summed gradient).  The learning rate is unused.", 1.0)
+          .LearningRateDoc("unused (any float or callable).")
+          .AlwaysNeedsAccumulation(
+              "assign needs gradient accumulation (it assigns the row's summed gradient; without accumulation the "
+              "result would be whichever contribution of the row came last)"),
       kHyperParameters, kSlotArguments);
 };
 

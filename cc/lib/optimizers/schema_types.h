@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -39,7 +40,8 @@ struct Bound {
 };
 
 // The valid values of a float argument.  A value is valid when it satisfies every present bound and, when
-// `finite`, is finite.  Written so that NaN, which fails every comparison, is never valid.  `note` is appended to
+// `finite`, is finite.  The bounds are written as "is in range", so NaN, which fails every comparison, is
+// valid only for Unchecked().  `note` is appended to
 // the description ("0 disables it").
 struct Range {
   Bound lower;
@@ -48,7 +50,6 @@ struct Range {
   const char* note = "";
 
   bool Contains(double v) const {
-    if (std::isnan(v)) return false;
     if (finite && !std::isfinite(v)) return false;
     if (lower.present && !(lower.inclusive ? v >= lower.value : v > lower.value)) return false;
     if (upper.present && !(upper.inclusive ? v <= upper.value : v < upper.value)) return false;
@@ -106,8 +107,7 @@ constexpr HyperParameterSpec Bool(const char* proto, const char* python, bool py
   return HyperParameterSpec{proto, python, ValueType::kBool, python_default ? 1.0 : 0.0, Unchecked(), false, doc};
 }
 // A bool whose Python argument means the opposite of the proto field; `python_default` is the argument's.
-constexpr HyperParameterSpec NegatedBool(const char* proto, const char* python, bool python_default,
-                                         const char* doc) {
+constexpr HyperParameterSpec NegatedBool(const char* proto, const char* python, bool python_default, const char* doc) {
   return HyperParameterSpec{proto, python, ValueType::kBool, python_default ? 1.0 : 0.0, Unchecked(), true, doc};
 }
 
@@ -131,37 +131,81 @@ enum class PythonClassOrigin {
 
 // When the optimizer needs gradient accumulation (the summed gradient of a row).
 struct AccumulationRule {
-  bool always = false;            // e.g. Assign, which assigns the summed gradient
-  const char* when_set = nullptr; // a kBool proto field that, when true, makes it update every row every step
-  const char* reason = "";        // the error message's explanation: "<what> needs gradient accumulation (<why>)"
+  bool always = false;             // e.g. Assign, which assigns the summed gradient
+  const char* when_set = nullptr;  // a kBool proto field that, when true, makes it update every row every step
+  const char* reason = "";         // the error message's explanation: "<what> needs gradient accumulation (<why>)"
 };
 
 struct OptimizerSchema {
   const char* kind;          // the optimization_parameters.parameters oneof field ("adam"); the math's kName
   const char* python_class;  // "Adam"
   PythonClassOrigin origin;
-  const char* summary;        // the docstring's first paragraph (formula and source)
+  const char* summary;           // the docstring's first paragraph (formula and source)
   double default_learning_rate;  // NaN: the Python class has no default (it must be given)
   const char* learning_rate_doc;
   bool needs_dynamic_learning_rate;  // the learning rate input carries something else (the global step)
-  const char* load_op;  // tf.raw_ops name of TensorFlow's TPU Load op, or "" when TensorFlow has none
+  const char* load_op;               // tf.raw_ops name of TensorFlow's TPU Load op, or "" when TensorFlow has none
   AccumulationRule accumulation;
   Span<HyperParameterSpec> hyper_parameters;  // the proto message's fields, in field order
   Span<SlotInfo> slots;                       // the math header's kSlots (Load/Retrieve order)
   Span<SlotArgumentSpec> slot_arguments;      // index-aligned with slots
 };
 
-// The per-optimizer parts of a schema entry; Entry<Optimizer>() adds the slots from the math header.
+// The per-optimizer parts of a schema entry, built as Describe(...).LoadOp(...)... so every part is named;
+// Entry<Optimizer>() adds the hyper-parameters, and the slots from the math header.
 struct OptimizerDescription {
-  const char* python_class;
-  PythonClassOrigin origin;
-  const char* summary;
-  double default_learning_rate;
-  const char* learning_rate_doc;
-  bool needs_dynamic_learning_rate;
-  const char* load_op;
+  const char* python_class = "";
+  PythonClassOrigin origin = PythonClassOrigin::kCatalogue;
+  const char* summary = "";
+  double default_learning_rate = 0.0;
+  const char* learning_rate_doc = "float, or a zero-argument callable for a dynamic learning rate.";
+  bool needs_dynamic_learning_rate = false;
+  const char* load_op = "";
   AccumulationRule accumulation;
+
+  // The tf.raw_ops name of TensorFlow's TPU Load op for this optimizer (its Retrieve op is named alike).
+  constexpr OptimizerDescription LoadOp(const char* op) const {
+    OptimizerDescription d = *this;
+    d.load_op = op;
+    return d;
+  }
+  // The learning rate is a dynamic input carrying something else (the frequency estimator's global step): the
+  // Python argument has no default and must be a callable, and a config must give a tag.
+  constexpr OptimizerDescription DynamicLearningRate(const char* doc) const {
+    OptimizerDescription d = *this;
+    d.needs_dynamic_learning_rate = true;
+    d.default_learning_rate = std::numeric_limits<double>::quiet_NaN();
+    d.learning_rate_doc = doc;
+    return d;
+  }
+  constexpr OptimizerDescription LearningRateDoc(const char* doc) const {
+    OptimizerDescription d = *this;
+    d.learning_rate_doc = doc;
+    return d;
+  }
+  // `reason` reads "<what> needs gradient accumulation (<why>)".
+  constexpr OptimizerDescription AlwaysNeedsAccumulation(const char* reason) const {
+    OptimizerDescription d = *this;
+    d.accumulation = AccumulationRule{true, nullptr, reason};
+    return d;
+  }
+  constexpr OptimizerDescription NeedsAccumulationWhen(const char* bool_field, const char* reason) const {
+    OptimizerDescription d = *this;
+    d.accumulation = AccumulationRule{false, bool_field, reason};
+    return d;
+  }
 };
+
+// The Python class name, where it comes from, its docstring's first paragraph and its default learning rate.
+constexpr OptimizerDescription Describe(const char* python_class, PythonClassOrigin origin, const char* summary,
+                                        double default_learning_rate) {
+  OptimizerDescription d;
+  d.python_class = python_class;
+  d.origin = origin;
+  d.summary = summary;
+  d.default_learning_rate = default_learning_rate;
+  return d;
+}
 
 template <typename Optimizer, size_t NumHyperParameters, size_t NumSlotArguments>
 constexpr OptimizerSchema Entry(const OptimizerDescription& d,
