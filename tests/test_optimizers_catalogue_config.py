@@ -55,21 +55,21 @@ def test_round_trip_and_view(cls, kwargs, slots):
               multiply_weight_decay_factor_by_learning_rate=True)
     proto = tec.from_feature_config(_feature_config(opt))
     params = proto.table_descriptor[0].optimization_parameters
-    assert params.WhichOneof("parameters") == cls._proto_field
+    assert params.WhichOneof("parameters") == cls._schema.kind
     assert params.clipping_limits.lower.value == -2.0 and params.clipping_limits.upper.value == 2.0
     assert params.weight_decay_factor == pytest.approx(0.01)
     assert params.multiply_weight_decay_factor_by_learning_rate
 
     view = tec.load(proto)
     table = view.tables[0]
-    assert table.optimizer.kind == cls._proto_field
+    assert table.optimizer.kind == cls._schema.kind
     assert [(s.name, s.default_initial_value) for s in table.optimizer.slots] == [
         (n, pytest.approx(v)) for n, v in slots
     ]
     assert [s for s in opt._slot_names()] == [n for n, _ in slots]
-    for field, attr in cls._hyper_parameters:
-        expected = getattr(opt, attr)
-        assert table.optimizer.hyperparameters[field] == pytest.approx(expected), field
+    for spec in cls._schema.hyper_parameters:
+        expected = spec.to_proto(getattr(opt, spec.python_name))
+        assert table.optimizer.hyperparameters[spec.proto_name] == pytest.approx(expected), spec.proto_name
 
     feature_config, global_optimizer = tec.to_feature_config(view)
     rebuilt = tec.from_feature_config(feature_config, global_optimizer)
@@ -83,7 +83,7 @@ def test_round_trip_and_view(cls, kwargs, slots):
     [
         ("momentum.momentum", -1.0, "momentum.momentum must be >= 0 and finite, got -1"),
         ("rms_prop.rho", 1.5, "rms_prop.rho must be in [0, 1], got 1.5"),
-        ("centered_rms_prop.epsilon", float("nan"), "centered_rms_prop.epsilon must be >= 0 and finite, got nan"),
+        ("centered_rms_prop.epsilon", float("nan"), "centered_rms_prop.epsilon must be > 0 and finite, got nan"),
         ("adadelta.rho", -0.1, "adadelta.rho must be in [0, 1], got -0.1"),
         ("proximal_adagrad.l1", -1.0, "proximal_adagrad.l1 must be >= 0 and finite, got -1"),
         ("lion.beta2", 2.0, "lion.beta2 must be in [0, 1], got 2"),
@@ -151,7 +151,7 @@ def test_frequency_estimator_needs_a_dynamic_learning_rate():
         (lambda: teo.Adadelta(epsilon=0.0), "epsilon"),
         (lambda: teo.ProximalAdagrad(initial_accumulator_value=0.0), "initial_accumulator_value"),
         (lambda: teo.Lion(lazy_lion=False, use_gradient_accumulation=False), "lazy_lion"),
-        (lambda: teo.Lion(beta_1=1.0), "beta_1"),
+        (lambda: teo.Lion(beta_1=1.5), "beta_1"),
         (lambda: teo.BoundedAdagrad(max_var_update=-1.0), "max_var_update"),
         (lambda: teo.OnlineYogi(initial_v_value=0.0), "initial_v_value"),
         (lambda: teo.ProximalYogi(beta_2=1.0), "beta_2"),

@@ -35,6 +35,7 @@ from absl import logging
 
 from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import config as config_lib
+from tf_embed_ops.config._resolve import resolve_tables
 
 __all__ = ["TPUEmbedding"]
 
@@ -125,44 +126,31 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self._check_numerics = bool(check_numerics)
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in flat_features]
 
-        # Table order: first appearance in nest.flatten(feature_config), by identity (TF compares with `in`,
-        # and TableConfig has no __eq__, so identity it is).
-        self._table_config = []
-        for feature in flat_features:
-            if not any(feature.table is t for t in self._table_config):
-                self._table_config.append(feature.table)
-
-        names = []
-        for i, table in enumerate(self._table_config):
-            if table.optimizer is None:
-                # TensorFlow writes the global optimizer into the TableConfig itself; so do we (same objects,
-                # same config proto from tf_embed_ops.config.from_feature_config).
-                table.optimizer = optimizer
+        # Table order, names and learning-rate tags as TensorFlow numbers them (one resolver for every front end).
+        resolved = resolve_tables(flat_features, optimizer)
+        self._table_config = list(resolved.tables)
+        for i, (table, name) in enumerate(zip(self._table_config, resolved.names, strict=True)):
+            # TensorFlow writes the global optimizer and the `table_{i}` name into the TableConfig itself; so do
+            # we (same objects, same config proto from tf_embed_ops.config.from_feature_config).
+            table.optimizer = resolved.optimizers[i]
             if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
-                table.optimizer = _from_keras(table.optimizer, table.name or i)
+                table.optimizer = _from_keras(table.optimizer, name)
             if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
                 raise ValueError(
-                    f"{type(table.optimizer)} is an unsupported optimizer class (table {table.name or i!r}). "
+                    f"{type(table.optimizer)} is an unsupported optimizer class (table {name!r}). "
                     "Please pass an instance of tf.tpu.experimental.embedding.SGD, Adagrad, AdagradMomentum, "
                     "Adam or FTRL, or of a tf_embed_ops.optimizers class."
                 )
             if not isinstance(table.combiner, str):
                 raise ValueError(
-                    f"Table {table.name or i!r} uses combiner {table.combiner!r}; only 'sum', 'mean' and 'sqrtn' "
+                    f"Table {name!r} uses combiner {table.combiner!r}; only 'sum', 'mean' and 'sqrtn' "
                     "are supported off SparseCore."
                 )
-            if table.name is None:
-                table.name = f"table_{i}"
-            if table.name in names:
-                raise ValueError(f"Tables must have a unique name. Multiple tables with name {table.name} found.")
-            names.append(table.name)
-
-        # One entry per distinct learning-rate callable, in table order: the dynamic-learning-rate tags.
-        self._dynamic_learning_rates = []
-        for table in self._table_config:
-            lr = table.optimizer.learning_rate if table.optimizer is not None else None
-            if callable(lr) and lr not in self._dynamic_learning_rates:
-                self._dynamic_learning_rates.append(lr)
+            table.name = name
+        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
+        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
+        # in), exactly as `from_feature_config` will resolve them for the config proto.
+        self._dynamic_learning_rates = list(resolve_tables(flat_features).learning_rates)
 
         self._built = False
         self._config_proto = None

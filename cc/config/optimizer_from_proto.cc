@@ -1,232 +1,178 @@
 #include "cc/config/optimizer_from_proto.h"
 
-#include <cmath>
-#include <initializer_list>
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tf_embed_ops {
 namespace {
 
+namespace pb = ::google::protobuf;
 namespace tpu = ::tensorflow::tpu;
 
-// Range checks, written as "value is in range" so that NaN, which fails every comparison, is rejected too.
-bool Finite(float v) { return std::isfinite(v); }
-bool NonNegative(float v) { return v >= 0.0f && std::isfinite(v); }
-bool Positive(float v) { return v > 0.0f && std::isfinite(v); }
-bool UnitClosed(float v) { return v >= 0.0f && v <= 1.0f; }
-bool UnitHalfOpen(float v) { return v >= 0.0f && v < 1.0f; }
-
-// One (check passed, field, value, allowed) entry; Set() evaluates them in order and the first failure is the
-// error, which names the field, the allowed range and the value.
-struct FieldCheck {
-  bool ok;
-  const char* field;
-  float value;
-  const char* allowed;
+// Algorithms of the proto that tf_embed_ops does not run, with the reason the error gives.
+struct NotImplemented {
+  const char* kind;
+  const char* reason;
+};
+constexpr NotImplemented kNotImplemented[] = {
+    {"mdl_adagrad_light", "its update rule is not public"},
+    {"frequency_aware_adagrad",
+     "the proto's description of its update is garbled (it multiplies by the gradient twice) and no implementation "
+     "is public, so any reading could silently differ from TPU"},
+    {"user_defined_program",
+     "it is an XLA HLO program, and TensorFlow's CPU package offers custom ops no HLO interpreter to run it"},
 };
 
-// *out = optimizer once every check has passed.
-template <typename Optimizer>
-absl::Status Set(const std::string& ctx, std::initializer_list<FieldCheck> checks, const Optimizer& optimizer,
-                 OptimizerParams* out) {
-  for (const FieldCheck& c : checks) {
-    if (!c.ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ctx, ": optimization_parameters.", c.field, " must be ", c.allowed, ", got ", c.value));
+absl::Status UnimplementedError(std::string_view kind, const std::string& ctx) {
+  for (const NotImplemented& n : kNotImplemented) {
+    if (kind == n.kind) {
+      return absl::UnimplementedError(
+          absl::StrCat(ctx, ": optimizer '", kind, "' is not implemented by tf_embed_ops: ", n.reason));
     }
   }
-  *out = optimizer;
+  return absl::UnimplementedError(absl::StrCat(ctx, ": optimizer '", kind, "' is not implemented by tf_embed_ops"));
+}
+
+absl::Status NotSetError(const std::string& ctx) {
+  std::vector<std::string_view> kinds;
+  for (const OptimizerSchema& s : kOptimizerSchemas) kinds.push_back(s.kind);
+  return absl::InvalidArgumentError(absl::StrCat(
+      ctx, ": no optimization algorithm specified (optimization_parameters.parameters is not set; expected one of ",
+      absl::StrJoin(kinds, ", "), ")"));
+}
+
+// The frequency estimator takes the global step as its learning rate (TPUEstimator passed float(global_step)); a
+// constant would freeze the estimate's clock.
+absl::Status CheckLearningRate(const OptimizerSchema& schema, const tpu::OptimizationParameters& params,
+                               const std::string& ctx) {
+  if (!schema.needs_dynamic_learning_rate || params.learning_rate().has_dynamic()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(ctx, ": ", schema.kind,
+                                                 " takes the current global step as its learning rate, so "
+                                                 "optimization_parameters.learning_rate must be dynamic (a tag), "
+                                                 "got constant ",
+                                                 params.learning_rate().constant()));
+}
+
+// The optimizer message's fields in schema order (bools as 0/1), each checked against its range.  The schema
+// names every field; one the message lacks is a schema bug, reported as Internal.
+absl::Status ReadHyperParameters(const OptimizerSchema& schema, const pb::Message& message, const std::string& ctx,
+                                 std::vector<float>* values) {
+  const pb::Descriptor* descriptor = message.GetDescriptor();
+  const pb::Reflection* reflection = message.GetReflection();
+  for (const HyperParameterSpec& spec : schema.hyper_parameters) {
+    const pb::FieldDescriptor* field = descriptor->FindFieldByName(spec.proto_name);
+    const auto expected =
+        spec.type == ValueType::kFloat ? pb::FieldDescriptor::CPPTYPE_FLOAT : pb::FieldDescriptor::CPPTYPE_BOOL;
+    if (field == nullptr || field->cpp_type() != expected || field->is_repeated()) {
+      return absl::InternalError(absl::StrCat(ctx, ": the optimizer schema names field ", schema.kind, ".",
+                                              spec.proto_name, ", which ", descriptor->full_name(),
+                                              " does not have with that type"));
+    }
+    if (spec.type == ValueType::kBool) {
+      values->push_back(reflection->GetBool(message, field) ? 1.0f : 0.0f);
+      continue;
+    }
+    const float value = reflection->GetFloat(message, field);
+    if (!spec.range.Contains(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters.", schema.kind, ".",
+                                                     spec.proto_name, " must be ", spec.range.Describe(), ", got ",
+                                                     value));
+    }
+    values->push_back(value);
+  }
   return absl::OkStatus();
 }
 
-// The optimizers we implement, with the same ranges as TensorFlow's own optimizers where it has one.
-absl::Status FromImplemented(const tpu::OptimizationParameters& params, const std::string& ctx, OptimizerParams* out) {
-  switch (params.parameters_case()) {
-    case tpu::OptimizationParameters::kStochasticGradientDescent:
-      return Set(ctx, {}, Sgd{}, out);
-    case tpu::OptimizationParameters::kAdagrad:
-      return Set(ctx, {}, Adagrad{}, out);
-    case tpu::OptimizationParameters::kAdagradMomentum: {
-      // TF's AdagradMomentum raises for exponent <= 0 and epsilon <= 0 (a zero epsilon divides 0 by 0 on the
-      // first update of an untouched accumulator).
-      const auto& m = params.adagrad_momentum();
-      return Set(ctx,
-                 {{Positive(m.exponent()), "adagrad_momentum.exponent", m.exponent(), "> 0 and finite"},
-                  {Positive(m.epsilon()), "adagrad_momentum.epsilon", m.epsilon(), "> 0 and finite"},
-                  {Finite(m.momentum()), "adagrad_momentum.momentum", m.momentum(), "finite"},
-                  {Finite(m.beta2()), "adagrad_momentum.beta2", m.beta2(), "finite"}},
-                 AdagradMomentum{m.momentum(), m.use_nesterov(), m.exponent(), m.beta2(), m.epsilon()}, out);
+// The struct's members by their proto names, in ForEachHyperParameter order.  Members are written through the
+// const references that (const) ForEachHyperParameter hands out: `o` is a non-const local, so the const_cast
+// is well defined, and the math header stays the only list of its struct's fields.
+template <typename Optimizer>
+absl::Status Build(const OptimizerSchema& schema, const std::vector<float>& values, const std::string& ctx,
+                   OptimizerParams* out) {
+  Optimizer o{};
+  size_t i = 0;
+  bool aligned = true;
+  o.ForEachHyperParameter([&](const char* name, const auto& member) {
+    using T = std::decay_t<decltype(member)>;
+    if (i >= values.size() || std::string_view(name) != schema.hyper_parameters[i].proto_name) {
+      aligned = false;
+      return;
     }
-    case tpu::OptimizationParameters::kAdam: {
-      // Same ranges as TF's Adam: betas in [0, 1), epsilon > 0.
-      const auto& m = params.adam();
-      return Set(ctx,
-                 {{UnitHalfOpen(m.beta1()), "adam.beta1", m.beta1(), "in [0, 1)"},
-                  {UnitHalfOpen(m.beta2()), "adam.beta2", m.beta2(), "in [0, 1)"},
-                  {Positive(m.epsilon()), "adam.epsilon", m.epsilon(), "> 0 and finite"}},
-                 Adam{m.beta1(), m.beta2(), m.epsilon(), m.use_non_lazy_adam(), m.use_sum_inside_sqrt()}, out);
-    }
-    case tpu::OptimizationParameters::kFtrl: {
-      // TF's FTRL documents l1, l2 >= 0 and learning_rate_power <= 0 (a positive power makes the per-coordinate
-      // step grow with the accumulated squared gradient).
-      const auto& m = params.ftrl();
-      return Set(
-          ctx,
-          {{NonNegative(m.l1()), "ftrl.l1", m.l1(), ">= 0 and finite"},
-           {NonNegative(m.l2()), "ftrl.l2", m.l2(), ">= 0 and finite"},
-           {m.lr_power() <= 0.0f && std::isfinite(m.lr_power()), "ftrl.lr_power", m.lr_power(), "<= 0 and finite"},
-           {NonNegative(m.beta()), "ftrl.beta", m.beta(), ">= 0 and finite"}},
-          Ftrl{m.l1(), m.l2(), m.lr_power(), m.beta(), m.multiply_linear_by_lr(), m.allow_zero_accumulator()}, out);
-    }
-    case tpu::OptimizationParameters::kMomentum: {
-      const auto& m = params.momentum();
-      return Set(ctx, {{NonNegative(m.momentum()), "momentum.momentum", m.momentum(), ">= 0 and finite"}},
-                 Momentum{m.momentum(), m.use_nesterov()}, out);
-    }
-    case tpu::OptimizationParameters::kRmsProp: {
-      const auto& m = params.rms_prop();
-      return Set(ctx,
-                 {{UnitClosed(m.rho()), "rms_prop.rho", m.rho(), "in [0, 1]"},
-                  {NonNegative(m.momentum()), "rms_prop.momentum", m.momentum(), ">= 0 and finite"},
-                  {NonNegative(m.epsilon()), "rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
-                 RmsProp{m.rho(), m.momentum(), m.epsilon()}, out);
-    }
-    case tpu::OptimizationParameters::kCenteredRmsProp: {
-      const auto& m = params.centered_rms_prop();
-      return Set(ctx,
-                 {{UnitClosed(m.rho()), "centered_rms_prop.rho", m.rho(), "in [0, 1]"},
-                  {NonNegative(m.momentum()), "centered_rms_prop.momentum", m.momentum(), ">= 0 and finite"},
-                  {NonNegative(m.epsilon()), "centered_rms_prop.epsilon", m.epsilon(), ">= 0 and finite"}},
-                 CenteredRmsProp{m.rho(), m.momentum(), m.epsilon()}, out);
-    }
-    case tpu::OptimizationParameters::kAdadelta: {
-      const auto& m = params.adadelta();
-      return Set(ctx,
-                 {{UnitClosed(m.rho()), "adadelta.rho", m.rho(), "in [0, 1]"},
-                  {NonNegative(m.epsilon()), "adadelta.epsilon", m.epsilon(), ">= 0 and finite"}},
-                 Adadelta{m.rho(), m.epsilon()}, out);
-    }
-    case tpu::OptimizationParameters::kProximalAdagrad: {
-      const auto& m = params.proximal_adagrad();
-      return Set(ctx,
-                 {{NonNegative(m.l1()), "proximal_adagrad.l1", m.l1(), ">= 0 and finite"},
-                  {NonNegative(m.l2()), "proximal_adagrad.l2", m.l2(), ">= 0 and finite"}},
-                 ProximalAdagrad{m.l1(), m.l2()}, out);
-    }
-    case tpu::OptimizationParameters::kLion: {
-      const auto& m = params.lion();
-      return Set(ctx,
-                 {{UnitClosed(m.beta1()), "lion.beta1", m.beta1(), "in [0, 1]"},
-                  {UnitClosed(m.beta2()), "lion.beta2", m.beta2(), "in [0, 1]"}},
-                 Lion{m.beta1(), m.beta2(), m.use_non_lazy_lion()}, out);
-    }
-    case tpu::OptimizationParameters::kBoundedAdagrad: {
-      const auto& m = params.bounded_adagrad();
-      return Set(ctx,
-                 {{NonNegative(m.max_var_update()), "bounded_adagrad.max_var_update", m.max_var_update(),
-                   ">= 0 and finite (0 disables it)"},
-                  {NonNegative(m.max_accumulator()), "bounded_adagrad.max_accumulator", m.max_accumulator(),
-                   ">= 0 and finite (0 disables it)"}},
-                 BoundedAdagrad{m.update_accumulator_first(), m.max_var_update(), m.max_accumulator()}, out);
-    }
-    case tpu::OptimizationParameters::kOnlineYogi: {
-      const auto& m = params.online_yogi();
-      return Set(ctx,
-                 {{NonNegative(m.l1()), "online_yogi.l1", m.l1(), ">= 0 and finite"},
-                  {NonNegative(m.l2()), "online_yogi.l2", m.l2(), ">= 0 and finite"},
-                  {UnitClosed(m.beta2()), "online_yogi.beta2", m.beta2(), "in [0, 1]"}},
-                 OnlineYogi{m.l1(), m.l2(), m.beta2()}, out);
-    }
-    case tpu::OptimizationParameters::kProximalYogi: {
-      const auto& m = params.proximal_yogi();
-      return Set(ctx,
-                 {{NonNegative(m.l1()), "proximal_yogi.l1", m.l1(), ">= 0 and finite"},
-                  {NonNegative(m.l2()), "proximal_yogi.l2", m.l2(), ">= 0 and finite"},
-                  {UnitHalfOpen(m.beta1()), "proximal_yogi.beta1", m.beta1(), "in [0, 1)"},
-                  {UnitHalfOpen(m.beta2()), "proximal_yogi.beta2", m.beta2(), "in [0, 1)"},
-                  {Positive(m.epsilon()), "proximal_yogi.epsilon", m.epsilon(), "> 0 and finite"}},
-                 ProximalYogi{m.l1(), m.l2(), m.beta1(), m.beta2(), m.epsilon()}, out);
-    }
-    case tpu::OptimizationParameters::kFrequencyEstimator: {
-      const auto& m = params.frequency_estimator();
-      // The global step arrives as the table's learning rate (TPUEstimator passed float(global_step)); a
-      // constant would freeze the estimate's clock.
-      if (!params.learning_rate().has_dynamic()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(ctx,
-                         ": frequency_estimator takes the current global step as its learning rate, so "
-                         "optimization_parameters.learning_rate must be dynamic (a tag), got constant ",
-                         params.learning_rate().constant()));
-      }
-      return Set(ctx,
-                 {{m.tau() > 0.0f && m.tau() < 1.0f, "frequency_estimator.tau", m.tau(), "in (0, 1)"},
-                  {Positive(m.max_delta()), "frequency_estimator.max_delta", m.max_delta(), "> 0 and finite"},
-                  {NonNegative(m.outlier_threshold()), "frequency_estimator.outlier_threshold", m.outlier_threshold(),
-                   ">= 0 and finite"},
-                  {Finite(m.weight_exponent()), "frequency_estimator.weight_exponent", m.weight_exponent(), "finite"}},
-                 FrequencyEstimator{m.tau(), m.max_delta(), m.outlier_threshold(), m.weight_exponent()}, out);
-    }
-    case tpu::OptimizationParameters::kAssign:
-      return Set(ctx, {}, Assign{}, out);
-    default:
-      return absl::InternalError(absl::StrCat(ctx, ": FromImplemented called for an optimizer we do not implement"));
+    const_cast<T&>(member) = static_cast<T>(values[i++]);
+  });
+  if (!aligned || i != values.size()) {
+    return absl::InternalError(absl::StrCat(ctx, ": the schema of ", schema.kind,
+                                            " lists other hyper-parameters than its struct's ForEachHyperParameter"));
   }
+  *out = o;
+  return absl::OkStatus();
 }
+
+using BuildFn = absl::Status (*)(const OptimizerSchema&, const std::vector<float>&, const std::string&,
+                                 OptimizerParams*);
+
+template <size_t... I>
+constexpr std::array<BuildFn, sizeof...(I)> MakeBuilders(std::index_sequence<I...>) {
+  return {&Build<std::variant_alternative_t<I, OptimizerParams>>...};
+}
+// Index-aligned with kOptimizerSchemas (both follow OptimizerParams).
+constexpr auto kBuilders = MakeBuilders(std::make_index_sequence<std::variant_size_v<OptimizerParams>>{});
 
 }  // namespace
 
 absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const std::string& context,
                                 OptimizerParams* out) {
-  switch (params.parameters_case()) {
-    case tpu::OptimizationParameters::kStochasticGradientDescent:
-    case tpu::OptimizationParameters::kAdagrad:
-    case tpu::OptimizationParameters::kAdagradMomentum:
-    case tpu::OptimizationParameters::kAdam:
-    case tpu::OptimizationParameters::kFtrl:
-    case tpu::OptimizationParameters::kMomentum:
-    case tpu::OptimizationParameters::kRmsProp:
-    case tpu::OptimizationParameters::kCenteredRmsProp:
-    case tpu::OptimizationParameters::kAdadelta:
-    case tpu::OptimizationParameters::kProximalAdagrad:
-    case tpu::OptimizationParameters::kLion:
-    case tpu::OptimizationParameters::kBoundedAdagrad:
-    case tpu::OptimizationParameters::kOnlineYogi:
-    case tpu::OptimizationParameters::kProximalYogi:
-    case tpu::OptimizationParameters::kFrequencyEstimator:
-    case tpu::OptimizationParameters::kAssign:
-      return FromImplemented(params, context, out);
-    case tpu::OptimizationParameters::kMdlAdagradLight:
-      return absl::UnimplementedError(absl::StrCat(
-          context,
-          ": optimizer 'mdl_adagrad_light' is not implemented by tf_embed_ops: its update rule is not public"));
-    case tpu::OptimizationParameters::kFrequencyAwareAdagrad:
-      return absl::UnimplementedError(absl::StrCat(
-          context,
-          ": optimizer 'frequency_aware_adagrad' is not implemented by tf_embed_ops: the proto's description of its "
-          "update is garbled (it multiplies by the gradient twice) and no implementation is public, so any reading "
-          "could silently differ from TPU"));
-    case tpu::OptimizationParameters::kUserDefinedProgram:
-      return absl::UnimplementedError(absl::StrCat(
-          context,
-          ": optimizer 'user_defined_program' is not implemented by tf_embed_ops: it is an XLA HLO program, and "
-          "TensorFlow's CPU package offers custom ops no HLO interpreter to run it"));
-    case tpu::OptimizationParameters::PARAMETERS_NOT_SET:
-      return absl::InvalidArgumentError(absl::StrCat(
-          context,
-          ": no optimization algorithm specified (optimization_parameters.parameters is not set; expected one of "
-          "stochastic_gradient_descent, adagrad, adagrad_momentum, adam, ftrl, momentum, rms_prop, centered_rms_prop, "
-          "adadelta, proximal_adagrad, lion, bounded_adagrad, online_yogi, proximal_yogi, frequency_estimator, "
-          "assign)"));
-    default: {
-      // Name the algorithm by its proto field, which is what the user wrote in a .pbtxt.
-      const auto* field = params.GetDescriptor()->FindFieldByNumber(static_cast<int>(params.parameters_case()));
-      const std::string name = field != nullptr ? std::string(field->name())
-                                                : absl::StrCat("field ", static_cast<int>(params.parameters_case()));
-      return absl::UnimplementedError(
-          absl::StrCat(context, ": optimizer '", name, "' is not implemented by tf_embed_ops"));
-    }
+  if (params.parameters_case() == tpu::OptimizationParameters::PARAMETERS_NOT_SET) return NotSetError(context);
+  // Name the algorithm by its proto field, which is what the user wrote in a .pbtxt.
+  const pb::FieldDescriptor* field =
+      params.GetDescriptor()->FindFieldByNumber(static_cast<int>(params.parameters_case()));
+  if (field == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(context, ": optimizer field ",
+                                                 static_cast<int>(params.parameters_case()),
+                                                 " is not implemented by tf_embed_ops"));
   }
+  const OptimizerSchema* schema = FindOptimizerSchema(field->name());
+  if (schema == nullptr) return UnimplementedError(field->name(), context);
+
+  if (auto s = CheckLearningRate(*schema, params, context); !s.ok()) return s;
+  std::vector<float> values;
+  const pb::Message& message = params.GetReflection()->GetMessage(params, field);
+  if (auto s = ReadHyperParameters(*schema, message, context, &values); !s.ok()) return s;
+  const size_t index = static_cast<size_t>(schema - kOptimizerSchemas.data());
+  return kBuilders[index](*schema, values, context, out);
+}
+
+absl::Status CheckOptimizerAccumulation(const OptimizerParams& optimizer, bool gradient_accumulation,
+                                        const std::string& context) {
+  const OptimizerSchema& schema = SchemaFor(optimizer);
+  const AccumulationRule& rule = schema.accumulation;
+  if (gradient_accumulation || (!rule.always && rule.when_set == nullptr)) return absl::OkStatus();
+  bool triggered = rule.always;
+  if (rule.when_set != nullptr) {
+    std::visit(
+        [&](const auto& o) {
+          o.ForEachHyperParameter([&](const char* name, auto value) {
+            if constexpr (std::is_same_v<decltype(value), bool>) {
+              if (std::string_view(name) == rule.when_set && value) triggered = true;
+            }
+          });
+        },
+        optimizer);
+  }
+  if (!triggered) return absl::OkStatus();
+  const std::string what = rule.always
+                               ? absl::StrCat("optimization_parameters.", schema.kind, " is set")
+                               : absl::StrCat("optimization_parameters.", schema.kind, ".", rule.when_set, " is true");
+  return absl::InvalidArgumentError(
+      absl::StrCat(context, ": ", what, " but gradient_accumulation_status is DISABLED; ", rule.reason));
 }
 
 }  // namespace tf_embed_ops

@@ -124,26 +124,8 @@ absl::Status OptimizationFromProto(const tpu::OptimizationParameters& p, const s
                        ": optimization_parameters.gradient_clipping_limits is set but gradient_accumulation_status is "
                        "DISABLED; gradient clipping needs gradient accumulation"));
     }
-    // Non-lazy Adam and Lion update every row every step from the accumulated gradient (OPT); Assign assigns
-    // the row's summed gradient, which without accumulation would be whichever contribution came last.
-    if (const auto* adam = std::get_if<Adam>(&opt.optimizer); adam != nullptr && adam->use_non_lazy_adam) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ctx,
-                       ": optimization_parameters.adam.use_non_lazy_adam is true but gradient_accumulation_status is "
-                       "DISABLED; non-lazy Adam needs gradient accumulation"));
-    }
-    if (const auto* lion = std::get_if<Lion>(&opt.optimizer); lion != nullptr && lion->use_non_lazy_lion) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ctx,
-                       ": optimization_parameters.lion.use_non_lazy_lion is true but gradient_accumulation_status is "
-                       "DISABLED; non-lazy Lion needs gradient accumulation"));
-    }
-    if (std::holds_alternative<Assign>(opt.optimizer)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(ctx,
-                       ": optimization_parameters.assign needs gradient accumulation (it assigns the row's summed "
-                       "gradient), but gradient_accumulation_status is DISABLED"));
-    }
+    // Optimizers that update every row, or assign the summed gradient, need it too (their schema says when).
+    if (auto s = CheckOptimizerAccumulation(opt.optimizer, false, ctx); !s.ok()) return s;
   }
   if (auto s = QuantizationFromProto(p.simulated_quantization(), ctx, &opt.simulated_quantization); !s.ok()) return s;
   *out = std::move(opt);

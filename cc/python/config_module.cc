@@ -136,4 +136,6 @@ PYBIND11_MODULE(_config, m) {
         "message.");
   m.def("supported_optimizers", &tf_embed_ops::SupportedOptimizers,
         "Proto field names of the optimizers the kernels run, each with its slots (name, default initial value).");
+  m.def("optimizer_schema", &tf_embed_ops::OptimizerSchemaList,
+        "The optimizer schema (cc/lib/optimizers/schema.h): one dict per optimizer, in schema order.");
 }

@@ -11,22 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2
-from tensorflow.python.util import nest
 
+from tf_embed_ops._tf_compat import nest, tpu_embedding_configuration_pb2
 from tf_embed_ops.config import _optimizers
+from tf_embed_ops.config._resolve import ResolvedTables, resolve_tables
 
 TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
 _emb = tf.tpu.experimental.embedding
-
-
-def _table_order(features: list[Any]) -> list[Any]:
-    # First appearance in nest.flatten order, by identity (TableConfig has no __eq__, so TF's `in` is identity).
-    tables: list[Any] = []
-    for feature in features:
-        if not any(feature.table is t for t in tables):
-            tables.append(feature.table)
-    return tables
 
 
 def _output_shapes_from_batch_size(features: list[Any], batch_size: int) -> list[tf.TensorShape]:
@@ -67,6 +58,46 @@ def _resolve_output_shapes(feature_config: Any, features: list[Any], output_shap
                 )
         merged.append(old if old else new)
     return merged
+
+
+def _check_optimizers(resolved: ResolvedTables) -> None:
+    """Every table has a supported optimizer whose values the config validator accepts (ValueError otherwise)."""
+    for name, table_optimizer in zip(resolved.names, resolved.optimizers, strict=True):
+        if table_optimizer is None:
+            raise ValueError(
+                f"optimizer: table {name!r} has no optimizer; pass a global `optimizer` or set TableConfig.optimizer"
+            )
+        codec = _optimizers.codec_for_optimizer(table_optimizer)
+        if codec is None:
+            supported = ", ".join(c.__name__ for c in _optimizers.supported_optimizer_classes())
+            raise ValueError(
+                f"optimizer: table {name!r} has optimizer {type(table_optimizer).__name__}, which is not supported "
+                f"(supported: {supported})"
+            )
+        if codec.check is not None:
+            codec.check(table_optimizer, f"optimizer of table {name!r}: ")
+
+
+def _add_table(proto: TPUEmbeddingConfiguration, resolved: ResolvedTables, table_id: int, num_hosts: int) -> None:
+    """Appends table ``table_id``'s descriptor, as ``TableConfig._set_table_descriptor`` writes it."""
+    table, table_optimizer = resolved.tables[table_id], resolved.optimizers[table_id]
+    td = proto.table_descriptor.add()
+    td.name = resolved.names[table_id]
+    td.vocabulary_size = max(table.vocabulary_size, num_hosts)
+    td.dimension = table.dim
+    params = td.optimization_parameters
+    tag = resolved.tag(table_id)
+    if tag is not None:
+        params.learning_rate.dynamic.tag = tag
+    else:
+        params.learning_rate.constant = table_optimizer.learning_rate
+    _optimizers.codec_for_optimizer(table_optimizer).fill(table_optimizer, params)
+    q = table.quantization_config
+    if q:
+        params.simulated_quantization.enabled = True
+        params.simulated_quantization.num_buckets = q.num_buckets
+        params.simulated_quantization.clipping_limits.lower.value = q.lower
+        params.simulated_quantization.clipping_limits.upper.value = q.upper
 
 
 def from_feature_config(
@@ -127,60 +158,16 @@ def from_feature_config(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
 
-    tables = _table_order(features)
-    names: list[str] = []
-    table_optimizers: list[Any] = []
-    for i, table in enumerate(tables):
-        name = table.name if table.name is not None else f"table_{i}"
-        table_optimizer = table.optimizer if table.optimizer is not None else optimizer
-        if table_optimizer is None:
-            raise ValueError(
-                f"optimizer: table {name!r} has no optimizer; pass a global `optimizer` or set TableConfig.optimizer"
-            )
-        if _optimizers.codec_for_optimizer(table_optimizer) is None:
-            supported = ", ".join(c.__name__ for c in _optimizers.supported_optimizer_classes())
-            raise ValueError(
-                f"optimizer: table {name!r} has optimizer {type(table_optimizer).__name__}, which is not supported "
-                f"(supported: {supported})"
-            )
-        if name in names:
-            raise ValueError(f"feature_config: Tables must have a unique name. Multiple tables with name {name} found.")
-        names.append(name)
-        table_optimizers.append(table_optimizer)
-
-    # Dynamic learning rates: TPUEmbedding.__init__ collects the callables with `not in` (==), in table order.
-    dynamic: list[Any] = []
-    for table_optimizer in table_optimizers:
-        lr = table_optimizer.learning_rate
-        if callable(lr) and lr not in dynamic:
-            dynamic.append(lr)
-
+    resolved = resolve_tables(features, optimizer)
+    _check_optimizers(resolved)
     proto = TPUEmbeddingConfiguration()
-    for table, name, table_optimizer in zip(tables, names, table_optimizers, strict=False):
-        td = proto.table_descriptor.add()
-        td.name = name
-        td.vocabulary_size = max(table.vocabulary_size, num_hosts)
-        td.dimension = table.dim
-        params = td.optimization_parameters
-        lr = table_optimizer.learning_rate
-        if callable(lr):
-            params.learning_rate.dynamic.tag = next(i for i, r in enumerate(dynamic) if r == lr)
-        else:
-            params.learning_rate.constant = lr
-        _optimizers.codec_for_optimizer(table_optimizer).fill(table_optimizer, params)
-        q = table.quantization_config
-        if q:
-            params.simulated_quantization.enabled = True
-            params.simulated_quantization.num_buckets = q.num_buckets
-            params.simulated_quantization.clipping_limits.lower.value = q.lower
-            params.simulated_quantization.clipping_limits.upper.value = q.upper
-
-    table_id = {id(t): i for i, t in enumerate(tables)}
+    for table_id in range(len(resolved.tables)):
+        _add_table(proto, resolved, table_id, num_hosts)
     for feature, shape in zip(features, _resolve_output_shapes(feature_config, features, output_shapes), strict=False):
         fd = proto.feature_descriptor.add()
         if feature.name:
             fd.name = feature.name
-        fd.table_id = table_id[id(feature.table)]
+        fd.table_id = resolved.table_id(feature.table)
         if shape.rank is not None and shape.is_fully_defined():
             fd.input_shape.extend(shape.as_list())
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf_embed_ops.config import _optimizers
 from tf_embed_ops.config._load import ConfigSource, load
+from tf_embed_ops.config._resolve import first_appearance
 from tf_embed_ops.config._view import EmbeddingConfig, TableInfo
 
 _emb = tf.tpu.experimental.embedding
@@ -63,14 +64,10 @@ def _optimizer_parts(cfg: EmbeddingConfig) -> list[bytes]:
 
 
 def _warn_if_not_canonical(cfg: EmbeddingConfig) -> None:
-    # from_feature_config numbers tables and tags by first appearance; a config numbered otherwise (not one TF
-    # built) comes back renumbered.
-    first_use: list[int] = []
-    for f in cfg.features:
-        if f.table_id not in first_use:
-            first_use.append(f.table_id)
-    tags = [t.learning_rate.tag for t in cfg.tables if t.learning_rate.is_dynamic]
-    first_tags = list(dict.fromkeys(tags))
+    # from_feature_config numbers tables and tags by first appearance (the resolver); a config numbered otherwise
+    # (not one TF built) comes back renumbered.
+    first_use = first_appearance(f.table_id for f in cfg.features)
+    first_tags = first_appearance(t.learning_rate.tag for t in cfg.tables if t.learning_rate.is_dynamic)
     if first_use != list(range(len(cfg.tables))) or first_tags != sorted(first_tags):
         warnings.warn(
             "to_feature_config: this config numbers its tables or learning-rate tags in an order other than first "

@@ -95,7 +95,7 @@ def optimizer_to_dict(optimizer: Any) -> dict | None:
         raise ValueError(f"Cannot serialise {name} with a slot_variable_creation_fn (a Python callable).")
     args = {a: getattr(optimizer, a) for a in _COMMON_OPTIMIZER_ARGS}
     if catalogue:
-        args.update(optimizer._specific_arguments())
+        args.update(optimizer.specific_arguments())
         name = _CATALOGUE_PREFIX + name
     else:
         args.update({a: getattr(optimizer, a) for a in _OPTIMIZER_ARGS[name]})
