@@ -8,7 +8,7 @@ import pytest
 from benchmarks import workloads as wls
 
 pytest.importorskip("keras_rs")
-from benchmarks.peers import keras_rs_peer  # noqa: E402  (needs keras-rs only when built)
+from benchmarks.peers import keras_rs_peer
 
 
 def test_both_engines_run_on_w1_from_the_same_tables():

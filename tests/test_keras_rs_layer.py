@@ -69,7 +69,7 @@ def test_schedule_runs_on_the_table_optimizers_iterations_and_survives_save_and_
     model.save(path)
     loaded = keras.models.load_model(path)
     new_layer = loaded.get_layer("embedding")
-    rates = [r for r in new_layer._tpu_embedding._dynamic_learning_rates]  # noqa: SLF001
+    rates = [r for r in new_layer._tpu_embedding._dynamic_learning_rates]
     assert len(rates) == 1 and int(rates[0].optimizer.iterations.numpy()) == 3
     # The restored schedule continues at step 3.
     np.testing.assert_allclose(float(rates[0]()), 0.5 * 0.5**3, rtol=1e-6)
@@ -87,7 +87,7 @@ def test_save_load_round_trips_our_configs_and_weights_and_the_loaded_model_trai
     loaded = keras.models.load_model(path)
     new_layer = loaded.get_layer("embedding")
     assert isinstance(new_layer, te_keras.DistributedEmbedding)
-    fcs = new_layer._feature_configs  # noqa: SLF001
+    fcs = new_layer._feature_configs
     assert all(isinstance(f, te_keras.FeatureConfig) for f in fcs.values())
     assert fcs["items"].table is fcs["clicked"].table  # sharing survives serialisation
     assert isinstance(fcs["user"].table.optimizer, keras.optimizers.Adam) and fcs["items"].table.optimizer == "adagrad"
@@ -107,7 +107,7 @@ def test_tpu_optimizer_objects_are_accepted_and_serialised():
     opts = {"user": tf.tpu.experimental.embedding.Adagrad(0.3), "item": "sgd", "tag": "ftrl"}
     layer = _layer(opts)
     restored = te_keras.DistributedEmbedding.from_config(layer.get_config())
-    opt = restored._feature_configs["user"].table.optimizer  # noqa: SLF001
+    opt = restored._feature_configs["user"].table.optimizer
     assert isinstance(opt, tf.tpu.experimental.embedding.Adagrad) and opt.learning_rate == pytest.approx(0.3)
 
 

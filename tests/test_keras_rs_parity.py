@@ -127,7 +127,7 @@ def test_keras_rs_configs_and_weights_round_trip_through_save_and_load(tmp_path)
     loaded = keras.models.load_model(path)
     new_layer = loaded.get_layer("embedding")
     assert isinstance(new_layer, te_keras.DistributedEmbedding)
-    for name, feature in new_layer._feature_configs.items():  # noqa: SLF001
+    for name, feature in new_layer._feature_configs.items():
         assert isinstance(feature, keras_rs.layers.FeatureConfig)
         assert isinstance(feature.table, keras_rs.layers.TableConfig)
         assert isinstance(feature.table.optimizer, keras.optimizers.Adagrad)

@@ -181,7 +181,7 @@ def test_generated_class_signature_defaults_and_docstring(schema):
     for s in schema.slots:
         if s.python_name is not None:
             assert getattr(optimizer, s.python_name) == pytest.approx(s.default_initial_value)
-    assert optimizer._slot_names() == [s.name for s in schema.slots]  # noqa: SLF001
+    assert optimizer._slot_names() == [s.name for s in schema.slots]
 
 
 @pytest.mark.parametrize(

@@ -51,13 +51,13 @@ def test_stacking_matches_tensorflows_resharding_both_ways(num_replicas, num_sc_
     layouts = emb.embedding_layouts
     # The stacker rotates a stacked table's shards by its SparseCores per chip: visible with several chips.
     assert any(layouts[n].sparse_core_shard_rotation for n in layouts) == (num_replicas > 1)
-    for stack, names in emb._stacking.stacked_table_to_tables.items():  # noqa: SLF001
+    for stack, names in emb._stacking.stacked_table_to_tables.items():
         ours = emb.stacked_tables()[stack].numpy()
         # TensorFlow's CPU -> SparseCore resharding of the whole stacked variable.
         ordered = sorted(names, key=lambda n: layouts[n].sparse_core_shard_row_offset)
         full = [ours.shape[0], ours.shape[1]]
         slice_spec = f"{full[0]} {full[1]} 0,{full[0]}:0,{full[1]}"
-        theirs = tf_adapter._shard_from_cpu_to_sc(  # noqa: SLF001
+        theirs = tf_adapter._shard_from_cpu_to_sc(
             [tf.constant(values[(n, "parameters")]) for n in ordered], slice_spec, [layouts[n] for n in ordered]
         ).numpy()
         np.testing.assert_array_equal(ours, theirs)
@@ -96,13 +96,13 @@ def _tensorflow_written_checkpoint(path, num_replicas, num_sc_per_chip, seed=9):
         for slot in ["parameters", *slots[lays[0].table_name]]:
             rows = lays[0].total_rows_per_sparse_core_shard * lays[0].num_sparse_cores
             spec = f"{rows} {lays[0].unsharded_padded_shape[1]} 0,{rows}:0,{lays[0].unsharded_padded_shape[1]}"
-            stacked = tf_adapter._shard_from_cpu_to_sc(  # noqa: SLF001
+            stacked = tf_adapter._shard_from_cpu_to_sc(
                 [tf.constant(values[(lay.table_name, slot)]) for lay in lays], spec, lays
             )
-            root._track_trackable(tf.Variable(stacked), stack if slot == "parameters" else f"{stack}/{slot}")  # noqa: SLF001
+            root._track_trackable(tf.Variable(stacked), stack if slot == "parameters" else f"{stack}/{slot}")
     proto = sparse_core_layout_pb2.SparseCoreTableLayouts()
     proto.tables.extend(layouts[n] for n in sorted(layouts))
-    root._track_trackable(  # noqa: SLF001
+    root._track_trackable(
         tf_utils.SparseCoreLayoutsTrackable(tf.constant(proto.SerializeToString())),
         tf_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY,
     )
@@ -138,7 +138,7 @@ def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_pa
             key = lay.stacked_table_name + ("" if slot == "parameters" else f".S{slot}")
             stacked = reader.get_tensor(f"embedding/{key}/.ATTRIBUTES/VARIABLE_VALUE")
             # TensorFlow's own SparseCore -> CPU conversion of what we wrote.
-            (table,) = tf_adapter._unshard_from_sc_to_cpu(tf.constant(stacked), [lay])  # noqa: SLF001
+            (table,) = tf_adapter._unshard_from_sc_to_cpu(tf.constant(stacked), [lay])
             np.testing.assert_array_equal(table.numpy(), values[(lay.table_name, slot)])
     # TensorFlow's serving class restores the tables from the stacked entries (it reads the layouts first).
     serving = emb_api.TPUEmbeddingForServing(_feature_config(optimizer=False), None)
