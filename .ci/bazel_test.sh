@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: `bazel test //...` with Debian's bazel-bootstrap (Bazel 4), offline, against the TensorFlow installed for
 # ${PYTHON:-python3} (the README's pip install).  Test logs of failing tests are printed (--test_output=errors
-# in .bazelrc).  Usage: .ci/bazel_test.sh [extra bazel test flags]
+# in .bazelrc).  Usage: .ci/bazel_test.sh [targets and bazel test flags]   (no target: //...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -21,11 +21,14 @@ fi
 
 # Output base outside the source tree, so `//...` never walks into it and a checkout stays clean.
 output_root=${BAZEL_OUTPUT_USER_ROOT:-/tmp/tf_embed_ops_bazel}
+targets=()
+for arg in "$@"; do [[ "$arg" == //* ]] && targets+=("$arg"); done
+[ ${#targets[@]} -ne 0 ] || set -- //... "$@"
 status=0
-bazel --output_user_root="$output_root" test //... --verbose_failures "$@" || status=$?
+bazel --output_user_root="$output_root" test --verbose_failures "$@" || status=$?
 if [ "$status" -ne 0 ]; then
   # Compile/link failures have no test log; failing tests already printed theirs.  Name what broke.
-  echo "bazel test //... failed (exit $status); test logs are under bazel-links/testlogs/" >&2
+  echo "bazel test $* failed (exit $status); test logs are under bazel-links/testlogs/" >&2
 fi
 # The bazel server would otherwise keep its memory for hours after CI is done with it.
 bazel --output_user_root="$output_root" shutdown
