@@ -225,15 +225,19 @@ def _optimizer_row(opt, lr, g, w, slots):
         a, lin = slots
         p = -opt.get("lr_power", -0.5)
         l1, l2, beta = opt.get("l1", 0.0), opt.get("l2", 0.0), opt.get("beta", 0.0)
-        a_new = a + g * g
-        sigma = np.power(a_new, p) - np.power(a, p)
+        # sigma is the difference of two nearly equal powers of the stored (float32) accumulator, and the
+        # standard form divides it by lr: the engine's float32 rounding of each power (up to an ulp of
+        # sqrt(a), times 1/lr) is part of the update, so the reference forms both powers in float32 too.
+        a_new = (np.float32(a) + np.float32(g) * np.float32(g)).astype(np.float64)
+        pw_new = np.power(np.float32(a_new), np.float32(p)).astype(np.float64)
+        sigma = pw_new - np.power(np.float32(a), np.float32(p)).astype(np.float64)
         if opt.get("multiply_linear_by_lr", False):
             lin = lin + lr * g - sigma * w
-            quad = np.power(a_new, p) + 2 * lr * l2 + beta
+            quad = pw_new + 2 * lr * l2 + beta
             thr = lr * l1
         else:
             lin = lin + g - sigma / lr * w
-            quad = (np.power(a_new, p) + beta) / lr + 2 * l2
+            quad = (pw_new + beta) / lr + 2 * l2
             thr = l1
         w = np.where(np.abs(lin) > thr, np.sign(lin) * thr - lin, 0.0) / quad
         return w, [a_new, lin]
