@@ -41,8 +41,8 @@ def test_misspelled_key_names_the_missing_and_unexpected_keys_and_the_expected_o
     with pytest.raises(ValueError) as e:
         emb.enqueue(features, training=True)
     assert str(e.value) == (
-        "Argument `features` does not have the keys of `feature_config`: missing 'user'; unexpected 'usr' "
-        "(did you mean 'user'?). Expected exactly: 'liked', 'user', 'watched'."
+        "Argument `features` does not have the structure of `feature_config`: missing 'user'; unexpected 'usr' "
+        "(did you mean 'user'?). Expected keys: 'liked', 'user', 'watched'."
     )
     with pytest.raises(ValueError, match="missing 'user'; unexpected 'usr'"):
         emb(features)  # embedding_lookup / __call__
@@ -52,9 +52,9 @@ def test_misspelled_key_names_the_missing_and_unexpected_keys_and_the_expected_o
 
 def test_missing_key_alone_and_extra_key_alone():
     emb = _emb()
-    with pytest.raises(ValueError, match=r"missing 'liked', 'user'\. Expected exactly: 'liked', 'user', 'watched'"):
+    with pytest.raises(ValueError, match=r"missing 'liked', 'user'\. Expected keys: 'liked', 'user', 'watched'"):
         emb.enqueue({"watched": _ids(1, 2)}, training=True)
-    with pytest.raises(ValueError, match=r": unexpected 'clicked'\. Expected exactly"):
+    with pytest.raises(ValueError, match=r": unexpected 'clicked'\. Expected keys"):
         emb.enqueue({"watched": _ids(1), "liked": _ids(2), "user": _ids(3), "clicked": _ids(0)}, training=True)
 
 
@@ -63,7 +63,7 @@ def test_weights_dict_keys_are_checked_too():
     x = tf.ragged.constant([[1], [2]], dtype=tf.int64)
     w = tf.ragged.constant([[1.0], [2.0]])
     features = {"watched": x, "liked": x, "user": x}
-    with pytest.raises(ValueError, match=r"Argument `weights` does not have the keys .*unexpected 'likd' "
+    with pytest.raises(ValueError, match=r"Argument `weights` does not have the structure .*unexpected 'likd' "
                                          r"\(did you mean 'liked'\?\)"):
         emb.enqueue(features, weights={"watched": w, "likd": w, "user": w}, training=True)
 

@@ -585,8 +585,8 @@ def check_feature_keys(feature_config: Any, given: Any, argument: str) -> None:
         close = difflib.get_close_matches(key, missing, n=1)  # a misspelling stands in for a missing key
         parts.append(f"unexpected {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     raise ValueError(
-        f"Argument `{argument}` does not have the keys of `feature_config`: {'; '.join(parts)}. "
-        f"Expected exactly: {', '.join(repr(p) for p in expected_paths)}."
+        f"Argument `{argument}` does not have the structure of `feature_config`: {'; '.join(parts)}. "
+        f"Expected keys: {', '.join(repr(p) for p in expected_paths)}."
     )
 
 
