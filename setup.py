@@ -42,15 +42,21 @@ class NinjaBuildExt(build_ext):
         for ext in self.extensions:
             target = self.get_ext_fullpath(ext.name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(staged[ext.name], target)
+            replace_file(staged[ext.name], target)
         configure.write_build_info(os.path.dirname(self.get_ext_fullpath(OP_LIBRARY)), config)
 
     def copy_extensions_to_source(self):
         # `build_ext --inplace` and editable installs build into build/lib and then copy only the declared
         # extensions back into the source tree; the loader's build record must travel with them.
-        super().copy_extensions_to_source()
         build_py = self.get_finalized_command("build_py")
         package_dir = os.path.abspath(build_py.get_package_dir("tf_embed_ops"))
+        # setuptools copies into the existing file; a process that has the library loaded (a test run during a
+        # reinstall) would then read truncated pages.  Unlinking first gives the copy a new inode.
+        for ext in self.extensions:
+            in_place = os.path.join(package_dir, os.path.basename(self.get_ext_filename(ext.name)))
+            if os.path.exists(in_place):
+                os.remove(in_place)
+        super().copy_extensions_to_source()
         built = os.path.join(self.build_lib, "tf_embed_ops", "_build_info.json")
         shutil.copyfile(built, os.path.join(package_dir, "_build_info.json"))
 
@@ -77,6 +83,13 @@ def ninja_build_dir(config: dict, python: dict, root: str = HERE) -> str:
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return os.path.join(root, "build", "ninja", f"tf{config['tf_version']}-{digest}")
+
+
+def replace_file(source: str, target: str) -> None:
+    """Copies source over target as a new file (rename), never rewriting a library a process has mapped."""
+    tmp = target + ".tmp"
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
 
 
 def ninja_env() -> dict:

@@ -97,3 +97,15 @@ def test_progress_can_be_turned_off(monkeypatch):
     setup = _setup_module()
     monkeypatch.setenv("TF_EMBED_OPS_PROGRESS", "0")
     assert setup._terminal() is None  # noqa: SLF001
+
+
+def test_installing_a_library_makes_a_new_file_instead_of_rewriting_the_loaded_one(tmp_path):
+    """A test run during a reinstall has the old library mapped: rewriting it in place would break that run."""
+    setup = _setup_module()
+    source, target = tmp_path / "new.so", tmp_path / "lib.so"
+    source.write_bytes(b"new")
+    target.write_bytes(b"old")
+    with open(target, "rb") as loaded:
+        setup.replace_file(str(source), str(target))
+        assert loaded.read() == b"old"  # the open (mapped) file is untouched
+    assert target.read_bytes() == b"new" and not os.path.exists(str(target) + ".tmp")
