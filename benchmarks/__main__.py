@@ -1,7 +1,8 @@
 """``python -m benchmarks``: runs the suite and writes JSON, REPORT.md and PNG plots.
 
 Examples:
-    python -m benchmarks                      # everything (about 15 minutes on 2 cores), into benchmarks/results
+    python -m benchmarks                      # everything (about 15 minutes on 2 cores), into a scratch directory
+    python -m benchmarks --out benchmarks/results   # ... and replace the committed report, plots and README figures
     python -m benchmarks --smoke --out /tmp/b # tiny sizes, seconds: checks the suite end to end
     python -m benchmarks --only W1 --optimizers sgd,adagrad
     python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
@@ -11,10 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator")
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
+COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -23,7 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tiny sizes and 2 blocks: an end-to-end check, not a measurement")
     p.add_argument("--only", default="", help=f"comma-separated sections among {', '.join(SECTIONS)}")
     p.add_argument("--optimizers", default="", help="comma-separated optimizers (default: all); 'lookup' = serving")
-    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: benchmarks/results)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: a new scratch directory, printed at the end; "
+                        "benchmarks/results replaces the committed report and updates the README's speed paragraph)")
     p.add_argument("--threads", type=int, default=1, help="TensorFlow intra/inter-op threads and FBGEMM threads")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per engine (default 7, smoke 2)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
-    from benchmarks import report, suite
+    from benchmarks import readme_speed, report, suite
 
     opts = suite.Options(
         smoke=args.smoke,
@@ -61,11 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         blocks=args.blocks or (2 if args.smoke else 7),
         warmup=1 if args.smoke else 3,
     )
+    out = args.out or tempfile.mkdtemp(prefix="tf_embed_ops_bench_")
     t0 = time.time()
     result = suite.run(opts, log=lambda m: print(m, flush=True))
     result["meta"]["wall_s"] = time.time() - t0
-    for path in report.write(result, args.out, with_report=not args.no_report):
+    written = report.write(result, out, with_report=not args.no_report)
+    if os.path.realpath(out) == os.path.realpath(COMMITTED_OUT) and not args.no_report and not args.smoke:
+        written.append(readme_speed.update_readme())
+    for path in written:
         print("wrote", path)
+    if args.out is None:
+        print(f"(a scratch directory; `--out {os.path.relpath(COMMITTED_OUT)}` replaces the committed report)")
     return 0
 
 

@@ -21,8 +21,10 @@ class RefFeature:
     max_sequence_length: int = 0  # > 0: output [B, L, dim], id k of row b at (b, k), k >= L dropped
 
     def samples(self) -> list:
-        """Output samples in row-major order, each a list of (id, weight)."""
-        weights = self.weights or [[1.0] * len(r) for r in self.rows]
+        """Output samples in row-major order, each a list of (id, weight); weights rounded to float32, the
+        precision of the op's weights input (the reference must compute with the values the kernels receive)."""
+        weights = [[numpy_reference.f32(w) for w in ws] for ws in self.weights] if self.weights else None
+        weights = weights or [[1.0] * len(r) for r in self.rows]
         if self.max_sequence_length:
             out = []
             for ids, ws in zip(self.rows, weights, strict=False):
@@ -65,7 +67,10 @@ def activations(feature: RefFeature, table: np.ndarray, combiner: str, quantizat
 
 
 def row_gradients(feature: RefFeature, dact: np.ndarray, combiner: str, into: dict) -> None:
-    """grad[r] += w_i / norm_s * dL/dact[s], accumulated into {row: grad} (touched rows are the keys)."""
+    """grad[r] += w_i / norm_s * dL/dact[s], accumulated into {row: grad} (touched rows are the keys).
+
+    dact is rounded to float32 first: the op receives the activation gradients as float32."""
+    dact = np.asarray(dact, np.float32).astype(np.float64)
     flat = dact.reshape(-1, dact.shape[-1])
     for s, sample in enumerate(feature.samples()):
         norm = _norm(sample, combiner)

@@ -7,12 +7,41 @@ of place.
 
 Optimizer settings are plain dicts: ``{"name": "adagrad", ...hyper-parameters...}`` plus the common options
 ``gradient_clip`` (lo, hi), ``weight_clip`` (lo, hi), ``weight_decay``, ``multiply_weight_decay_by_lr``.
+
+Precision: the arithmetic is float64, but every number the engine holds as float32 enters as float32 — tables,
+slots, weights, activation gradients, the learning rate and every hyper-parameter (the configuration proto
+stores them as float), and ``1 - beta`` is formed in float32 as the engine forms it.  A float64 hyper-parameter
+is a different optimizer: ``1 - f32(0.9)`` is ``0.10000002``, a relative change of 2.4e-7 that the update
+carries into every row.  What remains between the kernels and this reference is float32 rounding of the
+arithmetic itself.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+
+def f32(x: float) -> float:
+    """x as the engine holds it: rounded to float32 (returned as a Python float for float64 arithmetic)."""
+    return float(np.float32(x))
+
+
+def one_minus(b: float) -> float:
+    """1 - b formed in float32, as the kernels (and TensorFlow's and the TPU's) compute it from a float32 b."""
+    return float(np.float32(1.0) - np.float32(b))
+
+
+def _float32_settings(opt: dict) -> dict:
+    """Every float hyper-parameter (and clip limit) of a settings dict rounded to float32, as the proto holds it."""
+    out = {}
+    for key, value in opt.items():
+        if isinstance(value, float):
+            value = f32(value)
+        elif isinstance(value, tuple):
+            value = tuple(f32(v) if isinstance(v, float) else v for v in value)
+        out[key] = value
+    return out
 
 
 def entries_from_rows(rows, weights=None, max_sequence_length=0):
@@ -23,7 +52,7 @@ def entries_from_rows(rows, weights=None, max_sequence_length=0):
     entries = []
     for b, row in enumerate(rows):
         for k, i in enumerate(row):
-            w = 1.0 if weights is None else float(weights[b][k])
+            w = 1.0 if weights is None else f32(weights[b][k])  # the op's weights input is float32
             if max_sequence_length:
                 if k >= max_sequence_length:
                     continue
@@ -76,7 +105,7 @@ def row_gradients(features, vocabulary_size):
     grads = {}
     for entries, combiner, gradient in features:
         norms = _norms(entries, combiner)
-        gradient = np.asarray(gradient, np.float64)
+        gradient = np.asarray(gradient, np.float32).astype(np.float64)  # the op's gradient input is float32
         for pos, i, w in entries:
             assert 0 <= i < vocabulary_size
             contribution = (w / norms[pos] if norms[pos] != 0 else 0.0) * gradient[pos]
@@ -178,7 +207,7 @@ def _optimizer_row(opt, lr, g, w, slots):
         a, m = slots
         beta2, exponent, eps = opt.get("beta2", 1.0), opt.get("exponent", 2.0), opt.get("epsilon", 1e-10)
         momentum, nesterov = opt.get("momentum", 0.0), opt.get("use_nesterov", False)
-        a = a + g * g if beta2 == 1.0 else beta2 * a + (1 - beta2) * g * g
+        a = a + g * g if beta2 == 1.0 else beta2 * a + one_minus(beta2) * g * g
         s = g * np.power(a + eps, -1.0 / exponent)
         m = momentum * m + s
         step = momentum * m + s if nesterov else m
@@ -186,8 +215,8 @@ def _optimizer_row(opt, lr, g, w, slots):
     if name == "adam":
         m, v = slots
         b1, b2, eps = opt.get("beta1", 0.9), opt.get("beta2", 0.999), opt.get("epsilon", 1e-7)
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
+        m = b1 * m + one_minus(b1) * g
+        v = b2 * v + one_minus(b2) * g * g
         if opt.get("use_sum_inside_sqrt", True):
             w = w - lr * m / np.sqrt(v + eps * eps)
         else:
@@ -197,22 +226,26 @@ def _optimizer_row(opt, lr, g, w, slots):
         a, lin = slots
         p = -opt.get("lr_power", -0.5)
         l1, l2, beta = opt.get("l1", 0.0), opt.get("l2", 0.0), opt.get("beta", 0.0)
-        a_new = a + g * g
-        sigma = np.power(a_new, p) - np.power(a, p)
+        # sigma is the difference of two nearly equal powers of the stored (float32) accumulator, and the
+        # standard form divides it by lr: the engine's float32 rounding of each power (up to an ulp of
+        # sqrt(a), times 1/lr) is part of the update, so the reference forms both powers in float32 too.
+        a_new = (np.float32(a) + np.float32(g) * np.float32(g)).astype(np.float64)
+        pw_new = np.power(np.float32(a_new), np.float32(p)).astype(np.float64)
+        sigma = pw_new - np.power(np.float32(a), np.float32(p)).astype(np.float64)
         if opt.get("multiply_linear_by_lr", False):
             lin = lin + lr * g - sigma * w
-            quad = np.power(a_new, p) + 2 * lr * l2 + beta
+            quad = pw_new + 2 * lr * l2 + beta
             thr = lr * l1
         else:
             lin = lin + g - sigma / lr * w
-            quad = (np.power(a_new, p) + beta) / lr + 2 * l2
+            quad = (pw_new + beta) / lr + 2 * l2
             thr = l1
         w = np.where(np.abs(lin) > thr, np.sign(lin) * thr - lin, 0.0) / quad
         return w, [a_new, lin]
     if name == "lion":
         (m,) = slots
-        c = opt["beta1"] * m + (1 - opt["beta1"]) * g
-        return w - lr * np.sign(c), [opt["beta2"] * m + (1 - opt["beta2"]) * g]
+        c = opt["beta1"] * m + one_minus(opt["beta1"]) * g
+        return w - lr * np.sign(c), [opt["beta2"] * m + one_minus(opt["beta2"]) * g]
     if name == "bounded_adagrad":
         (a,) = slots
         a_new = a + g * g
@@ -224,8 +257,8 @@ def _optimizer_row(opt, lr, g, w, slots):
         return w - step, [a_new]
     if name == "proximal_yogi":
         v, m = slots
-        m = opt["beta1"] * m + (1 - opt["beta1"]) * g
-        v = v - (1 - opt["beta2"]) * np.sign(v - g * g) * g * g
+        m = opt["beta1"] * m + one_minus(opt["beta1"]) * g
+        v = v - one_minus(opt["beta2"]) * np.sign(v - g * g) * g * g
         eta = lr / (np.sqrt(v) + opt["epsilon"])
         x = w - eta * m
         if opt["l1"] > 0:
@@ -233,7 +266,7 @@ def _optimizer_row(opt, lr, g, w, slots):
         return x / (1 + eta * opt["l2"]), [v, m]
     if name == "online_yogi":
         v, lin = slots
-        v_new = v - (1 - opt["beta2"]) * np.sign(v - g * g) * g * g
+        v_new = v - one_minus(opt["beta2"]) * np.sign(v - g * g) * g * g
         lin = lin + g - (np.sqrt(v_new) - np.sqrt(v)) / lr * w
         w = (np.clip(lin, -opt["l1"], opt["l1"]) - lin) / (np.sqrt(v_new) / lr + 2 * opt["l2"])
         return w, [v_new, lin]
@@ -243,8 +276,12 @@ def _optimizer_row(opt, lr, g, w, slots):
 
 
 def apply_step(opt, lr, table, slots, grads):
-    """The per-row pipeline: clip g -> decay -> optimizer -> clip w, on touched rows (all rows for
-    non-lazy Adam, with a zero gradient where untouched).  Returns new (table, slots) as float32 arrays."""
+    """The per-row pipeline (docs/semantics.md): clip g -> decay -> optimizer -> clip w, on touched rows (all rows
+    for non-lazy Adam, with a zero gradient where untouched).  Returns new (table, slots) as float32 arrays.
+
+    `lr` and the float settings of `opt` are rounded to float32 first (the engine's precision; module docstring).
+    """
+    opt, lr = _float32_settings(opt), f32(lr)
     table = np.asarray(table, np.float64).copy()
     slots = [np.asarray(s, np.float64).copy() for s in slots]
     rows = sorted(grads)

@@ -63,8 +63,9 @@ def _run_steps(emb, ref_tables, feature_config, steps, use_function, targets_fn,
             acts = emb.dequeue()
             tape.watch(acts)
             loss = tf.add_n([0.5 * tf.reduce_sum((acts[k] - targets[k]) ** 2) for k in acts])
-        emb.apply_gradients(tape.gradient(loss, acts))
-        return acts
+        dacts = tape.gradient(loss, acts)
+        emb.apply_gradients(dacts)
+        return acts, dacts
 
     step_fn = tf.function(tf_step) if use_function else tf_step
     for n, batch in enumerate(steps):
@@ -74,18 +75,19 @@ def _run_steps(emb, ref_tables, feature_config, steps, use_function, targets_fn,
         weights = {k: v[2] for k, v in batch.items()}
         if all(w is None for w in weights.values()):
             weights = None
-        # Reference forward and backward.
+        # Reference forward; its backward runs on the activation gradients the op received (an input of the
+        # op, computed by TensorFlow's autodiff from the float32 activations checked here).
         grads: dict = {name: {} for name in ref_tables}
         ref_acts, targets = {}, {}
         for k, (ref, _, _) in batch.items():
             fc = feature_config[k]
-            table = ref_tables[fc.table.name]
-            ref_acts[k] = activations(ref, table.params, fc.table.combiner)
+            ref_acts[k] = activations(ref, ref_tables[fc.table.name].params, fc.table.combiner)
             targets[k] = targets_fn(k, ref_acts[k].shape)
-            row_gradients(ref, ref_acts[k] - targets[k], fc.table.combiner, grads[fc.table.name])
-        acts = step_fn(features, weights, {k: tf.constant(v, tf.float32) for k, v in targets.items()})
-        for k in batch:
+        acts, dacts = step_fn(features, weights, {k: tf.constant(v, tf.float32) for k, v in targets.items()})
+        for k, (ref, _, _) in batch.items():
             np.testing.assert_allclose(acts[k].numpy(), ref_acts[k], rtol=RTOL, atol=ATOL, err_msg=f"step {n} {k}")
+            fc = feature_config[k]
+            row_gradients(ref, dacts[k].numpy(), fc.table.combiner, grads[fc.table.name])
         for name, table in ref_tables.items():
             lr = table.opt.learning_rate
             table.apply(grads[name], float(lr()) if callable(lr) else lr)

@@ -25,9 +25,10 @@ Example:
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import tensorflow as tf
@@ -376,6 +377,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
         Returns the FeatureInputs and the incoming output shapes (input shape per TF's rule).
         """
+        check_feature_keys(self._feature_config, features, "features")
         try:
             tf.nest.assert_same_structure(self._feature_config, features)
         except (ValueError, TypeError) as e:
@@ -384,6 +386,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         if weights is None:
             flat_weights = [None] * len(flat_features)
         else:
+            check_feature_keys(self._feature_config, weights, "weights")
             try:
                 tf.nest.assert_same_structure(self._feature_config, weights)
             except (ValueError, TypeError) as e:
@@ -674,6 +677,39 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             tf.nest.pack_sequence_as(self._feature_config, full_inputs),
             tf.nest.pack_sequence_as(self._feature_config, full_weights),
         )
+
+
+def check_feature_keys(feature_config: Any, given: Any, argument: str) -> None:
+    """Names the missing and unexpected keys of a feature dict, and the expected ones.
+
+    TensorFlow's structure check would print both nests in full without saying which key differs; a misspelled
+    feature name is the common case, so this runs first (other structure mismatches still reach that check).
+    """
+    missing, unexpected = [], []
+
+    def compare(expected: Any, got: Any, prefix: str) -> None:
+        if not (isinstance(expected, Mapping) and isinstance(got, Mapping)):
+            return
+        missing.extend(prefix + str(k) for k in expected if k not in got)
+        unexpected.extend(prefix + str(k) for k in got if k not in expected)
+        for k in expected:
+            if k in got:
+                compare(expected[k], got[k], f"{prefix}{k}/")
+
+    compare(feature_config, given, "")
+    if not missing and not unexpected:
+        return
+    expected_paths = [path for path, _ in _flatten_with_paths(feature_config)]
+    parts = []
+    if missing:
+        parts.append("missing " + ", ".join(repr(k) for k in sorted(missing)))
+    for key in sorted(unexpected):
+        close = difflib.get_close_matches(key, missing, n=1)  # a misspelling stands in for a missing key
+        parts.append(f"unexpected {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ValueError(
+        f"Argument `{argument}` does not have the structure of `feature_config`: {'; '.join(parts)}. "
+        f"Expected keys: {', '.join(repr(p) for p in expected_paths)}."
+    )
 
 
 def _flatten_with_paths(structure: Any) -> list:

@@ -185,10 +185,21 @@ void SparseAccumulatorResource::TakeGradient(tf::OpKernelContext* ctx, int32_t n
     if (it->id != id) continue;
     const auto deadline = DeadlineTimer::Clock::now() + std::chrono::duration_cast<DeadlineTimer::Clock::duration>(
                                                             std::chrono::duration<double>(timeout_seconds));
-    it->timer_id = DeadlineTimer::Global().Schedule(deadline, [this, id, keep_alive, timeout_seconds] {
+    const int32_t required = it->num_required;
+    it->timer_id = DeadlineTimer::Global().Schedule(deadline, [this, id, keep_alive, timeout_seconds, required] {
+      int32_t arrived;
+      {
+        tf::mutex_lock arrived_lock(mu_);
+        arrived = counter_;
+      }
+      // Say what was missing: a take that times out with nothing accumulated usually means no producer
+      // reached this accumulator (or every gradient was stale), not that the producers were slow.
       Abort(id,
-            absl::DeadlineExceededError(absl::StrCat("TakeGrad operation timed out after ", timeout_seconds,
-                                                     " seconds; the accumulator state is unchanged")),
+            absl::DeadlineExceededError(
+                absl::StrCat("TakeGrad operation timed out after ", timeout_seconds, " seconds: ", arrived, " of the ",
+                             required, " gradients it waits for arrived",
+                             arrived == 0 ? " (no gradient arrived: none was applied, or all were stale)" : "",
+                             "; the accumulator state is unchanged")),
             false);
     });
     break;

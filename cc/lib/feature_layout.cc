@@ -198,7 +198,10 @@ absl::Status ValidateIds(const int64_t* ids, int64_t num_ids, int64_t vocabulary
   for (int64_t i = 0; i < num_ids; ++i) {
     if (ids[i] < 0 || ids[i] >= vocabulary_size) {
       return Invalid(label, absl::StrCat("ids[", i, "] = ", ids[i], " is not in [0, ", vocabulary_size,
-                                         ") (vocabulary_size of table '", table_name, "')"));
+                                         ") (vocabulary_size of table '", table_name,
+                                         "'); raise the table's vocabulary_size, or hash the ids into range "
+                                         "(e.g. tf.math.floormod or tf.strings.to_hash_bucket_fast); tables "
+                                         "that grow with new ids are not supported yet"));
     }
   }
   return absl::OkStatus();

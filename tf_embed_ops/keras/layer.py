@@ -73,6 +73,7 @@ def activation_specs(features: Any, feature_config: Any) -> Any:
     `input_shape + [dim]` with a trailing 1 of dense inputs reduced, `[B, L, dim]` for rank-2 ragged/sparse
     sequence features, `output_shape + [dim]` when the FeatureConfig sets one.
     """
+    mid_level.check_feature_keys(feature_config, features, "features")  # a functional model's misspelled input
     outputs = []
     for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config), strict=False):
         dim = f.table.dim
