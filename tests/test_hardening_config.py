@@ -105,3 +105,17 @@ def test_text_file_with_a_lone_surrogate_escape_is_a_config_error(tmp_path):
     path.write_bytes(b"table_descriptor { name: '\xed\xa0\x80' }")  # a surrogate encoded in "UTF-8"
     with pytest.raises(te.config.InvalidConfigError, match="not UTF-8"):
         te.config.load(str(path))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "table_descriptor { dimension: 9223372036854775807 }",
+        "table_descriptor { vocabulary_size: 99999999999999999999 }",
+        "num_hosts: -2147483649",
+    ],
+)
+def test_parse_text_with_an_out_of_range_number_is_a_config_error(text):
+    """The protobuf runtime reports these as a bare ValueError, outside its ParseError (found by the fuzzer)."""
+    with pytest.raises(te.config.InvalidConfigError, match="not a valid text-format"):
+        te.config.parse_text(text)
