@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-python3}
+# An absolute path: the tests run from another directory (a venv's python must stay a path into the venv).
+if [[ $python == */* ]]; then python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python"); fi
 root=$PWD
 build=$root/build/sanitize
 tree=$build/tree

@@ -68,6 +68,9 @@ CRAFTED = {
     "unknown_group": (bytes([0xA3, 0x06, 0x08, 0x01, 0xA4, 0x06]), True),
 }
 
+# Refused by the C++ runtime itself although Python's skips it: the library follows C++ (load and the op agree).
+CPP_STRICTER = {"field_number_zero_inside_an_unknown_group": bytes([0xA3, 0x06, 0x00, 0x00, 0xA4, 0x06])}
+
 
 @pytest.mark.parametrize("name", sorted(CRAFTED))
 def test_load_python_protobuf_and_the_op_agree_on_crafted_bytes(name):
@@ -76,6 +79,14 @@ def test_load_python_protobuf_and_the_op_agree_on_crafted_bytes(name):
     assert _python_accepts(data) is accepted
     assert _load_accepts(data) is accepted
     assert _op_accepts(data) is accepted
+
+
+@pytest.mark.parametrize("name", sorted(CPP_STRICTER))
+def test_where_cpp_is_stricter_load_and_the_op_follow_it(name):
+    data = _base() + CPP_STRICTER[name]
+    assert _python_accepts(data)
+    assert not _load_accepts(data)
+    assert not _op_accepts(data)
 
 
 def test_over_long_tag_error_names_the_byte_offset():
