@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:-python3}
+# An absolute path: the tests run from another directory (a venv's python must stay a path into the venv).
+if [[ $python == */* ]]; then python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python"); fi
 root=$PWD
 build=$root/build/sanitize
 tree=$build/tree
@@ -33,7 +35,7 @@ export TF_CPP_MIN_LOG_LEVEL=3 PYTHONDONTWRITEBYTECODE=1
 cd "$tree"
 # The sanitized libraries must be what the tests load.
 "$python" -c 'import tf_embed_ops, sys; p = tf_embed_ops.get_library_path(); print("library:", p); sys.exit("/build/sanitize/" not in p)'
-"$python" -m pytest -x -q -p no:cacheprovider -m "not slow" \
+"$python" -m pytest -x -q -p no:cacheprovider --capture=sys -m "not slow" \
   tests/test_embedding_ops.py tests/test_embedding_ops_errors.py tests/test_tpu_embedding_errors.py \
   tests/test_config_load.py tests/test_config_validation.py \
   tests/test_sparse_accumulator.py tests/test_hardening_inputs.py tests/test_hardening_config.py

@@ -68,6 +68,9 @@ CRAFTED = {
     "unknown_group": (bytes([0xA3, 0x06, 0x08, 0x01, 0xA4, 0x06]), True),
 }
 
+# Refused by the C++ runtime itself although Python's skips it: the library follows C++ (load and the op agree).
+CPP_STRICTER = {"field_number_zero_inside_an_unknown_group": bytes([0xA3, 0x06, 0x00, 0x00, 0xA4, 0x06])}
+
 
 @pytest.mark.parametrize("name", sorted(CRAFTED))
 def test_load_python_protobuf_and_the_op_agree_on_crafted_bytes(name):
@@ -76,6 +79,14 @@ def test_load_python_protobuf_and_the_op_agree_on_crafted_bytes(name):
     assert _python_accepts(data) is accepted
     assert _load_accepts(data) is accepted
     assert _op_accepts(data) is accepted
+
+
+@pytest.mark.parametrize("name", sorted(CPP_STRICTER))
+def test_where_cpp_is_stricter_load_and_the_op_follow_it(name):
+    data = _base() + CPP_STRICTER[name]
+    assert _python_accepts(data)
+    assert not _load_accepts(data)
+    assert not _op_accepts(data)
 
 
 def test_over_long_tag_error_names_the_byte_offset():
@@ -105,3 +116,17 @@ def test_text_file_with_a_lone_surrogate_escape_is_a_config_error(tmp_path):
     path.write_bytes(b"table_descriptor { name: '\xed\xa0\x80' }")  # a surrogate encoded in "UTF-8"
     with pytest.raises(te.config.InvalidConfigError, match="not UTF-8"):
         te.config.load(str(path))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "table_descriptor { dimension: 9223372036854775807 }",
+        "table_descriptor { vocabulary_size: 99999999999999999999 }",
+        "num_hosts: -2147483649",
+    ],
+)
+def test_parse_text_with_an_out_of_range_number_is_a_config_error(text):
+    """The protobuf runtime reports these as a bare ValueError, outside its ParseError (found by the fuzzer)."""
+    with pytest.raises(te.config.InvalidConfigError, match="not a valid text-format"):
+        te.config.parse_text(text)

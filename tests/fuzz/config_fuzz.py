@@ -1,8 +1,9 @@
 """Config fuzzer: mutated wire-format bytes and text of TPUEmbeddingConfiguration.
 
 Checks per input:
-- the C++ parser (what the kernels run on their ``config`` attr) and Python's protobuf agree on whether the
-  bytes are well-formed wire format, and when both parse them they read the same message;
+- bytes the C++ parser (what the kernels run on their ``config`` attr) accepts as wire format, Python's protobuf
+  accepts too, and both read the same message from them (C++ is stricter in a few places: counted, as the
+  library follows C++);
 - ``te.config.load`` raises nothing but ConfigError, and accepts exactly what the C++ validator accepts;
 - ``te.config.parse_text`` raises nothing but InvalidConfigError;
 - every so often, the op itself takes the config attr and agrees with ``load``.
@@ -146,8 +147,13 @@ def _check_bytes(data: bytes, module, report: Report, check_op: bool) -> None:
     except module.UnimplementedError:
         parsed = None
     proto = _python_parse(data)
-    if wire_ok_cc != (proto is not None):
-        report.fail(f"wire-format disagreement (C++ parses: {wire_ok_cc}, Python parses: {proto is not None})", data)
+    if wire_ok_cc and proto is None:
+        # The dangerous direction (the original bug): bytes the kernels accept that Python's protobuf refuses.
+        report.fail("wire-format disagreement: C++ parses bytes Python's protobuf refuses", data)
+    elif proto is not None and not wire_ok_cc:
+        # C++'s own parser is stricter in a few places (e.g. a field number 0 inside an unknown group); the
+        # library follows C++ everywhere (load and the ops both refuse), so this is counted, not a failure.
+        report.bump("python_only_wire")
     if parsed is not None and proto is not None:
         ours = cpb.TPUEmbeddingConfiguration()
         ours.ParseFromString(parsed["serialized"])

@@ -54,7 +54,9 @@ def parse_text(text: str, origin: str = "config text") -> TPUEmbeddingConfigurat
     proto = TPUEmbeddingConfiguration()
     try:
         text_format.Parse(text, proto)
-    except text_format.ParseError as e:
+    except (text_format.ParseError, ValueError) as e:
+        # ValueError: a number out of its field's range is reported by the protobuf runtime itself, outside
+        # ParseError (found by tests/fuzz).
         raise InvalidConfigError(f"{origin}: not a valid text-format {_FULL_NAME}: {e}") from None
     return proto
 
