@@ -587,6 +587,84 @@ TEST(DynamicTableTest, AnEvictedKeyComesBackAsANewRowAndRowsAreReused) {
   EXPECT_EQ(t->LastStepOf(row), 7);
 }
 
+TEST(DynamicTableTest, CountsSaturateInsteadOfWrapping) {
+  auto t = Make(Options(1, 1, 10));
+  DynamicTableContents c{1, {6}, {0.5f}, {}, {DynamicTable::kMaxCount - 1}, {2}, {}, {}, {}};
+  ASSERT_TRUE(t->Import(c).ok());
+  const std::vector<int64_t> rows = Insert(t.get(), {6, 6, 6}, 3);
+  EXPECT_EQ(t->CountOf(rows[0]), DynamicTable::kMaxCount);
+  c.counts[0] = DynamicTable::kMaxCount + 1;
+  ExpectInvalid(t->Import(c), {"count 4294967296"});
+}
+
+TEST(DynamicTableTest, MatchesAReferenceModelUnderChurn) {
+  // Random batches, explicit evictions and LRU at step boundaries against a std::map of key -> (count, step):
+  // every live key is found with its initial row (no training here), its count and its last step.
+  DynamicTableOptions o = Options(2, 2, 64);
+  o.eviction = {EvictionPolicy::kLru, 48, 0};
+  auto t = Make(o);
+  struct Meta {
+    int64_t count, step;
+  };
+  std::map<int64_t, Meta> model;
+  std::mt19937_64 rng(99);
+  for (int64_t step = 0; step < 300; ++step) {
+    std::vector<int64_t> batch(rng() % 20);
+    for (int64_t& k : batch) k = static_cast<int64_t>(rng() % 200) - 100;
+    BatchStats stats;
+    const std::vector<int64_t> rows = Insert(t.get(), batch, step, &stats);
+    // New keys in first-occurrence order take the free rows; the rest are refused.
+    int64_t refused = 0;
+    std::set<int64_t> seen_new, admitted;
+    for (const int64_t k : batch) {
+      if (model.count(k) != 0 || !seen_new.insert(k).second) continue;
+      if (static_cast<int64_t>(model.size() + admitted.size()) < 64) {
+        admitted.insert(k);
+      } else {
+        ++refused;
+      }
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const bool has_row = model.count(batch[i]) != 0 || admitted.count(batch[i]) != 0;
+      ASSERT_EQ(rows[i] != kNo, has_row) << "step " << step << " key " << batch[i];
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (rows[i] == kNo) continue;
+      Meta& m = model.try_emplace(batch[i], Meta{0, 0}).first->second;
+      m.count += 1;
+      m.step = step;
+    }
+    EXPECT_EQ(stats.refused_full, refused);
+    if (step % 7 == 3) {
+      const int64_t k = static_cast<int64_t>(rng() % 200) - 100;
+      EXPECT_EQ(t->EvictKeys(&k, 1), static_cast<int64_t>(model.erase(k)));
+    }
+    ASSERT_TRUE(t->EndStep(step).ok());
+    while (model.size() > 48) {
+      auto victim = std::min_element(model.begin(), model.end(), [](const auto& x, const auto& y) {
+        return std::make_pair(x.second.step, x.first) < std::make_pair(y.second.step, y.first);
+      });
+      model.erase(victim);
+    }
+    ASSERT_EQ(t->size(), static_cast<int64_t>(model.size())) << "step " << step;
+  }
+  const DynamicTableContents c = t->Export();
+  ASSERT_EQ(c.keys.size(), model.size());
+  size_t i = 0;
+  for (const auto& [key, m] : model) {
+    EXPECT_EQ(c.keys[i], key);
+    EXPECT_EQ(c.counts[i], m.count);
+    EXPECT_EQ(c.last_steps[i], m.step);
+    EXPECT_EQ(std::vector<float>(c.weights.begin() + 2 * i, c.weights.begin() + 2 * i + 2),
+              InitialRow(o.initializer, key, 2));
+    ++i;
+  }
+  EXPECT_LE(t->capacity(), 64);  // freed rows were reused; the table never grew past max_rows
+  // The run went through every path: refusals for space, explicit and LRU evictions.
+  EXPECT_GT(t->counters().refused_full, 0);
+  EXPECT_GT(t->counters().evictions, 100);
+}
+
 // --- Determinism -------------------------------------------------------------------------------------------
 
 TEST(DynamicTableTest, ContentDoesNotDependOnInsertionOrderOrBatching) {
