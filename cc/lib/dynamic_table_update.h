@@ -60,6 +60,7 @@ void UpdateDynamicTableWith(const Optimizer& optimizer, const TableOptimization&
   const std::vector<int64_t> live = table->LiveRows();  // ascending
   const std::vector<int64_t> order = plan.OrderByRow();
   shard(static_cast<int64_t>(live.size()), row_cost, [&](int64_t begin, int64_t end) {
+    if (begin >= end) return;  // (live[begin] would be past the end of an empty table)
     std::vector<float> g(dim);
     auto it = std::lower_bound(order.begin(), order.end(), live[begin],
                                [&plan](int64_t u, int64_t row) { return plan.row(u) < row; });

@@ -924,5 +924,50 @@ TEST(DynamicTableUpdateTest, TrainsBitwiseLikeAStaticTable) {
   }
 }
 
+TEST(DynamicTableUpdateTest, EmptyTableAndEmptyPlan) {
+  // A non-lazy optimizer walks the live rows: none here, and an empty plan; nothing to do and nothing read.
+  Adam non_lazy;
+  non_lazy.use_non_lazy_adam = true;
+  for (const OptimizerParams& p : {OptimizerParams{non_lazy}, OptimizerParams{Adagrad{}}}) {
+    TableOptimization o;
+    o.optimizer = p;
+    DynamicTableOptions options = Options(3, 1, 10);
+    options.slot_initial_values.assign(OptimizerSlots(p).size(), 0.1f);
+    auto t = Make(options);
+    const std::vector<GradientSource> sources;
+    RowGradientPlan plan;
+    plan.Build(&sources);
+    for (const ShardFn& shard : {Serial(), TwoThreads()}) UpdateDynamicTable(o, 0.1f, plan, t.get(), shard);
+    EXPECT_EQ(t->size(), 0);
+  }
+}
+
+TEST(DynamicTableUpdateTest, NonLazyUpdateReachesUntouchedLiveRowsOnly) {
+  // Non-lazy Adam moves an untouched row through its momentum; evicted rows are not live and are not visited.
+  Adam non_lazy;
+  non_lazy.use_non_lazy_adam = true;
+  TableOptimization o;
+  o.optimizer = non_lazy;
+  DynamicTableOptions options = Options(1, 4, 10);
+  options.initializer.kind = RowInitializerKind::kZeros;
+  options.slot_initial_values = {1.0f, 1.0f};  // momentum 1: an untouched row still moves
+  auto t = Make(options);
+  const std::vector<int64_t> rows = Insert(t.get(), {1, 2, 3});
+  ASSERT_EQ(t->EvictKeys(std::vector<int64_t>{3}.data(), 1), 1);
+  const std::vector<GradientSource> sources;
+  RowGradientPlan plan;
+  plan.Build(&sources);
+  UpdateDynamicTable(o, 0.5f, plan, t.get(), Serial());
+  // m = 0.9, v = 0.999, w = -0.5 * 0.9 / sqrt(0.999 + 1e-14): the pipeline's own numbers, computed here.
+  const float m = 0.9f * 1.0f + 0.1f * 0.0f;
+  const float v = 0.999f * 1.0f + (1.0f - 0.999f) * 0.0f;
+  const float w = 0.0f - 0.5f * m / std::sqrt(v + 1e-7f * 1e-7f);
+  EXPECT_EQ(*t->Weights(rows[0]), w);
+  EXPECT_EQ(*t->Weights(rows[1]), w);
+  EXPECT_EQ(*t->Slot(0, rows[0]), m);
+  EXPECT_EQ(*t->Slot(1, rows[1]), v);
+  EXPECT_EQ(*t->Slot(0, rows[2]), 1.0f);  // the evicted row's memory was not touched
+}
+
 }  // namespace
 }  // namespace tf_embed_ops
