@@ -97,11 +97,7 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
 }
 
 DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
-    : options_(options),
-      weights_(options.dim, log2_rows_per_chunk),
-      keys_(1, log2_rows_per_chunk),
-      counts_(1, log2_rows_per_chunk),
-      last_steps_(1, log2_rows_per_chunk) {
+    : options_(options), weights_(options.dim, log2_rows_per_chunk), meta_(1, log2_rows_per_chunk) {
   slots_.reserve(options.slot_initial_values.size());
   for (size_t s = 0; s < options.slot_initial_values.size(); ++s) slots_.emplace_back(options.dim, log2_rows_per_chunk);
 }
@@ -115,7 +111,7 @@ bool DynamicTable::Grow(int64_t extra) {
   // New rows come from the free list first, then from [high_water_, ...).
   const int64_t num_free = high_water_ - size_;
   const int64_t rows = high_water_ + std::max<int64_t>(0, extra - num_free);
-  if (!weights_.Reserve(rows) || !keys_.Reserve(rows) || !counts_.Reserve(rows) || !last_steps_.Reserve(rows)) {
+  if (!weights_.Reserve(rows) || !meta_.Reserve(rows)) {
     return false;
   }
   for (ChunkedArena<float>& s : slots_) {
@@ -130,16 +126,17 @@ bool DynamicTable::Grow(int64_t extra) {
 int64_t DynamicTable::AllocateRow() {
   if (free_head_ >= 0) {
     const int64_t row = free_head_;
-    free_head_ = *keys_.At(row);
+    free_head_ = meta_.At(row)->key;
     return row;
   }
   return high_water_++;
 }
 
 void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step) {
-  *keys_.At(row) = key;
-  *counts_.At(row) = static_cast<uint32_t>(std::min(count, kMaxCount));
-  *last_steps_.At(row) = step;
+  RowMeta* meta = meta_.At(row);
+  meta->key = key;
+  meta->count = static_cast<uint32_t>(std::min(count, kMaxCount));
+  meta->last_step = step;
   options_.initializer.FillRow(key, weights_.At(row), options_.dim);
   for (size_t s = 0; s < slots_.size(); ++s) {
     std::fill_n(slots_[s].At(row), options_.dim, options_.slot_initial_values[s]);
@@ -149,10 +146,11 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
 }
 
 void DynamicTable::RemoveRow(int64_t row) {
-  index_.Erase(*keys_.At(row), KeyOfFn());
-  *keys_.At(row) = free_head_;
-  *last_steps_.At(row) = -1;
-  *counts_.At(row) = 0;
+  index_.Erase(KeyOf(row), KeyOfFn());
+  RowMeta* meta = meta_.At(row);
+  meta->key = free_head_;
+  meta->last_step = -1;
+  meta->count = 0;
   free_head_ = row;
   --size_;
 }
@@ -252,10 +250,9 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
   }
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] != kNotAdmitted) {
-      uint32_t& c = *counts_.At(rows[i]);
-      if (c < kMaxCount) ++c;
-      int64_t& last = *last_steps_.At(rows[i]);
-      last = std::max(last, step);
+      RowMeta* meta = meta_.At(rows[i]);
+      if (meta->count < kMaxCount) meta->count = meta->count + 1;
+      if (meta->last_step < step) meta->last_step = step;
     } else {
       rows[i] = misses[miss_of.find(keys[i])->second].row;
     }
@@ -449,9 +446,10 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
   counters_ = DynamicTableCounters{};
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = AllocateRow();
-    *keys_.At(row) = c.keys[i];
-    *counts_.At(row) = static_cast<uint32_t>(c.counts[i]);
-    *last_steps_.At(row) = c.last_steps[i];
+    RowMeta* meta = meta_.At(row);
+    meta->key = c.keys[i];
+    meta->count = static_cast<uint32_t>(c.counts[i]);
+    meta->last_step = c.last_steps[i];
     std::copy_n(c.weights.data() + i * dim, dim, weights_.At(row));
     for (size_t s = 0; s < slots_.size(); ++s) std::copy_n(c.slots[s].data() + i * dim, dim, slots_[s].At(row));
     index_.Insert(c.keys[i], row);
@@ -461,8 +459,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
 }
 
 int64_t DynamicTable::MemoryBytes() const {
-  int64_t bytes = weights_.MemoryBytes() + keys_.MemoryBytes() + counts_.MemoryBytes() + last_steps_.MemoryBytes() +
-                  index_.MemoryBytes();
+  int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
   for (const ChunkedArena<float>& s : slots_) bytes += s.MemoryBytes();
   return bytes;
 }

@@ -2,10 +2,10 @@
 // that are created on first (admitted) sight, initialised from the key, and evicted by policy at step
 // boundaries.  The resource ops wrap one DynamicTable per table; this class is their whole state.
 //
-//   keys --KeyIndex--> row index r --ChunkedArena--> weights row, one row per optimizer slot, and metadata
-//   (key, frequency count, last step seen).  Row indices are dense in [0, capacity) and reused after eviction;
-//   a row never moves, so the optimizer updates rows in place through plain pointers (dynamic_table_update.h
-//   runs the same row pipeline as static tables).
+//   keys --KeyIndex--> row index r --ChunkedArena--> weights row, one row per optimizer slot, and a packed
+//   metadata record (key, last step seen, frequency count).  Row indices are dense in [0, capacity) and reused
+//   after eviction; a row never moves, so the optimizer updates rows in place through plain pointers
+//   (dynamic_table_update.h runs the same row pipeline as static tables).
 //
 // Contract for callers (the ops):
 //   * Mutating calls (FindOrInsert, Evict*, EndStep, Import) need exclusive access; Find, Export, the row
@@ -131,9 +131,9 @@ class DynamicTable {
   const float* Weights(int64_t row) const { return weights_.At(row); }
   float* Slot(int64_t slot, int64_t row) { return slots_[slot].At(row); }
   const float* Slot(int64_t slot, int64_t row) const { return slots_[slot].At(row); }
-  int64_t KeyOf(int64_t row) const { return *keys_.At(row); }
-  int64_t CountOf(int64_t row) const { return *counts_.At(row); }
-  int64_t LastStepOf(int64_t row) const { return *last_steps_.At(row); }
+  int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
+  int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
+  int64_t LastStepOf(int64_t row) const { return meta_.At(row)->last_step; }
 
   // Every live row index, ascending (what a non-lazy optimizer walks).
   std::vector<int64_t> LiveRows() const;
@@ -160,10 +160,19 @@ class DynamicTable {
     int64_t count;
     int64_t last_step;
   };
+  // A row's metadata, packed into 20 bytes and kept together: the index probe reads the key, and a training
+  // lookup then updates count and last step in the same cache line instead of two more random ones.  (Packed
+  // members are read and written by value only: no references to them.)
+  struct __attribute__((packed)) RowMeta {
+    int64_t key;        // on a free row: the next free row (an intrusive free list)
+    int64_t last_step;  // -1 on a free row
+    uint32_t count;     // saturates at kMaxCount
+  };
+  static_assert(sizeof(RowMeta) == 20, "row metadata must stay within the memory budget");
 
   explicit DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk);
   auto KeyOfFn() const {
-    return [this](int64_t row) { return *keys_.At(row); };
+    return [this](int64_t row) { return meta_.At(row)->key; };
   }
   absl::Status ValidateStep(int64_t step, const char* what) const;
   // Room for `extra` more rows (arenas and index), allocating only; false on allocation failure.
@@ -176,9 +185,7 @@ class DynamicTable {
   DynamicTableOptions options_;
   ChunkedArena<float> weights_;
   std::vector<ChunkedArena<float>> slots_;
-  ChunkedArena<int64_t> keys_;  // a free row holds the next free row here (an intrusive free list)
-  ChunkedArena<uint32_t> counts_;
-  ChunkedArena<int64_t> last_steps_;  // -1 on a free row
+  ChunkedArena<RowMeta> meta_;
   KeyIndex index_;
   int64_t size_ = 0;
   int64_t high_water_ = 0;  // rows [0, high_water_) have been used

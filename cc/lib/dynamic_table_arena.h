@@ -3,7 +3,7 @@
 // never moves: a pointer to row r stays valid for the arena's lifetime, and a table of N rows never needs 2N
 // memory during growth (a doubling vector would).  Row r lives in chunk r >> log2(rows_per_chunk).
 //
-// A dynamic table keeps one arena per (table, slot) for the float rows and one per metadata field, all with
+// A dynamic table keeps one arena per (table, slot) for the float rows and one for the row metadata, all with
 // the same rows_per_chunk, so a row index addresses every one of them.
 //
 // Not thread-safe for growth: Reserve() may reallocate the chunk directory, so it must not run concurrently with
