@@ -58,36 +58,45 @@ struct RowInitializer {
     return absl::OkStatus();
   }
 
-  static uint64_t Bits(uint64_t seed, int64_t key, int64_t column, uint64_t draw) {
-    const uint64_t k = MixKey(MixKey(seed) ^ static_cast<uint64_t>(key));
-    return MixKey(k + (static_cast<uint64_t>(column) << 8) + draw);
+  // The per-key part of the generator's counter, computed once per row.
+  static uint64_t KeyState(uint64_t seed, int64_t key) { return MixKey(MixKey(seed) ^ static_cast<uint64_t>(key)); }
+  static uint64_t Bits(uint64_t key_state, int64_t column, uint64_t draw) {
+    return MixKey(key_state + (static_cast<uint64_t>(column) << 8) + draw);
   }
   static double Uniform01(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
-  static double StandardNormal(uint64_t seed, int64_t key, int64_t column, uint64_t first_draw) {
-    const double u0 = Uniform01(Bits(seed, key, column, first_draw));
-    const double u1 = Uniform01(Bits(seed, key, column, first_draw + 1));
+  static double StandardNormal(uint64_t key_state, int64_t column, uint64_t first_draw) {
+    const double u0 = Uniform01(Bits(key_state, column, first_draw));
+    const double u1 = Uniform01(Bits(key_state, column, first_draw + 1));
     return std::sqrt(-2.0 * std::log(1.0 - u0)) * std::cos(2.0 * M_PI * u1);
   }
 
   // The value of column `column` of key `key`'s initial row.
-  float Value(int64_t key, int64_t column) const {
+  float Value(int64_t key, int64_t column) const { return ValueFromState(KeyState(seed, key), column); }
+
+  void FillRow(int64_t key, float* row, int64_t dim) const {
+    const uint64_t state = KeyState(seed, key);
+    for (int64_t d = 0; d < dim; ++d) row[d] = ValueFromState(state, d);
+  }
+
+ private:
+  float ValueFromState(uint64_t state, int64_t column) const {
     switch (kind) {
       case RowInitializerKind::kZeros:
         return 0.0f;
       case RowInitializerKind::kConstant:
         return value;
       case RowInitializerKind::kUniform: {
-        const float u = static_cast<float>(Uniform01(Bits(seed, key, column, 0)));
+        const float u = static_cast<float>(Uniform01(Bits(state, column, 0)));
         // u < 1 but minval + (maxval - minval) * u can round up to maxval; keep the interval half-open.
         const float v = minval + (maxval - minval) * u;
         return v < maxval ? v : minval;
       }
       case RowInitializerKind::kNormal:
-        return mean + stddev * static_cast<float>(StandardNormal(seed, key, column, 0));
+        return mean + stddev * static_cast<float>(StandardNormal(state, column, 0));
       case RowInitializerKind::kTruncatedNormal: {
         double z = 0.0;
         for (int a = 0; a < kMaxTruncatedAttempts; ++a) {
-          z = StandardNormal(seed, key, column, 2 * static_cast<uint64_t>(a));
+          z = StandardNormal(state, column, 2 * static_cast<uint64_t>(a));
           if (std::fabs(z) <= 2.0) break;
         }
         z = std::fmin(std::fmax(z, -2.0), 2.0);
@@ -95,10 +104,6 @@ struct RowInitializer {
       }
     }
     return 0.0f;
-  }
-
-  void FillRow(int64_t key, float* row, int64_t dim) const {
-    for (int64_t d = 0; d < dim; ++d) row[d] = Value(key, d);
   }
 };
 
