@@ -1,0 +1,467 @@
+#include "cc/lib/dynamic_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tf_embed_ops {
+namespace {
+
+absl::Status Invalid(const std::string& table, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table, "': ", what));
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b, int64_t cap) { return a >= cap - b ? cap : a + b; }
+
+absl::Status ValidatePolicy(const std::string& name, int64_t max_rows, const EvictionOptions& p, const char* what) {
+  switch (p.policy) {
+    case EvictionPolicy::kNone:
+      return absl::OkStatus();
+    case EvictionPolicy::kLru:
+    case EvictionPolicy::kLfu:
+      if (p.target_rows <= 0 || p.target_rows > max_rows) {
+        return Invalid(name, absl::StrCat(what, ": LRU/LFU target_rows must be in [1, max_rows = ", max_rows, "], got ",
+                                          p.target_rows));
+      }
+      return absl::OkStatus();
+    case EvictionPolicy::kTtl:
+      if (p.ttl_steps <= 0) return Invalid(name, absl::StrCat(what, ": TTL ttl_steps must be > 0, got ", p.ttl_steps));
+      return absl::OkStatus();
+  }
+  return Invalid(name, absl::StrCat(what, ": unknown eviction policy ", static_cast<int>(p.policy)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const DynamicTableOptions& o) {
+  const std::string& t = o.name;
+  if (o.dim <= 0 || o.dim > kMaxDim) {
+    return Invalid(t, absl::StrCat("dim must be in [1, ", kMaxDim, "], got ", o.dim));
+  }
+  const int64_t num_slots = static_cast<int64_t>(o.slot_initial_values.size());
+  if (num_slots > kMaxSlots) {
+    return Invalid(t, absl::StrCat("at most ", kMaxSlots, " optimizer slots, got ", num_slots));
+  }
+  for (int64_t s = 0; s < num_slots; ++s) {
+    if (!std::isfinite(o.slot_initial_values[s])) {
+      return Invalid(t, absl::StrCat("slot ", s, " initial value must be finite, got ", o.slot_initial_values[s]));
+    }
+  }
+  if (o.max_rows <= 0 || o.max_rows > KeyIndex::kMaxRows) {
+    return Invalid(t, absl::StrCat("max_rows must be in [1, ", KeyIndex::kMaxRows, "], got ", o.max_rows));
+  }
+  if (o.initial_capacity <= 0 || o.initial_capacity > o.max_rows) {
+    return Invalid(
+        t, absl::StrCat("initial_capacity must be in [1, max_rows = ", o.max_rows, "], got ", o.initial_capacity));
+  }
+  if (o.rows_per_chunk <= 0 || o.rows_per_chunk > kMaxRowsPerChunk || (o.rows_per_chunk & (o.rows_per_chunk - 1))) {
+    return Invalid(t, absl::StrCat("rows_per_chunk must be a power of two in [1, ", kMaxRowsPerChunk, "], got ",
+                                   o.rows_per_chunk));
+  }
+  // The largest table these options allow must be addressable: max_rows (rounded up to whole chunks) times the
+  // floats of a row and its slots, in bytes, within int64.  dim <= 2^20, slots <= 16 and max_rows < 2^31 bound
+  // it by 2^56, but the check keeps that true if the limits above ever change.
+  const int64_t rows_bound = (o.max_rows + o.rows_per_chunk - 1) / o.rows_per_chunk * o.rows_per_chunk;
+  const int64_t floats_per_row = (1 + num_slots) * o.dim;
+  if (rows_bound > std::numeric_limits<int64_t>::max() / 4 / floats_per_row) {
+    return Invalid(t, absl::StrCat("max_rows = ", o.max_rows, " rows of ", floats_per_row,
+                                   " floats overflow a 64-bit byte count"));
+  }
+  if (absl::Status s = o.initializer.Validate(t); !s.ok()) return s;
+  const AdmissionOptions& a = o.admission;
+  if (a.min_count < 1 || a.min_count > kMaxCount) {
+    return Invalid(t, absl::StrCat("admission min_count must be in [1, ", kMaxCount, "], got ", a.min_count));
+  }
+  if (a.min_count > 1 && a.max_pending_keys <= 0) {
+    return Invalid(t, absl::StrCat("admission with min_count = ", a.min_count, " needs max_pending_keys > 0, got ",
+                                   a.max_pending_keys));
+  }
+  if (a.max_pending_keys < 0 || a.pending_ttl_steps < 0) {
+    return Invalid(t, absl::StrCat("admission max_pending_keys and pending_ttl_steps must be >= 0, got ",
+                                   a.max_pending_keys, " and ", a.pending_ttl_steps));
+  }
+  int log2_rows = 0;
+  while ((int64_t{1} << log2_rows) < o.rows_per_chunk) ++log2_rows;
+  if (absl::Status s = ValidatePolicy(t, o.max_rows, o.eviction, "eviction"); !s.ok()) return s;
+  std::unique_ptr<DynamicTable> table(new DynamicTable(o, log2_rows));
+  if (!table->Grow(o.initial_capacity)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dynamic table '", t, "': cannot allocate initial_capacity = ", o.initial_capacity, " rows"));
+  }
+  return table;
+}
+
+DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
+    : options_(options), weights_(options.dim, log2_rows_per_chunk), meta_(1, log2_rows_per_chunk) {
+  slots_.reserve(options.slot_initial_values.size());
+  for (size_t s = 0; s < options.slot_initial_values.size(); ++s) slots_.emplace_back(options.dim, log2_rows_per_chunk);
+}
+
+absl::Status DynamicTable::ValidateStep(int64_t step, const char* what) const {
+  if (step < 0) return Invalid(name(), absl::StrCat(what, ": step must be >= 0, got ", step));
+  return absl::OkStatus();
+}
+
+bool DynamicTable::Grow(int64_t extra) {
+  // New rows come from the free list first, then from [high_water_, ...).
+  const int64_t num_free = high_water_ - size_;
+  const int64_t rows = high_water_ + std::max<int64_t>(0, extra - num_free);
+  if (!weights_.Reserve(rows) || !meta_.Reserve(rows)) {
+    return false;
+  }
+  for (ChunkedArena<float>& s : slots_) {
+    if (!s.Reserve(rows)) return false;
+  }
+  if (!index_.Fits(size_ + extra) || index_.num_buckets() == 0) {
+    return index_.Rehash(std::max(size_ + extra, options_.initial_capacity), KeyOfFn());
+  }
+  return true;
+}
+
+int64_t DynamicTable::AllocateRow() {
+  if (free_head_ >= 0) {
+    const int64_t row = free_head_;
+    free_head_ = meta_.At(row)->key;
+    return row;
+  }
+  return high_water_++;
+}
+
+void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step) {
+  RowMeta* meta = meta_.At(row);
+  meta->key = key;
+  meta->count = static_cast<uint32_t>(std::min(count, kMaxCount));
+  meta->last_step = step;
+  options_.initializer.FillRow(key, weights_.At(row), options_.dim);
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    std::fill_n(slots_[s].At(row), options_.dim, options_.slot_initial_values[s]);
+  }
+  index_.Insert(key, row);
+  ++size_;
+}
+
+void DynamicTable::RemoveRow(int64_t row) {
+  index_.Erase(KeyOf(row), KeyOfFn());
+  RowMeta* meta = meta_.At(row);
+  meta->key = free_head_;
+  meta->last_step = -1;
+  meta->count = 0;
+  free_head_ = row;
+  --size_;
+}
+
+void DynamicTable::Find(const int64_t* keys, int64_t n, int64_t* rows) const {
+  const auto key_of = KeyOfFn();
+  for (int64_t i = 0; i < n; ++i) rows[i] = index_.Find(keys[i], key_of);
+}
+
+absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows,
+                                        BatchStats* stats) {
+  if (n < 0) return Invalid(name(), absl::StrCat("FindOrInsert: negative batch size ", n));
+  if (absl::Status s = ValidateStep(step, "FindOrInsert"); !s.ok()) return s;
+  BatchStats local;
+  BatchStats& st = stats != nullptr ? *stats : local;
+  st = BatchStats{};
+
+  // 1. Existing keys (reads only); misses grouped per distinct key in first-occurrence order.
+  Find(keys, n, rows);
+  enum class Decision { kAdmit, kPending, kDrop };
+  struct Miss {
+    int64_t key;
+    int64_t count;  // occurrences in this batch, then the total with the pending count
+    Decision decision;
+    int64_t row;
+  };
+  std::vector<Miss> misses;
+  std::unordered_map<int64_t, int64_t> miss_of;  // key -> index in misses
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] != kNotAdmitted) continue;
+    auto [it, inserted] = miss_of.emplace(keys[i], static_cast<int64_t>(misses.size()));
+    if (inserted) {
+      misses.push_back(Miss{keys[i], 1, Decision::kDrop, kNotAdmitted});
+    } else {
+      ++misses[it->second].count;
+    }
+  }
+
+  // 2. Admission decisions, on each key's count after the whole batch.  Nothing is written yet.
+  const AdmissionOptions& a = options_.admission;
+  const bool counting = a.min_count > 1;
+  int64_t admitted = 0;
+  int64_t new_pending = 0;  // pending entries this batch creates
+  for (Miss& m : misses) {
+    bool has_entry = false;
+    if (counting) {
+      auto it = pending_.find(m.key);
+      if (it != pending_.end()) {
+        has_entry = true;
+        m.count = SaturatingAdd(it->second.count, m.count, kMaxCount);
+      }
+    }
+    // A key that must wait keeps (or takes) a pending entry if there is room; entries that admitted keys free
+    // are reused from the next batch on, so the decision does not depend on the order of the batch.
+    const bool can_count = counting && (has_entry || num_pending() + new_pending < a.max_pending_keys);
+    if (m.count >= a.min_count && size_ + admitted < options_.max_rows) {
+      m.decision = Decision::kAdmit;
+      ++admitted;
+      continue;
+    }
+    if (m.count >= a.min_count) {
+      ++st.refused_full;  // its count is kept (when it can be) so it is admitted once there is room
+    } else if (can_count) {
+      ++st.below_admission;
+    } else {
+      ++st.untracked;  // no counter for it: these sightings are lost (the documented bound)
+    }
+    if (can_count) {
+      m.decision = Decision::kPending;
+      if (!has_entry) ++new_pending;
+    }
+  }
+
+  // 3. Allocation, before any write.
+  if (!Grow(admitted)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dynamic table '", name(), "': cannot allocate ", admitted, " more rows (size ", size_, ")"));
+  }
+  try {
+    pending_.reserve(pending_.size() + new_pending);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dynamic table '", name(), "': cannot allocate ", new_pending, " pending admission counts"));
+  }
+
+  // 4. Writes: new rows, pending counts, existing rows' metadata, and the output rows of new keys.
+  for (Miss& m : misses) {
+    if (m.decision == Decision::kAdmit) {
+      m.row = AllocateRow();
+      InitRow(m.row, m.key, m.count, step);
+      if (counting) pending_.erase(m.key);
+    } else if (m.decision == Decision::kPending) {
+      Pending& p = pending_.try_emplace(m.key, Pending{0, step}).first->second;
+      p.count = m.count;
+      p.last_step = std::max(p.last_step, step);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] != kNotAdmitted) {
+      RowMeta* meta = meta_.At(rows[i]);
+      if (meta->count < kMaxCount) meta->count = meta->count + 1;
+      if (meta->last_step < step) meta->last_step = step;
+    } else {
+      rows[i] = misses[miss_of.find(keys[i])->second].row;
+    }
+  }
+  st.inserts = admitted;
+  counters_.inserts += st.inserts;
+  counters_.below_admission += st.below_admission;
+  counters_.untracked += st.untracked;
+  counters_.refused_full += st.refused_full;
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> DynamicTable::LiveRows() const {
+  std::vector<int64_t> rows;
+  rows.reserve(size_);
+  index_.ForEachRow([&rows](int64_t row) { rows.push_back(row); });
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+int64_t DynamicTable::EvictRows(std::vector<int64_t> rows) {
+  for (const int64_t row : rows) RemoveRow(row);
+  counters_.evictions += static_cast<int64_t>(rows.size());
+  return static_cast<int64_t>(rows.size());
+}
+
+absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t step) {
+  if (absl::Status s = ValidateStep(step, "Evict"); !s.ok()) return s;
+  if (absl::Status s = ValidatePolicy(name(), options_.max_rows, p, "Evict"); !s.ok()) return s;
+  std::vector<int64_t> rows = LiveRows();
+  std::vector<int64_t> victims;
+  if (p.policy == EvictionPolicy::kTtl) {
+    for (const int64_t r : rows) {
+      if (step - LastStepOf(r) > p.ttl_steps) victims.push_back(r);
+    }
+  } else if (p.policy == EvictionPolicy::kLru || p.policy == EvictionPolicy::kLfu) {
+    const int64_t excess = size_ - p.target_rows;
+    if (excess > 0) {
+      // A strict total order (the key breaks every tie), so the victims do not depend on row placement.
+      auto order = [this, lfu = p.policy == EvictionPolicy::kLfu](int64_t x, int64_t y) {
+        if (lfu)
+          return std::make_tuple(CountOf(x), LastStepOf(x), KeyOf(x)) <
+                 std::make_tuple(CountOf(y), LastStepOf(y), KeyOf(y));
+        return std::make_pair(LastStepOf(x), KeyOf(x)) < std::make_pair(LastStepOf(y), KeyOf(y));
+      };
+      std::nth_element(rows.begin(), rows.begin() + (excess - 1), rows.end(), order);
+      victims.assign(rows.begin(), rows.begin() + excess);
+      // Removed in row order, so the free list (and the rows later keys get) does not depend on nth_element.
+      std::sort(victims.begin(), victims.end());
+    }
+  }
+  return EvictRows(std::move(victims));
+}
+
+absl::StatusOr<int64_t> DynamicTable::EndStep(int64_t step) {
+  if (absl::Status s = ValidateStep(step, "EndStep"); !s.ok()) return s;
+  const int64_t ttl = options_.admission.pending_ttl_steps;
+  if (ttl > 0) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      it = step - it->second.last_step > ttl ? pending_.erase(it) : std::next(it);
+    }
+  }
+  return Evict(options_.eviction, step);
+}
+
+int64_t DynamicTable::EvictKeys(const int64_t* keys, int64_t n) {
+  std::vector<int64_t> rows(std::max<int64_t>(n, 0));
+  Find(keys, n, rows.data());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  rows.erase(std::remove(rows.begin(), rows.end(), kNotAdmitted), rows.end());
+  return EvictRows(std::move(rows));
+}
+
+DynamicTableContents DynamicTable::Export() const {
+  std::vector<int64_t> rows = LiveRows();
+  std::sort(rows.begin(), rows.end(), [this](int64_t x, int64_t y) { return KeyOf(x) < KeyOf(y); });
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t dim = options_.dim;
+  DynamicTableContents c;
+  c.dim = dim;
+  c.keys.resize(n);
+  c.counts.resize(n);
+  c.last_steps.resize(n);
+  c.weights.resize(n * dim);
+  c.slots.assign(slots_.size(), std::vector<float>(n * dim));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    c.keys[i] = KeyOf(r);
+    c.counts[i] = CountOf(r);
+    c.last_steps[i] = LastStepOf(r);
+    std::copy_n(Weights(r), dim, c.weights.data() + i * dim);
+    for (size_t s = 0; s < slots_.size(); ++s) std::copy_n(Slot(s, r), dim, c.slots[s].data() + i * dim);
+  }
+  std::vector<std::pair<int64_t, Pending>> pending(pending_.begin(), pending_.end());
+  std::sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (const auto& [key, p] : pending) {
+    c.pending_keys.push_back(key);
+    c.pending_counts.push_back(p.count);
+    c.pending_last_steps.push_back(p.last_step);
+  }
+  return c;
+}
+
+absl::Status DynamicTable::Import(const DynamicTableContents& c) {
+  const int64_t dim = options_.dim;
+  if (c.dim != dim) {
+    return Invalid(name(), absl::StrCat("Import: the checkpoint has dim ", c.dim, ", the table has dim ", dim));
+  }
+  if (c.slots.size() != slots_.size()) {
+    return Invalid(name(), absl::StrCat("Import: the checkpoint has ", c.slots.size(), " slots, the table's optimizer ",
+                                        slots_.size()));
+  }
+  const int64_t n = static_cast<int64_t>(c.keys.size());
+  if (n > options_.max_rows) {
+    return Invalid(name(), absl::StrCat("Import: ", n, " rows do not fit max_rows = ", options_.max_rows));
+  }
+  auto check_size = [&](const char* what, size_t got, int64_t want) {
+    return static_cast<int64_t>(got) == want
+               ? absl::OkStatus()
+               : Invalid(name(), absl::StrCat("Import: ", what, " has ", got, " values, expected ", want));
+  };
+  for (absl::Status s : {check_size("weights", c.weights.size(), n * dim), check_size("counts", c.counts.size(), n),
+                         check_size("last_steps", c.last_steps.size(), n)}) {
+    if (!s.ok()) return s;
+  }
+  for (size_t s = 0; s < c.slots.size(); ++s) {
+    if (absl::Status st = check_size("a slot", c.slots[s].size(), n * dim); !st.ok()) return st;
+  }
+  const int64_t np = static_cast<int64_t>(c.pending_keys.size());
+  for (absl::Status s : {check_size("pending_counts", c.pending_counts.size(), np),
+                         check_size("pending_last_steps", c.pending_last_steps.size(), np)}) {
+    if (!s.ok()) return s;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (c.counts[i] < 0 || c.counts[i] > kMaxCount || c.last_steps[i] < 0) {
+      return Invalid(
+          name(), absl::StrCat("Import: row ", i, " (key ", c.keys[i], ") has count ", c.counts[i], " and last step ",
+                               c.last_steps[i], "; counts must be in [0, ", kMaxCount, "] and steps >= 0"));
+    }
+  }
+  for (int64_t i = 0; i < np; ++i) {
+    if (c.pending_counts[i] < 1 || c.pending_counts[i] > kMaxCount || c.pending_last_steps[i] < 0) {
+      return Invalid(name(), absl::StrCat("Import: pending key ", c.pending_keys[i], " has count ", c.pending_counts[i],
+                                          " and last step ", c.pending_last_steps[i]));
+    }
+  }
+  std::vector<int64_t> sorted = c.keys;
+  std::sort(sorted.begin(), sorted.end());
+  if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
+    return Invalid(name(), absl::StrCat("Import: key ", *d, " appears more than once"));
+  }
+  std::vector<int64_t> sorted_pending = c.pending_keys;
+  std::sort(sorted_pending.begin(), sorted_pending.end());
+  if (auto d = std::adjacent_find(sorted_pending.begin(), sorted_pending.end()); d != sorted_pending.end()) {
+    return Invalid(name(), absl::StrCat("Import: pending key ", *d, " appears more than once"));
+  }
+  for (const int64_t key : sorted_pending) {
+    if (std::binary_search(sorted.begin(), sorted.end(), key)) {
+      return Invalid(name(), absl::StrCat("Import: key ", key, " is both a row and a pending key"));
+    }
+  }
+
+  // Allocate for n rows from an empty table: the rows become 0..n-1 (a fresh free list).
+  const int64_t old_size = size_, old_high_water = high_water_;
+  size_ = high_water_ = 0;
+  const bool grown = Grow(n);
+  size_ = old_size;
+  high_water_ = old_high_water;
+  std::unordered_map<int64_t, Pending> pending;
+  bool pending_ok = grown;
+  if (grown) {
+    try {
+      pending.reserve(np);
+      for (int64_t i = 0; i < np; ++i)
+        pending[c.pending_keys[i]] = Pending{c.pending_counts[i], c.pending_last_steps[i]};
+    } catch (const std::bad_alloc&) {
+      pending_ok = false;
+    }
+  }
+  if (!grown || !pending_ok) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dynamic table '", name(), "': cannot allocate ", n, " rows to import"));
+  }
+  // Grow() sized the index for n rows (a rehash there re-inserted the old rows, which fit: the old index held
+  // fewer than n); now the old content goes.
+  index_.Clear();
+  size_ = high_water_ = 0;
+  free_head_ = -1;
+  pending_.swap(pending);
+  counters_ = DynamicTableCounters{};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = AllocateRow();
+    RowMeta* meta = meta_.At(row);
+    meta->key = c.keys[i];
+    meta->count = static_cast<uint32_t>(c.counts[i]);
+    meta->last_step = c.last_steps[i];
+    std::copy_n(c.weights.data() + i * dim, dim, weights_.At(row));
+    for (size_t s = 0; s < slots_.size(); ++s) std::copy_n(c.slots[s].data() + i * dim, dim, slots_[s].At(row));
+    index_.Insert(c.keys[i], row);
+    ++size_;
+  }
+  return absl::OkStatus();
+}
+
+int64_t DynamicTable::MemoryBytes() const {
+  int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
+  for (const ChunkedArena<float>& s : slots_) bytes += s.MemoryBytes();
+  return bytes;
+}
+
+}  // namespace tf_embed_ops

@@ -1,0 +1,199 @@
+// A dynamic-vocabulary embedding table without TensorFlow (docs/dynamic_tables.md): int64 keys mapped to rows
+// that are created on first (admitted) sight, initialised from the key, and evicted by policy at step
+// boundaries.  The resource ops wrap one DynamicTable per table; this class is their whole state.
+//
+//   keys --KeyIndex--> row index r --ChunkedArena--> weights row, one row per optimizer slot, and a packed
+//   metadata record (key, last step seen, frequency count).  Row indices are dense in [0, capacity) and reused
+//   after eviction; a row never moves, so the optimizer updates rows in place through plain pointers
+//   (dynamic_table_update.h runs the same row pipeline as static tables).
+//
+// Contract for callers (the ops):
+//   * Mutating calls (FindOrInsert, Evict*, EndStep, Import) need exclusive access; Find, Export, the row
+//     accessors and the row update may run concurrently with each other, never with a mutating call.
+//   * Every mutating call validates everything first and allocates before it writes: an error leaves the table
+//     exactly as it was.
+//   * FindOrInsert is deterministic: the result depends on the table's state and the batch, never on threads.
+#ifndef TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_H_
+#define TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cc/lib/dynamic_table_arena.h"
+#include "cc/lib/dynamic_table_index.h"
+#include "cc/lib/dynamic_table_init.h"
+
+namespace tf_embed_ops {
+
+// Frequency admission: a key gets a row once it has been seen `min_count` times (every occurrence counts,
+// duplicates in a batch included).  Counts of keys not yet admitted are exact, kept for at most
+// `max_pending_keys` keys at once; a new key that finds that table full is not counted (counters().untracked)
+// until entries leave it (admitted, or dropped after `pending_ttl_steps` steps unseen when that is > 0).
+struct AdmissionOptions {
+  int64_t min_count = 1;  // 1: admit on first sight (no pending table)
+  int64_t max_pending_keys = 0;
+  int64_t pending_ttl_steps = 0;  // 0: pending counts never expire
+};
+
+enum class EvictionPolicy { kNone, kLru, kLfu, kTtl };
+
+// kLru / kLfu: shrink to at most `target_rows` rows, evicting the least recently seen (ties: smaller key first)
+// or the least frequently seen (ties: older last step, then smaller key).  kTtl: evict every row not seen in the
+// last `ttl_steps` steps (step - last_step > ttl_steps).
+struct EvictionOptions {
+  EvictionPolicy policy = EvictionPolicy::kNone;
+  int64_t target_rows = 0;
+  int64_t ttl_steps = 0;
+};
+
+struct DynamicTableOptions {
+  std::string name;  // names the table in every error message
+  int64_t dim = 0;
+  // One initial value per optimizer slot (the optimizer's SlotInfo defaults or the user's); may be empty.
+  std::vector<float> slot_initial_values;
+  int64_t initial_capacity = 0;   // rows allocated up front; the table grows beyond it up to max_rows
+  int64_t max_rows = 0;           // hard cap: keys beyond it are refused (counters().refused_full)
+  int64_t rows_per_chunk = 1024;  // a power of two
+  RowInitializer initializer;
+  AdmissionOptions admission;
+  EvictionOptions eviction;  // applied by EndStep
+};
+
+// Totals since creation (or the last Import).  Per-key counts are per call: a key seen three times in one
+// FindOrInsert and refused counts once.
+struct DynamicTableCounters {
+  int64_t inserts = 0;          // rows created by FindOrInsert
+  int64_t below_admission = 0;  // keys seen fewer than min_count times so far (no row yet)
+  int64_t untracked = 0;        // keys not counted because the pending table was full
+  int64_t refused_full = 0;     // admitted keys refused because the table held max_rows rows
+  int64_t evictions = 0;        // rows removed by EndStep, Evict and EvictKeys
+};
+
+// What one FindOrInsert did (the same quantities as the counters, for this call only).
+struct BatchStats {
+  int64_t inserts = 0;
+  int64_t below_admission = 0;
+  int64_t untracked = 0;
+  int64_t refused_full = 0;
+};
+
+// A table's content in key order (checkpoints): num_rows = keys.size(); weights and each slot are row-major
+// [num_rows, dim].  Pending admission counts are included so a restored table admits exactly as the saved one.
+struct DynamicTableContents {
+  int64_t dim = 0;
+  std::vector<int64_t> keys;
+  std::vector<float> weights;
+  std::vector<std::vector<float>> slots;
+  std::vector<int64_t> counts;
+  std::vector<int64_t> last_steps;
+  std::vector<int64_t> pending_keys;  // sorted
+  std::vector<int64_t> pending_counts;
+  std::vector<int64_t> pending_last_steps;
+};
+
+class DynamicTable {
+ public:
+  static constexpr int64_t kNotAdmitted = -1;  // the row FindOrInsert / Find give a key without a row
+  static constexpr int64_t kMaxDim = int64_t{1} << 20;
+  static constexpr int64_t kMaxSlots = 16;
+  static constexpr int64_t kMaxRowsPerChunk = int64_t{1} << 20;
+  static constexpr int64_t kMaxCount = 0xffffffffLL;  // per-row counts saturate here (uint32)
+
+  // Validates every option (naming the table and the value) before allocating anything.
+  static absl::StatusOr<std::unique_ptr<DynamicTable>> Create(const DynamicTableOptions& options);
+
+  const DynamicTableOptions& options() const { return options_; }
+  const std::string& name() const { return options_.name; }
+  int64_t dim() const { return options_.dim; }
+  int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
+  int64_t size() const { return size_; }
+  int64_t capacity() const { return weights_.capacity(); }  // rows allocated
+  const DynamicTableCounters& counters() const { return counters_; }
+  int64_t num_pending() const { return static_cast<int64_t>(pending_.size()); }
+
+  // rows[i] = the row of keys[i], or kNotAdmitted.  Changes nothing (serving lookups).
+  void Find(const int64_t* keys, int64_t n, int64_t* rows) const;
+
+  // Training lookup at `step` (>= 0): rows[i] = the row of keys[i], creating rows for admitted new keys
+  // (initialised from the key), or kNotAdmitted.  Counts every occurrence (row count or pending count) and
+  // stamps last_step = max(last_step, step).  Admission is decided per distinct key on its count after the
+  // whole batch, so every occurrence of a key in a batch gets the same row; new keys are given rows in order of
+  // first occurrence until max_rows is reached, the rest are refused.  `stats` may be null.
+  absl::Status FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats = nullptr);
+
+  // Row accessors, for a row index FindOrInsert/Find returned (and not evicted since).
+  float* Weights(int64_t row) { return weights_.At(row); }
+  const float* Weights(int64_t row) const { return weights_.At(row); }
+  float* Slot(int64_t slot, int64_t row) { return slots_[slot].At(row); }
+  const float* Slot(int64_t slot, int64_t row) const { return slots_[slot].At(row); }
+  int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
+  int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
+  int64_t LastStepOf(int64_t row) const { return meta_.At(row)->last_step; }
+
+  // Every live row index, ascending (what a non-lazy optimizer walks).
+  std::vector<int64_t> LiveRows() const;
+
+  // Applies options().eviction at the boundary after step `step`, and expires stale pending counts.  Returns
+  // the number of rows evicted.
+  absl::StatusOr<int64_t> EndStep(int64_t step);
+  // Applies `policy` now (explicit eviction).
+  absl::StatusOr<int64_t> Evict(const EvictionOptions& policy, int64_t step);
+  // Removes these keys' rows (absent keys are ignored; duplicates count once).  Returns rows evicted.
+  int64_t EvictKeys(const int64_t* keys, int64_t n);
+
+  DynamicTableContents Export() const;
+  // Replaces the whole content (any capacity: the table grows to fit, up to max_rows).  Validates dim, the slot
+  // count, every size, unique keys, counts and steps before changing anything.  Resets the counters.
+  absl::Status Import(const DynamicTableContents& contents);
+
+  // Bytes held by rows, slots, metadata and the index (the pending admission table is not included: it is
+  // bounded by max_pending_keys, not by rows).
+  int64_t MemoryBytes() const;
+
+ private:
+  struct Pending {
+    int64_t count;
+    int64_t last_step;
+  };
+  // A row's metadata, packed into 20 bytes and kept together: the index probe reads the key, and a training
+  // lookup then updates count and last step in the same cache line instead of two more random ones.  (Packed
+  // members are read and written by value only: no references to them.)
+  struct __attribute__((packed)) RowMeta {
+    int64_t key;        // on a free row: the next free row (an intrusive free list)
+    int64_t last_step;  // -1 on a free row
+    uint32_t count;     // saturates at kMaxCount
+  };
+  static_assert(sizeof(RowMeta) == 20, "row metadata must stay within the memory budget");
+
+  explicit DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk);
+  auto KeyOfFn() const {
+    return [this](int64_t row) { return meta_.At(row)->key; };
+  }
+  absl::Status ValidateStep(int64_t step, const char* what) const;
+  // Room for `extra` more rows (arenas and index), allocating only; false on allocation failure.
+  bool Grow(int64_t extra);
+  int64_t AllocateRow();
+  void InitRow(int64_t row, int64_t key, int64_t count, int64_t step);
+  void RemoveRow(int64_t row);
+  int64_t EvictRows(std::vector<int64_t> rows);
+
+  DynamicTableOptions options_;
+  ChunkedArena<float> weights_;
+  std::vector<ChunkedArena<float>> slots_;
+  ChunkedArena<RowMeta> meta_;
+  KeyIndex index_;
+  int64_t size_ = 0;
+  int64_t high_water_ = 0;  // rows [0, high_water_) have been used
+  int64_t free_head_ = -1;
+  std::unordered_map<int64_t, Pending> pending_;
+  DynamicTableCounters counters_;
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_H_
