@@ -13,7 +13,7 @@ import sys
 # thousands.  Set before TensorFlow loads.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from . import TARGETS  # noqa: E402
+from . import TARGETS
 
 
 def main(argv: list[str] | None = None) -> int:

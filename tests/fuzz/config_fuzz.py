@@ -168,7 +168,7 @@ def _check_bytes(data: bytes, module, report: Report, check_op: bool) -> None:
         loaded = True
     except te.config.ConfigError:
         loaded = False
-    except Exception as e:  # noqa: BLE001 - any other exception is the finding
+    except Exception as e:
         report.fail(f"load raised {type(e).__name__}: {e}", data)
         return
     if loaded != (parsed is not None):
@@ -258,7 +258,7 @@ def _check_text(text: str, report: Report) -> None:
     except te.config.InvalidConfigError:
         report.rejected += 1
         return
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         report.fail(f"parse_text raised {type(e).__name__}: {e}", text)
         return
     try:
@@ -266,7 +266,7 @@ def _check_text(text: str, report: Report) -> None:
         report.accepted += 1
     except te.config.ConfigError:
         report.rejected += 1
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         report.fail(f"load of parsed text raised {type(e).__name__}: {e}", text)
 
 
