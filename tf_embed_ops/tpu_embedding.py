@@ -659,9 +659,15 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         config_paths = [path for path, _ in _flatten_with_paths(self._feature_config)]
         input_keys = {path for path, _ in flat_inputs}
         if not input_keys.issubset(config_paths):
+            unknown = sorted(input_keys - set(config_paths))
+            hints = [
+                f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(key, config_paths, n=1))
+                else repr(key)
+                for key in unknown
+            ]
             raise ValueError(
                 f"Inputs are not a subset of feature_config. Inputs keys are {input_keys}, but feature_config keys "
-                f"are {config_paths}. Unknown keys: {sorted(input_keys - set(config_paths))}."
+                f"are {config_paths}. Unknown keys: {', '.join(hints)}."
             )
         by_path = {path: (inp, w) for (path, inp), w in zip(flat_inputs, flat_weights, strict=True)}
         full_inputs, full_weights = [], []
