@@ -5,6 +5,7 @@ Reads ``tf.sysconfig`` from the *installed* TensorFlow and derives every compile
 no ABI or ``-std`` flag is hard-coded here.  Used by ``setup.py`` (through :func:`write_ninja`) and by bazel
 (``python configure.py`` writes ``.tf_configure.bazelrc``, read by ``.bazelrc``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -105,8 +106,10 @@ def write_ninja(build_dir: str, op_library: str, config_module: str, config: dic
     tf_flags = [_system_include(flag, config["include_dir"], tf_include) for flag in config["compile_flags"]]
     cflags = opt_flags() + tf_flags + ["-I" + ROOT]
     py_cflags = cflags + [
-        "-isystem", _stable_link(build_dir, "pybind11_include", python["pybind11_include_dir"]),
-        "-isystem", python["python_include_dir"],
+        "-isystem",
+        _stable_link(build_dir, "pybind11_include", python["pybind11_include_dir"]),
+        "-isystem",
+        python["python_include_dir"],
     ]
     link_flags = ["-L" + tf_lib if flag == "-L" + config["lib_dir"] else flag for flag in config["link_flags"]]
     # The rpath is the stable link too, so the link commands do not change either.  TensorFlow is imported (and
@@ -142,8 +145,10 @@ def write_ninja(build_dir: str, op_library: str, config_module: str, config: dic
 
     op_objs = objects(sources(OP_LIBRARY_SOURCES), "cflags", "op")
     py_objs = objects(sources(CONFIG_MODULE_SOURCES), "pyflags", "py")
-    lines.append(f"build {_ninja_escape(op_library)}: link {' '.join(map(_ninja_escape, op_objs))} | "
-                 f"{_ninja_escape(version_script)}")
+    lines.append(
+        f"build {_ninja_escape(op_library)}: link {' '.join(map(_ninja_escape, op_objs))} | "
+        f"{_ninja_escape(version_script)}"
+    )
     lines.append(f"  extra_ldflags = -Wl,--version-script={version_script}")
     lines.append(f"  name = {os.path.basename(op_library)}")
     lines.append(f"build {_ninja_escape(config_module)}: link {' '.join(map(_ninja_escape, py_objs))}")
@@ -281,9 +286,7 @@ def _main(argv: list[str] | None = None) -> None:
     import argparse  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(description="Writes .tf_configure.bazelrc (default) or a ninja build.")
-    parser.add_argument(
-        "--sanitize", metavar="LIST", help="e.g. address,undefined (same as TF_EMBED_OPS_SANITIZE)"
-    )
+    parser.add_argument("--sanitize", metavar="LIST", help="e.g. address,undefined (same as TF_EMBED_OPS_SANITIZE)")
     parser.add_argument(
         "--ninja",
         metavar="BUILD_DIR",
@@ -297,8 +300,15 @@ def _main(argv: list[str] | None = None) -> None:
         suffix = python_build_config()["ext_suffix"]
         out = os.path.join(os.path.abspath(args.ninja), "out")
         os.makedirs(out, exist_ok=True)
-        print("wrote", write_ninja(os.path.abspath(args.ninja), os.path.join(out, "_tf_embed_ops" + suffix),
-                                   os.path.join(out, "_config" + suffix), cfg))
+        print(
+            "wrote",
+            write_ninja(
+                os.path.abspath(args.ninja),
+                os.path.join(out, "_tf_embed_ops" + suffix),
+                os.path.join(out, "_config" + suffix),
+                cfg,
+            ),
+        )
         write_build_info(out, cfg)
         return
     print(json.dumps(cfg, indent=2))

@@ -7,6 +7,7 @@ The ninja directory lives in the source tree (build/ninja/<TensorFlow version>-<
 build_temp: an editable install gets a fresh temporary build_temp every time, so everything would compile again.
 With the directory kept, reinstalling an unchanged tree compiles nothing (only the two links run again).
 """
+
 import hashlib
 import json
 import os

@@ -7,6 +7,7 @@ Examples:
     python -m benchmarks --only W1 --optimizers sgd,adagrad
     python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,13 +23,17 @@ COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "result
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny sizes and 2 blocks: an end-to-end check, not a measurement")
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny sizes and 2 blocks: an end-to-end check, not a measurement"
+    )
     p.add_argument("--only", default="", help=f"comma-separated sections among {', '.join(SECTIONS)}")
     p.add_argument("--optimizers", default="", help="comma-separated optimizers (default: all); 'lookup' = serving")
-    p.add_argument("--out", default=None,
-                   help="output directory (default: a new scratch directory, printed at the end; "
-                        "benchmarks/results replaces the committed report and updates the README's speed paragraph)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: a new scratch directory, printed at the end; "
+        "benchmarks/results replaces the committed report and updates the README's speed paragraph)",
+    )
     p.add_argument("--threads", type=int, default=1, help="TensorFlow intra/inter-op threads and FBGEMM threads")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per engine (default 7, smoke 2)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")

@@ -9,6 +9,7 @@ eagerly (its native mode; TensorFlow's cannot run eagerly).  Writes benchmarks/r
 
   python benchmarks/accumulator_benchmark.py [--repeats 5] [--applies 32] [--rows 16384] [--width 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     args = parser.parse_args()
     report = {"config": vars(args), "cases": {}}
-    print(f"{'case':12s} {'TensorFlow ms':>14s} {'ours graph ms':>14s} {'ours eager ms':>14s} "
-          f"{'speedup graph':>14s} {'speedup eager':>14s}")
+    print(
+        f"{'case':12s} {'TensorFlow ms':>14s} {'ours graph ms':>14s} {'ours eager ms':>14s} "
+        f"{'speedup graph':>14s} {'speedup eager':>14s}"
+    )
     for case in ("disjoint", "overlapping"):
         indices, values = make_gradients(case, args.applies, args.rows, args.width)
         graph_times = time_graph(indices, values, args.repeats)
@@ -103,14 +106,18 @@ def main() -> None:
         medians["tf_embed_ops_eager"] = statistics.median(eager_times) * 1e3
         row = {
             "median_ms": medians,
-            "all_ms": {**{k: [x * 1e3 for x in v] for k, v in graph_times.items()},
-                       "tf_embed_ops_eager": [x * 1e3 for x in eager_times]},
+            "all_ms": {
+                **{k: [x * 1e3 for x in v] for k, v in graph_times.items()},
+                "tf_embed_ops_eager": [x * 1e3 for x in eager_times],
+            },
             "speedup_graph": medians["tensorflow"] / medians["tf_embed_ops_graph"],
             "speedup_eager": medians["tensorflow"] / medians["tf_embed_ops_eager"],
         }
         report["cases"][case] = row
-        print(f"{case:12s} {medians['tensorflow']:14.1f} {medians['tf_embed_ops_graph']:14.1f} "
-              f"{medians['tf_embed_ops_eager']:14.1f} {row['speedup_graph']:13.2f}x {row['speedup_eager']:13.2f}x")
+        print(
+            f"{case:12s} {medians['tensorflow']:14.1f} {medians['tf_embed_ops_graph']:14.1f} "
+            f"{medians['tf_embed_ops_eager']:14.1f} {row['speedup_graph']:13.2f}x {row['speedup_eager']:13.2f}x"
+        )
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS + ".tmp", "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)

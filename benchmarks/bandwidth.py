@@ -20,6 +20,7 @@ N = ids, A = activation elements = upstream-gradient elements):
 Example:
     >>> bytes_per_step(w1_summary, "adagrad")["rows_bytes"]  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,16 +33,25 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bandwidth_pr
 
 # Slots per optimizer, as the TPU Load/Retrieve ops order them (docs/semantics.md); "dense" updates every row.
 OPTIMIZER_SLOTS = {
-    "sgd": 0, "adagrad": 1, "adagrad_momentum": 2, "adam": 2, "adam_nonlazy": 2, "ftrl": 2, "momentum": 1,
-    "rms_prop": 2, "centered_rms_prop": 3, "lookup": 0,
+    "sgd": 0,
+    "adagrad": 1,
+    "adagrad_momentum": 2,
+    "adam": 2,
+    "adam_nonlazy": 2,
+    "ftrl": 2,
+    "momentum": 1,
+    "rms_prop": 2,
+    "centered_rms_prop": 3,
+    "lookup": 0,
 }
 DENSE_OPTIMIZERS = {"adam_nonlazy"}
 
 
 def cache_dir() -> str:
     """Where the compiled probe lives: $TF_EMBED_OPS_BENCH_CACHE, else ~/.cache/tf_embed_ops_bench."""
-    return os.environ.get("TF_EMBED_OPS_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                                   "tf_embed_ops_bench"))
+    return os.environ.get(
+        "TF_EMBED_OPS_BENCH_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tf_embed_ops_bench")
+    )
 
 
 def build_probe() -> str:
@@ -70,12 +80,28 @@ def build_probe() -> str:
     return binary
 
 
-def probe(threads: int = 1, mb: int = 1024, reps: int = 3, dims: tuple[int, ...] = (8, 16, 32, 64, 128, 256),
-          rows_touched: int = 65536) -> dict:
+def probe(
+    threads: int = 1,
+    mb: int = 1024,
+    reps: int = 3,
+    dims: tuple[int, ...] = (8, 16, 32, 64, 128, 256),
+    rows_touched: int = 65536,
+) -> dict:
     """Runs the probe and returns its JSON (GB/s figures; see bandwidth_probe.cc)."""
     binary = build_probe()
-    cmd = [binary, "--mb", str(mb), "--threads", str(threads), "--reps", str(reps), "--dims",
-           ",".join(str(d) for d in dims), "--rows_touched", str(rows_touched)]
+    cmd = [
+        binary,
+        "--mb",
+        str(mb),
+        "--threads",
+        str(threads),
+        "--reps",
+        str(reps),
+        "--dims",
+        ",".join(str(d) for d in dims),
+        "--rows_touched",
+        str(rows_touched),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
     return json.loads(proc.stdout)
 
@@ -86,8 +112,12 @@ def best_of(a: dict, b: dict) -> dict:
     for key in ("stream_read_gbs", "stream_write_gbs", "stream_copy_gbs"):
         out[key] = max(a[key], b[key])
     rows_b = {r["dim"]: r for r in b["rows"]}
-    out["rows"] = [{**r, **{k: max(r[k], rows_b[r["dim"]][k]) for k in ("random_rmw_gbs", "sorted_rmw_gbs")}}
-                   if r["dim"] in rows_b else r for r in a["rows"]]
+    out["rows"] = [
+        {**r, **{k: max(r[k], rows_b[r["dim"]][k]) for k in ("random_rmw_gbs", "sorted_rmw_gbs")}}
+        if r["dim"] in rows_b
+        else r
+        for r in a["rows"]
+    ]
     return out
 
 
@@ -153,5 +183,10 @@ def bound_ms(summary: dict, optimizer: str, probe_result: dict) -> dict:
         ms += b["rows_bytes"][t] / (rmw_gbs(probe_result, table["dim"]) * 1e9) * 1e3
     ms += (b["stream_bytes"] + b["dense_bytes"]) / (copy_gbs * 1e9) * 1e3
     total = sum(b["rows_bytes"]) + b["stream_bytes"] + b["dense_bytes"]
-    return {"bound_ms": ms, "bytes": int(total), "rows_bytes": int(sum(b["rows_bytes"])),
-            "stream_bytes": b["stream_bytes"], "dense_bytes": b["dense_bytes"]}
+    return {
+        "bound_ms": ms,
+        "bytes": int(total),
+        "rows_bytes": int(sum(b["rows_bytes"])),
+        "stream_bytes": b["stream_bytes"],
+        "dense_bytes": b["dense_bytes"],
+    }

@@ -14,6 +14,7 @@ this machine's cores, so the numbers show the protocol's overheads, not a real m
 Usage: python benchmarks/distributed_scaling.py [--ps 0 1 2 4] [--workers 2] [--steps 40] [--rounds 3] [--quick]
 Writes benchmarks/results/distributed_scaling.json and prints a markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,8 +97,13 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
         start = time.perf_counter()
         run(steps)
         rates.append(steps / (time.perf_counter() - start))
-    return {"num_ps": num_ps, "workers": workers, "sync": sync, "steps_per_s": rates,
-            "median_steps_per_s": statistics.median(rates)}
+    return {
+        "num_ps": num_ps,
+        "workers": workers,
+        "sync": sync,
+        "steps_per_s": rates,
+        "median_steps_per_s": statistics.median(rates),
+    }
 
 
 def main() -> None:
@@ -118,8 +124,18 @@ def main() -> None:
 
     results = []
     for num_ps in args.ps:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", str(num_ps), "--workers", str(args.workers),
-               "--steps", str(args.steps), "--rounds", str(args.rounds)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            str(num_ps),
+            "--workers",
+            str(args.workers),
+            "--steps",
+            str(args.steps),
+            "--rounds",
+            str(args.rounds),
+        ]
         cmd += ["--sync"] if args.sync else []
         cmd += ["--quick"] if args.quick else []
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -135,8 +151,9 @@ def main() -> None:
         "results": results,
     }
     if not args.quick:
-        out = os.path.join(ROOT, "benchmarks", "results", "distributed_scaling" + ("_sync" if args.sync else "")
-                           + ".json")
+        out = os.path.join(
+            ROOT, "benchmarks", "results", "distributed_scaling" + ("_sync" if args.sync else "") + ".json"
+        )
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
@@ -145,8 +162,10 @@ def main() -> None:
     for r in results:
         ps = r["num_ps"] or "none (one process)"
         mode = record["mode"] if r["num_ps"] else "-"
-        print(f"| {ps} | {r['workers']} | {mode} | {r['median_steps_per_s']:.2f} | "
-              f"{r['median_steps_per_s'] * batch:,.0f} |")
+        print(
+            f"| {ps} | {r['workers']} | {mode} | {r['median_steps_per_s']:.2f} | "
+            f"{r['median_steps_per_s'] * batch:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Measurements alternate ours / peer per round so drift hits both; the median over
 Usage: python benchmarks/fused_step_benchmark.py [--steps 30] [--rounds 5] [--quick]
 Writes benchmarks/results/fused_step.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,14 @@ def make_config(optimizer: str) -> cpb.TPUEmbeddingConfiguration:
     return config
 
 
-SLOT_INIT = {"sgd": [], "adagrad": [0.1], "adagrad_momentum": [0.0, 0.0], "adam_lazy": [0.0, 0.0],
-             "adam_non_lazy": [0.0, 0.0], "ftrl": [0.1, 0.0]}
+SLOT_INIT = {
+    "sgd": [],
+    "adagrad": [0.1],
+    "adagrad_momentum": [0.0, 0.0],
+    "adam_lazy": [0.0, 0.0],
+    "adam_non_lazy": [0.0, 0.0],
+    "ftrl": [0.1, 0.0],
+}
 
 
 def ours_step_fn(optimizer, table, target):
@@ -234,17 +241,31 @@ def main():
             "ours_unique_rows_per_s": round(unique_per_step / (o / 1e3)),
         }
         results.append(row)
-        print(f"{optimizer:>17} vs {peer_name:<32} wall: ours {o:8.3f} peer {p:9.3f} ms/step x{p / o:6.1f} | "
-              f"cpu: ours {oc:8.3f} peer {pc:9.3f} ms/step x{pc / oc:6.1f} | "
-              f"{row['ours_unique_rows_per_s'] / 1e6:5.2f} M unique rows/s", flush=True)
+        print(
+            f"{optimizer:>17} vs {peer_name:<32} wall: ours {o:8.3f} peer {p:9.3f} ms/step x{p / o:6.1f} | "
+            f"cpu: ours {oc:8.3f} peer {pc:9.3f} ms/step x{pc / oc:6.1f} | "
+            f"{row['ours_unique_rows_per_s'] / 1e6:5.2f} M unique rows/s",
+            flush=True,
+        )
         del ours_table, peer_table
 
     out = {
-        "workload": {"vocab": VOCAB, "dim": DIM, "ids_per_step": BATCH, "zipf_s": ZIPF_S,
-                     "mean_unique_rows_per_step": round(unique_per_step)},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "tensorflow": tf.__version__,
-                    "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()},
-        "steps": args.steps, "rounds": args.rounds, "results": results,
+        "workload": {
+            "vocab": VOCAB,
+            "dim": DIM,
+            "ids_per_step": BATCH,
+            "zipf_s": ZIPF_S,
+            "mean_unique_rows_per_step": round(unique_per_step),
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "tensorflow": tf.__version__,
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        },
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "results": results,
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "fused_step.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -10,6 +10,7 @@ Example:
     >>> sorted(res["noop"]) == ["block_ms", "iqr_ms", "median_ms", "q1_ms", "q3_ms"]
     True
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,8 +27,13 @@ def summarize(block_ms: list[float]) -> dict:
     return {"block_ms": [float(x) for x in arr], "median_ms": med, "q1_ms": q1, "q3_ms": q3, "iqr_ms": q3 - q1}
 
 
-def time_alternating(engines: dict[str, Callable[[], object]], steps: int | dict[str, int], blocks: int, warmup: int,
-                     sync: Callable[[object], None] | None = None) -> dict[str, dict]:
+def time_alternating(
+    engines: dict[str, Callable[[], object]],
+    steps: int | dict[str, int],
+    blocks: int,
+    warmup: int,
+    sync: Callable[[object], None] | None = None,
+) -> dict[str, dict]:
     """Times each engine's step function in interleaved blocks.
 
     Args:
@@ -58,7 +64,7 @@ def time_alternating(engines: dict[str, Callable[[], object]], steps: int | dict
     times: dict[str, list[float]] = {name: [] for name in live}
     names = list(live)
     for b in range(blocks):
-        order = names[b % len(names):] + names[:b % len(names)] if names else []
+        order = names[b % len(names) :] + names[: b % len(names)] if names else []
         for name in order:
             fn = live[name]
             t0 = time.perf_counter()

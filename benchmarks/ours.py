@@ -9,6 +9,7 @@ Example:
     >>> step = fused_step(w1(smoke=True), "adagrad")  # doctest: +SKIP
     >>> step()                                        # one training step  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,14 @@ from benchmarks.workloads import Workload
 
 # Our optimizers in the suite, with their slot initial values (Load/Retrieve order; TPU defaults).
 SLOT_INIT = {
-    "sgd": [], "adagrad": [tn.ADAGRAD_INIT], "adagrad_momentum": [tn.ADAGRAD_INIT, 0.0], "adam": [0.0, 0.0],
-    "adam_nonlazy": [0.0, 0.0], "ftrl": [tn.ADAGRAD_INIT, 0.0], "momentum": [0.0], "rms_prop": [1.0, 0.0],
+    "sgd": [],
+    "adagrad": [tn.ADAGRAD_INIT],
+    "adagrad_momentum": [tn.ADAGRAD_INIT, 0.0],
+    "adam": [0.0, 0.0],
+    "adam_nonlazy": [0.0, 0.0],
+    "ftrl": [tn.ADAGRAD_INIT, 0.0],
+    "momentum": [0.0],
+    "rms_prop": [1.0, 0.0],
     "centered_rms_prop": [1.0, 0.0, 0.0],
 }
 OPTIMIZERS = tuple(SLOT_INIT)
@@ -91,8 +98,13 @@ def _raw_inputs(wl: Workload) -> list:
 
 def _state(wl: Workload, optimizer: str) -> tuple[list[tf.Variable], list[list[tf.Variable]]]:
     tables = tn.make_tables(wl, 0)
-    slots = [[tf.Variable(tf.fill([t.vocab, t.dim], v), name=f"{t.name}_s{i}")
-              for i, v in enumerate(SLOT_INIT.get(optimizer, []))] for t in wl.tables]
+    slots = [
+        [
+            tf.Variable(tf.fill([t.vocab, t.dim], v), name=f"{t.name}_s{i}")
+            for i, v in enumerate(SLOT_INIT.get(optimizer, []))
+        ]
+        for t in wl.tables
+    ]
     return tables, slots
 
 

@@ -4,6 +4,7 @@ The README quotes the report rather than restating numbers by hand, so the two c
 ``python -m benchmarks --out benchmarks/results`` rewrites the paragraph with the report, and
 tests/test_docs_readme.py checks that the committed README holds exactly what this module generates.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ def _table(lines: list[str], start: int) -> list[dict]:
         i += 1
     header = [c.strip() for c in lines[i].strip("|\n").split("|")]
     rows = []
-    for line in lines[i + 2:]:
+    for line in lines[i + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(dict(zip(header, (c.strip() for c in line.strip("|\n").split("|")), strict=False)))
@@ -70,9 +71,7 @@ def _x(value: float) -> str:
 
 def paragraph(report_text: str) -> str:
     f = figures(report_text)
-    fbgemm = ", ".join(
-        f"{name} {_x(v)}" + ("" if v >= 1 else " (FBGEMM is faster)") for name, v in f["fbgemm"].items()
-    )
+    fbgemm = ", ".join(f"{name} {_x(v)}" + ("" if v >= 1 else " (FBGEMM is faster)") for name, v in f["fbgemm"].items())
     return (
         "Measured side by side with the TensorFlow-native peers and FBGEMM's CPU kernels in one run "
         "(`python -m benchmarks`; full report in [benchmarks/results/REPORT.md](benchmarks/results/REPORT.md), "
@@ -93,7 +92,7 @@ def current_block(readme_text: str) -> str:
     start, end = readme_text.find(BEGIN), readme_text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"README.md has no {BEGIN} ... {END} block")
-    return readme_text[start:end + len(END)]
+    return readme_text[start : end + len(END)]
 
 
 def update_readme(readme: str = README, report: str = REPORT) -> str:

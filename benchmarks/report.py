@@ -8,6 +8,7 @@ Files written into the output directory:
 * ``REPORT.md`` — the tables, the targets marked met / missed, and the plots.
 * ``w1_engines.png``, ``speedups.png``, ``sweeps.png`` — small PNGs (matplotlib, Agg backend) the README embeds.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,16 @@ ENGINE_LABELS = {
     "tf_lookup": "tf.nn.embedding_lookup(_sparse)",
 }
 OPT_LABELS = {
-    "sgd": "SGD", "adagrad": "Adagrad", "adagrad_momentum": "AdagradMomentum", "adam": "Adam (lazy)",
-    "adam_nonlazy": "Adam (non-lazy)", "ftrl": "FTRL", "momentum": "Momentum", "rms_prop": "RMSProp",
-    "centered_rms_prop": "CenteredRMSProp", "lookup": "lookup only",
+    "sgd": "SGD",
+    "adagrad": "Adagrad",
+    "adagrad_momentum": "AdagradMomentum",
+    "adam": "Adam (lazy)",
+    "adam_nonlazy": "Adam (non-lazy)",
+    "ftrl": "FTRL",
+    "momentum": "Momentum",
+    "rms_prop": "RMSProp",
+    "centered_rms_prop": "CenteredRMSProp",
+    "lookup": "lookup only",
 }
 PEERS = ("keras", "raw_op", "fbgemm", "fbgemm_rowwise")
 
@@ -89,20 +97,24 @@ def targets(result: dict) -> list[dict]:
         ceiling = None
         if peer and mine and "median_ms" in peer and mine.get("bound", {}).get("bound_ms"):
             ceiling = peer["median_ms"] / mine["bound"]["bound_ms"]
-        out.append({"target": name, "measured": ratio, "goal": goal, "status": status, "how": how,
-                    "ceiling": ceiling})
+        out.append({"target": name, "measured": ratio, "goal": goal, "status": status, "how": how, "ceiling": ceiling})
 
     ours = lambda o: idx.get(("W1", o, "ours"))
     for o, goal, what in (("sgd", 1.0, "W1 SGD: >= FBGEMM"), ("adagrad", 3.0, "W1 element-wise Adagrad: >= 3x FBGEMM")):
         peer = idx.get(("W1", o, "fbgemm"))
-        add(what, _ratio(peer, ours(o)), goal, f"FBGEMM {'EXACT_SGD' if o == 'sgd' else 'EXACT_ADAGRAD'} ms / ours ms",
-            peer, ours(o))
+        add(
+            what,
+            _ratio(peer, ours(o)),
+            goal,
+            f"FBGEMM {'EXACT_SGD' if o == 'sgd' else 'EXACT_ADAGRAD'} ms / ours ms",
+            peer,
+            ours(o),
+        )
     for o in ("sgd", "adagrad", "adagrad_momentum", "adam", "adam_nonlazy", "ftrl"):
         peer = idx.get(("W1", o, "raw_op"))
         detail = peer.get("detail", "") if peer else ""
         how = f"raw-op ({detail}) ms / ours ms" if detail else "raw-op ms / ours ms"
-        add(f"W1 {OPT_LABELS[o]}: >= 8x the raw-op path", _ratio(peer, ours(o)), 8.0, how,
-            peer, ours(o))
+        add(f"W1 {OPT_LABELS[o]}: >= 8x the raw-op path", _ratio(peer, ours(o)), 8.0, how, peer, ours(o))
     for o, how in (("adam", "Keras 3 Adam ms / our lazy Adam ms"), ("adam_nonlazy", "same update rule on every row")):
         peer = idx.get(("W1", o, "keras"))
         add(f"W1 {OPT_LABELS[o]}: >= 100x Keras 3 Adam", _ratio(peer, ours(o)), 100.0, how, peer, ours(o))
@@ -117,19 +129,25 @@ def targets(result: dict) -> list[dict]:
 def _workload_table(result: dict, name: str) -> list[str]:
     idx = _index(result["runs"], name)
     opts = []
-    for (_, o, _) in idx:
+    for _, o, _ in idx:
         if o not in opts:
             opts.append(o)
     if not opts:
         return []
-    lines = ["| optimizer | ours ms/step (median ± IQR/2) | unique rows/s | fraction of bound | Keras 3 ms (speedup) "
-             "| raw ops ms (speedup) | FBGEMM ms (speedup) | FBGEMM row-wise ms (speedup) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| optimizer | ours ms/step (median ± IQR/2) | unique rows/s | fraction of bound | Keras 3 ms (speedup) "
+        "| raw ops ms (speedup) | FBGEMM ms (speedup) | FBGEMM row-wise ms (speedup) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for o in opts:
         mine = idx.get((name, o, "ours"))
         frac = mine.get("fraction_of_bound") if mine and "error" not in mine else None
-        cells = [OPT_LABELS.get(o, o), _ms(mine), _rate(mine.get("unique_rows_per_s") if mine else None),
-                 f"{frac:.2f}" if frac is not None else "—"]
+        cells = [
+            OPT_LABELS.get(o, o),
+            _ms(mine),
+            _rate(mine.get("unique_rows_per_s") if mine else None),
+            f"{frac:.2f}" if frac is not None else "—",
+        ]
         cells += [_peer_cell(idx.get((name, o, p)), mine) for p in PEERS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -139,8 +157,10 @@ def _errors(result: dict) -> list[str]:
     lines = []
     for r in result["runs"]:
         if "error" in r:
-            lines.append(f"- {r.get('workload', r.get('section'))} / {OPT_LABELS.get(r.get('optimizer'), '')} / "
-                         f"{ENGINE_LABELS.get(r.get('engine'), r.get('engine'))}: `{r['error']}`")
+            lines.append(
+                f"- {r.get('workload', r.get('section'))} / {OPT_LABELS.get(r.get('optimizer'), '')} / "
+                f"{ENGINE_LABELS.get(r.get('engine'), r.get('engine'))}: `{r['error']}`"
+            )
     return lines
 
 
@@ -148,12 +168,14 @@ def markdown(result: dict, plots: list[str]) -> str:
     meta, peers = result["meta"], result["peers"]
     bw = result.get("bandwidth")
     out = ["# tf_embed_ops benchmark report", ""]
-    out.append(f"Run {meta['date_utc']} UTC on {meta['host']['cpu'] or 'unknown CPU'} "
-               f"({meta['host']['logical_cpus']} logical CPUs, load average at start "
-               f"{meta['host']['load_avg_at_start'][0]:.2f}), TensorFlow {meta['tensorflow']}, "
-               f"{meta['threads']} intra-op thread(s){', **smoke sizes**' if meta['smoke'] else ''}. "
-               f"Each figure is the median over {meta['blocks']} alternating blocks (spread: interquartile range); "
-               "speedup = peer ms / ours ms (bold when we are faster).")
+    out.append(
+        f"Run {meta['date_utc']} UTC on {meta['host']['cpu'] or 'unknown CPU'} "
+        f"({meta['host']['logical_cpus']} logical CPUs, load average at start "
+        f"{meta['host']['load_avg_at_start'][0]:.2f}), TensorFlow {meta['tensorflow']}, "
+        f"{meta['threads']} intra-op thread(s){', **smoke sizes**' if meta['smoke'] else ''}. "
+        f"Each figure is the median over {meta['blocks']} alternating blocks (spread: interquartile range); "
+        "speedup = peer ms / ours ms (bold when we are faster)."
+    )
     out.append("")
     fb = peers.get("fbgemm", {})
     state = "**available**" if fb.get("available") else "**absent**"
@@ -162,21 +184,29 @@ def markdown(result: dict, plots: list[str]) -> str:
         out.append(f"- **Our op library did not load**: {peers['ours']['note']}")
     if bw:
         when = ", best of the probes at the start and the end of the run" if result.get("bandwidth_probes") else ""
-        out.append(f"- Bandwidth probe ({bw['threads']} thread(s), {bw['buffer_mb']} MiB buffers{when}): "
-                   f"streaming read "
-                   f"{bw['stream_read_gbs']:.1f} GB/s, write {bw['stream_write_gbs']:.1f} GB/s, copy "
-                   f"{bw['stream_copy_gbs']:.1f} GB/s; random-row read-modify-write " + ", ".join(
-                       f"{r['random_rmw_gbs']:.1f} GB/s @ dim {r['dim']}" for r in bw["rows"]) + ".")
+        out.append(
+            f"- Bandwidth probe ({bw['threads']} thread(s), {bw['buffer_mb']} MiB buffers{when}): "
+            f"streaming read "
+            f"{bw['stream_read_gbs']:.1f} GB/s, write {bw['stream_write_gbs']:.1f} GB/s, copy "
+            f"{bw['stream_copy_gbs']:.1f} GB/s; random-row read-modify-write "
+            + ", ".join(f"{r['random_rmw_gbs']:.1f} GB/s @ dim {r['dim']}" for r in bw["rows"])
+            + "."
+        )
     else:
         out.append(f"- Bandwidth probe unavailable: {meta.get('bandwidth_error', 'not run')}")
     out.append("")
 
     tg = targets(result)
     if any(t["status"] != "not measured" for t in tg) or "W1" in result["workloads"]:
-        out += ["## Targets", "",
-                "*Ceiling* = the peer's time divided by our step's bandwidth bound: the largest speedup any engine "
-                "could show on this machine, since no step can beat the bound.", "",
-                "| target | measured | status | ceiling | how |", "|---|---|---|---|---|"]
+        out += [
+            "## Targets",
+            "",
+            "*Ceiling* = the peer's time divided by our step's bandwidth bound: the largest speedup any engine "
+            "could show on this machine, since no step can beat the bound.",
+            "",
+            "| target | measured | status | ceiling | how |",
+            "|---|---|---|---|---|",
+        ]
         for t in tg:
             m = "—" if t["measured"] is None else f"{t['measured']:.3g}"
             c = "—" if t.get("ceiling") is None else f"{t['ceiling']:.3g}"
@@ -188,27 +218,41 @@ def markdown(result: dict, plots: list[str]) -> str:
         if name not in result["workloads"]:
             continue
         wl = result["workloads"][name]
-        out += [f"## {name}: {wl['description']}", "",
-                f"{wl['num_ids']:,} ids per step, {sum(wl['unique_rows']):,} distinct rows touched.", ""]
+        out += [
+            f"## {name}: {wl['description']}",
+            "",
+            f"{wl['num_ids']:,} ids per step, {sum(wl['unique_rows']):,} distinct rows touched.",
+            "",
+        ]
         out += _workload_table(result, name)
         out.append("")
 
     lk = [r for r in result["runs"] if r.get("section") == "lookup"]
     if lk:
-        out += ["## Lookup only (serving)", "", "| workload | ours ms | TF ms (speedup) | TF op | fraction of bound |",
-                "|---|---|---|---|---|"]
+        out += [
+            "## Lookup only (serving)",
+            "",
+            "| workload | ours ms | TF ms (speedup) | TF op | fraction of bound |",
+            "|---|---|---|---|---|",
+        ]
         for wname in sorted({r["workload"] for r in lk}):
             mine = next((r for r in lk if r["workload"] == wname and r["engine"] == "ours"), None)
             peer = next((r for r in lk if r["workload"] == wname and r["engine"] == "tf_lookup"), None)
             frac = mine.get("fraction_of_bound") if mine else None
-            out.append(f"| {wname} | {_ms(mine)} | {_peer_cell(peer, mine)} | {peer.get('detail', '') if peer else ''}"
-                       f" | {'—' if frac is None else f'{frac:.2f}'} |")
+            out.append(
+                f"| {wname} | {_ms(mine)} | {_peer_cell(peer, mine)} | {peer.get('detail', '') if peer else ''}"
+                f" | {'—' if frac is None else f'{frac:.2f}'} |"
+            )
         out.append("")
 
     sweep = [r for r in result["runs"] if str(r.get("section", "")).startswith("sweep:")]
     if sweep:
-        out += ["## Scaling (W1 with one knob moved)", "",
-                "ms/step of ours; in brackets the speedup over the raw-op path and over FBGEMM (same optimizer).", ""]
+        out += [
+            "## Scaling (W1 with one knob moved)",
+            "",
+            "ms/step of ours; in brackets the speedup over the raw-op path and over FBGEMM (same optimizer).",
+            "",
+        ]
         for axis in sorted({r["axis"] for r in sweep}):
             recs = [r for r in sweep if r["axis"] == axis]
             opts = sorted({r["optimizer"] for r in recs}, key=list(OPT_LABELS).index)
@@ -230,8 +274,12 @@ def markdown(result: dict, plots: list[str]) -> str:
 
     th = [r for r in result["runs"] if r.get("section") == "threads"]
     if th:
-        out += ["## Threads (W1)", "", "| threads | optimizer | ours ms | raw ops ms (speedup) | Keras ms (speedup) "
-                "| FBGEMM ms (speedup) |", "|---|---|---|---|---|---|"]
+        out += [
+            "## Threads (W1)",
+            "",
+            "| threads | optimizer | ours ms | raw ops ms (speedup) | Keras ms (speedup) | FBGEMM ms (speedup) |",
+            "|---|---|---|---|---|---|",
+        ]
         for t in sorted({r.get("threads", 0) for r in th}):
             recs = [r for r in th if r.get("threads") == t]
             for r in recs:
@@ -250,52 +298,70 @@ def markdown(result: dict, plots: list[str]) -> str:
             out.append(f"Not measured: {acc['error']}")
         else:
             c = acc["config"]
-            out += [f"One round = {c['applies']} applies of {c['rows']:,} rows x {c['width']} float32, then one take "
-                    "(TF1 graph, same session; ours also eagerly).", "",
-                    "| case | TensorFlow ms | ours (graph) ms (speedup) | ours (eager) ms (speedup) |",
-                    "|---|---|---|---|"]
+            out += [
+                f"One round = {c['applies']} applies of {c['rows']:,} rows x {c['width']} float32, then one take "
+                "(TF1 graph, same session; ours also eagerly).",
+                "",
+                "| case | TensorFlow ms | ours (graph) ms (speedup) | ours (eager) ms (speedup) |",
+                "|---|---|---|---|",
+            ]
             for case, row in acc["cases"].items():
                 if "error" in row:
                     out.append(f"| {case} | error: `{row['error']}` | | |")
                     continue
                 tfr = row.get("tensorflow")
-                out.append(f"| {case} | {_ms(tfr)} | {_ms(row.get('tf_embed_ops_graph'))} "
-                           f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_graph')))}) | "
-                           f"{_ms(row.get('tf_embed_ops_eager'))} "
-                           f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_eager')))}) |")
+                out.append(
+                    f"| {case} | {_ms(tfr)} | {_ms(row.get('tf_embed_ops_graph'))} "
+                    f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_graph')))}) | "
+                    f"{_ms(row.get('tf_embed_ops_eager'))} "
+                    f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_eager')))}) |"
+                )
         out.append("")
 
     par = result.get("parity")
     if par:
-        out += ["## Parity (same work)", "",
-                "Ours and the raw-op peer start from the same tables and slots, take the same steps on small "
-                "versions of the workloads, and their tables and slots are compared: the ratios above compare "
-                "engines computing the same update.", "",
-                "| workload | optimizer | max abs difference | largest update |", "|---|---|---|---|"]
+        out += [
+            "## Parity (same work)",
+            "",
+            "Ours and the raw-op peer start from the same tables and slots, take the same steps on small "
+            "versions of the workloads, and their tables and slots are compared: the ratios above compare "
+            "engines computing the same update.",
+            "",
+            "| workload | optimizer | max abs difference | largest update |",
+            "|---|---|---|---|",
+        ]
         for r in par:
             if "error" in r:
-                out.append(f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | not run: "
-                           f"`{r['error'][:160]}` | |")
+                out.append(
+                    f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | not run: "
+                    f"`{r['error'][:160]}` | |"
+                )
             else:
-                out.append(f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | "
-                           f"{r['max_abs_diff']:.2g} | {r['max_abs_update']:.2g} |")
+                out.append(
+                    f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | "
+                    f"{r['max_abs_diff']:.2g} | {r['max_abs_update']:.2g} |"
+                )
         out.append("")
     if plots:
         out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     errs = _errors(result)
     if errs:
         out += ["## Engines that did not run", ""] + errs + [""]
-    out += ["## Method", "",
-            "- One step = forward (look up + combine), then backward + optimizer update given a fixed upstream "
-            "gradient for the activations, on the same ids for every engine (Zipf ids scattered over the vocabulary "
-            "by a fixed permutation). Hyper-parameters are the TPU ones (no Adam bias correction, Adagrad without "
-            "epsilon). TensorFlow engines run in a `tf.function`; FBGEMM runs its module's forward and "
-            "`backward(grad)`, which applies its fused optimizer.",
-            "- Ours, Keras 3 and the raw-op path run in one process and alternate block by block; FBGEMM runs in its "
-            "own interpreter (torch cannot share one with TensorFlow) right after, on the same ids.",
-            "- Fraction of bound = (least bytes the step must move / measured bandwidth) / measured time; rows "
-            "touched by the update are costed at the probe's random-row read-modify-write bandwidth, activations, "
-            "upstream gradients and ids at the streaming copy bandwidth (benchmarks/bandwidth.py).", ""]
+    out += [
+        "## Method",
+        "",
+        "- One step = forward (look up + combine), then backward + optimizer update given a fixed upstream "
+        "gradient for the activations, on the same ids for every engine (Zipf ids scattered over the vocabulary "
+        "by a fixed permutation). Hyper-parameters are the TPU ones (no Adam bias correction, Adagrad without "
+        "epsilon). TensorFlow engines run in a `tf.function`; FBGEMM runs its module's forward and "
+        "`backward(grad)`, which applies its fused optimizer.",
+        "- Ours, Keras 3 and the raw-op path run in one process and alternate block by block; FBGEMM runs in its "
+        "own interpreter (torch cannot share one with TensorFlow) right after, on the same ids.",
+        "- Fraction of bound = (least bytes the step must move / measured bandwidth) / measured time; rows "
+        "touched by the update are costed at the probe's random-row read-modify-write bandwidth, activations, "
+        "upstream gradients and ids at the streaming copy bandwidth (benchmarks/bandwidth.py).",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -311,15 +377,24 @@ def plot(result: dict, out_dir: str) -> list[str]:
     except ImportError:
         return []
     files = []
-    colors = {"ours": "#1b9e77", "keras": "#d95f02", "raw_op": "#7570b3", "fbgemm": "#e7298a",
-              "fbgemm_rowwise": "#e6ab02", "tf_lookup": "#666666"}
+    colors = {
+        "ours": "#1b9e77",
+        "keras": "#d95f02",
+        "raw_op": "#7570b3",
+        "fbgemm": "#e7298a",
+        "fbgemm_rowwise": "#e6ab02",
+        "tf_lookup": "#666666",
+    }
 
     idx = _index(result["runs"], "W1")
     opts = [o for o in OPT_LABELS if any(k[1] == o for k in idx)]
     if opts:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
-        engines = [e for e in ("ours", "fbgemm", "fbgemm_rowwise", "raw_op", "keras")
-                   if any(("W1", o, e) in idx and "median_ms" in idx[("W1", o, e)] for o in opts)]
+        engines = [
+            e
+            for e in ("ours", "fbgemm", "fbgemm_rowwise", "raw_op", "keras")
+            if any(("W1", o, e) in idx and "median_ms" in idx[("W1", o, e)] for o in opts)
+        ]
         width = 0.8 / max(1, len(engines))
         for j, e in enumerate(engines):
             xs, ys = [], []
@@ -335,8 +410,9 @@ def plot(result: dict, out_dir: str) -> list[str]:
         ax.set_ylabel("ms / step (log)")
         ax.set_title(result["workloads"]["W1"]["description"], fontsize=9, pad=22)
         handles, names = ax.get_legend_handles_labels()
-        fig.legend(handles, names, fontsize=7, loc="upper center", ncol=len(names), frameon=False,
-                   bbox_to_anchor=(0.5, 0.93))
+        fig.legend(
+            handles, names, fontsize=7, loc="upper center", ncol=len(names), frameon=False, bbox_to_anchor=(0.5, 0.93)
+        )
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "w1_engines.png"))
         plt.close(fig)
@@ -356,8 +432,12 @@ def plot(result: dict, out_dir: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
         labels = sorted({(n, o) for n, o, _, _ in rows}, key=lambda k: (k[0], list(OPT_LABELS).index(k[1])))
         for j, p in enumerate(("keras", "raw_op", "fbgemm")):
-            pts = [(i + (j - 1) * 0.27, r) for i, lab in enumerate(labels) for (n, o, q, r) in rows
-                   if (n, o) == lab and q == p]
+            pts = [
+                (i + (j - 1) * 0.27, r)
+                for i, lab in enumerate(labels)
+                for (n, o, q, r) in rows
+                if (n, o) == lab and q == p
+            ]
             xs, ys = [x for x, _ in pts], [y for _, y in pts]
             if xs:
                 ax.bar(xs, ys, 0.27, label=f"vs {ENGINE_LABELS[p]}", color=colors[p])
@@ -382,12 +462,22 @@ def plot(result: dict, out_dir: str) -> list[str]:
         styles = {"sgd": "-", "adagrad": "--", "adam": ":"}
         for k, axis in enumerate(axes_names):
             ax = axs[k // ncols][k % ncols]
-            for (e, o) in sorted({(r["engine"], r["optimizer"]) for r in sweep if r["axis"] == axis}):
-                pts = sorted((r["point"], r["median_ms"]) for r in sweep
-                             if r["axis"] == axis and r["engine"] == e and r["optimizer"] == o)
+            for e, o in sorted({(r["engine"], r["optimizer"]) for r in sweep if r["axis"] == axis}):
+                pts = sorted(
+                    (r["point"], r["median_ms"])
+                    for r in sweep
+                    if r["axis"] == axis and r["engine"] == e and r["optimizer"] == o
+                )
                 label = ENGINE_LABELS[e] if e == "fbgemm_rowwise" else f"{ENGINE_LABELS.get(e, e)} {OPT_LABELS[o]}"
-                ax.plot([p for p, _ in pts], [m for _, m in pts], styles.get(o, "-"), marker="o", ms=3,
-                        color=colors.get(e, "gray"), label=label)
+                ax.plot(
+                    [p for p, _ in pts],
+                    [m for _, m in pts],
+                    styles.get(o, "-"),
+                    marker="o",
+                    ms=3,
+                    color=colors.get(e, "gray"),
+                    label=label,
+                )
             if axis != "zipf":
                 ax.set_xscale("log")
             ax.set_yscale("log")

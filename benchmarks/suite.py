@@ -6,6 +6,7 @@ Each of our results carries its memory-bandwidth bound (``bandwidth.bound_ms``).
 thread curve re-runs W1 in child processes (TensorFlow's thread pools are fixed at start-up). Nothing is hidden:
 an engine that cannot run is recorded with its error.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,8 @@ class Options:
     """What to run. ``smoke`` shrinks sizes and repetitions so the whole suite runs in seconds."""
 
     smoke: bool = False
-    only: tuple[str, ...] = ()          # workload / section names (W1..W4, sweeps, threads, lookup, accumulator)
-    optimizers: tuple[str, ...] = ()    # restrict optimizers (default: all)
+    only: tuple[str, ...] = ()  # workload / section names (W1..W4, sweeps, threads, lookup, accumulator)
+    optimizers: tuple[str, ...] = ()  # restrict optimizers (default: all)
     threads: int = 1
     fbgemm_python: str | None = None
     no_fbgemm: bool = False
@@ -64,8 +65,12 @@ def _meta(opts: Options) -> dict:
         pass
     return {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "host": {"cpu": cpu, "logical_cpus": os.cpu_count(), "machine": platform.machine(),
-                 "load_avg_at_start": os.getloadavg()},
+        "host": {
+            "cpu": cpu,
+            "logical_cpus": os.cpu_count(),
+            "machine": platform.machine(),
+            "load_avg_at_start": os.getloadavg(),
+        },
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "threads": opts.threads,
@@ -122,8 +127,15 @@ def _build(builder, *args) -> object:
         return failing
 
 
-def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe: dict | None,
-                   fbgemm_python: str | None, section: str, keras: bool = True) -> list[dict]:
+def bench_training(
+    wl: wls.Workload,
+    optimizers: list[str],
+    opts: Options,
+    probe: dict | None,
+    fbgemm_python: str | None,
+    section: str,
+    keras: bool = True,
+) -> list[dict]:
     """Ours vs Keras 3 vs raw ops (alternating), then FBGEMM, for each optimizer on one workload.
 
     ``keras=False`` leaves Keras out (the sweeps: its dense updates take seconds per step at the large points and
@@ -161,8 +173,16 @@ def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe
             fb_opts.append("rowwise_adagrad")
         if fb_opts:
             steps = 2 if opts.smoke else 0  # 0: the peer sizes its blocks to block_ms itself
-            fb = fbgemm.run_best(fbgemm_python, wl, fb_opts, steps=steps, blocks=opts.blocks, warmup=opts.warmup,
-                                 threads=opts.threads, block_ms=opts.block_ms)
+            fb = fbgemm.run_best(
+                fbgemm_python,
+                wl,
+                fb_opts,
+                steps=steps,
+                blocks=opts.blocks,
+                warmup=opts.warmup,
+                threads=opts.threads,
+                block_ms=opts.block_ms,
+            )
             for name, r in fb.items():
                 opt = "adagrad" if name == "rowwise_adagrad" else name
                 engine = "fbgemm_rowwise" if name == "rowwise_adagrad" else "fbgemm"
@@ -171,7 +191,8 @@ def bench_training(wl: wls.Workload, optimizers: list[str], opts: Options, probe
                     rec.update(harness.summarize(r["block_ms"]))
                     rec["steps_per_block"] = r.get("steps", steps)
                     rec["detail"] = r.get("optim_type", "") + (
-                        f", OMP_WAIT_POLICY={r['omp_wait_policy']}" if r.get("omp_wait_policy") else "")
+                        f", OMP_WAIT_POLICY={r['omp_wait_policy']}" if r.get("omp_wait_policy") else ""
+                    )
                     rec["unique_rows_per_s"] = _rows_per_s(summary, rec["median_ms"])
                 else:
                     rec["error"] = r.get("error", "no result")
@@ -187,8 +208,11 @@ def bench_lookup(wl: wls.Workload, opts: Options, probe: dict | None) -> list[di
     for engine, r in res.items():
         rec = {"section": "lookup", "workload": wl.name, "optimizer": "lookup", "engine": engine, **r}
         if engine == "tf_lookup":
-            rec["detail"] = "tf.nn.embedding_lookup_sparse" if wl.combiner == "mean" or any(
-                f.kind == "bag" for f in wl.features) else "tf.nn.embedding_lookup"
+            rec["detail"] = (
+                "tf.nn.embedding_lookup_sparse"
+                if wl.combiner == "mean" or any(f.kind == "bag" for f in wl.features)
+                else "tf.nn.embedding_lookup"
+            )
         if "median_ms" in r:
             rec["unique_rows_per_s"] = _rows_per_s(summary, r["median_ms"])
             if engine == "ours" and probe is not None:
@@ -223,12 +247,14 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
                 for _ in range(steps):
                     mine()
                     peer()
-                diffs = [float(np.max(np.abs(a.numpy() - b.numpy()), initial=0.0))
-                         for a, b in zip(t_a + [x for s in s_a for x in s], t_b + [x for s in s_b for x in s],
-                                         strict=True)]
-                moved = max(float(np.max(np.abs(a.numpy() - b0), initial=0.0))
-                            for a, b0 in zip(t_a, [tn.make_tables(wl, 0)[i].numpy() for i in range(len(t_a))],
-                                             strict=True))
+                diffs = [
+                    float(np.max(np.abs(a.numpy() - b.numpy()), initial=0.0))
+                    for a, b in zip(t_a + [x for s in s_a for x in s], t_b + [x for s in s_b for x in s], strict=True)
+                ]
+                moved = max(
+                    float(np.max(np.abs(a.numpy() - b0), initial=0.0))
+                    for a, b0 in zip(t_a, [tn.make_tables(wl, 0)[i].numpy() for i in range(len(t_a))], strict=True)
+                )
                 rec.update({"max_abs_diff": max(diffs), "max_abs_update": moved, "steps": steps})
             except Exception as e:
                 rec["error"] = _error_text(e)
@@ -266,19 +292,44 @@ def bench_threads(opts: Options) -> list[dict]:
     scratch = tempfile.mkdtemp(prefix="tf_embed_ops_bench_threads_")
     for threads in (1, 2):
         child_out = os.path.join(scratch, f"threads{threads}")
-        cmd = [sys.executable, "-m", "benchmarks", "--only", "W1", "--threads", str(threads), "--out", child_out,
-               "--optimizers", ",".join(SWEEP_OPTIMIZERS), "--no-report", "--blocks", str(opts.blocks)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--only",
+            "W1",
+            "--threads",
+            str(threads),
+            "--out",
+            child_out,
+            "--optimizers",
+            ",".join(SWEEP_OPTIMIZERS),
+            "--no-report",
+            "--blocks",
+            str(opts.blocks),
+        ]
         if opts.smoke:
             cmd.append("--smoke")
         if opts.no_fbgemm:
             cmd.append("--no-fbgemm")
         elif opts.fbgemm_python:
             cmd += ["--fbgemm-python", opts.fbgemm_python]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
         if proc.returncode != 0:
-            records.append({"section": "threads", "threads": threads, "engine": "all",
-                            "error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:400]})
+            records.append(
+                {
+                    "section": "threads",
+                    "threads": threads,
+                    "engine": "all",
+                    "error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:400],
+                }
+            )
             continue
         with open(os.path.join(child_out, "suite.json")) as f:
             child = json.load(f)
@@ -311,8 +362,10 @@ def run(opts: Options, log=print) -> dict:
             probe = bandwidth.probe(opts.threads, mb=32, reps=1, dims=(8, 16, 64), rows_touched=1024)
         else:
             probe = bandwidth.probe(opts.threads, reps=5)
-        log(f"bandwidth: copy {probe['stream_copy_gbs']:.1f} GB/s, random-row RMW "
-            f"{bandwidth.rmw_gbs(probe, 64):.1f} GB/s at dim 64")
+        log(
+            f"bandwidth: copy {probe['stream_copy_gbs']:.1f} GB/s, random-row RMW "
+            f"{bandwidth.rmw_gbs(probe, 64):.1f} GB/s at dim 64"
+        )
     except Exception as e:
         probe = None
         meta["bandwidth_error"] = _error_text(e)
@@ -320,12 +373,16 @@ def run(opts: Options, log=print) -> dict:
 
     result = {"meta": meta, "peers": peers, "bandwidth": probe, "workloads": {}, "runs": []}
     if ok:
-        result["parity"] = parity([make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
-                                  opts.optimizers_for(list(CORE_OPTIMIZERS) + list(EXTRA_OPTIMIZERS)))
+        result["parity"] = parity(
+            [make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
+            opts.optimizers_for(list(CORE_OPTIMIZERS) + list(EXTRA_OPTIMIZERS)),
+        )
         diffs = [r["max_abs_diff"] for r in result["parity"] if "max_abs_diff" in r]
         failed = [f"{r['workload']}/{r['optimizer']}" for r in result["parity"] if "error" in r]
-        log(f"parity: {len(diffs)} checks, largest difference {max(diffs, default=0.0):.1e}"
-            + (f"; not run: {', '.join(failed)}" if failed else ""))
+        log(
+            f"parity: {len(diffs)} checks, largest difference {max(diffs, default=0.0):.1e}"
+            + (f"; not run: {', '.join(failed)}" if failed else "")
+        )
     for name, make in wls.WORKLOADS.items():
         if not opts.wants(name):
             continue
@@ -346,8 +403,15 @@ def run(opts: Options, log=print) -> dict:
             for wl in points:
                 t0 = time.time()
                 result["workloads"][f"{axis}:{wl.name}"] = wl.summary()
-                recs = bench_training(wl, opts.optimizers_for(SWEEP_OPTIMIZERS_BY_AXIS.get(axis, SWEEP_OPTIMIZERS)),
-                                      opts, probe, fb_python, f"sweep:{axis}", keras=False)
+                recs = bench_training(
+                    wl,
+                    opts.optimizers_for(SWEEP_OPTIMIZERS_BY_AXIS.get(axis, SWEEP_OPTIMIZERS)),
+                    opts,
+                    probe,
+                    fb_python,
+                    f"sweep:{axis}",
+                    keras=False,
+                )
                 for r in recs:
                     r["axis"], r["point"] = axis, wl.params.get(axis)
                     r["workload"] = f"{axis}:{wl.name}"
@@ -372,8 +436,10 @@ def run(opts: Options, log=print) -> dict:
             result["bandwidth"] = bandwidth.best_of(probe, again)
             result["bandwidth_probes"] = [probe, again]
             rebound(result)
-            log(f"bandwidth (best of start and end): copy {result['bandwidth']['stream_copy_gbs']:.1f} GB/s, "
-                f"random-row RMW {bandwidth.rmw_gbs(result['bandwidth'], 64):.1f} GB/s at dim 64")
+            log(
+                f"bandwidth (best of start and end): copy {result['bandwidth']['stream_copy_gbs']:.1f} GB/s, "
+                f"random-row RMW {bandwidth.rmw_gbs(result['bandwidth'], 64):.1f} GB/s at dim 64"
+            )
         except Exception as e:
             log(f"second bandwidth probe failed ({_error_text(e)}); keeping the first")
     return result

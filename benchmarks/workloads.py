@@ -18,6 +18,7 @@ Example:
     >>> wl.features[0].ids.shape
     (256,)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -103,8 +104,17 @@ class Workload:
             "name": self.name,
             "description": self.description,
             "tables": [dataclasses.asdict(t) for t in self.tables],
-            "features": [{"name": f.name, "table": f.table, "kind": f.kind, "ids": int(f.ids.shape[0]),
-                          "batch": f.batch, "sequence_length": f.sequence_length} for f in self.features],
+            "features": [
+                {
+                    "name": f.name,
+                    "table": f.table,
+                    "kind": f.kind,
+                    "ids": int(f.ids.shape[0]),
+                    "batch": f.batch,
+                    "sequence_length": f.sequence_length,
+                }
+                for f in self.features
+            ],
             "combiner": self.combiner,
             "batch": self.batch,
             "num_ids": self.num_ids,
@@ -140,47 +150,78 @@ def zipf_ids(rng: np.random.Generator, vocab: int, n: int, s: float) -> np.ndarr
     return perm[np.minimum(ranks, vocab - 1)]
 
 
-def w1(smoke: bool = False, vocab: int = 1_000_000, batch: int = 16_384, dim: int = 64, zipf: float = 1.05,
-       name: str = "W1") -> Workload:
+def w1(
+    smoke: bool = False,
+    vocab: int = 1_000_000,
+    batch: int = 16_384,
+    dim: int = 64,
+    zipf: float = 1.05,
+    name: str = "W1",
+) -> Workload:
     """One table, one Zipf id per sample (the headline workload, and the base of every sweep)."""
     if smoke:
         vocab, batch, dim = min(vocab, 1000), min(batch, 256), min(dim, 16)
     rng = np.random.default_rng(SEED)
     ids = zipf_ids(rng, vocab, batch, zipf)
-    return Workload(name, f"1 table {vocab:,} x {dim}, {batch:,} Zipf({zipf}) ids, one per sample",
-                    [Table("t0", vocab, dim)], [Feature("f0", 0, ids)], "sum",
-                    {"vocab": vocab, "batch": batch, "dim": dim, "zipf": zipf})
+    return Workload(
+        name,
+        f"1 table {vocab:,} x {dim}, {batch:,} Zipf({zipf}) ids, one per sample",
+        [Table("t0", vocab, dim)],
+        [Feature("f0", 0, ids)],
+        "sum",
+        {"vocab": vocab, "batch": batch, "dim": dim, "zipf": zipf},
+    )
 
 
-def w2(smoke: bool = False, vocab: int = 1_000_000, batch: int = 4_096, dim: int = 64, bag: int = 8,
-       zipf: float = 1.05) -> Workload:
+def w2(
+    smoke: bool = False, vocab: int = 1_000_000, batch: int = 4_096, dim: int = 64, bag: int = 8, zipf: float = 1.05
+) -> Workload:
     """Multi-hot bags of ``bag`` ids per sample, mean combiner."""
     if smoke:
         vocab, batch, dim = 1000, 64, 16
     rng = np.random.default_rng(SEED + 2)
     ids = zipf_ids(rng, vocab, batch * bag, zipf)
     splits = np.arange(0, batch * bag + 1, bag, dtype=np.int64)
-    return Workload("W2", f"1 table {vocab:,} x {dim}, {batch:,} bags of {bag} Zipf({zipf}) ids, mean combiner",
-                    [Table("t0", vocab, dim)], [Feature("f0", 0, ids, splits)], "mean",
-                    {"vocab": vocab, "batch": batch, "dim": dim, "bag": bag, "zipf": zipf})
+    return Workload(
+        "W2",
+        f"1 table {vocab:,} x {dim}, {batch:,} bags of {bag} Zipf({zipf}) ids, mean combiner",
+        [Table("t0", vocab, dim)],
+        [Feature("f0", 0, ids, splits)],
+        "mean",
+        {"vocab": vocab, "batch": batch, "dim": dim, "bag": bag, "zipf": zipf},
+    )
 
 
-def w3(smoke: bool = False, vocab: int = 1_000_000, batch: int = 1_024, dim: int = 64, length: int = 20,
-       zipf: float = 1.05) -> Workload:
+def w3(
+    smoke: bool = False, vocab: int = 1_000_000, batch: int = 1_024, dim: int = 64, length: int = 20, zipf: float = 1.05
+) -> Workload:
     """A sequence feature: ``length`` ids per sample, activation [batch, length, dim]."""
     if smoke:
         vocab, batch, dim, length = 1000, 32, 16, 5
     rng = np.random.default_rng(SEED + 3)
     ids = zipf_ids(rng, vocab, batch * length, zipf)
     splits = np.arange(0, batch * length + 1, length, dtype=np.int64)
-    return Workload("W3", f"1 table {vocab:,} x {dim}, sequence feature L={length}, {batch:,} samples",
-                    [Table("t0", vocab, dim)], [Feature("f0", 0, ids, splits, sequence_length=length)], "sum",
-                    {"vocab": vocab, "batch": batch, "dim": dim, "length": length, "zipf": zipf})
+    return Workload(
+        "W3",
+        f"1 table {vocab:,} x {dim}, sequence feature L={length}, {batch:,} samples",
+        [Table("t0", vocab, dim)],
+        [Feature("f0", 0, ids, splits, sequence_length=length)],
+        "sum",
+        {"vocab": vocab, "batch": batch, "dim": dim, "length": length, "zipf": zipf},
+    )
 
 
 # DLRM-like: a few huge id tables, some mid-sized categorical ones, a few tiny ones; dims vary. Bags of 1..4.
-_W4_TABLES = [(2_000_000, 64, 1), (1_000_000, 64, 1), (500_000, 32, 2), (100_000, 32, 4), (50_000, 16, 2),
-              (10_000, 16, 1), (1_000, 8, 1), (100, 8, 1)]
+_W4_TABLES = [
+    (2_000_000, 64, 1),
+    (1_000_000, 64, 1),
+    (500_000, 32, 2),
+    (100_000, 32, 4),
+    (50_000, 16, 2),
+    (10_000, 16, 1),
+    (1_000, 8, 1),
+    (100, 8, 1),
+]
 
 
 def w4(smoke: bool = False, batch: int = 4_096, zipf: float = 1.05) -> Workload:
@@ -197,15 +238,23 @@ def w4(smoke: bool = False, batch: int = 4_096, zipf: float = 1.05) -> Workload:
         splits = None if bag == 1 else np.arange(0, batch * bag + 1, bag, dtype=np.int64)
         features.append(Feature(f"f{t}", t, ids, splits))
     total = sum(v * d for v, d, _ in specs)
-    return Workload("W4", f"8 tables (mixed sizes/dims, {total * 4 / 2**20:,.0f} MiB), batch {batch:,}, bags of "
-                    "1-4, sum combiner", tables, features, "sum", {"batch": batch, "zipf": zipf})
+    return Workload(
+        "W4",
+        f"8 tables (mixed sizes/dims, {total * 4 / 2**20:,.0f} MiB), batch {batch:,}, bags of 1-4, sum combiner",
+        tables,
+        features,
+        "sum",
+        {"batch": batch, "zipf": zipf},
+    )
 
 
 def sweeps(smoke: bool = False) -> dict[str, list[Workload]]:
     """W1 with one knob moved at a time: name -> workloads in increasing order of the knob."""
     if smoke:
-        return {"vocab": [w1(True, vocab=v, name=f"vocab={v}") for v in (100, 1000)],
-                "batch": [w1(True, batch=b, name=f"batch={b}") for b in (64, 256)]}
+        return {
+            "vocab": [w1(True, vocab=v, name=f"vocab={v}") for v in (100, 1000)],
+            "batch": [w1(True, batch=b, name=f"batch={b}") for b in (64, 256)],
+        }
     return {
         # dim 32 here: at 1e7 rows a 64-wide table is 2.5 GB per array, and ours and the raw-op peer each hold
         # table + slots at once, which does not fit beside other work in 24 GB.

@@ -4,6 +4,7 @@ Inputs are plain Python: per feature, rows of ids (and optional weights) and the
 or a sequence of length L).  Used by the mid-level and Keras tests as the reference; optimizer steps come from
 numpy_reference.py.  It shares no code with tf_embed_ops.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,6 +95,7 @@ class RefTable:
 
     def apply(self, grads: dict, lr: float) -> None:
         names = list(self.slots)
-        self.params, slots = numpy_reference.apply_step(self.spec, lr, self.params, [self.slots[n] for n in names],
-                                                        grads)
+        self.params, slots = numpy_reference.apply_step(
+            self.spec, lr, self.params, [self.slots[n] for n in names], grads
+        )
         self.slots = dict(zip(names, slots, strict=True))

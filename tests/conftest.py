@@ -1,4 +1,5 @@
 """Shared pytest setup: quiet TensorFlow, deterministic seeds."""
+
 import os
 import random
 import zlib

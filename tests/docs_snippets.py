@@ -10,6 +10,7 @@ before the fence may mark it:
 Python blocks of one file run in order in one namespace: a page reads top to bottom, and a later block may use
 what an earlier one defined.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,7 @@ def blocks(document: str) -> list[Block]:
         body = []
         i += 1
         while i < len(lines) and not _FENCE.match(lines[i]):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
             i += 1
         marker = _MARKER.match(lines[start - 1]) if start > 0 else None
         out.append(Block(document, start + 1, language, "\n".join(body) + "\n", marker.group(1) if marker else None))

@@ -1,6 +1,7 @@
 """Shared pieces of the DistributedEmbedding tests: a small ranking model over the layer, its inputs in every
 kind (dense ids, dense weighted bags, ragged, sparse), and the numpy reference of one `fit` step (from
 tests/numpy_reference.py, which knows nothing of keras-rs or of our layer)."""
+
 from __future__ import annotations
 
 import keras

@@ -1,5 +1,6 @@
 """Shared Keras fixtures of the layer and serving tests: a small model over the Keras TPUEmbedding layer and
 data with a learnable target (rows >= vocab_max are never touched)."""
+
 from __future__ import annotations
 
 import keras
@@ -30,9 +31,7 @@ def _model(feature_config=None):
         "history": keras.Input(shape=(None,), dtype="int64", ragged=True, name="history"),
     }
     acts = layer(inputs)
-    x = keras.layers.Concatenate()(
-        [acts["user"], acts["items"], keras.layers.Flatten()(acts["history"])]
-    )
+    x = keras.layers.Concatenate()([acts["user"], acts["items"], keras.layers.Flatten()(acts["history"])])
     out = keras.layers.Dense(1, name="head")(x)
     return keras.Model(inputs, out), layer
 

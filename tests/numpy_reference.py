@@ -15,6 +15,7 @@ is a different optimizer: ``1 - f32(0.9)`` is ``0.10000002``, a relative change 
 carries into every row.  What remains between the kernels and this reference is float32 rounding of the
 arithmetic itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -127,8 +128,13 @@ SLOTS = {
     "assign": [],
 }
 
-_TF_OPTIMIZER_NAMES = {"SGD": "sgd", "Adagrad": "adagrad", "AdagradMomentum": "adagrad_momentum", "Adam": "adam",
-                       "FTRL": "ftrl"}
+_TF_OPTIMIZER_NAMES = {
+    "SGD": "sgd",
+    "Adagrad": "adagrad",
+    "AdagradMomentum": "adagrad_momentum",
+    "Adam": "adam",
+    "FTRL": "ftrl",
+}
 
 
 def spec_from_optimizer(optimizer) -> dict:
@@ -140,19 +146,33 @@ def spec_from_optimizer(optimizer) -> dict:
     kind = type(optimizer).__name__
     o = optimizer
     if kind == "AdagradMomentum":
-        spec = dict(momentum=o.momentum, use_nesterov=o.use_nesterov, exponent=o.exponent, beta2=o.beta2,
-                    epsilon=o.epsilon)
+        spec = dict(
+            momentum=o.momentum, use_nesterov=o.use_nesterov, exponent=o.exponent, beta2=o.beta2, epsilon=o.epsilon
+        )
     elif kind == "Adam":
-        spec = dict(beta1=o.beta_1, beta2=o.beta_2, epsilon=o.epsilon, use_non_lazy_adam=not o.lazy_adam,
-                    use_sum_inside_sqrt=o.sum_inside_sqrt)
+        spec = dict(
+            beta1=o.beta_1,
+            beta2=o.beta_2,
+            epsilon=o.epsilon,
+            use_non_lazy_adam=not o.lazy_adam,
+            use_sum_inside_sqrt=o.sum_inside_sqrt,
+        )
     elif kind == "FTRL":
-        spec = dict(lr_power=o.learning_rate_power, l1=o.l1_regularization_strength, l2=o.l2_regularization_strength,
-                    beta=o.beta, multiply_linear_by_lr=o.multiply_linear_by_learning_rate)
+        spec = dict(
+            lr_power=o.learning_rate_power,
+            l1=o.l1_regularization_strength,
+            l2=o.l2_regularization_strength,
+            beta=o.beta,
+            multiply_linear_by_lr=o.multiply_linear_by_learning_rate,
+        )
     elif kind == "Lion":
         spec = dict(beta1=o.beta_1, beta2=o.beta_2, use_non_lazy_lion=not o.lazy_lion)
     elif kind == "BoundedAdagrad":
-        spec = dict(update_accumulator_first=o.update_accumulator_first, max_var_update=o.max_var_update,
-                    max_accumulator=o.max_accumulator)
+        spec = dict(
+            update_accumulator_first=o.update_accumulator_first,
+            max_var_update=o.max_var_update,
+            max_accumulator=o.max_accumulator,
+        )
     elif kind in ("OnlineYogi", "ProximalYogi"):
         spec = dict(l1=o.l1_regularization_strength, l2=o.l2_regularization_strength, beta2=o.beta_2)
         if kind == "ProximalYogi":
@@ -161,17 +181,28 @@ def spec_from_optimizer(optimizer) -> dict:
         spec = {}
     else:
         raise ValueError(f"no numpy reference for optimizer {kind}")
-    name = _TF_OPTIMIZER_NAMES.get(kind) or {"Lion": "lion", "BoundedAdagrad": "bounded_adagrad",
-                                             "OnlineYogi": "online_yogi", "ProximalYogi": "proximal_yogi",
-                                             "Assign": "assign"}[kind]
+    name = (
+        _TF_OPTIMIZER_NAMES.get(kind)
+        or {
+            "Lion": "lion",
+            "BoundedAdagrad": "bounded_adagrad",
+            "OnlineYogi": "online_yogi",
+            "ProximalYogi": "proximal_yogi",
+            "Assign": "assign",
+        }[kind]
+    )
     spec["name"] = name
     inf = float("inf")
     if o.clip_gradient_min is not None or o.clip_gradient_max is not None:
-        spec["gradient_clip"] = (-inf if o.clip_gradient_min is None else o.clip_gradient_min,
-                                 inf if o.clip_gradient_max is None else o.clip_gradient_max)
+        spec["gradient_clip"] = (
+            -inf if o.clip_gradient_min is None else o.clip_gradient_min,
+            inf if o.clip_gradient_max is None else o.clip_gradient_max,
+        )
     if o.clip_weight_min is not None or o.clip_weight_max is not None:
-        spec["weight_clip"] = (-inf if o.clip_weight_min is None else o.clip_weight_min,
-                               inf if o.clip_weight_max is None else o.clip_weight_max)
+        spec["weight_clip"] = (
+            -inf if o.clip_weight_min is None else o.clip_weight_min,
+            inf if o.clip_weight_max is None else o.clip_weight_max,
+        )
     if o.weight_decay_factor:
         spec["weight_decay"] = o.weight_decay_factor
         spec["multiply_weight_decay_by_lr"] = bool(o.multiply_weight_decay_factor_by_learning_rate)

@@ -4,6 +4,7 @@ The reference is written from the semantics (docs/sparse_accumulator.md, canonic
 per-row sums and counts, a row's count growing by one per gradient touching it, duplicates within one
 gradient summed first, rows returned in ascending order.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """`python -m benchmarks` never overwrites the committed report unless asked: without --out it writes into a new
 scratch directory; --out benchmarks/results replaces the report and rewrites the README's speed paragraph."""
+
 from __future__ import annotations
 
 import os

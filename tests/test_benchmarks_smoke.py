@@ -4,6 +4,7 @@ Tiny sizes, one block, no FBGEMM: asserts that every output file is written and 
 produced a positive timing or an explicit error, and that the report marks the targets. No timing thresholds: a
 smoke run on a shared CI machine measures nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               TF_EMBED_OPS_BENCH_CACHE=str(out / "cache"))
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--no-fbgemm", "--blocks", "1", "--only",
-           "W1,W2,sweeps,accumulator", "--optimizers", "sgd,adagrad,lookup", "--out", str(out)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        TF_EMBED_OPS_BENCH_CACHE=str(out / "cache"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--smoke",
+        "--no-fbgemm",
+        "--blocks",
+        "1",
+        "--only",
+        "W1,W2,sweeps,accumulator",
+        "--optimizers",
+        "sgd,adagrad,lookup",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
@@ -63,8 +80,12 @@ def test_training_records_have_positive_timings(smoke_run, workload, optimizer):
 def test_lookup_and_sweeps(smoke_run):
     out, _ = smoke_run
     lookup = _load(out, "lookup.json")["runs"]
-    assert {(r["workload"], r["engine"]) for r in lookup} == {("W1", "ours"), ("W1", "tf_lookup"),
-                                                              ("W2", "ours"), ("W2", "tf_lookup")}
+    assert {(r["workload"], r["engine"]) for r in lookup} == {
+        ("W1", "ours"),
+        ("W1", "tf_lookup"),
+        ("W2", "ours"),
+        ("W2", "tf_lookup"),
+    }
     assert all(r["median_ms"] > 0 for r in lookup)
     sweeps = _load(out, "sweeps.json")["runs"]
     axes = {r["axis"] for r in sweeps}
@@ -151,8 +172,12 @@ def _import(name):
 def test_bytes_per_step_matches_the_traffic_model(optimizer, slots, dense):
     bandwidth = _import("bandwidth")
     v, d, n, u = 1000, 16, 300, 120
-    summary = {"tables": [{"name": "t0", "vocab": v, "dim": d}], "unique_rows": [u], "num_ids": n,
-               "features": [{"table": 0, "kind": "single", "batch": n, "sequence_length": 0}]}
+    summary = {
+        "tables": [{"name": "t0", "vocab": v, "dim": d}],
+        "unique_rows": [u],
+        "num_ids": n,
+        "features": [{"table": 0, "kind": "single", "batch": n, "sequence_length": 0}],
+    }
     b = bandwidth.bytes_per_step(summary, optimizer)
     assert b["stream_bytes"] == n * d * 4 * 2 + n * 8 * 2  # activations out + upstream in, ids read twice
     if dense:
@@ -169,8 +194,12 @@ def test_bytes_per_step_matches_the_traffic_model(optimizer, slots, dense):
 
 def test_sequence_and_bag_features_count_their_activations():
     bandwidth = _import("bandwidth")
-    summary = {"tables": [{"name": "t0", "vocab": 100, "dim": 4}], "unique_rows": [10], "num_ids": 60,
-               "features": [{"table": 0, "kind": "sequence", "batch": 3, "sequence_length": 20}]}
+    summary = {
+        "tables": [{"name": "t0", "vocab": 100, "dim": 4}],
+        "unique_rows": [10],
+        "num_ids": 60,
+        "features": [{"table": 0, "kind": "sequence", "batch": 3, "sequence_length": 20}],
+    }
     b = bandwidth.bytes_per_step(summary, "sgd")
     assert b["stream_bytes"] == 3 * 20 * 4 * 4 * 2 + 60 * 8 * 2 + 4 * 8 * 2  # + row splits (batch + 1) twice
 
@@ -184,8 +213,12 @@ def test_summarize_quartiles():
 def test_time_alternating_rotates_and_reports_failures():
     harness = _import("harness")
     calls = []
-    res = harness.time_alternating({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"),
-                                    "bad": lambda: 1 / 0}, steps={"a": 2, "b": 1}, blocks=3, warmup=1)
+    res = harness.time_alternating(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b"), "bad": lambda: 1 / 0},
+        steps={"a": 2, "b": 1},
+        blocks=3,
+        warmup=1,
+    )
     assert res["bad"]["error"].startswith("ZeroDivisionError")
     assert len(res["a"]["block_ms"]) == 3 and len(res["b"]["block_ms"]) == 3
     timed = calls[2:]  # after one warmup call each

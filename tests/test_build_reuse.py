@@ -3,6 +3,7 @@
 pip's build isolation installs TensorFlow and pybind11 under a new random /tmp path for every install; the
 compile commands must not change with it, or ninja (and ccache) would recompile the whole library each time.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
 """The README's promises to a new user: its commands work on a PEP 668 system Python (they make and use a
 virtual environment), CI runs exactly its test command, and its speed paragraph quotes the committed report."""
+
 from __future__ import annotations
 
 import os
@@ -53,15 +54,19 @@ def test_both_readme_commands_create_and_use_a_virtual_environment():
 def test_ci_uses_the_readme_environment_for_bazel_and_the_linters():
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
         ci = f.read()
-    after_tests = ci[ci.index('bash -c "$test_command"'):]
+    after_tests = ci[ci.index('bash -c "$test_command"') :]
     setup = after_tests[: after_tests.index(".ci/bazel_test.sh")]
     assert 'PYTHON="$PWD/.venv/bin/python"' in setup and 'PATH="$PWD/.venv/bin:$PATH"' in setup
     assert "python3-venv" in ci[: ci.index('bash -c "$test_command"')]  # Debian's python3 needs it for venv
 
 
 def test_the_virtual_environment_and_build_directory_are_ignored():
-    out = subprocess.run(["git", "check-ignore", ".venv/bin/python", "build/ninja/x/build.ninja"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["git", "check-ignore", ".venv/bin/python", "build/ninja/x/build.ninja"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.split() == [".venv/bin/python", "build/ninja/x/build.ninja"], out.stdout + out.stderr
 
 

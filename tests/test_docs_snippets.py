@@ -3,6 +3,7 @@
 Python blocks of a page run in order in one namespace (tests/docs_snippets.py); pages whose blocks start an
 in-process cluster run in their own process, in the slow tier.  JSON blocks must parse.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def test_cluster_blocks_run_as_written(document, tmp_path):
     script = tmp_path / "page.py"
     script.write_text(docs_snippets.python_program(document), encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=docs_snippets.ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert out.returncode == 0, f"{document}:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
 
 

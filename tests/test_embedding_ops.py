@@ -150,8 +150,7 @@ def test_training_steps_match_reference(opt, option):
     if option == "accumulation_disabled" and opt.get("use_non_lazy_adam"):
         # Rejected by the config validator (OPT: non-lazy Adam needs accumulation; TF's Python Adam raises too).
         grads = [
-            np.ones(tuple(f[3]) + (tables[t]["dim"],), np.float32)
-            for f, t in zip(feats, feature_tables, strict=True)
+            np.ones(tuple(f[3]) + (tables[t]["dim"],), np.float32) for f, t in zip(feats, feature_tables, strict=True)
         ]
         with pytest.raises(tf.errors.InvalidArgumentError, match="non-lazy Adam needs gradient accumulation"):
             eo.send_tpu_embedding_gradients(grads, [], inputs, table_vars, slot_vars, config, combiners)

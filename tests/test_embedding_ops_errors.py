@@ -1,6 +1,7 @@
 """Bad inputs to the fused embedding ops: each is rejected with an error naming what is wrong, and a rejected
 SendTPUEmbeddingGradients call leaves every table and slot bitwise unchanged.  Also shape functions and the
 static checks of the Python wrappers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -291,8 +292,13 @@ def test_send_shape_function_rejects_static_mismatch():
 
     @tf.function
     def step():
-        _send(config, table, slots, [feats[0], eo.normalize_feature(tf.constant([0, 9], tf.int64))],
-              [grads[0], tf.ones([2, DIM + 1])])
+        _send(
+            config,
+            table,
+            slots,
+            [feats[0], eo.normalize_feature(tf.constant([0, 9], tf.int64))],
+            [grads[0], tf.ones([2, DIM + 1])],
+        )
 
     with pytest.raises(ValueError, match="Dimension"):
         step.get_concrete_function()

@@ -1,5 +1,6 @@
 """Results are bitwise independent of the intra-op thread count and of the vector ISA the row loops run with
 (each process fixes its own pool size; TF_EMBED_OPS_ISA=baseline turns the AVX2 copies of the loops off)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The end-to-end example runs (smoke size), from code and from a written .pbtxt through the config loader."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def test_module_entry_point_with_config_flag(tmp_path):
     ctr.main(["--write-config", path])
     out = subprocess.run(
         [sys.executable, "-m", "tf_embed_ops.examples.ctr", "--smoke", "--quiet", "--config", path],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "train AUC" in out.stdout and "baseline" in out.stdout

@@ -1,5 +1,6 @@
 """What the CTR example tells its reader: what it compared, which model generalises better (test AUC), that it
 wrote nothing, and no per-step progress bar (whose first-step ETA read as minutes for a run of seconds)."""
+
 from __future__ import annotations
 
 import argparse

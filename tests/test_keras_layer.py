@@ -1,5 +1,6 @@
 """tf_embed_ops.keras.TPUEmbedding inside real Keras 3 training: fit updates only touched rows with the table
 optimizers (checked against the numpy engine), evaluate/predict do not, save/load and checkpoints round-trip."""
+
 from __future__ import annotations
 
 import keras

@@ -1,5 +1,6 @@
 """The suite's keras-rs row at smoke size: both engines build from the W1 workload, run a training step, start
 from the same tables (same forward), and move them differently (the model's dense Adam vs the table's lazy Adam)."""
+
 from __future__ import annotations
 
 import numpy as np

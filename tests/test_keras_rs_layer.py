@@ -1,5 +1,6 @@
 """tf_embed_ops.keras.DistributedEmbedding with our own TableConfig/FeatureConfig (no keras-rs needed): outputs
 and one fit step against the numpy reference, configs we cannot honour, save/load, serving export."""
+
 from __future__ import annotations
 
 import keras

@@ -1,6 +1,7 @@
 """Keras optimizers (and "sgd"/"adagrad"/"adam"/"ftrl") as table optimizers: the mapping to the TPU optimizers,
 the options with no TPU meaning (one error each, naming table and option, in every entry point), schedules
 on the optimizer's iterations, and training through the mid-level API and the Keras layer (numpy reference)."""
+
 from __future__ import annotations
 
 import keras
@@ -78,8 +79,9 @@ def test_keras_optimizers_map_to_their_tpu_family(keras_opt, tpu_class, expected
             assert getattr(tpu, name) == value, name
 
 
-@pytest.mark.parametrize("name, tpu_class", [("sgd", emb.SGD), ("adagrad", emb.Adagrad), ("adam", emb.Adam),
-                                             ("ftrl", emb.FTRL)])
+@pytest.mark.parametrize(
+    "name, tpu_class", [("sgd", emb.SGD), ("adagrad", emb.Adagrad), ("adam", emb.Adam), ("ftrl", emb.FTRL)]
+)
 def test_strings_give_the_tpu_defaults(name, tpu_class):
     tpu = optimizer_mapping.to_table_optimizer(name, "t")
     default = tpu_class()

@@ -1,6 +1,7 @@
 """Against keras-rs 0.4.0 itself: a DLRM ranking model written as keras-rs documents it trains after one import
 changes; forward outputs equal keras-rs's own layer (dense, ragged, sparse, weighted); keras-rs's config
 objects drive our layer, round-trip through save/load, and the ones we cannot honour are rejected."""
+
 from __future__ import annotations
 
 import keras
@@ -147,8 +148,9 @@ def test_keras_rs_configs_we_cannot_honour_are_rejected_by_name():
     feature = keras_rs.layers.FeatureConfig(name="f", table=table, input_shape=(8, 2, 3), output_shape=(8, 4))
     with pytest.raises(ValueError, match=r"Feature 'f': input_shape \(8, 2, 3\) must be"):
         te_keras.DistributedEmbedding({"f": feature})
-    table = keras_rs.layers.TableConfig(name="t", vocabulary_size=10, embedding_dim=4,
-                                        optimizer=keras.optimizers.SGD(momentum=0.9))
+    table = keras_rs.layers.TableConfig(
+        name="t", vocabulary_size=10, embedding_dim=4, optimizer=keras.optimizers.SGD(momentum=0.9)
+    )
     feature = keras_rs.layers.FeatureConfig(name="f", table=table, input_shape=(8,), output_shape=(8, 4))
     with pytest.raises(ValueError, match=r"Table 't': option SGD.momentum=0.9"):
         te_keras.DistributedEmbedding({"f": feature})

@@ -1,4 +1,5 @@
 """Serving export: a SavedModel with no tf_embed_ops op, loaded by a process that never imports the plugin."""
+
 from __future__ import annotations
 
 import json

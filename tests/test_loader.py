@@ -1,4 +1,5 @@
 """The loader: lazy, version-checked, and usable through tf.load_op_library in a fresh process."""
+
 import json
 import os
 import subprocess

@@ -1,5 +1,6 @@
 """Errors a new user meets first: a misspelled or missing feature key, an id outside the table, a synchronous
 take that times out.  Each names what is wrong and what to do, and a rejected call changes nothing."""
+
 from __future__ import annotations
 
 import keras
@@ -16,8 +17,11 @@ emb_api = tf.tpu.experimental.embedding
 def _feature_config():
     video = emb_api.TableConfig(6, 2, name="video", combiner="sum")
     user = emb_api.TableConfig(4, 2, name="user", combiner="sum")
-    return {"watched": emb_api.FeatureConfig(video), "liked": emb_api.FeatureConfig(video),
-            "user": emb_api.FeatureConfig(user)}
+    return {
+        "watched": emb_api.FeatureConfig(video),
+        "liked": emb_api.FeatureConfig(video),
+        "user": emb_api.FeatureConfig(user),
+    }
 
 
 def _emb():
@@ -45,7 +49,9 @@ def test_misspelled_key_names_the_missing_and_unexpected_keys_and_the_expected_o
         "(did you mean 'user'?). Expected keys: 'liked', 'user', 'watched'."
     )
     # A lookup may name only some features (as TensorFlow's serving class): there the misspelled key is unknown.
-    with pytest.raises(ValueError, match=r"not a subset of feature_config.*Unknown keys: 'usr' \(did you mean 'user'\?\)"):
+    with pytest.raises(
+        ValueError, match=r"not a subset of feature_config.*Unknown keys: 'usr' \(did you mean 'user'\?\)"
+    ):
         emb(features)  # embedding_lookup / __call__
     for key, value in _state(emb).items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
@@ -64,8 +70,11 @@ def test_weights_dict_keys_are_checked_too():
     x = tf.ragged.constant([[1], [2]], dtype=tf.int64)
     w = tf.ragged.constant([[1.0], [2.0]])
     features = {"watched": x, "liked": x, "user": x}
-    with pytest.raises(ValueError, match=r"Argument `weights` does not have the structure .*unexpected 'likd' "
-                                         r"\(did you mean 'liked'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Argument `weights` does not have the structure .*unexpected 'likd' "
+        r"\(did you mean 'liked'\?\)",
+    ):
         emb.enqueue(features, weights={"watched": w, "likd": w, "user": w}, training=True)
 
 
@@ -101,9 +110,11 @@ def test_out_of_range_id_says_what_to_do_and_changes_nothing():
 
 def test_timed_out_take_says_that_no_gradient_arrived_and_how_many_did():
     acc = tf_embed_ops.SparseConditionalAccumulator(tf.float32, shape=[4, 2], reduction_type="SUM")
-    with pytest.raises(tf.errors.DeadlineExceededError,
-                       match=r"timed out after 0.1 seconds: 0 of the 2 gradients it waits for arrived "
-                             r"\(no gradient arrived: none was applied, or all were stale\); the accumulator"):
+    with pytest.raises(
+        tf.errors.DeadlineExceededError,
+        match=r"timed out after 0.1 seconds: 0 of the 2 gradients it waits for arrived "
+        r"\(no gradient arrived: none was applied, or all were stale\); the accumulator",
+    ):
         acc.take_grad(2, timeout=0.1)
     acc.apply_grad([1], tf.ones([1, 2]), local_step=0)
     with pytest.raises(tf.errors.DeadlineExceededError, match=r"1 of the 2 gradients it waits for arrived;") as e:

@@ -16,8 +16,9 @@ E = tf.tpu.experimental.embedding
 
 def _feature_config():
     momentum = E.TableConfig(vocabulary_size=10, dim=4, name="m", optimizer=te.optimizers.Momentum(0.1, momentum=0.7))
-    rms = E.TableConfig(vocabulary_size=6, dim=2, name="r",
-                        optimizer=te.optimizers.CenteredRMSProp(0.05, rho=0.8, initial_ms_value=2.0))
+    rms = E.TableConfig(
+        vocabulary_size=6, dim=2, name="r", optimizer=te.optimizers.CenteredRMSProp(0.05, rho=0.8, initial_ms_value=2.0)
+    )
     return {"a": E.FeatureConfig(table=momentum), "b": E.FeatureConfig(table=rms)}
 
 
@@ -42,8 +43,12 @@ def test_mid_level_trains_catalogue_tables_and_checkpoints_their_slots(tmp_path)
 
     path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ckpt"))
     keys = {name for name, _ in tf.train.list_variables(path)}
-    assert {"embedding/m.Smomenta/.ATTRIBUTES/VARIABLE_VALUE", "embedding/r.Smg/.ATTRIBUTES/VARIABLE_VALUE",
-            "embedding/r.Sms/.ATTRIBUTES/VARIABLE_VALUE", "embedding/r.Smom/.ATTRIBUTES/VARIABLE_VALUE"} <= keys
+    assert {
+        "embedding/m.Smomenta/.ATTRIBUTES/VARIABLE_VALUE",
+        "embedding/r.Smg/.ATTRIBUTES/VARIABLE_VALUE",
+        "embedding/r.Sms/.ATTRIBUTES/VARIABLE_VALUE",
+        "embedding/r.Smom/.ATTRIBUTES/VARIABLE_VALUE",
+    } <= keys
 
 
 def test_keras_layer_config_round_trips_catalogue_optimizers():

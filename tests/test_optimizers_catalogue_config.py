@@ -25,20 +25,38 @@ def _step() -> float:
 CASES = [
     (teo.Momentum, dict(learning_rate=0.1, momentum=0.8, use_nesterov=True), [("momenta", 0.0)]),
     (teo.RMSProp, dict(learning_rate=0.1, rho=0.8, momentum=0.5, epsilon=1e-4), [("ms", 1.0), ("mom", 0.0)]),
-    (teo.CenteredRMSProp, dict(learning_rate=0.1, rho=0.7, momentum=0.2, epsilon=1e-3),
-     [("ms", 1.0), ("mom", 0.0), ("mg", 0.0)]),
+    (
+        teo.CenteredRMSProp,
+        dict(learning_rate=0.1, rho=0.7, momentum=0.2, epsilon=1e-3),
+        [("ms", 1.0), ("mom", 0.0), ("mg", 0.0)],
+    ),
     (teo.Adadelta, dict(learning_rate=0.5, rho=0.9, epsilon=1e-5), [("accumulators", 0.0), ("updates", 0.0)]),
-    (teo.ProximalAdagrad, dict(learning_rate=0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.2),
-     [("accumulators", 0.1)]),
+    (
+        teo.ProximalAdagrad,
+        dict(learning_rate=0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.2),
+        [("accumulators", 0.1)],
+    ),
     (teo.Lion, dict(learning_rate=0.01, beta_1=0.8, beta_2=0.95, lazy_lion=False), [("momenta", 0.0)]),
-    (teo.BoundedAdagrad, dict(learning_rate=0.1, update_accumulator_first=True, max_var_update=0.5,
-                              max_accumulator=10.0), [("accumulators", 0.1)]),
-    (teo.OnlineYogi, dict(learning_rate=0.1, l1_regularization_strength=0.1, beta_2=0.9),
-     [("vs", 0.1), ("linears", 0.0)]),
-    (teo.ProximalYogi, dict(learning_rate=0.1, l2_regularization_strength=0.1, beta_1=0.5, beta_2=0.9, epsilon=1e-2),
-     [("v", 0.1), ("m", 0.0)]),
-    (teo.FrequencyEstimator, dict(learning_rate=_step, tau=0.1, max_delta=100.0, outlier_threshold=3.0,
-                                  weight_exponent=0.5), [("last_hit_step", 0.0)]),
+    (
+        teo.BoundedAdagrad,
+        dict(learning_rate=0.1, update_accumulator_first=True, max_var_update=0.5, max_accumulator=10.0),
+        [("accumulators", 0.1)],
+    ),
+    (
+        teo.OnlineYogi,
+        dict(learning_rate=0.1, l1_regularization_strength=0.1, beta_2=0.9),
+        [("vs", 0.1), ("linears", 0.0)],
+    ),
+    (
+        teo.ProximalYogi,
+        dict(learning_rate=0.1, l2_regularization_strength=0.1, beta_1=0.5, beta_2=0.9, epsilon=1e-2),
+        [("v", 0.1), ("m", 0.0)],
+    ),
+    (
+        teo.FrequencyEstimator,
+        dict(learning_rate=_step, tau=0.1, max_delta=100.0, outlier_threshold=3.0, weight_exponent=0.5),
+        [("last_hit_step", 0.0)],
+    ),
     (teo.Assign, dict(), []),
 ]
 IDS = [c[0].__name__ for c in CASES]
@@ -51,8 +69,13 @@ def _feature_config(optimizer, **table_kwargs):
 
 @pytest.mark.parametrize("cls, kwargs, slots", CASES, ids=IDS)
 def test_round_trip_and_view(cls, kwargs, slots):
-    opt = cls(**kwargs, clip_weight_min=-2.0, clip_weight_max=2.0, weight_decay_factor=0.01,
-              multiply_weight_decay_factor_by_learning_rate=True)
+    opt = cls(
+        **kwargs,
+        clip_weight_min=-2.0,
+        clip_weight_max=2.0,
+        weight_decay_factor=0.01,
+        multiply_weight_decay_factor_by_learning_rate=True,
+    )
     proto = tec.from_feature_config(_feature_config(opt))
     params = proto.table_descriptor[0].optimization_parameters
     assert params.WhichOneof("parameters") == cls._schema.kind

@@ -30,8 +30,10 @@ def _setup(optimizer, seed=0):
     config = tec.from_feature_config(feature_config)
     rng = np.random.default_rng(seed)
     w0 = rng.normal(size=(VOCAB, DIM)).astype(np.float32)
-    slot_values = [np.full((VOCAB, DIM), init.value if hasattr(init, "value") else 0.0, np.float32)
-                   for init in optimizer._slot_initializers()]
+    slot_values = [
+        np.full((VOCAB, DIM), init.value if hasattr(init, "value") else 0.0, np.float32)
+        for init in optimizer._slot_initializers()
+    ]
     weights = tf.Variable(w0)
     slots = [tf.Variable(v) for v in slot_values]
     return config, weights, slots, rng
@@ -67,6 +69,7 @@ def _assert_untouched_unchanged(w_init, slots_init, w, slots, summed):
 
 # ---- against TensorFlow's dense kernels on the touched rows ----
 
+
 def _tf_kernel_reference(apply, w_init, slots_init, summed):
     """Runs `apply(var, slot_vars, grad)` once per step on the rows each step touched, with the summed grads."""
     w = w_init.copy()
@@ -84,33 +87,67 @@ def _tf_kernel_reference(apply, w_init, slots_init, summed):
 
 LR = 0.1
 TF_KERNEL_CASES = [
-    ("momentum", teo.Momentum(learning_rate=LR, momentum=0.9),
-     lambda v, s, g: tf.raw_ops.ResourceApplyMomentum(var=v.handle, accum=s[0].handle, lr=LR, grad=g, momentum=0.9)),
-    ("momentum_nesterov", teo.Momentum(learning_rate=LR, momentum=0.7, use_nesterov=True),
-     lambda v, s, g: tf.raw_ops.ResourceApplyMomentum(var=v.handle, accum=s[0].handle, lr=LR, grad=g, momentum=0.7,
-                                                      use_nesterov=True)),
-    ("rms_prop", teo.RMSProp(learning_rate=LR, rho=0.8, momentum=0.5, epsilon=1e-3),
-     lambda v, s, g: tf.raw_ops.ResourceApplyRMSProp(var=v.handle, ms=s[0].handle, mom=s[1].handle, lr=LR, rho=0.8,
-                                                     momentum=0.5, epsilon=1e-3, grad=g)),
-    ("centered_rms_prop", teo.CenteredRMSProp(learning_rate=LR, rho=0.8, momentum=0.5, epsilon=1e-3),
-     lambda v, s, g: tf.raw_ops.ResourceApplyCenteredRMSProp(var=v.handle, mg=s[2].handle, ms=s[0].handle,
-                                                             mom=s[1].handle, lr=LR, rho=0.8, momentum=0.5,
-                                                             epsilon=1e-3, grad=g)),
-    ("adadelta", teo.Adadelta(learning_rate=1.0, rho=0.9, epsilon=1e-3),
-     lambda v, s, g: tf.raw_ops.ResourceApplyAdadelta(var=v.handle, accum=s[0].handle, accum_update=s[1].handle,
-                                                      lr=1.0, rho=0.9, epsilon=1e-3, grad=g)),
-    ("proximal_adagrad", teo.ProximalAdagrad(learning_rate=LR, l1_regularization_strength=0.05,
-                                             l2_regularization_strength=0.2),
-     lambda v, s, g: tf.raw_ops.ResourceApplyProximalAdagrad(var=v.handle, accum=s[0].handle, lr=LR, l1=0.05, l2=0.2,
-                                                             grad=g)),
-    ("proximal_adagrad_l2_only", teo.ProximalAdagrad(learning_rate=LR, l2_regularization_strength=0.3),
-     lambda v, s, g: tf.raw_ops.ResourceApplyProximalAdagrad(var=v.handle, accum=s[0].handle, lr=LR, l1=0.0, l2=0.3,
-                                                             grad=g)),
+    (
+        "momentum",
+        teo.Momentum(learning_rate=LR, momentum=0.9),
+        lambda v, s, g: tf.raw_ops.ResourceApplyMomentum(var=v.handle, accum=s[0].handle, lr=LR, grad=g, momentum=0.9),
+    ),
+    (
+        "momentum_nesterov",
+        teo.Momentum(learning_rate=LR, momentum=0.7, use_nesterov=True),
+        lambda v, s, g: tf.raw_ops.ResourceApplyMomentum(
+            var=v.handle, accum=s[0].handle, lr=LR, grad=g, momentum=0.7, use_nesterov=True
+        ),
+    ),
+    (
+        "rms_prop",
+        teo.RMSProp(learning_rate=LR, rho=0.8, momentum=0.5, epsilon=1e-3),
+        lambda v, s, g: tf.raw_ops.ResourceApplyRMSProp(
+            var=v.handle, ms=s[0].handle, mom=s[1].handle, lr=LR, rho=0.8, momentum=0.5, epsilon=1e-3, grad=g
+        ),
+    ),
+    (
+        "centered_rms_prop",
+        teo.CenteredRMSProp(learning_rate=LR, rho=0.8, momentum=0.5, epsilon=1e-3),
+        lambda v, s, g: tf.raw_ops.ResourceApplyCenteredRMSProp(
+            var=v.handle,
+            mg=s[2].handle,
+            ms=s[0].handle,
+            mom=s[1].handle,
+            lr=LR,
+            rho=0.8,
+            momentum=0.5,
+            epsilon=1e-3,
+            grad=g,
+        ),
+    ),
+    (
+        "adadelta",
+        teo.Adadelta(learning_rate=1.0, rho=0.9, epsilon=1e-3),
+        lambda v, s, g: tf.raw_ops.ResourceApplyAdadelta(
+            var=v.handle, accum=s[0].handle, accum_update=s[1].handle, lr=1.0, rho=0.9, epsilon=1e-3, grad=g
+        ),
+    ),
+    (
+        "proximal_adagrad",
+        teo.ProximalAdagrad(learning_rate=LR, l1_regularization_strength=0.05, l2_regularization_strength=0.2),
+        lambda v, s, g: tf.raw_ops.ResourceApplyProximalAdagrad(
+            var=v.handle, accum=s[0].handle, lr=LR, l1=0.05, l2=0.2, grad=g
+        ),
+    ),
+    (
+        "proximal_adagrad_l2_only",
+        teo.ProximalAdagrad(learning_rate=LR, l2_regularization_strength=0.3),
+        lambda v, s, g: tf.raw_ops.ResourceApplyProximalAdagrad(
+            var=v.handle, accum=s[0].handle, lr=LR, l1=0.0, l2=0.3, grad=g
+        ),
+    ),
 ]
 
 
-@pytest.mark.parametrize("optimizer, apply", [(o, a) for _, o, a in TF_KERNEL_CASES],
-                         ids=[n for n, _, _ in TF_KERNEL_CASES])
+@pytest.mark.parametrize(
+    "optimizer, apply", [(o, a) for _, o, a in TF_KERNEL_CASES], ids=[n for n, _, _ in TF_KERNEL_CASES]
+)
 def test_matches_tensorflow_dense_kernel_on_touched_rows(optimizer, apply):
     w_init, slots_init, summed, w, slots = _run_steps(optimizer)
     ref_w, ref_slots = _tf_kernel_reference(apply, w_init, slots_init, summed)
@@ -125,15 +162,37 @@ def test_matches_tensorflow_dense_kernel_on_touched_rows(optimizer, apply):
 NUMPY_CASES = [
     ("lion", teo.Lion(learning_rate=LR, beta_1=0.8, beta_2=0.95)),
     ("bounded_adagrad_old_acc", teo.BoundedAdagrad(learning_rate=LR, max_var_update=0.02)),
-    ("bounded_adagrad_new_acc", teo.BoundedAdagrad(learning_rate=LR, update_accumulator_first=True,
-                                                   max_accumulator=1.5)),
-    ("proximal_yogi", teo.ProximalYogi(learning_rate=LR, l1_regularization_strength=0.01,
-                                       l2_regularization_strength=0.1, beta_1=0.5, beta_2=0.9, epsilon=1e-2)),
-    ("online_yogi", teo.OnlineYogi(learning_rate=LR, l1_regularization_strength=0.05, l2_regularization_strength=0.1,
-                                   beta_2=0.9)),
+    (
+        "bounded_adagrad_new_acc",
+        teo.BoundedAdagrad(learning_rate=LR, update_accumulator_first=True, max_accumulator=1.5),
+    ),
+    (
+        "proximal_yogi",
+        teo.ProximalYogi(
+            learning_rate=LR,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.1,
+            beta_1=0.5,
+            beta_2=0.9,
+            epsilon=1e-2,
+        ),
+    ),
+    (
+        "online_yogi",
+        teo.OnlineYogi(learning_rate=LR, l1_regularization_strength=0.05, l2_regularization_strength=0.1, beta_2=0.9),
+    ),
     ("assign", teo.Assign()),
-    ("lion_clipped_decayed", teo.Lion(learning_rate=LR, clipvalue=0.3, clip_weight_min=-0.5, clip_weight_max=0.5,
-                                      weight_decay_factor=0.1, multiply_weight_decay_factor_by_learning_rate=True)),
+    (
+        "lion_clipped_decayed",
+        teo.Lion(
+            learning_rate=LR,
+            clipvalue=0.3,
+            clip_weight_min=-0.5,
+            clip_weight_max=0.5,
+            weight_decay_factor=0.1,
+            multiply_weight_decay_factor_by_learning_rate=True,
+        ),
+    ),
 ]
 
 
@@ -156,8 +215,9 @@ def test_non_lazy_lion_updates_every_row():
     slots[0].assign(np.full((VOCAB, DIM), 0.5, np.float32))  # non-zero momentum moves untouched rows too
     w0 = weights.numpy().copy()
     feature = embedding_ops.normalize_feature(tf.constant([2], tf.int64))
-    embedding_ops.send_tpu_embedding_gradients([np.ones((1, DIM), np.float32)], [], [feature], [weights], [slots],
-                                               config)
+    embedding_ops.send_tpu_embedding_gradients(
+        [np.ones((1, DIM), np.float32)], [], [feature], [weights], [slots], config
+    )
     untouched = [r for r in range(VOCAB) if r != 2]
     np.testing.assert_allclose(weights.numpy()[untouched], w0[untouched] - LR, rtol=1e-6)
     np.testing.assert_allclose(slots[0].numpy()[untouched], 0.95 * 0.5, rtol=1e-6)

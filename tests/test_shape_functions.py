@@ -1,5 +1,6 @@
 """The shape functions of every registered op (cc/ops/*.cc), through the raw ops with symbolic shapes in a
 tf.function: the static shapes they infer, and the malformed static shapes they reject while the graph is built."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Semantics of tf_embed_ops.SparseConditionalAccumulator (docs/sparse_accumulator.md), eagerly, in tf.function
 and in a TF1 graph/session.  Expected values are worked by hand from those semantics or come from the numpy reference in
 sparse_accumulator_support.py, never from the kernels."""
+
 from __future__ import annotations
 
 import gc
@@ -43,6 +44,7 @@ def assert_take(result, indices, values, shape):
 
 
 # --- construction ------------------------------------------------------------------------------------------
+
 
 def test_graph_constructor_attrs():
     with tf.Graph().as_default():
@@ -92,6 +94,7 @@ def test_graph_num_accumulated_default_name():
 
 # --- dtypes ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
 def test_dtypes_mean_of_two(runner, dtype):
     acc = runner.make(dtype, shape=[3, 3])
@@ -123,10 +126,14 @@ def test_multiple_accumulators_with_one_name_are_independent(runner):
 
 # --- aggregation (MEAN is per row) -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("reduction_type,expected", [
-    ("MEAN", [[0.5, 0.5], [0, 2], [3, 0]]),
-    ("SUM", [[1, 1], [0, 2], [3, 0]]),
-])
+
+@pytest.mark.parametrize(
+    "reduction_type,expected",
+    [
+        ("MEAN", [[0.5, 0.5], [0, 2], [3, 0]]),
+        ("SUM", [[1, 1], [0, 2], [3, 0]]),
+    ],
+)
 def test_take_grad_mean_and_sum(runner, reduction_type, expected):
     acc = runner.make(tf.float32, shape=(), reduction_type=reduction_type)
     apply(runner, acc, [0, 1], [[1.0, 0.0], [0.0, 2.0]], grad_shape=[3, 2])
@@ -246,6 +253,7 @@ def test_nan_and_inf_propagate(runner):
 
 # --- canonical mode (ours differs from TensorFlow here: docs/sparse_accumulator.md) -------------------------
 
+
 def test_canonical_unsorted_single_gradient_is_sorted(runner):
     acc = runner.make(tf.float32, reduction_type="SUM")
     apply(runner, acc, [2, 0], [[20.0], [0.5]])
@@ -276,14 +284,18 @@ def test_canonical_duplicates_in_first_gradient_only(runner):
 
 # --- shapes (the accumulator shape is a minimum rank) -------------------------------------------------------
 
-@pytest.mark.parametrize("shape,values_shape,expected_dense", [
-    ([5], (1, 3), [5, 3]),
-    ([5, 2], (1, 2, 4), [5, 2, 4]),
-    ([2, None], (1, 2, 2, 2), [2, 2, 2, 2]),
-    ([None, 2], (1, 2, 2, 3), [-1, 2, 2, 3]),
-    ((), (1, 4), [-1, 4]),
-    (None, (1, 4), [-1, 4]),
-])
+
+@pytest.mark.parametrize(
+    "shape,values_shape,expected_dense",
+    [
+        ([5], (1, 3), [5, 3]),
+        ([5, 2], (1, 2, 4), [5, 2, 4]),
+        ([2, None], (1, 2, 2, 2), [2, 2, 2, 2]),
+        ([None, 2], (1, 2, 2, 3), [-1, 2, 2, 3]),
+        ((), (1, 4), [-1, 4]),
+        (None, (1, 4), [-1, 4]),
+    ],
+)
 def test_shape_is_a_minimum_rank_and_output_shape_rule(runner, shape, values_shape, expected_dense):
     acc = runner.make(tf.float32, shape=shape)
     values = np.ones(values_shape, np.float32)
@@ -437,6 +449,7 @@ def test_num_required_must_be_positive(runner, num_required):
 
 # --- set_global_step ---------------------------------------------------------------------------------------
 
+
 def test_set_global_step_raise_lower_negative_and_keeps_held(runner):
     acc = runner.make(tf.float32, reduction_type="SUM")
     apply(runner, acc, [0], [[1.0]], local_step=0)
@@ -455,6 +468,7 @@ def test_set_global_step_raise_lower_negative_and_keeps_held(runner):
 
 
 # --- Python conversion and robustness ----------------------------------------------------------------------
+
 
 def test_python_lists_and_ints_convert_to_dtype(runner):
     acc = runner.make(tf.float64)
@@ -483,8 +497,13 @@ def test_raw_apply_with_mismatched_dtype_is_invalid_argument():
     acc.apply_grad([0], [[1.0]])
     with pytest.raises(IA, match="holds float but gradient_values is double"):
         ops.tf_embed_sparse_accumulator_apply_gradient(
-            acc.handle, tf.constant(0, tf.int64), tf.constant([0], tf.int64), tf.constant([[5.0]], tf.float64),
-            tf.constant([], tf.int64), has_known_shape=False)
+            acc.handle,
+            tf.constant(0, tf.int64),
+            tf.constant([0], tf.int64),
+            tf.constant([[5.0]], tf.float64),
+            tf.constant([], tf.int64),
+            has_known_shape=False,
+        )
     assert int(acc.num_accumulated()) == 1
     assert_take(tuple(t.numpy() for t in acc.take_grad(1)), [0], [[1.0]], [-1, 1])
 
@@ -541,6 +560,7 @@ def test_bad_timeout_is_value_error(timeout):
 
 # --- sharing and lifetime ----------------------------------------------------------------------------------
 
+
 def test_eager_instances_are_independent_and_survive_each_other():
     a = SparseConditionalAccumulator(tf.float32)
     b = SparseConditionalAccumulator(tf.float32)
@@ -560,8 +580,11 @@ def test_eager_shared_name_shares_and_checks_compatibility():
     b = SparseConditionalAccumulator(tf.float32, shape=[None, 2], shared_name="accum_test_shared")
     a.apply_grad([0], [[1.0, 1.0]])
     assert int(b.num_accumulated()) == 1
-    for kwargs in (dict(dtype=tf.float64, shape=[None, 2]), dict(dtype=tf.float32, shape=[None, 3]),
-                   dict(dtype=tf.float32, shape=[None, 2], reduction_type="SUM")):
+    for kwargs in (
+        dict(dtype=tf.float64, shape=[None, 2]),
+        dict(dtype=tf.float32, shape=[None, 3]),
+        dict(dtype=tf.float32, shape=[None, 2], reduction_type="SUM"),
+    ):
         with pytest.raises(IA, match="Shared accumulator mismatch"):
             SparseConditionalAccumulator(shared_name="accum_test_shared", **kwargs)
     assert int(a.num_accumulated()) == 1
@@ -596,6 +619,7 @@ def test_graph_shared_name_mismatch_is_invalid_argument():
 
 # --- control flow ------------------------------------------------------------------------------------------
 
+
 def test_handle_works_inside_cond_and_while_loop():
     acc = SparseConditionalAccumulator(tf.float32, shape=[None, 1], reduction_type="SUM")
 
@@ -606,9 +630,7 @@ def test_handle_works_inside_cond_and_while_loop():
             return i + 1
 
         tf.while_loop(lambda i: i < n, body, [tf.constant(0)])
-        return tf.cond(acc.num_accumulated() >= n,
-                       lambda: acc.take_grad(n).values,
-                       lambda: tf.zeros([0, 1]))
+        return tf.cond(acc.num_accumulated() >= n, lambda: acc.take_grad(n).values, lambda: tf.zeros([0, 1]))
 
     np.testing.assert_array_equal(step(tf.constant(3)).numpy(), np.ones([3, 1]))
     assert int(acc.num_accumulated()) == 0

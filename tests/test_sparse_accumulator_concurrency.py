@@ -1,5 +1,6 @@
 """Blocking, FIFO service, cancellation, timeouts and thread safety of the sparse accumulator
 (docs/sparse_accumulator.md, "Semantics")."""
+
 from __future__ import annotations
 
 import threading
@@ -26,6 +27,7 @@ def _wait_until(predicate, timeout=20.0):
 
 
 # --- TensorFlow's threaded tests (sparse_conditional_accumulator_test.py), graph mode ----------------------
+
 
 @pytest.mark.parametrize("reduction_type,expected", [("MEAN", 55.0), ("SUM", 550.0)])
 def test_parallel_apply_graph(reduction_type, expected):
@@ -119,6 +121,7 @@ def test_run_options_timeout_leaves_state_intact():
 
 # --- eager ---------------------------------------------------------------------------------------------------
 
+
 def test_eager_timeout_leaves_state_intact():
     acc = SparseConditionalAccumulator(tf.float32, reduction_type="SUM")
     acc.apply_grad([0], [[2.0]])
@@ -208,8 +211,9 @@ def test_stress_concurrent_applies_and_takes_conserve_totals():
     acc = SparseConditionalAccumulator(tf.float64, shape=[64, 4], reduction_type="SUM")
     num_appliers, applies_each, num_takers = 4, 40, 2
     rng = np.random.default_rng(3)
-    payloads = [[(np.unique(rng.integers(0, 64, size=8)), None) for _ in range(applies_each)]
-                for _ in range(num_appliers)]
+    payloads = [
+        [(np.unique(rng.integers(0, 64, size=8)), None) for _ in range(applies_each)] for _ in range(num_appliers)
+    ]
     payloads = [[(idx, rng.normal(size=(idx.size, 4))) for idx, _ in p] for p in payloads]
     expected = np.zeros((64, 4))
     for p in payloads:

@@ -1,6 +1,7 @@
 """Randomized parity with TensorFlow's own SparseConditionalAccumulator (graph mode) on the well-defined
 contract: sorted unique indices (docs/sparse_accumulator.md).  Same gradients, steps and takes go to both; results
 must be equal bit for bit (both add the held row and the incoming row, then divide by the per-row count)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -92,20 +93,26 @@ def _kernel_message(message: str) -> str:
     return lines[node_line - 1].strip()
 
 
-@pytest.mark.parametrize("shape,prior,kwargs", [
-    ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 2])),
-    ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 3, 1])),
-    ([2, 2, None], None, dict(grad_indices=[3], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 2, 1])),
-    ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2), np.float32))),
-    ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 3, 1), np.float32))),
-    ([None, 2], dict(grad_indices=[0], grad_values=[[1.0, 1.0]]), dict(grad_indices=[1], grad_values=[1.0])),
-    ([None, 2], dict(grad_indices=[0], grad_values=np.ones((1, 2, 2), np.float32)),
-     dict(grad_indices=[1], grad_values=np.ones((1, 2, 3), np.float32))),
-    ([3, 2], None, dict(grad_indices=[0, 1], grad_values=[[1.0, 1.0]])),
-    ([3, 2], None, dict(grad_indices=[[0]], grad_values=[[1.0, 1.0]])),
-    ([3, 2], None, dict(grad_indices=[0], grad_values=1.0)),
-    ([3, 2], None, dict(grad_indices=[5], grad_values=[[1.0]], grad_shape=[4, 2])),
-])
+@pytest.mark.parametrize(
+    "shape,prior,kwargs",
+    [
+        ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 2])),
+        ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 3, 1])),
+        ([2, 2, None], None, dict(grad_indices=[3], grad_values=np.ones((1, 2, 1), np.float32), grad_shape=[2, 2, 1])),
+        ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 2), np.float32))),
+        ([2, 2, None], None, dict(grad_indices=[0], grad_values=np.ones((1, 3, 1), np.float32))),
+        ([None, 2], dict(grad_indices=[0], grad_values=[[1.0, 1.0]]), dict(grad_indices=[1], grad_values=[1.0])),
+        (
+            [None, 2],
+            dict(grad_indices=[0], grad_values=np.ones((1, 2, 2), np.float32)),
+            dict(grad_indices=[1], grad_values=np.ones((1, 2, 3), np.float32)),
+        ),
+        ([3, 2], None, dict(grad_indices=[0, 1], grad_values=[[1.0, 1.0]])),
+        ([3, 2], None, dict(grad_indices=[[0]], grad_values=[[1.0, 1.0]])),
+        ([3, 2], None, dict(grad_indices=[0], grad_values=1.0)),
+        ([3, 2], None, dict(grad_indices=[5], grad_values=[[1.0]], grad_shape=[4, 2])),
+    ],
+)
 def test_same_errors_as_tensorflow(shape, prior, kwargs):
     theirs, ours = _run_tf_and_ours(shape, kwargs, prior)
     assert theirs is not None and ours == theirs

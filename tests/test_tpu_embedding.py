@@ -3,6 +3,7 @@
 Several steps per optimizer x input kind x combiner, shared tables, sequence features, dynamic learning rates,
 eager and tf.function.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -217,7 +218,11 @@ def test_tables_with_their_own_optimizers_and_dynamic_learning_rates_in_tag_orde
 def test_clipping_and_weight_decay_are_passed_through():
     table = emb_api.TableConfig(VOCAB, DIM, combiner="sum", name="t")
     optimizer = emb_api.Adagrad(
-        0.5, clipvalue=0.3, clip_weight_min=-0.4, clip_weight_max=0.4, weight_decay_factor=0.1,
+        0.5,
+        clipvalue=0.3,
+        clip_weight_min=-0.4,
+        clip_weight_max=0.4,
+        weight_decay_factor=0.1,
         multiply_weight_decay_factor_by_learning_rate=True,
     )
     feature_config = {"x": emb_api.FeatureConfig(table=table)}

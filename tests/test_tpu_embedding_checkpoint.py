@@ -1,4 +1,5 @@
 """Checkpoints: TensorFlow's key layout, round trips, and bit-exact cross-restores with TPUEmbeddingForServing."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,9 +54,7 @@ def _train_one_step(emb):
 
 def _all_values(obj):
     return {
-        f"{table}/{slot}": var.numpy().copy()
-        for table, slots in obj.variables.items()
-        for slot, var in slots.items()
+        f"{table}/{slot}": var.numpy().copy() for table, slots in obj.variables.items() for slot, var in slots.items()
     }
 
 

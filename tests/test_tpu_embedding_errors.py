@@ -1,4 +1,5 @@
 """Misuse of the mid-level API: every rejected call raises a named error and leaves tables and slots unchanged."""
+
 from __future__ import annotations
 
 import keras
@@ -54,11 +55,17 @@ def test_unnamed_tables_get_tensorflows_names():
     "features, weights, match",
     [
         ({"a": tf.constant([1], tf.int64)}, None, "structure"),
-        ({"a": tf.constant([1], tf.int64), "b": tf.constant([2], tf.int64)},
-         {"a": tf.constant([1.0]), "b": None}, "Weight specified for a, but input is dense"),
+        (
+            {"a": tf.constant([1], tf.int64), "b": tf.constant([2], tf.int64)},
+            {"a": tf.constant([1.0]), "b": None},
+            "Weight specified for a, but input is dense",
+        ),
         ({"a": tf.constant([[1, 2]], tf.int64), "b": tf.constant([2], tf.int64)}, None, "a"),
-        ({"a": tf.ragged.constant([[1]], dtype=tf.int64), "b": tf.constant([2], tf.int64)},
-         {"a": tf.ragged.constant([[1.0]]).to_sparse(), "b": None}, "does not match"),
+        (
+            {"a": tf.ragged.constant([[1]], dtype=tf.int64), "b": tf.constant([2], tf.int64)},
+            {"a": tf.ragged.constant([[1.0]]).to_sparse(), "b": None},
+            "does not match",
+        ),
     ],
 )
 def test_enqueue_rejects_bad_inputs_and_changes_nothing(features, weights, match):

@@ -1,4 +1,5 @@
 """The version is written once (pyproject.toml) and tf_embed_ops.__version__ reports it."""
+
 from __future__ import annotations
 
 import pathlib

@@ -142,8 +142,9 @@ class OptimizerSchema:
         """``{python argument: value}`` from ``{proto field: value}`` (e.g. a loaded table's hyperparameters)."""
         return {h.python_name: h.from_proto(proto_values[h.proto_name]) for h in self.hyper_parameters}
 
-    def check(self, python_values: Mapping[str, Any], *, learning_rate: Any, use_gradient_accumulation: bool,
-              where: str = "") -> None:
+    def check(
+        self, python_values: Mapping[str, Any], *, learning_rate: Any, use_gradient_accumulation: bool, where: str = ""
+    ) -> None:
         """The checks the C++ validator makes, on Python arguments.
 
         Args:

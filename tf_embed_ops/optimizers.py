@@ -17,6 +17,7 @@ The five public optimizers are re-exported here, so one namespace has them all:
 >>> opt = te.optimizers.Momentum(learning_rate=0.1, momentum=0.9, use_nesterov=True)
 >>> table = tf.tpu.experimental.embedding.TableConfig(vocabulary_size=100, dim=8, optimizer=opt)
 """
+
 from __future__ import annotations
 
 import inspect
@@ -107,8 +108,9 @@ class _CatalogueOptimizer(_tf_compat.OptimizerBase):
             low_dimensional_packing_status,
         )
         if not callable(learning_rate) and not learning_rate >= 0:
-            raise ValueError(f"Argument `learning_rate` must be a non-negative float or a callable. "
-                             f"Received: {learning_rate!r}")
+            raise ValueError(
+                f"Argument `learning_rate` must be a non-negative float or a callable. Received: {learning_rate!r}"
+            )
         if weight_decay_factor is not None and not weight_decay_factor >= 0:
             raise ValueError(f"Argument `weight_decay_factor` must be non-negative. Received: {weight_decay_factor!r}")
 
@@ -173,8 +175,10 @@ def _docstring(schema: _optimizer_schema.OptimizerSchema) -> str:
     for s in schema.slots:
         if s.python_name is not None:
             allowed = f" Must be {s.range.text}." if s.range.lower is not None or s.range.upper is not None else ""
-            args.append(f"  {s.python_name}: initial value of the `{s.name}` slot.{allowed} "
-                        f"Default {s.default_initial_value!r}.")
+            args.append(
+                f"  {s.python_name}: initial value of the `{s.name}` slot.{allowed} "
+                f"Default {s.default_initial_value!r}."
+            )
     args.append(f"  **kwargs: {_BASE_ARGUMENTS_DOC}")
     raises = ["Raises:", "  ValueError: an argument is outside its range."]
     if schema.needs_dynamic_learning_rate:
@@ -201,8 +205,13 @@ def _catalogue_class(schema: _optimizer_schema.OptimizerSchema) -> type:
             setattr(self, name, value)
 
     __init__.__signature__ = signature
-    namespace = {"__init__": __init__, "__doc__": _docstring(schema), "_schema": schema, "__module__": __name__,
-                 "__qualname__": schema.python_class}
+    namespace = {
+        "__init__": __init__,
+        "__doc__": _docstring(schema),
+        "_schema": schema,
+        "__module__": __name__,
+        "__qualname__": schema.python_class,
+    }
     return type(schema.python_class, (_CatalogueOptimizer,), namespace)
 
 

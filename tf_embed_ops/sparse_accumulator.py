@@ -4,6 +4,7 @@ Same constructor and methods as ``tf.compat.v1.sparse.SparseConditionalAccumulat
 ``tf.function`` (including ``tf.cond``/``tf.while_loop``) and in TF1 graphs.  Semantics and every difference
 from TensorFlow: ``docs/sparse_accumulator.md``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -96,8 +97,7 @@ class SparseConditionalAccumulator:
         """
         self._dtype = tf.as_dtype(dtype)
         if self._dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(
-                f"dtype must be one of {[d.name for d in _SUPPORTED_DTYPES]}, got {self._dtype.name}")
+            raise ValueError(f"dtype must be one of {[d.name for d in _SUPPORTED_DTYPES]}, got {self._dtype.name}")
         if reduction_type not in _REDUCTION_TYPES:
             raise ValueError(f"reduction_type must be one of {list(_REDUCTION_TYPES)}, got {reduction_type!r}")
         self._shape = tf.TensorShape(shape)
@@ -108,12 +108,17 @@ class SparseConditionalAccumulator:
             # with the same attrs (the aliasing bug of TensorFlow's own eager ConditionalAccumulator).  An
             # anonymous accumulator is owned by its reference-counting handle instead.
             self._handle = ops.tf_embed_anonymous_sparse_accumulator(
-                dtype=self._dtype, shape=self._shape, reduction_type=reduction_type, name=name)
+                dtype=self._dtype, shape=self._shape, reduction_type=reduction_type, name=name
+            )
             self._name = name
         else:
             self._handle = ops.tf_embed_sparse_accumulator(
-                dtype=self._dtype, shape=self._shape, shared_name=shared_name or "",
-                reduction_type=reduction_type, name=name)
+                dtype=self._dtype,
+                shape=self._shape,
+                shared_name=shared_name or "",
+                reduction_type=reduction_type,
+                name=name,
+            )
             self._name = name if tf.executing_eagerly() else self._handle.op.name.split("/")[-1]
 
     @property
@@ -159,10 +164,12 @@ class SparseConditionalAccumulator:
             if grad_values.dtype != self._dtype:
                 raise ValueError(
                     f"grad_values has dtype {grad_values.dtype.name} but the accumulator holds {self._dtype.name}; "
-                    f"cast it first (tf.cast(grad_values, {self._dtype.name!r}))")
+                    f"cast it first (tf.cast(grad_values, {self._dtype.name!r}))"
+                )
             return tf.convert_to_tensor(grad_values)
         if isinstance(grad_values, np.ndarray) and not (
-                np.issubdtype(grad_values.dtype, np.number) or grad_values.dtype == np.bool_):
+            np.issubdtype(grad_values.dtype, np.number) or grad_values.dtype == np.bool_
+        ):
             raise ValueError(f"grad_values must be numeric, got a numpy array of dtype {grad_values.dtype}")
         try:
             # Python numbers and lists (and numpy arrays) convert to the accumulator dtype, as a constant would.
@@ -205,10 +212,12 @@ class SparseConditionalAccumulator:
             shape = _int64(grad_shape, "grad_shape") if has_known_shape else _NO_SHAPE
             step = _step(local_step, "local_step")
             return _loader.load_ops().tf_embed_sparse_accumulator_apply_gradient(
-                self._handle, step, indices, values, shape, has_known_shape=has_known_shape)
+                self._handle, step, indices, values, shape, has_known_shape=has_known_shape
+            )
 
     def apply_indexed_slices_grad(
-        self, grad: tf.IndexedSlices, local_step: Any = 0, name: str | None = None) -> tf.Operation | None:
+        self, grad: tf.IndexedSlices, local_step: Any = 0, name: str | None = None
+    ) -> tf.Operation | None:
         """Adds ``grad`` (an IndexedSlices; ``dense_shape`` None means unknown).  See ``apply_grad``.
 
         Example:
@@ -250,14 +259,15 @@ class SparseConditionalAccumulator:
                 raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
         with tf.name_scope(name or "take_grad"):
             # Python ints and floats go to the op as they are: it converts them without extra ops.
-            required = num_required if type(num_required) is int else tf.convert_to_tensor(
-                num_required, dtype=tf.int32)
+            required = num_required if type(num_required) is int else tf.convert_to_tensor(num_required, dtype=tf.int32)
             out = _loader.load_ops().tf_embed_sparse_accumulator_take_gradient(
-                self._handle, required, seconds, dtype=self._dtype)
+                self._handle, required, seconds, dtype=self._dtype
+            )
             return TakeGradResult(out.indices, out.values, out.shape)
 
     def take_indexed_slices_grad(
-        self, num_required: Any, name: str | None = None, timeout: float | None = None) -> tf.IndexedSlices:
+        self, num_required: Any, name: str | None = None, timeout: float | None = None
+    ) -> tf.IndexedSlices:
         """``take_grad`` as a ``tf.IndexedSlices(values, indices, dense_shape)``.
 
         Example:
@@ -284,4 +294,5 @@ class SparseConditionalAccumulator:
         """
         with tf.name_scope(name or "set_global_step"):
             return _loader.load_ops().tf_embed_sparse_accumulator_set_global_step(
-                self._handle, _step(new_global_step, "new_global_step"))
+                self._handle, _step(new_global_step, "new_global_step")
+            )

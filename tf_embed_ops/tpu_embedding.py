@@ -23,6 +23,7 @@ Example:
     ...     loss = tf.reduce_sum(acts["watched"] ** 2)
     ...   emb.apply_gradients(tape.gradient(loss, acts))
 """
+
 from __future__ import annotations
 
 import difflib
@@ -254,7 +255,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
                 slots = _tf_compat.create_slots(table.optimizer, parameters, slot_creator)
-                expected = (_tf_compat.slot_names(table.optimizer))
+                expected = _tf_compat.slot_names(table.optimizer)
                 missing = [s for s in expected if s not in slots]
                 if missing:
                     raise ValueError(
@@ -661,7 +662,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         if not input_keys.issubset(config_paths):
             unknown = sorted(input_keys - set(config_paths))
             hints = [
-                f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(key, config_paths, n=1))
+                f"{key!r} (did you mean {close[0]!r}?)"
+                if (close := difflib.get_close_matches(key, config_paths, n=1))
                 else repr(key)
                 for key in unknown
             ]

@@ -3,6 +3,7 @@
 The interpreter is ``--fbgemm-python``, else $TF_EMBED_OPS_FBGEMM_PYTHON, else /opt/fbgemm-venv/bin/python (what
 ``setup_fbgemm.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ def find_python(explicit: str | None = None) -> str | None:
 def available(python: str | None) -> tuple[bool, str]:
     """(True, versions) if ``python`` imports torch and fbgemm_gpu, else (False, the reason)."""
     if python is None:
-        return False, ("no FBGEMM interpreter: run benchmarks/peers/setup_fbgemm.sh or pass --fbgemm-python "
-                       f"(looked at $TF_EMBED_OPS_FBGEMM_PYTHON and {DEFAULT_PYTHON})")
+        return False, (
+            "no FBGEMM interpreter: run benchmarks/peers/setup_fbgemm.sh or pass --fbgemm-python "
+            f"(looked at $TF_EMBED_OPS_FBGEMM_PYTHON and {DEFAULT_PYTHON})"
+        )
     code = "import torch, fbgemm_gpu; print(torch.__version__, getattr(fbgemm_gpu, '__version__', '?'))"
     try:
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=180, check=False)
@@ -43,8 +46,16 @@ def available(python: str | None) -> tuple[bool, str]:
     return True, f"torch {torch_v}, fbgemm_gpu {fb_v}"
 
 
-def run_best(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: int, warmup: int,
-             threads: int = 1, block_ms: float = 150.0) -> dict:
+def run_best(
+    python: str,
+    wl: Workload,
+    optimizers: list[str],
+    steps: int,
+    blocks: int,
+    warmup: int,
+    threads: int = 1,
+    block_ms: float = 150.0,
+) -> dict:
     """``run``, and with several threads also under OMP_WAIT_POLICY=PASSIVE, keeping FBGEMM's faster result."""
     best = run(python, wl, optimizers, steps, blocks, warmup, threads, block_ms)
     if threads <= 1:
@@ -52,14 +63,26 @@ def run_best(python: str, wl: Workload, optimizers: list[str], steps: int, block
     passive = run(python, wl, optimizers, steps, blocks, warmup, threads, block_ms, omp_wait_policy="PASSIVE")
     for opt, r in passive.items():
         mine = best.get(opt, {})
-        if "block_ms" in r and ("block_ms" not in mine or sorted(r["block_ms"])[len(r["block_ms"]) // 2]
-                                < sorted(mine["block_ms"])[len(mine["block_ms"]) // 2]):
+        if "block_ms" in r and (
+            "block_ms" not in mine
+            or sorted(r["block_ms"])[len(r["block_ms"]) // 2] < sorted(mine["block_ms"])[len(mine["block_ms"]) // 2]
+        ):
             best[opt] = {**r, "omp_wait_policy": "PASSIVE"}
     return best
 
 
-def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: int, warmup: int,
-        threads: int = 1, block_ms: float = 150.0, timeout: int = 1200, omp_wait_policy: str | None = None) -> dict:
+def run(
+    python: str,
+    wl: Workload,
+    optimizers: list[str],
+    steps: int,
+    blocks: int,
+    warmup: int,
+    threads: int = 1,
+    block_ms: float = 150.0,
+    timeout: int = 1200,
+    omp_wait_policy: str | None = None,
+) -> dict:
     """Runs FBGEMM on ``wl``'s ids; returns optimizer -> {"block_ms": [...]} or {"error": ...}.
 
     Pooling: the workload's combiner (sum/mean), or none for sequence features (FBGEMM's PoolingMode.NONE gives
@@ -79,17 +102,27 @@ def run(python: str, wl: Workload, optimizers: list[str], steps: int, blocks: in
                 off = f"off{i}.npy"
                 np.save(os.path.join(tmp, off), f.row_splits)
             feats.append({"table": f.table, "ids": f"ids{i}.npy", "offsets": off})
-        job = {"tables": [{"rows": t.vocab, "dim": t.dim} for t in wl.tables], "features": feats,
-               "pooling": pooling, "optimizers": list(optimizers), "learning_rate": 0.01, "steps": steps,
-               "blocks": blocks, "warmup": warmup, "threads": threads, "block_ms": block_ms}
+        job = {
+            "tables": [{"rows": t.vocab, "dim": t.dim} for t in wl.tables],
+            "features": feats,
+            "pooling": pooling,
+            "optimizers": list(optimizers),
+            "learning_rate": 0.01,
+            "steps": steps,
+            "blocks": blocks,
+            "warmup": warmup,
+            "threads": threads,
+            "block_ms": block_ms,
+        }
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:
             json.dump(job, f)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         if omp_wait_policy:
             env["OMP_WAIT_POLICY"] = omp_wait_policy
-        proc = subprocess.run([python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env,
-                              check=False)
+        proc = subprocess.run(
+            [python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
     if proc.returncode != 0:
         msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         return {o: {"error": f"fbgemm_peer.py failed: {msg[:300]}"} for o in optimizers}

@@ -20,6 +20,7 @@ as ``{"error": ...}`` per optimizer rather than dropped.
 Output: ``{"peer": "fbgemm", "torch": ver, "fbgemm_gpu": ver, "results": {opt: {"block_ms": [...]} | {"error": s}}}``
 where each block figure is the mean ms/step over that block's steps (the suite takes the median over blocks).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,7 @@ _OPTIMIZERS = {
 
 
 def _build(tables, features, optimizer, learning_rate, pooling, torch, tbe_mod, cfg):
-    emb_cfg = [
-        (t["rows"], t["dim"], tbe_mod.EmbeddingLocation.HOST, tbe_mod.ComputeDevice.CPU) for t in tables
-    ]
+    emb_cfg = [(t["rows"], t["dim"], tbe_mod.EmbeddingLocation.HOST, tbe_mod.ComputeDevice.CPU) for t in tables]
     pool = {"sum": tbe_mod.PoolingMode.SUM, "mean": tbe_mod.PoolingMode.MEAN, "none": tbe_mod.PoolingMode.NONE}[pooling]
     return tbe_mod.SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=emb_cfg,
@@ -125,17 +124,22 @@ def run(job: dict, base_dir: str) -> dict:
     ids, offsets, batch = _inputs(job["features"], base_dir, torch)
     dims = [job["tables"][f["table"]]["dim"] for f in job["features"]]
     pooling = job.get("pooling", "sum")
-    out = {"peer": "fbgemm", "torch": torch.__version__, "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "?"),
-           "threads": torch.get_num_threads(), "results": {}}
+    out = {
+        "peer": "fbgemm",
+        "torch": torch.__version__,
+        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "?"),
+        "threads": torch.get_num_threads(),
+        "results": {},
+    }
     for opt in job["optimizers"]:
         if opt not in _OPTIMIZERS:
             out["results"][opt] = {"error": f"no FBGEMM equivalent of optimizer {opt!r}"}
             continue
         try:
-            emb = _build(job["tables"], job["features"], opt, job.get("learning_rate", 0.01), pooling, torch, tbe_mod,
-                         cfg)
-            out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt],
-                                   "out_dims": dims}
+            emb = _build(
+                job["tables"], job["features"], opt, job.get("learning_rate", 0.01), pooling, torch, tbe_mod, cfg
+            )
+            out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt], "out_dims": dims}
             del emb
         except Exception as e:  # reported per optimizer: FBGEMM lacks some CPU kernels
             out["results"][opt] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}

@@ -9,6 +9,7 @@ Both run the Keras train-step pattern (tape over the layer call, `apply_gradient
 the workload's fixed upstream gradient, and return the activations so nothing is pruned. keras-rs is optional:
 without it the builders raise ImportError, which the suite records as that engine's error.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -15,6 +15,7 @@ epsilon, FTRL lr_power -0.5. The activations' gradient is a fixed random tensor 
 ``output_gradients`` (no loss is computed: the model between activations and loss is not what is measured), and
 the activations are returned so that no engine's forward pass can be pruned.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -33,12 +34,28 @@ RHO = 0.9
 
 # Which of our optimizers each peer covers (others are reported as "no such peer").
 KERAS_OPTIMIZERS = ("sgd", "adagrad", "adam", "adam_nonlazy", "ftrl")
-RAW_OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "adam_nonlazy", "ftrl", "momentum", "rms_prop",
-                  "centered_rms_prop")
-RAW_KIND = {"adam": "gather/scatter", "adagrad_momentum": "gather/scatter", "adam_nonlazy": "ResourceApplyAdam",
-            "sgd": "ResourceScatterSub", "adagrad": "ResourceSparseApplyAdagradV2", "ftrl": "ResourceSparseApplyFtrl",
-            "momentum": "ResourceSparseApplyMomentum", "rms_prop": "ResourceSparseApplyRMSProp",
-            "centered_rms_prop": "ResourceSparseApplyCenteredRMSProp"}
+RAW_OPTIMIZERS = (
+    "sgd",
+    "adagrad",
+    "adagrad_momentum",
+    "adam",
+    "adam_nonlazy",
+    "ftrl",
+    "momentum",
+    "rms_prop",
+    "centered_rms_prop",
+)
+RAW_KIND = {
+    "adam": "gather/scatter",
+    "adagrad_momentum": "gather/scatter",
+    "adam_nonlazy": "ResourceApplyAdam",
+    "sgd": "ResourceScatterSub",
+    "adagrad": "ResourceSparseApplyAdagradV2",
+    "ftrl": "ResourceSparseApplyFtrl",
+    "momentum": "ResourceSparseApplyMomentum",
+    "rms_prop": "ResourceSparseApplyRMSProp",
+    "centered_rms_prop": "ResourceSparseApplyCenteredRMSProp",
+}
 
 
 def make_inputs(wl: Workload) -> dict:
@@ -67,8 +84,10 @@ def make_inputs(wl: Workload) -> dict:
 
 def make_tables(wl: Workload, seed: int = 0) -> list[tf.Variable]:
     """Fresh table variables (uniform(-0.05, 0.05): the values do not affect the speed of any engine)."""
-    return [tf.Variable(tf.random.stateless_uniform([t.vocab, t.dim], [seed, i], -0.05, 0.05), name=t.name)
-            for i, t in enumerate(wl.tables)]
+    return [
+        tf.Variable(tf.random.stateless_uniform([t.vocab, t.dim], [seed, i], -0.05, 0.05), name=t.name)
+        for i, t in enumerate(wl.tables)
+    ]
 
 
 def _forward(tables: list[tf.Variable], inputs: dict, combiner: str) -> list[tf.Tensor]:
@@ -134,45 +153,84 @@ def _raw_apply(optimizer: str, table: tf.Variable, slots: list[tf.Variable], uni
     if optimizer == "sgd":
         return tf.raw_ops.ResourceScatterSub(resource=table.handle, indices=uniq, updates=lr * g)
     if optimizer == "adagrad":
-        return tf.raw_ops.ResourceSparseApplyAdagradV2(var=table.handle, accum=slots[0].handle, lr=lr,
-                                                       epsilon=tf.constant(0.0), grad=g, indices=uniq)
+        return tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=table.handle, accum=slots[0].handle, lr=lr, epsilon=tf.constant(0.0), grad=g, indices=uniq
+        )
     if optimizer == "ftrl":
-        return tf.raw_ops.ResourceSparseApplyFtrl(var=table.handle, accum=slots[0].handle, linear=slots[1].handle,
-                                                  grad=g, indices=uniq, lr=lr, l1=tf.constant(0.0),
-                                                  l2=tf.constant(0.0), lr_power=tf.constant(-0.5))
+        return tf.raw_ops.ResourceSparseApplyFtrl(
+            var=table.handle,
+            accum=slots[0].handle,
+            linear=slots[1].handle,
+            grad=g,
+            indices=uniq,
+            lr=lr,
+            l1=tf.constant(0.0),
+            l2=tf.constant(0.0),
+            lr_power=tf.constant(-0.5),
+        )
     if optimizer == "momentum":
-        return tf.raw_ops.ResourceSparseApplyMomentum(var=table.handle, accum=slots[0].handle, lr=lr, grad=g,
-                                                      indices=uniq, momentum=tf.constant(MOMENTUM))
+        return tf.raw_ops.ResourceSparseApplyMomentum(
+            var=table.handle, accum=slots[0].handle, lr=lr, grad=g, indices=uniq, momentum=tf.constant(MOMENTUM)
+        )
     if optimizer == "rms_prop":
-        return tf.raw_ops.ResourceSparseApplyRMSProp(var=table.handle, ms=slots[0].handle, mom=slots[1].handle,
-                                                     lr=lr, rho=tf.constant(RHO), momentum=tf.constant(MOMENTUM),
-                                                     epsilon=tf.constant(EPS), grad=g, indices=uniq)
+        return tf.raw_ops.ResourceSparseApplyRMSProp(
+            var=table.handle,
+            ms=slots[0].handle,
+            mom=slots[1].handle,
+            lr=lr,
+            rho=tf.constant(RHO),
+            momentum=tf.constant(MOMENTUM),
+            epsilon=tf.constant(EPS),
+            grad=g,
+            indices=uniq,
+        )
     if optimizer == "centered_rms_prop":
         return tf.raw_ops.ResourceSparseApplyCenteredRMSProp(
-            var=table.handle, mg=slots[2].handle, ms=slots[0].handle, mom=slots[1].handle, lr=lr,
-            rho=tf.constant(RHO), momentum=tf.constant(MOMENTUM), epsilon=tf.constant(EPS), grad=g, indices=uniq)
+            var=table.handle,
+            mg=slots[2].handle,
+            ms=slots[0].handle,
+            mom=slots[1].handle,
+            lr=lr,
+            rho=tf.constant(RHO),
+            momentum=tf.constant(MOMENTUM),
+            epsilon=tf.constant(EPS),
+            grad=g,
+            indices=uniq,
+        )
     if optimizer == "adam":
         # Lazy Adam, TPU form (no bias correction): gather the touched rows, update, scatter them back.
         m = BETA1 * tf.gather(slots[0], uniq) + (1 - BETA1) * g
         v = BETA2 * tf.gather(slots[1], uniq) + (1 - BETA2) * g * g
         w = tf.gather(table, uniq) - LR * m / (tf.sqrt(v) + EPS)
-        return tf.group(slots[0].scatter_update(tf.IndexedSlices(m, uniq)),
-                        slots[1].scatter_update(tf.IndexedSlices(v, uniq)),
-                        table.scatter_update(tf.IndexedSlices(w, uniq)))
+        return tf.group(
+            slots[0].scatter_update(tf.IndexedSlices(m, uniq)),
+            slots[1].scatter_update(tf.IndexedSlices(v, uniq)),
+            table.scatter_update(tf.IndexedSlices(w, uniq)),
+        )
     if optimizer == "adagrad_momentum":
         # TPU AdagradMomentum (exponent 2, beta2 1, no Nesterov): gather -> math -> scatter.
         a = tf.gather(slots[0], uniq) + g * g
         mom = MOMENTUM * tf.gather(slots[1], uniq) + g * tf.math.rsqrt(a + ADAGRAD_MOMENTUM_EPS)
         w = tf.gather(table, uniq) - LR * mom
-        return tf.group(slots[0].scatter_update(tf.IndexedSlices(a, uniq)),
-                        slots[1].scatter_update(tf.IndexedSlices(mom, uniq)),
-                        table.scatter_update(tf.IndexedSlices(w, uniq)))
+        return tf.group(
+            slots[0].scatter_update(tf.IndexedSlices(a, uniq)),
+            slots[1].scatter_update(tf.IndexedSlices(mom, uniq)),
+            table.scatter_update(tf.IndexedSlices(w, uniq)),
+        )
     raise NotImplementedError(f"no raw-op peer for {optimizer}")
 
 
-_RAW_SLOT_INIT = {"sgd": [], "adagrad": [ADAGRAD_INIT], "ftrl": [ADAGRAD_INIT, 0.0], "momentum": [0.0],
-                  "rms_prop": [1.0, 0.0], "centered_rms_prop": [1.0, 0.0, 0.0], "adam": [0.0, 0.0],
-                  "adam_nonlazy": [0.0, 0.0], "adagrad_momentum": [ADAGRAD_INIT, 0.0]}
+_RAW_SLOT_INIT = {
+    "sgd": [],
+    "adagrad": [ADAGRAD_INIT],
+    "ftrl": [ADAGRAD_INIT, 0.0],
+    "momentum": [0.0],
+    "rms_prop": [1.0, 0.0],
+    "centered_rms_prop": [1.0, 0.0, 0.0],
+    "adam": [0.0, 0.0],
+    "adam_nonlazy": [0.0, 0.0],
+    "adagrad_momentum": [ADAGRAD_INIT, 0.0],
+}
 
 
 def raw_op_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
@@ -192,10 +250,20 @@ def raw_op_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
         for t, (table, grad) in enumerate(zip(tables, grads, strict=True)):
             if optimizer == "adam_nonlazy":
                 # Dense TPU Adam (every row, no bias correction: beta powers 0 make lr_t = lr).
-                ops.append(tf.raw_ops.ResourceApplyAdam(
-                    var=table.handle, m=slots[t][0].handle, v=slots[t][1].handle, beta1_power=tf.constant(0.0),
-                    beta2_power=tf.constant(0.0), lr=tf.constant(LR), beta1=tf.constant(BETA1),
-                    beta2=tf.constant(BETA2), epsilon=tf.constant(EPS), grad=tf.convert_to_tensor(grad)))
+                ops.append(
+                    tf.raw_ops.ResourceApplyAdam(
+                        var=table.handle,
+                        m=slots[t][0].handle,
+                        v=slots[t][1].handle,
+                        beta1_power=tf.constant(0.0),
+                        beta2_power=tf.constant(0.0),
+                        lr=tf.constant(LR),
+                        beta1=tf.constant(BETA1),
+                        beta2=tf.constant(BETA2),
+                        epsilon=tf.constant(EPS),
+                        grad=tf.convert_to_tensor(grad),
+                    )
+                )
                 continue
             uniq, g = _dedup(grad)
             ops.append(_raw_apply(optimizer, table, slots[t], uniq, g))

@@ -14,6 +14,7 @@ updated by the Keras optimizer; both print train/test AUC, and the run ends by n
 test AUC (the one that generalises better to held-out impressions).  It writes no files: only `--write-config`
 writes one, at the path given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,9 +95,7 @@ def feature_config() -> tuple[dict, object]:
     """The embedding configuration: four tables, two of them shared, four different TPU optimizers."""
     user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.05))
     item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adagrad(0.05))
-    category = emb.TableConfig(
-        SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.Adam(0.003)
-    )
+    category = emb.TableConfig(SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.Adam(0.003))
     device = emb.TableConfig(SIZES["device"], DIM, name="device", combiner="sum", optimizer=emb.FTRL(0.05))
     fc = {
         "category": emb.FeatureConfig(category, name="category"),
@@ -213,9 +212,11 @@ def run(args: argparse.Namespace) -> dict:
         fc, optimizer = feature_config_from_file(args.config) if args.config else feature_config()
         if label == "tpu_embedding":
             layer = te_keras.TPUEmbedding(fc, optimizer, name="embedding")
-            what = "tables: TPU optimizers (" + ", ".join(
-                f"{t.name}={type(t.optimizer).__name__}" for t in layer.embedding_tables
-            ) + "), rest: Keras Adam"
+            what = (
+                "tables: TPU optimizers ("
+                + ", ".join(f"{t.name}={type(t.optimizer).__name__}" for t in layer.embedding_tables)
+                + "), rest: Keras Adam"
+            )
         else:
             layer = KerasOptimizerEmbedding(fc, name="embedding")
             what = "tables and rest: Keras Adam"

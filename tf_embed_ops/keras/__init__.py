@@ -7,6 +7,7 @@ Example:
     >>> layer = te_keras.DistributedEmbedding(keras_rs_feature_configs)   # keras-rs's layer, one import away
     >>> te_keras.export_for_serving(model, "/tmp/model", input_signature=spec)
 """
+
 from tf_embed_ops.keras.distributed_embedding import DistributedEmbedding
 from tf_embed_ops.keras.distributed_embedding_config import FeatureConfig, TableConfig
 from tf_embed_ops.keras.layer import TPUEmbedding

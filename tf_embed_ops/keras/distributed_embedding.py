@@ -16,6 +16,7 @@ Example:
     >>> layer = DistributedEmbedding({"item": feature})
     >>> acts = layer({"item": ids})   # {"item": [64, 16]}
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

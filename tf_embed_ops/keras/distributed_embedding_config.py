@@ -7,6 +7,7 @@ Example:
     >>> table = TableConfig(name="user", vocabulary_size=1000, embedding_dim=16, optimizer="adagrad")
     >>> feature = FeatureConfig(name="user", table=table, input_shape=(128,), output_shape=(128, 16))
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -14,6 +14,7 @@ Example:
     ...                      tf.tpu.experimental.embedding.Adagrad(0.1))
     >>> acts = layer({"user": tf.constant([3, 7])})   # {"user": [2, 8]}
 """
+
 from __future__ import annotations
 
 from typing import Any

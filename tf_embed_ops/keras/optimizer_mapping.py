@@ -12,6 +12,7 @@ Example:
     >>> to_table_optimizer(keras.optimizers.Adam(0.01, clipvalue=1.0), "user")
     <tf.tpu.experimental.embedding.Adam ...>   # learning_rate=0.01, clipvalue=(-1.0, 1.0)
 """
+
 from __future__ import annotations
 
 import weakref

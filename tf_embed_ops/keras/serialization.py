@@ -7,6 +7,7 @@ Example:
     >>> d = feature_config_to_dict({"a": tf.tpu.experimental.embedding.FeatureConfig(table=t)})
     >>> fc = feature_config_from_dict(json.loads(json.dumps(d)))
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -118,7 +119,7 @@ def optimizer_from_dict(d: dict | None) -> Any:
         args["clipvalue"] = tuple(args["clipvalue"])
     class_name = d["class_name"]
     if class_name.startswith(_CATALOGUE_PREFIX):
-        return getattr(_optimizers, class_name[len(_CATALOGUE_PREFIX):])(**args)
+        return getattr(_optimizers, class_name[len(_CATALOGUE_PREFIX) :])(**args)
     return getattr(_emb, class_name)(**args)
 
 

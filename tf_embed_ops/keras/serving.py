@@ -9,6 +9,7 @@ Example:
     >>> # elsewhere, without tf_embed_ops:
     >>> tf.saved_model.load("/tmp/ctr").signatures["serving_default"](user=tf.constant([3, 7], tf.int64))
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,9 +62,7 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
     if weights.shape.rank == 1 and weights.shape[0] == 0:
         weights = tf.ones(tf.shape(ids), tf.float32)
     elif weights.shape[0] is None:
-        weights = tf.cond(
-            tf.size(weights) > 0, lambda: weights, lambda: tf.ones(tf.shape(ids), tf.float32)
-        )
+        weights = tf.cond(tf.size(weights) > 0, lambda: weights, lambda: tf.ones(tf.shape(ids), tf.float32))
     if combiner == "sum":
         scale = weights
     else:
@@ -147,9 +146,11 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
             outputs = model(inputs, training=False)
         if isinstance(outputs, dict):
             return outputs
-        return {"output_0": outputs} if not isinstance(outputs, (list, tuple)) else {
-            f"output_{i}": o for i, o in enumerate(outputs)
-        }
+        return (
+            {"output_0": outputs}
+            if not isinstance(outputs, (list, tuple))
+            else {f"output_{i}": o for i, o in enumerate(outputs)}
+        )
 
     concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
     custom = _custom_ops_in(concrete.graph.as_graph_def())
@@ -181,4 +182,3 @@ def _component_paths(structure: Any) -> list:
         else:
             out.extend((f"{base}_{i}", c) for i, c in enumerate(components))
     return out
-
