@@ -5,6 +5,11 @@ process (TensorFlow's `multi_worker_test_base.create_in_process_cluster` does th
 `portpicker` package, this does not) and returns a `ParameterServerStrategy` whose coordinator is this process.
 The servers share this process's op registry, so tf_embed_ops' kernels are available on every task.
 
+Every task gets a `localhost` address, so the tasks dial each other over loopback only.  TensorFlow's server
+still listens on all interfaces for its port (it binds `0.0.0.0` whatever host the cluster names), and it is
+unauthenticated: on a machine reachable from untrusted networks, firewall the ports (docs/distributed.md,
+"Security").
+
 In-process servers cannot be shut down: they live until the process exits.  A second call starts a second,
 independent cluster on fresh ports (this process's eager context then points at the new one).
 
