@@ -4,6 +4,7 @@
   lookups and the fused update run on the server that owns the rows; checkpoints match the single-process class.
 * `ShardedEmbeddingLayer`: the Keras 3 layer over a `ShardedTPUEmbedding` (imported on first use).
 * `SyncSparseAggregator`: synchronous (SyncReplicas-style) rounds through per-shard sparse accumulators.
+* `fit`: Keras `fit` for a compiled Keras 3 model on the cluster (callbacks, History, checkpoints).
 * `create_local_cluster`: an in-process localhost cluster for tests and examples.
 * `python -m tf_embed_ops.distribute.server`: runs a ps/worker task from TF_CONFIG with our kernels loaded.
 * `div_shard_sizes`, `div_shard_boundaries`, `num_table_shards`: the DIV sharding arithmetic.
@@ -16,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+from tf_embed_ops.distribute.fit import fit
 from tf_embed_ops.distribute.local_cluster import create_local_cluster
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
 from tf_embed_ops.distribute.sharding import div_shard_boundaries, div_shard_sizes, num_table_shards
@@ -28,6 +30,7 @@ __all__ = [
     "create_local_cluster",
     "div_shard_boundaries",
     "div_shard_sizes",
+    "fit",
     "num_table_shards",
 ]
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import keras
 import numpy as np
 import tensorflow as tf
+
+if TYPE_CHECKING:  # keras is imported on the first call: `import tf_embed_ops.distribute` does not need it
+    import keras
 
 __all__ = ["fit"]
 
@@ -80,6 +82,8 @@ def fit(
       ValueError: for a bad argument (named, with its value), a model that is not compiled, or a model built
         outside the strategy's scope.
     """
+    import keras
+
     verbose = _check_arguments(epochs, steps_per_epoch, validation_data, validation_steps, verbose, initial_epoch)
     if not callable(dataset_fn):
         raise ValueError(f"Argument `dataset_fn` must be a function of an InputContext; got {dataset_fn!r}.")
