@@ -31,7 +31,15 @@ import tensorflow as tf
 if TYPE_CHECKING:  # keras is imported on the first call: `import tf_embed_ops.distribute` does not need it
     import keras
 
-__all__ = ["fit"]
+__all__ = ["TrainingInterruptedError", "fit"]
+
+# What the coordinator raises when a parameter server (or the chief's connection to the cluster) is lost.  A lost
+# worker raises nothing: the coordinator reschedules its steps on the other workers.
+_LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+class TrainingInterruptedError(RuntimeError):
+    """Training stopped because a parameter server was lost; restarting the job resumes from the last checkpoint."""
 
 # Steps scheduled ahead of the progress bar: enough to keep every worker busy, few enough that the bar and the
 # batch callbacks follow the steps that have really finished.
@@ -121,27 +129,47 @@ def fit(
     callbacks.on_train_begin()
     training_logs = None
     for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
-        _run_steps(coordinator, train_function, train_iterator, steps_per_epoch, in_flight,
-                   callbacks.on_train_batch_begin, callbacks.on_train_batch_end, lambda: model.stop_training)
-        epoch_logs = _metrics(model)
-        if val_iterator is not None:
-            model.reset_metrics()
-            callbacks.on_test_begin()
-            _run_steps(coordinator, test_function, val_iterator, validation_steps, in_flight,
-                       callbacks.on_test_batch_begin, callbacks.on_test_batch_end, lambda: False)
-            val_logs = _metrics(model)
-            callbacks.on_test_end(val_logs)
-            epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-        if checkpoint_manager is not None:
-            checkpoint_manager.save(checkpoint_number=epoch + 1)
+        try:
+            epoch_logs = _run_epoch(model, coordinator, callbacks, epoch, train_function, train_iterator,
+                                    steps_per_epoch, test_function, val_iterator, validation_steps, in_flight,
+                                    checkpoint_manager)
+        except _LOST_TASK_ERRORS as e:
+            latest = checkpoint_manager.latest_checkpoint if checkpoint_manager is not None else None
+            resume = (f"restart the job with the same checkpoint_manager: fit restores {latest} and continues "
+                      f"with epoch {_completed_epochs(checkpoint_manager) + 1}" if latest else
+                      "no checkpoint was saved (pass checkpoint_manager= to resume after a restart)")
+            raise TrainingInterruptedError(
+                f"training stopped in epoch {epoch + 1}/{epochs}: a parameter server is unreachable "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). Updates after the last checkpoint are "
+                f"lost; {resume}."
+            ) from e
         callbacks.on_epoch_end(epoch, epoch_logs)
         training_logs = epoch_logs
         if model.stop_training:
             break
     callbacks.on_train_end(logs=training_logs)
     return model.history
+
+
+def _run_epoch(model, coordinator, callbacks, epoch, train_function, train_iterator, steps_per_epoch,
+               test_function, val_iterator, validation_steps, in_flight, checkpoint_manager) -> dict:
+    """One epoch: training steps, validation, checkpoint; returns the epoch's logs (callbacks not yet told)."""
+    model.reset_metrics()
+    callbacks.on_epoch_begin(epoch)
+    _run_steps(coordinator, train_function, train_iterator, steps_per_epoch, in_flight,
+               callbacks.on_train_batch_begin, callbacks.on_train_batch_end, lambda: model.stop_training)
+    epoch_logs = _metrics(model)
+    if val_iterator is not None:
+        model.reset_metrics()
+        callbacks.on_test_begin()
+        _run_steps(coordinator, test_function, val_iterator, validation_steps, in_flight,
+                   callbacks.on_test_batch_begin, callbacks.on_test_batch_end, lambda: False)
+        val_logs = _metrics(model)
+        callbacks.on_test_end(val_logs)
+        epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+    if checkpoint_manager is not None:
+        checkpoint_manager.save(checkpoint_number=epoch + 1)
+    return epoch_logs
 
 
 def _check_arguments(epochs, steps_per_epoch, validation_data, validation_steps, verbose, initial_epoch):
