@@ -17,7 +17,7 @@ Example:
 """
 from __future__ import annotations
 
-from tf_embed_ops.distribute.fit import fit
+from tf_embed_ops.distribute.fit import TrainingInterruptedError, fit
 from tf_embed_ops.distribute.local_cluster import create_local_cluster
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
 from tf_embed_ops.distribute.sharding import div_shard_boundaries, div_shard_sizes, num_table_shards
@@ -27,6 +27,7 @@ __all__ = [
     "ShardedEmbeddingLayer",
     "ShardedTPUEmbedding",
     "SyncSparseAggregator",
+    "TrainingInterruptedError",
     "create_local_cluster",
     "div_shard_boundaries",
     "div_shard_sizes",

@@ -140,7 +140,7 @@ def fit(
                       "no checkpoint was saved (pass checkpoint_manager= to resume after a restart)")
             raise TrainingInterruptedError(
                 f"training stopped in epoch {epoch + 1}/{epochs}: a parameter server is unreachable "
-                f"({type(e).__name__}: {str(e).splitlines()[0][:300]}). Updates after the last checkpoint are "
+                f"({type(e).__name__}: {' '.join(str(e).split())[:300]}). Updates after the last checkpoint are "
                 f"lost; {resume}."
             ) from e
         callbacks.on_epoch_end(epoch, epoch_logs)
