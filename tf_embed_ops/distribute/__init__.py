@@ -7,6 +7,7 @@
 * `fit`: Keras `fit` for a compiled Keras 3 model on the cluster (callbacks, History, checkpoints).
 * `create_local_cluster`: an in-process localhost cluster for tests and examples.
 * `python -m tf_embed_ops.distribute.server`: runs a ps/worker task from TF_CONFIG with our kernels loaded.
+* `python -m tf_embed_ops.distribute.launch --ps 2 --workers 2 -- python train.py`: a local job of processes.
 * `div_shard_sizes`, `div_shard_boundaries`, `num_table_shards`: the DIV sharding arithmetic.
 
 Example:

@@ -24,13 +24,13 @@ import socket
 
 import tensorflow as tf
 
-__all__ = ["create_local_cluster"]
+__all__ = ["create_local_cluster", "free_port"]
 
 
 _taken_ports: set = set()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A localhost port that is free now, below the usual ephemeral range and never handed out twice here.
 
     A port the kernel picks for `bind(0)` comes from the ephemeral range, where the cluster's own outgoing gRPC
@@ -52,6 +52,9 @@ def _free_port() -> int:
     raise RuntimeError("no free localhost port found in [20000, 32000)")
 
 
+_free_port = free_port  # the name the cluster tests use
+
+
 def create_local_cluster(num_workers: int = 2, num_ps: int = 2, *, variable_partitioner=None):
     """Starts an in-process cluster on localhost and returns a `ParameterServerStrategy` for it.
 
@@ -70,9 +73,9 @@ def create_local_cluster(num_workers: int = 2, num_ps: int = 2, *, variable_part
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"Argument `{name}` must be an int >= 1; got {value!r}.")
     cluster = {
-        "worker": [f"localhost:{_free_port()}" for _ in range(num_workers)],
-        "ps": [f"localhost:{_free_port()}" for _ in range(num_ps)],
-        "chief": [f"localhost:{_free_port()}"],
+        "worker": [f"localhost:{free_port()}" for _ in range(num_workers)],
+        "ps": [f"localhost:{free_port()}" for _ in range(num_ps)],
+        "chief": [f"localhost:{free_port()}"],
     }
     cluster_spec = tf.train.ClusterSpec(cluster)
 
