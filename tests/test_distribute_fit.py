@@ -114,6 +114,13 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
         stopped = ted.fit(model, dataset_fn, epochs=5, steps_per_epoch=2, callbacks=[stopper],
                           validation_data=dataset_fn, validation_steps=1, verbose=0)
         results["stopped_epochs"] = stopped.epoch
+        outside = _model(tf, keras, _layer(tf, ShardedEmbeddingLayer, num_shards=2))  # not in the scope
+        try:
+            ted.fit(outside, dataset_fn, steps_per_epoch=1, verbose=0,
+                    coordinator=tf.distribute.coordinator.ClusterCoordinator(strategy))
+            results["outside_scope_error"] = None
+        except ValueError as e:
+            results["outside_scope_error"] = str(e)
     results.update(
         history=history.history, epochs=history.epoch, events=recorder.events, table=_table(tf, layer),
         dense=[w.tolist() for w in model.get_layer("hidden").get_weights() + model.get_layer("out").get_weights()],
@@ -205,6 +212,7 @@ def test_two_workers_train_and_drive_the_callbacks(clusters):
     assert np.all(np.any(table[:USED_ROWS] != np.float32(INIT), axis=1))
     assert "Epoch 3/3" in clusters["two_workers_stdout"] and "val_loss" in clusters["two_workers_stdout"]
     assert run["stopped_epochs"] == [0, 1]  # EarlyStopping with an unreachable min_delta stops after epoch 2
+    assert "created outside the strategy's scope" in run["outside_scope_error"]
 
 
 # ------------------------------------------------------------------------ argument checks (fast, no cluster)

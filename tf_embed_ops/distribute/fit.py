@@ -105,9 +105,10 @@ def fit(
         )
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
 
+    _check_variables_in_scope(model, strategy)  # the layers' variables, before anything else is created
     with strategy.scope():
         _build(model, dataset_fn)
-    _check_variables_in_scope(model, strategy)
+    _check_variables_in_scope(model, strategy)  # and the metrics' and optimizer's
     if checkpoint_manager is not None and checkpoint_manager.latest_checkpoint:
         checkpoint_manager.restore_or_initialize()
         initial_epoch = max(initial_epoch, _completed_epochs(checkpoint_manager))
