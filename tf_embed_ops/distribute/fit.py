@@ -11,7 +11,9 @@ Semantics (docs/distributed.md, "Keras fit on a cluster"):
 * metrics live on the parameter servers, so every worker's steps add to the same totals: an epoch's logs are the
   metrics over all steps of all workers;
 * a step whose worker fails is rescheduled on another worker by the coordinator: at-least-once (a step that had
-  already applied its updates before the failure is applied again).
+  already applied its updates before the failure is applied again);
+* a lost parameter server stops `fit` with `TrainingInterruptedError`; run the job again with the same
+  `checkpoint_manager` and it resumes after the last completed epoch.
 
 Example:
     >>> with strategy.scope():
