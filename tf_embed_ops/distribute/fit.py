@@ -206,13 +206,21 @@ def _check_arguments(epochs, steps_per_epoch, validation_data, validation_steps,
 
 
 def _build(model: keras.Model, dataset_fn: Callable) -> None:
-    """Creates every variable the steps use (layers, compiled metrics and loss, optimizer slots) on the chief.
+    """Creates every variable the steps use (layers, compiled loss and metrics, optimizer slots), in the scope.
 
-    Scheduled functions cannot create variables, so this runs before the first step, in the strategy's scope,
-    from the shapes of one batch of `dataset_fn` (as Keras' own fit does, through its symbolic build).
+    Scheduled functions cannot create variables, so this runs on the chief before the first step: one forward
+    pass, loss and metrics on one real batch of `dataset_fn` (real tensors, so Ragged/Sparse inputs keep their
+    type, which a symbolic build from shapes would lose), then the metrics are reset.
     """
-    batch = next(iter(dataset_fn(tf.distribute.InputContext())))
-    model._symbolic_build(data_batch=batch)  # noqa: SLF001 - Keras' fit builds this way; no public equivalent
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(next(iter(dataset_fn(tf.distribute.InputContext()))))
+    y_pred = model(x, training=False)
+    model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+    model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.reset_metrics()
 
 
 def _check_variables_in_scope(model: keras.Model, strategy) -> None:
