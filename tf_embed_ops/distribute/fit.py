@@ -68,8 +68,8 @@ def fit(
       model: a Keras 3 model created and compiled inside `strategy.scope()` (so its variables, optimizer and
         metrics live on the parameter servers).
       dataset_fn: `dataset_fn(input_context) -> tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` batches;
-        called once on every worker (shard with `input_context.input_pipeline_id` if the workers should see
-        different data).  It must yield at least `epochs * steps_per_epoch` batches per worker (use `.repeat()`).
+        called once on every worker (each reads its own copy: shuffle without a seed for different orders).
+        It must yield at least `epochs * steps_per_epoch` batches per worker (use `.repeat()`).
       epochs: train until this epoch (as Keras: with `initial_epoch`, `epochs - initial_epoch` epochs run).
       steps_per_epoch: steps scheduled per epoch, over all workers together (required: per-worker datasets have
         no length the chief could read).
