@@ -4,8 +4,10 @@
   lookups and the fused update run on the server that owns the rows; checkpoints match the single-process class.
 * `ShardedEmbeddingLayer`: the Keras 3 layer over a `ShardedTPUEmbedding` (imported on first use).
 * `SyncSparseAggregator`: synchronous (SyncReplicas-style) rounds through per-shard sparse accumulators.
+* `fit`: Keras `fit` for a compiled Keras 3 model on the cluster (callbacks, History, checkpoints).
 * `create_local_cluster`: an in-process localhost cluster for tests and examples.
 * `python -m tf_embed_ops.distribute.server`: runs a ps/worker task from TF_CONFIG with our kernels loaded.
+* `python -m tf_embed_ops.distribute.launch --ps 2 --workers 2 -- python train.py`: a local job of processes.
 * `div_shard_sizes`, `div_shard_boundaries`, `num_table_shards`: the DIV sharding arithmetic.
 
 Example:
@@ -16,6 +18,7 @@ Example:
 """
 from __future__ import annotations
 
+from tf_embed_ops.distribute.fit import TrainingInterruptedError, fit
 from tf_embed_ops.distribute.local_cluster import create_local_cluster
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
 from tf_embed_ops.distribute.sharding import div_shard_boundaries, div_shard_sizes, num_table_shards
@@ -25,9 +28,11 @@ __all__ = [
     "ShardedEmbeddingLayer",
     "ShardedTPUEmbedding",
     "SyncSparseAggregator",
+    "TrainingInterruptedError",
     "create_local_cluster",
     "div_shard_boundaries",
     "div_shard_sizes",
+    "fit",
     "num_table_shards",
 ]
 

@@ -5,6 +5,11 @@ process (TensorFlow's `multi_worker_test_base.create_in_process_cluster` does th
 `portpicker` package, this does not) and returns a `ParameterServerStrategy` whose coordinator is this process.
 The servers share this process's op registry, so tf_embed_ops' kernels are available on every task.
 
+Every task gets a `localhost` address, so the tasks dial each other over loopback only.  TensorFlow's server
+still listens on all interfaces for its port (it binds `0.0.0.0` whatever host the cluster names), and it is
+unauthenticated: on a machine reachable from untrusted networks, firewall the ports (docs/distributed.md,
+"Security").
+
 In-process servers cannot be shut down: they live until the process exits.  A second call starts a second,
 independent cluster on fresh ports (this process's eager context then points at the new one).
 
@@ -19,13 +24,13 @@ import socket
 
 import tensorflow as tf
 
-__all__ = ["create_local_cluster"]
+__all__ = ["create_local_cluster", "free_port"]
 
 
 _taken_ports: set = set()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A localhost port that is free now, below the usual ephemeral range and never handed out twice here.
 
     A port the kernel picks for `bind(0)` comes from the ephemeral range, where the cluster's own outgoing gRPC
@@ -47,6 +52,9 @@ def _free_port() -> int:
     raise RuntimeError("no free localhost port found in [20000, 32000)")
 
 
+_free_port = free_port  # the name the cluster tests use
+
+
 def create_local_cluster(num_workers: int = 2, num_ps: int = 2, *, variable_partitioner=None):
     """Starts an in-process cluster on localhost and returns a `ParameterServerStrategy` for it.
 
@@ -65,9 +73,9 @@ def create_local_cluster(num_workers: int = 2, num_ps: int = 2, *, variable_part
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"Argument `{name}` must be an int >= 1; got {value!r}.")
     cluster = {
-        "worker": [f"localhost:{_free_port()}" for _ in range(num_workers)],
-        "ps": [f"localhost:{_free_port()}" for _ in range(num_ps)],
-        "chief": [f"localhost:{_free_port()}"],
+        "worker": [f"localhost:{free_port()}" for _ in range(num_workers)],
+        "ps": [f"localhost:{free_port()}" for _ in range(num_ps)],
+        "chief": [f"localhost:{free_port()}"],
     }
     cluster_spec = tf.train.ClusterSpec(cluster)
 
