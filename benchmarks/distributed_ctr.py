@@ -9,6 +9,7 @@ cluster an epoch is `train_size / batch_size` steps over all workers together, e
 set in its own random order (asynchronous training).  Both print one JSON line with the test AUC, computed on
 this process with `keras.metrics.AUC` on the example's test set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,13 +21,13 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-from tf_embed_ops import distribute as ted  # noqa: E402
-from tf_embed_ops import keras as te_keras  # noqa: E402
-from tf_embed_ops.examples import ctr  # noqa: E402
+from tf_embed_ops import distribute as ted
+from tf_embed_ops import keras as te_keras
+from tf_embed_ops.examples import ctr
 
 
 def _test_auc(model, test_x, test_y) -> float:
@@ -52,8 +53,9 @@ def main() -> None:
 
     def compiled(layer):
         model = ctr.build_model(layer)
-        model.compile(keras.optimizers.Adam(args.learning_rate), "binary_crossentropy",
-                      metrics=[keras.metrics.AUC(name="auc")])
+        model.compile(
+            keras.optimizers.Adam(args.learning_rate), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")]
+        )
         return model
 
     start = time.perf_counter()

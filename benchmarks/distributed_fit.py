@@ -13,6 +13,7 @@ Usage: python benchmarks/distributed_fit.py [--workers 0 1 2] [--steps 50] [--ep
 (`0` = Keras `model.fit` without a cluster).  Prints a markdown table; writes
 benchmarks/results/distributed_fit.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,9 @@ def run_one(workers: int, steps: int, epochs: int) -> dict:
 
     def build():
         table = emb_api.TableConfig(VOCAB, DIM, name="items")
-        layer = ted.ShardedEmbeddingLayer({"items": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.05),
-                                          num_shards=None if workers else 2)
+        layer = ted.ShardedEmbeddingLayer(
+            {"items": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.05), num_shards=None if workers else 2
+        )
         inp = keras.Input(shape=(), dtype="int64", name="items")
         hidden = keras.layers.Dense(16, activation="relu")(layer({"items": inp})["items"])
         model = keras.Model({"items": inp}, keras.layers.Dense(1)(hidden))
@@ -75,8 +77,7 @@ def run_one(workers: int, steps: int, epochs: int) -> dict:
     timer = Timer()
     if workers == 0:
         model = build()
-        model.fit({"items": ids}, labels, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
-                  callbacks=[timer])
+        model.fit({"items": ids}, labels, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
     else:
         strategy = ted.create_local_cluster(num_workers=workers, num_ps=2)
         with strategy.scope():
@@ -103,13 +104,31 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--child", "--workers", str(workers), "--steps",
-             str(args.steps), "--epochs", str(args.epochs)],
-            capture_output=True, text=True, timeout=900, check=True,
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                "--workers",
+                str(workers),
+                "--steps",
+                str(args.steps),
+                "--epochs",
+                str(args.epochs),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=True,
         )
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    result = {"when_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "steps": args.steps, "epochs": args.epochs, "rows": rows}
+    result = {
+        "when_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "steps": args.steps,
+        "epochs": args.epochs,
+        "rows": rows,
+    }
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "benchmarks", "results", "distributed_fit.json"), "w") as f:
         json.dump(result, f, indent=1)

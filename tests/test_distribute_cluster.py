@@ -12,6 +12,7 @@ single-process `tf_embed_ops.TPUEmbedding`) and compares.
 * `chief`: the chief of a job whose 2 ps and 2 worker tasks are separate processes started from TF_CONFIG with
   `python -m tf_embed_ops.distribute.server`, as on real hosts.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ RTOL, ATOL = 2e-5, 2e-6
 
 
 # ------------------------------------------------------------------------ shared by both sides
+
 
 def _feature_config():
     video = emb_api.TableConfig(11, 3, name="video", combiner="mean", optimizer=emb_api.Adagrad(0.1))
@@ -124,6 +126,7 @@ def _values(emb) -> dict:
 
 
 # ------------------------------------------------------------------------ child process (one cluster each)
+
 
 def _chief_of_separate_processes(args: dict) -> None:
     """The chief of a job whose ps/worker tasks are other processes (`python -m tf_embed_ops.distribute.server`)."""
@@ -250,6 +253,7 @@ def _child(scenario: str, args: dict) -> None:
 
 # ------------------------------------------------------------------------ pytest side
 
+
 def _child_env(**extra) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), **extra)
@@ -261,7 +265,11 @@ def _run_child(scenario: str, args: dict, env: dict | None = None) -> tuple:
     env = env or _child_env()
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), scenario, json.dumps(args)],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     if proc.returncode != 0:
         pytest.fail(f"cluster scenario {scenario!r} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -302,10 +310,16 @@ def runs(tmp_path_factory):
     for step in range(2):
         _keras_step(layer, dense, optimizer, *_keras_batch(step))
     return {
-        "first": first, "devices": first_devices, "resumed": resumed, "paths": paths,
-        "single_restored": single_values, "single_sequential": _values(single),
-        "single_keras": {"video": tf.convert_to_tensor(layer.embedding_tables[next(iter(layer.embedding_tables))])
-                         .numpy(), "dense_kernel": dense.kernel.numpy()},
+        "first": first,
+        "devices": first_devices,
+        "resumed": resumed,
+        "paths": paths,
+        "single_restored": single_values,
+        "single_sequential": _values(single),
+        "single_keras": {
+            "video": tf.convert_to_tensor(layer.embedding_tables[next(iter(layer.embedding_tables))]).numpy(),
+            "dense_kernel": dense.kernel.numpy(),
+        },
     }
 
 
@@ -325,10 +339,15 @@ def separate_processes(tmp_path_factory):
         for job in ("ps", "worker"):
             for index in range(2):
                 tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
-                servers.append(subprocess.Popen(
-                    [sys.executable, "-m", "tf_embed_ops.distribute.server"], env=_child_env(TF_CONFIG=tf_config),
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                ))
+                servers.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tf_embed_ops.distribute.server"],
+                        env=_child_env(TF_CONFIG=tf_config),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+                )
         # Start the chief only once every task serves (the server prints one line then): a task that failed to
         # start is reported here, where the chief would wait for it forever.
         for server in servers:

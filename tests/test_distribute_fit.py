@@ -13,6 +13,7 @@ script (`python test_distribute_fit.py SCENARIO OUT_DIR`), killed after `_TIMEOU
   looked up do not move, EarlyStopping stops the run.
 The argument checks (no cluster) are in the fast tier.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ _TIMEOUT_S = 300
 
 
 # ------------------------------------------------------------------------ shared by both sides
+
 
 def _data() -> tuple:
     """One epoch: STEPS batches of BATCH ids in [0, USED_ROWS) (rows 9 and 10 are never looked up)."""
@@ -59,6 +61,7 @@ def _table(tf, layer) -> list:
 
 
 # ------------------------------------------------------------------------ the cluster side (script)
+
 
 def _run_scenario(scenario: str, out_dir: str) -> None:
     import keras
@@ -100,29 +103,59 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
         manager = tf.train.CheckpointManager(checkpoint, os.path.join(out_dir, "ckpt"), max_to_keep=2)
         recorder = Recorder()
         history = ted.fit(
-            model, dataset_fn, epochs=2 if scenario == "first" else 3, steps_per_epoch=STEPS,
-            callbacks=[recorder], validation_data=dataset_fn, validation_steps=STEPS, verbose=0,
+            model,
+            dataset_fn,
+            epochs=2 if scenario == "first" else 3,
+            steps_per_epoch=STEPS,
+            callbacks=[recorder],
+            validation_data=dataset_fn,
+            validation_steps=STEPS,
+            verbose=0,
             checkpoint_manager=manager,
         )
         results["tables_at_start"] = recorder.tables_at_start
         results["checkpoints"] = [os.path.basename(p) for p in manager.checkpoints]
     else:
         recorder = Recorder()
-        history = ted.fit(model, dataset_fn, epochs=3, steps_per_epoch=STEPS, callbacks=[recorder],
-                          validation_data=dataset_fn, validation_steps=4, verbose=1)
+        history = ted.fit(
+            model,
+            dataset_fn,
+            epochs=3,
+            steps_per_epoch=STEPS,
+            callbacks=[recorder],
+            validation_data=dataset_fn,
+            validation_steps=4,
+            verbose=1,
+        )
         stopper = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=0)
-        stopped = ted.fit(model, dataset_fn, epochs=5, steps_per_epoch=2, callbacks=[stopper],
-                          validation_data=dataset_fn, validation_steps=1, verbose=0)
+        stopped = ted.fit(
+            model,
+            dataset_fn,
+            epochs=5,
+            steps_per_epoch=2,
+            callbacks=[stopper],
+            validation_data=dataset_fn,
+            validation_steps=1,
+            verbose=0,
+        )
         results["stopped_epochs"] = stopped.epoch
         outside = _model(tf, keras, _layer(tf, ShardedEmbeddingLayer, num_shards=2))  # not in the scope
         try:
-            ted.fit(outside, dataset_fn, steps_per_epoch=1, verbose=0,
-                    coordinator=tf.distribute.coordinator.ClusterCoordinator(strategy))
+            ted.fit(
+                outside,
+                dataset_fn,
+                steps_per_epoch=1,
+                verbose=0,
+                coordinator=tf.distribute.coordinator.ClusterCoordinator(strategy),
+            )
             results["outside_scope_error"] = None
         except ValueError as e:
             results["outside_scope_error"] = str(e)
     results.update(
-        history=history.history, epochs=history.epoch, events=recorder.events, table=_table(tf, layer),
+        history=history.history,
+        epochs=history.epoch,
+        events=recorder.events,
+        table=_table(tf, layer),
         dense=[w.tolist() for w in model.get_layer("hidden").get_weights() + model.get_layer("out").get_weights()],
     )
     with open(os.path.join(out_dir, f"{scenario}.json"), "w") as f:
@@ -131,13 +164,18 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
 
 # ------------------------------------------------------------------------ the pytest side
 
+
 def _run_cluster(scenario: str, out_dir) -> tuple:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), scenario, str(out_dir)],
-        env=env, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        check=False,
     )
     assert proc.returncode == 0, f"{scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     with open(os.path.join(out_dir, f"{scenario}.json")) as f:
@@ -154,8 +192,15 @@ def _single_machine(epochs: int) -> dict:
     ids, y = _data()
     layer = _layer(tf, ShardedEmbeddingLayer, num_shards=2)
     model = _model(tf, keras, layer)
-    history = model.fit({"watched": ids}, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
-                        validation_data=({"watched": ids}, y))
+    history = model.fit(
+        {"watched": ids},
+        y,
+        batch_size=BATCH,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        validation_data=({"watched": ids}, y),
+    )
     dense = model.get_layer("hidden").get_weights() + model.get_layer("out").get_weights()
     return {"history": history.history, "table": _table(tf, layer), "dense": [w.tolist() for w in dense]}
 
@@ -216,6 +261,7 @@ def test_two_workers_train_and_drive_the_callbacks(clusters):
 
 
 # ------------------------------------------------------------------------ argument checks (fast, no cluster)
+
 
 def _compiled_model():
     import keras

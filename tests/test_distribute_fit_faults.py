@@ -8,6 +8,7 @@ from `python -m tf_embed_ops.distribute.server`, and a chief process: this file 
 
 Every process is killed by the test at the end; every wait has a deadline (slow tier).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 # ------------------------------------------------------------------------ the chief (script side)
+
 
 def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_step: int) -> None:
     import keras
@@ -69,8 +71,15 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
     faults = Faults()
     results = {}
     try:
-        history = ted.fit(model, dataset_fn, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[faults], verbose=0,
-                          checkpoint_manager=manager)
+        history = ted.fit(
+            model,
+            dataset_fn,
+            epochs=EPOCHS,
+            steps_per_epoch=STEPS,
+            callbacks=[faults],
+            verbose=0,
+            checkpoint_manager=manager,
+        )
         results.update(history=history.history, epochs=history.epoch)
     except ted.TrainingInterruptedError as e:
         results["error"] = str(e)
@@ -82,6 +91,7 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
 
 
 # ------------------------------------------------------------------------ the pytest side
+
 
 def _env(**extra) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,8 +118,11 @@ class _Job:
             for index in range(2):
                 config = json.dumps({"cluster": self.cluster, "task": {"type": job, "index": index}})
                 self.tasks[job, index] = subprocess.Popen(
-                    [sys.executable, "-m", "tf_embed_ops.distribute.server"], env=_env(TF_CONFIG=config),
-                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                    [sys.executable, "-m", "tf_embed_ops.distribute.server"],
+                    env=_env(TF_CONFIG=config),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
                 )
         deadline = time.monotonic() + _START_TIMEOUT_S
         for key, task in self.tasks.items():  # each prints one line once it serves
@@ -129,7 +142,11 @@ class _Job:
         pid = str(self.tasks[kill].pid) if kill else "0"
         proc = subprocess.run(
             [sys.executable, os.path.abspath(__file__), scenario, str(out_dir), pid, str(at[0]), str(at[1])],
-            env=_env(TF_CONFIG=config), capture_output=True, text=True, timeout=_CHIEF_TIMEOUT_S, check=False,
+            env=_env(TF_CONFIG=config),
+            capture_output=True,
+            text=True,
+            timeout=_CHIEF_TIMEOUT_S,
+            check=False,
         )
         assert proc.returncode == 0, f"chief {scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         with open(os.path.join(out_dir, f"{scenario}.json")) as f:

@@ -3,6 +3,7 @@
 The argument checks and the cluster spec are in the fast tier; one slow test runs `te.distribute.fit` through the
 launcher (2 ps + 2 worker processes) and checks that every task is gone afterwards.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,13 @@ from tf_embed_ops.distribute.server import is_loopback_address
 
 @pytest.mark.parametrize(
     "argv,match",
-    [([], "after `--`"), (["--ps", "1"], "after `--`"), (["--ps", "1", "--"], "after `--`"),
-     (["--ps", "0", "--", "true"], "`num_ps` must be an int >= 1; got 0"),
-     (["--workers", "0", "--", "true"], "`num_workers` must be an int >= 1; got 0")],
+    [
+        ([], "after `--`"),
+        (["--ps", "1"], "after `--`"),
+        (["--ps", "1", "--"], "after `--`"),
+        (["--ps", "0", "--", "true"], "`num_ps` must be an int >= 1; got 0"),
+        (["--workers", "0", "--", "true"], "`num_workers` must be an int >= 1; got 0"),
+    ],
 )
 def test_launch_rejects_bad_arguments_before_starting_anything(argv, match, capsys):
     assert main(argv) == 2
@@ -36,7 +41,7 @@ def test_local_cluster_spec_is_loopback_only_with_distinct_ports():
     assert len({a.rsplit(":", 1)[1] for a in addresses}) == len(addresses)
 
 
-_TRAIN = textwrap.dedent('''
+_TRAIN = textwrap.dedent("""
     import json, os, sys
     import keras
     import tensorflow as tf
@@ -55,7 +60,7 @@ _TRAIN = textwrap.dedent('''
                    "tf_config": json.loads(os.environ["TF_CONFIG"])}, f)
     sys.stdout.flush()
     os._exit(0)
-''')
+""")
 
 
 @pytest.mark.slow
@@ -66,9 +71,24 @@ def test_launch_runs_fit_as_the_chief_and_stops_every_task(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run(
-        [sys.executable, "-m", "tf_embed_ops.distribute.launch", "--ps", "2", "--workers", "2", "--",
-         sys.executable, str(script), str(out)],
-        env=env, capture_output=True, text=True, timeout=400, check=False,
+        [
+            sys.executable,
+            "-m",
+            "tf_embed_ops.distribute.launch",
+            "--ps",
+            "2",
+            "--workers",
+            "2",
+            "--",
+            sys.executable,
+            str(script),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(out.read_text())

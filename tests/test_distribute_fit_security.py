@@ -1,5 +1,6 @@
 """The server entry point refuses non-loopback addresses unless the network is declared trusted (fast tier: no
 server is started; a refused address is rejected before TensorFlow's server exists)."""
+
 from __future__ import annotations
 
 import json
@@ -14,19 +15,30 @@ PUBLIC = {"chief": ["10.1.2.3:2222"], "ps": ["10.1.2.4:2222", "203.0.113.9:2222"
 @pytest.mark.parametrize(
     "address,loopback",
     [
-        ("localhost:2222", True), ("LOCALHOST:1", True), ("127.0.0.1:2222", True), ("127.8.9.10:5", True),
-        ("[::1]:2222", True), ("::1", True),
-        ("0.0.0.0:2222", False), ("10.0.0.5:2222", False), ("203.0.113.9:2222", False), ("[::]:2222", False),
-        ("[2001:db8::1]:2222", False), ("host1:2222", False), ("localhost.example.com:2222", False),
-        ("127.0.0.1.evil.com:2222", False), ("", False),
+        ("localhost:2222", True),
+        ("LOCALHOST:1", True),
+        ("127.0.0.1:2222", True),
+        ("127.8.9.10:5", True),
+        ("[::1]:2222", True),
+        ("::1", True),
+        ("0.0.0.0:2222", False),
+        ("10.0.0.5:2222", False),
+        ("203.0.113.9:2222", False),
+        ("[::]:2222", False),
+        ("[2001:db8::1]:2222", False),
+        ("host1:2222", False),
+        ("localhost.example.com:2222", False),
+        ("127.0.0.1.evil.com:2222", False),
+        ("", False),
     ],
 )
 def test_is_loopback_address(address, loopback):
     assert is_loopback_address(address) is loopback
 
 
-@pytest.mark.parametrize("task,address", [({"type": "ps", "index": 1}, "203.0.113.9:2222"),
-                                          ({"type": "worker", "index": 0}, "host1:2222")])
+@pytest.mark.parametrize(
+    "task,address", [({"type": "ps", "index": 1}, "203.0.113.9:2222"), ({"type": "worker", "index": 0}, "host1:2222")]
+)
 def test_start_server_refuses_a_public_address_naming_it_and_the_flag(task, address):
     with pytest.raises(ValueError, match=rf"'{address}'.*--trusted-network"):
         start_server({"cluster": PUBLIC, "task": task})

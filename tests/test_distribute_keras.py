@@ -1,5 +1,6 @@
 """ShardedEmbeddingLayer (Keras 3) on one machine: tape-driven training against the numpy reference, and
 `model.fit` against the single-machine `tf_embed_ops.keras.TPUEmbedding` layer."""
+
 from __future__ import annotations
 
 import keras
@@ -21,7 +22,7 @@ def _feature_config():
 
 
 def _set_table(layer, values: np.ndarray) -> None:
-    (table, var), = layer.embedding_tables.items()
+    ((table, var),) = layer.embedding_tables.items()
     if isinstance(layer, ShardedEmbeddingLayer):
         bounds = layer.embedding.shard_boundaries[table]
         for p, shard in enumerate(var.variables):

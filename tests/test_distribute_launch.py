@@ -1,4 +1,5 @@
 """Argument checks of the cluster helpers (no server is started here; tests/test_distribute_cluster.py runs them)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ CLUSTER = {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhos
 
 @pytest.mark.parametrize(
     "kwargs,argument",
-    [({"num_workers": 0}, "num_workers"), ({"num_ps": 0}, "num_ps"), ({"num_ps": True}, "num_ps"),
-     ({"num_workers": 1.5}, "num_workers")],
+    [
+        ({"num_workers": 0}, "num_workers"),
+        ({"num_ps": 0}, "num_ps"),
+        ({"num_ps": True}, "num_ps"),
+        ({"num_workers": 1.5}, "num_workers"),
+    ],
 )
 def test_create_local_cluster_rejects_bad_counts(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
@@ -48,7 +53,10 @@ def test_server_module_reports_a_bad_task_without_serving():
     tf_config = json.dumps({"cluster": CLUSTER, "task": {"type": "chief", "index": 0}})
     proc = subprocess.run(
         [sys.executable, "-m", "tf_embed_ops.distribute.server", "--tf-config", tf_config],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode != 0
     assert "the chief runs the training program" in proc.stderr

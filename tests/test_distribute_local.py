@@ -4,6 +4,7 @@ The sharded math (id partition, per-shard configs, partial activations, per-shar
 is checked against the independent numpy model in tests/_embedding_reference.py, and checkpoints against the
 single-process class.  tests/test_distribute_cluster.py runs the same code on an in-process cluster.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -141,8 +142,9 @@ def test_sharded_steps_match_reference_and_single_process(optimizer_name, combin
             table.apply(grads[name], table.opt.learning_rate)
     _check(sharded, ref_tables)
     # Same rows, same per-row accumulation order: only the forward's cross-shard summation order differs.
-    for (table, var), single_var in zip(sharded.embedding_tables.items(), single.embedding_tables.values(),
-                                        strict=True):
+    for (table, var), single_var in zip(
+        sharded.embedding_tables.items(), single.embedding_tables.values(), strict=True
+    ):
         np.testing.assert_allclose(_full(var), single_var.numpy(), rtol=1e-6, atol=1e-7, err_msg=table.name)
 
 
@@ -279,6 +281,7 @@ def test_out_of_range_id_is_rejected_and_changes_nothing():
 
 
 # ------------------------------------------------------------------------------------- synchronous rounds
+
 
 def _sync_setup(seed: int = 5):
     rng = np.random.default_rng(seed)

@@ -2,6 +2,7 @@
 
 No cluster: these are the pieces `ShardedTPUEmbedding` is built from.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,14 @@ def test_num_table_shards_never_empty(vocab, servers, expected):
 
 @pytest.mark.parametrize(
     "vocab,shards,argument",
-    [(0, 1, "vocabulary_size"), (3, 0, "num_shards"), (3, 4, "num_shards"), (True, 1, "vocabulary_size"),
-     (3.0, 1, "vocabulary_size"), (3, True, "num_shards")],
+    [
+        (0, 1, "vocabulary_size"),
+        (3, 0, "num_shards"),
+        (3, 4, "num_shards"),
+        (True, 1, "vocabulary_size"),
+        (3.0, 1, "vocabulary_size"),
+        (3, True, "num_shards"),
+    ],
 )
 def test_div_shard_sizes_rejects_bad_arguments(vocab, shards, argument):
     with pytest.raises(ValueError, match=argument):
@@ -111,6 +118,7 @@ def test_server_plans_reject_boundaries_not_spanning_the_table():
 
 # ---------------------------------------------------------------------------------------------- partition
 
+
 def _feature(kind: str, rows: list, weights: list | None, max_len: int = 0):
     """Builds the TF input of `kind` and its normalised form; also returns the reference entries."""
     if kind == "dense":
@@ -150,10 +158,17 @@ WEIGHTS = [[0.5, 1.5, 2.0], [3.0], [], [1.0, 0.25, 2.0, 1.0], [0.0]]
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-@pytest.mark.parametrize("kind,max_len,weighted", [
-    ("dense", 0, False), ("ragged", 0, False), ("ragged", 0, True), ("sparse", 0, True), ("sparse", 2, True),
-    ("ragged", 3, False),
-])
+@pytest.mark.parametrize(
+    "kind,max_len,weighted",
+    [
+        ("dense", 0, False),
+        ("ragged", 0, False),
+        ("ragged", 0, True),
+        ("sparse", 0, True),
+        ("sparse", 2, True),
+        ("ragged", 3, False),
+    ],
+)
 def test_partition_keeps_every_id_sample_and_combiner_factor(kind, max_len, weighted, combiner):
     rows = [[r[0]] for r in ROWS if r] if kind == "dense" else ROWS
     weights = WEIGHTS if weighted and kind != "dense" else None

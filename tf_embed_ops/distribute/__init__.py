@@ -16,6 +16,7 @@ Example:
     >>> with strategy.scope():
     ...   emb = ted.ShardedTPUEmbedding(feature_config, tf.tpu.experimental.embedding.SGD(0.1))
 """
+
 from __future__ import annotations
 
 from tf_embed_ops.distribute.fit import TrainingInterruptedError, fit

@@ -21,6 +21,7 @@ Example:
     ...   model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy", metrics=["auc"])
     >>> history = te.distribute.fit(model, dataset_fn, epochs=3, steps_per_epoch=100)
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,6 +43,7 @@ _LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.erro
 
 class TrainingInterruptedError(RuntimeError):
     """Training stopped because a parameter server was lost; restarting the job resumes from the last checkpoint."""
+
 
 # Steps scheduled ahead of the progress bar: enough to keep every worker busy, few enough that the bar and the
 # batch callbacks follow the steps that have really finished.
@@ -116,31 +118,48 @@ def fit(
         initial_epoch = max(initial_epoch, _completed_epochs(checkpoint_manager))
 
     train_iterator = _per_worker_iterator(coordinator, strategy, dataset_fn)
-    val_iterator = (
-        _per_worker_iterator(coordinator, strategy, validation_data) if validation_data is not None else None
-    )
+    val_iterator = _per_worker_iterator(coordinator, strategy, validation_data) if validation_data is not None else None
     train_function = _step_function(strategy, model.train_step)
     test_function = _step_function(strategy, model.test_step) if validation_data is not None else None
     in_flight = _STEPS_IN_FLIGHT_PER_WORKER * _num_workers()
 
     if not isinstance(callbacks, keras.callbacks.CallbackList):
         callbacks = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
-            steps=steps_per_epoch, model=model,
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            verbose=verbose,
+            epochs=epochs,
+            steps=steps_per_epoch,
+            model=model,
         )
     model.stop_training = False
     callbacks.on_train_begin()
     training_logs = None
     for epoch in range(initial_epoch, epochs):
         try:
-            epoch_logs = _run_epoch(model, coordinator, callbacks, epoch, train_function, train_iterator,
-                                    steps_per_epoch, test_function, val_iterator, validation_steps, in_flight,
-                                    checkpoint_manager)
+            epoch_logs = _run_epoch(
+                model,
+                coordinator,
+                callbacks,
+                epoch,
+                train_function,
+                train_iterator,
+                steps_per_epoch,
+                test_function,
+                val_iterator,
+                validation_steps,
+                in_flight,
+                checkpoint_manager,
+            )
         except _LOST_TASK_ERRORS as e:
             latest = checkpoint_manager.latest_checkpoint if checkpoint_manager is not None else None
-            resume = (f"restart the job with the same checkpoint_manager: fit restores {latest} and continues "
-                      f"with epoch {_completed_epochs(checkpoint_manager) + 1}" if latest else
-                      "no checkpoint was saved (pass checkpoint_manager= to resume after a restart)")
+            resume = (
+                f"restart the job with the same checkpoint_manager: fit restores {latest} and continues "
+                f"with epoch {_completed_epochs(checkpoint_manager) + 1}"
+                if latest
+                else "no checkpoint was saved (pass checkpoint_manager= to resume after a restart)"
+            )
             raise TrainingInterruptedError(
                 f"training stopped in epoch {epoch + 1}/{epochs}: a parameter server is unreachable "
                 f"({type(e).__name__}: {' '.join(str(e).split())[:300]}). Updates after the last checkpoint are "
@@ -154,19 +173,47 @@ def fit(
     return model.history
 
 
-def _run_epoch(model, coordinator, callbacks, epoch, train_function, train_iterator, steps_per_epoch,
-               test_function, val_iterator, validation_steps, in_flight, checkpoint_manager) -> dict:
+def _run_epoch(
+    model,
+    coordinator,
+    callbacks,
+    epoch,
+    train_function,
+    train_iterator,
+    steps_per_epoch,
+    test_function,
+    val_iterator,
+    validation_steps,
+    in_flight,
+    checkpoint_manager,
+) -> dict:
     """One epoch: training steps, validation, checkpoint; returns the epoch's logs (callbacks not yet told)."""
     model.reset_metrics()
     callbacks.on_epoch_begin(epoch)
-    _run_steps(coordinator, train_function, train_iterator, steps_per_epoch, in_flight,
-               callbacks.on_train_batch_begin, callbacks.on_train_batch_end, lambda: model.stop_training)
+    _run_steps(
+        coordinator,
+        train_function,
+        train_iterator,
+        steps_per_epoch,
+        in_flight,
+        callbacks.on_train_batch_begin,
+        callbacks.on_train_batch_end,
+        lambda: model.stop_training,
+    )
     epoch_logs = _metrics(model)
     if val_iterator is not None:
         model.reset_metrics()
         callbacks.on_test_begin()
-        _run_steps(coordinator, test_function, val_iterator, validation_steps, in_flight,
-                   callbacks.on_test_batch_begin, callbacks.on_test_batch_end, lambda: False)
+        _run_steps(
+            coordinator,
+            test_function,
+            val_iterator,
+            validation_steps,
+            in_flight,
+            callbacks.on_test_batch_begin,
+            callbacks.on_test_batch_end,
+            lambda: False,
+        )
         val_logs = _metrics(model)
         callbacks.on_test_end(val_logs)
         epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})

@@ -16,6 +16,7 @@ Example:
     ...   layer = ShardedEmbeddingLayer(feature_config, tf.tpu.experimental.embedding.Adagrad(0.1))
     ...   model = keras.Sequential([...])   # uses layer
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -99,8 +100,7 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         outputs = []
-        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding.feature_config),
-                        strict=True):
+        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding.feature_config), strict=True):
             shape = list(x.shape)
             composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
             if f.output_shape:
@@ -122,8 +122,9 @@ def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Ten
         acts = store.lookup(inputs)
 
         def grad(*upstream):
-            grads = [tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts,
-                                                                                                  strict=True)]
+            grads = [
+                tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts, strict=True)
+            ]
             rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
             updates = store.send_gradients(grads, rates, inputs)
             # A zero behind a bare control edge is not enough: in Keras' compiled train step with Adam, Grappler

@@ -13,6 +13,7 @@ unauthenticated and listen on all interfaces for their ports: on a machine reach
 firewall them (docs/distributed.md, "Security").  On real machines, start each task yourself (docs/distributed.md,
 "Launching a real multi-host job").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,10 @@ def _start_tasks(cluster: dict, timeout: float) -> dict:
                 task_config = {"cluster": cluster, "task": {"type": job, "index": index}}
                 env = dict(os.environ, TF_CONFIG=json.dumps(task_config))
                 tasks[job, index] = subprocess.Popen(
-                    [sys.executable, "-m", "tf_embed_ops.distribute.server"], env=env,
-                    stdout=subprocess.PIPE, text=True,
+                    [sys.executable, "-m", "tf_embed_ops.distribute.server"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
                 )
         deadline = time.monotonic() + timeout
         for (job, index), task in tasks.items():
@@ -83,16 +86,19 @@ def main(argv: list | None = None) -> int:
     """Entry point; returns the command's exit status (2 for bad arguments, 1 if a task did not start)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--" not in argv or argv.index("--") == len(argv) - 1:
-        print("error: give the chief's command after `--`, e.g. `--ps 2 --workers 2 -- python train.py`",
-              file=sys.stderr)
+        print(
+            "error: give the chief's command after `--`, e.g. `--ps 2 --workers 2 -- python train.py`", file=sys.stderr
+        )
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m tf_embed_ops.distribute.launch",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tf_embed_ops.distribute.launch", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--ps", type=int, default=2, help="parameter-server processes (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--start-timeout", type=float, default=300.0,
-                        help="seconds to wait for every task to serve (default 300)")
+    parser.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds to wait for every task to serve (default 300)"
+    )
     args = parser.parse_args(argv[:split])
     try:
         cluster = local_cluster_spec(args.ps, args.workers)
@@ -106,8 +112,11 @@ def main(argv: list | None = None) -> int:
         return 1
     try:
         pids = {job: [tasks[job, i].pid for i in range(len(cluster[job]))] for job in ("ps", "worker")}
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}),
-                   **{PIDS_ENV: json.dumps(pids)})
+        env = dict(
+            os.environ,
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}),
+            **{PIDS_ENV: json.dumps(pids)},
+        )
         return subprocess.run(argv[split + 1 :], env=env, check=False).returncode
     finally:
         _stop(tasks)

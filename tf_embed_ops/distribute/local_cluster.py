@@ -17,6 +17,7 @@ Example:
     >>> strategy = create_local_cluster(num_workers=2, num_ps=2)
     >>> coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 """
+
 from __future__ import annotations
 
 import random

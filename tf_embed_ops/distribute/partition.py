@@ -14,6 +14,7 @@ Example:
     >>> parts = partition_feature(feature_input, "mean", [0, 4, 7, 10])   # three shards
     >>> parts[1].ids   # ids 4..6 of the batch, as rows 0..2 of shard 1
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -12,6 +12,7 @@ Security: TensorFlow's gRPC servers have no authentication and run any graph a c
 server refuses a task address that is not loopback unless `--trusted-network` says the network between the
 tasks is private (docs/distributed.md, "Security").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -128,7 +129,8 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tf-config", help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
     parser.add_argument(
-        TRUSTED_NETWORK_FLAG, action="store_true",
+        TRUSTED_NETWORK_FLAG,
+        action="store_true",
         help="serve on a non-loopback address: only on a private network whose firewall admits the job's tasks only",
     )
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ Example:
     >>> [p.tables for p in plans]
     [[0, 1], [0], [0]]
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -31,6 +31,7 @@ Example:
     ...   emb.apply_gradients(tape.gradient(loss, acts))
     >>> coordinator.schedule(step, args=(ids,)); coordinator.join()
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -144,8 +145,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             raise ValueError(f"Argument `num_shards` must be an int >= 1; got {num_shards!r}.")
         if num_servers is not None and num_shards > num_servers:
             raise ValueError(
-                f"Argument `num_shards` ({num_shards}) must not exceed the number of parameter servers "
-                f"({num_servers})."
+                f"Argument `num_shards` ({num_shards}) must not exceed the number of parameter servers ({num_servers})."
             )
         for table in self._table_config:
             if table.optimizer is not None and table.optimizer.slot_variable_creation_fn is not None:
@@ -306,9 +306,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def shard_combiners(self, plan: server_plan.ServerPlan) -> list:
         # Sharded tables had their weights pre-divided by the sample norms on the worker: they run "sum".
-        return [
-            self._table_config[t].combiner if len(self._boundaries[t]) == 2 else "sum" for t in plan.tables
-        ]
+        return [self._table_config[t].combiner if len(self._boundaries[t]) == 2 else "sum" for t in plan.tables]
 
     def shard_variables(self, plan: server_plan.ServerPlan) -> tuple[list, list]:
         tables, slots = [], []

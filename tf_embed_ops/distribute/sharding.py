@@ -11,6 +11,7 @@ Example:
     >>> div_shard_boundaries(10, 3)
     [0, 4, 7, 10]
 """
+
 from __future__ import annotations
 
 __all__ = ["div_shard_boundaries", "div_shard_sizes", "num_table_shards"]

@@ -25,6 +25,7 @@ Example:
     ...   for b in batches: coordinator.schedule(worker_step, args=(b,))   # worker_step calls emb.apply_gradients
     ...   aggregator.take_and_apply()                                        # the chief: one synchronous update
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -93,8 +94,10 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
             raise ValueError(f"Argument `embedding` must be a ShardedTPUEmbedding; got {type(embedding).__name__}.")
         if embedding.aggregator is not None:
             raise ValueError("Argument `embedding` already has a SyncSparseAggregator attached.")
-        if not isinstance(replicas_to_aggregate, int) or isinstance(replicas_to_aggregate, bool) or (
-            replicas_to_aggregate < 1
+        if (
+            not isinstance(replicas_to_aggregate, int)
+            or isinstance(replicas_to_aggregate, bool)
+            or (replicas_to_aggregate < 1)
         ):
             raise ValueError(f"Argument `replicas_to_aggregate` must be an int >= 1; got {replicas_to_aggregate!r}.")
         for table in embedding.table_configs:
@@ -134,7 +137,9 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
                             table = emb.table_configs[t]
                             rows = emb.row_boundaries[t][plan.task + 1] - emb.row_boundaries[t][plan.task]
                             acc = SparseConditionalAccumulator(
-                                tf.float32, shape=[rows, table.dim], reduction_type="SUM",
+                                tf.float32,
+                                shape=[rows, table.dim],
+                                reduction_type="SUM",
                                 name=f"{table.name}_{plan.task}_grad_accumulator",
                             )
                             acc.set_global_step(self.global_step.read_value())
