@@ -22,6 +22,8 @@ ENGINE_LABELS = {
     "fbgemm": "FBGEMM TBE (CPU)",
     "fbgemm_rowwise": "FBGEMM row-wise Adagrad",
     "tf_lookup": "tf.nn.embedding_lookup(_sparse)",
+    "keras_rs": "keras-rs DistributedEmbedding on CPU (the model's Adam)",
+    "ours_keras_rs": "tf_embed_ops.keras.DistributedEmbedding (table Adam)",
 }
 OPT_LABELS = {
     "sgd": "SGD",
@@ -151,6 +153,31 @@ def _workload_table(result: dict, name: str) -> list[str]:
         cells += [_peer_cell(idx.get((name, o, p)), mine) for p in PEERS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _keras_rs_lines(result: dict) -> list[str]:
+    """keras-rs's layer as it runs off TPU against ours from the same configs, per workload and optimizer."""
+    runs = [r for r in result["runs"] if r.get("engine") in ("keras_rs", "ours_keras_rs")]
+    if not runs:
+        return []
+    out = [
+        "## keras-rs `DistributedEmbedding` on CPU",
+        "",
+        f"{ENGINE_LABELS['keras_rs']} against {ENGINE_LABELS['ours_keras_rs']}, same configs, same run "
+        "(speedup = keras-rs time / ours).",
+        "",
+        "| workload | optimizer | keras-rs (ms) | ours (ms) | speedup |",
+        "|---|---|---|---|---|",
+    ]
+    pairs = sorted({(r["workload"], r["optimizer"]) for r in runs})
+    for workload, optimizer in pairs:
+        peer = _find(runs, workload=workload, optimizer=optimizer, engine="keras_rs")
+        mine = _find(runs, workload=workload, optimizer=optimizer, engine="ours_keras_rs")
+        out.append(
+            f"| {workload} | {OPT_LABELS.get(optimizer, optimizer)} | {_ms(peer)} | {_ms(mine)} | "
+            f"{_fmt_ratio(_ratio(peer, mine))} |"
+        )
+    return out + [""]
 
 
 def _errors(result: dict) -> list[str]:
@@ -342,6 +369,7 @@ def markdown(result: dict, plots: list[str]) -> str:
                     f"{r['max_abs_diff']:.2g} | {r['max_abs_update']:.2g} |"
                 )
         out.append("")
+    out += _keras_rs_lines(result)
     if plots:
         out += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     errs = _errors(result)

@@ -25,3 +25,16 @@ def test_both_engines_run_on_w1_from_the_same_tables():
     layer = steps["ours_keras_rs"].layer
     assert [v.name for v in layer.trainable_variables] == ["table_update_trigger"]
     assert steps["keras_rs"].layer.trainable_variables[0].shape == (wl.tables[0].vocab, wl.tables[0].dim)
+
+
+def test_report_has_the_keras_rs_comparison_with_the_speedup():
+    from benchmarks import report
+
+    runs = [
+        {"engine": "keras_rs", "workload": "W1", "optimizer": "adam", "median_ms": 300.0, "iqr_ms": 2.0},
+        {"engine": "ours_keras_rs", "workload": "W1", "optimizer": "adam", "median_ms": 4.0, "iqr_ms": 0.2},
+    ]
+    lines = report._keras_rs_lines({"runs": runs})
+    assert lines[0] == "## keras-rs `DistributedEmbedding` on CPU"
+    assert "| W1 | Adam (lazy) | 300 ± 1 | 4 ± 0.1 | **75x** |" in lines
+    assert report._keras_rs_lines({"runs": [dict(runs[0], engine="ours")]}) == []
