@@ -63,6 +63,26 @@ def _table(tf, layer) -> list:
 # ------------------------------------------------------------------------ the cluster side (script)
 
 
+def _has_tensorboard() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def _summary_tags(tf, log_dir: str) -> dict:
+    """{subdirectory of log_dir: {tag: number of steps written}} from the event files TensorBoard wrote."""
+    tags: dict = {}
+    for root, _, files in os.walk(log_dir):
+        for name in files:
+            if "tfevents" not in name:
+                continue
+            per_dir = tags.setdefault(os.path.relpath(root, log_dir), {})
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
+                for value in event.summary.value:
+                    per_dir[value.tag] = per_dir.get(value.tag, 0) + 1
+    return tags
+
+
 def _run_scenario(scenario: str, out_dir: str) -> None:
     import keras
     import tensorflow as tf
@@ -128,17 +148,21 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
             verbose=1,
         )
         stopper = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=0)
+        # Keras' TensorBoard callback writes its epoch summaries on the chief (it needs the tensorboard package).
+        tensorboard_dir = os.path.join(out_dir, "tensorboard")
+        board = [keras.callbacks.TensorBoard(log_dir=tensorboard_dir)] if _has_tensorboard() else []
         stopped = ted.fit(
             model,
             dataset_fn,
             epochs=5,
             steps_per_epoch=2,
-            callbacks=[stopper],
+            callbacks=[stopper, *board],
             validation_data=dataset_fn,
             validation_steps=1,
             verbose=0,
         )
         results["stopped_epochs"] = stopped.epoch
+        results["tensorboard"] = _summary_tags(tf, tensorboard_dir) if board else None
         outside = _model(tf, keras, _layer(tf, ShardedEmbeddingLayer, num_shards=2))  # not in the scope
         try:
             ted.fit(
@@ -258,6 +282,9 @@ def test_two_workers_train_and_drive_the_callbacks(clusters):
     assert "Epoch 3/3" in clusters["two_workers_stdout"] and "val_loss" in clusters["two_workers_stdout"]
     assert run["stopped_epochs"] == [0, 1]  # EarlyStopping with an unreachable min_delta stops after epoch 2
     assert "created outside the strategy's scope" in run["outside_scope_error"]
+    if run["tensorboard"] is not None:  # Keras' TensorBoard callback: one epoch summary per epoch run (2)
+        assert run["tensorboard"]["train"]["epoch_loss"] == 2, run["tensorboard"]
+        assert run["tensorboard"]["validation"]["epoch_loss"] == 2, run["tensorboard"]
 
 
 # ------------------------------------------------------------------------ argument checks (fast, no cluster)
