@@ -19,18 +19,18 @@ import tensorflow as tf
 # (TF 2.0 - 2.21: tensorflow/core/protobuf/tpu/.)
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2, tpu_embedding_configuration_pb2
 
-# The SparseCore (TPUEmbeddingV2) layout: its table stacker, checkpoint key and layout proto, which our
-# TPUEmbeddingV2 runs as is so its checkpoints are TensorFlow's, bit for bit. (TF 2.17 - 2.21:
-# tensorflow/python/tpu/tpu_embedding_v3.py, tpu_embedding_v3_utils.py; the proto in tensorflow/core/tpu/kernels.)
+# The SparseCore (TPUEmbeddingV2) layout proto; with tpu_embedding_v3(_utils) below: TensorFlow's table stacker and
+# checkpoint key, which our TPUEmbeddingV2 runs as is so its checkpoints are TensorFlow's, bit for bit.
+# (TF 2.17 - 2.21: tensorflow/core/tpu/kernels/, tensorflow/python/tpu/tpu_embedding_v3.py, tpu_embedding_v3_utils.py.)
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
 # Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
 
-# Our optimizers subclass TensorFlow's TPU optimizer base class so that `tf.tpu.experimental.embedding.TableConfig`
-# accepts them (it checks `isinstance(optimizer, _Optimizer)`) and they create slots as TensorFlow's do.
-# (TF 2.4 - 2.21: tensorflow/python/tpu/tpu_embedding_v2_utils.py.)
+# tpu_embedding_v2_utils: our optimizers subclass TensorFlow's TPU optimizer base class so that
+# `tf.tpu.experimental.embedding.TableConfig` accepts them (it checks `isinstance(optimizer, _Optimizer)`) and they
+# create slots as TensorFlow's do (TF 2.4 - 2.21). tpu_embedding_v3(_utils): the SparseCore layout, above.
 from tensorflow.python.tpu import tpu_embedding_v2_utils, tpu_embedding_v3, tpu_embedding_v3_utils
 
 # Checkpoint hooks of a custom trackable (`Trackable`, `SaveType`, `VARIABLE_VALUE_KEY`), for the stacked SparseCore
@@ -51,7 +51,6 @@ __all__ = [
     "keras_learning_rate_as_given",
     "nest",
     "optimization_parameters_pb2",
-    "set_optimization_parameters",
     "slot_initializers",
     "slot_names",
     "sparse_core_layout_pb2",
@@ -93,12 +92,6 @@ def create_slots(optimizer: Any, table: Any, slot_creator: Any) -> dict:
     """Creates the slots through TensorFlow's own factory, which honours `slot_variable_creation_fn` and the slot
     initializers (the private `_create_slots`, TF 2.4 - 2.21)."""
     return dict(optimizer._create_slots(table, slot_creator))
-
-
-def set_optimization_parameters(optimizer: Any, parameters: Any) -> None:
-    """Fills an `OptimizationParameters` message as TensorFlow's TPU classes do (the private
-    `_set_optimization_parameters`, TF 2.4 - 2.21)."""
-    optimizer._set_optimization_parameters(parameters)
 
 
 def add_tracked_variable(trackable: Any, **kwargs: Any) -> Any:
