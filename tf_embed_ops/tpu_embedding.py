@@ -102,7 +102,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             `tf.tpu.experimental.embedding.FeatureConfig`.
           optimizer: the default optimizer for tables whose `TableConfig.optimizer` is None: one of
             `tf.tpu.experimental.embedding.{SGD, Adagrad, AdagradMomentum, Adam, FTRL}`, a
-            `tf_embed_ops.optimizers` class (Momentum, RMSProp, ... Assign), or None (then tables
+            `tf_embed_ops.optimizers` class (Momentum, RMSProp, ... Assign), a Keras optimizer
+            (`keras.optimizers.SGD / Adagrad / Adam / Ftrl`, or "sgd" / "adagrad" / "adam" / "ftrl"; converted to its
+            TPU optimizer as docs/keras.md says, for this and for every `TableConfig.optimizer`), or None (then tables
             without their own optimizer get no slots and cannot be trained, as in TensorFlow's serving class).
           pipeline_execution_with_tensor_core: written to the configuration as TensorFlow does. On CPU the
             lookup never overlaps the update, so activations are never stale (the result equals False).
@@ -141,7 +143,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 raise ValueError(
                     f"{type(table.optimizer)} is an unsupported optimizer class (table {name!r}). "
                     "Please pass an instance of tf.tpu.experimental.embedding.SGD, Adagrad, AdagradMomentum, "
-                    "Adam or FTRL, or of a tf_embed_ops.optimizers class."
+                    "Adam or FTRL, of a tf_embed_ops.optimizers class, or keras.optimizers.SGD, Adagrad, Adam or Ftrl."
                 )
             if not isinstance(table.combiner, str):
                 raise ValueError(
