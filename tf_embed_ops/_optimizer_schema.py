@@ -278,6 +278,31 @@ def schemas() -> tuple[OptimizerSchema, ...]:
     return tuple(_schema(d) for d in _loader.load_config_module().optimizer_schema())
 
 
+def kind_of(parameters: Any) -> str | None:
+    """The optimizer an OptimizationParameters message selects: its ``parameters`` oneof field, or the kind whose
+    extension field it carries (row-wise Adagrad); None when neither is set."""
+    oneof = parameters.WhichOneof("parameters")
+    if oneof is not None:
+        return oneof
+    from google.protobuf import unknown_fields  # noqa: PLC0415 (only for messages without the oneof)
+
+    numbers = {f.field_number for f in unknown_fields.UnknownFieldSet(parameters)}
+    for s in schemas():
+        if not s.in_tpu_proto and s.extension_field in numbers:
+            return s.kind
+    return None
+
+
+def refill(parameters: Any, schema: OptimizerSchema, python_values: Mapping[str, Any]) -> None:
+    """Rewrites the hyper-parameters of ``schema``'s optimizer in ``parameters`` from ``{python argument: value}``
+    (no range check: tests use it to write values the validator must refuse)."""
+    if schema.in_tpu_proto:
+        parameters.ClearField(schema.kind)
+    else:
+        parameters.DiscardUnknownFields()
+    schema.fill(parameters, python_values)
+
+
 def schema_for_kind(kind: str) -> OptimizerSchema:
     """The schema of the optimizer whose proto oneof field is ``kind``.
 
