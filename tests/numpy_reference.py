@@ -129,6 +129,9 @@ SLOTS = {
     "rowwise_adagrad": ["row_accumulators"],
 }
 
+# Slots holding one value per row ([vocabulary_size, 1]): row-wise Adagrad's accumulator (FBGEMM's momentum1).
+PER_ROW_SLOTS = {"row_accumulators"}
+
 _TF_OPTIMIZER_NAMES = {
     "SGD": "sgd",
     "Adagrad": "adagrad",

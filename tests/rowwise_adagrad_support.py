@@ -74,3 +74,18 @@ def row_gradients(step) -> dict[int, np.ndarray]:
             for i in ids[offsets[b] : offsets[b + 1]]:
                 out[int(i)] = out.get(int(i), np.zeros(grad.shape[1])) + grad[b].astype(np.float64)
     return out
+
+
+def run_ours_per_step_rates(steps: Steps, optimizer, rates):
+    """As run_ours, for an optimizer with a callable (dynamic) learning rate: step s runs at rates[s]."""
+    table = E.TableConfig(vocabulary_size=steps.rows, dim=steps.dim, name="t", optimizer=optimizer, combiner="sum")
+    config = tec.from_feature_config((E.FeatureConfig(table=table, name="f"),))
+    weights = tf.Variable(steps.w0)
+    accumulators = tf.Variable(np.zeros((steps.rows, 1), np.float32))
+    for step, rate in zip(steps.batches, rates, strict=True):
+        ((ids, offsets, grad),) = step
+        feature = embedding_ops.normalize_feature(tf.RaggedTensor.from_row_splits(ids, offsets))
+        embedding_ops.send_tpu_embedding_gradients(
+            [grad], [rate], [feature], [weights], [[accumulators]], config, combiners=["sum"]
+        )
+    return weights.numpy(), accumulators.numpy()
