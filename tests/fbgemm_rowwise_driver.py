@@ -49,7 +49,7 @@ def main(job_dir: str) -> None:
     with torch.no_grad():
         emb.split_embedding_weights()[0].copy_(torch.from_numpy(np.load(os.path.join(job_dir, "w0.npy"))))
         emb.split_optimizer_states()[0][0].fill_(job["momentum0"])
-    load = lambda name: np.load(os.path.join(job_dir, name))  # noqa: E731
+    load = lambda name: np.load(os.path.join(job_dir, name))
     for s in range(job["steps"]):
         ids, offsets, grads, last = [], [0], [], 0
         for f in range(num_features):

@@ -132,7 +132,7 @@ def test_mid_level_api_trains_and_checkpoints_a_per_row_slot(tmp_path):
     np.testing.assert_array_equal(restored.slot_variables[table2]["row_accumulators"].numpy(), slot.numpy())
 
 
-def test_keras_layer_fit_creates_and_updates_only_touched_rows_of_the_per_row_slot():
+def test_keras_layer_fit_creates_and_updates_only_touched_rows_of_the_per_row_slot(tmp_path):
     fc = _features(vocab=20, dim=4)
     layer = te_keras.TPUEmbedding(fc, None, name="embedding")
     inputs = {k: keras.Input(shape=(None,), dtype="int64", ragged=True, name=k) for k in fc}
@@ -149,6 +149,15 @@ def test_keras_layer_fit_creates_and_updates_only_touched_rows_of_the_per_row_sl
     acc = slot.numpy()[:, 0]
     assert np.all(acc[:18] >= 0.1) and np.any(acc[:18] > 0.1)
     np.testing.assert_array_equal(acc[18:], np.full(2, 0.1, np.float32))  # rows 18 and 19 are never looked up
+
+    # model.save / load_model: the optimizer and its [vocab, 1] slot come back.
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    new_layer = keras.models.load_model(path).get_layer("embedding")
+    (new_table,) = new_layer.embedding_tables
+    assert isinstance(new_table.optimizer, teo.RowWiseAdagrad)
+    assert new_table.optimizer.weight_decay == pytest.approx(0.01)
+    np.testing.assert_array_equal(new_layer.slot_variables[new_table]["row_accumulators"].numpy(), slot.numpy())
 
 
 # ---- the config: an extension field, never exported for a TPU ----
@@ -187,8 +196,8 @@ def test_exporting_for_a_tpu_names_the_table_and_the_optimizer():
     with pytest.raises(NotImplementedError, match="no TPU Load op for RowWiseAdagrad"):
         teo.RowWiseAdagrad(0.1)._load()
     # A config of TPU optimizers exports as before.
-    assert tec.load(_proto(E.Adagrad(0.1))).to_tpu_proto().table_descriptor[0].optimization_parameters.HasField(
-        "adagrad"
+    assert (
+        tec.load(_proto(E.Adagrad(0.1))).to_tpu_proto().table_descriptor[0].optimization_parameters.HasField("adagrad")
     )
 
 
@@ -242,8 +251,11 @@ def test_a_table_shaped_slot_is_refused_and_nothing_changes():
     w, wrong = tf.Variable(steps.w0), tf.Variable(tf.zeros([10, 4]))
     ids, offsets, grad = steps.batches[0][0]
     feature = embedding_ops.normalize_feature(tf.RaggedTensor.from_row_splits(ids, offsets))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 'row_accumulators' of table 't'.*\[10,4\].*"
-                       r"one value per row: \[10,1\]"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"slot 'row_accumulators' of table 't'.*\[10,4\].*"
+        r"one value per row: \[10,1\]",
+    ):
         embedding_ops.send_tpu_embedding_gradients([grad], [], [feature], [w], [[wrong]], config)
     np.testing.assert_array_equal(w.numpy(), steps.w0)
     np.testing.assert_array_equal(wrong.numpy(), np.zeros([10, 4]))

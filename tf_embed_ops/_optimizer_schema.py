@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from google.protobuf import unknown_fields
 
 from tf_embed_ops import _loader
 
@@ -284,8 +285,6 @@ def kind_of(parameters: Any) -> str | None:
     oneof = parameters.WhichOneof("parameters")
     if oneof is not None:
         return oneof
-    from google.protobuf import unknown_fields  # noqa: PLC0415 (only for messages without the oneof)
-
     numbers = {f.field_number for f in unknown_fields.UnknownFieldSet(parameters)}
     for s in schemas():
         if not s.in_tpu_proto and s.extension_field in numbers:

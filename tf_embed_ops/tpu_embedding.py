@@ -256,8 +256,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             # per-row slot (row-wise Adagrad).
             slot_shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
 
-            def slot_creator(name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes):
-                return _creator(_table.name + "/" + name, initializer, False, _shapes.get(name, shape))
+            def slot_creator(
+                name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes, _shape=shape
+            ):
+                return _creator(_table.name + "/" + name, initializer, False, _shapes.get(name, _shape))
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.

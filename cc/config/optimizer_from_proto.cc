@@ -1,9 +1,9 @@
 #include "cc/config/optimizer_from_proto.h"
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <cstddef>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -115,9 +115,9 @@ absl::Status FindExtension(const tpu::OptimizationParameters& params, const std:
                                                      found->kind, ") must be a length-delimited message"));
     }
     if (*schema != nullptr || params.parameters_case() != tpu::OptimizationParameters::PARAMETERS_NOT_SET) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ctx, ": optimization_parameters sets ", found->kind, " (field ", field.number(),
-          ") and another optimization algorithm, or sets it twice; a table has exactly one optimizer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx, ": optimization_parameters sets ", found->kind, " (field ", field.number(),
+                       ") and another optimization algorithm, or sets it twice; a table has exactly one optimizer"));
     }
     *schema = found;
     *payload = field.length_delimited();
@@ -130,8 +130,8 @@ absl::Status FindExtension(const tpu::OptimizationParameters& params, const std:
 absl::Status ReadExtensionHyperParameters(const OptimizerSchema& schema, const std::string& payload,
                                           const std::string& ctx, std::vector<float>* values) {
   values->assign(schema.hyper_parameters.size, 0.0f);
-  const std::string where = absl::StrCat(ctx, ": optimization_parameters.", schema.kind, " (field ",
-                                         schema.extension_field, ")");
+  const std::string where =
+      absl::StrCat(ctx, ": optimization_parameters.", schema.kind, " (field ", schema.extension_field, ")");
   size_t pos = 0;
   auto varint = [&](uint64_t* out) {
     uint64_t v = 0;

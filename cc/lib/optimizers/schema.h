@@ -41,11 +41,11 @@ namespace tf_embed_ops {
 
 // The five optimizers of tf.tpu.experimental.embedding first, then the rest of optimization_parameters.proto
 // whose update rule is public (or, for BoundedAdagrad and the Yogis, documented in docs/optimizers.md as a
-// reading), then the optimizers that are not in the TPU proto (FBGEMM's row-wise Adagrad).  Every alternative needs a SchemaOf specialization below (a missing one does not compile).
-using OptimizerParams =
-    std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl, Momentum, RmsProp, CenteredRmsProp, Adadelta,
-                 ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi, ProximalYogi, FrequencyEstimator, Assign,
-                 RowWiseAdagrad>;
+// reading), then the optimizers that are not in the TPU proto (FBGEMM's row-wise Adagrad).  Every alternative
+// needs a SchemaOf specialization below (a missing one does not compile).
+using OptimizerParams = std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl, Momentum, RmsProp, CenteredRmsProp,
+                                     Adadelta, ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi, ProximalYogi,
+                                     FrequencyEstimator, Assign, RowWiseAdagrad>;
 
 template <typename Optimizer>
 struct SchemaOf;
