@@ -58,6 +58,14 @@ TEST(OptimizersTest, RowWiseAdagradAccumulatesTheMeanSquareOncePerRow) {
               {{1.0099999904632568f, 0.0f, 0.0f}});
 }
 
+// epsilon is added to the square root, not inside it: 0.5 changes the step by a third here.
+TEST(OptimizersTest, RowWiseAdagradAddsEpsilonOutsideTheSquareRoot) {
+  RowWiseAdagrad o;
+  o.epsilon = 0.5f;
+  ExpectState(TwoSteps(o, {0.0f}), {0.4946531057357788f, -1.1887969970703125f, 1.9003313779830933f},
+              {{1.0099999904632568f, 0.0f, 0.0f}});
+}
+
 TEST(OptimizersTest, RowWiseAdagradL2FoldsTheDecayIntoTheAccumulatorAndTheFactor) {
   RowWiseAdagrad o;
   o.weight_decay = 0.1f;
