@@ -99,8 +99,10 @@ absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, 
 absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
                                 tensorflow::Var** var);
 
-// `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`.
-absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what);
+// `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`, or, for one of its slots
+// (`slot` not null), [vocabulary_size, SlotWidth(*slot, dim)].
+absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,
+                             const SlotInfo* slot = nullptr);
 
 }  // namespace tf_embed_ops
 

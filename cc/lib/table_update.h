@@ -25,7 +25,8 @@
 
 namespace tf_embed_ops {
 
-// Borrowed, row-major [vocabulary_size, dim] buffers of a table and its slots (kSlots order).
+// Borrowed, row-major buffers of a table ([vocabulary_size, dim]) and its slots (kSlots order; a slot's rows are
+// SlotWidth(slot, dim) wide: dim, or 1 for a per-row slot).
 struct TableBuffers {
   float* weights = nullptr;
   std::vector<float*> slots;
@@ -42,9 +43,11 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
   const int64_t dim = t.dim;
   // Rough cycles per row: the optimizer touches (1 + slots) rows of dim floats, plus the gradient gather.
   const int64_t row_cost = dim * static_cast<int64_t>(8 + 6 * kNumSlots);
+  std::array<int64_t, kNumSlots + 1> slot_width{};
+  for (size_t k = 0; k < kNumSlots; ++k) slot_width[k] = SlotWidth(Optimizer::kSlots[k], dim);
   auto update = [&](int64_t row, float* g) {
     std::array<float*, kNumSlots + 1> slot_rows{};
-    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * dim;
+    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * slot_width[k];
     UpdateRowPipeline(optimizer, o, lr, g, t.weights + row * dim, slot_rows.data(), dim);
   };
   if (!optimizer.UpdatesAllRows()) {
@@ -80,7 +83,9 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
           if (u + kPrefetchDistance < end) {
             const int64_t ahead = plan.row(u + kPrefetchDistance);
             PrefetchRow<true>(t.weights + ahead * dim, dim);
-            for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * dim, dim);
+            for (size_t k = 0; k < kNumSlots; ++k) {
+              PrefetchRow<true>(t.slots[k] + ahead * slot_width[k], slot_width[k]);
+            }
           }
           plan.Accumulate(u, dim, g.data());
           update(plan.row(u), g.data());
