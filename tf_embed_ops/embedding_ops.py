@@ -296,7 +296,18 @@ def _learning_rate_values(learning_rates) -> list[tf.Tensor]:
 
 
 def send_tpu_embedding_gradients(
-    gradients, learning_rates, features, tables, slots, config, combiners=None, name=None, check_numerics=False
+    gradients,
+    learning_rates,
+    features,
+    tables,
+    slots,
+    config,
+    combiners=None,
+    name=None,
+    check_numerics=False,
+    rounding_step=None,
+    rounding=None,
+    rounding_seed=0,
 ) -> tf.Operation:
     """Applies one training step to the tables and their slots in place (our SendTPUEmbeddingGradients).
 
@@ -311,14 +322,19 @@ def send_tpu_embedding_gradients(
         learning-rate tag of the config, in tag order; empty when all rates are constant.  Each must be finite
         and >= 0 (checked by the op, which then names the tag and the tables using it).
       features: the same FeatureInput list the activations were computed from.
-      tables: list of float32 tf.Variable [vocabulary_size, dim], in table order.
+      tables: list of tf.Variable [vocabulary_size, dim], in table order: float32, or bfloat16 / float16
+        (16-bit storage: the optimizer runs in float32 and rows are rounded back, docs/low_precision.md).
       slots: per table, the list of its slot variables in Load/Retrieve order (e.g. Adam: momenta,
-        velocities; SGD: []).
+        velocities; SGD: []); each float32, bfloat16 or float16.
       config: the TPUEmbeddingConfiguration (proto or bytes).
       combiners: as for :func:`embedding_activations`.
       name: op name.
       check_numerics: if True, a gradient holding NaN or +-inf rejects the whole step (the error names the
         feature, the table and the position).  By default such gradients are applied, as the TPU applies them.
+      rounding_step: an int64 scalar (the training step) keying stochastic rounding's random bits; required
+        when a 16-bit table or slot rounds stochastically, ignored otherwise.
+      rounding: per table, "stochastic" (default) or "nearest": how its 16-bit table and slots are rounded.
+      rounding_seed: the seed of stochastic rounding's generator (an int).
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -354,6 +370,9 @@ def send_tpu_embedding_gradients(
             config=_serialized_config(config),
             combiners=_combiners(combiners),
             check_numerics=bool(check_numerics),
+            rounding_step=[] if rounding_step is None else [tf.convert_to_tensor(rounding_step, tf.int64)],
+            rounding=list(rounding or []),
+            rounding_seed=int(rounding_seed),
         )
 
 

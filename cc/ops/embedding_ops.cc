@@ -119,7 +119,8 @@ No gradient flows through this op: tables change only through SendTPUEmbeddingGr
 config: a serialized tensorflow.tpu.TPUEmbeddingConfiguration with one feature descriptor per feature.
 combiners: "sum", "mean" or "sqrtn"; T entries (per table), or N entries (per feature), or none (all "sum",
   as TF's enqueue ops).  When N == T the list is read per table.
-tables: float32 resource variables of shape [vocabulary_size, dim], in table order.
+tables: resource variables of shape [vocabulary_size, dim], in table order: float32, bfloat16 or float16 (the
+  activations are float32 in every case).
 )doc");
 
 REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
@@ -131,12 +132,16 @@ REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
     .Input("sample_shapes: N * int64")
     .Input("tables: T * resource")
     .Input("slots: S * resource")
+    .Input("rounding_step: R * int64")
     .Attr("config: string")
     .Attr("combiners: list(string) = []")
     .Attr("N: int >= 1")
     .Attr("NN: int >= 0 = 0")
     .Attr("T: int >= 1")
     .Attr("S: int >= 0 = 0")
+    .Attr("R: int >= 0 = 0")
+    .Attr("rounding: list(string) = []")
+    .Attr("rounding_seed: int = 0")
     .Attr("check_numerics: bool = false")
     .SetIsStateful()
     .SetShapeFn(SendGradientsShapeFn)
@@ -151,8 +156,16 @@ clipping.  Everything is validated before the first write: a rejected call chang
 learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
 check_numerics: also reject a step whose gradients hold NaN or +-inf (by default they are applied, as the TPU
   applies them).
-tables: float32 resource variables [vocabulary_size, dim], in table order.
-slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order.
+tables: resource variables [vocabulary_size, dim], in table order: float32, or bfloat16 / float16 (16-bit
+  storage: the optimizer runs in float32 and the row is rounded back, docs/low_precision.md).
+slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order (any of the
+  three dtypes, independently of the table's).
+rounding_step: none, or one int64 scalar: the step counter that keys stochastic rounding's random bits
+  (required when a 16-bit table or slot rounds stochastically).
+rounding: how 16-bit tables and slots are rounded, per table: "stochastic" or "nearest" (none = all
+  "stochastic").  Ignored for float32 variables.
+rounding_seed: the seed of stochastic rounding's counter-based generator (keyed by seed, step, table, row,
+  column: the bits do not depend on the thread count).
 )doc");
 
 }  // namespace tf_embed_ops
