@@ -37,6 +37,7 @@ from absl import logging
 
 from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import config as config_lib
+from tf_embed_ops import low_precision, table_config
 from tf_embed_ops.config._resolve import resolve_tables
 
 __all__ = ["TPUEmbedding"]
@@ -205,13 +206,17 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             with tf.init_scope():
                 self.build()
 
-    def _make_variable(self, name: str, shape: tuple, initializer: Callable, trainable: bool):
-        """Creates one variable; the Keras layer overrides this to create `keras.Variable`s instead."""
+    def _make_variable(
+        self, name: str, shape: tuple, initializer: Callable, trainable: bool, dtype: tf.DType = tf.float32
+    ):
+        """Creates one variable; the Keras layer overrides this to create `keras.Variable`s instead.
+
+        `dtype` is the storage dtype (`te.TableConfig`); `initializer(shape, dtype)` already yields it."""
         return tf.Variable(
             name=name,
-            initial_value=functools.partial(initializer, shape, dtype=tf.float32),
+            initial_value=functools.partial(initializer, shape, dtype=dtype),
             shape=shape,
-            dtype=tf.float32,
+            dtype=dtype,
             trainable=trainable,
         )
 
@@ -223,9 +228,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
             def getter(name, shape, dtype, initializer, trainable, _shape=shape, _table=table.name):
                 # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
-                del shape, dtype
+                del shape
                 try:
-                    return self._make_variable(name, _shape, initializer, trainable)
+                    return self._make_variable(
+                        name, _shape, low_precision.storage_initializer(initializer, dtype), trainable, dtype
+                    )
                 except ValueError as e:
                     # The initializer is a pending checkpoint value when a restore ran before `build`; TensorFlow's
                     # shape error then names neither the table nor the variable.
@@ -234,7 +241,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                         f"(vocabulary_size, dim): {e}"
                     ) from e
 
-            def variable_creator(name, initializer, trainable=True, _shape=shape, _getter=getter):
+            def variable_creator(
+                name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter
+            ):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -242,17 +251,20 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     name=name,
                     initializer=initializer,
                     shape=_shape,
-                    dtype=tf.float32,
+                    dtype=dtype,
                     getter=_getter,
                     trainable=trainable,
                 )
 
             # Not trainable: the tables are changed only by the fused send op, never by a generic optimizer
             # (the activations op has no gradient to them). The checkpoint keys do not depend on it.
-            parameters = variable_creator(table.name, table.initializer, trainable=False)
+            # 16-bit storage (te.TableConfig): the variables have the storage dtype (docs/low_precision.md).
+            parameters = variable_creator(
+                table.name, table.initializer, trainable=False, dtype=table_config.storage_dtype(table)
+            )
 
             def slot_creator(name, initializer, _table=table, _creator=variable_creator):
-                return _creator(_table.name + "/" + name, initializer, False)
+                return _creator(_table.name + "/" + name, initializer, False, table_config.slot_storage_dtype(_table))
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
@@ -268,6 +280,20 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 slots = {}
             slots["parameters"] = parameters
             variables[table.name] = slots
+        if table_config.needs_rounding_step(self._table_config):
+            # The step that keys stochastic rounding's random bits; a checkpoint child, so a resumed run draws
+            # the bits it would have drawn without the interruption.
+            self._rounding_step = _tf_compat.add_tracked_variable(
+                self,
+                name="rounding_step",
+                initializer=tf.zeros_initializer(),
+                shape=(),
+                dtype=tf.int64,
+                getter=lambda name, shape, dtype, initializer, trainable: tf.Variable(
+                    functools.partial(initializer, (), dtype=tf.int64), name=name, trainable=False, dtype=tf.int64
+                ),
+                trainable=False,
+            )
         return variables
 
     @property
@@ -602,7 +628,19 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self.serialized_config,
             combiners=self.combiners,
             check_numerics=self._check_numerics,
+            **self.rounding_arguments(),
         )
+
+    def rounding_arguments(self) -> dict:
+        """The send op's rounding arguments (docs/low_precision.md); with a stochastic 16-bit table, the step
+        counter is read here and advanced (each call is one step)."""
+        if not any(table_config.is_low_precision(t) for t in self._table_config):
+            return {}
+        args = {"rounding": [table_config.rounding(t) for t in self._table_config]}
+        step = getattr(self, "_rounding_step", None)
+        if step is not None:
+            args["rounding_step"] = step.assign_add(1, read_value=True) - 1
+        return args
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""
