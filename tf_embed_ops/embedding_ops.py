@@ -377,7 +377,15 @@ def send_tpu_embedding_gradients(
 
 
 def embedding_lookup_and_update(
-    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None, check_numerics=False
+    features,
+    tables,
+    slots,
+    config,
+    combiners=None,
+    learning_rates=None,
+    trigger=None,
+    check_numerics=False,
+    rounding_arguments=None,
 ) -> list[tf.Tensor]:
     """Activations whose backward pass applies the fused table update (the Keras-layer building block).
 
@@ -396,6 +404,9 @@ def embedding_lookup_and_update(
       trigger: float32 scalar tensor the update hangs on; None uses a constant zero, which only works when
         the caller differentiates with respect to the returned activations' producer itself (rarely useful).
       check_numerics: as for :func:`send_tpu_embedding_gradients`.
+      rounding_arguments: None, or a zero-argument callable returning the `rounding_step` / `rounding` /
+        `rounding_seed` keyword arguments of :func:`send_tpu_embedding_gradients` (called when the gradient
+        runs, once per step: 16-bit tables, docs/low_precision.md).
 
     Returns:
       One activation per feature.
@@ -421,8 +432,9 @@ def embedding_lookup_and_update(
 
         def grad(*upstream):
             dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
+            extra = rounding_arguments() if rounding_arguments is not None else {}
             update = send_tpu_embedding_gradients(
-                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics
+                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
             )
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
@@ -432,7 +444,8 @@ def embedding_lookup_and_update(
                 # the update is a data dependency of the trigger's gradient.
                 # One element through a sparse read: the fused ops put the variables in copy-on-read mode
                 # (as TF's sparse apply ops do), where ReadVariableOp copies the whole table every step.
-                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tf.float32)[0]
+                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tables[0].dtype)[0]
+                probe = tf.cast(probe, tf.float32)  # a 16-bit table's element (a no-op for float32)
                 return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
 
         return acts, grad

@@ -289,8 +289,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 initializer=tf.zeros_initializer(),
                 shape=(),
                 dtype=tf.int64,
-                getter=lambda name, shape, dtype, initializer, trainable: tf.Variable(
-                    functools.partial(initializer, (), dtype=tf.int64), name=name, trainable=False, dtype=tf.int64
+                getter=lambda name, shape, dtype, initializer, trainable: self._make_variable(
+                    name, (), initializer, False, tf.int64
                 ),
                 trainable=False,
             )
@@ -639,6 +639,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         args = {"rounding": [table_config.rounding(t) for t in self._table_config]}
         step = getattr(self, "_rounding_step", None)
         if step is not None:
+            if not isinstance(step, tf.Variable):
+                step = step.value  # a keras.Variable's backing tf.Variable
             args["rounding_step"] = step.assign_add(1, read_value=True) - 1
         return args
 
