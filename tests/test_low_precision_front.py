@@ -250,3 +250,70 @@ def test_stochastic_rounding_is_bitwise_the_same_for_one_and_two_threads_and_bot
     one = _digest(1)
     assert one == _digest(2)
     assert one == _digest(2, isa="baseline")
+
+
+# ----------------------------------------------------------------------------------------------- te.distribute
+
+
+def _distribute_feature_config(rounding):
+    video = te.TableConfig(
+        11, 3, name="video", combiner="sum", optimizer=emb_api.Adagrad(0.1), storage_dtype="bfloat16",
+        rounding=rounding, initializer=tf.keras.initializers.Constant(0.5),
+    )
+    user = te.TableConfig(2, 2, name="user", combiner="sum", optimizer=emb_api.SGD(0.2), storage_dtype="float16",
+                          rounding=rounding, initializer=tf.keras.initializers.Constant(0.25))
+    return {"watched": emb_api.FeatureConfig(video), "user": emb_api.FeatureConfig(user)}
+
+
+def _distribute_batches(seed=3, n=3):
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "watched": tf.ragged.constant([[int(i) for i in rng.integers(11, size=3)] for _ in range(4)], tf.int64),
+            "user": tf.constant(rng.integers(2, size=4), tf.int64),
+        }
+        for _ in range(n)
+    ]
+
+
+def _distribute_train(emb, batches):
+    for features in batches:
+        emb.enqueue(features)
+        acts = emb.dequeue()
+        emb.apply_gradients({k: 0.3 * v for k, v in acts.items()})
+
+
+def _full_tables(emb):
+    return {t.name: np.asarray(tf.cast(tf.convert_to_tensor(v), tf.float32)) for t, v in emb.embedding_tables.items()}
+
+
+def test_sharded_16_bit_tables_round_to_nearest_as_the_single_process_class():
+    from tf_embed_ops.distribute import ShardedTPUEmbedding
+
+    sharded = ShardedTPUEmbedding(_distribute_feature_config("nearest"), num_shards=3)
+    single = te.TPUEmbedding(_distribute_feature_config("nearest"))
+    for emb in (sharded, single):
+        emb.build(per_replica_batch_size=4)
+        _distribute_train(emb, _distribute_batches())
+    video = [t for t in sharded.embedding_tables if t.name == "video"][0]
+    assert all(v.dtype == tf.bfloat16 for v in sharded.embedding_tables[video].variables)
+    assert all(v.dtype == tf.bfloat16 for v in sharded.slot_variables[video]["accumulators"].variables)
+    # Rows are independent and each row's math and rounding are the same: the tables agree bit for bit.
+    for name, value in _full_tables(sharded).items():
+        np.testing.assert_array_equal(value, _full_tables(single)[name], err_msg=name)
+        assert not np.all(value == value.flat[0]), name  # trained away from the constant start
+
+
+def test_sharded_and_synchronous_16_bit_tables_round_stochastically():
+    from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator
+
+    emb = ShardedTPUEmbedding(_distribute_feature_config("stochastic"), num_shards=3)
+    emb.build(per_replica_batch_size=4)
+    _distribute_train(emb, _distribute_batches(n=2))
+    assert int(emb._rounding_step.numpy()) == 2
+    after_async = _full_tables(emb)
+    aggregator = SyncSparseAggregator(emb, replicas_to_aggregate=1)
+    _distribute_train(emb, _distribute_batches(seed=4, n=1))
+    assert int(aggregator.take_and_apply(timeout=30)) == 1
+    assert int(emb._rounding_step.numpy()) == 3
+    assert any(not np.array_equal(v, after_async[k]) for k, v in _full_tables(emb).items())
