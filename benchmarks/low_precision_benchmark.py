@@ -33,7 +33,11 @@ from benchmarks.peers import tf_native as tn
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 TARGET = 0.6  # bf16 step / fp32 step
-STATES = {"fp32": (tf.float32, "stochastic"), "bf16": (tf.bfloat16, "stochastic"), "bf16_nearest": (tf.bfloat16, "nearest")}
+STATES = {
+    "fp32": (tf.float32, "stochastic"),
+    "bf16": (tf.bfloat16, "stochastic"),
+    "bf16_nearest": (tf.bfloat16, "nearest"),
+}
 
 
 def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str):
@@ -46,7 +50,12 @@ def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str)
         [tf.Variable(tf.fill([t.vocab, t.dim], tf.constant(v, dtype))) for v in ours.SLOT_INIT[optimizer]]
         for t in wl.tables
     ]
-    raw = ours._raw_inputs(wl)
+    raw = [
+        tf.constant(f.ids, tf.int64)
+        if f.row_splits is None
+        else tf.RaggedTensor.from_row_splits(tf.constant(f.ids, tf.int64), tf.constant(f.row_splits, tf.int64))
+        for f in wl.features
+    ]
     upstream = [f["upstream"] for f in tn.make_inputs(wl)["features"]]
     combiners = [wl.combiner] * len(wl.tables)
     lengths = [f.sequence_length for f in wl.features]
@@ -82,7 +91,13 @@ def _time(engines: dict, blocks: int, warmup: int, block_ms: float, smoke: bool)
 def run(smoke: bool, blocks: int, threads: int, fbgemm_python: str | None, log=print) -> dict:
     wl = wls.w1(smoke=smoke)
     warmup, block_ms = (1, 20.0) if smoke else (3, 150.0)
-    result = {"workload": wl.summary(), "threads": threads, "blocks": blocks, "smoke": smoke, "load_avg": os.getloadavg()}
+    result = {
+        "workload": wl.summary(),
+        "threads": threads,
+        "blocks": blocks,
+        "smoke": smoke,
+        "load_avg": os.getloadavg(),
+    }
     rows = []
     for opt in OPTIMIZERS:
         engines = {name: fused_step(wl, opt, dtype, rounding) for name, (dtype, rounding) in STATES.items()}
@@ -110,9 +125,11 @@ def run(smoke: bool, blocks: int, threads: int, fbgemm_python: str | None, log=p
             )
             for row in rows:
                 r = fb.get(row["optimizer"], {"error": "no result"})
-                row[f"fbgemm_{precision}"] = {**harness.summarize(r["block_ms"]), "detail": r.get("optim_type")} if (
-                    "block_ms" in r
-                ) else {"error": r.get("error", "no result")}
+                row[f"fbgemm_{precision}"] = (
+                    {**harness.summarize(r["block_ms"]), "detail": r.get("optim_type")}
+                    if ("block_ms" in r)
+                    else {"error": r.get("error", "no result")}
+                )
             log(f"fbgemm {precision}: done")
     result["rows"] = rows
     return result
@@ -129,7 +146,10 @@ def markdown(result: dict) -> str:
     ]
     for row in result["rows"]:
         o = row["ours"]
-        ratio = lambda k: f"{o[k]['ratio_to_fp32']:.2f}" if "ratio_to_fp32" in o[k] else "n/a"  # noqa: E731
+
+        def ratio(k: str, o: dict = o) -> str:
+            return f"{o[k]['ratio_to_fp32']:.2f}" if "ratio_to_fp32" in o[k] else "n/a"
+
         fb32, fb16 = row.get("fbgemm_fp32", {}), row.get("fbgemm_fp16", {})
         lines.append(
             f"| {row['optimizer']} | {ms(o['fp32'])} | {ms(o['bf16'])} | {ratio('bf16')} | {ms(o['bf16_nearest'])} | "

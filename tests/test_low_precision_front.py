@@ -164,7 +164,12 @@ def test_checkpoint_stores_the_stored_dtype_and_restores_into_other_dtypes(tmp_p
 def _keras_feature_config():
     user = te.TableConfig(20, 4, name="user", combiner="sum", optimizer=emb_api.Adagrad(0.5), storage_dtype="bfloat16")
     item = te.TableConfig(
-        20, 4, name="item", combiner="mean", optimizer=emb_api.FTRL(0.3), storage_dtype="float16",
+        20,
+        4,
+        name="item",
+        combiner="mean",
+        optimizer=emb_api.FTRL(0.3),
+        storage_dtype="float16",
         slot_storage_dtype="float32",
     )
     return {
@@ -217,7 +222,8 @@ rng = np.random.default_rng(7)
 vocab, dim, n = 20000, 32, 30000
 out = []
 for name, slot_dtype in (("adagrad", tf.bfloat16), ("adam", tf.float16), ("sgd", None)):
-    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": name}, "lr": 0.05}], [("a", 0, [n])])
+    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": name}, "lr": 0.05}],
+                         [("a", 0, [n])])
     table = tf.Variable(tf.cast(rng.normal(size=(vocab, dim)), tf.bfloat16))
     slots = [tf.Variable(tf.cast(rng.uniform(0.1, 1, (vocab, dim)), slot_dtype))
              for _ in range({"sgd": 0, "adagrad": 1}.get(name, 2))]
@@ -257,11 +263,25 @@ def test_stochastic_rounding_is_bitwise_the_same_for_one_and_two_threads_and_bot
 
 def _distribute_feature_config(rounding):
     video = te.TableConfig(
-        11, 3, name="video", combiner="sum", optimizer=emb_api.Adagrad(0.1), storage_dtype="bfloat16",
-        rounding=rounding, initializer=tf.keras.initializers.Constant(0.5),
+        11,
+        3,
+        name="video",
+        combiner="sum",
+        optimizer=emb_api.Adagrad(0.1),
+        storage_dtype="bfloat16",
+        rounding=rounding,
+        initializer=tf.keras.initializers.Constant(0.5),
     )
-    user = te.TableConfig(2, 2, name="user", combiner="sum", optimizer=emb_api.SGD(0.2), storage_dtype="float16",
-                          rounding=rounding, initializer=tf.keras.initializers.Constant(0.25))
+    user = te.TableConfig(
+        2,
+        2,
+        name="user",
+        combiner="sum",
+        optimizer=emb_api.SGD(0.2),
+        storage_dtype="float16",
+        rounding=rounding,
+        initializer=tf.keras.initializers.Constant(0.25),
+    )
     return {"watched": emb_api.FeatureConfig(video), "user": emb_api.FeatureConfig(user)}
 
 

@@ -35,9 +35,8 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import config as config_lib
-from tf_embed_ops import low_precision, table_config
 from tf_embed_ops.config._resolve import resolve_tables
 
 __all__ = ["TPUEmbedding"]
@@ -241,9 +240,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                         f"(vocabulary_size, dim): {e}"
                     ) from e
 
-            def variable_creator(
-                name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter
-            ):
+            def variable_creator(name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
