@@ -358,7 +358,7 @@ def send_tpu_embedding_gradients(
         slot_handles = []
         for t, table_slots in enumerate(slots):
             slot_handles.extend(_handles(table_slots, f"slots[{t}]"))
-        return _ops().tf_embed_send_tpu_embedding_gradients(
+        args = dict(
             inputs=grads,
             learning_rates=_learning_rate_values(learning_rates),
             sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
@@ -370,9 +370,14 @@ def send_tpu_embedding_gradients(
             config=_serialized_config(config),
             combiners=_combiners(combiners),
             check_numerics=bool(check_numerics),
-            rounding_step=[] if rounding_step is None else [tf.convert_to_tensor(rounding_step, tf.int64)],
             rounding=list(rounding or []),
             rounding_seed=int(rounding_seed),
+        )
+        if rounding_step is None:
+            return _ops().tf_embed_send_tpu_embedding_gradients(**args)
+        # The V2 op: the same plus the step that keys stochastic rounding (docs/low_precision.md).
+        return _ops().tf_embed_send_tpu_embedding_gradients_v2(
+            **args, rounding_step=tf.convert_to_tensor(rounding_step, tf.int64)
         )
 
 
