@@ -122,6 +122,20 @@ def test_mid_level_training_is_reproducible_and_nearest_needs_no_counter():
     assert getattr(nearest, "_rounding_step", None) is None
 
 
+def test_a_rejected_step_changes_neither_the_tables_nor_the_rounding_counter():
+    table = te.TableConfig(50, 8, name="t", combiner="sum", optimizer=emb_api.Adagrad(0.1), storage_dtype=tf.bfloat16)
+    e = te.TPUEmbedding({"f": emb_api.FeatureConfig(table, name="f")}, check_numerics=True)
+    _train(e, steps=1)
+    before = {k: v.numpy().copy() for k, v in e.variables["t"].items()}
+    e.enqueue({"f": tf.constant([1, 2, 3, 4], tf.int64)})
+    e.dequeue()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="check_numerics"):
+        e.apply_gradients({"f": tf.fill([4, 8], float("nan"))})
+    assert int(e._rounding_step.numpy()) == 1
+    for k, v in e.variables["t"].items():
+        np.testing.assert_array_equal(v.numpy(), before[k], err_msg=k)
+
+
 # ----------------------------------------------------------------------------------------------- checkpoints
 
 

@@ -391,6 +391,7 @@ def embedding_lookup_and_update(
     trigger=None,
     check_numerics=False,
     rounding_arguments=None,
+    after_update=None,
 ) -> list[tf.Tensor]:
     """Activations whose backward pass applies the fused table update (the Keras-layer building block).
 
@@ -412,6 +413,8 @@ def embedding_lookup_and_update(
       rounding_arguments: None, or a zero-argument callable returning the `rounding_step` / `rounding` /
         `rounding_seed` keyword arguments of :func:`send_tpu_embedding_gradients` (called when the gradient
         runs, once per step: 16-bit tables, docs/low_precision.md).
+      after_update: None, or a callable given ``[update op]`` once the update is built (e.g. to count the step
+        after it, ``TPUEmbedding.advance_rounding_step``).
 
     Returns:
       One activation per feature.
@@ -441,6 +444,8 @@ def embedding_lookup_and_update(
             update = send_tpu_embedding_gradients(
                 dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
             )
+            if after_update is not None:
+                after_update([update])
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
                 # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,

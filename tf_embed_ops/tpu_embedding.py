@@ -616,7 +616,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
         tables, slots = self.tables_and_slots()
-        embedding_ops.send_tpu_embedding_gradients(
+        update = embedding_ops.send_tpu_embedding_gradients(
             gradients,
             learning_rates,
             inputs,
@@ -627,19 +627,33 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             check_numerics=self._check_numerics,
             **self.rounding_arguments(),
         )
+        self.advance_rounding_step([update])
+
+    def _rounding_step_variable(self) -> tf.Variable | None:
+        step = getattr(self, "_rounding_step", None)
+        if step is not None and not isinstance(step, tf.Variable):
+            step = step.value  # a keras.Variable's backing tf.Variable
+        return step
 
     def rounding_arguments(self) -> dict:
-        """The send op's rounding arguments (docs/low_precision.md); with a stochastic 16-bit table, the step
-        counter is read here and advanced (each call is one step)."""
+        """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
+        rounding per table and, with stochastic rounding, the current value of the step counter."""
         if not any(table_config.is_low_precision(t) for t in self._table_config):
             return {}
         args = {"rounding": [table_config.rounding(t) for t in self._table_config]}
-        step = getattr(self, "_rounding_step", None)
+        step = self._rounding_step_variable()
         if step is not None:
-            if not isinstance(step, tf.Variable):
-                step = step.value  # a keras.Variable's backing tf.Variable
-            args["rounding_step"] = step.assign_add(1, read_value=True) - 1
+            args["rounding_step"] = step.read_value()
         return args
+
+    def advance_rounding_step(self, updates: list) -> None:
+        """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a
+        rejected step leaves the counter unchanged."""
+        step = self._rounding_step_variable()
+        if step is None:
+            return
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            step.assign_add(1)
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""

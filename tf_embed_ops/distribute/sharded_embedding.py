@@ -384,4 +384,5 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 )
             if op is not None:
                 ops.append(op)
+        self.advance_rounding_step(ops)
         return ops

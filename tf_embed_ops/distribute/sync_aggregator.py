@@ -260,6 +260,7 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
                             **rounding_for_plan(plan, rounding),
                         )
                     )
+        emb.advance_rounding_step(updates)
         with tf.control_dependencies([u for u in updates if u is not None]):
             self.global_step.assign_add(1)
         return self.global_step.read_value()

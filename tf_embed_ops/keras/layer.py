@@ -213,6 +213,7 @@ class TPUEmbedding(keras.layers.Layer):
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                     check_numerics=self._check_numerics,
                     rounding_arguments=store.rounding_arguments,
+                    after_update=store.advance_rounding_step,
                 )
             else:
                 acts = embedding_ops.embedding_activations(
