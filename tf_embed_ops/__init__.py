@@ -36,6 +36,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "distribute": ("tf_embed_ops.distribute", None),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
+    "TableConfig": ("tf_embed_ops.table_config", "TableConfig"),
     "TPUEmbeddingV2": ("tf_embed_ops.tpu_embedding_v2", "TPUEmbeddingV2"),
     "sparse_core": ("tf_embed_ops.sparse_core", None),
     "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),

@@ -43,6 +43,7 @@ from tensorflow.python.util import nest
 
 __all__ = [
     "AutoTrackable",
+    "CheckpointInitialValueCallable",
     "OptimizerBase",
     "ShardedVariable",
     "add_tracked_variable",
@@ -76,6 +77,10 @@ yield_flat_paths = tf.__internal__.nest.yield_flat_paths
 
 # See the import above.
 OptimizerBase = tpu_embedding_v2_utils._Optimizer
+
+# A restore that ran before the variables were built hands their creator this initializer; a 16-bit table casts
+# its value instead of losing it (tf_embed_ops/low_precision.py). (`tf.__internal__`, TF 2.5 - 2.21.)
+CheckpointInitialValueCallable = tf.__internal__.tracking.CheckpointInitialValueCallable
 
 
 def slot_names(optimizer: Any) -> list[str]:

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.config._resolve import resolve_tables
 
@@ -205,13 +205,17 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             with tf.init_scope():
                 self.build()
 
-    def _make_variable(self, name: str, shape: tuple, initializer: Callable, trainable: bool):
-        """Creates one variable; the Keras layer overrides this to create `keras.Variable`s instead."""
+    def _make_variable(
+        self, name: str, shape: tuple, initializer: Callable, trainable: bool, dtype: tf.DType = tf.float32
+    ):
+        """Creates one variable; the Keras layer overrides this to create `keras.Variable`s instead.
+
+        `dtype` is the storage dtype (`te.TableConfig`); `initializer(shape, dtype)` already yields it."""
         return tf.Variable(
             name=name,
-            initial_value=functools.partial(initializer, shape, dtype=tf.float32),
+            initial_value=functools.partial(initializer, shape, dtype=dtype),
             shape=shape,
-            dtype=tf.float32,
+            dtype=dtype,
             trainable=trainable,
         )
 
@@ -224,9 +228,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             def make_getter(_shape, _table=table.name):
                 def getter(name, shape, dtype, initializer, trainable):
                     # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
-                    del shape, dtype
+                    del shape
                     try:
-                        return self._make_variable(name, _shape, initializer, trainable)
+                        return self._make_variable(
+                            name, _shape, low_precision.storage_initializer(initializer, dtype), trainable, dtype
+                        )
                     except ValueError as e:
                         # The initializer is a pending checkpoint value when a restore ran before `build`;
                         # TensorFlow's shape error then names neither the table nor the variable.
@@ -236,7 +242,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
                 return getter
 
-            def variable_creator(name, initializer, trainable=True, _shape=shape):
+            def variable_creator(name, initializer, trainable=True, dtype=tf.float32, _shape=shape):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -244,14 +250,17 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     name=name,
                     initializer=initializer,
                     shape=_shape,
-                    dtype=tf.float32,
+                    dtype=dtype,
                     getter=make_getter(_shape),
                     trainable=trainable,
                 )
 
             # Not trainable: the tables are changed only by the fused send op, never by a generic optimizer
             # (the activations op has no gradient to them). The checkpoint keys do not depend on it.
-            parameters = variable_creator(table.name, table.initializer, trainable=False)
+            # 16-bit storage (te.TableConfig): the variables have the storage dtype (docs/low_precision.md).
+            parameters = variable_creator(
+                table.name, table.initializer, trainable=False, dtype=table_config.storage_dtype(table)
+            )
             # Each slot's shape comes from the optimizer schema: the table's, or [vocabulary_size, 1] for a
             # per-row slot (row-wise Adagrad).
             slot_shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
@@ -259,7 +268,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             def slot_creator(
                 name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes, _shape=shape
             ):
-                return _creator(_table.name + "/" + name, initializer, False, _shapes.get(name, _shape))
+                return _creator(
+                    _table.name + "/" + name,
+                    initializer,
+                    False,
+                    table_config.slot_storage_dtype(_table),
+                    _shapes.get(name, _shape),
+                )
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
@@ -275,6 +290,20 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 slots = {}
             slots["parameters"] = parameters
             variables[table.name] = slots
+        if table_config.needs_rounding_step(self._table_config):
+            # The step that keys stochastic rounding's random bits; a checkpoint child, so a resumed run draws
+            # the bits it would have drawn without the interruption.
+            self._rounding_step = _tf_compat.add_tracked_variable(
+                self,
+                name="rounding_step",
+                initializer=tf.zeros_initializer(),
+                shape=(),
+                dtype=tf.int64,
+                getter=lambda name, shape, dtype, initializer, trainable: self._make_variable(
+                    name, (), initializer, False, tf.int64
+                ),
+                trainable=False,
+            )
         return variables
 
     @property
@@ -600,7 +629,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
         tables, slots = self.tables_and_slots()
-        embedding_ops.send_tpu_embedding_gradients(
+        update = embedding_ops.send_tpu_embedding_gradients(
             gradients,
             learning_rates,
             inputs,
@@ -609,7 +638,35 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self.serialized_config,
             combiners=self.combiners,
             check_numerics=self._check_numerics,
+            **self.rounding_arguments(),
         )
+        self.advance_rounding_step([update])
+
+    def _rounding_step_variable(self) -> tf.Variable | None:
+        step = getattr(self, "_rounding_step", None)
+        if step is not None and not isinstance(step, tf.Variable):
+            step = step.value  # a keras.Variable's backing tf.Variable
+        return step
+
+    def rounding_arguments(self) -> dict:
+        """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
+        rounding per table and, with stochastic rounding, the current value of the step counter."""
+        if not any(table_config.is_low_precision(t) for t in self._table_config):
+            return {}
+        args = {"rounding": [table_config.rounding(t) for t in self._table_config]}
+        step = self._rounding_step_variable()
+        if step is not None:
+            args["rounding_step"] = step.read_value()
+        return args
+
+    def advance_rounding_step(self, updates: list) -> None:
+        """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a
+        rejected step leaves the counter unchanged."""
+        step = self._rounding_step_variable()
+        if step is None:
+            return
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            step.assign_add(1)
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""

@@ -82,12 +82,14 @@ def run(
     block_ms: float = 150.0,
     timeout: int = 1200,
     omp_wait_policy: str | None = None,
+    weights_precision: str = "fp32",
 ) -> dict:
     """Runs FBGEMM on ``wl``'s ids; returns optimizer -> {"block_ms": [...]} or {"error": ...}.
 
     Pooling: the workload's combiner (sum/mean), or none for sequence features (FBGEMM's PoolingMode.NONE gives
     one row per id, the same rows as our [B, L, D] output). ``omp_wait_policy`` sets OMP_WAIT_POLICY for the peer
     (with more than one thread, OpenMP's default spinning collapses when another process shares the cores).
+    ``weights_precision`` is FBGEMM's table storage ("fp32", or "fp16" for the low-precision comparison).
     """
     kinds = {f.kind for f in wl.features}
     pooling = "none" if kinds == {"sequence"} else wl.combiner
@@ -113,6 +115,7 @@ def run(
             "warmup": warmup,
             "threads": threads,
             "block_ms": block_ms,
+            "weights_precision": weights_precision,
         }
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:

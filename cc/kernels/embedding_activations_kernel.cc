@@ -1,5 +1,6 @@
 // Kernel of TfEmbed>EmbeddingActivations: validate every feature against the config and the table variables,
 // then gather and combine each feature's samples (cc/lib/embedding_forward.h) in parallel over samples.
+// Tables may be float32, bfloat16 or float16 variables (docs/low_precision.md); activations are always float32.
 #define EIGEN_USE_THREADS
 
 #include <memory>
@@ -43,10 +44,12 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     }
 
     std::vector<int> table_inputs;
+    std::vector<StorageType> storage(attrs_.num_tables);
     for (int t = 0; t < attrs_.num_tables; ++t) {
       tensorflow::Var* var = nullptr;
-      OP_REQUIRES_OK(
-          ctx, CheckVariableDtype(ctx, first_table + t, absl::StrCat("table '", config.tables[t].name, "'"), &var));
+      OP_REQUIRES_OK(ctx, CheckVariableDtype(ctx, first_table + t, absl::StrCat("table '", config.tables[t].name, "'"),
+                                             &var, &storage[t]));
+      EnsureSparseAccess(ctx, var, storage[t]);
       var->Unref();
       table_inputs.push_back(first_table + t);
     }
@@ -79,15 +82,23 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
       tensorflow::Tensor* out = outputs[f];
       const SimulatedQuantization& q = table.optimization.simulated_quantization;
       std::unique_ptr<Quantizer> quantizer = q.enabled ? std::make_unique<Quantizer>(q) : nullptr;
-      const float* weights = tables[t].flat<float>().data();
       float* dst = out->flat<float>().data();
       const FeatureLayout& layout = layouts[f];
       const int64_t* ids = batches[f].ids;
       const int64_t dim = table.dimension;
       const int64_t ids_per_sample = layout.num_samples ? batches[f].num_ids / layout.num_samples + 1 : 1;
-      shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
-        CombineSamples(layout, ids, weights, dim, quantizer.get(), begin, end, dst);
-      });
+      if (storage[t] == StorageType::kFloat32) {
+        const float* weights = tables[t].flat<float>().data();
+        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+          CombineSamples(layout, ids, weights, dim, quantizer.get(), begin, end, dst);
+        });
+      } else {
+        // 16-bit rows, widened to fp32 as they are read (Eigen::bfloat16 / Eigen::half are their bits).
+        const uint16_t* bits = reinterpret_cast<const uint16_t*>(tables[t].tensor_data().data());
+        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+          CombineSamples(layout, ids, storage[t], bits, dim, quantizer.get(), begin, end, dst);
+        });
+      }
     }
   }
 

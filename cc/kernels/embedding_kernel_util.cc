@@ -1,9 +1,12 @@
+#define EIGEN_USE_THREADS
+
 #include "cc/kernels/embedding_kernel_util.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/config/config_parser.h"
 #include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/util/work_sharder.h"
 
@@ -104,7 +107,7 @@ absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, 
 }
 
 absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
-                                tensorflow::Var** var) {
+                                tensorflow::Var** var, StorageType* storage) {
   if (ctx->input_dtype(input) != tensorflow::DT_RESOURCE) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected a resource variable handle"));
   }
@@ -114,12 +117,32 @@ absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, con
     (*var)->Unref();
     return absl::FailedPreconditionError(absl::StrCat(what, ": the variable is not initialized"));
   }
-  if ((*var)->tensor()->dtype() != tensorflow::DT_FLOAT) {
-    const std::string got = tensorflow::DataTypeString((*var)->tensor()->dtype());
-    (*var)->Unref();
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the variable must be float32, got ", got));
+  switch ((*var)->tensor()->dtype()) {
+    case tensorflow::DT_FLOAT:
+      *storage = StorageType::kFloat32;
+      return absl::OkStatus();
+    case tensorflow::DT_BFLOAT16:
+      *storage = StorageType::kBfloat16;
+      return absl::OkStatus();
+    case tensorflow::DT_HALF:
+      *storage = StorageType::kFloat16;
+      return absl::OkStatus();
+    default:
+      break;
   }
-  return absl::OkStatus();
+  const std::string got = tensorflow::DataTypeString((*var)->tensor()->dtype());
+  (*var)->Unref();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": the variable must be float32, bfloat16 or float16 (half), got ", got));
+}
+
+void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, StorageType storage) {
+  // The lock helpers copy a shared buffer with their template type; for float32 they do it themselves.
+  if (storage == StorageType::kBfloat16) {
+    tensorflow::EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, Eigen::bfloat16>(ctx, var).IgnoreError();
+  } else if (storage == StorageType::kFloat16) {
+    tensorflow::EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, Eigen::half>(ctx, var).IgnoreError();
+  }
 }
 
 absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,

@@ -13,6 +13,7 @@
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/storage_types.h"
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -93,11 +94,17 @@ absl::Status Named(const absl::Status& status, const std::string& what);
 absl::Status ActivationShape(const FeatureBatch& batch, const TableSpec& table, const std::string& label,
                              tensorflow::TensorShape* out);
 
-// Looks up the float32 variable behind resource input `input` and checks its dtype and initialisation
-// without writing anything (must run before the training_op_helpers lock, whose copy-on-read switch
-// assumes the dtype).  `what` names the handle in errors ("table 'video'", "slot 'momenta' of table ...").
+// Looks up the variable behind resource input `input` and checks its dtype (float32, bfloat16 or float16: the
+// storage type, docs/low_precision.md) and initialisation without writing anything (must run before the
+// training_op_helpers lock, whose copy-on-read switch assumes the dtype).  `what` names the handle in errors
+// ("table 'video'", "slot 'momenta' of table ...").
 absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, const std::string& what,
-                                tensorflow::Var** var);
+                                tensorflow::Var** var, StorageType* storage);
+
+// Switches a 16-bit variable to copy-on-read mode with a copy of its own type (call before the lock helper,
+// which is instantiated for float and would otherwise copy a shared 16-bit buffer as float).  No-op for
+// float32 and for variables already in that mode.
+void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, StorageType storage);
 
 // `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`, or, for one of its slots
 // (`slot` not null), [vocabulary_size, SlotWidth(*slot, dim)].

@@ -5,7 +5,7 @@
 //   Plan:     per feature the id -> sample layout, per table the combiner backward + accumulation plan
 //             (cc/lib/gradient_accumulation.h).
 //   Update:   per table the row pipeline over touched rows (cc/lib/table_update.h), sharded over the intra-op
-//             pool, in place.
+//             pool, in place; 16-bit tables and slots are rounded back as docs/low_precision.md says.
 // Plan and Update cannot fail, so a rejected call changes no table and no slot.
 #define EIGEN_USE_THREADS
 
@@ -38,6 +38,8 @@ struct ValidatedStep {
   std::vector<std::string> var_names;  // for errors
   std::vector<const TableSpec*> var_tables;
   std::vector<const SlotInfo*> var_slots;  // nullptr for a table (its shape check depends on it)
+  std::vector<StorageType> var_storage;    // in var_inputs order
+  int64_t rounding_step = 0;
   std::vector<tensorflow::Tensor> values;  // the locked variables' tensors, in var_inputs order
 };
 
@@ -64,6 +66,28 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
+    // The V2 op is this op plus the rounding_step input (cc/ops/embedding_ops.cc).
+    num_rounding_steps_ = ctx->def().op() == "TfEmbed>SendTPUEmbeddingGradientsV2" ? 1 : 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seed", &rounding_seed_));
+    std::vector<std::string> rounding;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
+    OP_REQUIRES(ctx, rounding.empty() || static_cast<int>(rounding.size()) == attrs_.num_tables,
+                absl::InvalidArgumentError(absl::StrCat("rounding has ", rounding.size(), " entries; give none (all \"",
+                                                        "stochastic\") or one per table (", attrs_.num_tables, ")")));
+    rounding_.assign(attrs_.num_tables, Rounding::kStochastic);
+    for (size_t t = 0; t < rounding.size(); ++t) {
+      if (rounding[t] == "nearest") {
+        rounding_[t] = Rounding::kNearest;
+      } else {
+        OP_REQUIRES(ctx, rounding[t] == "stochastic",
+                    absl::InvalidArgumentError(absl::StrCat("rounding[", t, "] (table '", attrs_.config.tables[t].name,
+                                                            "') is \"", rounding[t],
+                                                            "\"; expected \"stochastic\" or \"nearest\"")));
+      }
+    }
+    OP_REQUIRES(ctx, num_rounding_steps_ <= 1,
+                absl::InvalidArgumentError(absl::StrCat("rounding_step has ", num_rounding_steps_,
+                                                        " entries; give at most one int64 scalar")));
     OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
                 absl::InvalidArgumentError(absl::StrCat(
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
@@ -87,6 +111,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ValidateFeatures(ctx, &step));
     OP_REQUIRES_OK(ctx, ValidateLearningRates(ctx, &step));
     OP_REQUIRES_OK(ctx, ValidateVariables(ctx, &step));
+    OP_REQUIRES_OK(ctx, ValidateRoundingStep(ctx, &step));
     auto locks = tensorflow::MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true,
                                                                                     /*sparse=*/true, step.var_inputs);
     OP_REQUIRES_OK(ctx, ctx->status());
@@ -103,6 +128,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   int FirstFeatureList() const { return attrs_.num_features + num_learning_rates_; }
   int FirstTable() const { return FirstFeatureList() + 4 * attrs_.num_features; }
   int FirstSlot() const { return FirstTable() + attrs_.num_tables; }
+  int RoundingStepInput() const { return FirstSlot() + num_slots_; }
 
   // Each feature's structure and ids, its gradient's shape (and values, with check_numerics), then the ids per
   // table.
@@ -189,15 +215,41 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       }
     }
     std::vector<const tensorflow::Var*> seen;
+    step->var_storage.resize(step->var_inputs.size());
     for (size_t v = 0; v < step->var_inputs.size(); ++v) {
       tensorflow::Var* var = nullptr;
-      TF_RETURN_IF_ERROR(CheckVariableDtype(ctx, step->var_inputs[v], step->var_names[v], &var));
+      TF_RETURN_IF_ERROR(CheckVariableDtype(ctx, step->var_inputs[v], step->var_names[v], &var, &step->var_storage[v]));
       const bool duplicate = std::find(seen.begin(), seen.end(), var) != seen.end();
       seen.push_back(var);
+      if (!duplicate) EnsureSparseAccess(ctx, var, step->var_storage[v]);  // detaches a shared buffer, same values
       var->Unref();  // the pointer is only compared; the lock holder keeps its own references
       if (duplicate) {
         return absl::InvalidArgumentError(absl::StrCat(
             step->var_names[v], ": the same variable is passed twice; every table and slot needs its own variable"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The step that keys stochastic rounding: required when a 16-bit table or slot rounds stochastically (a fixed
+  // step would draw the same bits every step, and the roundings would no longer average out).
+  absl::Status ValidateRoundingStep(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
+    if (num_rounding_steps_ == 1) {
+      const tensorflow::Tensor& t = ctx->input(RoundingStepInput());
+      if (!tensorflow::TensorShapeUtils::IsScalar(t.shape())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rounding_step must be an int64 scalar, got shape ", t.shape().DebugString()));
+      }
+      step->rounding_step = t.scalar<int64_t>()();
+      return absl::OkStatus();
+    }
+    for (size_t v = 0; v < step->var_inputs.size(); ++v) {
+      const int t = static_cast<int>(step->var_tables[v] - attrs_.config.tables.data());
+      if (step->var_storage[v] != StorageType::kFloat32 && rounding_[t] == Rounding::kStochastic) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            step->var_names[v], " is ", StorageTypeName(step->var_storage[v]),
+            " with stochastic rounding: pass rounding_step (SendTPUEmbeddingGradientsV2; the step keys the rounding's "
+            "random bits), or use rounding \"nearest\"; no table was updated"));
       }
     }
     return absl::OkStatus();
@@ -243,12 +295,17 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     size_t v = 0;
     for (int t = 0; t < attrs_.num_tables; ++t) {
       const TableSpec& table = attrs_.config.tables[t];
-      TableBuffers buffers;
+      StoredTableBuffers buffers;
       buffers.vocabulary_size = table.vocabulary_size;
       buffers.dim = table.dimension;
-      buffers.weights = step.values[v++].flat<float>().data();
+      buffers.rounding = RoundingSpec{rounding_[t], static_cast<uint64_t>(rounding_seed_), step.rounding_step, t};
+      // The variables' buffers: float, or the bits of Eigen::bfloat16 / Eigen::half (StoredBuffer's uint16_t).
+      auto buffer = [&](size_t i) {
+        return StoredBuffer{const_cast<char*>(step.values[i].tensor_data().data()), step.var_storage[i]};
+      };
+      buffers.weights = buffer(v++);
       const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
-      for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(step.values[v++].flat<float>().data());
+      for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(buffer(v++));
       const LearningRate& rate = table.optimization.learning_rate;
       const float lr = rate.is_dynamic ? step.learning_rates[rate.tag] : rate.constant;
       UpdateTable(table.optimization, lr, ws.plans[t], buffers, shard);
@@ -260,11 +317,16 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   int num_learning_rates_ = 0;
   int num_slots_ = 0;
   bool check_numerics_ = false;
+  int num_rounding_steps_ = 0;
+  int64_t rounding_seed_ = 0;
+  std::vector<Rounding> rounding_;                    // per table, for its 16-bit table and slots
   std::vector<int> first_slot_;                       // per table: index of its first slot in the slots list
   std::vector<std::vector<std::string>> tag_tables_;  // per dynamic tag: the tables that use it
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>SendTPUEmbeddingGradients").Device(tensorflow::DEVICE_CPU),
+                        SendTPUEmbeddingGradientsOp);
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>SendTPUEmbeddingGradientsV2").Device(tensorflow::DEVICE_CPU),
                         SendTPUEmbeddingGradientsOp);
 
 }  // namespace

@@ -12,26 +12,44 @@
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/prefetch.h"
 #include "cc/lib/simulated_quantization.h"
+#include "cc/lib/storage_types.h"
 #include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
 
 namespace internal {
 
-inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
-                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+// `Elem` is the stored element (float, or the uint16_t bits of a 16-bit table) and `load` widens one to fp32.
+struct LoadFloat {
+  float operator()(float x) const { return x; }
+};
+struct LoadBfloat16 {
+  float operator()(uint16_t x) const { return Bfloat16ToFloat(x); }
+};
+struct LoadFloat16 {
+  float operator()(uint16_t x) const { return Float16ToFloat(x); }
+};
+
+template <typename Elem, typename Load = LoadFloat>
+inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const Elem* table, int64_t dim,
+                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load = Load()) {
+  // PrefetchRow counts floats.
+  const int64_t prefetch_floats = (dim * static_cast<int64_t>(sizeof(Elem)) + 3) / 4;
+  auto prefetch = [&](int64_t id) {
+    PrefetchRow<false>(reinterpret_cast<const float*>(table + id * dim), prefetch_floats);
+  };
   if (layout.one_id_per_sample) {
     // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
     // quantization only, where it is not a plain copy).
     for (int64_t s = begin; s < end; ++s) {
-      if (s + kPrefetchDistance < end) PrefetchRow<false>(table + ids[s + kPrefetchDistance] * dim, dim);
+      if (s + kPrefetchDistance < end) prefetch(ids[s + kPrefetchDistance]);
       const float c = layout.scale[s];
-      const float* row = table + ids[s] * dim;
+      const Elem* row = table + ids[s] * dim;
       float* o = out + s * dim;
       if (quantizer == nullptr) {
-        for (int64_t d = 0; d < dim; ++d) o[d] = c * row[d];
+        for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
       } else {
-        for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f + c * (*quantizer)(row[d]);
+        for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f + c * (*quantizer)(load(row[d]));
       }
     }
     return;
@@ -39,7 +57,7 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
   for (int64_t s = begin; s < end; ++s) {
     const int64_t ahead = s + kPrefetchDistance;
     if (ahead < end && layout.member_offsets[ahead] < layout.member_offsets[ahead + 1]) {
-      PrefetchRow<false>(table + ids[layout.members[layout.member_offsets[ahead]]] * dim, dim);
+      prefetch(ids[layout.members[layout.member_offsets[ahead]]]);
     }
     float* o = out + s * dim;
     const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
@@ -47,19 +65,19 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
       // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
       const int64_t i = layout.members[first];
       const float c = layout.scale[i];
-      const float* row = table + ids[i] * dim;
-      for (int64_t d = 0; d < dim; ++d) o[d] = c * row[d];
+      const Elem* row = table + ids[i] * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
       continue;
     }
     std::memset(o, 0, sizeof(float) * dim);
     for (int64_t k = first; k < last; ++k) {
       const int64_t i = layout.members[k];
       const float c = layout.scale[i];
-      const float* row = table + ids[i] * dim;
+      const Elem* row = table + ids[i] * dim;
       if (quantizer == nullptr) {
-        for (int64_t d = 0; d < dim; ++d) o[d] += c * row[d];
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * load(row[d]);
       } else {
-        for (int64_t d = 0; d < dim; ++d) o[d] += c * (*quantizer)(row[d]);
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * (*quantizer)(load(row[d]));
       }
     }
   }
@@ -70,7 +88,22 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
 // `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
 inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
                            const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
-  RunWithRowLoopIsa([&] { internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out); });
+  RunWithRowLoopIsa([&] {
+    internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out, internal::LoadFloat());
+  });
+}
+
+// A 16-bit table (`type` bfloat16 or float16, `table` its bits): the rows are widened to fp32 as they are read,
+// so the activations are fp32 and equal those of an fp32 table holding the same (exactly representable) values.
+inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, StorageType type, const uint16_t* table,
+                           int64_t dim, const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  RunWithRowLoopIsa([&] {
+    if (type == StorageType::kBfloat16) {
+      internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out, internal::LoadBfloat16());
+    } else {
+      internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out, internal::LoadFloat16());
+    }
+  });
 }
 
 }  // namespace tf_embed_ops

@@ -40,13 +40,13 @@ class _KerasTableStore(mid_level.TPUEmbedding):
         super().__init__(feature_config, optimizer, pipeline, check_numerics=check_numerics)
         self._add_weight = add_weight
 
-    def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool):
+    def _make_variable(self, name: str, shape: tuple, initializer: Any, trainable: bool, dtype: Any = tf.float32):
         # keras.Variable names may not contain "/"; the checkpoint name (given to the tracker) keeps it.
         return self._add_weight(
             name=name.replace("/", "."),
             shape=shape,
             initializer=initializer,
-            dtype="float32",
+            dtype=tf.as_dtype(dtype).name,  # the storage dtype (te.TableConfig)
             trainable=trainable,
             autocast=False,
         )
@@ -212,6 +212,8 @@ class TPUEmbedding(keras.layers.Layer):
                     learning_rates=list(store.dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                     check_numerics=self._check_numerics,
+                    rounding_arguments=store.rounding_arguments,
+                    after_update=store.advance_rounding_step,
                 )
             else:
                 acts = embedding_ops.embedding_activations(

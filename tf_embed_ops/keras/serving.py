@@ -71,7 +71,8 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
         if combiner == "sqrtn":
             norm = tf.sqrt(norm)
         scale = tf.math.divide_no_nan(weights, tf.gather(norm, sample))
-    rows = tf.gather(table, ids)
+    # A 16-bit table (te.TableConfig) is exported as stored; its rows are widened as the op widens them.
+    rows = tf.cast(tf.gather(table, ids), tf.float32)
     if quantization is not None:
         rows = _quantize(rows, quantization)
     acts = tf.math.unsorted_segment_sum(rows * scale[:, tf.newaxis], sample, num_samples)

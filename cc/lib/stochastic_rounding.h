@@ -1,0 +1,77 @@
+// The random bits of stochastic rounding, and the row load/store of 16-bit storage (docs/low_precision.md).
+//
+// The bits come from a counter-based generator: a pure function of (seed, step, table, buffer, row, column).
+// Nothing is drawn from a shared stream, so a row's result does not depend on which thread updates it or in
+// what order, and a step replayed with the same inputs gives the same bits.
+//   row key  = MixKey chain over (seed, step, stream = table * 64 + buffer, row)   (once per row and buffer;
+//              buffer 0 is the table, 1 + k its slot k)
+//   bits     = lowbias32(low32(row key) ^ column * golden ratio) ^ high32(row key)  (once per element)
+// lowbias32 (C. Wellons' 32-bit integer hash, a bijection) is used per element because it vectorizes with
+// 32-bit multiplies; MixKey (MurmurHash3's fmix64) separates the rows.
+#ifndef TF_EMBED_OPS_CC_LIB_STOCHASTIC_ROUNDING_H_
+#define TF_EMBED_OPS_CC_LIB_STOCHASTIC_ROUNDING_H_
+
+#include <cstdint>
+
+#include "cc/lib/dynamic_table_key.h"
+#include "cc/lib/storage_types.h"
+
+namespace tf_embed_ops {
+
+// What a store needs to round: the mode, and for stochastic rounding the generator's counters.
+struct RoundingSpec {
+  Rounding mode = Rounding::kStochastic;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t table = 0;  // the table's index in the config: tables of one step draw different bits
+};
+
+inline uint64_t RoundingRowKey(const RoundingSpec& spec, int64_t buffer, int64_t row) {
+  uint64_t k = MixKey(spec.seed ^ 0x5851f42d4c957f2dULL);
+  k = MixKey(k ^ static_cast<uint64_t>(spec.step));
+  k = MixKey(k ^ (static_cast<uint64_t>(spec.table) * 64 + static_cast<uint64_t>(buffer)));
+  return MixKey(k ^ static_cast<uint64_t>(row));
+}
+
+inline uint32_t RoundingBits(uint64_t row_key, uint32_t column) {
+  uint32_t x = static_cast<uint32_t>(row_key) ^ (column * 0x9e3779b9u);
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x ^ static_cast<uint32_t>(row_key >> 32);
+}
+
+// dst[d] = float(src[d]).
+inline void LoadStoredRow(StorageType type, const uint16_t* src, float* dst, int64_t dim) {
+  if (type == StorageType::kBfloat16) {
+    for (int64_t d = 0; d < dim; ++d) dst[d] = Bfloat16ToFloat(src[d]);
+  } else {
+    for (int64_t d = 0; d < dim; ++d) dst[d] = Float16ToFloat(src[d]);
+  }
+}
+
+// dst[d] = round(src[d]) to `type`; `row_key` is RoundingRowKey of this row and buffer (unused for nearest).
+inline void StoreStoredRow(StorageType type, Rounding mode, uint64_t row_key, const float* src, uint16_t* dst,
+                           int64_t dim) {
+  if (type == StorageType::kBfloat16) {
+    if (mode == Rounding::kNearest) {
+      for (int64_t d = 0; d < dim; ++d) dst[d] = FloatToBfloat16Nearest(src[d]);
+    } else {
+      for (int64_t d = 0; d < dim; ++d)
+        dst[d] = FloatToBfloat16Stochastic(src[d], RoundingBits(row_key, static_cast<uint32_t>(d)));
+    }
+  } else {
+    if (mode == Rounding::kNearest) {
+      for (int64_t d = 0; d < dim; ++d) dst[d] = FloatToFloat16Nearest(src[d]);
+    } else {
+      for (int64_t d = 0; d < dim; ++d)
+        dst[d] = FloatToFloat16Stochastic(src[d], RoundingBits(row_key, static_cast<uint32_t>(d)));
+    }
+  }
+}
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_STOCHASTIC_ROUNDING_H_

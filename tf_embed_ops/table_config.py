@@ -1,0 +1,137 @@
+"""`te.TableConfig`: TensorFlow's `TableConfig` plus the storage dtype of the table and its slots.
+
+TensorFlow's `tf.tpu.experimental.embedding.TableConfig` accepts only float32 (and int32) tables. This subclass
+accepts everything it does, plus:
+
+* ``storage_dtype``: the dtype the table's rows are stored in: ``tf.float32`` (default), ``tf.bfloat16`` or
+  ``tf.float16``;
+* ``slot_storage_dtype``: the same for the optimizer's slots (accumulators, momenta, ...); default: the table's
+  ``storage_dtype``, so a bfloat16 table halves its slots' memory too. Set ``tf.float32`` to keep fp32 state;
+* ``rounding``: how a 16-bit row is written back after the fp32 optimizer step: ``"stochastic"`` (default) or
+  ``"nearest"`` (round to nearest even).
+
+It is a `TableConfig`, so it goes wherever TensorFlow's goes (`FeatureConfig`, `te.TPUEmbedding`, the Keras
+layer, `te.distribute`, `te.config.from_feature_config`). The TPU configuration proto has no storage dtype: the
+serialized config is the same as for a float32 table, and the kernels read the storage dtype from the table
+and slot variables themselves (docs/low_precision.md).
+
+Example:
+    >>> table = TableConfig(1000, 16, name="video", storage_dtype=tf.bfloat16)
+    >>> table.storage_dtype, table.slot_storage_dtype, table.rounding
+    (tf.bfloat16, tf.bfloat16, 'stochastic')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+STORAGE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+ROUNDINGS = ("stochastic", "nearest")
+
+
+def _storage_dtype(value: Any, argument: str, table: str) -> tf.DType:
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(
+            f"TableConfig {table}: {argument}={value!r} is not supported; expected tf.float32, tf.bfloat16 or "
+            "tf.float16"
+        )
+    return dtype
+
+
+class TableConfig(tf.tpu.experimental.embedding.TableConfig):
+    """A `tf.tpu.experimental.embedding.TableConfig` with a storage dtype (module docstring).
+
+    Args:
+      vocabulary_size, dim, initializer, optimizer, combiner, name, quantization_config, layout, dtype: as
+        TensorFlow's `TableConfig`.
+      storage_dtype: tf.float32 (default), tf.bfloat16 or tf.float16 (or their names).
+      slot_storage_dtype: the slots' dtype, same choices; None (default) = `storage_dtype`.
+      rounding: "stochastic" or "nearest"; None (default) = "stochastic". Used only where something is 16-bit.
+
+    Raises:
+      ValueError: an unsupported dtype or rounding (the message names the table and the value), or anything
+        TensorFlow's `TableConfig` rejects.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size: int,
+        dim: int,
+        initializer: Any = None,
+        optimizer: Any = None,
+        combiner: Any = "mean",
+        name: str | None = None,
+        quantization_config: Any = None,
+        layout: Any = None,
+        dtype: tf.DType = tf.float32,
+        *,
+        storage_dtype: Any = tf.float32,
+        slot_storage_dtype: Any = None,
+        rounding: str | None = None,
+    ):
+        label = repr(name) if name is not None else f"(unnamed, vocabulary_size={vocabulary_size}, dim={dim})"
+        storage = _storage_dtype(storage_dtype, "storage_dtype", label)
+        slots = (
+            storage if slot_storage_dtype is None else _storage_dtype(slot_storage_dtype, "slot_storage_dtype", label)
+        )
+        if rounding is None:
+            rounding = "stochastic"
+        if rounding not in ROUNDINGS:
+            raise ValueError(
+                f"TableConfig {label}: rounding={rounding!r} is not supported; expected one of {ROUNDINGS}"
+            )
+        if storage != tf.float32 and tf.as_dtype(dtype) != tf.float32:
+            raise ValueError(f"TableConfig {label}: storage_dtype={storage.name} needs dtype=tf.float32, got {dtype!r}")
+        kwargs = {"layout": layout} if layout is not None else {}
+        super().__init__(
+            vocabulary_size,
+            dim,
+            initializer=initializer,
+            optimizer=optimizer,
+            combiner=combiner,
+            name=name,
+            quantization_config=quantization_config,
+            dtype=dtype,
+            **kwargs,
+        )
+        self.storage_dtype = storage
+        self.slot_storage_dtype = slots
+        self.rounding = rounding
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        return (
+            f"{base[:-1]}, storage_dtype={self.storage_dtype.name!r}, "
+            f"slot_storage_dtype={self.slot_storage_dtype.name!r}, rounding={self.rounding!r})"
+        )
+
+
+def storage_dtype(table: Any) -> tf.DType:
+    """The table's storage dtype: float32 for TensorFlow's own `TableConfig`."""
+    return getattr(table, "storage_dtype", tf.float32)
+
+
+def slot_storage_dtype(table: Any) -> tf.DType:
+    """The storage dtype of the table's slots: float32 for TensorFlow's own `TableConfig`."""
+    return getattr(table, "slot_storage_dtype", tf.float32)
+
+
+def rounding(table: Any) -> str:
+    """How the table's 16-bit rows are rounded ("stochastic" for TensorFlow's own `TableConfig`: unused there)."""
+    return getattr(table, "rounding", "stochastic")
+
+
+def is_low_precision(table: Any) -> bool:
+    """True when the table or its slots are stored in 16 bits."""
+    return storage_dtype(table) != tf.float32 or slot_storage_dtype(table) != tf.float32
+
+
+def needs_rounding_step(tables: Any) -> bool:
+    """True when a table of `tables` rounds 16-bit rows stochastically (the send op then needs a step)."""
+    return any(is_low_precision(t) and rounding(t) == "stochastic" for t in tables)
