@@ -42,6 +42,7 @@ OPTIMIZER_SLOTS = {
     "momentum": 1,
     "rms_prop": 2,
     "centered_rms_prop": 3,
+    "rowwise_adagrad": 0,  # one float per row (4 bytes next to the row's dim floats): not counted
     "lookup": 0,
 }
 DENSE_OPTIMIZERS = {"adam_nonlazy"}

@@ -32,8 +32,11 @@ SLOT_INIT = {
     "momentum": [0.0],
     "rms_prop": [1.0, 0.0],
     "centered_rms_prop": [1.0, 0.0, 0.0],
+    "rowwise_adagrad": [0.0],  # FBGEMM's momentum1 starts at 0; one value per row
 }
 OPTIMIZERS = tuple(SLOT_INIT)
+# Slots of one value per row ([vocab, 1]), as the optimizer schema declares them.
+PER_ROW_SLOTS = {"rowwise_adagrad"}
 
 
 def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
@@ -61,6 +64,13 @@ def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
     elif optimizer == "centered_rms_prop":
         c = p.centered_rms_prop
         c.rho, c.momentum, c.epsilon = tn.RHO, tn.MOMENTUM, tn.EPS
+    elif optimizer == "rowwise_adagrad":
+        # Not in the TPU proto: the schema writes its extension field (FBGEMM's peer runs eps 1e-8, no decay).
+        from tf_embed_ops import _optimizer_schema
+
+        _optimizer_schema.schema_for_kind("rowwise_adagrad").fill(
+            p, {"epsilon": 1e-8, "weight_decay": 0.0, "decoupled_weight_decay": False}
+        )
     else:
         raise ValueError(f"optimizer: unknown {optimizer!r}; expected one of {OPTIMIZERS}")
     return p
@@ -100,7 +110,7 @@ def _state(wl: Workload, optimizer: str) -> tuple[list[tf.Variable], list[list[t
     tables = tn.make_tables(wl, 0)
     slots = [
         [
-            tf.Variable(tf.fill([t.vocab, t.dim], v), name=f"{t.name}_s{i}")
+            tf.Variable(tf.fill([t.vocab, 1 if optimizer in PER_ROW_SLOTS else t.dim], v), name=f"{t.name}_s{i}")
             for i, v in enumerate(SLOT_INIT.get(optimizer, []))
         ]
         for t in wl.tables

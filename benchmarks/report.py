@@ -35,6 +35,7 @@ OPT_LABELS = {
     "momentum": "Momentum",
     "rms_prop": "RMSProp",
     "centered_rms_prop": "CenteredRMSProp",
+    "rowwise_adagrad": "RowWiseAdagrad",
     "lookup": "lookup only",
 }
 PEERS = ("keras", "raw_op", "fbgemm", "fbgemm_rowwise")
@@ -112,6 +113,15 @@ def targets(result: dict) -> list[dict]:
             peer,
             ours(o),
         )
+    peer = idx.get(("W1", "adagrad", "fbgemm_rowwise"))
+    add(
+        "W1 RowWiseAdagrad >= 1.0x FBGEMM EXACT_ROWWISE_ADAGRAD",
+        _ratio(peer, ours("rowwise_adagrad")),
+        1.0,
+        "FBGEMM EXACT_ROWWISE_ADAGRAD ms / our RowWiseAdagrad ms",
+        peer,
+        ours("rowwise_adagrad"),
+    )
     for o in ("sgd", "adagrad", "adagrad_momentum", "adam", "adam_nonlazy", "ftrl"):
         peer = idx.get(("W1", o, "raw_op"))
         detail = peer.get("detail", "") if peer else ""

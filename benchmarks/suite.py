@@ -28,7 +28,7 @@ from benchmarks.peers import tf_native as tn
 
 # The optimizers of the issue, everywhere; the rest of the TPU catalogue that has a TF raw-op peer, on W1 only.
 CORE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_momentum", "adam", "adam_nonlazy", "ftrl")
-EXTRA_OPTIMIZERS = ("momentum", "rms_prop", "centered_rms_prop")
+EXTRA_OPTIMIZERS = ("momentum", "rms_prop", "centered_rms_prop", "rowwise_adagrad")
 SWEEP_OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The vocabulary sweep reaches 1e7 rows (1.3 GB a table at dim 32): without Adam's two extra slots, ours and the
 # raw-op peer together stay near 5 GB, which a 24 GB machine shared with other work can hold.

@@ -88,8 +88,11 @@ class RefTable:
         self.params = np.array(params, dtype=np.float32)
         self.opt = optimizer
         self.spec = numpy_reference.spec_from_optimizer(optimizer)
+        rows = self.params.shape[0]
         self.slots = {
-            name: np.full_like(self.params, value)
+            name: np.full((rows, 1), value, np.float32)
+            if name in numpy_reference.PER_ROW_SLOTS
+            else np.full_like(self.params, value)
             for name, value in numpy_reference.initial_slot_values(optimizer).items()
         }
 

@@ -126,7 +126,11 @@ SLOTS = {
     "online_yogi": ["vs", "linears"],
     "proximal_yogi": ["v", "m"],
     "assign": [],
+    "rowwise_adagrad": ["row_accumulators"],
 }
+
+# Slots holding one value per row ([vocabulary_size, 1]): row-wise Adagrad's accumulator (FBGEMM's momentum1).
+PER_ROW_SLOTS = {"row_accumulators"}
 
 _TF_OPTIMIZER_NAMES = {
     "SGD": "sgd",
@@ -177,6 +181,11 @@ def spec_from_optimizer(optimizer) -> dict:
         spec = dict(l1=o.l1_regularization_strength, l2=o.l2_regularization_strength, beta2=o.beta_2)
         if kind == "ProximalYogi":
             spec.update(beta1=o.beta_1, epsilon=o.epsilon)
+    elif kind == "RowWiseAdagrad":
+        # FBGEMM's own weight decay, apart from the pipeline's TPU-style `weight_decay` below.
+        spec = dict(
+            epsilon=o.epsilon, rowwise_weight_decay=o.weight_decay, decoupled_weight_decay=o.decoupled_weight_decay
+        )
     elif kind in ("SGD", "Adagrad", "Assign"):
         spec = {}
     else:
@@ -189,6 +198,7 @@ def spec_from_optimizer(optimizer) -> dict:
             "OnlineYogi": "online_yogi",
             "ProximalYogi": "proximal_yogi",
             "Assign": "assign",
+            "RowWiseAdagrad": "rowwise_adagrad",
         }[kind]
     )
     spec["name"] = name
@@ -222,6 +232,8 @@ def initial_slot_values(optimizer) -> dict:
         return {"v": optimizer.initial_v_value, "m": optimizer.initial_m_value}
     if kind == "Lion":
         return {"momenta": optimizer.initial_momentum_value}
+    if kind == "RowWiseAdagrad":
+        return {"row_accumulators": optimizer.initial_accumulator_value}
     return {name: 0.0 for name in SLOTS[spec_from_optimizer(optimizer)["name"]]}
 
 
@@ -303,6 +315,17 @@ def _optimizer_row(opt, lr, g, w, slots):
         return w, [v_new, lin]
     if name == "assign":
         return g.copy(), []
+    if name == "rowwise_adagrad":
+        # FBGEMM's EXACT_ROWWISE_ADAGRAD (fbgemm_gpu/codegen/genscript/optimizers.py, rowwise_adagrad(),
+        # split_weight_update_cpu): the row's one accumulator grows by the mean of the squared gradient (with the
+        # L2 term folded in), epsilon is added outside the square root, and the decay acts through a factor on w.
+        (a,) = slots  # shape (1,): one value per row
+        wd, decoupled = opt["rowwise_weight_decay"], opt["decoupled_weight_decay"]
+        g_sq = g + wd * w if wd and not decoupled else g
+        a = a + np.mean(g_sq * g_sq)
+        multiplier = lr / (np.sqrt(a) + opt["epsilon"])
+        correction = 1.0 if not wd else (1.0 - lr * wd if decoupled else 1.0 - multiplier * wd)
+        return correction * w - g * multiplier, [a]
     raise ValueError(name)
 
 

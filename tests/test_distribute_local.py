@@ -22,6 +22,8 @@ OPTIMIZERS = {
     "adagrad": lambda: emb_api.Adagrad(0.1, initial_accumulator_value=0.2),
     "adam_non_lazy": lambda: emb_api.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3, lazy_adam=False),
     "ftrl": lambda: emb_api.FTRL(0.1, l1_regularization_strength=0.01, beta=0.1, initial_accumulator_value=0.3),
+    # A per-row ([rows, 1]) slot, sharded like its table.
+    "rowwise_adagrad": lambda: tf_embed_ops.optimizers.RowWiseAdagrad(0.1, weight_decay=0.05),
 }
 
 

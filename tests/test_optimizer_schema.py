@@ -105,8 +105,10 @@ def _cxx_accepts(schema, proto_name, value) -> bool:
     """The C++ validator's decision on a config whose field holds ``value`` (the rest as the Python defaults)."""
     optimizer = _class(schema)(learning_rate=_learning_rate(schema))
     proto = tec.from_feature_config(_feature_config(optimizer))
-    message = getattr(proto.table_descriptor[0].optimization_parameters, schema.kind)
-    setattr(message, proto_name, value)
+    values = {h.python_name: getattr(optimizer, h.python_name) for h in schema.hyper_parameters}
+    spec = next(h for h in schema.hyper_parameters if h.proto_name == proto_name)
+    values[spec.python_name] = spec.from_proto(value)
+    _optimizer_schema.refill(proto.table_descriptor[0].optimization_parameters, schema, values)
     try:
         tec.load(proto)
     except tec.InvalidConfigError as e:
@@ -150,7 +152,8 @@ def test_every_entry_round_trips_python_proto_python(schema):
     optimizer = _class(schema)(learning_rate=_learning_rate(schema))
     proto = tec.from_feature_config(_feature_config(optimizer))
     params = proto.table_descriptor[0].optimization_parameters
-    assert params.WhichOneof("parameters") == schema.kind
+    assert _optimizer_schema.kind_of(params) == schema.kind
+    assert (params.WhichOneof("parameters") == schema.kind) is schema.in_tpu_proto
     view = tec.load(proto)
     table = view.tables[0]
     # The struct's own field list (ForEachHyperParameter) is the schema's, in order.
@@ -219,7 +222,14 @@ def test_schema_covers_exactly_the_optimizers_the_kernels_run():
     assert KINDS == list(_loader.load_config_module().supported_optimizers())
     assert set(teo.CATALOGUE) == {s.kind for s in SCHEMAS if s.origin == "catalogue"}
     oneof = optimization_parameters_pb2.OptimizationParameters.DESCRIPTOR.oneofs_by_name["parameters"]
-    assert set(KINDS) <= {f.name for f in oneof.fields}
+    assert {s.kind for s in SCHEMAS if s.in_tpu_proto} <= {f.name for f in oneof.fields}
+    # An optimizer the TPU proto lacks has an extension field number TensorFlow's message does not use, and no
+    # oneof field of its name.
+    numbers = {f.number for f in optimization_parameters_pb2.OptimizationParameters.DESCRIPTOR.fields}
+    for s in SCHEMAS:
+        if not s.in_tpu_proto:
+            assert s.extension_field not in numbers and s.kind not in {f.name for f in oneof.fields}
+            assert not s.load_op
 
 
 @pytest.mark.parametrize(

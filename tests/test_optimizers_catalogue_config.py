@@ -13,6 +13,7 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 import tf_embed_ops.config as tec
 import tf_embed_ops.optimizers as teo
+from tf_embed_ops import _optimizer_schema
 
 E = tf.tpu.experimental.embedding
 
@@ -58,6 +59,11 @@ CASES = [
         [("last_hit_step", 0.0)],
     ),
     (teo.Assign, dict(), []),
+    (
+        teo.RowWiseAdagrad,
+        dict(learning_rate=0.05, epsilon=1e-6, weight_decay=0.01, decoupled_weight_decay=True),
+        [("row_accumulators", 0.0)],
+    ),
 ]
 IDS = [c[0].__name__ for c in CASES]
 
@@ -78,7 +84,7 @@ def test_round_trip_and_view(cls, kwargs, slots):
     )
     proto = tec.from_feature_config(_feature_config(opt))
     params = proto.table_descriptor[0].optimization_parameters
-    assert params.WhichOneof("parameters") == cls._schema.kind
+    assert _optimizer_schema.kind_of(params) == cls._schema.kind
     assert params.clipping_limits.lower.value == -2.0 and params.clipping_limits.upper.value == 2.0
     assert params.weight_decay_factor == pytest.approx(0.01)
     assert params.multiply_weight_decay_factor_by_learning_rate

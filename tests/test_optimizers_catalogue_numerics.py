@@ -30,9 +30,10 @@ def _setup(optimizer, seed=0):
     config = tec.from_feature_config(feature_config)
     rng = np.random.default_rng(seed)
     w0 = rng.normal(size=(VOCAB, DIM)).astype(np.float32)
+    shapes = tec.slot_shapes(optimizer, VOCAB, DIM)  # [VOCAB, 1] for a per-row slot (row-wise Adagrad)
     slot_values = [
-        np.full((VOCAB, DIM), init.value if hasattr(init, "value") else 0.0, np.float32)
-        for init in optimizer._slot_initializers()
+        np.full(shapes[name], init.value if hasattr(init, "value") else 0.0, np.float32)
+        for name, init in zip(optimizer._slot_names(), optimizer._slot_initializers(), strict=True)
     ]
     weights = tf.Variable(w0)
     slots = [tf.Variable(v) for v in slot_values]
@@ -182,6 +183,9 @@ NUMPY_CASES = [
         teo.OnlineYogi(learning_rate=LR, l1_regularization_strength=0.05, l2_regularization_strength=0.1, beta_2=0.9),
     ),
     ("assign", teo.Assign()),
+    ("rowwise_adagrad", teo.RowWiseAdagrad(learning_rate=LR, epsilon=1e-3, initial_accumulator_value=0.05)),
+    ("rowwise_adagrad_l2", teo.RowWiseAdagrad(learning_rate=LR, weight_decay=0.2)),
+    ("rowwise_adagrad_decoupled", teo.RowWiseAdagrad(learning_rate=LR, weight_decay=0.2, decoupled_weight_decay=True)),
     (
         "lion_clipped_decayed",
         teo.Lion(

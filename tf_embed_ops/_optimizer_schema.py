@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from google.protobuf import unknown_fields
 
 from tf_embed_ops import _loader
 
@@ -100,6 +102,11 @@ class Slot:
     default_initial_value: float
     python_name: str | None
     range: Range
+    per_row: bool = False  # one value per row: a [vocabulary_size, 1] variable instead of [vocabulary_size, dim]
+
+    def shape(self, vocabulary_size: int, dim: int) -> tuple[int, int]:
+        """The slot variable's shape in a table of ``vocabulary_size`` rows and ``dim`` columns."""
+        return (vocabulary_size, 1 if self.per_row else dim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,10 @@ class OptimizerSchema:
     learning_rate_doc: str
     needs_dynamic_learning_rate: bool
     load_op: str  # tf.raw_ops name of TensorFlow's TPU Load op, "" when there is none
+    # 0: ``kind`` is a field of the OptimizationParameters.parameters oneof.  > 0: not in TensorFlow's proto; a
+    # config carries it in this field number of OptimizationParameters (an unknown field for TensorFlow), see
+    # docs/config.md, "Optimizers that are not in the TPU proto".
+    extension_field: int
     accumulation: Accumulation
     hyper_parameters: tuple[HyperParameter, ...]
     slots: tuple[Slot, ...]
@@ -131,12 +142,34 @@ class OptimizerSchema:
         """``{proto field: value}`` from ``{python argument: value}``."""
         return {h.proto_name: h.to_proto(python_values[h.python_name]) for h in self.hyper_parameters}
 
+    @property
+    def in_tpu_proto(self) -> bool:
+        """Whether TensorFlow's TPU proto has this optimizer (else only tf_embed_ops' kernels run it)."""
+        return self.extension_field == 0
+
     def fill(self, parameters: Any, python_values: Mapping[str, Any]) -> None:
         """Selects this optimizer in ``parameters`` (an OptimizationParameters) and writes its fields."""
+        if not self.in_tpu_proto:
+            parameters.MergeFromString(self.extension_bytes(python_values))
+            return
         message = getattr(parameters, self.kind)
         message.SetInParent()
         for field, value in self.proto_values(python_values).items():
             setattr(message, field, value)
+
+    def extension_bytes(self, python_values: Mapping[str, Any]) -> bytes:
+        """The wire bytes of this optimizer's extension field: field ``extension_field`` of OptimizationParameters,
+        a message whose field ``i + 1`` is hyper-parameter ``i`` (float: fixed32, bool: varint), every field written.
+        Merged into a message, they become an unknown field that protobuf keeps through copies and serialisation.
+        """
+        values = self.proto_values(python_values)
+        payload = b""
+        for i, h in enumerate(self.hyper_parameters):
+            if h.type == "bool":
+                payload += _varint((i + 1) << 3) + _varint(int(bool(values[h.proto_name])))
+            else:
+                payload += _varint((i + 1) << 3 | 5) + struct.pack("<f", as_float32(values[h.proto_name]))
+        return _varint(self.extension_field << 3 | 2) + _varint(len(payload)) + payload
 
     def python_values(self, proto_values: Mapping[str, Any]) -> dict[str, Any]:
         """``{python argument: value}`` from ``{proto field: value}`` (e.g. a loaded table's hyperparameters)."""
@@ -186,6 +219,18 @@ class OptimizerSchema:
         return when is not None and bool(self.proto_values(python_values)[when])
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
 def _range(d: Mapping[str, Any]) -> Range:
     return Range(d["lower"], d["lower_inclusive"], d["upper"], d["upper_inclusive"], d["finite"], d["text"])
 
@@ -201,6 +246,7 @@ def _schema(d: Mapping[str, Any]) -> OptimizerSchema:
         learning_rate_doc=d["learning_rate_doc"],
         needs_dynamic_learning_rate=d["needs_dynamic_learning_rate"],
         load_op=d["load_op"],
+        extension_field=d["extension_field"],
         accumulation=Accumulation(acc["always"], acc["when_set"], acc["reason"]),
         hyper_parameters=tuple(
             HyperParameter(
@@ -215,7 +261,13 @@ def _schema(d: Mapping[str, Any]) -> OptimizerSchema:
             for h in d["hyper_parameters"]
         ),
         slots=tuple(
-            Slot(s["name"], shortest_float32(s["default_initial_value"]), s["python_name"], _range(s["range"]))
+            Slot(
+                s["name"],
+                shortest_float32(s["default_initial_value"]),
+                s["python_name"],
+                _range(s["range"]),
+                s["per_row"],
+            )
             for s in d["slots"]
         ),
     )
@@ -225,6 +277,29 @@ def _schema(d: Mapping[str, Any]) -> OptimizerSchema:
 def schemas() -> tuple[OptimizerSchema, ...]:
     """Every optimizer's schema, in the C++ table's order (TensorFlow's five first)."""
     return tuple(_schema(d) for d in _loader.load_config_module().optimizer_schema())
+
+
+def kind_of(parameters: Any) -> str | None:
+    """The optimizer an OptimizationParameters message selects: its ``parameters`` oneof field, or the kind whose
+    extension field it carries (row-wise Adagrad); None when neither is set."""
+    oneof = parameters.WhichOneof("parameters")
+    if oneof is not None:
+        return oneof
+    numbers = {f.field_number for f in unknown_fields.UnknownFieldSet(parameters)}
+    for s in schemas():
+        if not s.in_tpu_proto and s.extension_field in numbers:
+            return s.kind
+    return None
+
+
+def refill(parameters: Any, schema: OptimizerSchema, python_values: Mapping[str, Any]) -> None:
+    """Rewrites the hyper-parameters of ``schema``'s optimizer in ``parameters`` from ``{python argument: value}``
+    (no range check: tests use it to write values the validator must refuse)."""
+    if schema.in_tpu_proto:
+        parameters.ClearField(schema.kind)
+    else:
+        parameters.DiscardUnknownFields()
+    schema.fill(parameters, python_values)
 
 
 def schema_for_kind(kind: str) -> OptimizerSchema:

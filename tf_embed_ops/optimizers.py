@@ -37,7 +37,8 @@ Adam = tf.tpu.experimental.embedding.Adam
 FTRL = tf.tpu.experimental.embedding.FTRL
 
 # The catalogue classes (Momentum, RMSProp, CenteredRMSProp, Adadelta, ProximalAdagrad, Lion, BoundedAdagrad,
-# OnlineYogi, ProximalYogi, FrequencyEstimator, Assign) are generated from the optimizer schema at the end.
+# OnlineYogi, ProximalYogi, FrequencyEstimator, Assign, and FBGEMM's RowWiseAdagrad, which the TPU proto lacks)
+# are generated from the optimizer schema at the end.
 __all__ = ["SGD", "Adagrad", "AdagradMomentum", "Adam", "FTRL", "set_common_optimization_parameters"]
 
 LearningRate = float | Callable[[], float]
@@ -124,6 +125,14 @@ class _CatalogueOptimizer(_tf_compat.OptimizerBase):
         ]
 
     def _set_optimization_parameters(self, parameters: opt_pb2.OptimizationParameters) -> None:
+        # TensorFlow's TPUEmbedding calls this to build the config a TPU runs (tf_embed_ops fills its own configs
+        # through tf_embed_ops.config), so an optimizer the TPU proto lacks stops here.
+        if not self._schema.in_tpu_proto:
+            raise ValueError(
+                f"{type(self).__name__} is not a TPU optimizer: TensorFlow's TPUEmbeddingConfiguration has no field "
+                f"for it, so TensorFlow's TPUEmbedding cannot run it. Use it with tf_embed_ops' TPUEmbedding, "
+                "keras.TPUEmbedding or distribute front ends, which run it on CPU."
+            )
         set_common_optimization_parameters(self, parameters)
         self._schema.fill(parameters, self.specific_arguments())
 

@@ -225,22 +225,24 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         for table in self._table_config:
             shape = (table.vocabulary_size, table.dim)
 
-            def getter(name, shape, dtype, initializer, trainable, _shape=shape, _table=table.name):
-                # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
-                del shape
-                try:
-                    return self._make_variable(
-                        name, _shape, low_precision.storage_initializer(initializer, dtype), trainable, dtype
-                    )
-                except ValueError as e:
-                    # The initializer is a pending checkpoint value when a restore ran before `build`; TensorFlow's
-                    # shape error then names neither the table nor the variable.
-                    raise ValueError(
-                        f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)} "
-                        f"(vocabulary_size, dim): {e}"
-                    ) from e
+            def make_getter(_shape, _table=table.name):
+                def getter(name, shape, dtype, initializer, trainable):
+                    # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
+                    del shape
+                    try:
+                        return self._make_variable(
+                            name, _shape, low_precision.storage_initializer(initializer, dtype), trainable, dtype
+                        )
+                    except ValueError as e:
+                        # The initializer is a pending checkpoint value when a restore ran before `build`;
+                        # TensorFlow's shape error then names neither the table nor the variable.
+                        raise ValueError(
+                            f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)}: {e}"
+                        ) from e
 
-            def variable_creator(name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter):
+                return getter
+
+            def variable_creator(name, initializer, trainable=True, _shape=shape, dtype=tf.float32):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -249,7 +251,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     initializer=initializer,
                     shape=_shape,
                     dtype=dtype,
-                    getter=_getter,
+                    getter=make_getter(_shape),
                     trainable=trainable,
                 )
 
@@ -259,9 +261,20 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             parameters = variable_creator(
                 table.name, table.initializer, trainable=False, dtype=table_config.storage_dtype(table)
             )
+            # Each slot's shape comes from the optimizer schema: the table's, or [vocabulary_size, 1] for a
+            # per-row slot (row-wise Adagrad).
+            slot_shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
 
-            def slot_creator(name, initializer, _table=table, _creator=variable_creator):
-                return _creator(_table.name + "/" + name, initializer, False, table_config.slot_storage_dtype(_table))
+            def slot_creator(
+                name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes, _shape=shape
+            ):
+                return _creator(
+                    _table.name + "/" + name,
+                    initializer,
+                    False,
+                    _shapes.get(name, _shape),
+                    table_config.slot_storage_dtype(_table),
+                )
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.

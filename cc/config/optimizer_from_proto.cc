@@ -2,6 +2,8 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -10,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace tf_embed_ops {
 namespace {
@@ -61,6 +64,13 @@ absl::Status CheckLearningRate(const OptimizerSchema& schema, const tpu::Optimiz
                                                  params.learning_rate().constant()));
 }
 
+absl::Status CheckRange(const OptimizerSchema& schema, const HyperParameterSpec& spec, float value,
+                        const std::string& ctx) {
+  if (spec.range.Contains(value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters.", schema.kind, ".", spec.proto_name,
+                                                 " must be ", spec.range.Describe(), ", got ", value));
+}
+
 // The optimizer message's fields in schema order (bools as 0/1), each checked against its range.  The schema
 // names every field; one the message lacks is a schema bug, reported as Internal.
 absl::Status ReadHyperParameters(const OptimizerSchema& schema, const pb::Message& message, const std::string& ctx,
@@ -81,12 +91,95 @@ absl::Status ReadHyperParameters(const OptimizerSchema& schema, const pb::Messag
       continue;
     }
     const float value = reflection->GetFloat(message, field);
-    if (!spec.range.Contains(value)) {
-      return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters.", schema.kind, ".",
-                                                     spec.proto_name, " must be ", spec.range.Describe(), ", got ",
-                                                     value));
-    }
+    if (auto s = CheckRange(schema, spec, value, ctx); !s.ok()) return s;
     values->push_back(value);
+  }
+  return absl::OkStatus();
+}
+
+// The schema of the optimizer an extension field of `params` carries (schema.h, extension_field), with that field's
+// payload; nullptr when there is none.  Two such fields, or one next to the algorithm oneof, are refused.
+absl::Status FindExtension(const tpu::OptimizationParameters& params, const std::string& ctx,
+                           const OptimizerSchema** schema, std::string* payload) {
+  *schema = nullptr;
+  const pb::UnknownFieldSet& unknown = params.GetReflection()->GetUnknownFields(params);
+  for (int i = 0; i < unknown.field_count(); ++i) {
+    const pb::UnknownField& field = unknown.field(i);
+    const OptimizerSchema* found = nullptr;
+    for (const OptimizerSchema& s : kOptimizerSchemas) {
+      if (s.extension_field != 0 && s.extension_field == field.number()) found = &s;
+    }
+    if (found == nullptr) continue;
+    if (field.type() != pb::UnknownField::TYPE_LENGTH_DELIMITED) {
+      return absl::InvalidArgumentError(absl::StrCat(ctx, ": optimization_parameters field ", field.number(), " (",
+                                                     found->kind, ") must be a length-delimited message"));
+    }
+    if (*schema != nullptr || params.parameters_case() != tpu::OptimizationParameters::PARAMETERS_NOT_SET) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ctx, ": optimization_parameters sets ", found->kind, " (field ", field.number(),
+                       ") and another optimization algorithm, or sets it twice; a table has exactly one optimizer"));
+    }
+    *schema = found;
+    *payload = field.length_delimited();
+  }
+  return absl::OkStatus();
+}
+
+// The payload of an extension field: field i + 1 is hyper_parameters[i] (float: fixed32, bool: varint), absent
+// fields are 0 / false as in proto3, and a repeated field's last value wins as in protobuf.
+absl::Status ReadExtensionHyperParameters(const OptimizerSchema& schema, const std::string& payload,
+                                          const std::string& ctx, std::vector<float>* values) {
+  values->assign(schema.hyper_parameters.size, 0.0f);
+  const std::string where =
+      absl::StrCat(ctx, ": optimization_parameters.", schema.kind, " (field ", schema.extension_field, ")");
+  size_t pos = 0;
+  auto varint = [&](uint64_t* out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && pos < payload.size(); shift += 7) {
+      const uint8_t byte = static_cast<uint8_t>(payload[pos++]);
+      v |= static_cast<uint64_t>(byte & 0x7F) << shift;
+      if ((byte & 0x80) == 0) {
+        *out = v;
+        return true;
+      }
+    }
+    return false;
+  };
+  while (pos < payload.size()) {
+    uint64_t tag = 0;
+    if (!varint(&tag)) return absl::InvalidArgumentError(absl::StrCat(where, ": truncated field tag"));
+    const uint64_t number = tag >> 3;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (number < 1 || number > schema.hyper_parameters.size) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field number ", number, " (it has fields 1 to ",
+                                                     schema.hyper_parameters.size, ")"));
+    }
+    const HyperParameterSpec& spec = schema.hyper_parameters[number - 1];
+    if (spec.type == ValueType::kFloat) {
+      if (wire_type != 5 || payload.size() - pos < 4) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": field ", number, " (", spec.proto_name, ") must be a float (fixed32)"));
+      }
+      uint32_t bits = 0;
+      for (int b = 0; b < 4; ++b) bits |= static_cast<uint32_t>(static_cast<uint8_t>(payload[pos + b])) << (8 * b);
+      pos += 4;
+      float value;
+      static_assert(sizeof(value) == sizeof(bits), "float is 32 bits");
+      std::memcpy(&value, &bits, sizeof(value));
+      (*values)[number - 1] = value;
+    } else {
+      uint64_t v = 0;
+      if (wire_type != 0 || !varint(&v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": field ", number, " (", spec.proto_name, ") must be a bool (varint)"));
+      }
+      (*values)[number - 1] = v != 0 ? 1.0f : 0.0f;
+    }
+  }
+  for (size_t i = 0; i < schema.hyper_parameters.size; ++i) {
+    const HyperParameterSpec& spec = schema.hyper_parameters[i];
+    if (spec.type != ValueType::kFloat) continue;
+    if (auto s = CheckRange(schema, spec, (*values)[i], ctx); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -130,6 +223,15 @@ constexpr auto kBuilders = MakeBuilders(std::make_index_sequence<std::variant_si
 
 absl::Status OptimizerFromProto(const tpu::OptimizationParameters& params, const std::string& context,
                                 OptimizerParams* out) {
+  const OptimizerSchema* extension = nullptr;
+  std::string payload;
+  if (auto s = FindExtension(params, context, &extension, &payload); !s.ok()) return s;
+  if (extension != nullptr) {
+    if (auto s = CheckLearningRate(*extension, params, context); !s.ok()) return s;
+    std::vector<float> values;
+    if (auto s = ReadExtensionHyperParameters(*extension, payload, context, &values); !s.ok()) return s;
+    return kBuilders[static_cast<size_t>(extension - kOptimizerSchemas.data())](*extension, values, context, out);
+  }
   if (params.parameters_case() == tpu::OptimizationParameters::PARAMETERS_NOT_SET) return NotSetError(context);
   // Name the algorithm by its proto field, which is what the user wrote in a .pbtxt.
   const pb::FieldDescriptor* field =

@@ -145,8 +145,15 @@ void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, 
   }
 }
 
-absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what) {
-  if (tensor.dims() != 2 || tensor.dim_size(0) != table.vocabulary_size || tensor.dim_size(1) != table.dimension) {
+absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,
+                             const SlotInfo* slot) {
+  const int64_t width = slot == nullptr ? table.dimension : SlotWidth(*slot, table.dimension);
+  if (tensor.dims() != 2 || tensor.dim_size(0) != table.vocabulary_size || tensor.dim_size(1) != width) {
+    if (slot != nullptr && slot->per_row) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the variable has shape ", tensor.shape().DebugString(), " but this slot holds one value per row: [",
+          table.vocabulary_size, ",1] (vocabulary_size of table '", table.name, "', 1) in the config"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(what, ": the variable has shape ", tensor.shape().DebugString(),
                                                    " but table '", table.name, "' is [", table.vocabulary_size, ",",
                                                    table.dimension, "] (vocabulary_size, dimension) in the config"));

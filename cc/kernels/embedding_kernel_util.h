@@ -106,8 +106,10 @@ absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, con
 // float32 and for variables already in that mode.
 void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, StorageType storage);
 
-// `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`.
-absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what);
+// `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`, or, for one of its slots
+// (`slot` not null), [vocabulary_size, SlotWidth(*slot, dim)].
+absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,
+                             const SlotInfo* slot = nullptr);
 
 }  // namespace tf_embed_ops
 

@@ -37,7 +37,8 @@ struct ValidatedStep {
   std::vector<int> var_inputs;         // tables and slots: per table, its table then its slots
   std::vector<std::string> var_names;  // for errors
   std::vector<const TableSpec*> var_tables;
-  std::vector<StorageType> var_storage;  // in var_inputs order
+  std::vector<const SlotInfo*> var_slots;  // nullptr for a table (its shape check depends on it)
+  std::vector<StorageType> var_storage;    // in var_inputs order
   int64_t rounding_step = 0;
   std::vector<tensorflow::Tensor> values;  // the locked variables' tensors, in var_inputs order
 };
@@ -203,12 +204,14 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       step->var_inputs.push_back(FirstTable() + t);
       step->var_names.push_back(absl::StrCat("table '", table.name, "'"));
       step->var_tables.push_back(&table);
-      const std::vector<SlotInfo> slots = OptimizerSlots(table.optimization.optimizer);
-      for (size_t k = 0; k < slots.size(); ++k) {
+      step->var_slots.push_back(nullptr);
+      const Span<SlotInfo> slots = SchemaFor(table.optimization.optimizer).slots;
+      for (size_t k = 0; k < slots.size; ++k) {
         step->var_inputs.push_back(FirstSlot() + first_slot_[t] + static_cast<int>(k));
         step->var_names.push_back(
             absl::StrCat("slot '", slots[k].name, "' of table '", table.name, "' (slots[", first_slot_[t] + k, "])"));
         step->var_tables.push_back(&table);
+        step->var_slots.push_back(&slots[k]);
       }
     }
     std::vector<const tensorflow::Var*> seen;
@@ -259,7 +262,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       TF_RETURN_IF_ERROR(Named(tensorflow::GetInputTensorFromVariable<CPUDevice, float>(ctx, step->var_inputs[v], true,
                                                                                         true, &step->values[v]),
                                step->var_names[v]));
-      TF_RETURN_IF_ERROR(CheckTableShape(step->values[v], *step->var_tables[v], step->var_names[v]));
+      TF_RETURN_IF_ERROR(
+          CheckTableShape(step->values[v], *step->var_tables[v], step->var_names[v], step->var_slots[v]));
     }
     return absl::OkStatus();
   }

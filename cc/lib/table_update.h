@@ -31,7 +31,8 @@
 
 namespace tf_embed_ops {
 
-// Borrowed, row-major [vocabulary_size, dim] buffers of a table and its slots (kSlots order).
+// Borrowed, row-major buffers of a table ([vocabulary_size, dim]) and its slots (kSlots order; a slot's rows are
+// SlotWidth(slot, dim) wide: dim, or 1 for a per-row slot).
 struct TableBuffers {
   float* weights = nullptr;
   std::vector<float*> slots;
@@ -135,13 +136,15 @@ void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, flo
                      const TableBuffers& t, const ShardFn& shard) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   const int64_t dim = t.dim;
+  std::array<int64_t, kNumSlots + 1> slot_width{};
+  for (size_t k = 0; k < kNumSlots; ++k) slot_width[k] = SlotWidth(Optimizer::kSlots[k], dim);
   auto prefetch = [&](int64_t ahead) {
     PrefetchRow<true>(t.weights + ahead * dim, dim);
-    for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * dim, dim);
+    for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * slot_width[k], slot_width[k]);
   };
   auto update = [&](int64_t row, float* g, float* /*scratch*/) {
     std::array<float*, kNumSlots + 1> slot_rows{};
-    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * dim;
+    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * slot_width[k];
     UpdateRowPipeline(optimizer, o, lr, g, t.weights + row * dim, slot_rows.data(), dim);
   };
   ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, t.vocabulary_size, dim, 0, shard, prefetch, update);
@@ -156,23 +159,30 @@ void UpdateStoredTableWith(const Optimizer& optimizer, const TableOptimization& 
   constexpr size_t kNumBuffers = kNumSlots + 1;
   const int64_t dim = t.dim;
   std::array<StoredBuffer, kNumBuffers> buffers{};
+  std::array<int64_t, kNumBuffers> width{};  // elements per row: dim, or 1 for a per-row slot
   buffers[0] = t.weights;
-  for (size_t k = 0; k < kNumSlots; ++k) buffers[k + 1] = t.slots[k];
+  width[0] = dim;
+  for (size_t k = 0; k < kNumSlots; ++k) {
+    buffers[k + 1] = t.slots[k];
+    width[k + 1] = SlotWidth(Optimizer::kSlots[k], dim);
+  }
   auto prefetch = [&](int64_t ahead) {
-    for (const StoredBuffer& b : buffers) {
-      // PrefetchRow counts floats: a 16-bit row is dim / 2 floats long.
-      PrefetchRow<true>(static_cast<const float*>(b.data) + ahead * dim * StorageBytes(b.type) / 4,
-                        (dim * StorageBytes(b.type) + 3) / 4);
+    for (size_t b = 0; b < kNumBuffers; ++b) {
+      // PrefetchRow counts floats: a 16-bit row is half as many floats long.
+      const int64_t bytes = width[b] * StorageBytes(buffers[b].type);
+      PrefetchRow<true>(reinterpret_cast<const float*>(static_cast<const char*>(buffers[b].data) + ahead * bytes),
+                        (bytes + 3) / 4);
     }
   };
   auto update = [&](int64_t row, float* g, float* scratch) {
     std::array<float*, kNumBuffers> rows{};
     for (size_t b = 0; b < kNumBuffers; ++b) {
       if (buffers[b].type == StorageType::kFloat32) {
-        rows[b] = static_cast<float*>(buffers[b].data) + row * dim;
+        rows[b] = static_cast<float*>(buffers[b].data) + row * width[b];
       } else {
         rows[b] = scratch + b * dim;
-        LoadStoredRow(buffers[b].type, static_cast<const uint16_t*>(buffers[b].data) + row * dim, rows[b], dim);
+        LoadStoredRow(buffers[b].type, static_cast<const uint16_t*>(buffers[b].data) + row * width[b], rows[b],
+                      width[b]);
       }
     }
     UpdateRowPipeline(optimizer, o, lr, g, rows[0], rows.data() + 1, dim);
@@ -181,7 +191,7 @@ void UpdateStoredTableWith(const Optimizer& optimizer, const TableOptimization& 
       const uint64_t key =
           t.rounding.mode == Rounding::kStochastic ? RoundingRowKey(t.rounding, static_cast<int64_t>(b), row) : 0;
       StoreStoredRow(buffers[b].type, t.rounding.mode, key, rows[b],
-                     static_cast<uint16_t*>(buffers[b].data) + row * dim, dim);
+                     static_cast<uint16_t*>(buffers[b].data) + row * width[b], width[b]);
     }
   };
   ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, t.vocabulary_size, dim,

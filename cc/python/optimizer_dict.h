@@ -22,9 +22,10 @@ pybind11::dict HyperParameters(const Optimizer& o) {
   return d;
 }
 
+// (name, default initial value, per_row) per slot.
 inline pybind11::list Slots(Span<SlotInfo> slots) {
   pybind11::list out;
-  for (const SlotInfo& s : slots) out.append(pybind11::make_tuple(s.name, s.default_initial_value));
+  for (const SlotInfo& s : slots) out.append(pybind11::make_tuple(s.name, s.default_initial_value, s.per_row));
   return out;
 }
 
@@ -79,6 +80,7 @@ inline pybind11::dict OptimizerSchemaDict(const OptimizerSchema& s) {
     pybind11::dict d;
     d["name"] = s.slots[i].name;
     d["default_initial_value"] = s.slots[i].default_initial_value;
+    d["per_row"] = s.slots[i].per_row;
     const SlotArgumentSpec& arg = s.slot_arguments[i];
     d["python_name"] = arg.python_name != nullptr ? pybind11::object(pybind11::str(arg.python_name)) : pybind11::none();
     d["range"] = RangeDict(arg.range);
@@ -100,6 +102,7 @@ inline pybind11::dict OptimizerSchemaDict(const OptimizerSchema& s) {
   d["learning_rate_doc"] = s.learning_rate_doc;
   d["needs_dynamic_learning_rate"] = s.needs_dynamic_learning_rate;
   d["load_op"] = s.load_op;
+  d["extension_field"] = s.extension_field;
   d["accumulation"] = accumulation;
   d["hyper_parameters"] = hyper_parameters;
   d["slots"] = slots;

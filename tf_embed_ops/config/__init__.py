@@ -19,7 +19,12 @@ from tf_embed_ops.config._build import from_feature_config
 from tf_embed_ops.config._errors import ConfigError, InvalidConfigError, UnimplementedConfigError
 from tf_embed_ops.config._inverse import DynamicLearningRate, to_feature_config
 from tf_embed_ops.config._load import load, parse_text
-from tf_embed_ops.config._optimizers import OptimizerCodec, register_optimizer, supported_optimizer_classes
+from tf_embed_ops.config._optimizers import (
+    OptimizerCodec,
+    register_optimizer,
+    slot_shapes,
+    supported_optimizer_classes,
+)
 from tf_embed_ops.config._view import (
     ClipLimits,
     EmbeddingConfig,
@@ -59,6 +64,7 @@ __all__ = [
     "load",
     "parse_text",
     "register_optimizer",
+    "slot_shapes",
     "supported_optimizer_classes",
     "to_feature_config",
 ]

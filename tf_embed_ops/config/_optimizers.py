@@ -80,6 +80,26 @@ def supported_optimizer_classes() -> tuple[type, ...]:
     return tuple(_BY_CLASS)
 
 
+def schema_for_optimizer(optimizer: Any) -> _optimizer_schema.OptimizerSchema | None:
+    """The schema entry of an optimizer object (None: its class is not registered, or its kind has no entry)."""
+    codec = codec_for_optimizer(optimizer)
+    if codec is None:
+        return None
+    try:
+        return _optimizer_schema.schema_for_kind(codec.kind)
+    except KeyError:
+        return None
+
+
+def slot_shapes(optimizer: Any, vocabulary_size: int, dim: int) -> dict[str, tuple[int, int]]:
+    """``{slot name: variable shape}`` of ``optimizer``'s slots in a ``[vocabulary_size, dim]`` table: the table's
+    shape, or ``(vocabulary_size, 1)`` for a per-row slot (the schema's, the one source of slot shapes)."""
+    schema = schema_for_optimizer(optimizer)
+    if schema is None:
+        return {}
+    return {s.name: s.shape(vocabulary_size, dim) for s in schema.slots}
+
+
 # Accumulation, weight and gradient clipping, weight decay and packing, as ``_Optimizer`` writes them (without
 # its protobuf-7 crash); shared with tf_embed_ops.optimizers.
 fill_common = set_common_optimization_parameters

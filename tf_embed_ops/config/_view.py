@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import text_format
 
+from tf_embed_ops import _optimizer_schema
 from tf_embed_ops._tf_compat import tpu_embedding_configuration_pb2
 
 TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
@@ -32,11 +33,17 @@ def _bound(value: float | None) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class SlotInfo:
-    """An optimizer slot: its name (Load/Retrieve order, checkpoint suffix ``<table>/<name>``) and the value
-    TensorFlow's optimizer fills it with by default."""
+    """An optimizer slot: its name (Load/Retrieve order, checkpoint suffix ``<table>/<name>``), the value
+    TensorFlow's optimizer fills it with by default, and whether it holds one value per row (a
+    ``[vocabulary_size, 1]`` variable, row-wise Adagrad) rather than one per element (``[vocabulary_size, dim]``)."""
 
     name: str
     default_initial_value: float
+    per_row: bool = False
+
+    def shape(self, vocabulary_size: int, dim: int) -> tuple[int, int]:
+        """The slot variable's shape in a table of ``vocabulary_size`` rows and ``dim`` columns."""
+        return (vocabulary_size, 1 if self.per_row else dim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +59,17 @@ class OptimizerInfo:
     @property
     def slot_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.slots)
+
+    @property
+    def in_tpu_proto(self) -> bool:
+        """Whether TensorFlow's TPU proto has this algorithm (False: row-wise Adagrad, which tf_embed_ops carries in
+        an extension field; a TPU cannot run it)."""
+        return _optimizer_schema.schema_for_kind(self.kind).in_tpu_proto
+
+    @property
+    def python_class(self) -> str:
+        """The Python class of this algorithm (``"RowWiseAdagrad"``)."""
+        return _optimizer_schema.schema_for_kind(self.kind).python_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +166,7 @@ def _table_info(table_id: int, d: Mapping[str, Any]) -> TableInfo:
         optimizer=OptimizerInfo(
             kind=opt["kind"],
             hyperparameters=hyper,
-            slots=tuple(SlotInfo(name, _f32(value)) for name, value in opt["slots"]),
+            slots=tuple(SlotInfo(name, _f32(value), per_row) for name, value, per_row in opt["slots"]),
             updates_all_rows=opt["updates_all_rows"],
         ),
         learning_rate=LearningRateInfo(tag=lr["tag"]) if lr["dynamic"] else LearningRateInfo(_f32(lr["constant"])),
@@ -233,12 +251,39 @@ class EmbeddingConfig:
         out.CopyFrom(self._proto)
         return out
 
+    def check_tpu_compatible(self, what: str = "export for a TPU") -> None:
+        """Raises ValueError naming the first table whose optimizer TensorFlow's TPU proto lacks (row-wise Adagrad:
+        tf_embed_ops carries it in an extension field that a TPU ignores, so the table would have no optimizer)."""
+        for t in self.tables:
+            if not t.optimizer.in_tpu_proto:
+                raise ValueError(
+                    f"Cannot {what}: table {t.name!r} uses optimizer {t.optimizer.python_class} "
+                    f"({t.optimizer.kind}), which TensorFlow's TPUEmbeddingConfiguration has no field for; only "
+                    "tf_embed_ops' kernels run it. Give the table a TPU optimizer (e.g. Adagrad) to export it."
+                )
+
+    def to_tpu_proto(self) -> TPUEmbeddingConfiguration:
+        """The message for a TPU (TensorFlow's ``TPUEmbeddingConfiguration``): a copy of the validated message.
+
+        Raises:
+          ValueError: a table's optimizer is not in TensorFlow's TPU proto (row-wise Adagrad); the message names
+            the table and the optimizer.
+        """
+        self.check_tpu_compatible()
+        return self.to_proto()
+
     def serialize(self) -> bytes:
         """The message in (deterministic) wire format: what the ops' ``config`` attr takes."""
         return self._proto.SerializeToString(deterministic=True)
 
     def to_text(self) -> str:
-        """The message in protobuf text format (what a ``.pbtxt`` file holds)."""
+        """The message in protobuf text format (what a ``.pbtxt`` file holds).
+
+        Raises:
+          ValueError: a table's optimizer is not in TensorFlow's TPU proto (row-wise Adagrad): the text format has
+            no form for the extension field that carries it (use ``serialize()``).
+        """
+        self.check_tpu_compatible("write the text format")
         return text_format.MessageToString(self._proto)
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
+from tf_embed_ops import config as config_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.distribute import partition, server_plan, sharding
 
@@ -271,10 +272,13 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 if table.optimizer is not None:
                     names = _tf_compat.slot_names(table.optimizer)
                     initializers = _tf_compat.slot_initializers(table.optimizer)
+                    # Each slot's width from the optimizer schema: dim, or 1 for a per-row slot.
+                    shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
                     for slot, initializer in zip(names, initializers, strict=True):
                         name = f"{table.name}/{slot}"
+                        width = shapes.get(slot, (table.vocabulary_size, table.dim))[1]
                         slots[slot] = self._sharded_variable(
-                            name, t, table.dim, initializer, table_config.slot_storage_dtype(table)
+                            name, t, width, initializer, table_config.slot_storage_dtype(table)
                         )
                         _tf_compat.track_child(self, slots[slot], name=name)
                 slots["parameters"] = parameters

@@ -122,6 +122,116 @@ def _sort_one_sc(groups: list, num_physical: int):
     return per_partition, ids_count, unique_count
 
 
+def _convert_features(flat_inputs: list, features: list, stacks: dict, num_sc_per_chip: int, num_physical: int):
+    """Step 1 for every feature, after checking its rows and ids: {feature index: per-SparseCore COO arrays}."""
+    converted = {}
+    for index, ((rows, ids, weights), f) in enumerate(zip(flat_inputs, features, strict=True)):
+        rows = np.asarray(rows, np.int64)
+        ids = np.asarray(ids, np.int64)
+        weights = np.asarray(weights, np.float32)
+        if len(rows) and (rows.min() < 0 or rows.max() >= f.sample_count):
+            bad = int(rows[(rows < 0) | (rows >= f.sample_count)][0])
+            raise ValueError(
+                f"Feature {f.path}: an id belongs to sample {bad}, outside the {f.sample_count} samples of its "
+                "output_shape."
+            )
+        if len(rows) > 1 and np.any(rows[1:] < rows[:-1]):
+            raise ValueError(
+                f"Feature {f.path}: Invalid indices_or_row_splits input, indices of SparseTensor need to be sorted "
+                "in ascending (non-decreasing) order."
+            )
+        if len(ids) and (ids.min() < 0 or ids.max() >= f.vocabulary_size):
+            bad = int(ids[(ids < 0) | (ids >= f.vocabulary_size)][0])
+            raise ValueError(
+                f"Feature {f.path}: id {bad} is outside table {f.table!r} (vocabulary_size {f.vocabulary_size})."
+            )
+        converted[index] = _convert(rows, ids, weights, f, num_sc_per_chip, num_physical, stacks[f.stack].sample_count)
+    return converted
+
+
+def _sort_stack(
+    name: str,
+    stack: StackPlan,
+    members: list,
+    features: list,
+    converted: dict,
+    num_sc_per_chip: int,
+    num_physical: int,
+    check_capacity: bool,
+):
+    """Step 2 for one stacked table: (per SparseCore its per-partition sorted entries, max ids, max unique ids)."""
+    col_offsets = sorted({features[i].col_offset for i in members})
+    max_ids, max_unique = 0, 0
+    sorted_scs = []
+    for sc in range(num_sc_per_chip):
+        groups = []
+        for offset in col_offsets:
+            parts = [(i, converted[i][sc]) for i in members if features[i].col_offset == offset]
+            groups.append(
+                tuple(
+                    np.concatenate(x) if x else np.zeros(0, np.int64)
+                    for x in zip(
+                        *[(p[0], p[1], p[2], np.full(len(p[0]), i), p[3], p[4]) for i, p in parts], strict=True
+                    )
+                )
+            )
+        per_partition, ids_count, unique_count = _sort_one_sc(groups, num_physical)
+        max_ids = max(max_ids, int(ids_count.max()))
+        max_unique = max(max_unique, int(unique_count.max()))
+        sorted_scs.append(per_partition)
+        if not check_capacity:
+            continue
+        for partition in range(num_physical):
+            if ids_count[partition] > stack.max_ids:
+                raise CapacityError(
+                    f"Sparse core {partition} gets {ids_count[partition]} ids while the max ids per sparse core "
+                    f"is set to be {stack.max_ids} for table {name} (raise max_ids_per_table[{name!r}] in the "
+                    "SparseCoreEmbeddingConfig; compute_sparse_core_stats measures it)."
+                )
+            if unique_count[partition] > stack.max_unique_ids:
+                raise CapacityError(
+                    f"Sparse core {partition} gets {unique_count[partition]} unique ids while the max unique "
+                    f"ids per sparse core is set to be {stack.max_unique_ids} for table {name} (raise "
+                    f"max_unique_ids_per_table[{name!r}] in the SparseCoreEmbeddingConfig)."
+                )
+    return sorted_scs, max_ids, max_unique
+
+
+def _csr_wrap(name: str, sorted_scs: list, capacity: int, num_physical: int, allow_id_dropping: bool, out: list):
+    """Step 3 for one stacked table: packs the sorted entries into `capacity` slots, SparseCore after SparseCore,
+    appending what is kept to `out` (per feature (samples, ids, gains) lists).  Returns the number dropped."""
+    total = sum(len(p[0]) for per_partition in sorted_scs for p in per_partition)
+    used, packed, dropped = 0, 0, 0
+    for per_partition in sorted_scs:
+        for partition in range(num_physical):
+            entries = per_partition[partition]
+            count = len(entries[0])
+            if used + count > capacity:
+                if not allow_id_dropping:
+                    remaining = total - packed  # as TensorFlow counts it: every id of the chip not yet placed
+                    raise CapacityError(
+                        f"The max_ids_per_chip is set to be {capacity} which is not going to fit all ids. The "
+                        f"remaining id count is {remaining} . Please consider setting the allow_id_dropping to "
+                        f"be true. (Table {name!r}: raise max_ids_per_chip_per_sample.)"
+                    )
+                kept = capacity - used
+                dropped += count - kept
+                entries = tuple(a[:kept] for a in entries)
+                count = kept
+                used = capacity
+            else:
+                used += count
+            packed += count
+            used = -(-used // XLA_PAD_SIZE) * XLA_PAD_SIZE
+            feature, sample, ident, gain = entries
+            for f in np.unique(feature):
+                mine = feature == f
+                out[f][0].append(sample[mine])
+                out[f][1].append(ident[mine])
+                out[f][2].append(gain[mine])
+    return dropped
+
+
 def preprocess(
     flat_inputs: list,
     features: list,
@@ -149,105 +259,24 @@ def preprocess(
       ValueError: a sample row or id out of range, or rows not sorted.
     """
     num_physical = num_replicas * num_sc_per_chip
-    converted = {}
-    for index, ((rows, ids, weights), f) in enumerate(zip(flat_inputs, features, strict=True)):
-        rows = np.asarray(rows, np.int64)
-        ids = np.asarray(ids, np.int64)
-        weights = np.asarray(weights, np.float32)
-        if len(rows) and (rows.min() < 0 or rows.max() >= f.sample_count):
-            bad = int(rows[(rows < 0) | (rows >= f.sample_count)][0])
-            raise ValueError(
-                f"Feature {f.path}: an id belongs to sample {bad}, outside the {f.sample_count} samples of its "
-                "output_shape."
-            )
-        if len(rows) > 1 and np.any(rows[1:] < rows[:-1]):
-            raise ValueError(
-                f"Feature {f.path}: Invalid indices_or_row_splits input, indices of SparseTensor need to be sorted "
-                "in ascending (non-decreasing) order."
-            )
-        if len(ids) and (ids.min() < 0 or ids.max() >= f.vocabulary_size):
-            bad = int(ids[(ids < 0) | (ids >= f.vocabulary_size)][0])
-            raise ValueError(
-                f"Feature {f.path}: id {bad} is outside table {f.table!r} (vocabulary_size {f.vocabulary_size})."
-            )
-        per_sc = _convert(rows, ids, weights, f, num_sc_per_chip, num_physical, stacks[f.stack].sample_count)
-        converted[index] = per_sc
-
+    converted = _convert_features(flat_inputs, features, stacks, num_sc_per_chip, num_physical)
     out = [([], [], []) for _ in features]
     max_ids, max_unique, dropped = {}, {}, {}
     for name, stack in stacks.items():
         members = [i for i, f in enumerate(features) if f.stack == name]
-        col_offsets = sorted({features[i].col_offset for i in members})
         capacity = max_ids_per_chip_per_sample * (stack.sample_count // num_sc_per_chip) * num_sc_per_chip
         if check_capacity and capacity % XLA_PAD_SIZE:
             raise CapacityError(
                 f"The max_ids_per_chip is set to be {capacity} which is not divisible by the xla_pad_size "
                 f"{XLA_PAD_SIZE} . (Table {name!r}: max_ids_per_chip_per_sample x samples.)"
             )
-        used, dropped[name] = 0, 0
-        max_ids[name], max_unique[name] = 0, 0
-        sorted_scs = []
-        for sc in range(num_sc_per_chip):
-            groups = []
-            for offset in col_offsets:
-                parts = [(i, converted[i][sc]) for i in members if features[i].col_offset == offset]
-                groups.append(
-                    tuple(
-                        np.concatenate(x) if x else np.zeros(0, np.int64)
-                        for x in zip(
-                            *[(p[0], p[1], p[2], np.full(len(p[0]), i), p[3], p[4]) for i, p in parts], strict=True
-                        )
-                    )
-                )
-            per_partition, ids_count, unique_count = _sort_one_sc(groups, num_physical)
-            max_ids[name] = max(max_ids[name], int(ids_count.max()))
-            max_unique[name] = max(max_unique[name], int(unique_count.max()))
-            sorted_scs.append(per_partition)
-            if not check_capacity:
-                continue
-            for partition in range(num_physical):
-                if ids_count[partition] > stack.max_ids:
-                    raise CapacityError(
-                        f"Sparse core {partition} gets {ids_count[partition]} ids while the max ids per sparse core "
-                        f"is set to be {stack.max_ids} for table {name} (raise max_ids_per_table[{name!r}] in the "
-                        "SparseCoreEmbeddingConfig; compute_sparse_core_stats measures it)."
-                    )
-                if unique_count[partition] > stack.max_unique_ids:
-                    raise CapacityError(
-                        f"Sparse core {partition} gets {unique_count[partition]} unique ids while the max unique "
-                        f"ids per sparse core is set to be {stack.max_unique_ids} for table {name} (raise "
-                        f"max_unique_ids_per_table[{name!r}] in the SparseCoreEmbeddingConfig)."
-                    )
-        # The CSR wrap runs after every SparseCore's sort, SparseCore after SparseCore.
-        total = sum(len(p[0]) for per_partition in sorted_scs for p in per_partition)
-        packed = 0
-        for per_partition in sorted_scs if check_capacity else ():
-            for partition in range(num_physical):
-                entries = per_partition[partition]
-                count = len(entries[0])
-                if used + count > capacity:
-                    if not allow_id_dropping:
-                        remaining = total - packed  # as TensorFlow counts it: every id of the chip not yet placed
-                        raise CapacityError(
-                            f"The max_ids_per_chip is set to be {capacity} which is not going to fit all ids. The "
-                            f"remaining id count is {remaining} . Please consider setting the allow_id_dropping to "
-                            f"be true. (Table {name!r}: raise max_ids_per_chip_per_sample.)"
-                        )
-                    kept = capacity - used
-                    dropped[name] += count - kept
-                    entries = tuple(a[:kept] for a in entries)
-                    count = kept
-                    used = capacity
-                else:
-                    used += count
-                packed += count
-                used = -(-used // XLA_PAD_SIZE) * XLA_PAD_SIZE
-                feature, sample, ident, gain = entries
-                for f in np.unique(feature):
-                    mine = feature == f
-                    out[f][0].append(sample[mine])
-                    out[f][1].append(ident[mine])
-                    out[f][2].append(gain[mine])
+        sorted_scs, max_ids[name], max_unique[name] = _sort_stack(
+            name, stack, members, features, converted, num_sc_per_chip, num_physical, check_capacity
+        )
+        # The CSR wrap runs after every SparseCore's sort; the stats helper (check_capacity False) skips it.
+        dropped[name] = (
+            _csr_wrap(name, sorted_scs, capacity, num_physical, allow_id_dropping, out) if check_capacity else 0
+        )
     result = []
     for samples, ids, gains in out:
         samples = np.concatenate(samples).astype(np.int64) if samples else np.zeros(0, np.int64)

@@ -33,6 +33,7 @@
 #include "cc/lib/optimizers/proximal_adagrad.h"
 #include "cc/lib/optimizers/proximal_yogi.h"
 #include "cc/lib/optimizers/rms_prop.h"
+#include "cc/lib/optimizers/rowwise_adagrad.h"
 #include "cc/lib/optimizers/schema_types.h"
 #include "cc/lib/optimizers/sgd.h"
 
@@ -40,10 +41,11 @@ namespace tf_embed_ops {
 
 // The five optimizers of tf.tpu.experimental.embedding first, then the rest of optimization_parameters.proto
 // whose update rule is public (or, for BoundedAdagrad and the Yogis, documented in docs/optimizers.md as a
-// reading).  Every alternative needs a SchemaOf specialization below (a missing one does not compile).
-using OptimizerParams =
-    std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl, Momentum, RmsProp, CenteredRmsProp, Adadelta,
-                 ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi, ProximalYogi, FrequencyEstimator, Assign>;
+// reading), then the optimizers that are not in the TPU proto (FBGEMM's row-wise Adagrad).  Every alternative
+// needs a SchemaOf specialization below (a missing one does not compile).
+using OptimizerParams = std::variant<Sgd, Adagrad, AdagradMomentum, Adam, Ftrl, Momentum, RmsProp, CenteredRmsProp,
+                                     Adadelta, ProximalAdagrad, Lion, BoundedAdagrad, OnlineYogi, ProximalYogi,
+                                     FrequencyEstimator, Assign, RowWiseAdagrad>;
 
 template <typename Optimizer>
 struct SchemaOf;
@@ -324,6 +326,37 @@ struct SchemaOf<Assign> {
           .AlwaysNeedsAccumulation(
               "assign needs gradient accumulation (it assigns the row's summed gradient; without accumulation the "
               "result would be whichever contribution of the row came last)"),
+      kHyperParameters, kSlotArguments);
+};
+
+// ---- not in the TPU proto: carried in an extension field of OptimizationParameters ----
+
+// The OptimizationParameters field numbers tf_embed_ops claims for optimizers TensorFlow's proto lacks, far above
+// TensorFlow's own (1-30 today) so that a field TensorFlow adds cannot collide.
+inline constexpr int kRowWiseAdagradField = 100001;
+
+// FBGEMM's row-wise Adagrad (fbgemm_gpu split_table_batched_embeddings_ops_training.py: eps defaults to 1e-8,
+// weight_decay to 0).  epsilon > 0: the accumulator starts at 0, so epsilon alone keeps the first step finite for a
+// zero gradient; weight_decay >= 0 as FBGEMM's modes use it; the accumulator's initial value >= 0 (its square root
+// is taken).
+template <>
+struct SchemaOf<RowWiseAdagrad> {
+  static constexpr std::array<HyperParameterSpec, 3> kHyperParameters{{
+      Float("epsilon", "epsilon", 1e-8, Above(0), "added to the square root of the row's accumulator."),
+      Float("weight_decay", "weight_decay", 0.0, AtLeast(0, "0 disables it"),
+            "FBGEMM's weight decay: L2 (folded into the gradient) unless `decoupled_weight_decay`."),
+      Bool("decoupled_weight_decay", "decoupled_weight_decay", false,
+           "FBGEMM's DECOUPLED mode: `w *= 1 - lr * weight_decay` instead of L2."),
+  }};
+  static constexpr std::array<SlotArgumentSpec, 1> kSlotArguments{
+      {SlotArgument("initial_accumulator_value", AtLeast(0))}};
+  static constexpr OptimizerSchema kValue = Entry<RowWiseAdagrad>(
+      Describe("RowWiseAdagrad", schema_internal::kCatalogue,
+               "Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD): one accumulator per row, `a += mean(g^2); w -= "
+               "lr * g / (sqrt(a) + epsilon)`.  Not a TPU optimizer: a config with it runs on tf_embed_ops' kernels "
+               "but cannot be exported for a TPU.",
+               0.01)
+          .NotInTpuProto(kRowWiseAdagradField),
       kHyperParameters, kSlotArguments);
 };
 

@@ -145,6 +145,12 @@ struct OptimizerSchema {
   const char* learning_rate_doc;
   bool needs_dynamic_learning_rate;  // the learning rate input carries something else (the global step)
   const char* load_op;               // tf.raw_ops name of TensorFlow's TPU Load op, or "" when TensorFlow has none
+  // 0: `kind` is a field of the OptimizationParameters.parameters oneof.  > 0: the optimizer is not in TensorFlow's
+  // proto; a config carries it in the OptimizationParameters field of this number (which TensorFlow's message does
+  // not have, so it stays an unknown field that every protobuf runtime keeps), a length-delimited message whose
+  // field i + 1 is hyper_parameters[i] (float: fixed32, bool: varint).  See docs/config.md, "Optimizers that are
+  // not in the TPU proto".
+  int extension_field;
   AccumulationRule accumulation;
   Span<HyperParameterSpec> hyper_parameters;  // the proto message's fields, in field order
   Span<SlotInfo> slots;                       // the math header's kSlots (Load/Retrieve order)
@@ -161,6 +167,7 @@ struct OptimizerDescription {
   const char* learning_rate_doc = "float, or a zero-argument callable for a dynamic learning rate.";
   bool needs_dynamic_learning_rate = false;
   const char* load_op = "";
+  int extension_field = 0;
   AccumulationRule accumulation;
 
   // The tf.raw_ops name of TensorFlow's TPU Load op for this optimizer (its Retrieve op is named alike).
@@ -176,6 +183,13 @@ struct OptimizerDescription {
     d.needs_dynamic_learning_rate = true;
     d.default_learning_rate = std::numeric_limits<double>::quiet_NaN();
     d.learning_rate_doc = doc;
+    return d;
+  }
+  // The optimizer is not in TensorFlow's TPU proto: configs carry it in OptimizationParameters field `number`
+  // (see OptimizerSchema::extension_field), and exporting such a config for a TPU is an error.
+  constexpr OptimizerDescription NotInTpuProto(int number) const {
+    OptimizerDescription d = *this;
+    d.extension_field = number;
     return d;
   }
   constexpr OptimizerDescription LearningRateDoc(const char* doc) const {
@@ -221,6 +235,7 @@ constexpr OptimizerSchema Entry(const OptimizerDescription& d,
                          d.learning_rate_doc,
                          d.needs_dynamic_learning_rate,
                          d.load_op,
+                         d.extension_field,
                          d.accumulation,
                          SpanOf(hyper_parameters),
                          SpanOf(Optimizer::kSlots),

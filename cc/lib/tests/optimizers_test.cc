@@ -51,6 +51,41 @@ void ExpectState(const State& s, const Row& w, const std::vector<Row>& slots) {
 
 TEST(OptimizersTest, Sgd) { ExpectState(TwoSteps(Sgd{}, {}), {0.51f, -1.2f, 1.85f}, {}); }
 
+// Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD): one accumulator per row, in element 0 of the slot row; the
+// other elements stay untouched (the kernels give it a [vocabulary_size, 1] slot).  Step 1: a = (0.09 + 0.49) / 3.
+TEST(OptimizersTest, RowWiseAdagradAccumulatesTheMeanSquareOncePerRow) {
+  ExpectState(TwoSteps(RowWiseAdagrad{}, {0.0f}), {0.4715726375579834f, -1.110700249671936f, 1.8507444858551025f},
+              {{1.0099999904632568f, 0.0f, 0.0f}});
+}
+
+// epsilon is added to the square root, not inside it: 0.5 changes the step by a third here.
+TEST(OptimizersTest, RowWiseAdagradAddsEpsilonOutsideTheSquareRoot) {
+  RowWiseAdagrad o;
+  o.epsilon = 0.5f;
+  ExpectState(TwoSteps(o, {0.0f}), {0.4946531057357788f, -1.1887969970703125f, 1.9003313779830933f},
+              {{1.0099999904632568f, 0.0f, 0.0f}});
+}
+
+TEST(OptimizersTest, RowWiseAdagradL2FoldsTheDecayIntoTheAccumulatorAndTheFactor) {
+  RowWiseAdagrad o;
+  o.weight_decay = 0.1f;
+  ExpectState(TwoSteps(o, {0.0f}), {0.4654342532157898f, -1.1023672819137573f, 1.8126522302627563f},
+              {{1.2852262258529663f, 0.0f, 0.0f}});
+}
+
+TEST(OptimizersTest, RowWiseAdagradDecoupledScalesTheRowByOneMinusLrTimesDecay) {
+  RowWiseAdagrad o;
+  o.weight_decay = 0.1f;
+  o.decoupled_weight_decay = true;
+  ExpectState(TwoSteps(o, {0.0f}), {0.4623049199581146f, -1.0874172449111938f, 1.8109445571899414f},
+              {{1.0099999904632568f, 0.0f, 0.0f}});
+}
+
+TEST(OptimizersTest, RowWiseAdagradSlotIsOneValuePerRow) {
+  EXPECT_EQ(SlotWidth(RowWiseAdagrad::kSlots[0], 64), 1);
+  EXPECT_EQ(SlotWidth(Adagrad::kSlots[0], 64), 64);
+}
+
 TEST(OptimizersTest, AdagradHasNoEpsilon) {
   ExpectState(TwoSteps(Adagrad{}, {0.1f}), {0.49878764152526855f, -1.184065341949463f, 1.9021507501602173f},
               {{0.35f, 0.63f, 2.35f}});
@@ -298,6 +333,7 @@ TEST(OptimizerRegistryTest, NamesSlotsAndLaziness) {
       {ProximalYogi{}, "proximal_yogi", {"v", "m"}, {0.1f, 0.0f}},
       {FrequencyEstimator{}, "frequency_estimator", {"last_hit_step"}, {0.0f}},
       {Assign{}, "assign", {}, {}},
+      {RowWiseAdagrad{}, "rowwise_adagrad", {"row_accumulators"}, {0.0f}},
   };
   ASSERT_EQ(all.size(), std::variant_size_v<OptimizerParams>);
   for (const Expected& e : all) {
