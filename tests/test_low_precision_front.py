@@ -351,3 +351,33 @@ def test_sharded_and_synchronous_16_bit_tables_round_stochastically():
     assert int(aggregator.take_and_apply(timeout=30)) == 1
     assert int(emb._rounding_step.numpy()) == 3
     assert any(not np.array_equal(v, after_async[k]) for k, v in _full_tables(emb).items())
+
+
+def test_rowwise_adagrad_per_row_slot_in_16_bits_is_the_float32_step_rounded():
+    # Row-wise Adagrad's accumulator is one value per row ([vocabulary_size, 1]): the 16-bit path widens and
+    # rounds rows of that width too.
+    from tf_embed_ops import optimizers as teo
+
+    def make(storage):
+        table = te.TableConfig(
+            20,
+            8,
+            name="t",
+            combiner="sum",
+            optimizer=teo.RowWiseAdagrad(0.5),
+            storage_dtype=storage,
+            rounding="nearest",
+            initializer=tf.keras.initializers.Constant(0.5),
+        )
+        return te.TPUEmbedding({"f": emb_api.FeatureConfig(table, name="f")})
+
+    low, f32 = make(tf.bfloat16), make(tf.float32)
+    for e in (low, f32):
+        e.enqueue({"f": tf.constant([1, 2, 2, 7], tf.int64)})
+        e.dequeue()
+        e.apply_gradients({"f": tf.constant(np.linspace(-1, 1, 32).reshape(4, 8), tf.float32)})
+    assert low.variables["t"]["row_accumulators"].shape == (20, 1)
+    assert low.variables["t"]["row_accumulators"].dtype == tf.bfloat16
+    for name in ("parameters", "row_accumulators"):
+        want = f32.variables["t"][name].numpy().astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(low.variables["t"][name].numpy(), want, err_msg=name)

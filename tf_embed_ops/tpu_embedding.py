@@ -242,7 +242,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
                 return getter
 
-            def variable_creator(name, initializer, trainable=True, dtype=tf.float32, _shape=shape):
+            def variable_creator(name, initializer, trainable=True, _shape=shape, dtype=tf.float32):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -272,8 +272,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     _table.name + "/" + name,
                     initializer,
                     False,
-                    table_config.slot_storage_dtype(_table),
                     _shapes.get(name, _shape),
+                    table_config.slot_storage_dtype(_table),
                 )
 
             if table.optimizer is not None:

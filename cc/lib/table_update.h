@@ -159,7 +159,7 @@ void UpdateStoredTableWith(const Optimizer& optimizer, const TableOptimization& 
   constexpr size_t kNumBuffers = kNumSlots + 1;
   const int64_t dim = t.dim;
   std::array<StoredBuffer, kNumBuffers> buffers{};
-  std::array<int64_t, kNumBuffers> width{};  // the table's rows are dim wide, a slot's SlotWidth(slot, dim)
+  std::array<int64_t, kNumBuffers> width{};  // elements per row: dim, or 1 for a per-row slot
   buffers[0] = t.weights;
   width[0] = dim;
   for (size_t k = 0; k < kNumSlots; ++k) {
@@ -168,10 +168,10 @@ void UpdateStoredTableWith(const Optimizer& optimizer, const TableOptimization& 
   }
   auto prefetch = [&](int64_t ahead) {
     for (size_t b = 0; b < kNumBuffers; ++b) {
-      // PrefetchRow counts floats: a 16-bit row is width / 2 floats long.
-      const StoredBuffer& buffer = buffers[b];
-      PrefetchRow<true>(static_cast<const float*>(buffer.data) + ahead * width[b] * StorageBytes(buffer.type) / 4,
-                        (width[b] * StorageBytes(buffer.type) + 3) / 4);
+      // PrefetchRow counts floats: a 16-bit row is half as many floats long.
+      const int64_t bytes = width[b] * StorageBytes(buffers[b].type);
+      PrefetchRow<true>(reinterpret_cast<const float*>(static_cast<const char*>(buffers[b].data) + ahead * bytes),
+                        (bytes + 3) / 4);
     }
   };
   auto update = [&](int64_t row, float* g, float* scratch) {
