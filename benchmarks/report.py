@@ -111,7 +111,7 @@ def _rec(workload: str, optimizer: str, engine: str = "ours", section: str | Non
     return {"section": section or workload, "workload": workload, "optimizer": optimizer, "engine": engine, **extra}
 
 
-# Issue 17's fp32 targets: W1 lazy optimizers, the W4 multi-table step, FBGEMM on SGD / element-wise Adagrad,
+# The fp32 speed targets: W1 lazy optimizers, the W4 multi-table step, FBGEMM on SGD / element-wise Adagrad,
 # two threads; plus the earlier Keras 3 Adam targets.  Non-lazy Adam reads every row, so it keeps the
 # "within 2x of the bound" target.
 _W1_LAZY = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl", "momentum", "rms_prop", "centered_rms_prop")
