@@ -163,7 +163,10 @@ def test_wrong_variable_dtype_changes_nothing():
     config, table, slots, feats, grads = _setup()
     slots[0] = tf.Variable(np.zeros((VOCAB, DIM), np.float64))
     before = _snapshot(table, slots)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="slot 'momenta' .* must be float32, got double"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"slot 'momenta' .* must be float32, bfloat16 or float16 \(half\), got double",
+    ):
         _send(config, table, slots, feats, grads)
     _assert_unchanged(before, table, slots)
 

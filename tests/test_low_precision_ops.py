@@ -50,7 +50,9 @@ def _f32(v):
 def test_sgd_nearest_equals_float32_numpy_then_round_to_nearest_even(dtype):
     rng = np.random.default_rng(1)
     vocab, dim = 64, 24
-    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 0.37}], [("f", 0, [40])])
+    config = make_config(
+        [{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 0.37}], [("f", 0, [40])]
+    )
     start = _round_nearest(rng.normal(size=(vocab, dim)), dtype)
     table = tf.Variable(tf.constant(start, dtype))
     ids = rng.integers(0, vocab, 40)
@@ -100,9 +102,7 @@ def test_optimizers_are_fp32_math_then_rounding(opt, dtype, rounding, slot_dtype
     for i, r in enumerate(ids):
         row_grads[int(r)] = row_grads.get(int(r), 0.0) + grads[i].astype(np.float64)
     want_w, want_slots = ref.apply_step(opt, 0.05, start, start_slots, row_grads)
-    got = [(_f32(table), want_w, dtype)] + [
-        (_f32(v), w, slot_dtype) for v, w in zip(slots, want_slots, strict=True)
-    ]
+    got = [(_f32(table), want_w, dtype)] + [(_f32(v), w, slot_dtype) for v, w in zip(slots, want_slots, strict=True)]
     for value, want, storage in got:
         if storage == tf.float32:
             np.testing.assert_allclose(value, want, rtol=2e-6, atol=1e-6)
@@ -136,7 +136,9 @@ def test_stochastic_rounding_is_unbiased(dtype, start, delta):
     # vocab x dim copies of the same value get the same update; the mean of their roundings must be the fp32
     # result within 5 standard deviations of a Bernoulli mean.
     vocab, dim = 4096, 64
-    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 1.0}], [("f", 0, [vocab])])
+    config = make_config(
+        [{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 1.0}], [("f", 0, [vocab])]
+    )
     table = tf.Variable(tf.fill([vocab, dim], tf.constant(start, dtype)))
     target = np.float32(start) + np.float32(delta)
     down, up = (float(v[0]) for v in _neighbours(np.array([target]), dtype))
@@ -158,7 +160,9 @@ def test_stochastic_rounding_is_unbiased(dtype, start, delta):
 
 def test_stochastic_rounding_is_reproducible_and_keyed_by_step_and_seed():
     vocab, dim = 256, 32
-    config = make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 1.0}], [("f", 0, [vocab])])
+    config = make_config(
+        [{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "sgd"}, "lr": 1.0}], [("f", 0, [vocab])]
+    )
     grads = np.full((vocab, dim), -0.5 * 2.0**-7, np.float32)
 
     def run(step, seed):
@@ -184,7 +188,9 @@ def test_activations_are_float32_of_the_stored_rows(dtype, combiner):
     rows = [[1, 2, 2], [], [29], [0, 5], [7, 7, 7, 7]]
     weights = [[0.5, 1.0, 2.0], [], [3.0], [1.0, -1.0], [1.0, 2.0, 3.0, 4.0]]
     x = tf.RaggedTensor.from_row_lengths(tf.constant([i for r in rows for i in r], tf.int64), [len(r) for r in rows])
-    w = tf.RaggedTensor.from_row_lengths(tf.constant([v for r in weights for v in r], tf.float32), [len(r) for r in rows])
+    w = tf.RaggedTensor.from_row_lengths(
+        tf.constant([v for r in weights for v in r], tf.float32), [len(r) for r in rows]
+    )
     feat = eo.normalize_feature(x, w)
     got = eo.embedding_activations([feat], [tf.Variable(tf.constant(stored, dtype))], config, [combiner])[0]
     want = eo.embedding_activations([feat], [tf.Variable(stored)], config, [combiner])[0]
@@ -227,7 +233,9 @@ def test_special_values_round_as_ieee_says():
 
 
 def _adagrad_config(vocab=8, dim=4):
-    return make_config([{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "adagrad"}, "lr": 0.1}], [("f", 0, [3])])
+    return make_config(
+        [{"name": "t", "vocab": vocab, "dim": dim, "opt": {"name": "adagrad"}, "lr": 0.1}], [("f", 0, [3])]
+    )
 
 
 def test_stochastic_16_bit_without_a_step_is_rejected_and_changes_nothing():

@@ -358,7 +358,7 @@ def send_tpu_embedding_gradients(
         slot_handles = []
         for t, table_slots in enumerate(slots):
             slot_handles.extend(_handles(table_slots, f"slots[{t}]"))
-        return _ops().tf_embed_send_tpu_embedding_gradients(
+        args = dict(
             inputs=grads,
             learning_rates=_learning_rate_values(learning_rates),
             sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
@@ -370,14 +370,28 @@ def send_tpu_embedding_gradients(
             config=_serialized_config(config),
             combiners=_combiners(combiners),
             check_numerics=bool(check_numerics),
-            rounding_step=[] if rounding_step is None else [tf.convert_to_tensor(rounding_step, tf.int64)],
             rounding=list(rounding or []),
             rounding_seed=int(rounding_seed),
+        )
+        if rounding_step is None:
+            return _ops().tf_embed_send_tpu_embedding_gradients(**args)
+        # The V2 op: the same plus the step that keys stochastic rounding (docs/low_precision.md).
+        return _ops().tf_embed_send_tpu_embedding_gradients_v2(
+            **args, rounding_step=tf.convert_to_tensor(rounding_step, tf.int64)
         )
 
 
 def embedding_lookup_and_update(
-    features, tables, slots, config, combiners=None, learning_rates=None, trigger=None, check_numerics=False
+    features,
+    tables,
+    slots,
+    config,
+    combiners=None,
+    learning_rates=None,
+    trigger=None,
+    check_numerics=False,
+    rounding_arguments=None,
+    after_update=None,
 ) -> list[tf.Tensor]:
     """Activations whose backward pass applies the fused table update (the Keras-layer building block).
 
@@ -396,6 +410,11 @@ def embedding_lookup_and_update(
       trigger: float32 scalar tensor the update hangs on; None uses a constant zero, which only works when
         the caller differentiates with respect to the returned activations' producer itself (rarely useful).
       check_numerics: as for :func:`send_tpu_embedding_gradients`.
+      rounding_arguments: None, or a zero-argument callable returning the `rounding_step` / `rounding` /
+        `rounding_seed` keyword arguments of :func:`send_tpu_embedding_gradients` (called when the gradient
+        runs, once per step: 16-bit tables, docs/low_precision.md).
+      after_update: None, or a callable given ``[update op]`` once the update is built (e.g. to count the step
+        after it, ``TPUEmbedding.advance_rounding_step``).
 
     Returns:
       One activation per feature.
@@ -421,9 +440,12 @@ def embedding_lookup_and_update(
 
         def grad(*upstream):
             dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
+            extra = rounding_arguments() if rounding_arguments is not None else {}
             update = send_tpu_embedding_gradients(
-                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics
+                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
             )
+            if after_update is not None:
+                after_update([update])
             deps = [] if update is None else [update]
             with tf.control_dependencies(deps):
                 # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,
@@ -432,7 +454,8 @@ def embedding_lookup_and_update(
                 # the update is a data dependency of the trigger's gradient.
                 # One element through a sparse read: the fused ops put the variables in copy-on-read mode
                 # (as TF's sparse apply ops do), where ReadVariableOp copies the whole table every step.
-                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tf.float32)[0]
+                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tables[0].dtype)[0]
+                probe = tf.cast(probe, tf.float32)  # a 16-bit table's element (a no-op for float32)
                 return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
 
         return acts, grad

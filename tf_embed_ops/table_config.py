@@ -77,11 +77,15 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
     ):
         label = repr(name) if name is not None else f"(unnamed, vocabulary_size={vocabulary_size}, dim={dim})"
         storage = _storage_dtype(storage_dtype, "storage_dtype", label)
-        slots = storage if slot_storage_dtype is None else _storage_dtype(slot_storage_dtype, "slot_storage_dtype", label)
+        slots = (
+            storage if slot_storage_dtype is None else _storage_dtype(slot_storage_dtype, "slot_storage_dtype", label)
+        )
         if rounding is None:
             rounding = "stochastic"
         if rounding not in ROUNDINGS:
-            raise ValueError(f"TableConfig {label}: rounding={rounding!r} is not supported; expected one of {ROUNDINGS}")
+            raise ValueError(
+                f"TableConfig {label}: rounding={rounding!r} is not supported; expected one of {ROUNDINGS}"
+            )
         if storage != tf.float32 and tf.as_dtype(dtype) != tf.float32:
             raise ValueError(f"TableConfig {label}: storage_dtype={storage.name} needs dtype=tf.float32, got {dtype!r}")
         kwargs = {"layout": layout} if layout is not None else {}

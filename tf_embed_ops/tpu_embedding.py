@@ -35,9 +35,8 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import config as config_lib
-from tf_embed_ops import low_precision, table_config
 from tf_embed_ops.config._resolve import resolve_tables
 
 __all__ = ["TPUEmbedding"]
@@ -241,9 +240,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                         f"(vocabulary_size, dim): {e}"
                     ) from e
 
-            def variable_creator(
-                name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter
-            ):
+            def variable_creator(name, initializer, trainable=True, dtype=tf.float32, _shape=shape, _getter=getter):
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -289,8 +286,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 initializer=tf.zeros_initializer(),
                 shape=(),
                 dtype=tf.int64,
-                getter=lambda name, shape, dtype, initializer, trainable: tf.Variable(
-                    functools.partial(initializer, (), dtype=tf.int64), name=name, trainable=False, dtype=tf.int64
+                getter=lambda name, shape, dtype, initializer, trainable: self._make_variable(
+                    name, (), initializer, False, tf.int64
                 ),
                 trainable=False,
             )
@@ -619,7 +616,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
         """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
         tables, slots = self.tables_and_slots()
-        embedding_ops.send_tpu_embedding_gradients(
+        update = embedding_ops.send_tpu_embedding_gradients(
             gradients,
             learning_rates,
             inputs,
@@ -630,17 +627,33 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             check_numerics=self._check_numerics,
             **self.rounding_arguments(),
         )
+        self.advance_rounding_step([update])
+
+    def _rounding_step_variable(self) -> tf.Variable | None:
+        step = getattr(self, "_rounding_step", None)
+        if step is not None and not isinstance(step, tf.Variable):
+            step = step.value  # a keras.Variable's backing tf.Variable
+        return step
 
     def rounding_arguments(self) -> dict:
-        """The send op's rounding arguments (docs/low_precision.md); with a stochastic 16-bit table, the step
-        counter is read here and advanced (each call is one step)."""
+        """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
+        rounding per table and, with stochastic rounding, the current value of the step counter."""
         if not any(table_config.is_low_precision(t) for t in self._table_config):
             return {}
         args = {"rounding": [table_config.rounding(t) for t in self._table_config]}
-        step = getattr(self, "_rounding_step", None)
+        step = self._rounding_step_variable()
         if step is not None:
-            args["rounding_step"] = step.assign_add(1, read_value=True) - 1
+            args["rounding_step"] = step.read_value()
         return args
+
+    def advance_rounding_step(self, updates: list) -> None:
+        """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a
+        rejected step leaves the counter unchanged."""
+        step = self._rounding_step_variable()
+        if step is None:
+            return
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            step.assign_add(1)
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""

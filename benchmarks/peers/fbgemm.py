@@ -102,6 +102,7 @@ def run(
     timeout: int = 1200,
     omp_wait_policy: str | None = None,
     huge_pages: bool = False,
+    weights_precision: str = "fp32",
 ) -> dict:
     """Runs FBGEMM on ``wl``'s ids; returns optimizer -> {"block_ms": [...]} or {"error": ...}.
 
@@ -109,6 +110,7 @@ def run(
     one row per id, the same rows as our [B, L, D] output). ``omp_wait_policy`` sets OMP_WAIT_POLICY for the peer
     (with more than one thread, OpenMP's default spinning collapses when another process shares the cores);
     ``huge_pages`` sets THP_MEM_ALLOC_ENABLE=1 (PyTorch then advises 2 MiB pages for its large CPU tensors).
+    ``weights_precision`` is FBGEMM's table storage ("fp32", or "fp16" for the low-precision comparison).
     """
     kinds = {f.kind for f in wl.features}
     pooling = "none" if kinds == {"sequence"} else wl.combiner
@@ -134,6 +136,7 @@ def run(
             "warmup": warmup,
             "threads": threads,
             "block_ms": block_ms,
+            "weights_precision": weights_precision,
         }
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:

@@ -41,7 +41,7 @@ _OPTIMIZERS = {
 }
 
 
-def _build(tables, features, optimizer, learning_rate, pooling, torch, tbe_mod, cfg):
+def _build(tables, features, optimizer, learning_rate, pooling, torch, tbe_mod, cfg, precision="fp32"):
     emb_cfg = [(t["rows"], t["dim"], tbe_mod.EmbeddingLocation.HOST, tbe_mod.ComputeDevice.CPU) for t in tables]
     pool = {"sum": tbe_mod.PoolingMode.SUM, "mean": tbe_mod.PoolingMode.MEAN, "none": tbe_mod.PoolingMode.NONE}[pooling]
     return tbe_mod.SplitTableBatchedEmbeddingBagsCodegen(
@@ -52,7 +52,7 @@ def _build(tables, features, optimizer, learning_rate, pooling, torch, tbe_mod, 
         eps=1e-8,
         pooling_mode=pool,
         device=torch.device("cpu"),
-        weights_precision=cfg.SparseType.FP32,
+        weights_precision=getattr(cfg.SparseType, precision.upper()),  # FP32, or FP16 (job "weights_precision")
         output_dtype=cfg.SparseType.FP32,
     )
 
@@ -137,7 +137,15 @@ def run(job: dict, base_dir: str) -> dict:
             continue
         try:
             emb = _build(
-                job["tables"], job["features"], opt, job.get("learning_rate", 0.01), pooling, torch, tbe_mod, cfg
+                job["tables"],
+                job["features"],
+                opt,
+                job.get("learning_rate", 0.01),
+                pooling,
+                torch,
+                tbe_mod,
+                cfg,
+                job.get("weights_precision", "fp32"),
             )
             out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt], "out_dims": dims}
             del emb

@@ -66,7 +66,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("R", &num_rounding_steps_));
+    // The V2 op is this op plus the rounding_step input (cc/ops/embedding_ops.cc).
+    num_rounding_steps_ = ctx->def().op() == "TfEmbed>SendTPUEmbeddingGradientsV2" ? 1 : 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seed", &rounding_seed_));
     std::vector<std::string> rounding;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
@@ -246,8 +247,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       if (step->var_storage[v] != StorageType::kFloat32 && rounding_[t] == Rounding::kStochastic) {
         return absl::InvalidArgumentError(absl::StrCat(
             step->var_names[v], " is ", StorageTypeName(step->var_storage[v]),
-            " with stochastic rounding: pass rounding_step (the step counter that keys the rounding's random bits), "
-            "or use rounding \"nearest\"; no table was updated"));
+            " with stochastic rounding: pass rounding_step (SendTPUEmbeddingGradientsV2; the step keys the rounding's "
+            "random bits), or use rounding \"nearest\"; no table was updated"));
       }
     }
     return absl::OkStatus();
@@ -322,6 +323,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>SendTPUEmbeddingGradients").Device(tensorflow::DEVICE_CPU),
+                        SendTPUEmbeddingGradientsOp);
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>SendTPUEmbeddingGradientsV2").Device(tensorflow::DEVICE_CPU),
                         SendTPUEmbeddingGradientsOp);
 
 }  // namespace

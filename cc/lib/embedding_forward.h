@@ -30,9 +30,9 @@ struct LoadFloat16 {
   float operator()(uint16_t x) const { return Float16ToFloat(x); }
 };
 
-template <typename Elem, typename Load>
+template <typename Elem, typename Load = LoadFloat>
 inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const Elem* table, int64_t dim,
-                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load) {
+                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load = Load()) {
   // PrefetchRow counts floats.
   const int64_t prefetch_floats = (dim * static_cast<int64_t>(sizeof(Elem)) + 3) / 4;
   auto prefetch = [&](int64_t id) {

@@ -123,28 +123,30 @@ tables: resource variables of shape [vocabulary_size, dim], in table order: floa
   activations are float32 in every case).
 )doc");
 
+// The inputs and attrs both send ops share (the V2 op adds the rounding_step input at the end); a macro because
+// REGISTER_OP's builder chain cannot be passed to a function.
+#define TF_EMBED_SEND_GRADIENTS_SIGNATURE               \
+  Input("inputs: N * float32")                          \
+      .Input("learning_rates: NN * float32")            \
+      .Input("sample_indices_or_row_splits: N * int64") \
+      .Input("embedding_indices: N * int64")            \
+      .Input("aggregation_weights: N * float32")        \
+      .Input("sample_shapes: N * int64")                \
+      .Input("tables: T * resource")                    \
+      .Input("slots: S * resource")                     \
+      .Attr("config: string")                           \
+      .Attr("combiners: list(string) = []")             \
+      .Attr("N: int >= 1")                              \
+      .Attr("NN: int >= 0 = 0")                         \
+      .Attr("T: int >= 1")                              \
+      .Attr("S: int >= 0 = 0")                          \
+      .Attr("rounding: list(string) = []")              \
+      .Attr("rounding_seed: int = 0")                   \
+      .Attr("check_numerics: bool = false")             \
+      .SetIsStateful()
+
 REGISTER_OP("TfEmbed>SendTPUEmbeddingGradients")
-    .Input("inputs: N * float32")
-    .Input("learning_rates: NN * float32")
-    .Input("sample_indices_or_row_splits: N * int64")
-    .Input("embedding_indices: N * int64")
-    .Input("aggregation_weights: N * float32")
-    .Input("sample_shapes: N * int64")
-    .Input("tables: T * resource")
-    .Input("slots: S * resource")
-    .Input("rounding_step: R * int64")
-    .Attr("config: string")
-    .Attr("combiners: list(string) = []")
-    .Attr("N: int >= 1")
-    .Attr("NN: int >= 0 = 0")
-    .Attr("T: int >= 1")
-    .Attr("S: int >= 0 = 0")
-    .Attr("R: int >= 0 = 0")
-    .Attr("rounding: list(string) = []")
-    .Attr("rounding_seed: int = 0")
-    .Attr("check_numerics: bool = false")
-    .SetIsStateful()
-    .SetShapeFn(SendGradientsShapeFn)
+    .TF_EMBED_SEND_GRADIENTS_SIGNATURE.SetShapeFn(SendGradientsShapeFn)
     .Doc(R"doc(
 Applies one step of the TPU embedding engine's backward pass and optimizer to the tables, in place.
 
@@ -160,12 +162,27 @@ tables: resource variables [vocabulary_size, dim], in table order: float32, or b
   storage: the optimizer runs in float32 and the row is rounded back, docs/low_precision.md).
 slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order (any of the
   three dtypes, independently of the table's).
-rounding_step: none, or one int64 scalar: the step counter that keys stochastic rounding's random bits
-  (required when a 16-bit table or slot rounds stochastically).
 rounding: how 16-bit tables and slots are rounded, per table: "stochastic" or "nearest" (none = all
-  "stochastic").  Ignored for float32 variables.
-rounding_seed: the seed of stochastic rounding's counter-based generator (keyed by seed, step, table, row,
-  column: the bits do not depend on the thread count).
+  "stochastic").  Ignored for float32 variables.  Stochastic rounding needs a step: use
+  SendTPUEmbeddingGradientsV2.
+rounding_seed: the seed of stochastic rounding's counter-based generator.
 )doc");
+
+REGISTER_OP("TfEmbed>SendTPUEmbeddingGradientsV2")
+    .TF_EMBED_SEND_GRADIENTS_SIGNATURE.Input("rounding_step: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(SendGradientsShapeFn(c));
+      ShapeHandle unused;
+      return c->WithRank(c->input(c->num_inputs() - 1), 0, &unused);
+    })
+    .Doc(R"doc(
+SendTPUEmbeddingGradients with the step that keys stochastic rounding of 16-bit tables and slots.
+
+rounding_step: an int64 scalar, the training step: stochastic rounding's random bits are a function of
+  (rounding_seed, rounding_step, table, row, column), so they do not depend on the thread count, and a step
+  replayed with the same inputs rounds the same way (docs/low_precision.md).
+)doc");
+
+#undef TF_EMBED_SEND_GRADIENTS_SIGNATURE
 
 }  // namespace tf_embed_ops

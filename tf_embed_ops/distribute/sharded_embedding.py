@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.distribute import partition, server_plan, sharding
 
@@ -91,6 +91,13 @@ class _SyncState:
     def __init__(self):
         self.aggregator = None
         self.forced_local_step = None
+
+
+def rounding_for_plan(plan: Any, rounding: dict) -> dict:
+    """`TPUEmbedding.rounding_arguments()` restricted to a server's tables (its local table order)."""
+    if not rounding:
+        return {}
+    return {**rounding, "rounding": [rounding["rounding"][t] for t in plan.tables]}
 
 
 class ShardedTPUEmbedding(mid_level.TPUEmbedding):
@@ -223,7 +230,11 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         """`{TableConfig: [b_0 = 0, b_1, ..., vocabulary_size]}`: shard p holds rows [b_p, b_{p+1})."""
         return {t: list(b) for t, b in zip(self._table_config, self._boundaries, strict=True)}
 
-    def _sharded_variable(self, name: str, table_index: int, dim: int, initializer: Callable) -> Any:
+    def _sharded_variable(
+        self, name: str, table_index: int, dim: int, initializer: Callable, dtype: tf.DType = tf.float32
+    ) -> Any:
+        # `dtype`: the storage dtype (te.TableConfig); 16-bit shards start from the fp32 values rounded to nearest.
+        initializer = low_precision.storage_initializer(initializer, dtype)
         bounds = self._boundaries[table_index]
         shards = []
         for p in range(len(bounds) - 1):
@@ -231,9 +242,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             with tf.device(self._devices[p]), _place_variables_on(self._devices[p]):
                 shards.append(
                     tf.Variable(
-                        initial_value=functools.partial(initializer, shape, dtype=tf.float32),
+                        initial_value=functools.partial(initializer, shape, dtype=dtype),
                         shape=shape,
-                        dtype=tf.float32,
+                        dtype=dtype,
                         trainable=False,
                         name=f"{name.replace('/', '.')}_{p}",
                     )
@@ -251,7 +262,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         variables = {}
         with scope:
             for t, table in enumerate(self._table_config):
-                parameters = self._sharded_variable(table.name, t, table.dim, table.initializer)
+                parameters = self._sharded_variable(
+                    table.name, t, table.dim, table.initializer, table_config.storage_dtype(table)
+                )
                 # Tracking restores a pending checkpoint value (slice by slice) into the new shards.
                 _tf_compat.track_child(self, parameters, name=table.name)
                 slots = {}
@@ -260,10 +273,16 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                     initializers = _tf_compat.slot_initializers(table.optimizer)
                     for slot, initializer in zip(names, initializers, strict=True):
                         name = f"{table.name}/{slot}"
-                        slots[slot] = self._sharded_variable(name, t, table.dim, initializer)
+                        slots[slot] = self._sharded_variable(
+                            name, t, table.dim, initializer, table_config.slot_storage_dtype(table)
+                        )
                         _tf_compat.track_child(self, slots[slot], name=name)
                 slots["parameters"] = parameters
                 variables[table.name] = slots
+            if table_config.needs_rounding_step(self._table_config):
+                # Keys stochastic rounding (docs/low_precision.md), as in the base class.
+                self._rounding_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="rounding_step")
+                _tf_compat.track_child(self, self._rounding_step, name="rounding_step")
         return variables
 
     # ------------------------------------------------------------------ per-server execution
@@ -349,6 +368,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         if self._sync.aggregator is not None:
             return self._sync.aggregator.push_gradients(gradients, inputs, parts, self._local_step(inputs))
         ops = []
+        rounding = self.rounding_arguments()  # one step for every server
         for plan in self.server_plans:
             tables, slots = self.shard_variables(plan)
             with tf.device(self._devices[plan.task]):
@@ -360,7 +380,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                     slots,
                     plan.config,
                     combiners=self.shard_combiners(plan),
+                    **rounding_for_plan(plan, rounding),
                 )
             if op is not None:
                 ops.append(op)
+        self.advance_rounding_step(ops)
         return ops

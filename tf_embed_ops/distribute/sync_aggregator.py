@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops.distribute import partition
-from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding, _place_variables_on
+from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding, _place_variables_on, rounding_for_plan
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
 
 __all__ = ["SyncSparseAggregator"]
@@ -228,6 +228,7 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
         emb = self._embedding
         accumulators = self._server_accumulators()
         learning_rates = [tf.cast(fn(), tf.float32) for fn in emb.dynamic_learning_rates]
+        rounding = emb.rounding_arguments()  # 16-bit tables: one rounding step per applied step
         taken = []
         with tf.name_scope("sync_take"):
             for plan, per_table in zip(emb.server_plans, accumulators, strict=True):
@@ -256,8 +257,10 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
                             slots,
                             _apply_config(plan.config),
                             combiners=["sum"] * len(per_table),
+                            **rounding_for_plan(plan, rounding),
                         )
                     )
+        emb.advance_rounding_step(updates)
         with tf.control_dependencies([u for u in updates if u is not None]):
             self.global_step.assign_add(1)
         return self.global_step.read_value()

@@ -18,6 +18,7 @@ writes one, at the path given.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -91,12 +92,19 @@ def make_data(n: int, seed: int) -> tuple[dict, np.ndarray]:
     return features, labels
 
 
-def feature_config() -> tuple[dict, object]:
-    """The embedding configuration: four tables, two of them shared, four different TPU optimizers."""
-    user = emb.TableConfig(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.05))
-    item = emb.TableConfig(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adagrad(0.05))
-    category = emb.TableConfig(SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.Adam(0.003))
-    device = emb.TableConfig(SIZES["device"], DIM, name="device", combiner="sum", optimizer=emb.FTRL(0.05))
+def feature_config(storage_dtype: str = "float32") -> tuple[dict, object]:
+    """The embedding configuration: four tables, two of them shared, four different TPU optimizers.
+
+    `storage_dtype` other than float32 stores the tables and slots in 16 bits (te.TableConfig)."""
+    table_config = emb.TableConfig
+    if storage_dtype != "float32":
+        from tf_embed_ops.table_config import TableConfig
+
+        table_config = functools.partial(TableConfig, storage_dtype=storage_dtype)
+    user = table_config(SIZES["user"], DIM, name="user", combiner="sum", optimizer=emb.Adagrad(0.05))
+    item = table_config(SIZES["item"], DIM, name="item", combiner="sum", optimizer=emb.Adagrad(0.05))
+    category = table_config(SIZES["category"], DIM, name="category", combiner="mean", optimizer=emb.Adam(0.003))
+    device = table_config(SIZES["device"], DIM, name="device", combiner="sum", optimizer=emb.FTRL(0.05))
     fc = {
         "category": emb.FeatureConfig(category, name="category"),
         "device": emb.FeatureConfig(device, name="device"),
@@ -209,7 +217,8 @@ def run(args: argparse.Namespace) -> dict:
 
     results = {}
     for label in ("tpu_embedding", "baseline"):
-        fc, optimizer = feature_config_from_file(args.config) if args.config else feature_config()
+        storage = getattr(args, "storage_dtype", "float32") if label == "tpu_embedding" else "float32"
+        fc, optimizer = feature_config_from_file(args.config) if args.config else feature_config(storage)
         if label == "tpu_embedding":
             layer = te_keras.TPUEmbedding(fc, optimizer, name="embedding")
             what = (
@@ -287,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--learning-rate", type=float, default=0.003)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--storage-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     if args.write_config:
         write_config(args.write_config, args.batch_size)

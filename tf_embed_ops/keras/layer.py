@@ -212,6 +212,8 @@ class TPUEmbedding(keras.layers.Layer):
                     learning_rates=list(store.dynamic_learning_rates),
                     trigger=tf.convert_to_tensor(self._update_trigger.value),
                     check_numerics=self._check_numerics,
+                    rounding_arguments=store.rounding_arguments,
+                    after_update=store.advance_rounding_step,
                 )
             else:
                 acts = embedding_ops.embedding_activations(
