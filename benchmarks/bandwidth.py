@@ -107,6 +107,11 @@ def probe(
     return json.loads(proc.stdout)
 
 
+# Per-dim figures of the probe: random_rmw_gbs (the one the bound uses) is the larger of the 4 KiB-page and the
+# huge-page figures, since the op library asks for huge pages for its tables (cc/lib/huge_pages.h).
+_ROW_FIGURES = ("random_rmw_gbs", "sorted_rmw_gbs", "random_rmw_4k_gbs", "random_rmw_huge_gbs")
+
+
 def best_of(a: dict, b: dict) -> dict:
     """Per figure, the larger of two probe results (same dims): the hardware can do at least that."""
     out = dict(a)
@@ -114,7 +119,7 @@ def best_of(a: dict, b: dict) -> dict:
         out[key] = max(a[key], b[key])
     rows_b = {r["dim"]: r for r in b["rows"]}
     out["rows"] = [
-        {**r, **{k: max(r[k], rows_b[r["dim"]][k]) for k in ("random_rmw_gbs", "sorted_rmw_gbs")}}
+        {**r, **{k: max(r[k], rows_b[r["dim"]][k]) for k in _ROW_FIGURES if k in r and k in rows_b[r["dim"]]}}
         if r["dim"] in rows_b
         else r
         for r in a["rows"]

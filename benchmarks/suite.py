@@ -190,8 +190,10 @@ def bench_training(
                 if "block_ms" in r:
                     rec.update(harness.summarize(r["block_ms"]))
                     rec["steps_per_block"] = r.get("steps", steps)
-                    rec["detail"] = r.get("optim_type", "") + (
-                        f", OMP_WAIT_POLICY={r['omp_wait_policy']}" if r.get("omp_wait_policy") else ""
+                    rec["detail"] = (
+                        r.get("optim_type", "")
+                        + (f", OMP_WAIT_POLICY={r['omp_wait_policy']}" if r.get("omp_wait_policy") else "")
+                        + (", THP_MEM_ALLOC_ENABLE=1" if r.get("huge_pages") else "")
                     )
                     rec["unique_rows_per_s"] = _rows_per_s(summary, rec["median_ms"])
                 else:

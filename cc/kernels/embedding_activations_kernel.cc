@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/embedding_forward.h"
+#include "cc/lib/huge_pages.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
@@ -64,6 +65,7 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
                                                                                          true, &tables[t]),
                                 what));
       OP_REQUIRES_OK(ctx, CheckTableShape(tables[t], config.tables[t], what));
+      AdviseHugePages(tables[t].tensor_data().data(), tables[t].TotalBytes());  // random rows: cc/lib/huge_pages.h
     }
 
     // 2. Allocate (the sizes are validated now), lay out each feature and combine its samples.

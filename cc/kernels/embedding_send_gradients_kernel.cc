@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/huge_pages.h"
 #include "cc/lib/numerics.h"
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -117,6 +118,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->status());
     OP_REQUIRES_OK(ctx, ReadLockedVariables(ctx, &step));
     // Everything is validated: nothing below fails.
+    for (const tensorflow::Tensor& v : step.values) AdviseHugePages(v.tensor_data().data(), v.TotalBytes());
     WorkspacePool::Scoped workspace = workspaces_.Acquire();
     Plan(ctx, step, workspace.get());
     Update(ctx, step, *workspace.get());

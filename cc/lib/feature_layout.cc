@@ -1,5 +1,7 @@
 #include "cc/lib/feature_layout.h"
 
+#include <numeric>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -65,32 +67,53 @@ absl::Status ValidateSparseIndices(const FeatureBatch& b, const std::string& lab
   return absl::OkStatus();
 }
 
-// Output sample of every id of a validated batch (left empty for dense input: the identity).
-void ComputeSamples(const FeatureBatch& b, std::vector<int64_t>* sample_of) {
-  switch (b.splits_or_indices_rank) {
-    case 1: {
-      const int64_t* splits = b.splits_or_indices;
-      const int64_t num_samples = b.splits_or_indices_rows - 1;
-      sample_of->resize(b.num_ids);
-      for (int64_t s = 0; s < num_samples; ++s) {
-        for (int64_t i = splits[s]; i < splits[s + 1]; ++i) (*sample_of)[i] = s;
+// Sparse-indices input: the output sample of every id (the row-major position of its leading coordinates).
+void ComputeSparseSamples(const FeatureBatch& b, std::vector<int64_t>* sample_of) {
+  const int64_t cols = b.splits_or_indices_cols;
+  const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
+  sample_of->resize(b.num_ids);
+  for (int64_t i = 0; i < b.num_ids; ++i) {
+    const int64_t* idx = b.splits_or_indices + i * cols;
+    int64_t position = 0;
+    for (int64_t d = 0; d < rank; ++d) position = position * b.sample_shape[d] + idx[d];
+    (*sample_of)[i] = position;
+  }
+}
+
+// Ragged input lists its ids sample by sample, in input order, so the grouping is the row splits and the
+// identity: one pass over the samples fills everything (the general path's counting sort would return exactly
+// this).  Unweighted samples sum n weights of 1.0, which in double is exactly n.
+void BuildRaggedLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
+  const int64_t* splits = b.splits_or_indices;
+  out->member_offsets.assign(splits, splits + num_samples + 1);
+  out->members.resize(b.num_ids);
+  std::iota(out->members.begin(), out->members.end(), int64_t{0});
+  out->sample_of.resize(b.num_ids);
+  out->scale.resize(b.num_ids);
+  int64_t* const sample_of = out->sample_of.data();
+  float* const scale = out->scale.data();
+  for (int64_t s = 0; s < num_samples; ++s) {
+    const int64_t first = splits[s], last = splits[s + 1];
+    if (b.num_weights == 0) {
+      const double n = static_cast<double>(last - first);
+      const float inv = InverseNorm(combiner, n, n);
+      for (int64_t i = first; i < last; ++i) {
+        sample_of[i] = s;
+        scale[i] = 1.0f * inv;
       }
-      return;
+      continue;
     }
-    case 2: {
-      const int64_t cols = b.splits_or_indices_cols;
-      const int64_t rank = static_cast<int64_t>(b.sample_shape.size());
-      sample_of->resize(b.num_ids);
-      for (int64_t i = 0; i < b.num_ids; ++i) {
-        const int64_t* idx = b.splits_or_indices + i * cols;
-        int64_t position = 0;
-        for (int64_t d = 0; d < rank; ++d) position = position * b.sample_shape[d] + idx[d];
-        (*sample_of)[i] = position;
-      }
-      return;
+    double sum_w = 0.0, sum_w2 = 0.0;
+    for (int64_t i = first; i < last; ++i) {
+      const double w = b.weights[i];
+      sum_w += w;
+      sum_w2 += w * w;
     }
-    default:
-      sample_of->clear();  // the identity (FeatureLayout::one_id_per_sample)
+    const float inv = InverseNorm(combiner, sum_w, sum_w2);
+    for (int64_t i = first; i < last; ++i) {
+      sample_of[i] = s;
+      scale[i] = b.weights[i] * inv;
+    }
   }
 }
 
@@ -144,12 +167,12 @@ absl::Status ValidateFeatureBatch(const FeatureBatch& b, const std::string& labe
 void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
   out->num_samples = num_samples;
   out->one_id_per_sample = b.splits_or_indices_rank == 0;
-  ComputeSamples(b, &out->sample_of);
 
   if (b.splits_or_indices_rank == 0) {
     // Dense input: sample i holds exactly id i, so the grouping is the identity (left implicit) and the
     // combiner factor is w_i / norm(w_i) (1 for unweighted input whatever the combiner).  Same values as the
     // general path below.
+    out->sample_of.clear();
     out->member_offsets.clear();
     out->members.clear();
     out->scale.resize(b.num_ids);
@@ -159,9 +182,14 @@ void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Com
     }
     return;
   }
+  if (b.splits_or_indices_rank == 1) {
+    BuildRaggedLayout(b, num_samples, combiner, out);
+    return;
+  }
 
-  // Group ids by sample with a stable counting sort, so each group keeps input order (the summation order of
-  // the forward pass is then fixed by the input alone).
+  // Sparse indices may come in any order: group ids by sample with a stable counting sort, so each group keeps
+  // input order (the summation order of the forward pass is then fixed by the input alone).
+  ComputeSparseSamples(b, &out->sample_of);
   out->member_offsets.assign(num_samples + 1, 0);
   for (int64_t i = 0; i < b.num_ids; ++i) ++out->member_offsets[out->sample_of[i] + 1];
   for (int64_t s = 0; s < num_samples; ++s) out->member_offsets[s + 1] += out->member_offsets[s];
