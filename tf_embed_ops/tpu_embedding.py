@@ -175,6 +175,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         return group
 
     @property
+    def dynamic_group(self) -> Any:
+        """The `dynamic.engine.DynamicGroup` running the dynamic tables' features, or None without any."""
+        return self._dynamic
+
+    @property
     def dynamic_tables(self) -> dict:
         """`{DynamicTableConfig: DynamicTable}` (a list of shards per table when sharded); empty without any."""
         if self._dynamic is None:

@@ -18,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
 
 __all__ = [
     "LFU",
@@ -28,6 +29,7 @@ __all__ = [
     "dynamic_config_proto",
     "handle_attrs",
     "is_dynamic",
+    "shard_of_keys",
 ]
 
 # The core's limits (cc/lib/dynamic_table.h validates them again): row indices are uint32 with one value reserved.

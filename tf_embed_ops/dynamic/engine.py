@@ -2,7 +2,7 @@
 
 `te.TPUEmbedding` splits its features by table kind. Features over `TableConfig`s run the static ops exactly as
 before; features over `DynamicTableConfig`s are handed to a `DynamicGroup`, which owns their tables (one
-`DynamicTable` per table, or one per shard when sharded over parameter servers) and a global step counter, and
+`DynamicTable` per table, or one per shard when sharded over parameter servers) and the tables' step counters, and
 runs `TfEmbed>DynamicEmbeddingActivations` / `TfEmbed>DynamicSendTPUEmbeddingGradients` over them. `split_lookup`
 and `split_send` put the two groups' results back in feature order.
 
@@ -18,16 +18,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _loader, _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops.config._resolve import resolve_tables
+from tf_embed_ops.dynamic import _ops as dynamic_ops
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import sharding
 
 __all__ = ["DynamicGroup", "normalize_dynamic_feature"]
-
-
-def _ops():
-    return _loader.load_ops()
 
 
 def normalize_dynamic_feature(
@@ -71,13 +68,6 @@ def normalize_dynamic_feature(
     return embedding_ops.normalize_feature(x, weights, max_sequence_length, feature_name)
 
 
-def _table_class():
-    # The trackable table object (resource lifetime, checkpoints, statistics, explicit eviction).
-    from tf_embed_ops.dynamic import table  # pylint: disable=import-outside-toplevel
-
-    return table.DynamicTable
-
-
 class DynamicGroup:
     """The features of a `TPUEmbedding` whose tables are dynamic, and everything that runs them.
 
@@ -100,7 +90,7 @@ class DynamicGroup:
         self._check_numerics = bool(check_numerics)
         self._shard_devices = list(shard_devices) if shard_devices else None
         self._tables: list[list[Any]] | None = None  # [table][shard]
-        self._step = None
+        self._objects: list[Any] = []
         self._serialized = None
 
     @classmethod
@@ -118,40 +108,41 @@ class DynamicGroup:
     # ------------------------------------------------------------------ state
 
     def build(self, owner: Any) -> None:
-        """Creates the tables and the step counter, tracked as checkpoint children of `owner` (tables under their
-        names, shards as `<name>/shard_<i>_of_<n>`, the step as `dynamic_step`). Idempotent."""
+        """Creates the tables (a `DynamicTable`, or a `ShardedDynamicTable` when sharded), tracked as checkpoint
+        children of `owner` under their names. Idempotent."""
         if self._tables is not None:
             return
-        table_class = _table_class()
-        tables = []
+        from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
+
+        objects, shards = [], []
         for config in self.table_configs:
             if self._shard_devices is None:
-                table = table_class(config)
-                _tf_compat.track_child(owner, table, config.name)
-                tables.append([table])
-                continue
-            shards = []
-            for index, device in enumerate(self._shard_devices):
-                with tf.device(device):
-                    table = table_class(config, num_shards=self.num_shards, shard_index=index)
-                _tf_compat.track_child(owner, table, f"{config.name}/shard_{index}_of_{self.num_shards}")
-                shards.append(table)
-            tables.append(shards)
-        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="dynamic_step")
-        _tf_compat.track_child(owner, self._step, "dynamic_step")
-        self._tables = tables
+                table = table_lib.DynamicTable(config)
+                shards.append([table])
+            else:
+                table = table_lib.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
+                shards.append(list(table.shards))
+            _tf_compat.track_child(owner, table, config.name)
+            objects.append(table)
+        self._objects = objects
+        self._tables = shards
 
     @property
     def step(self) -> tf.Variable:
-        """The global step of the dynamic tables (advanced by each update)."""
-        return self._step
+        """The global step of the dynamic tables: the first table's step counter. Every table (and shard) has its
+        own, saved in its checkpoint; all advance together, after each update."""
+        return self._tables[0][0].step
+
+    def _advance_steps(self, updates: list) -> tf.Tensor:
+        """Advances every table's step after `updates`; returns the new step (a value that depends on them)."""
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            new_steps = [table.step.assign_add(1) for shards in self._tables for table in shards]
+        return new_steps[0]
 
     @property
     def tables(self) -> dict:
-        """`{DynamicTableConfig: DynamicTable}` (unsharded) or `{DynamicTableConfig: [DynamicTable per shard]}`."""
-        if self._shard_devices is None:
-            return {config: shards[0] for config, shards in zip(self.table_configs, self._tables, strict=True)}
-        return {config: list(shards) for config, shards in zip(self.table_configs, self._tables, strict=True)}
+        """`{DynamicTableConfig: DynamicTable}` (`ShardedDynamicTable` when sharded)."""
+        return dict(zip(self.table_configs, self._objects, strict=True))
 
     @property
     def serialized_config(self) -> bytes:
@@ -182,44 +173,57 @@ class DynamicGroup:
         """Activations of the group's features (`inputs` in group order); `training` inserts admitted new keys."""
         if self._shard_devices is None:
             return list(
-                _ops().tf_embed_dynamic_embedding_activations(
-                    sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in inputs],
-                    keys=[f.ids for f in inputs],
-                    aggregation_weights=[f.weights for f in inputs],
-                    sample_shapes=[f.sample_shape for f in inputs],
-                    tables=self._handles(0),
-                    step=self._step.read_value() if training else tf.constant(0, tf.int64),
-                    config=self.serialized_config,
+                dynamic_ops.dynamic_embedding_activations(
+                    inputs,
+                    self._handles(0),
+                    self.step.read_value(),
+                    self.serialized_config,
                     combiners=self.combiners,
                     training=bool(training),
                 )
             )
         return self._sharded_lookup(inputs, training)
 
-    def send_gradients(self, gradients: list, inputs: list) -> None:
-        """The fused update of the group's tables at the current step, then the step advances."""
+    def send_gradients(self, gradients: list, inputs: list) -> tf.Tensor:
+        """The fused update of the group's tables at the current step, then the step advances; returns the new
+        step."""
         self.check_trainable()
         learning_rates = [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
-        step = self._step.read_value()
+        step = self.step.read_value()
         if self._shard_devices is None:
-            update = _ops().tf_embed_dynamic_send_tpu_embedding_gradients(
-                inputs=list(gradients),
-                learning_rates=learning_rates,
-                sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in inputs],
-                keys=[f.ids for f in inputs],
-                aggregation_weights=[f.weights for f in inputs],
-                sample_shapes=[f.sample_shape for f in inputs],
-                tables=self._handles(0),
-                step=step,
-                config=self.serialized_config,
+            update = dynamic_ops.dynamic_send_tpu_embedding_gradients(
+                list(gradients),
+                learning_rates,
+                inputs,
+                self._handles(0),
+                step,
+                self.serialized_config,
                 combiners=self.combiners,
                 check_numerics=self._check_numerics,
             )
             updates = [update]
         else:
             updates = self._sharded_send(gradients, learning_rates, inputs, step)
-        with tf.control_dependencies([u for u in updates if u is not None]):
-            self._step.assign_add(1)
+        return self._advance_steps(updates)
+
+    def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
+        """Training lookup whose backward pass runs the fused update (for Keras' train step; see
+        `embedding_ops.embedding_lookup_and_update`, the static counterpart): the gradient of `trigger` is a zero
+        computed from the step the update advanced, so the update is on its data path."""
+        trigger = tf.convert_to_tensor(trigger, tf.float32)
+
+        @tf.custom_gradient
+        def lookup(trigger_value):
+            acts = self.lookup(inputs, training=True)
+
+            def grad(*upstream):
+                dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
+                step = tf.cast(self.send_gradients(dys, inputs), tf.float32)
+                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(step, tf.zeros([], tf.float32))
+
+            return acts, grad
+
+        return lookup(trigger)
 
     # ------------------------------------------------------------------ sharded tables
 
@@ -252,20 +256,17 @@ class DynamicGroup:
         return per_shard
 
     def _sharded_lookup(self, inputs: list, training: bool) -> list:
-        step = self._step.read_value() if training else tf.constant(0, tf.int64)
+        step = self.step.read_value()
         total = None
         for index, (device, shard_inputs) in enumerate(
             zip(self._shard_devices, self._shard_inputs(inputs), strict=True)
         ):
             with tf.device(device):
-                acts = _ops().tf_embed_dynamic_embedding_activations(
-                    sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in shard_inputs],
-                    keys=[f.ids for f in shard_inputs],
-                    aggregation_weights=[f.weights for f in shard_inputs],
-                    sample_shapes=[f.sample_shape for f in shard_inputs],
-                    tables=self._handles(index),
-                    step=step,
-                    config=self.serialized_config,
+                acts = dynamic_ops.dynamic_embedding_activations(
+                    shard_inputs,
+                    self._handles(index),
+                    step,
+                    self.serialized_config,
                     combiners=["sum"] * len(self.table_configs),
                     training=bool(training),
                 )
@@ -279,16 +280,13 @@ class DynamicGroup:
         ):
             with tf.device(device):
                 updates.append(
-                    _ops().tf_embed_dynamic_send_tpu_embedding_gradients(
-                        inputs=list(gradients),
-                        learning_rates=learning_rates,
-                        sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in shard_inputs],
-                        keys=[f.ids for f in shard_inputs],
-                        aggregation_weights=[f.weights for f in shard_inputs],
-                        sample_shapes=[f.sample_shape for f in shard_inputs],
-                        tables=self._handles(index),
-                        step=step,
-                        config=self.serialized_config,
+                    dynamic_ops.dynamic_send_tpu_embedding_gradients(
+                        list(gradients),
+                        learning_rates,
+                        shard_inputs,
+                        self._handles(index),
+                        step,
+                        self.serialized_config,
                         combiners=["sum"] * len(self.table_configs),
                         check_numerics=self._check_numerics,
                     )
@@ -330,15 +328,26 @@ def _row_major_strides(shape: tf.Tensor) -> tf.Tensor:
     return tf.reverse(reversed_cumprod, [0])
 
 
-def split_lookup(group: DynamicGroup, inputs: list, training: bool, static_lookup: Callable[[list], list]) -> list:
+def split_lookup(
+    group: DynamicGroup,
+    inputs: list,
+    training: bool,
+    static_lookup: Callable[[list], list],
+    update_trigger: tf.Tensor | None = None,
+) -> list:
     """Activations of all features, in feature order: the static features through `static_lookup`, the dynamic
-    ones through `group`."""
+    ones through `group` (with `update_trigger`, a training lookup whose backward pass updates the tables)."""
     out: list[Any] = [None] * len(inputs)
     if group.static_positions:
         static = static_lookup([inputs[i] for i in group.static_positions])
         for i, act in zip(group.static_positions, static, strict=True):
             out[i] = act
-    for i, act in zip(group.positions, group.lookup([inputs[i] for i in group.positions], training), strict=True):
+    dynamic_inputs = [inputs[i] for i in group.positions]
+    if update_trigger is not None:
+        acts = group.lookup_and_update(dynamic_inputs, update_trigger)
+    else:
+        acts = group.lookup(dynamic_inputs, training)
+    for i, act in zip(group.positions, acts, strict=True):
         out[i] = act
     return out
 

@@ -15,19 +15,10 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["fmix64", "shard_of_keys", "string_keys"]
+__all__ = ["fmix64", "shard_of_keys"]
 
 _C1 = 0xFF51AFD7ED558CCD
 _C2 = 0xC4CEB9FE1A85EC53
-
-
-def string_keys(strings: Any) -> tf.Tensor:
-    """The int64 key of each string, as the dynamic-table ops compute it inside the kernel: the 8 bytes of
-    `tf.fingerprint` (farmhash Fingerprint64) read as a little-endian int64."""
-    strings = tf.convert_to_tensor(strings, tf.string)
-    flat = tf.reshape(strings, [-1])
-    keys = tf.bitcast(tf.fingerprint(flat), tf.int64)  # [n, 8] uint8 -> [n] int64 (little-endian hosts)
-    return tf.reshape(keys, tf.shape(strings))
 
 
 def fmix64(keys: tf.Tensor) -> tf.Tensor:
@@ -45,7 +36,7 @@ def shard_of_keys(keys: Any, num_shards: int) -> tf.Tensor:
     """The shard (int32 in `[0, num_shards)`) holding each key: `(fmix64(key) >> 1) mod num_shards`.
 
     Args:
-      keys: int64 keys (any shape), or strings (placed by their key, see `string_keys`).
+      keys: int64 keys (any shape), or strings (placed by the key the ops give them, `tf.fingerprint`'s).
       num_shards: the number of shards, >= 1.
 
     Returns:
@@ -61,7 +52,9 @@ def shard_of_keys(keys: Any, num_shards: int) -> tf.Tensor:
         raise ValueError(f"shard_of_keys: `num_shards` must be an int >= 1; got {num_shards!r}.")
     keys = keys if isinstance(keys, tf.Tensor) else tf.convert_to_tensor(keys)
     if keys.dtype == tf.string:
-        keys = string_keys(keys)
+        from tf_embed_ops.dynamic._ops import string_keys_to_int64  # pylint: disable=import-outside-toplevel
+
+        keys = string_keys_to_int64(keys)
     elif keys.dtype.is_integer:
         keys = tf.cast(keys, tf.int64)
     else:
