@@ -12,8 +12,9 @@ copies its content (sorted by key) into state that stock TensorFlow holds and ch
 The keys live in a variable rather than in the hash table's initializer because an initializer's tensors are
 written into the SavedModel's graph as constants, and a graph over 2 GB cannot be serialised.
 
-String ids are reduced to keys with `string_keys`, the same function the ops compute inside the kernel
-(TensorFlow's farmhash Fingerprint64, read as a little-endian int64), written with one stock op.
+String ids are reduced to keys with `string_keys` (`_ops.string_keys_to_int64`): TensorFlow's farmhash
+Fingerprint64 read as a little-endian int64, which the ops compute inside the kernel and stock TensorFlow computes
+with `tf.fingerprint`.
 
 Example:
     >>> frozen = freeze_arrays(np.array([3, 9], np.int64), np.ones([2, 4], np.float32))
@@ -28,19 +29,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.dynamic._ops import string_keys_to_int64 as string_keys
+
 __all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
-
-
-def string_keys(ids: tf.Tensor) -> tf.Tensor:
-    """int64 keys of string ids, element by element, with stock TensorFlow ops only.
-
-    `tf.fingerprint` hashes each row of its (batch-major) input, so the ids are flattened first and the shape
-    restored after: a [B, L] string tensor gives [B, L] keys, one per string.
-    """
-    ids = tf.convert_to_tensor(ids, tf.string)
-    flat = tf.reshape(ids, [-1])
-    bytes_ = tf.fingerprint(flat, method="farmhash64")  # [n, 8] uint8, little-endian
-    return tf.reshape(tf.bitcast(bytes_, tf.int64), tf.shape(ids))
 
 
 def to_keys(ids: Any, key_dtype: tf.DType = tf.int64) -> tf.Tensor:
