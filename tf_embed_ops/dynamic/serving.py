@@ -83,14 +83,7 @@ class FrozenDynamicTable(tf.Module):
 
     def __init__(self, keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"):
         super().__init__(name=_module_name(name))
-        keys = np.asarray(keys, np.int64).reshape([-1])
-        weights = np.asarray(weights, np.float32)
-        if weights.ndim != 2 or weights.shape[0] != keys.shape[0]:
-            raise ValueError(
-                f"table {name!r}: weights must be [n, dim] with n = {keys.shape[0]} keys; got shape {weights.shape}"
-            )
-        if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
-            raise ValueError(f"table {name!r}: keys must be unique")
+        keys, weights = _checked(keys, weights, name)
         self.table_name = name
         self.key_dtype = tf.as_dtype(key_dtype)
         self.dim = int(weights.shape[1])
@@ -109,6 +102,18 @@ class FrozenDynamicTable(tf.Module):
         return tf.gather(self.values, self.rows(ids))
 
 
+def _checked(keys: Any, weights: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.asarray(keys, np.int64).reshape([-1])
+    weights = np.asarray(weights, np.float32)
+    if weights.ndim != 2 or weights.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"table {name!r}: weights must be [n, dim] with n = {keys.shape[0]} keys; got shape {weights.shape}"
+        )
+    if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
+        raise ValueError(f"table {name!r}: keys must be unique")
+    return keys, weights
+
+
 def _module_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
@@ -118,8 +123,9 @@ def freeze_arrays(
     keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"
 ) -> FrozenDynamicTable:
     """A `FrozenDynamicTable` from exported keys [n] and weights [n, dim]."""
-    order = np.argsort(np.asarray(keys, np.int64), kind="stable")
-    return FrozenDynamicTable(np.asarray(keys)[order], np.asarray(weights)[order], key_dtype, name)
+    keys, weights = _checked(keys, weights, name)
+    order = np.argsort(keys, kind="stable")
+    return FrozenDynamicTable(keys[order], weights[order], key_dtype, name)
 
 
 def freeze(table: Any) -> FrozenDynamicTable:
