@@ -175,6 +175,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         return group
 
     @property
+    def static_features(self) -> list:
+        """The flattened `FeatureConfig`s over static tables: the features `lookup` and `send_gradients` see."""
+        flat = tf.nest.flatten(self._feature_config)
+        return flat if self._dynamic is None else [flat[i] for i in self._dynamic.static_positions]
+
+    @property
     def dynamic_group(self) -> Any:
         """The `dynamic.engine.DynamicGroup` running the dynamic tables' features, or None without any."""
         return self._dynamic
@@ -345,7 +351,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         untrained = any(t.optimizer is None for t in self._table_config)
         features, shapes = self._feature_config, self._output_shapes
         if self._dynamic is not None:  # the static features' configuration (the dynamic group has its own)
-            features = [tf.nest.flatten(features)[i] for i in self._dynamic.static_positions]
+            features = self.static_features
             shapes = [shapes[i] for i in self._dynamic.static_positions]
             if not features:
                 return config_lib.TPUEmbeddingConfiguration()

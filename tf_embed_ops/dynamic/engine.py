@@ -22,7 +22,6 @@ from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops.config._resolve import resolve_tables
 from tf_embed_ops.dynamic import _ops as dynamic_ops
 from tf_embed_ops.dynamic import config as config_lib
-from tf_embed_ops.dynamic import sharding
 
 __all__ = ["DynamicGroup", "normalize_dynamic_feature"]
 
@@ -228,31 +227,17 @@ class DynamicGroup:
     # ------------------------------------------------------------------ sharded tables
 
     def _shard_inputs(self, inputs: list) -> list[list[embedding_ops.FeatureInput]]:
-        """Per shard, the group's features restricted to the keys that shard holds.
+        """Per shard, the group's features restricted to the keys that shard holds (`partition_feature_by_key`:
+        weights pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum",
+        their activations add up to the unsharded one and each key gets the unsharded gradient)."""
+        from tf_embed_ops.distribute import partition  # pylint: disable=import-outside-toplevel
 
-        Every feature becomes the sparse-indices form (one row per id: its sample's index, then its position), with
-        each id's weight divided by its sample's combiner norm over ALL the sample's ids; the shards then combine
-        with "sum", and their activations add up to the unsharded combination, while the backward pass gives each
-        id exactly the unsharded gradient (w_i / norm_s * dL/dact_s).
-        """
         per_shard: list[list[embedding_ops.FeatureInput]] = [[] for _ in range(self.num_shards)]
         for feature, inp in zip(self.features, inputs, strict=True):
-            samples, weights = _sample_of_each_id(inp)
-            weights = _normalised_weights(samples, weights, inp.sample_shape, feature.table.combiner)
-            shard = sharding.shard_of_keys(inp.ids, self.num_shards)
-            nnz = tf.size(inp.ids, out_type=tf.int64)
-            for index in range(self.num_shards):
-                keep = tf.equal(shard, index)
-                sample_index = tf.boolean_mask(samples, keep)
-                position = tf.boolean_mask(tf.range(nnz), keep)
-                per_shard[index].append(
-                    embedding_ops.FeatureInput(
-                        tf.concat([sample_index, position[:, None]], axis=1),
-                        tf.boolean_mask(inp.ids, keep),
-                        tf.boolean_mask(weights, keep),
-                        inp.sample_shape,
-                    )
-                )
+            for index, part in enumerate(
+                partition.partition_feature_by_key(inp, feature.table.combiner, self.num_shards)
+            ):
+                per_shard[index].append(part)
         return per_shard
 
     def _sharded_lookup(self, inputs: list, training: bool) -> list:
@@ -292,40 +277,6 @@ class DynamicGroup:
                     )
                 )
         return updates
-
-
-def _sample_of_each_id(inp: embedding_ops.FeatureInput) -> tuple[tf.Tensor, tf.Tensor]:
-    """([nnz, r] int64 sample index of each id, [nnz] float32 weights) of a normalised feature."""
-    nnz = tf.size(inp.ids, out_type=tf.int64)
-    splits = inp.sample_indices_or_row_splits
-    weights = inp.weights
-    weights = tf.cond(
-        tf.equal(tf.size(weights), 0), lambda: tf.ones([nnz], tf.float32), lambda: tf.reshape(weights, [-1])
-    )
-    if splits.shape.rank == 2:  # sparse indices: the sample is all but the last column
-        return splits[:, :-1], weights
-    if splits.shape[0] == 0:  # dense: each id is its own sample (the form always has the static shape [0])
-        return tf.transpose(tf.unravel_index(tf.range(nnz), inp.sample_shape)), weights
-    return tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)[:, None], weights  # ragged row splits
-
-
-def _normalised_weights(samples: tf.Tensor, weights: tf.Tensor, sample_shape: tf.Tensor, combiner: str) -> tf.Tensor:
-    """Each id's weight divided by its sample's norm (1, sum w, sqrt(sum w^2) for sum, mean, sqrtn; a zero norm
-    gives zero, as the ops' combiners do)."""
-    if combiner == "sum":
-        return weights
-    flat_sample = tf.reduce_sum(samples * _row_major_strides(sample_shape)[None, :], axis=1)
-    num_samples = tf.reduce_prod(sample_shape)
-    terms = weights if combiner == "mean" else tf.square(weights)
-    norm = tf.math.unsorted_segment_sum(terms, flat_sample, num_samples)
-    if combiner == "sqrtn":
-        norm = tf.sqrt(norm)
-    return tf.math.divide_no_nan(weights, tf.gather(norm, flat_sample))
-
-
-def _row_major_strides(shape: tf.Tensor) -> tf.Tensor:
-    reversed_cumprod = tf.math.cumprod(tf.reverse(shape, [0]), exclusive=True)
-    return tf.reverse(reversed_cumprod, [0])
 
 
 def split_lookup(
