@@ -134,7 +134,9 @@ def freeze(table: Any) -> FrozenDynamicTable:
     Only the weights are kept: optimizer slots and admission state are training state. Later training does not
     change the frozen copy; freeze again to refresh it.
     """
-    with tf.init_scope():  # export eagerly even when called while a serving function is being traced
+    # Eagerly, even when called while a serving function is traced: the export is read now and the frozen state
+    # is created outside the function (as variables and tables must be).
+    with tf.init_scope():
         contents = table.export()
         keys, weights = contents["keys"].numpy(), contents["weights"].numpy()
-    return freeze_arrays(keys, weights, table.key_dtype, table.table_name)
+        return freeze_arrays(keys, weights, table.key_dtype, table.table_name)
