@@ -38,13 +38,13 @@ def test_string_keys_are_what_the_kernel_inserts_and_serve_the_same_rows():
     assert np.all(frozen.lookup(query).numpy()[1] == 0)
 
 
-def test_a_sharded_table_freezes_into_one():
+def test_a_sharded_table_freezes_into_one(tmp_path):
     cfg = config()
     whole = DynamicTable(cfg)
     c = random_content(np.random.default_rng(1), 40, 4, whole.num_slots)
     whole.import_(**c)
     sharded = ShardedDynamicTable(cfg, 2)
-    path = tf.train.Checkpoint(t=whole).write(tf.io.gfile.join(tf.compat.v1.test.get_temp_dir(), "freeze_ckpt"))
+    path = tf.train.Checkpoint(t=whole).write(str(tmp_path / "ckpt"))
     tf.train.Checkpoint(t=sharded).read(path).assert_consumed()
     frozen = serving.freeze(sharded)
     np.testing.assert_array_equal(frozen.keys.numpy(), c["keys"])
