@@ -181,7 +181,7 @@ def test_admission_and_eviction_through_the_front_end():
         eviction=te.dynamic.LRU(2),
     )
     emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")})
-    handle = lambda: emb.dynamic_tables[table]  # noqa: E731
+    handle = lambda: emb.dynamic_tables[table]
     acts = _step(emb, {"f": tf.constant([1, 2, 2], tf.int64)})
     np.testing.assert_array_equal(acts["f"].numpy()[:, 0], [0, 1, 1])  # key 2 reached min_count in the batch
     acts = _step(emb, {"f": tf.constant([1, 3, 3], tf.int64)})
