@@ -5,6 +5,7 @@ in a child process (slow).
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -129,7 +130,12 @@ def _child() -> None:
 
 @pytest.mark.slow
 def test_two_parameter_servers():
-    out = subprocess.run([sys.executable, __file__, "child"], capture_output=True, text=True, timeout=600, cwd=None)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "child"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
