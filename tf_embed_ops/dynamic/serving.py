@@ -12,8 +12,9 @@ copies its content (sorted by key) into state that stock TensorFlow holds and ch
 The keys live in a variable rather than in the hash table's initializer because an initializer's tensors are
 written into the SavedModel's graph as constants, and a graph over 2 GB cannot be serialised.
 
-String ids are reduced to keys with `string_keys`, the same function the ops compute inside the kernel
-(TensorFlow's farmhash Fingerprint64, read as a little-endian int64), written with one stock op.
+String ids are reduced to keys with `string_keys` (`_ops.string_keys_to_int64`): TensorFlow's farmhash
+Fingerprint64 read as a little-endian int64, which the ops compute inside the kernel and stock TensorFlow computes
+with `tf.fingerprint`.
 
 Example:
     >>> frozen = freeze_arrays(np.array([3, 9], np.int64), np.ones([2, 4], np.float32))
@@ -28,19 +29,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.dynamic._ops import string_keys_to_int64 as string_keys
+
 __all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
-
-
-def string_keys(ids: tf.Tensor) -> tf.Tensor:
-    """int64 keys of string ids, element by element, with stock TensorFlow ops only.
-
-    `tf.fingerprint` hashes each row of its (batch-major) input, so the ids are flattened first and the shape
-    restored after: a [B, L] string tensor gives [B, L] keys, one per string.
-    """
-    ids = tf.convert_to_tensor(ids, tf.string)
-    flat = tf.reshape(ids, [-1])
-    bytes_ = tf.fingerprint(flat, method="farmhash64")  # [n, 8] uint8, little-endian
-    return tf.reshape(tf.bitcast(bytes_, tf.int64), tf.shape(ids))
 
 
 def to_keys(ids: Any, key_dtype: tf.DType = tf.int64) -> tf.Tensor:
@@ -92,14 +83,7 @@ class FrozenDynamicTable(tf.Module):
 
     def __init__(self, keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"):
         super().__init__(name=_module_name(name))
-        keys = np.asarray(keys, np.int64).reshape([-1])
-        weights = np.asarray(weights, np.float32)
-        if weights.ndim != 2 or weights.shape[0] != keys.shape[0]:
-            raise ValueError(
-                f"table {name!r}: weights must be [n, dim] with n = {keys.shape[0]} keys; got shape {weights.shape}"
-            )
-        if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
-            raise ValueError(f"table {name!r}: keys must be unique")
+        keys, weights = _checked(keys, weights, name)
         self.table_name = name
         self.key_dtype = tf.as_dtype(key_dtype)
         self.dim = int(weights.shape[1])
@@ -118,6 +102,18 @@ class FrozenDynamicTable(tf.Module):
         return tf.gather(self.values, self.rows(ids))
 
 
+def _checked(keys: Any, weights: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.asarray(keys, np.int64).reshape([-1])
+    weights = np.asarray(weights, np.float32)
+    if weights.ndim != 2 or weights.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"table {name!r}: weights must be [n, dim] with n = {keys.shape[0]} keys; got shape {weights.shape}"
+        )
+    if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
+        raise ValueError(f"table {name!r}: keys must be unique")
+    return keys, weights
+
+
 def _module_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
@@ -127,8 +123,9 @@ def freeze_arrays(
     keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"
 ) -> FrozenDynamicTable:
     """A `FrozenDynamicTable` from exported keys [n] and weights [n, dim]."""
-    order = np.argsort(np.asarray(keys, np.int64), kind="stable")
-    return FrozenDynamicTable(np.asarray(keys)[order], np.asarray(weights)[order], key_dtype, name)
+    keys, weights = _checked(keys, weights, name)
+    order = np.argsort(keys, kind="stable")
+    return FrozenDynamicTable(keys[order], weights[order], key_dtype, name)
 
 
 def freeze(table: Any) -> FrozenDynamicTable:
@@ -137,7 +134,9 @@ def freeze(table: Any) -> FrozenDynamicTable:
     Only the weights are kept: optimizer slots and admission state are training state. Later training does not
     change the frozen copy; freeze again to refresh it.
     """
-    with tf.init_scope():  # export eagerly even when called while a serving function is being traced
+    # Eagerly, even when called while a serving function is traced: the export is read now and the frozen state
+    # is created outside the function (as variables and tables must be).
+    with tf.init_scope():
         contents = table.export()
         keys, weights = contents["keys"].numpy(), contents["weights"].numpy()
-    return freeze_arrays(keys, weights, table.key_dtype, table.table_name)
+        return freeze_arrays(keys, weights, table.key_dtype, table.table_name)

@@ -35,47 +35,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _loader
+from tf_embed_ops.dynamic import _ops
+from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic.sharding import shard_of_keys
 
 __all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "restrict_to_shard"]
 
-# The checkpoint's tensors, in the order of `TfEmbed>DynamicTableExport`'s outputs (then the step counter).
-EXPORT_TENSORS = (
-    "keys",
-    "weights",
-    "slots",
-    "counts",
-    "last_steps",
-    "pending_keys",
-    "pending_counts",
-    "pending_last_steps",
-)
+# The checkpoint's tensors: the export's eight (in `DynamicTableContents` order), then the step counter.
+EXPORT_TENSORS = tuple(_ops.DynamicTableContents._fields)
 CHECKPOINT_TENSORS = (*EXPORT_TENSORS, "step")
-# Outputs of `TfEmbed>DynamicTableStats`, in order; `stats()` adds `refused` (below admission + untracked).
-STATS_OUTPUTS = (
-    "size",
-    "capacity",
-    "memory_bytes",
-    "inserts",
-    "below_admission",
-    "untracked",
-    "refused_full",
-    "evictions",
-    "last_step_inserts",
-    "last_step_refused",
-    "last_step_evictions",
-)
 _uid = itertools.count()
-
-
-def _raw():
-    return _loader.load_ops()
-
-
-def _config_module():
-    from tf_embed_ops.dynamic import config
-
-    return config
 
 
 def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict:
@@ -85,7 +54,6 @@ def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict
     """
     if num_shards == 1:
         return dict(contents)
-    shard_of_keys = _config_module().shard_of_keys
     out = dict(contents)
     mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
     for name in ("keys", "weights", "counts", "last_steps"):
@@ -134,7 +102,15 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
       ValueError: if `num_shards` < 1 or `shard_index` is outside [0, num_shards).
     """
 
-    def __init__(self, config: Any, *, num_shards: int = 1, shard_index: int = 0, name: str | None = None):
+    def __init__(
+        self,
+        config: Any,
+        *,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        name: str | None = None,
+        optimizer: Any = None,
+    ):
         if int(num_shards) < 1:
             raise ValueError(f"DynamicTable {config.name!r}: num_shards must be >= 1, got {num_shards}")
         if not 0 <= int(shard_index) < int(num_shards):
@@ -142,7 +118,8 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
                 f"DynamicTable {config.name!r}: shard_index must be in [0, {num_shards}), got {shard_index}"
             )
         self._config = config
-        self._attrs = dict(_config_module().handle_attrs(config))
+        self._attrs = dict(config_lib.handle_attrs(config, optimizer))
+        self._attrs.pop("shared_name", None)
         self._num_shards = int(num_shards)
         self._shard_index = int(shard_index)
         base = name or config.name
@@ -155,7 +132,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
 
     # ------------------------------------------------------------------------------------------ the resource
     def _create_resource(self) -> tf.Tensor:
-        return _raw().tf_embed_dynamic_table_handle(shared_name=self._shared_name, **self._attrs)
+        return _ops.dynamic_table_handle(shared_name=self._shared_name, **self._attrs)
 
     def _initialize(self) -> None:
         # The handle op creates the table on its first run; nothing else to do.
@@ -219,8 +196,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         `memory_bytes` (everything the table holds).
         """
         with tf.name_scope(f"{_var_name(self._table_name)}_stats"):
-            values = _raw().tf_embed_dynamic_table_stats(self.resource_handle)
-        out = dict(zip(STATS_OUTPUTS, values, strict=True))
+            out = _ops.dynamic_table_stats(self.resource_handle)._asdict()
         out["refused"] = out["below_admission"] + out["untracked"]
         return out
 
@@ -238,13 +214,13 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         """Serving lookup: each id's row, shape ids.shape + [dim]; zeros for ids without a row. Never inserts."""
         ids = self.check_ids(ids)
         flat = tf.reshape(ids, [-1])
-        rows = _raw().tf_embed_dynamic_table_lookup(self.resource_handle, flat)
+        rows = _ops.dynamic_table_lookup(self.resource_handle, flat)
         return tf.reshape(rows, tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], 0))
 
     def find(self, ids: Any) -> tf.Tensor:
         """Row index of each id (-1 for none), shape ids.shape. Never inserts."""
         ids = self.check_ids(ids)
-        rows = _raw().tf_embed_dynamic_table_find(self.resource_handle, tf.reshape(ids, [-1]))
+        rows = _ops.dynamic_table_find(self.resource_handle, tf.reshape(ids, [-1]))
         return tf.reshape(rows, tf.shape(ids))
 
     def evict(self, policy: Any = None, step: Any = None) -> tf.Tensor:
@@ -261,19 +237,28 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             policy = getattr(self._config, "eviction", None)
             if policy is None:
                 raise ValueError(f"DynamicTable {self._table_name!r}: evict() needs a policy; the table has none")
-        attrs = _policy_attrs(policy, self._table_name)
-        step = self._step if step is None else tf.convert_to_tensor(step, tf.int64)
-        return _raw().tf_embed_dynamic_table_evict(self.resource_handle, step, **attrs)
+        if not isinstance(policy, (config_lib.LRU, config_lib.LFU, config_lib.TTL)):
+            raise ValueError(
+                f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU or TTL, got {policy!r}"
+            )
+        attrs = policy.attrs()
+        step = self._step.read_value() if step is None else step
+        return _ops.dynamic_table_evict(
+            self.resource_handle,
+            step,
+            policy=attrs["eviction"],
+            max_rows=attrs["eviction_max_rows"],
+            ttl_steps=attrs["eviction_ttl_steps"],
+        )
 
     def evict_keys(self, ids: Any) -> tf.Tensor:
         """Removes these ids' rows (ids without a row are ignored); returns how many rows were removed."""
         ids = self.check_ids(ids)
-        return _raw().tf_embed_dynamic_table_evict_keys(self.resource_handle, tf.reshape(ids, [-1]))
+        return _ops.dynamic_table_evict_keys(self.resource_handle, tf.reshape(ids, [-1]))
 
     def export(self) -> dict[str, tf.Tensor]:
         """The table's content sorted by key: a dict of the eight `EXPORT_TENSORS`."""
-        values = _raw().tf_embed_dynamic_table_export(self.resource_handle, num_slots=self.num_slots)
-        return dict(zip(EXPORT_TENSORS, values, strict=True))
+        return _ops.dynamic_table_export(self.resource_handle)._asdict()
 
     def import_(
         self,
@@ -326,7 +311,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
 
     # -------------------------------------------------------------------------------------------- internals
     def import_contents(self, c: dict) -> Any:
-        return _raw().tf_embed_dynamic_table_import(self.resource_handle, *(c[k] for k in EXPORT_TENSORS))
+        return _ops.dynamic_table_import(self.resource_handle, [c[k] for k in EXPORT_TENSORS])
 
     def check_ids(self, ids: Any) -> tf.Tensor:
         ids = tf.convert_to_tensor(ids)
@@ -455,8 +440,7 @@ class ShardedDynamicTable(tf.Module):
         n = len(self._shard_tuple)
         if n == 1:
             return first.lookup(ids)
-        keys = flat if first.key_dtype == tf.int64 else _string_keys(flat)
-        which = tf.cast(_config_module().shard_of_keys(keys, n), tf.int32)
+        which = shard_of_keys(flat, n)
         parts = tf.dynamic_partition(flat, which, n)
         positions = tf.dynamic_partition(tf.range(tf.size(flat)), which, n)
         rows = [s.lookup(p) for s, p in zip(self._shard_tuple, parts, strict=True)]
@@ -489,22 +473,6 @@ class ShardedDynamicTable(tf.Module):
         return tf.group(ops)
 
 
-def _string_keys(ids: tf.Tensor) -> tf.Tensor:
-    from tf_embed_ops.dynamic.serving import string_keys
-
-    return string_keys(ids)
-
-
 def _var_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
-
-
-def _policy_attrs(policy: Any, table_name: str) -> dict:
-    """The explicit-eviction attrs (policy, max_rows, ttl_steps) of a `te.dynamic` eviction policy."""
-    kind = type(policy).__name__.lower()
-    if kind == "lru" or kind == "lfu":
-        return {"policy": kind, "max_rows": int(policy.max_rows), "ttl_steps": 0}
-    if kind == "ttl":
-        return {"policy": "ttl", "max_rows": 0, "ttl_steps": int(policy.steps)}
-    raise ValueError(f"DynamicTable {table_name!r}: policy must be te.dynamic.LRU, LFU or TTL, got {policy!r}")

@@ -199,6 +199,7 @@ class TPUEmbedding(keras.layers.Layer):
                     group, inputs, True, lambda i: self._static_acts(i, training, trigger), update_trigger=trigger
                 )
             else:
+                group = serving.frozen_dynamic_group(group) if serving.in_serving_mode() else group
                 acts = dynamic_engine.split_lookup(group, inputs, False, lambda i: self._static_acts(i, False, None))
         else:
             acts = self._static_acts(inputs, training, None, features)
