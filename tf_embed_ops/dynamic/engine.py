@@ -148,7 +148,11 @@ class DynamicGroup:
         """The `TPUEmbeddingConfiguration` of the dynamic ops, serialized (no `input_shape`: the ops take shapes
         from their inputs)."""
         if self._serialized is None:
-            self._serialized = config_lib.dynamic_config_proto(self.features).SerializeToString()
+            # A table with no optimizer (lookup only) is described as SGD with learning rate 0, as the static
+            # configuration does; `send_gradients` refuses to train it.
+            untrained = any(t.optimizer is None for t in self.table_configs)
+            sgd = tf.tpu.experimental.embedding.SGD(learning_rate=0.0) if untrained else None
+            self._serialized = config_lib.dynamic_config_proto(self.features, optimizer=sgd).SerializeToString()
         return self._serialized
 
     @property
