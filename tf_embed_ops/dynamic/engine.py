@@ -123,6 +123,12 @@ class DynamicGroup:
                 shards.append(list(table.shards))
             _tf_compat.track_child(owner, table, config.name)
             objects.append(table)
+        # Create the resources now (the caller holds init_scope), each on its shard's device: a resource handle is
+        # made on first use, and a first use inside a tf.function would tie it to that function's graph.
+        for per_table in shards:
+            for index, table in enumerate(per_table):
+                with tf.device(self._shard_devices[index] if self._shard_devices else None):
+                    _ = table.handle
         self._objects = objects
         self._tables = shards
 
