@@ -123,6 +123,12 @@ class DynamicGroup:
                 shards.append(list(table.shards))
             _tf_compat.track_child(owner, table, config.name)
             objects.append(table)
+        # Create the resources now (the caller holds init_scope), each on its shard's device: a resource handle is
+        # made on first use, and a first use inside a tf.function would tie it to that function's graph.
+        for per_table in shards:
+            for index, table in enumerate(per_table):
+                with tf.device(self._shard_devices[index] if self._shard_devices else None):
+                    _ = table.handle
         self._objects = objects
         self._tables = shards
 
@@ -148,7 +154,11 @@ class DynamicGroup:
         """The `TPUEmbeddingConfiguration` of the dynamic ops, serialized (no `input_shape`: the ops take shapes
         from their inputs)."""
         if self._serialized is None:
-            self._serialized = config_lib.dynamic_config_proto(self.features).SerializeToString()
+            # A table with no optimizer (lookup only) is described as SGD with learning rate 0, as the static
+            # configuration does; `send_gradients` refuses to train it.
+            untrained = any(t.optimizer is None for t in self.table_configs)
+            sgd = tf.tpu.experimental.embedding.SGD(learning_rate=0.0) if untrained else None
+            self._serialized = config_lib.dynamic_config_proto(self.features, optimizer=sgd).SerializeToString()
         return self._serialized
 
     @property

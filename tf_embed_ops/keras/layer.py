@@ -175,6 +175,11 @@ class TPUEmbedding(keras.layers.Layer):
         return self._tpu_embedding.slot_variables
 
     @property
+    def dynamic_tables(self) -> dict:
+        """`{DynamicTableConfig: DynamicTable}` (docs/dynamic_tables.md); empty without dynamic tables."""
+        return self._tpu_embedding.dynamic_tables
+
+    @property
     def config_proto(self):
         """The `TPUEmbeddingConfiguration` the kernels run (no `input_shape`: Keras batches vary)."""
         return self._tpu_embedding.config_proto
