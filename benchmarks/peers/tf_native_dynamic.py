@@ -43,7 +43,7 @@ class NativeDynamicTable:
     def rows_inserting(self, keys: tf.Tensor) -> tf.Tensor:
         """Rows of `keys`, giving new keys the next free rows (the training lookup)."""
         uniq, idx = tf.unique(keys)
-        rows = self.index.lookup(uniq)
+        rows = tf.reshape(self.index.lookup(uniq), [-1])  # the hash table's output has no static shape
         missing = rows < 0
         new_keys = tf.boolean_mask(uniq, missing)
         new_rows = self.next_row.read_value() + tf.range(tf.size(new_keys, out_type=tf.int64), dtype=tf.int64)
@@ -53,7 +53,7 @@ class NativeDynamicTable:
         return tf.gather(rows, idx)
 
     def rows(self, keys: tf.Tensor) -> tf.Tensor:
-        return self.index.lookup(keys)
+        return tf.reshape(self.index.lookup(keys), tf.shape(keys))
 
 
 def training_step(
