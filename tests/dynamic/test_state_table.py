@@ -32,13 +32,13 @@ def test_serving_lookup_reads_rows_and_zeros_and_never_inserts():
 
 
 def test_stats_count_inserts_refusals_and_the_last_step():
-    table = DynamicTable(config(admission=FrequencyAdmission(2, max_pending_keys=3), max_rows=4))
+    table = DynamicTable(config(admission=FrequencyAdmission(2, max_pending_keys=3), max_rows=4, initial_capacity=2))
     # Step 0: key 1 twice (admitted), keys 2, 3, 4 once (below admission, counted).
     train_lookup(table, np.array([1, 1, 2, 3, 4], np.int64), step=0)
     s = _stats(table)
     assert (s["size"], s["inserts"], s["below_admission"], s["untracked"]) == (1, 1, 3, 0)
     assert s["refused"] == s["below_admission"] + s["untracked"] == 3
-    assert (s["last_step_inserts"], s["last_step_refused"]) == (1, 3)
+    assert (s["last_step_inserts"], s["last_step_refused"]) == (1, 0)  # the op's last_step_refused: for space
     # Step 1: 2, 3, 4 seen again (admitted: 3 more rows, table full at 4); 5 has no counter free: untracked.
     train_lookup(table, np.array([2, 3, 4, 5], np.int64), step=1)
     s = _stats(table)
@@ -46,7 +46,7 @@ def test_stats_count_inserts_refusals_and_the_last_step():
     # Step 2: 6 twice is admitted but the table is full.
     train_lookup(table, np.array([6, 6], np.int64), step=2)
     s = _stats(table)
-    assert (s["size"], s["refused_full"], s["evictions"]) == (4, 1, 0)
+    assert (s["size"], s["refused_full"], s["evictions"], s["last_step_refused"]) == (4, 1, 0, 1)
     assert s["capacity"] >= s["size"] and s["memory_bytes"] > 0
 
 

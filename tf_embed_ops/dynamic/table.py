@@ -191,8 +191,8 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
 
         Totals since creation (or the last import): `inserts`, `refused` (keys seen without reaching admission:
         `below_admission` plus `untracked`, keys that found the admission counters full), `refused_full` (admitted
-        but the table was at `max_rows`), `evictions`. The last step's: `last_step_inserts`,
-        `last_step_refused`, `last_step_evictions`. State: `size`, `capacity` (rows allocated),
+        but the table was at `max_rows`), `evictions`. The latest step's: `last_step_inserts`,
+        `last_step_refused` (keys refused for space), `last_step_evictions`. State: `size`, `capacity` (rows allocated),
         `memory_bytes` (everything the table holds).
         """
         with tf.name_scope(f"{_var_name(self._table_name)}_stats"):
