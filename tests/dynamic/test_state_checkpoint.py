@@ -182,3 +182,29 @@ def test_tpu_embedding_checkpoint_carries_its_dynamic_tables(tmp_path):
     _assert_content_equal(content(restored), want)
     assert restored.step.numpy() == 5
     assert os.path.exists(path + ".index")
+
+
+def test_keras_layer_checkpoint_carries_its_dynamic_tables(tmp_path):
+    import keras
+
+    from tf_embed_ops import keras as te_keras
+
+    def model():
+        feature = {"u": tf.tpu.experimental.embedding.FeatureConfig(table=config(name="users", dim=3), name="u")}
+        layer = te_keras.TPUEmbedding(feature, tf.tpu.experimental.embedding.SGD(0.1), name="embedding")
+        inputs = {"u": keras.Input(shape=(), dtype="int64", name="u")}
+        return keras.Model(inputs, layer(inputs)["u"]), layer
+
+    trained, layer = model()
+    (table,) = layer.dynamic_tables.values()
+    table.import_(**random_content(np.random.default_rng(9), 10, 3, table.num_slots))
+    table.step.assign(4)
+    want = content(table)
+    path = tf.train.Checkpoint(model=trained).write(str(tmp_path / "ckpt"))
+    fresh, fresh_layer = model()
+    tf.train.Checkpoint(model=fresh).read(path).assert_existing_objects_matched()
+    (restored,) = fresh_layer.dynamic_tables.values()
+    _assert_content_equal(content(restored), want)
+    assert restored.step.numpy() == 4
+    keys = tf.constant(want["keys"][:4])
+    np.testing.assert_array_equal(fresh({"u": keys}).numpy(), want["weights"][:4])
