@@ -20,8 +20,8 @@ namespace internal {
 
 // row_of(i): the row id i of the feature reads (a pointer to `dim` floats).
 template <typename RowOf>
-inline void CombineSampleRange(const FeatureLayout& layout, const RowOf& row_of, int64_t dim,
-                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_of, int64_t dim,
+                                  const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
   if (layout.one_id_per_sample) {
     // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
     // quantization only, where it is not a plain copy).
@@ -67,13 +67,19 @@ inline void CombineSampleRange(const FeatureLayout& layout, const RowOf& row_of,
   }
 }
 
+// A row-major table: row_of(i) = table + ids[i] * dim.
+inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
+                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  const auto row_of = [ids, table, dim](int64_t i) { return table + ids[i] * dim; };
+  CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out);
+}
+
 }  // namespace internal
 
 // `table` is row-major [vocabulary_size, dim]; `out` is row-major [num_samples, dim].  `quantizer` may be null.
 inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, const float* table, int64_t dim,
                            const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
-  const auto row_of = [ids, table, dim](int64_t i) { return table + ids[i] * dim; };
-  RunWithRowLoopIsa([&] { internal::CombineSampleRange(layout, row_of, dim, quantizer, begin, end, out); });
+  RunWithRowLoopIsa([&] { internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out); });
 }
 
 // The same for rows that are not one array (dynamic tables' chunked arenas): row_of(i) is the row id i of the
@@ -81,7 +87,7 @@ inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, cons
 template <typename RowOf>
 inline void CombineSampleRows(const FeatureLayout& layout, const RowOf& row_of, int64_t dim, const Quantizer* quantizer,
                               int64_t begin, int64_t end, float* out) {
-  RunWithRowLoopIsa([&] { internal::CombineSampleRange(layout, row_of, dim, quantizer, begin, end, out); });
+  RunWithRowLoopIsa([&] { internal::CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out); });
 }
 
 }  // namespace tf_embed_ops
