@@ -8,6 +8,7 @@
 // tf.bitcast(tf.fingerprint(s, "farmhash64"), tf.int64) gives a string's int64 key with plain TensorFlow ops.
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cc/ops/embedding_shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -42,12 +43,25 @@ absl::Status KeysToVectorShapeFn(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+// Keys are a list of types (int64 or string per feature); it must have one entry per feature.
+absl::Status CheckKeysPerFeature(InferenceContext* c) {
+  int n;
+  std::vector<tensorflow::DataType> tkeys;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("Tkeys", &tkeys));
+  if (static_cast<int>(tkeys.size()) == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("keys has ", tkeys.size(), " tensors but there are ", n,
+                                                 " features; give one keys tensor per feature"));
+}
+
 absl::Status DynamicActivationsShapeFn(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckKeysPerFeature(c));
   TF_RETURN_IF_ERROR(ActivationsShapeFn(c));
   return ScalarInput(c, c->num_inputs() - 1);  // step
 }
 
 absl::Status DynamicSendGradientsShapeFn(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckKeysPerFeature(c));
   TF_RETURN_IF_ERROR(SendGradientsShapeFn(c));
   return ScalarInput(c, c->num_inputs() - 1);  // step
 }
