@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         x, y = make_day(world, day, per_day, users_per_day, items_per_day, args.item_window)
         # Progressive validation: score the day before training on it (lookups with training=False insert nothing).
         auc = model.evaluate(_dataset(x, y, 2048, False), verbose=0, return_dict=True)["auc"] if day else float("nan")
-        model.fit(_dataset(x, y, args.batch_size, True), epochs=1, verbose=0)
+        model.fit(_dataset(x, y, args.batch_size, True), epochs=1, shuffle=False, verbose=0)
         after = _totals(layer)
         record = {"day": day, "auc": auc, "tables": {}}
         for name in ("user", "item"):
