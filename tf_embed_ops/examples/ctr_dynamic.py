@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         before = after
         records.append(record)
     print(
-        f"\n{days} days in {time.perf_counter() - start:.1f} s. 'refused': keys seen that did not reach admission (per batch); "
-        "'full': admitted keys refused because the table was at max_rows. Nothing was written to disk."
+        f"\n{days} days in {time.perf_counter() - start:.1f} s. 'refused': keys seen that did not reach admission "
+        "(per batch); 'full': admitted keys refused because the table was at max_rows. Nothing was written to disk."
     )
     return records
 
