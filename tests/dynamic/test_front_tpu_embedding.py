@@ -86,7 +86,7 @@ _OPTIMIZERS = {
     "adam_lazy": lambda: te.optimizers.Adam(0.05, lazy_adam=True),
     "ftrl": lambda: te.optimizers.FTRL(0.1),
     "momentum_clipped": lambda: te.optimizers.Momentum(
-        0.1, momentum=0.9, clip_gradient_min=-0.5, clip_gradient_max=0.5, weight_decay_factor=0.01
+        0.1, momentum=0.9, clipvalue=0.5, clip_weight_min=-1.5, weight_decay_factor=0.01
     ),
     "adagrad_accumulation_off": lambda: te.optimizers.Adagrad(0.1, use_gradient_accumulation=False),
 }
@@ -146,7 +146,7 @@ def test_new_keys_get_rows_and_inference_never_inserts():
     emb.enqueue({"f": ids}, training=False)
     np.testing.assert_array_equal(emb.dequeue()["f"].numpy(), np.zeros([3, DIM]))
     assert int(handle.size()) == 0
-    acts = _step(emb, {"f": ids})
+    acts = _step(emb, {"f": ids}, target=0.0)
     np.testing.assert_array_equal(acts["f"].numpy(), np.ones([3, DIM]))  # inserted, initialised from the key
     assert int(handle.size()) == 3
     assert int(emb.dynamic_step.numpy()) == 1

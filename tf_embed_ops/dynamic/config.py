@@ -27,8 +27,10 @@ __all__ = [
     "DynamicTableConfig",
     "FrequencyAdmission",
     "dynamic_config_proto",
+    "from_config_dict",
     "handle_attrs",
     "is_dynamic",
+    "to_config_dict",
     "shard_of_keys",
 ]
 
@@ -375,3 +377,56 @@ def dynamic_config_proto(features: list, optimizer: Any = None, output_shapes: A
         if not is_dynamic(feature.table):
             raise ValueError(f"dynamic_config_proto: table {feature.table.name!r} is not a DynamicTableConfig.")
     return config_lib.from_feature_config(list(features), optimizer=optimizer, output_shapes=output_shapes)
+
+
+def to_config_dict(config: DynamicTableConfig) -> dict[str, Any]:
+    """The dynamic fields of `config` as JSON-able values (the Keras layer's `get_config` stores them beside the
+    `TableConfig` fields)."""
+    admission = config.admission
+    eviction = config.eviction
+    return {
+        "key_dtype": config.key_dtype.name,
+        "initial_capacity": config.initial_capacity,
+        "max_rows": config.max_rows,
+        "seed": config.seed,
+        "admission": None
+        if admission is None
+        else {
+            "min_count": admission.min_count,
+            "max_pending_keys": admission.max_pending_keys,
+            "pending_ttl_steps": admission.pending_ttl_steps,
+        },
+        # TTL's argument is `steps`, LRU's and LFU's `max_rows`.
+        "eviction": None if eviction is None else {"kind": eviction.kind, "value": _eviction_value(eviction)},
+    }
+
+
+def _eviction_value(eviction: _Eviction) -> int:
+    return eviction.steps if isinstance(eviction, TTL) else eviction.max_rows
+
+
+def from_config_dict(
+    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any
+) -> DynamicTableConfig:
+    """Inverse of `to_config_dict`, given the `TableConfig` fields."""
+    admission = fields.get("admission")
+    eviction = fields.get("eviction")
+    policy = None
+    if eviction is not None:
+        kinds = {"lru": LRU, "lfu": LFU, "ttl": TTL}
+        if eviction.get("kind") not in kinds:
+            raise ValueError(f"DynamicTableConfig {name!r}: unknown eviction kind in a saved config: {eviction!r}.")
+        policy = kinds[eviction["kind"]](eviction["value"])
+    return DynamicTableConfig(
+        name,
+        dim,
+        optimizer=optimizer,
+        combiner=combiner,
+        initializer=initializer,
+        key_dtype=tf.as_dtype(fields["key_dtype"]),
+        initial_capacity=fields["initial_capacity"],
+        max_rows=fields["max_rows"],
+        admission=None if admission is None else FrequencyAdmission(**admission),
+        eviction=policy,
+        seed=fields["seed"],
+    )

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         x, y = make_day(world, day, per_day, users_per_day, items_per_day, args.item_window)
         # Progressive validation: score the day before training on it (lookups with training=False insert nothing).
         auc = model.evaluate(_dataset(x, y, 2048, False), verbose=0, return_dict=True)["auc"] if day else float("nan")
-        model.fit(_dataset(x, y, args.batch_size, True), epochs=1, verbose=0)
+        model.fit(_dataset(x, y, args.batch_size, True), epochs=1, shuffle=False, verbose=0)
         after = _totals(layer)
         record = {"day": day, "auc": auc, "tables": {}}
         for name in ("user", "item"):
@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         before = after
         records.append(record)
     print(
-        f"\n{days} days in {time.perf_counter() - start:.1f} s. 'refused': sightings of keys not admitted yet; "
-        "'full': admitted keys refused because the table was at max_rows. Nothing was written to disk."
+        f"\n{days} days in {time.perf_counter() - start:.1f} s. 'refused': keys seen that did not reach admission "
+        "(per batch); 'full': admitted keys refused because the table was at max_rows. Nothing was written to disk."
     )
     return records
 
