@@ -135,7 +135,8 @@ def string_feature(rows, weights=None) -> embedding_ops.FeatureInput:
 
 
 def int_feature(kind: str, rows, weights=None) -> embedding_ops.FeatureInput:
-    """rows (ragged lists of ids) as a dense / ragged / sparse feature (dense: one id per row, no weights)."""
+    """rows (ragged lists of ids) as a dense / ragged / ragged_sequence / sparse feature (dense: one id per row, no
+    weights)."""
     if kind == "dense":
         return embedding_ops.normalize_feature(tf.constant([r[0] for r in rows], tf.int64))
     lengths = tf.constant([len(r) for r in rows], tf.int64)
@@ -146,6 +147,8 @@ def int_feature(kind: str, rows, weights=None) -> embedding_ops.FeatureInput:
         w = tf.RaggedTensor.from_row_lengths(tf.constant([v for r in weights for v in r], tf.float32), lengths)
     if kind == "ragged":
         return embedding_ops.normalize_feature(x, w)
+    if kind == "ragged_sequence":  # sample shape [batch, 2]: the first two ids of each row, the rest dropped
+        return embedding_ops.normalize_feature(x, w, max_sequence_length=2)
     if kind == "sparse":
         return embedding_ops.normalize_feature(x.to_sparse(), None if w is None else w.to_sparse())
     raise ValueError(kind)

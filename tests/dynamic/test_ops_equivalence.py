@@ -40,7 +40,8 @@ def _steps(rng, num_steps, kinds):
                 step.append((kind, rows, None))
             else:
                 rows = [list(rng.integers(0, VOCAB, int(rng.integers(0, 4)))) for _ in range(4)]
-                weights = [list(rng.uniform(0.2, 2.0, len(r))) for r in rows] if kind == "ragged" else None
+                weighted = kind in ("ragged", "ragged_sequence")
+                weights = [list(rng.uniform(0.2, 2.0, len(r))) for r in rows] if weighted else None
                 step.append((kind, rows, weights))
         steps.append(step)
     return steps
@@ -105,7 +106,7 @@ def test_every_optimizer_trains_bitwise_like_the_static_table(case_id, optimizer
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse"])
+@pytest.mark.parametrize("kind", ["dense", "ragged", "ragged_sequence", "sparse"])
 @pytest.mark.parametrize("kind_of_optimizer", ["adagrad", "adam"])
 def test_every_input_form_and_combiner(combiner, kind, kind_of_optimizer):
     rng = np.random.default_rng(3)
