@@ -195,9 +195,9 @@ def test_admission_and_eviction_through_the_front_end():
 @pytest.mark.parametrize(
     ("key_dtype", "ids", "message"),
     [
-        (tf.int64, tf.constant(["a", "b"]), "Feature 'f': table 't' has key_dtype int64; got string ids"),
-        (tf.string, tf.constant([1, 2], tf.int64), "Feature 'f': table 't' has key_dtype string; got int64 ids"),
-        (tf.int64, tf.constant([1.0, 2.0]), "Feature 'f': table 't' has key_dtype int64; got float32 ids"),
+        (tf.int64, tf.constant(["a", "b"]), "Feature f: table 't' has key_dtype int64; got string ids"),
+        (tf.string, tf.constant([1, 2], tf.int64), "Feature f: table 't' has key_dtype string; got int64 ids"),
+        (tf.int64, tf.constant([1.0, 2.0]), "Feature f: table 't' has key_dtype int64; got float32 ids"),
     ],
 )
 def test_wrong_key_dtype_names_feature_and_table_and_changes_nothing(key_dtype, ids, message):
@@ -249,3 +249,19 @@ def test_checkpoint_round_trip_of_a_mixed_embedding(tmp_path):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(static_saved, emb.embedding_tables[static].numpy())
     assert int(emb.dynamic_step.numpy()) == 1
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (tf.ragged.constant([[["a"]], [["b"]]]), "Feature f: x: a RaggedTensor feature must have ragged_rank 1, got 2"),
+        (tf.constant([["a", "b"]]), "Feature f: x: dense input of rank >= 2 must have a last dimension of 1"),
+    ],
+)
+def test_string_inputs_follow_the_static_layout_rules(ids, message):
+    table = te.DynamicTableConfig("t", DIM, optimizer=te.optimizers.SGD(0.1), key_dtype=tf.string)
+    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table)})
+    with pytest.raises(ValueError) as info:
+        emb.enqueue({"f": ids})
+    assert message in str(info.value)
+    assert int(emb.dynamic_tables[table].size()) == 0
