@@ -200,3 +200,27 @@ def test_shape_functions():
 
     out = graph(tf.constant([1, 2, 3], tf.int64), tf.constant([0, 1, 3], tf.int64))
     assert out.shape == (2, 4)
+
+
+def test_a_tf_function_training_step_with_a_step_variable():
+    # The front ends' shape of a step: lookup and update in one graph, the step read from a variable.
+    h = new_table(DIM, initializer="constant", initializer_params=[1.0])
+    config = _config()
+    step = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def train(keys):
+        feature = embedding_ops.FeatureInput(tf.zeros([0], tf.int64), keys, tf.zeros([0]), tf.shape(keys, tf.int64))
+        acts = dyn.dynamic_embedding_activations([feature], [h], step, config, training=True)
+        update = dyn.dynamic_send_tpu_embedding_gradients([tf.ones_like(acts[0])], [], [feature], [h], step, config)
+        with tf.control_dependencies([update]):
+            step.assign_add(1)
+        return acts[0]
+
+    first = train(tf.constant([4, 5, 4], tf.int64)).numpy()
+    np.testing.assert_array_equal(first, np.ones((3, DIM)))
+    second = train(tf.constant([4, 6], tf.int64)).numpy()
+    # Key 4 got -1 twice at step 0 (SGD, lr 1): 1 - 2 = -1; key 6 is new.
+    np.testing.assert_array_equal(second, [[-1.0] * DIM, [1.0] * DIM])
+    np.testing.assert_array_equal(dyn.dynamic_table_export(h).last_steps.numpy(), [1, 0, 1])
+    assert int(step.numpy()) == 2
