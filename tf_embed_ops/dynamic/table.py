@@ -92,6 +92,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
       num_shards: how many shards the table is split into by key (`shard_of_keys`); 1 for an unsharded table.
       shard_index: which shard this object holds, in [0, num_shards).
       name: the resource's shared name prefix (default: the table's name).
+      optimizer: the optimizer that trains the table when `config.optimizer` is None (it decides the slots).
 
     Attributes:
       handle: the resource handle the ops take.
@@ -127,6 +128,8 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         # One resource per object: a process-unique shared name, as MutableHashTable does in eager mode.
         self._shared_name = f"{base}_dynamic_table_{next(_uid)}"
         super().__init__()
+        # The step is saved inside the table's own checkpoint tensors (not as a variable dependency), so a sharded
+        # table's one saved step restores into every shard, whatever the shard count.
         with tf.init_scope():
             self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_step")
 
