@@ -265,3 +265,38 @@ def test_string_inputs_follow_the_static_layout_rules(ids, message):
         emb.enqueue({"f": ids})
     assert message in str(info.value)
     assert int(emb.dynamic_tables[table].size()) == 0
+
+
+def test_check_numerics_rejects_the_step_and_changes_no_table():
+    static = _emb.TableConfig(V, DIM, name="static", optimizer=te.optimizers.Adagrad(0.1))
+    dynamic = te.DynamicTableConfig("dynamic", DIM, optimizer=te.optimizers.Adagrad(0.1))
+    emb = te.TPUEmbedding({"d": _emb.FeatureConfig(dynamic), "s": _emb.FeatureConfig(static)}, check_numerics=True)
+    ids = tf.constant([1, 2], tf.int64)
+    _step(emb, {"d": ids, "s": ids})
+    before = {k: v.numpy() for k, v in emb.dynamic_tables[dynamic].export().items()}
+    static_before = emb.embedding_tables[static].numpy()
+    emb.enqueue({"d": tf.constant([1, 3], tf.int64), "s": ids})
+    acts = emb.dequeue()
+    bad = tf.tensor_scatter_nd_update(tf.zeros_like(acts["d"]), [[0, 1]], [float("nan")])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN|nan|Inf|finite"):
+        emb.apply_gradients({"d": bad, "s": tf.ones_like(acts["s"])})
+    after = emb.dynamic_tables[dynamic].export()
+    # Key 3 got its row from the training lookup; the rows and slots that existed are untouched, the step stays.
+    np.testing.assert_array_equal(after["keys"].numpy(), [1, 2, 3])
+    for name in ("weights", "slots"):
+        kept = after[name].numpy()[..., :2, :] if name == "slots" else after[name].numpy()[:2]
+        np.testing.assert_array_equal(kept, before[name])
+    assert int(emb.dynamic_step.numpy()) == 1
+    np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), static_before)
+
+
+def test_lookup_of_a_subset_of_features_with_a_string_table():
+    names = te.DynamicTableConfig("names", DIM, optimizer=te.optimizers.SGD(0.1), key_dtype=tf.string)
+    static = _emb.TableConfig(V, DIM, name="static", optimizer=te.optimizers.SGD(0.1))
+    emb = te.TPUEmbedding({"n": _emb.FeatureConfig(names), "s": _emb.FeatureConfig(static)})
+    _step(emb, {"n": tf.constant(["a", "b"]), "s": tf.constant([1, 2], tf.int64)}, target=0.0)
+    only_static = emb({"s": tf.constant([1], tf.int64)})
+    np.testing.assert_array_equal(only_static["s"].numpy(), emb.embedding_tables[static].numpy()[[1]])
+    only_names = emb({"n": tf.constant(["b", "zzz"])})
+    np.testing.assert_array_equal(only_names["n"].numpy()[1], np.zeros(DIM))
+    assert int(emb.dynamic_tables[names].size()) == 2

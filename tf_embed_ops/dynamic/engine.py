@@ -101,6 +101,10 @@ class DynamicGroup:
         return cls(flat_features, check_numerics, shard_devices)
 
     @property
+    def check_numerics(self) -> bool:
+        return self._check_numerics
+
+    @property
     def num_shards(self) -> int:
         return len(self._shard_devices) if self._shard_devices else 1
 
@@ -317,6 +321,15 @@ def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: 
     """The fused updates of all features: the static ones through `static_send(gradients, inputs)`, the dynamic
     ones through `group`."""
     group.check_trainable()
+    if group.check_numerics and group.static_positions:
+        # Each op rejects non-finite gradients before writing, but the two groups are two ops: check every
+        # gradient before either runs, so a rejected step changes no table of either group.
+        checks = [
+            tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
+            for i, g in enumerate(gradients)
+        ]
+        with tf.control_dependencies(checks):
+            gradients = [tf.identity(g) for g in gradients]
     if group.static_positions:
         static_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
     group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions])
