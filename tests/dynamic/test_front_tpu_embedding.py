@@ -89,6 +89,8 @@ _OPTIMIZERS = {
         0.1, momentum=0.9, clipvalue=0.5, clip_weight_min=-1.5, weight_decay_factor=0.01
     ),
     "adagrad_accumulation_off": lambda: te.optimizers.Adagrad(0.1, use_gradient_accumulation=False),
+    "adam_non_lazy": lambda: te.optimizers.Adam(0.05, lazy_adam=False),
+    "rmsprop": lambda: te.optimizers.RMSProp(0.05, rho=0.9, momentum=0.5, epsilon=0.1),
 }
 
 
@@ -300,3 +302,29 @@ def test_lookup_of_a_subset_of_features_with_a_string_table():
     only_names = emb({"n": tf.constant(["b", "zzz"])})
     np.testing.assert_array_equal(only_names["n"].numpy()[1], np.zeros(DIM))
     assert int(emb.dynamic_tables[names].size()) == 2
+
+
+def test_dynamic_learning_rates_are_tagged_per_group():
+    rate = tf.Variable(0.5)
+    other = tf.Variable(0.25)
+    rows = _initial_rows()
+    static = _emb.TableConfig(
+        V, DIM, name="static", optimizer=te.optimizers.SGD(lambda: other), initializer=tf.constant_initializer(rows)
+    )
+    dynamic = te.DynamicTableConfig("dynamic", DIM, optimizer=te.optimizers.SGD(lambda: rate))
+    static_twin = _emb.TableConfig(
+        V, DIM, name="twin", optimizer=dynamic.optimizer, initializer=tf.constant_initializer(rows)
+    )
+    emb = te.TPUEmbedding(
+        {"d": _emb.FeatureConfig(dynamic), "s": _emb.FeatureConfig(static), "t": _emb.FeatureConfig(static_twin)}
+    )
+    emb.build()
+    emb.dynamic_tables[dynamic].import_(tf.range(V, dtype=tf.int64), rows)
+    ids = tf.constant([0, 3, 3, 9], tf.int64)
+    for value in (0.5, 0.125):
+        rate.assign(value)
+        _step(emb, {"d": ids, "s": ids, "t": ids}, target=0.0)
+    # The twin static table shares the dynamic table's callable: both trained at the same rates.
+    np.testing.assert_array_equal(_dynamic_content(emb, dynamic)[1], emb.embedding_tables[static_twin].numpy())
+    # The other static table trained at its own rate (0.25, its own tag), so it differs.
+    assert not np.array_equal(emb.embedding_tables[static].numpy(), emb.embedding_tables[static_twin].numpy())
