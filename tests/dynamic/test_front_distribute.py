@@ -152,3 +152,28 @@ def test_two_parameter_servers():
 
 if __name__ == "__main__":
     _child()
+
+
+def test_sharded_keras_layer_trains_like_the_single_machine_layer():
+    from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
+
+    def train(layer):
+        for keys, lengths, weights, static_ids in _batches():
+            u = tf.RaggedTensor.from_row_lengths(tf.constant(keys), lengths)
+            w = tf.RaggedTensor.from_row_lengths(tf.constant(weights), lengths)
+            with tf.GradientTape() as tape:
+                ids = {"u": u, "s": tf.constant(static_ids, tf.int64)}
+                acts = layer(ids, weights={"u": w, "s": None}, training=True)
+                loss = tf.reduce_sum(acts["u"] ** 2) + tf.reduce_sum(acts["s"])
+            tape.gradient(loss, layer.trainable_variables)  # the updates hang on the trigger's gradient
+        return layer
+
+    features, table, _ = _features("sqrtn")
+    sharded = train(ShardedEmbeddingLayer(features, num_shards=2))
+    features, table1, _ = _features("sqrtn")
+    single = train(te.keras.TPUEmbedding(features))
+    a = sharded.embedding.dynamic_tables[table].export()
+    b = single.dynamic_tables[table1].export()
+    np.testing.assert_array_equal(a["keys"].numpy(), b["keys"].numpy())
+    np.testing.assert_allclose(a["weights"].numpy(), b["weights"].numpy(), rtol=2e-6, atol=1e-6)
+    assert int(sharded.embedding.dynamic_step.numpy()) == 3

@@ -89,6 +89,8 @@ _OPTIMIZERS = {
         0.1, momentum=0.9, clipvalue=0.5, clip_weight_min=-1.5, weight_decay_factor=0.01
     ),
     "adagrad_accumulation_off": lambda: te.optimizers.Adagrad(0.1, use_gradient_accumulation=False),
+    "adam_non_lazy": lambda: te.optimizers.Adam(0.05, lazy_adam=False),
+    "rmsprop": lambda: te.optimizers.RMSProp(0.05, rho=0.9, momentum=0.5, epsilon=0.1),
 }
 
 
@@ -195,9 +197,9 @@ def test_admission_and_eviction_through_the_front_end():
 @pytest.mark.parametrize(
     ("key_dtype", "ids", "message"),
     [
-        (tf.int64, tf.constant(["a", "b"]), "Feature 'f': table 't' has key_dtype int64; got string ids"),
-        (tf.string, tf.constant([1, 2], tf.int64), "Feature 'f': table 't' has key_dtype string; got int64 ids"),
-        (tf.int64, tf.constant([1.0, 2.0]), "Feature 'f': table 't' has key_dtype int64; got float32 ids"),
+        (tf.int64, tf.constant(["a", "b"]), "Feature f: table 't' has key_dtype int64; got string ids"),
+        (tf.string, tf.constant([1, 2], tf.int64), "Feature f: table 't' has key_dtype string; got int64 ids"),
+        (tf.int64, tf.constant([1.0, 2.0]), "Feature f: table 't' has key_dtype int64; got float32 ids"),
     ],
 )
 def test_wrong_key_dtype_names_feature_and_table_and_changes_nothing(key_dtype, ids, message):
@@ -249,3 +251,80 @@ def test_checkpoint_round_trip_of_a_mixed_embedding(tmp_path):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(static_saved, emb.embedding_tables[static].numpy())
     assert int(emb.dynamic_step.numpy()) == 1
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (tf.ragged.constant([[["a"]], [["b"]]]), "Feature f: x: a RaggedTensor feature must have ragged_rank 1, got 2"),
+        (tf.constant([["a", "b"]]), "Feature f: x: dense input of rank >= 2 must have a last dimension of 1"),
+    ],
+)
+def test_string_inputs_follow_the_static_layout_rules(ids, message):
+    table = te.DynamicTableConfig("t", DIM, optimizer=te.optimizers.SGD(0.1), key_dtype=tf.string)
+    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table)})
+    with pytest.raises(ValueError) as info:
+        emb.enqueue({"f": ids})
+    assert message in str(info.value)
+    assert int(emb.dynamic_tables[table].size()) == 0
+
+
+def test_check_numerics_rejects_the_step_and_changes_no_table():
+    static = _emb.TableConfig(V, DIM, name="static", optimizer=te.optimizers.Adagrad(0.1))
+    dynamic = te.DynamicTableConfig("dynamic", DIM, optimizer=te.optimizers.Adagrad(0.1))
+    emb = te.TPUEmbedding({"d": _emb.FeatureConfig(dynamic), "s": _emb.FeatureConfig(static)}, check_numerics=True)
+    ids = tf.constant([1, 2], tf.int64)
+    _step(emb, {"d": ids, "s": ids})
+    before = {k: v.numpy() for k, v in emb.dynamic_tables[dynamic].export().items()}
+    static_before = emb.embedding_tables[static].numpy()
+    emb.enqueue({"d": tf.constant([1, 3], tf.int64), "s": ids})
+    acts = emb.dequeue()
+    bad = tf.tensor_scatter_nd_update(tf.zeros_like(acts["d"]), [[0, 1]], [float("nan")])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN|nan|Inf|finite"):
+        emb.apply_gradients({"d": bad, "s": tf.ones_like(acts["s"])})
+    after = emb.dynamic_tables[dynamic].export()
+    # Key 3 got its row from the training lookup; the rows and slots that existed are untouched, the step stays.
+    np.testing.assert_array_equal(after["keys"].numpy(), [1, 2, 3])
+    for name in ("weights", "slots"):
+        kept = after[name].numpy()[..., :2, :] if name == "slots" else after[name].numpy()[:2]
+        np.testing.assert_array_equal(kept, before[name])
+    assert int(emb.dynamic_step.numpy()) == 1
+    np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), static_before)
+
+
+def test_lookup_of_a_subset_of_features_with_a_string_table():
+    names = te.DynamicTableConfig("names", DIM, optimizer=te.optimizers.SGD(0.1), key_dtype=tf.string)
+    static = _emb.TableConfig(V, DIM, name="static", optimizer=te.optimizers.SGD(0.1))
+    emb = te.TPUEmbedding({"n": _emb.FeatureConfig(names), "s": _emb.FeatureConfig(static)})
+    _step(emb, {"n": tf.constant(["a", "b"]), "s": tf.constant([1, 2], tf.int64)}, target=0.0)
+    only_static = emb({"s": tf.constant([1], tf.int64)})
+    np.testing.assert_array_equal(only_static["s"].numpy(), emb.embedding_tables[static].numpy()[[1]])
+    only_names = emb({"n": tf.constant(["b", "zzz"])})
+    np.testing.assert_array_equal(only_names["n"].numpy()[1], np.zeros(DIM))
+    assert int(emb.dynamic_tables[names].size()) == 2
+
+
+def test_dynamic_learning_rates_are_tagged_per_group():
+    rate = tf.Variable(0.5)
+    other = tf.Variable(0.25)
+    rows = _initial_rows()
+    static = _emb.TableConfig(
+        V, DIM, name="static", optimizer=te.optimizers.SGD(lambda: other), initializer=tf.constant_initializer(rows)
+    )
+    dynamic = te.DynamicTableConfig("dynamic", DIM, optimizer=te.optimizers.SGD(lambda: rate))
+    static_twin = _emb.TableConfig(
+        V, DIM, name="twin", optimizer=dynamic.optimizer, initializer=tf.constant_initializer(rows)
+    )
+    emb = te.TPUEmbedding(
+        {"d": _emb.FeatureConfig(dynamic), "s": _emb.FeatureConfig(static), "t": _emb.FeatureConfig(static_twin)}
+    )
+    emb.build()
+    emb.dynamic_tables[dynamic].import_(tf.range(V, dtype=tf.int64), rows)
+    ids = tf.constant([0, 3, 3, 9], tf.int64)
+    for value in (0.5, 0.125):
+        rate.assign(value)
+        _step(emb, {"d": ids, "s": ids, "t": ids}, target=0.0)
+    # The twin static table shares the dynamic table's callable: both trained at the same rates.
+    np.testing.assert_array_equal(_dynamic_content(emb, dynamic)[1], emb.embedding_tables[static_twin].numpy())
+    # The other static table trained at its own rate (0.25, its own tag), so it differs.
+    assert not np.array_equal(emb.embedding_tables[static].numpy(), emb.embedding_tables[static_twin].numpy())

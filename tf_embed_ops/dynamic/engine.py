@@ -32,25 +32,25 @@ def normalize_dynamic_feature(
     """`embedding_ops.normalize_feature` for a dynamic table: the same input forms, with int64 or string keys.
 
     The key dtype must be the table's (integers of any width for an int64 table, strings for a string table):
-    a mismatch is a ValueError naming the feature and the table, raised before any op runs.
+    a mismatch is a ValueError naming the table (the caller adds the feature), raised before any op runs.
 
     String ids are normalised through their positions (an int64 tensor of the same structure), then gathered, so
     every layout rule (sequence truncation, sparse sample positions) is the one `normalize_feature` applies.
     """
     values = x.values if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) else tf.convert_to_tensor(x)
-    what = f"Feature {feature_name!r}" if feature_name else "A feature"
+    # The front ends prefix "Feature <path>: " to every normalisation error.
     if table.key_dtype == tf.string:
         if values.dtype != tf.string:
             raise ValueError(
-                f"{what}: table {table.name!r} has key_dtype string; got {values.dtype.name} ids (pass the raw "
-                "strings; they are fingerprinted inside the op)."
+                f"table {table.name!r} has key_dtype string; got {values.dtype.name} ids (pass the raw strings; "
+                "they are fingerprinted inside the op)."
             )
         if isinstance(x, tf.SparseTensor):
             positions = tf.SparseTensor(x.indices, tf.range(tf.size(x.values, out_type=tf.int64)), x.dense_shape)
             flat = x.values
         elif isinstance(x, tf.RaggedTensor):
             if x.ragged_rank != 1:
-                raise ValueError(f"{what}: a RaggedTensor feature must have ragged_rank 1, got {x.ragged_rank}")
+                raise ValueError(f"x: a RaggedTensor feature must have ragged_rank 1, got {x.ragged_rank}")
             positions = x.with_values(tf.range(tf.size(x.values, out_type=tf.int64)))
             flat = x.values
         else:
@@ -61,8 +61,8 @@ def normalize_dynamic_feature(
         return normalized._replace(ids=tf.gather(flat, normalized.ids))
     if values.dtype == tf.string or not values.dtype.is_integer:
         raise ValueError(
-            f"{what}: table {table.name!r} has key_dtype int64; got {values.dtype.name} ids (a string-keyed table "
-            "needs key_dtype=tf.string)."
+            f"table {table.name!r} has key_dtype int64; got {values.dtype.name} ids (a string-keyed table needs "
+            "key_dtype=tf.string)."
         )
     return embedding_ops.normalize_feature(x, weights, max_sequence_length, feature_name)
 
@@ -99,6 +99,10 @@ class DynamicGroup:
         if not any(config_lib.is_dynamic(f.table) for f in flat_features):
             return None
         return cls(flat_features, check_numerics, shard_devices)
+
+    @property
+    def check_numerics(self) -> bool:
+        return self._check_numerics
 
     @property
     def num_shards(self) -> int:
@@ -317,6 +321,15 @@ def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: 
     """The fused updates of all features: the static ones through `static_send(gradients, inputs)`, the dynamic
     ones through `group`."""
     group.check_trainable()
+    if group.check_numerics and group.static_positions:
+        # Each op rejects non-finite gradients before writing, but the two groups are two ops: check every
+        # gradient before either runs, so a rejected step changes no table of either group.
+        checks = [
+            tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
+            for i, g in enumerate(gradients)
+        ]
+        with tf.control_dependencies(checks):
+            gradients = [tf.identity(g) for g in gradients]
     if group.static_positions:
         static_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
     group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions])
