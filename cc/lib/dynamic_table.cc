@@ -282,6 +282,10 @@ int64_t DynamicTable::EvictRows(std::vector<int64_t> rows) {
 absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t step) {
   if (absl::Status s = ValidateStep(step, "Evict"); !s.ok()) return s;
   if (absl::Status s = ValidatePolicy(name(), options_.max_rows, p, "Evict"); !s.ok()) return s;
+  // Nothing to do without a policy or under the target: return before listing (and sorting) every row, which
+  // EndStep would otherwise pay at every step.
+  if (p.policy == EvictionPolicy::kNone) return 0;
+  if (p.policy != EvictionPolicy::kTtl && size_ <= p.target_rows) return 0;
   std::vector<int64_t> rows = LiveRows();
   std::vector<int64_t> victims;
   if (p.policy == EvictionPolicy::kTtl) {

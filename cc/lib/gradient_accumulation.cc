@@ -35,9 +35,15 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   int32_t* const unique_of = unique_of_.data();
   int32_t num_rows = 0;
   int64_t n = 0;
+  int64_t num_entries = 0;
   for (const GradientSource& s : *sources) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
+      if (row < 0) {  // no row (a dynamic table's key that was not admitted): contributes nothing
+        unique_of[n] = -1;
+        continue;
+      }
+      ++num_entries;
       uint64_t h = Slot(row, shift);
       int32_t u;
       for (;;) {
@@ -69,13 +75,14 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
     cursor_[u] = offsets_[u];
     offsets_[u + 1] = offsets_[u] + counts[u];
   }
-  entries_.resize(total);
+  entries_.resize(num_entries);
   Entry* const entries = entries_.data();
   int64_t* const cursor = cursor_.data();
   n = 0;
   for (size_t f = 0; f < sources->size(); ++f) {
     const int64_t num_ids = (*sources)[f].num_ids;
     for (int64_t i = 0; i < num_ids; ++i, ++n) {
+      if (unique_of[n] < 0) continue;
       entries[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), static_cast<int32_t>(i)};
     }
   }

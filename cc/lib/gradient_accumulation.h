@@ -19,7 +19,8 @@
 
 namespace tf_embed_ops {
 
-// One feature's gradient as seen by its table.  Ids must already be validated.
+// One feature's gradient as seen by its table.  Ids must already be validated; a negative id (a dynamic
+// table's key without a row) contributes nothing.
 struct GradientSource {
   const int64_t* ids = nullptr;
   int64_t num_ids = 0;
@@ -59,7 +60,7 @@ class RowGradientPlan {
     int32_t position;  // < kMaxIds
   };
   // A hash bucket holds its key next to its value, so a probe reads one cache line with no dependent load.
-  static constexpr int64_t kEmptyRow = -1;  // ids are validated non-negative
+  static constexpr int64_t kEmptyRow = -1;  // negative ids never enter the map
   struct Bucket {
     int64_t row;
     int32_t unique;

@@ -96,23 +96,7 @@ void ExpectInvalid(const absl::Status& s, const std::vector<std::string>& parts)
 
 // --- dynamic_table_key.h -----------------------------------------------------------------------------------
 
-TEST(DynamicTableKeyTest, Fnv1aMatchesThePublishedVectors) {
-  // From the FNV reference test suite.
-  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ULL);
-  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cULL);
-  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ULL);
-}
-
-TEST(DynamicTableKeyTest, StringFingerprintMatchesAnIndependentImplementation) {
-  // Expected values from a separate Python implementation of the documented formula (fmix64(fnv1a64(bytes))
-  // reinterpreted as int64), so a change of the function is caught.
-  EXPECT_EQ(StringFingerprint64(""), -1166397803181037274LL);
-  EXPECT_EQ(StringFingerprint64("a"), -9033471704281723301LL);
-  EXPECT_EQ(StringFingerprint64("foobar"), 3180132088784447275LL);
-  EXPECT_EQ(StringFingerprint64("user:12345"), 808867213087533264LL);
-  // Bytes are unsigned and embedded zeros count.
-  EXPECT_EQ(StringFingerprint64(std::string("\xff\x00\x80", 3)), 555574342603804160LL);
-  EXPECT_NE(StringFingerprint64(std::string("a\0", 2)), StringFingerprint64("a"));
+TEST(DynamicTableKeyTest, MixKeyIsMurmurHash3Fmix64) {
   EXPECT_EQ(MixKey(1), 0xb456bcfc34c2cb2cULL);
   EXPECT_EQ(MixKey(0), 0u);  // fmix64 fixes 0; the index is still correct for key 0 (tested below)
 }
@@ -967,6 +951,40 @@ TEST(DynamicTableUpdateTest, NonLazyUpdateReachesUntouchedLiveRowsOnly) {
   EXPECT_EQ(*t->Slot(0, rows[0]), m);
   EXPECT_EQ(*t->Slot(1, rows[1]), v);
   EXPECT_EQ(*t->Slot(0, rows[2]), 1.0f);  // the evicted row's memory was not touched
+}
+
+TEST(DynamicTableUpdateTest, KeysWithoutARowContributeNothing) {
+  // The ops map keys without a row to kNotAdmitted (-1) and build the plan over that: those ids must neither
+  // reach a row nor shift the other ids' contributions.  Same update with and without them, bitwise.
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  DynamicTableOptions options = Options(2, 4, 10);
+  options.initializer.kind = RowInitializerKind::kUniform;
+  options.initializer.minval = -1.0f;
+  options.initializer.maxval = 1.0f;
+  options.slot_initial_values = {0.1f};
+  auto with_missing = Make(options);
+  auto without = Make(options);
+  const std::vector<int64_t> rows_a = Insert(with_missing.get(), {5, 6});
+  const std::vector<int64_t> rows_b = Insert(without.get(), {5, 6});
+  const int64_t r5 = rows_a[0], r6 = rows_a[1];
+  ASSERT_EQ(rows_b, rows_a);
+  // Ids 5, -1, 6, -1, 5 with gradients 1..5 (per id, dim 2) vs ids 5, 6, 5 with gradients 1, 3, 5.
+  std::vector<DenseIds> a = {
+      MakeDense({r5, DynamicTable::kNotAdmitted, r6, DynamicTable::kNotAdmitted, r5}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5})};
+  std::vector<DenseIds> b = {MakeDense({r5, r6, r5}, {1, 1, 3, 3, 5, 5})};
+  std::vector<GradientSource> a_sources = {{a[0].ids.data(), 5, &a[0].layout, a[0].gradient.data()}};
+  std::vector<GradientSource> b_sources = {{b[0].ids.data(), 3, &b[0].layout, b[0].gradient.data()}};
+  RowGradientPlan a_plan, b_plan;
+  a_plan.Build(&a_sources);
+  b_plan.Build(&b_sources);
+  ASSERT_EQ(a_plan.num_rows(), 2);
+  UpdateDynamicTable(o, 0.5f, a_plan, with_missing.get(), Serial());
+  UpdateDynamicTable(o, 0.5f, b_plan, without.get(), Serial());
+  const DynamicTableContents x = with_missing->Export(), y = without->Export();
+  EXPECT_EQ(x.weights, y.weights);
+  EXPECT_EQ(x.slots, y.slots);
+  EXPECT_NE(x.weights, Make(options)->Export().weights);  // (the rows did move)
 }
 
 }  // namespace
