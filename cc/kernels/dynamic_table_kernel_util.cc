@@ -39,11 +39,21 @@ absl::Status LookupConfigTables(tensorflow::OpKernelContext* ctx, int first_inpu
       return absl::InvalidArgumentError(absl::StrCat(what, ": dynamic table '", table.name(), "' has dim ", table.dim(),
                                                      " but the config's table has dimension ", spec.dimension));
     }
-    const int64_t slots = static_cast<int64_t>(OptimizerSlots(spec.optimization.optimizer).size());
+    const auto& slot_infos = OptimizerSlots(spec.optimization.optimizer);
+    const int64_t slots = static_cast<int64_t>(slot_infos.size());
     if (check_slots && table.num_slots() != slots) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": dynamic table '", table.name(), "' was created with ", table.num_slots(),
           " slot initial values but the config's optimizer has ", slots, " slots (one initial value per slot)"));
+    }
+    for (int64_t k = 0; check_slots && k < slots; ++k) {
+      const int64_t width = SlotWidth(slot_infos[k], spec.dimension);
+      if (table.slot_width(k) != width) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": dynamic table '", table.name(), "' keeps ", table.slot_width(k),
+                         " values per row in slot ", k, " but the config's optimizer's slot '", slot_infos[k].name,
+                         "' holds ", width, " (create the table with slot_widths from the optimizer)"));
+      }
     }
     for (int u = 0; u < t; ++u) {
       if ((*out)[u].get() == (*out)[t].get()) {

@@ -43,6 +43,7 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
   TF_RETURN_IF_ERROR(ctx->GetAttr("dim", &o->dim));
   TF_RETURN_IF_ERROR(ctx->GetAttr("key_dtype", key_dtype));
   TF_RETURN_IF_ERROR(ctx->GetAttr("slot_initial_values", &o->slot_initial_values));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("slot_widths", &o->slot_widths));
   TF_RETURN_IF_ERROR(ctx->GetAttr("initial_capacity", &o->initial_capacity));
   TF_RETURN_IF_ERROR(ctx->GetAttr("max_rows", &o->max_rows));
   TF_RETURN_IF_ERROR(ctx->GetAttr("rows_per_chunk", &o->rows_per_chunk));
@@ -92,6 +93,7 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
       {"dim", absl::StrCat(o->dim)},
       {"key_dtype", tf::DataTypeString(*key_dtype)},
       {"slot_initial_values", absl::StrCat("[", absl::StrJoin(o->slot_initial_values, ", "), "]")},
+      {"slot_widths", absl::StrCat("[", absl::StrJoin(o->slot_widths, ", "), "]")},
       {"initial_capacity", absl::StrCat(o->initial_capacity)},
       {"max_rows", absl::StrCat(o->max_rows)},
       {"rows_per_chunk", absl::StrCat(o->rows_per_chunk)},
@@ -228,6 +230,14 @@ class DynamicTableStatsOp : public tf::OpKernel {
 };
 
 // Copies a vector into a new output tensor of `shape`.
+// The export/import op's num_slots attr (the length of its slots list) equals the table's slot count.
+absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op) {
+  if (num_slots == table.num_slots()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': ", op,
+                                                 ": num_slots = ", num_slots, " but the table has ", table.num_slots(),
+                                                 " optimizer slots; nothing was changed"));
+}
+
 template <typename T>
 absl::Status Output(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape, const std::vector<T>& values,
                     int64_t offset = 0) {
@@ -239,11 +249,14 @@ absl::Status Output(tf::OpKernelContext* ctx, int index, const tf::TensorShape& 
 
 class DynamicTableExportOp : public tf::OpKernel {
  public:
-  explicit DynamicTableExportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DynamicTableExportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+  }
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
     OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "Export"));
     DynamicTableContents c;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -251,19 +264,21 @@ class DynamicTableExportOp : public tf::OpKernel {
     }
     const int64_t n = static_cast<int64_t>(c.keys.size());
     const int64_t p = static_cast<int64_t>(c.pending_keys.size());
-    const int64_t s = static_cast<int64_t>(c.slots.size());
+    const int s = static_cast<int>(c.slots.size());
     OP_REQUIRES_OK(ctx, Output(ctx, 0, tf::TensorShape({n}), c.keys));
     OP_REQUIRES_OK(ctx, Output(ctx, 1, tf::TensorShape({n, c.dim}), c.weights));
-    tf::Tensor* slots = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({s, n, c.dim}), &slots));
-    for (int64_t k = 0; k < s; ++k)
-      std::copy_n(c.slots[k].data(), n * c.dim, slots->flat<float>().data() + k * n * c.dim);
-    OP_REQUIRES_OK(ctx, Output(ctx, 3, tf::TensorShape({n}), c.counts));
-    OP_REQUIRES_OK(ctx, Output(ctx, 4, tf::TensorShape({n}), c.last_steps));
-    OP_REQUIRES_OK(ctx, Output(ctx, 5, tf::TensorShape({p}), c.pending_keys));
-    OP_REQUIRES_OK(ctx, Output(ctx, 6, tf::TensorShape({p}), c.pending_counts));
-    OP_REQUIRES_OK(ctx, Output(ctx, 7, tf::TensorShape({p}), c.pending_last_steps));
+    for (int k = 0; k < s; ++k) {
+      OP_REQUIRES_OK(ctx, Output(ctx, 2 + k, tf::TensorShape({n, c.slot_widths[k]}), c.slots[k]));
+    }
+    OP_REQUIRES_OK(ctx, Output(ctx, 2 + s, tf::TensorShape({n}), c.counts));
+    OP_REQUIRES_OK(ctx, Output(ctx, 3 + s, tf::TensorShape({n}), c.last_steps));
+    OP_REQUIRES_OK(ctx, Output(ctx, 4 + s, tf::TensorShape({p}), c.pending_keys));
+    OP_REQUIRES_OK(ctx, Output(ctx, 5 + s, tf::TensorShape({p}), c.pending_counts));
+    OP_REQUIRES_OK(ctx, Output(ctx, 6 + s, tf::TensorShape({p}), c.pending_last_steps));
   }
+
+ private:
+  int num_slots_ = 0;
 };
 
 template <typename T>
@@ -274,13 +289,16 @@ std::vector<T> ToVector(const tf::Tensor& t) {
 
 class DynamicTableImportOp : public tf::OpKernel {
  public:
-  explicit DynamicTableImportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DynamicTableImportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+  }
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
     OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "Import"));
     DynamicTableContents c;
-    OP_REQUIRES_OK(ctx, ReadContents(ctx, *table, &c));
+    OP_REQUIRES_OK(ctx, ReadContents(ctx, *table, num_slots_, &c));
     tsl::mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, table->table()->Import(c));
     table->ResetStepStats();
@@ -289,44 +307,54 @@ class DynamicTableImportOp : public tf::OpKernel {
  private:
   // The ranks and the shapes that relate the tensors to each other; the table checks dim, slot count, sizes,
   // unique keys, counts and steps.
-  static absl::Status ReadContents(tf::OpKernelContext* ctx, const DynamicTableResource& table,
+  static absl::Status ReadContents(tf::OpKernelContext* ctx, const DynamicTableResource& table, int num_slots,
                                    DynamicTableContents* c) {
-    const char* names[] = {"keys",       "weights",      "slots",          "counts",
-                           "last_steps", "pending_keys", "pending_counts", "pending_last_steps"};
-    const int ranks[] = {1, 2, 3, 1, 1, 1, 1, 1};
-    for (int i = 0; i < 8; ++i) {
+    const int num_inputs = 7 + num_slots;
+    for (int i = 0; i < num_inputs; ++i) {
+      const bool is_slot = i >= 2 && i < 2 + num_slots;
+      const int rank = i == 1 || is_slot ? 2 : 1;
       const tf::Tensor& t = ctx->input(1 + i);
-      if (t.dims() != ranks[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': Import: ", names[i],
-                                                       " must have rank ", ranks[i], ", got shape ",
+      if (t.dims() != rank) {
+        static const char* const kRest[] = {"counts", "last_steps", "pending_keys", "pending_counts",
+                                            "pending_last_steps"};
+        const std::string what = i == 0    ? "keys"
+                                 : i == 1  ? "weights"
+                                 : is_slot ? absl::StrCat("slots[", i - 2, "]")
+                                           : kRest[i - 2 - num_slots];
+        return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': Import: ", what,
+                                                       " must have rank ", rank, ", got shape ",
                                                        t.shape().DebugString()));
       }
     }
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& weights = ctx->input(2);
-    const tf::Tensor& slots = ctx->input(3);
     const int64_t n = keys.dim_size(0);
-    if (weights.dim_size(0) != n || slots.dim_size(1) != n || slots.dim_size(2) != weights.dim_size(1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dynamic table '", table.name(), "': Import: keys ", keys.shape().DebugString(), ", weights ",
-                       weights.shape().DebugString(), " and slots ", slots.shape().DebugString(),
-                       " do not agree (expected [n], [n, dim], [num_slots, n, dim])"));
+    for (int k = -1; k < num_slots; ++k) {
+      const tf::Tensor& t = k < 0 ? weights : ctx->input(3 + k);
+      if (t.dim_size(0) != n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dynamic table '", table.name(), "': Import: keys ", keys.shape().DebugString(), " and ",
+                         k < 0 ? std::string("weights") : absl::StrCat("slots[", k, "]"), " ", t.shape().DebugString(),
+                         " do not agree (expected [n], [n, dim], and [n, width] per slot)"));
+      }
     }
     c->dim = weights.dim_size(1);
     c->keys = ToVector<int64_t>(keys);
     c->weights = ToVector<float>(weights);
-    const int64_t slot_size = n * c->dim;
-    for (int64_t k = 0; k < slots.dim_size(0); ++k) {
-      const float* first = slots.flat<float>().data() + k * slot_size;
-      c->slots.emplace_back(first, first + slot_size);
+    for (int k = 0; k < num_slots; ++k) {
+      c->slot_widths.push_back(ctx->input(3 + k).dim_size(1));
+      c->slots.push_back(ToVector<float>(ctx->input(3 + k)));
     }
-    c->counts = ToVector<int64_t>(ctx->input(4));
-    c->last_steps = ToVector<int64_t>(ctx->input(5));
-    c->pending_keys = ToVector<int64_t>(ctx->input(6));
-    c->pending_counts = ToVector<int64_t>(ctx->input(7));
-    c->pending_last_steps = ToVector<int64_t>(ctx->input(8));
+    const int rest = 3 + num_slots;
+    c->counts = ToVector<int64_t>(ctx->input(rest));
+    c->last_steps = ToVector<int64_t>(ctx->input(rest + 1));
+    c->pending_keys = ToVector<int64_t>(ctx->input(rest + 2));
+    c->pending_counts = ToVector<int64_t>(ctx->input(rest + 3));
+    c->pending_last_steps = ToVector<int64_t>(ctx->input(rest + 4));
     return absl::OkStatus();
   }
+
+  int num_slots_ = 0;
 };
 
 class DynamicTableEvictOp : public tf::OpKernel {

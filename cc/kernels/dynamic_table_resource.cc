@@ -5,6 +5,15 @@
 #include "absl/strings/str_cat.h"
 
 namespace tf_embed_ops {
+namespace {
+
+std::vector<int64_t> SlotWidths(const DynamicTable& table) {
+  std::vector<int64_t> widths;
+  for (int64_t k = 0; k < table.num_slots(); ++k) widths.push_back(table.slot_width(k));
+  return widths;
+}
+
+}  // namespace
 
 DynamicTableResource::DynamicTableResource(std::unique_ptr<DynamicTable> table, tensorflow::DataType key_dtype,
                                            DynamicTableOptionList options)
@@ -12,6 +21,7 @@ DynamicTableResource::DynamicTableResource(std::unique_ptr<DynamicTable> table, 
       key_dtype_(key_dtype),
       dim_(table->dim()),
       num_slots_(table->num_slots()),
+      slot_widths_(SlotWidths(*table)),
       options_(std::move(options)),
       table_(std::move(table)) {}
 

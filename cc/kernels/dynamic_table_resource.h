@@ -48,6 +48,7 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   tensorflow::DataType key_dtype() const { return key_dtype_; }
   int64_t dim() const { return dim_; }
   int64_t num_slots() const { return num_slots_; }
+  int64_t slot_width(int64_t slot) const { return slot_widths_[slot]; }
 
   // OK when `requested` equals the options this table was created with; else InvalidArgument naming the table
   // and the first option that differs.
@@ -71,6 +72,7 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   const tensorflow::DataType key_dtype_;
   const int64_t dim_;
   const int64_t num_slots_;
+  const std::vector<int64_t> slot_widths_;
   const DynamicTableOptionList options_;
   mutable tsl::mutex mu_;
   std::unique_ptr<DynamicTable> table_ TF_GUARDED_BY(mu_);

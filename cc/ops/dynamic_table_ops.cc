@@ -66,28 +66,34 @@ absl::Status DynamicSendGradientsShapeFn(InferenceContext* c) {
   return ScalarInput(c, c->num_inputs() - 1);  // step
 }
 
-// The eight content tensors: keys [n], weights [n, d], slots [S, n, d], counts [n], last_steps [n],
-// pending_keys [p], pending_counts [p], pending_last_steps [p].
+// The content tensors: keys [n], weights [n, d], S slots [n, w_k] (w_k = d, or 1 for a per-row slot), counts
+// [n], last_steps [n], pending_keys [p], pending_counts [p], pending_last_steps [p].  Shapes are per input index:
+// the slots list takes S inputs.
 absl::Status ContentShapes(InferenceContext* c, int first, std::vector<ShapeHandle>* shapes) {
-  ShapeHandle keys, weights, slots, counts, last_steps, pending_keys, pending_counts, pending_last_steps;
+  int num_slots = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+  ShapeHandle keys, weights, counts, last_steps, pending_keys, pending_counts, pending_last_steps;
   TF_RETURN_IF_ERROR(VectorInput(c, first, &keys));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 1), 2, &weights));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 2), 3, &slots));
-  TF_RETURN_IF_ERROR(VectorInput(c, first + 3, &counts));
-  TF_RETURN_IF_ERROR(VectorInput(c, first + 4, &last_steps));
-  TF_RETURN_IF_ERROR(VectorInput(c, first + 5, &pending_keys));
-  TF_RETURN_IF_ERROR(VectorInput(c, first + 6, &pending_counts));
-  TF_RETURN_IF_ERROR(VectorInput(c, first + 7, &pending_last_steps));
-  // Rows agree in number, pending entries too, and the slots' rows and columns are the weights'.
-  DimensionHandle n = c->Dim(keys, 0), d = c->Dim(weights, 1), p = c->Dim(pending_keys, 0);
+  std::vector<ShapeHandle> slots(num_slots);
+  for (int k = 0; k < num_slots; ++k) TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 2 + k), 2, &slots[k]));
+  const int rest = first + 2 + num_slots;
+  TF_RETURN_IF_ERROR(VectorInput(c, rest, &counts));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 1, &last_steps));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 2, &pending_keys));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 3, &pending_counts));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 4, &pending_last_steps));
+  // Rows agree in number (the slots' too; their widths are the table's to check), pending entries too.
+  DimensionHandle n = c->Dim(keys, 0), p = c->Dim(pending_keys, 0);
   TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(weights, 0), &n));
   TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(counts, 0), &n));
   TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(last_steps, 0), &n));
-  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(slots, 1), &n));
-  TF_RETURN_IF_ERROR(c->Merge(d, c->Dim(slots, 2), &d));
+  for (const ShapeHandle& s : slots) TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(s, 0), &n));
   TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_counts, 0), &p));
   TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_last_steps, 0), &p));
-  *shapes = {keys, weights, slots, counts, last_steps, pending_keys, pending_counts, pending_last_steps};
+  *shapes = {keys, weights};
+  shapes->insert(shapes->end(), slots.begin(), slots.end());
+  shapes->insert(shapes->end(), {counts, last_steps, pending_keys, pending_counts, pending_last_steps});
   return absl::OkStatus();
 }
 
@@ -101,6 +107,7 @@ REGISTER_OP("TfEmbed>DynamicTableHandle")
     .Attr("dim: int")
     .Attr("key_dtype: {int64, string}")
     .Attr("slot_initial_values: list(float) = []")
+    .Attr("slot_widths: list(int) = []")
     .Attr("initial_capacity: int")
     .Attr("max_rows: int")
     .Attr("rows_per_chunk: int = 1024")
@@ -129,6 +136,9 @@ dim: the embedding dimension, in [1, 2^20].
 key_dtype: int64 (keys used as given) or string (keys are TensorFlow's Fingerprint64 of the bytes, i.e.
   tf.fingerprint(s, "farmhash64") read as a little-endian int64).
 slot_initial_values: the initial value of each optimizer slot of a new row, in Load/Retrieve order (at most 16).
+slot_widths: the floats per row of each slot, in the same order: dim, or 1 for a per-row slot (row-wise Adagrad's
+  accumulator), as the optimizer schema declares; [] means every slot is dim wide.  The training ops check them
+  against the config's optimizer.
 initial_capacity: rows allocated up front, in [1, max_rows]; the table grows beyond it.
 max_rows: the most rows the table holds, in [1, 2^31 - 1]; admitted keys beyond it are refused (counted).
 rows_per_chunk: allocation granularity, a power of two up to 2^20 (rows never move when the table grows).
@@ -278,28 +288,33 @@ REGISTER_OP("TfEmbed>DynamicTableExport")
     .Input("table: resource")
     .Output("keys: int64")
     .Output("weights: float32")
-    .Output("slots: float32")
+    .Output("slots: num_slots * float32")
     .Output("counts: int64")
     .Output("last_steps: int64")
     .Output("pending_keys: int64")
     .Output("pending_counts: int64")
     .Output("pending_last_steps: int64")
+    .Attr("num_slots: int >= 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
       DimensionHandle n = c->UnknownDim(), p = c->UnknownDim();
       c->set_output(0, c->Vector(n));
       c->set_output(1, c->Matrix(n, c->UnknownDim()));
-      c->set_output(2, c->MakeShape({c->UnknownDim(), n, c->UnknownDim()}));
-      c->set_output(3, c->Vector(n));
-      c->set_output(4, c->Vector(n));
-      for (int i = 5; i < 8; ++i) c->set_output(i, c->Vector(p));
+      int num_slots = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+      for (int k = 0; k < num_slots; ++k) c->set_output(2 + k, c->Matrix(n, c->UnknownDim()));
+      const int rest = 2 + num_slots;
+      c->set_output(rest, c->Vector(n));
+      c->set_output(rest + 1, c->Vector(n));
+      for (int i = rest + 2; i < rest + 5; ++i) c->set_output(i, c->Vector(p));
       return absl::OkStatus();
     })
     .Doc(R"doc(
 The table's whole content, sorted by key (deterministic checkpoints; shared access).
 
-keys: [n] (for string tables, the fingerprints).  weights: [n, dim].  slots: [S, n, dim] (S = optimizer slots).
+keys: [n] (for string tables, the fingerprints).  weights: [n, dim].  slots: one [n, w_k] tensor per optimizer
+  slot, Load/Retrieve order (w_k = dim, or 1 for a per-row slot).  num_slots must be the table's slot count.
 counts: [n] frequency counts.  last_steps: [n] last step each key was seen.
 pending_keys, pending_counts, pending_last_steps: [p] the admission counts of keys without a row yet, by key.
 )doc");
@@ -308,12 +323,13 @@ REGISTER_OP("TfEmbed>DynamicTableImport")
     .Input("table: resource")
     .Input("keys: int64")
     .Input("weights: float32")
-    .Input("slots: float32")
+    .Input("slots: num_slots * float32")
     .Input("counts: int64")
     .Input("last_steps: int64")
     .Input("pending_keys: int64")
     .Input("pending_counts: int64")
     .Input("pending_last_steps: int64")
+    .Attr("num_slots: int >= 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
@@ -323,7 +339,7 @@ REGISTER_OP("TfEmbed>DynamicTableImport")
     .Doc(R"doc(
 Replaces the table's content with the given one (DynamicTableExport's eight tensors; held exclusively).
 
-The content may have any number of rows up to max_rows (the table grows to fit).  dim, the slot count, every
+The content may have any number of rows up to max_rows (the table grows to fit).  dim, the slot count and widths, every
 size, unique keys, counts and steps are validated first: a rejected import changes nothing.  The counters
 restart from zero.
 )doc");

@@ -84,6 +84,11 @@ def slot_defaults(s: OptimizerSchema) -> list[float]:
     return [slot.default_initial_value for slot in s.slots]
 
 
+def slot_widths(s: OptimizerSchema, dim: int) -> list[int]:
+    """Floats per row of each slot (the schema's shapes: dim, or 1 for a per-row slot)."""
+    return [slot.shape(1, dim)[1] for slot in s.slots]
+
+
 def new_table(dim, slot_initial_values=(), *, name=None, max_rows=1000, initial_capacity=16, **kwargs) -> tf.Tensor:
     """A fresh dynamic table (a unique shared_name, so eager kernels never share one by accident)."""
     n = next(_names)
@@ -100,11 +105,12 @@ def new_table(dim, slot_initial_values=(), *, name=None, max_rows=1000, initial_
 
 
 def import_rows(handle, keys, weights, slots, step=0):
-    """Imports rows for `keys` (in the given order: the rows are allocated in that order) with counts 1."""
+    """Imports rows for `keys` (in the given order: the rows are allocated in that order) with counts 1.
+
+    slots: one [n, width] array per slot (a 1-D array of n values is a per-row slot)."""
     keys = np.asarray(keys, np.int64)
     n = len(keys)
-    dim = weights.shape[1]
-    slots = np.asarray(slots, np.float32).reshape(len(slots), n, dim)
+    slots = [np.asarray(s, np.float32).reshape(n, -1) for s in slots]
     empty = np.zeros([0], np.int64)
     dyn.dynamic_table_import(
         handle,
@@ -112,15 +118,16 @@ def import_rows(handle, keys, weights, slots, step=0):
     )
 
 
-def snapshot(handle) -> list[np.ndarray]:
+def snapshot(handle, num_slots=0) -> list[np.ndarray]:
     """The exported content plus the counters, as numpy arrays (for before/after equality)."""
-    contents = [t.numpy() for t in dyn.dynamic_table_export(handle)]
+    c = dyn.dynamic_table_export(handle, num_slots)
+    contents = [t.numpy() for t in (*c[:2], *c.slots, *c[3:])]
     stats = [int(s) for s in dyn.dynamic_table_stats(handle)]
     return [*contents, np.array(stats)]
 
 
-def assert_unchanged(before, handle):
-    after = snapshot(handle)
+def assert_unchanged(before, handle, num_slots=0):
+    after = snapshot(handle, num_slots)
     assert len(before) == len(after)
     for b, a in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)

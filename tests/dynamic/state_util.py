@@ -27,6 +27,7 @@ def config(name="t", dim=4, optimizer="adagrad", **kwargs) -> config_lib.Dynamic
         "sgd": te.optimizers.SGD(learning_rate=0.1),
         "adagrad": te.optimizers.Adagrad(learning_rate=0.1, initial_accumulator_value=0.25),
         "adam": te.optimizers.Adam(learning_rate=0.1),
+        "rowwise": te.optimizers.RowWiseAdagrad(learning_rate=0.1),
         None: None,
     }[optimizer]
     kwargs.setdefault("max_rows", 1000)
@@ -41,15 +42,18 @@ def content(table) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in table.export().items()}
 
 
-def random_content(rng, n, dim, num_slots, pending=0, key_range=2**62) -> dict[str, np.ndarray]:
-    """A valid sorted content of n rows and `pending` admission counters (disjoint keys)."""
+def random_content(rng, n, dim, num_slots, pending=0, key_range=2**62, slot_columns=None) -> dict[str, np.ndarray]:
+    """A valid sorted content of n rows and `pending` admission counters (disjoint keys).
+
+    The slots are side by side, `slot_columns` columns (default `num_slots * dim`: slots one value per column)."""
+    slot_columns = num_slots * dim if slot_columns is None else slot_columns
     keys = np.unique(rng.integers(-key_range, key_range, n + pending + 8, dtype=np.int64))
     rng.shuffle(keys)
     rows, pend = np.sort(keys[:n]), np.sort(keys[n : n + pending])
     return {
         "keys": rows,
         "weights": rng.standard_normal([n, dim]).astype(np.float32),
-        "slots": rng.uniform(0.1, 2.0, [num_slots, n, dim]).astype(np.float32),
+        "slots": rng.uniform(0.1, 2.0, [n, slot_columns]).astype(np.float32),
         "counts": rng.integers(1, 50, n).astype(np.int64),
         "last_steps": rng.integers(0, 20, n).astype(np.int64),
         "pending_keys": pend,

@@ -124,6 +124,14 @@ def test_explicit_seed_wins_over_the_initializer_seed():
     assert dynamic_config.handle_attrs(table)["seed"] == 123
 
 
+def test_row_wise_adagrad_tables_keep_one_accumulator_value_per_row():
+    """The slot widths come from the optimizer schema: RowWiseAdagrad's accumulator is 1 value per row."""
+    table = te.DynamicTableConfig("rw", 8, optimizer=te.optimizers.RowWiseAdagrad(0.1))
+    attrs = dynamic_config.handle_attrs(table)
+    assert attrs["slot_widths"] == [1]
+    assert len(attrs["slot_initial_values"]) == 1
+
+
 def test_handle_attrs_carry_every_option():
     table = te.DynamicTableConfig(
         "items",
@@ -144,6 +152,7 @@ def test_handle_attrs_carry_every_option():
         "dim": 16,
         "key_dtype": tf.string,
         "slot_initial_values": [0.0, 0.0],
+        "slot_widths": [16, 16],
         "initial_capacity": 64,
         "max_rows": 1000,
         "initializer": "truncated_normal",

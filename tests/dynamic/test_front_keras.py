@@ -55,7 +55,7 @@ def test_fit_trains_the_dynamic_table_like_the_static_one():
     assert not np.allclose(static_rows, rows)
     np.testing.assert_array_equal(exported["keys"].numpy(), np.arange(V))
     np.testing.assert_array_equal(exported["weights"].numpy(), static_rows)
-    np.testing.assert_array_equal(exported["slots"].numpy()[0], layer.slot_variables[static]["accumulators"].numpy())
+    np.testing.assert_array_equal(exported["slots"].numpy(), layer.slot_variables[static]["accumulators"].numpy())
     assert int(table.step.numpy()) == 12  # 6 batches x 2 epochs
 
 

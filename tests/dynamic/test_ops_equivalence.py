@@ -20,6 +20,7 @@ from dynamic_ops_test_util import (
     optimizer_cases,
     schema,
     slot_defaults,
+    slot_widths,
     uses_dynamic_lr,
 )
 
@@ -64,10 +65,10 @@ def _train_both(tables, feature_tables, steps, combiners, learning_rates, seed=0
     static_vars, static_slots, handles = [], [], []
     for s, _, _ in tables:
         w0 = rng.normal(size=(VOCAB, DIM)).astype(np.float32)
-        slots0 = [np.full((VOCAB, DIM), v, np.float32) for v in slot_defaults(s)]
+        slots0 = [np.full(slot.shape(VOCAB, DIM), slot.default_initial_value, np.float32) for slot in s.slots]
         static_vars.append(tf.Variable(w0))
         static_slots.append([tf.Variable(v) for v in slots0])
-        h = new_table(DIM, slot_defaults(s), max_rows=1000)
+        h = new_table(DIM, slot_defaults(s), max_rows=1000, slot_widths=slot_widths(s, DIM))
         order = rng.permutation(VOCAB)
         import_rows(h, order, w0[order], [v[order] for v in slots0])
         handles.append(h)
@@ -87,11 +88,11 @@ def _train_both(tables, feature_tables, steps, combiners, learning_rates, seed=0
         )
         dyn.dynamic_send_tpu_embedding_gradients(grads, lrs, feats, handles, step_number, dynamic_config, combiners)
         for t, h in enumerate(handles):
-            c = dyn.dynamic_table_export(h)
+            c = dyn.dynamic_table_export(h, len(static_slots[t]))
             np.testing.assert_array_equal(c.keys.numpy(), np.arange(VOCAB))
             np.testing.assert_array_equal(c.weights.numpy(), static_vars[t].numpy(), err_msg=f"table {t} weights")
             for k, slot in enumerate(static_slots[t]):
-                np.testing.assert_array_equal(c.slots.numpy()[k], slot.numpy(), err_msg=f"table {t} slot {k}")
+                np.testing.assert_array_equal(c.slots[k].numpy(), slot.numpy(), err_msg=f"table {t} slot {k}")
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def test_a_second_handle_with_other_options_is_refused_and_the_table_is_kept():
 
 def test_wrong_key_dtype_names_the_feature_and_the_table(trained):
     h, _ = trained
-    before = snapshot(h)
+    before = snapshot(h, 1)
     _expect(
         r"feature 0 \('f0'\): keys are string but dynamic table 'users' has int64 keys",
         lambda: dyn.dynamic_embedding_activations([string_feature([["a"]])], [h], 3, _config(), training=True),
@@ -101,14 +101,14 @@ def test_wrong_key_dtype_names_the_feature_and_the_table(trained):
         r"feature 0 \('f0'\): keys are string",
         lambda: dyn.dynamic_send_tpu_embedding_gradients(grads, [], [string_feature([["a"]])], [h], 3, _config()),
     )
-    assert_unchanged(before, h)
+    assert_unchanged(before, h, 1)
     s = new_table(DIM, [0.1], name="strings", key_dtype=tf.string)
     _expect(r"keys are int64 but dynamic table 'strings' has string keys", lambda: dyn.dynamic_table_find(s, [1]))
 
 
 def test_bad_gradient_learning_rate_step_or_numerics_change_nothing(trained):
     h, feature = trained
-    before = snapshot(h)
+    before = snapshot(h, 1)
     good = [np.ones((2, DIM), np.float32)]
     send = dyn.dynamic_send_tpu_embedding_gradients
     _expect(
@@ -123,12 +123,12 @@ def test_bad_gradient_learning_rate_step_or_numerics_change_nothing(trained):
             rf"learning_rates\[0\] .*table 't'.* = {rate}: a learning rate must be finite and >= 0",
             lambda rate=rate: send(good, [rate], [feature], [h], 3, _config(lr=None)),
         )
-    assert_unchanged(before, h)
+    assert_unchanged(before, h, 1)
 
 
 def test_config_mismatches_change_nothing(trained):
     h, feature = trained
-    before = snapshot(h)
+    before = snapshot(h, 1)
     act = dyn.dynamic_embedding_activations
     _expect(
         r"tables\[0\] \(table 't' in the config\): dynamic table 'users' has dim 3 but the config's table has "
@@ -139,6 +139,13 @@ def test_config_mismatches_change_nothing(trained):
     _expect(
         r"dynamic table 'users' was created with 1 slot initial values but the config's optimizer has 2 slots",
         lambda: dyn.dynamic_send_tpu_embedding_gradients(grads, [], [feature], [h], 3, _config(opt=schema("adam"))),
+    )
+    _expect(
+        r"dynamic table 'users' keeps 3 values per row in slot 0 but the config's optimizer's slot "
+        r"'row_accumulators' holds 1",
+        lambda: dyn.dynamic_send_tpu_embedding_gradients(
+            grads, [], [feature], [h], 3, _config(opt=schema("rowwise_adagrad"))
+        ),
     )
     two = make_config(
         [{"name": n, "vocab": 100, "dim": DIM, "schema": ADAGRAD} for n in ("a", "b")], [("f0", 0), ("f1", 1)]
@@ -151,17 +158,25 @@ def test_config_mismatches_change_nothing(trained):
         tf.constant([0, 3, 2], tf.int64), feature.ids, feature.weights, feature.sample_shape
     )
     _expect(r"feature 0 \('f0'\)", lambda: act([bad_splits], [h], 3, _config(), training=True))
-    assert_unchanged(before, h)
+    assert_unchanged(before, h, 1)
 
 
 @pytest.mark.parametrize(
     "change,match",
     [
         (
-            lambda c: c._replace(weights=np.zeros((3, 4), np.float32), slots=np.zeros((1, 3, 4), np.float32)),
+            lambda c: c._replace(weights=np.zeros((3, 4), np.float32), slots=[np.zeros((3, 4), np.float32)]),
             r"dim 4, the table has dim 3",
         ),
-        (lambda c: c._replace(slots=np.zeros((2, 3, DIM), np.float32)), r"has 2 slots, the table's optimizer 1"),
+        (
+            lambda c: c._replace(slots=[np.zeros((3, DIM), np.float32)] * 2),
+            r"num_slots = 2 but the table has 1 optimizer slots",
+        ),
+        (
+            lambda c: c._replace(slots=[np.zeros((3, 1), np.float32)]),
+            r"slot 0 of the checkpoint has 1 values per row, the table's optimizer keeps 3",
+        ),
+        (lambda c: c._replace(slots=[np.zeros((2, DIM), np.float32)]), r"slots\[0\] .* do not agree"),
         (lambda c: c._replace(keys=np.array([1, 1, 3], np.int64)), r"key 1 appears more than once"),
         (lambda c: c._replace(counts=np.array([1, 1], np.int64)), r"counts has 2 values, expected 3"),
         (lambda c: c._replace(weights=np.zeros((2, DIM), np.float32)), r"do not agree"),
@@ -171,10 +186,13 @@ def test_config_mismatches_change_nothing(trained):
 )
 def test_bad_imports_change_nothing(trained, change, match):
     h, _ = trained
-    before = snapshot(h)
-    contents = dyn.DynamicTableContents(*[t.numpy() for t in dyn.dynamic_table_export(h)])
+    before = snapshot(h, 1)
+    c = dyn.dynamic_table_export(h, 1)
+    contents = dyn.DynamicTableContents(
+        *[t.numpy() for t in c[:2]], [s.numpy() for s in c.slots], *[t.numpy() for t in c[3:]]
+    )
     _expect(rf"'users'.*{match}", lambda: dyn.dynamic_table_import(h, change(contents)))
-    assert_unchanged(before, h)
+    assert_unchanged(before, h, 1)
 
 
 def test_import_over_max_rows_and_bad_explicit_eviction_change_nothing():

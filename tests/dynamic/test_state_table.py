@@ -118,7 +118,7 @@ def test_import_fills_in_a_fresh_row_s_slots_count_and_step():
     table.import_(np.array([5, -5], np.int64), np.full([2, 4], 2.0, np.float32))
     c = content(table)
     np.testing.assert_array_equal(c["keys"], [-5, 5])
-    np.testing.assert_array_equal(c["slots"], np.full([1, 2, 4], 0.25, np.float32))
+    np.testing.assert_array_equal(c["slots"], np.full([2, 4], 0.25, np.float32))
     np.testing.assert_array_equal(c["counts"], [1, 1])
     np.testing.assert_array_equal(c["last_steps"], [6, 6])
     assert c["pending_keys"].shape == (0,)
@@ -128,8 +128,8 @@ def test_import_fills_in_a_fresh_row_s_slots_count_and_step():
     "kwargs, match",
     [
         ({"weights": np.ones([2, 5], np.float32)}, "dim 5 but the table has dim 4"),
-        ({"slots": np.ones([2, 2, 4], np.float32)}, r"2 optimizer slot\(s\) but the table's optimizer has 1"),
-        ({"slots": np.ones([1, 2, 3], np.float32)}, "slots have dim 3"),
+        ({"slots": np.ones([2, 8], np.float32)}, r"slots are 8 values per row but the table's optimizer keeps 4"),
+        ({"slots": np.ones([1, 2, 3], np.float32)}, r"slots must be \[n, 4\]"),
     ],
 )
 def test_bad_import_is_refused_naming_the_table_and_changes_nothing(kwargs, match):

@@ -61,7 +61,8 @@ class DynamicTableContents(NamedTuple):
     Attributes:
       keys: int64 [n] (string tables: the fingerprints).
       weights: float32 [n, dim].
-      slots: float32 [S, n, dim], the optimizer slots in Load/Retrieve order.
+      slots: a tuple of S float32 tensors [n, width_k], the optimizer slots in Load/Retrieve order (width_k =
+        dim, or 1 for a per-row slot such as row-wise Adagrad's accumulator).
       counts: int64 [n] frequency counts.
       last_steps: int64 [n] the last step each key was seen.
       pending_keys, pending_counts, pending_last_steps: int64 [p], admission counts of keys without a row.
@@ -69,7 +70,7 @@ class DynamicTableContents(NamedTuple):
 
     keys: tf.Tensor
     weights: tf.Tensor
-    slots: tf.Tensor
+    slots: tuple
     counts: tf.Tensor
     last_steps: tf.Tensor
     pending_keys: tf.Tensor
@@ -158,6 +159,7 @@ def dynamic_table_handle(
     max_rows: int,
     key_dtype=tf.int64,
     slot_initial_values: Sequence[float] = (),
+    slot_widths: Sequence[int] = (),
     rows_per_chunk: int = 1024,
     initializer: str = "zeros",
     initializer_params: Sequence[float] = (),
@@ -186,6 +188,8 @@ def dynamic_table_handle(
       max_rows: the most rows the table holds.
       key_dtype: ``tf.int64`` or ``tf.string``.
       slot_initial_values: one initial value per optimizer slot, in Load/Retrieve order.
+      slot_widths: floats per row of each slot, same order: dim, or 1 for a per-row slot (the optimizer
+        schema's `SlotInfo.shape`); empty: every slot is dim wide.  The training ops check them against the config.
       rows_per_chunk: allocation granularity (a power of two).
       initializer: one of "zeros", "constant", "uniform", "normal", "truncated_normal".
       initializer_params: [] / [value] / [minval, maxval] / [mean, stddev] for the initializers above.
@@ -218,6 +222,7 @@ def dynamic_table_handle(
         dim=int(dim),
         key_dtype=key_dtype,
         slot_initial_values=[float(v) for v in slot_initial_values],
+        slot_widths=[int(w) for w in slot_widths],
         initial_capacity=int(initial_capacity),
         max_rows=int(max_rows),
         rows_per_chunk=int(rows_per_chunk),
@@ -346,13 +351,20 @@ def dynamic_table_stats(table, name=None) -> DynamicTableStats:
     return DynamicTableStats(*_ops().tf_embed_dynamic_table_stats(table=_handle(table, "table"), name=name))
 
 
-def dynamic_table_export(table, name=None) -> DynamicTableContents:
+def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableContents:
     """The whole content sorted by key (see :class:`DynamicTableContents`).
 
+    Args:
+      table: the handle.
+      num_slots: the table's optimizer slot count (the length of the slots list; the op checks it and refuses
+        another, naming the table).  0: a table without slots (lookup only).
+      name: op name.
+
     Example:
-      >>> contents = dynamic_table_export(h)
+      >>> contents = dynamic_table_export(h, num_slots=1)
     """
-    return DynamicTableContents(*_ops().tf_embed_dynamic_table_export(table=_handle(table, "table"), name=name))
+    out = _ops().tf_embed_dynamic_table_export(table=_handle(table, "table"), num_slots=int(num_slots), name=name)
+    return DynamicTableContents(*out[:2], tuple(out[2]), *out[3:])
 
 
 def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=None):
@@ -360,7 +372,8 @@ def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=
 
     Args:
       table: the handle.
-      contents: a :class:`DynamicTableContents` or the same eight tensors in that order.
+      contents: a :class:`DynamicTableContents` or the same eight fields in that order (slots: a sequence of
+        [n, width_k] tensors, one per optimizer slot).
       name: op name.
 
     Returns:
@@ -372,9 +385,11 @@ def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=
     contents = tuple(contents)
     if len(contents) != len(DynamicTableContents._fields):
         raise ValueError(f"contents: expected {len(DynamicTableContents._fields)} tensors, got {len(contents)}")
-    dtypes = (tf.int64, tf.float32, tf.float32, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64)
+    dtypes = (tf.int64, tf.float32, None, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64)
     args = {
-        field: tf.convert_to_tensor(value, dtype)
+        field: [tf.convert_to_tensor(s, tf.float32) for s in value]
+        if dtype is None
+        else tf.convert_to_tensor(value, dtype)
         for field, value, dtype in zip(DynamicTableContents._fields, contents, dtypes, strict=True)
     }
     return _ops().tf_embed_dynamic_table_import(table=_handle(table, "table"), name=name, **args)

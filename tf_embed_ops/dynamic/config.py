@@ -18,6 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.config import slot_shapes
 from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
 
 __all__ = [
@@ -209,6 +210,12 @@ def _slot_initial_values(optimizer: Any, table: str) -> list[float]:
     return values
 
 
+def _slot_widths(optimizer: Any, dim: int) -> list[int]:
+    """Floats per row of each optimizer slot (Load/Retrieve order), from the optimizer schema: dim, or 1 for a
+    per-row slot (row-wise Adagrad keeps one accumulator per row in a dynamic table too)."""
+    return [width for _, width in slot_shapes(optimizer, 1, dim).values()]
+
+
 class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
     """A dynamic-vocabulary embedding table: rows keyed by any int64 (or string) id, created as ids arrive.
 
@@ -354,6 +361,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         "dim": config.dim,
         "key_dtype": config.key_dtype,
         "slot_initial_values": _slot_initial_values(optimizer, config.name) if optimizer is not None else [],
+        "slot_widths": _slot_widths(optimizer, config.dim) if optimizer is not None else [],
         "initial_capacity": config.initial_capacity,
         "max_rows": config.max_rows,
         "initializer": config.initializer_kind,

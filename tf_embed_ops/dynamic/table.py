@@ -12,15 +12,18 @@ Checkpoint format (the same for any number of shards, so checkpoints move betwee
 | --- | --- | --- |
 | `keys` | [n] int64 | sorted ascending |
 | `weights` | [n, dim] float32 | row of `keys[i]` |
-| `slots` | [S, n, dim] float32 | optimizer slots, Load/Retrieve order |
+| `slots` | [n, W] float32 | optimizer slots side by side (Load/Retrieve order), W = sum of `slot_widths` |
+
+A slot is `dim` columns, or 1 for a per-row slot (row-wise Adagrad's accumulator); the op's export and import take
+one [n, width] tensor per slot, split and joined here.
 | `counts`, `last_steps` | [n] int64 | admission count and last step seen, per row |
 | `pending_keys`, `pending_counts`, `pending_last_steps` | [p] int64 | admission counters of keys without a row |
 | `step` | [] int64 | the step counter |
 
 Restoring keeps the keys of this shard (`shard_of_keys(key, num_shards) == shard_index`), so a checkpoint of
 one table restores into N shards and the reverse; `ShardedDynamicTable` writes the union of its shards, sorted,
-and reads it back into any shard count. A checkpoint of another `dim` or slot count is refused, naming the table,
-before anything is written.
+and reads it back into any shard count. A checkpoint of another `dim` or slot layout (W) is refused, naming the
+table, before anything is written.
 
 Example:
     >>> table = DynamicTable(te.DynamicTableConfig(name="user", dim=8, optimizer=te.optimizers.Adagrad(0.1)))
@@ -56,9 +59,8 @@ def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict
         return dict(contents)
     out = dict(contents)
     mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
-    for name in ("keys", "weights", "counts", "last_steps"):
+    for name in ("keys", "weights", "slots", "counts", "last_steps"):
         out[name] = tf.boolean_mask(contents[name], mine)
-    out["slots"] = tf.boolean_mask(contents["slots"], mine, axis=1)
     pending = tf.equal(shard_of_keys(contents["pending_keys"], num_shards), shard_index)
     for name in ("pending_keys", "pending_counts", "pending_last_steps"):
         out[name] = tf.boolean_mask(contents[name], pending)
@@ -73,9 +75,8 @@ def _sorted_union(parts: list[dict]) -> dict:
     keys = tf.concat([p["keys"] for p in parts], 0)
     order = tf.argsort(keys, stable=True)
     out["keys"] = tf.gather(keys, order)
-    for name in ("weights", "counts", "last_steps"):
+    for name in ("weights", "slots", "counts", "last_steps"):
         out[name] = tf.gather(tf.concat([p[name] for p in parts], 0), order)
-    out["slots"] = tf.gather(tf.concat([p["slots"] for p in parts], 1), order, axis=1)
     pending = tf.concat([p["pending_keys"] for p in parts], 0)
     porder = tf.argsort(pending, stable=True)
     out["pending_keys"] = tf.gather(pending, porder)
@@ -170,6 +171,12 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         return len(self._attrs.get("slot_initial_values", ()))
 
     @property
+    def slot_widths(self) -> list[int]:
+        """Floats per row of each optimizer slot (dim, or 1 for a per-row slot), Load/Retrieve order."""
+        widths = list(self._attrs.get("slot_widths", ()))
+        return widths or [self.dim] * self.num_slots
+
+    @property
     def max_rows(self) -> int:
         return int(self._attrs["max_rows"])
 
@@ -260,8 +267,11 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         return _ops.dynamic_table_evict_keys(self.resource_handle, tf.reshape(ids, [-1]))
 
     def export(self) -> dict[str, tf.Tensor]:
-        """The table's content sorted by key: a dict of the eight `EXPORT_TENSORS`."""
-        return _ops.dynamic_table_export(self.resource_handle)._asdict()
+        """The table's content sorted by key: a dict of the eight `EXPORT_TENSORS` (`slots` side by side, [n, W])."""
+        c = _ops.dynamic_table_export(self.resource_handle, self.num_slots)._asdict()
+        n = tf.shape(c["keys"])[0]
+        c["slots"] = tf.concat(c["slots"], 1) if c["slots"] else tf.zeros([n, 0], tf.float32)
+        return c
 
     def import_(
         self,
@@ -314,7 +324,8 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
 
     # -------------------------------------------------------------------------------------------- internals
     def import_contents(self, c: dict) -> Any:
-        return _ops.dynamic_table_import(self.resource_handle, [c[k] for k in EXPORT_TENSORS])
+        split = dict(c, slots=tf.split(c["slots"], self.slot_widths, axis=1) if self.num_slots else [])
+        return _ops.dynamic_table_import(self.resource_handle, [split[k] for k in EXPORT_TENSORS])
 
     def check_ids(self, ids: Any) -> tf.Tensor:
         ids = tf.convert_to_tensor(ids)
@@ -331,8 +342,9 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         out["weights"] = tf.convert_to_tensor(c["weights"], tf.float32)
         n = tf.size(out["keys"], out_type=tf.int64)
         if c["slots"] is None:
-            init = tf.constant(list(self._attrs.get("slot_initial_values", ())), tf.float32, shape=[self.num_slots])
-            out["slots"] = tf.ones([self.num_slots, n, self.dim], tf.float32) * init[:, None, None]
+            values = self._attrs.get("slot_initial_values", ())
+            init = [v for v, w in zip(values, self.slot_widths, strict=True) for _ in range(w)]
+            out["slots"] = tf.ones([n, len(init)], tf.float32) * tf.constant(init, tf.float32, shape=[len(init)])
         else:
             out["slots"] = tf.convert_to_tensor(c["slots"], tf.float32)
         out["counts"] = tf.ones([n], tf.int64) if c["counts"] is None else tf.convert_to_tensor(c["counts"], tf.int64)
@@ -353,17 +365,17 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         wdim = weights.shape[-1] if weights.shape.rank == 2 else None
         if wdim is not None and wdim != self.dim:
             raise ValueError(f"{where} the rows have dim {wdim} but the table has dim {self.dim}; nothing was changed")
+        width = sum(self.slot_widths)
         if slots.shape.rank is not None:
-            if slots.shape.rank != 3:
-                raise ValueError(f"{where} slots must be [num_slots, n, dim], got shape {slots.shape}")
-            if slots.shape[0] is not None and slots.shape[0] != self.num_slots:
+            if slots.shape.rank != 2:
                 raise ValueError(
-                    f"{where} {slots.shape[0]} optimizer slot(s) but the table's optimizer has {self.num_slots}; "
-                    "nothing was changed"
+                    f"{where} slots must be [n, {width}] (the optimizer's {self.num_slots} slot(s) of widths "
+                    f"{self.slot_widths} side by side), got shape {slots.shape}; nothing was changed"
                 )
-            if slots.shape[2] is not None and slots.shape[2] != self.dim:
+            if slots.shape[1] is not None and slots.shape[1] != width:
                 raise ValueError(
-                    f"{where} the slots have dim {slots.shape[2]} but the table has dim {self.dim}; nothing was changed"
+                    f"{where} the slots are {slots.shape[1]} values per row but the table's optimizer keeps "
+                    f"{width} ({self.num_slots} slot(s) of widths {self.slot_widths}); nothing was changed"
                 )
 
     def check_fits(self, c: dict) -> None:

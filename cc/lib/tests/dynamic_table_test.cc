@@ -573,7 +573,7 @@ TEST(DynamicTableTest, AnEvictedKeyComesBackAsANewRowAndRowsAreReused) {
 
 TEST(DynamicTableTest, CountsSaturateInsteadOfWrapping) {
   auto t = Make(Options(1, 1, 10));
-  DynamicTableContents c{1, {6}, {0.5f}, {}, {DynamicTable::kMaxCount - 1}, {2}, {}, {}, {}};
+  DynamicTableContents c{1, {6}, {0.5f}, {}, {}, {DynamicTable::kMaxCount - 1}, {2}, {}, {}, {}};
   ASSERT_TRUE(t->Import(c).ok());
   const std::vector<int64_t> rows = Insert(t.get(), {6, 6, 6}, 3);
   EXPECT_EQ(t->CountOf(rows[0]), DynamicTable::kMaxCount);
@@ -768,21 +768,70 @@ TEST(DynamicTableTest, ImportRejectsMismatchesAndChangesNothing) {
   }
   expect_rejected(c, {"4 rows do not fit max_rows = 3"});
   // An empty checkpoint is fine and empties the table.
-  ASSERT_TRUE(t->Import(DynamicTableContents{3, {}, {}, {{}}, {}, {}, {}, {}, {}}).ok());
+  ASSERT_TRUE(t->Import(DynamicTableContents{3, {}, {}, {3}, {{}}, {}, {}, {}, {}, {}}).ok());
   EXPECT_EQ(t->size(), 0);
   EXPECT_EQ(FindRows(*t, {1})[0], kNo);
 }
 
 // --- Memory ------------------------------------------------------------------------------------------------
 
+TEST(DynamicTableTest, PerRowSlotsHoldOneValuePerRow) {
+  DynamicTableOptions o = Options(4, 8, 1000);
+  o.slot_initial_values = {0.5f, 0.25f};
+  o.slot_widths = {1, 4};
+  auto t = Make(o);
+  ASSERT_EQ(t->slot_width(0), 1);
+  ASSERT_EQ(t->slot_width(1), 4);
+  const std::vector<int64_t> rows = Insert(t.get(), {10, -3, 7});
+  for (const int64_t r : rows) {
+    EXPECT_EQ(t->Slot(0, r)[0], 0.5f);
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(t->Slot(1, r)[c], 0.25f);
+  }
+  t->Slot(0, rows[1])[0] = 9.0f;  // key -3
+  DynamicTableContents c = t->Export();
+  EXPECT_EQ(c.slot_widths, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(c.slots[0], (std::vector<float>{9.0f, 0.5f, 0.5f}));  // keys -3, 7, 10
+  EXPECT_EQ(c.slots[1].size(), 12u);
+  // Round trip into a fresh table of the same layout.
+  auto other = Make(o);
+  ASSERT_TRUE(other->Import(c).ok());
+  EXPECT_EQ(other->Export().slots, c.slots);
+  // Another width (a checkpoint of a per-column accumulator) is refused naming the table; nothing changes.
+  DynamicTableContents wide = c;
+  wide.slot_widths[0] = 4;
+  wide.slots[0].assign(12, 1.0f);
+  const absl::Status s = t->Import(wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'items'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("slot 0 of the checkpoint has 4 values per row, the table's optimizer keeps 1"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(t->Export().slots, c.slots);
+  EXPECT_EQ(t->size(), 3);
+  // Bad widths are refused at creation.
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{1}, std::vector<int64_t>{2, 4}, {0, 4}}) {
+    DynamicTableOptions bad = o;
+    bad.slot_widths = widths;
+    EXPECT_EQ(DynamicTable::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(DynamicTableTest, MemoryPerRowIsWithinTheTarget) {
-  // Target: (1 + slots) * dim * 4 + 32 bytes per row.  The worst case for the index is just past a doubling
-  // (load 3/8: 10.7 bytes per row); 786433 rows is that point for 2^21 buckets.
-  for (const auto& [dim, slots] : {std::pair<int64_t, int64_t>{4, 1}, {16, 2}}) {
+  // Target: (dim + sum of slot widths) * 4 + 32 bytes per row (a slot is dim wide, or 1 for a per-row slot).
+  // The worst case for the index is just past a doubling (load 3/8: 10.7 bytes per row); 786433 rows is that
+  // point for 2^21 buckets.  {16, 1, per-row}: row-wise Adagrad's accumulator costs 4 bytes per row.
+  struct Case {
+    int64_t dim, slots;
+    bool per_row;
+  };
+  for (const Case& k : {Case{4, 1, false}, Case{16, 2, false}, Case{16, 1, true}}) {
+    const int64_t dim = k.dim, slots = k.per_row ? 1 : k.slots;
+    const int64_t slot_floats = k.per_row ? 1 : k.slots * dim;
     DynamicTableOptions o = Options(dim, 1, 1 << 20);
     o.rows_per_chunk = 1024;
     o.initializer.kind = RowInitializerKind::kZeros;
-    o.slot_initial_values.assign(slots, 0.0f);
+    o.slot_initial_values.assign(k.slots, 0.0f);
+    if (k.per_row) o.slot_widths = {1};
     auto t = Make(o);
     const int64_t n = 786433;
     std::vector<int64_t> keys(n);
@@ -791,10 +840,10 @@ TEST(DynamicTableTest, MemoryPerRowIsWithinTheTarget) {
     ASSERT_TRUE(t->FindOrInsert(keys.data(), n, 0, rows.data()).ok());
     ASSERT_EQ(t->size(), n);
     const double per_row = static_cast<double>(t->MemoryBytes()) / n;
-    const double target = static_cast<double>((1 + slots) * dim * 4 + 32);
+    const double target = static_cast<double>((dim + slot_floats) * 4 + 32);
     EXPECT_LE(per_row, target) << "dim " << dim << " slots " << slots;
     // And what it is made of: the floats, 20 bytes of metadata, 4 bytes per index bucket.
-    EXPECT_GE(per_row, static_cast<double>((1 + slots) * dim * 4 + 20) + 4.0 * (1 << 21) / n);
+    EXPECT_GE(per_row, static_cast<double>((dim + slot_floats) * 4 + 20) + 4.0 * (1 << 21) / n);
   }
 }
 
@@ -837,7 +886,10 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
   DynamicTableOptions options = Options(kDim, 8, kV);
   options.initializer.kind = RowInitializerKind::kNormal;
   options.initializer.stddev = 0.3f;
-  for (const SlotInfo& s : slot_info) options.slot_initial_values.push_back(s.default_initial_value);
+  for (const SlotInfo& s : slot_info) {
+    options.slot_initial_values.push_back(s.default_initial_value);
+    options.slot_widths.push_back(SlotWidth(s, kDim));
+  }
   auto dyn = Make(options);
   std::vector<int64_t> keys(kV);
   std::iota(keys.begin(), keys.end(), 0);
@@ -847,12 +899,9 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
   ASSERT_EQ(dyn->size(), kV);
 
   std::vector<float> weights(kV * kDim);
-  std::vector<std::vector<float>> slots(slot_info.size(), std::vector<float>(kV * kDim));
-  for (int64_t k = 0; k < kV; ++k) {
-    std::copy_n(dyn->Weights(FindRows(*dyn, {k})[0]), kDim, weights.data() + k * kDim);
-    for (size_t s = 0; s < slots.size(); ++s)
-      std::fill_n(slots[s].data() + k * kDim, kDim, slot_info[s].default_initial_value);
-  }
+  std::vector<std::vector<float>> slots;
+  for (const SlotInfo& s : slot_info) slots.emplace_back(kV * SlotWidth(s, kDim), s.default_initial_value);
+  for (int64_t k = 0; k < kV; ++k) std::copy_n(dyn->Weights(FindRows(*dyn, {k})[0]), kDim, weights.data() + k * kDim);
   TableBuffers buffers{weights.data(), {}, kV, kDim};
   for (auto& s : slots) buffers.slots.push_back(s.data());
 
@@ -883,8 +932,9 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
     EXPECT_EQ(std::memcmp(dyn->Weights(row), weights.data() + k * kDim, kDim * sizeof(float)), 0)
         << OptimizerName(o.optimizer) << " key " << k;
     for (size_t s = 0; s < slots.size(); ++s) {
-      EXPECT_EQ(std::memcmp(dyn->Slot(static_cast<int64_t>(s), row), slots[s].data() + k * kDim, kDim * sizeof(float)),
-                0)
+      const int64_t w = SlotWidth(slot_info[s], kDim);
+      ASSERT_EQ(dyn->slot_width(static_cast<int64_t>(s)), w);
+      EXPECT_EQ(std::memcmp(dyn->Slot(static_cast<int64_t>(s), row), slots[s].data() + k * w, w * sizeof(float)), 0)
           << OptimizerName(o.optimizer) << " slot " << s << " key " << k;
     }
   }
@@ -897,7 +947,9 @@ TEST(DynamicTableUpdateTest, TrainsBitwiseLikeAStaticTable) {
   ftrl.l1 = 0.01f;
   ftrl.l2 = 0.1f;
   Momentum momentum;
-  const std::vector<OptimizerParams> optimizers = {Sgd{}, Adagrad{}, Adam{}, non_lazy, ftrl, momentum};
+  // RowWiseAdagrad: one accumulator per row (a width-1 slot), addressed like the static [vocabulary_size, 1] slot.
+  const std::vector<OptimizerParams> optimizers = {Sgd{}, Adagrad{}, Adam{},          non_lazy,
+                                                   ftrl,  momentum,  RowWiseAdagrad{}};
   for (const OptimizerParams& p : optimizers) {
     TableOptimization o;
     o.optimizer = p;
