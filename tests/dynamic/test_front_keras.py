@@ -114,3 +114,22 @@ def test_get_config_round_trip_keeps_the_dynamic_fields():
     assert dynamic_config.handle_attrs(copy) == dynamic_config.handle_attrs(table)
     assert repr(copy) == repr(table).replace(repr(table.optimizer), repr(copy.optimizer))
     assert [t.name for t in rebuilt.embedding_tables] == ["static"]
+
+
+def test_model_save_and_load_model_keep_the_dynamic_table(tmp_path):
+    rows = np.random.default_rng(2).normal(size=(V, DIM)).astype(np.float32)
+    layer, static, dynamic = _layer(rows)
+    model = _model(layer)
+    model.compile(keras.optimizers.Adam(0.05), "mse")
+    ids = tf.ragged.constant([[1, 2], [9], [], [7, 7, 9]], tf.int64)
+    model.fit(ids, np.ones((4, 1), np.float32), batch_size=4, epochs=2, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    (loaded_layer,) = [x for x in loaded.layers if isinstance(x, te.keras.TPUEmbedding)]
+    (copy,) = loaded_layer.dynamic_tables
+    a, b = layer.dynamic_tables[dynamic].export(), loaded_layer.dynamic_tables[copy].export()
+    for name in a:
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy())
+    assert int(loaded_layer.dynamic_tables[copy].step.numpy()) == 2
+    np.testing.assert_array_equal(loaded.predict(ids, verbose=0), model.predict(ids, verbose=0))

@@ -234,3 +234,27 @@ def test_keras_layer_checkpoint_carries_its_dynamic_tables(tmp_path):
     assert restored.step.numpy() == 4
     keys = tf.constant(want["keys"][:4])
     np.testing.assert_array_equal(fresh({"u": keys}).numpy(), want["weights"][:4])
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_saved_model_holding_dynamic_tables_saves_and_loads_with_the_plugin(tmp_path, shards):
+    """Not the serving export (that freezes the tables): a SavedModel of the tables themselves, as
+    `tf.saved_model.save` writes for any module that holds them."""
+    table, c = _filled(np.random.default_rng(10), n=25, pending=3)
+    holder = table
+    if shards > 1:
+        holder = ShardedDynamicTable(table.config, shards)
+        tf.train.Checkpoint(t=holder).read(tf.train.Checkpoint(t=table).write(str(tmp_path / "ckpt")))
+    module = tf.Module()
+    module.table = holder
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def lookup(keys):
+        return holder.lookup(keys)
+
+    module.lookup = lookup
+    tf.saved_model.save(module, str(tmp_path / "model"))
+    loaded = tf.saved_model.load(str(tmp_path / "model"))
+    query = np.concatenate([c["keys"], [1, 2]])
+    want = np.concatenate([c["weights"], np.zeros([2, table.dim], np.float32)])
+    np.testing.assert_array_equal(loaded.lookup(tf.constant(query)).numpy(), want)

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
@@ -57,6 +58,11 @@ def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict
     """
     if num_shards == 1:
         return dict(contents)
+    # Restored tensors have no static shape inside a SavedModel's restore function; boolean_mask needs the ranks.
+    contents = {
+        k: tf.ensure_shape(v, [None, None, None] if k == "slots" else [None, None] if k == "weights" else [None])
+        for k, v in contents.items()
+    }
     out = dict(contents)
     mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
     for name in ("keys", "weights", "slots", "counts", "last_steps"):
@@ -309,6 +315,22 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         return self.import_contents(contents)
 
     # ------------------------------------------------------------------------------------------ checkpoints
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = dict(super()._trackable_children(save_type, **kwargs))
+        if save_type == "savedmodel":
+            # A SavedModel traces `_serialize_to_tensors` into a function and must know every resource it reads;
+            # a checkpoint keeps the step inside the table's tensors only (see __init__).
+            children["step"] = self._step
+        return children
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
+        # A SavedModel serialises a copy made in its export graph; the copy must read the step's copy there (the
+        # step is a SavedModel child, so it was exported first).
+        tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
+        if self._step in object_map:
+            object_map[self]._step = object_map[self._step]  # noqa: SLF001 - our own class's copy
+        return tensors
+
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._step.read_value()
@@ -464,8 +486,17 @@ class ShardedDynamicTable(tf.Module):
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = dict(super()._trackable_children(save_type, **kwargs))
-        children.pop("_shard_tuple", None)
+        if save_type == "checkpoint":  # a SavedModel must still reach the shards' resources
+            children.pop("_shard_tuple", None)
         return children
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
+        # As DynamicTable's: the SavedModel serialises a copy that must use the shards' copies (exported first).
+        tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
+        new = copy.copy(self)
+        new.__dict__["_shard_tuple"] = tuple(object_map.get(s, s) for s in self._shard_tuple)
+        object_map[self] = new
+        return tensors
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()

@@ -252,6 +252,35 @@ class TPUEmbedding(keras.layers.Layer):
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)
 
+    # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; dynamic tables are
+    # resources, so their content (the checkpoint's tensors, sorted by key) is stored beside them under
+    # `dynamic.<table>.<tensor>` and read back before the variables.
+    _DYNAMIC_PREFIX = "dynamic."
+
+    def save_own_variables(self, store: Any) -> None:
+        super().save_own_variables(store)
+        for config, table in self.dynamic_tables.items():
+            contents = dict(table.export())
+            contents["step"] = table.step.read_value()
+            for name, value in contents.items():
+                store[f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}.{name}"] = value.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        dynamic = {k: store[k] for k in store.keys() if str(k).startswith(self._DYNAMIC_PREFIX)}
+        for config, table in self.dynamic_tables.items():
+            prefix = f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}."
+            contents = {
+                k[len(prefix) :]: tf.convert_to_tensor(v[...]) for k, v in dynamic.items() if k.startswith(prefix)
+            }
+            if not contents:
+                continue  # saved before the table existed: it stays empty
+            step = contents.pop("step")
+            table.check_contents(contents, "load_model")
+            table.check_fits(contents)
+            table.import_contents(contents)
+            table.step.assign(tf.cast(step, tf.int64))
+        super().load_own_variables({k: store[k] for k in store.keys() if k not in dynamic})
+
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(
@@ -263,3 +292,8 @@ class TPUEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _store_name(table_name: str) -> str:
+    # An h5 dataset name: "/" would make a group.
+    return table_name.replace("/", "|")
