@@ -60,8 +60,7 @@ def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict
         return dict(contents)
     # Restored tensors have no static shape inside a SavedModel's restore function; boolean_mask needs the ranks.
     contents = {
-        k: tf.ensure_shape(v, [None, None, None] if k == "slots" else [None, None] if k == "weights" else [None])
-        for k, v in contents.items()
+        k: tf.ensure_shape(v, [None, None] if k in ("slots", "weights") else [None]) for k, v in contents.items()
     }
     out = dict(contents)
     mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
