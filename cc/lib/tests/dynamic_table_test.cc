@@ -116,12 +116,58 @@ TEST(RowInitializerTest, ValuesArePureFunctionsOfSeedKeyAndColumn) {
   const double u1 = static_cast<double>(b1 >> 11) * std::ldexp(1.0, -53);
   const double z = std::sqrt(-2.0 * std::log(1.0 - u0)) * std::cos(2.0 * M_PI * u1);
   EXPECT_EQ(init.Value(-3, 2), 0.5f + 2.0f * static_cast<float>(z));
+  // Column 3 is the other output of the same pair (draws of column 2): r sin instead of r cos.
+  const double z3 = std::sqrt(-2.0 * std::log(1.0 - u0)) * std::sin(2.0 * M_PI * u1);
+  EXPECT_EQ(init.Value(-3, 3), 0.5f + 2.0f * static_cast<float>(z3));
   EXPECT_EQ(init.Value(-3, 2), init.Value(-3, 2));
   EXPECT_NE(init.Value(-3, 2), init.Value(-3, 1));
   EXPECT_NE(init.Value(-3, 2), init.Value(3, 2));
   RowInitializer other = init;
   other.seed = 12;
   EXPECT_NE(init.Value(-3, 2), other.Value(-3, 2));
+}
+
+TEST(RowInitializerTest, FillRowIsValuePerColumn) {
+  // FillRow computes normal columns a pair at a time; it must give exactly Value(key, column), odd dims included.
+  for (const RowInitializerKind kind : {RowInitializerKind::kNormal, RowInitializerKind::kTruncatedNormal,
+                                        RowInitializerKind::kUniform, RowInitializerKind::kConstant}) {
+    RowInitializer init;
+    init.kind = kind;
+    init.mean = 0.1f;
+    init.stddev = 1.0f;
+    init.minval = -1.0f;
+    init.maxval = 1.0f;
+    init.value = 0.5f;
+    init.seed = 4;
+    for (const int64_t dim : {1, 2, 7, 64}) {
+      std::vector<float> row(dim);
+      for (int64_t key = -300; key < 300; key += 7) {
+        init.FillRow(key, row.data(), dim);
+        for (int64_t d = 0; d < dim; ++d) {
+          EXPECT_EQ(row[d], init.Value(key, d)) << "kind " << static_cast<int>(kind) << " key " << key << " col " << d;
+        }
+      }
+    }
+  }
+}
+
+TEST(RowInitializerTest, PairedColumnsAreUncorrelated) {
+  // Columns 2j and 2j + 1 are the cos and sin outputs of one Box-Muller pair: independent standard normals.
+  RowInitializer init;
+  init.kind = RowInitializerKind::kNormal;
+  init.stddev = 1.0f;
+  init.seed = 8;
+  const int64_t n = 40000;
+  double sxy = 0, sx = 0, sy = 0, sxx = 0, syy = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double x = init.Value(k, 0), y = init.Value(k, 1);
+    sx += x, sy += y, sxy += x * y, sxx += x * x, syy += y * y;
+  }
+  const double cov = sxy / n - (sx / n) * (sy / n);
+  const double corr = cov / std::sqrt((sxx / n - sx * sx / n / n) * (syy / n - sy * sy / n / n));
+  EXPECT_NEAR(corr, 0.0, 0.02);
+  EXPECT_NEAR(sxx / n, 1.0, 0.03);
+  EXPECT_NEAR(syy / n, 1.0, 0.03);
 }
 
 TEST(RowInitializerTest, DistributionsHaveTheirMomentsAndBounds) {
