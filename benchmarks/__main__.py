@@ -6,6 +6,7 @@ Examples:
     python -m benchmarks --smoke --out /tmp/b # tiny sizes, seconds: checks the suite end to end
     python -m benchmarks --only W1 --optimizers sgd,adagrad
     python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
+    python -m benchmarks --only dynamic --tfra-python /opt/tfra-venv/bin/python   # dynamic tables + TFRA peer
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator")
+SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic")
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="TensorFlow intra/inter-op threads and FBGEMM threads")
     p.add_argument("--blocks", type=int, default=None, help="timed blocks per engine (default 7, smoke 2)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
+    p.add_argument("--tfra-python", default=None, help="interpreter with TFRA (benchmarks/peers/setup_tfra.sh)")
     p.add_argument("--no-fbgemm", action="store_true", help="skip the FBGEMM peer (reported as absent)")
     p.add_argument("--no-report", action="store_true", help="write JSON only (no REPORT.md / plots)")
     args = p.parse_args(argv)
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         fbgemm_python=args.fbgemm_python,
         no_fbgemm=args.no_fbgemm,
+        tfra_python=args.tfra_python,
         blocks=args.blocks or (2 if args.smoke else 7),
         warmup=1 if args.smoke else 3,
     )

@@ -16,6 +16,8 @@ import json
 import math
 import os
 
+from benchmarks import report_dynamic
+
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
     "keras": "Keras 3 optimizer",
@@ -494,6 +496,7 @@ def markdown(result: dict, plots: list[str]) -> str:
         "upstream gradients and ids at the streaming copy bandwidth (benchmarks/bandwidth.py).",
         "",
     ]
+    out += report_dynamic.section(result)
     return "\n".join(out)
 
 
@@ -661,6 +664,7 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     if result.get("accumulator"):
         _dump(os.path.join(out_dir, "accumulator_suite.json"), {**common, "accumulator": result["accumulator"]})
         written.append("accumulator_suite.json")
+    written += report_dynamic.write_json(result, out_dir, common)
     if with_report:
         plots = plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:

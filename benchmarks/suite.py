@@ -45,6 +45,7 @@ class Options:
     threads: int = 1
     fbgemm_python: str | None = None
     no_fbgemm: bool = False
+    tfra_python: str | None = None
     blocks: int = 7
     warmup: int = 3
     block_ms: float = 150.0
@@ -425,6 +426,11 @@ def run(opts: Options, log=print) -> dict:
     if opts.wants("threads"):
         result["runs"] += bench_threads(opts)
         log("threads: done")
+
+    if opts.wants("dynamic"):
+        from benchmarks import dynamic_benchmark
+
+        result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
     if opts.wants("accumulator"):
         result["accumulator"] = bench_accumulator(opts)

@@ -11,6 +11,8 @@ below is resolved on first use.
 - ``TPUEmbedding``: the mid-level API, trainable on CPU; ``keras.TPUEmbedding``: the Keras 3 layer.
 - ``TPUEmbeddingV2``: the SparseCore mid-level API (TPU v5p/v6e), trainable on CPU; ``sparse_core``: its layouts,
   host preprocessing and checkpoint format.
+- ``DynamicTableConfig``, ``dynamic``: dynamic-vocabulary tables (int64 or string keys, rows created as ids
+  arrive, admission and eviction policies), accepted wherever a ``TableConfig`` is.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
 """
 
@@ -34,6 +36,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optimizers": ("tf_embed_ops.optimizers", None),
     "keras": ("tf_embed_ops.keras", None),
     "distribute": ("tf_embed_ops.distribute", None),
+    "dynamic": ("tf_embed_ops.dynamic", None),
+    "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
     "TableConfig": ("tf_embed_ops.table_config", "TableConfig"),

@@ -38,6 +38,8 @@ from absl import logging
 from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.config._resolve import resolve_tables
+from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.dynamic import engine as dynamic_engine
 
 __all__ = ["TPUEmbedding"]
 
@@ -155,10 +157,49 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
         # in), exactly as `from_feature_config` will resolve them for the config proto.
         self._dynamic_learning_rates = list(resolve_tables(flat_features).learning_rates)
+        self._dynamic = self._split_dynamic_tables(flat_features)
 
         self._built = False
         self._config_proto = None
         self._pending = None
+
+    def _split_dynamic_tables(self, flat_features: list, shard_devices: Any = None) -> Any:
+        """Hands the features over `DynamicTableConfig`s to a `dynamic.engine.DynamicGroup`; the static
+        machinery (variables, `config_proto`, `lookup`, `send_gradients`, learning-rate tags) then covers only the
+        static features. Returns None, changing nothing, when there is no dynamic table."""
+        group = dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices)
+        if group is not None:
+            static = [flat_features[i] for i in group.static_positions]
+            self._table_config = [t for t in self._table_config if not dynamic_config.is_dynamic(t)]
+            self._dynamic_learning_rates = list(resolve_tables(static).learning_rates)
+        return group
+
+    @property
+    def static_features(self) -> list:
+        """The flattened `FeatureConfig`s over static tables: the features `lookup` and `send_gradients` see."""
+        flat = tf.nest.flatten(self._feature_config)
+        return flat if self._dynamic is None else [flat[i] for i in self._dynamic.static_positions]
+
+    @property
+    def dynamic_group(self) -> Any:
+        """The `dynamic.engine.DynamicGroup` running the dynamic tables' features, or None without any."""
+        return self._dynamic
+
+    @property
+    def dynamic_tables(self) -> dict:
+        """`{DynamicTableConfig: DynamicTable}` (a list of shards per table when sharded); empty without any."""
+        if self._dynamic is None:
+            return {}
+        self._maybe_build()
+        return self._dynamic.tables
+
+    @property
+    def dynamic_step(self) -> Any:
+        """The dynamic tables' step counter (int64 variable, advanced by each update), or None without any."""
+        if self._dynamic is None:
+            return None
+        self._maybe_build()
+        return self._dynamic.step
 
     # ------------------------------------------------------------------ variables
 
@@ -197,6 +238,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self.merge_output_shapes(shapes)
         with tf.init_scope():
             self._variables = self._create_variables_and_slots()
+            if self._dynamic is not None:
+                self._dynamic.build(self)
         self._built = True
 
     def _maybe_build(self) -> None:
@@ -342,13 +385,17 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # The tables already carry their (possibly global) optimizer. A table with none (lookup only, as TF's
         # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
         untrained = any(t.optimizer is None for t in self._table_config)
+        features, shapes = self._feature_config, self._output_shapes
+        if self._dynamic is not None:  # the static features' configuration (the dynamic group has its own)
+            features = self.static_features
+            shapes = [shapes[i] for i in self._dynamic.static_positions]
+            if not features:
+                return config_lib.TPUEmbeddingConfiguration()
         proto = config_lib.from_feature_config(
-            self._feature_config,
+            features,
             optimizer=_tpu_embedding.SGD(learning_rate=0.0) if untrained else None,
             pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
-            output_shapes=tf.nest.pack_sequence_as(
-                self._feature_config, [tf.TensorShape(s) for s in self._output_shapes]
-            ),
+            output_shapes=tf.nest.pack_sequence_as(features, [tf.TensorShape(s) for s in shapes]),
         )
         # input_shape is written only once every shape is known (TF fixes them at build); until then the proto
         # is recomputed. The kernels take the batch shape from their inputs, never from here.
@@ -470,9 +517,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     )
                 max_len = 0
             try:
-                normalized = embedding_ops.normalize_feature(
-                    inp, weights=weight, max_sequence_length=max_len, feature_name=path
-                )
+                if dynamic_config.is_dynamic(feature.table):
+                    normalized = dynamic_engine.normalize_dynamic_feature(inp, feature.table, weight, max_len, path)
+                else:
+                    normalized = embedding_ops.normalize_feature(
+                        inp, weights=weight, max_sequence_length=max_len, feature_name=path
+                    )
             except ValueError as e:
                 raise ValueError(f"Feature {path}: {e}") from e
             inputs.append(normalized)
@@ -559,7 +609,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
           RuntimeError: if not built, nothing was enqueued, or the ids live in another graph.
         """
         pending = self._take_pending("dequeue")
-        acts = self.lookup(pending.inputs, name=name)
+        acts = self._lookup_all(pending.inputs, pending.training, name=name)
         return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
 
     def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
@@ -615,7 +665,18 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     gradient = tf.reshape(gradient, _dynamic_activation_shape(feature_input, None, feature.table.dim))
                 flat.append(tf.cast(gradient, tf.float32))
             learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-            self.send_gradients(flat, learning_rates, pending.inputs)
+            if self._dynamic is None:
+                self.send_gradients(flat, learning_rates, pending.inputs)
+            else:
+                dynamic_engine.split_send(
+                    self._dynamic, flat, pending.inputs, lambda g, i: self.send_gradients(g, learning_rates, i)
+                )
+
+    def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
+        """Activations of every feature: `lookup` for the static ones, the dynamic group for the others."""
+        if self._dynamic is None:
+            return self.lookup(inputs, name=name)
+        return dynamic_engine.split_lookup(self._dynamic, inputs, training, lambda i: self.lookup(i, name=name))
 
     def lookup(self, inputs: list, name: str | None = None) -> list:
         """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass."""
@@ -693,7 +754,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 ]
             self.merge_output_shapes(shapes)
             self._maybe_build()
-            acts = self.lookup(inputs)
+            acts = self._lookup_all(inputs, training=False)
             if present is None:
                 return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
             # Output in the order (and nest) of `features`, whose leaves need not be in feature order.
@@ -742,7 +803,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         for path, feature in zip(config_paths, tf.nest.flatten(self._feature_config), strict=True):
             # A feature with an output_shape needs that many samples to stay a plain lookup (of row 0).
             samples = feature.output_shape.num_elements() if feature.output_shape else 0
-            inp, w = by_path.get(path, (tf.zeros([samples], tf.int64), None))
+            key_dtype = getattr(feature.table, "key_dtype", tf.int64)  # a string-keyed dynamic table: string ids
+            inp, w = by_path.get(path, (tf.zeros([samples], key_dtype), None))
             full_inputs.append(inp)
             full_weights.append(w)
         present = [path for path, _ in flat_inputs]

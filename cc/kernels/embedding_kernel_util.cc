@@ -2,15 +2,37 @@
 
 #include "cc/kernels/embedding_kernel_util.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/config/config_parser.h"
+#include "cc/lib/numerics.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace tf_embed_ops {
+namespace {
+
+// "table 'a'" or "tables 'a', 'b'".
+std::string TableList(const std::vector<std::string>& names) {
+  return absl::StrCat(names.size() == 1 ? "table '" : "tables '", absl::StrJoin(names, "', '"), "'");
+}
+
+// "[2, 1]": the coordinates of flat index `flat` in `shape`.
+std::string Coordinates(const tensorflow::TensorShape& shape, int64_t flat) {
+  std::vector<int64_t> coords(shape.dims());
+  for (int d = shape.dims() - 1; d >= 0; --d) {
+    const int64_t size = shape.dim_size(d);
+    coords[d] = size ? flat % size : 0;
+    flat = size ? flat / size : 0;
+  }
+  return absl::StrCat("[", absl::StrJoin(coords, ", "), "]");
+}
+
+}  // namespace
 
 absl::Status FusedEmbeddingAttrs::Init(tensorflow::OpKernelConstruction* ctx) {
   std::string serialized;
@@ -82,7 +104,8 @@ absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_i
   out->splits_or_indices_rank = splits.NumElements() == 0 && splits.dims() <= 1 ? 0 : splits.dims();
   out->splits_or_indices_rows = splits.dims() >= 1 ? splits.dim_size(0) : 0;
   out->splits_or_indices_cols = splits.dims() == 2 ? splits.dim_size(1) : 0;
-  out->ids = ids.flat<int64_t>().data();
+  // (The dynamic ops' string keys are fingerprinted by their caller, which then sets ids.)
+  out->ids = ids.dtype() == tensorflow::DT_INT64 ? ids.flat<int64_t>().data() : nullptr;
   out->num_ids = ids.NumElements();
   out->weights = weights.flat<float>().data();
   out->num_weights = weights.NumElements();
@@ -143,6 +166,55 @@ void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, 
   } else if (storage == StorageType::kFloat16) {
     tensorflow::EnsureSparseVariableAccess<Eigen::ThreadPoolDevice, Eigen::half>(ctx, var).IgnoreError();
   }
+}
+
+std::vector<std::vector<std::string>> TablesPerTag(const EmbeddingConfig& config) {
+  std::vector<std::vector<std::string>> tag_tables(config.num_learning_rate_tags);
+  for (const TableSpec& table : config.tables) {
+    const LearningRate& rate = table.optimization.learning_rate;
+    if (rate.is_dynamic) tag_tables[rate.tag].push_back(table.name);
+  }
+  return tag_tables;
+}
+
+absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, int first_input,
+                               const std::vector<std::vector<std::string>>& tag_tables, std::vector<float>* out) {
+  const int num = static_cast<int>(tag_tables.size());
+  out->resize(num);
+  for (int k = 0; k < num; ++k) {
+    const tensorflow::Tensor& lr = ctx->input(first_input + k);
+    const std::string what = absl::StrCat("learning_rates[", k, "] (dynamic learning-rate tag ", k, ", used by ",
+                                          TableList(tag_tables[k]), ")");
+    if (!tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": must be a scalar, got shape ", lr.shape().DebugString()));
+    }
+    const float value = lr.scalar<float>()();
+    if (!(value >= 0.0f && std::isfinite(value))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " = ", value, ": a learning rate must be finite and >= 0; no table was updated"));
+    }
+    (*out)[k] = value;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFeatureGradient(const tensorflow::Tensor& gradient, int f, const tensorflow::TensorShape& expected,
+                                  const std::string& label, const std::string& table_name, bool check_numerics) {
+  if (gradient.shape() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": the gradient (inputs[", f, "]) has shape ", gradient.shape().DebugString(),
+                     ", expected ", expected.DebugString(), " (sample_shape + [dim of table '", table_name, "'])"));
+  }
+  if (check_numerics) {
+    const int64_t bad = FirstNonFinite(gradient.flat<float>().data(), gradient.NumElements());
+    if (bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": the gradient (inputs[", f, "]) holds ", gradient.flat<float>()(bad), " at ",
+                       Coordinates(gradient.shape(), bad), "; check_numerics rejects the step (table '", table_name,
+                       "' and every other table are unchanged)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,

@@ -81,7 +81,8 @@ class WorkspacePool {
 };
 
 // Views the per-feature inputs of feature `feature` (the four lists start at `first_list_input`, each N long)
-// as a FeatureBatch.  Checks ranks only; BuildFeatureLayout checks the structure.
+// as a FeatureBatch.  Checks ranks only; BuildFeatureLayout checks the structure.  Ids that are not int64 (the
+// dynamic ops' string keys) are left null.
 absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
                               const std::string& label, FeatureBatch* out);
 
@@ -105,6 +106,19 @@ absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, con
 // which is instantiated for float and would otherwise copy a shared 16-bit buffer as float).  No-op for
 // float32 and for variables already in that mode.
 void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, StorageType storage);
+
+// Per dynamic learning-rate tag, the names of the tables that use it (for errors).
+std::vector<std::vector<std::string>> TablesPerTag(const EmbeddingConfig& config);
+
+// The learning_rates inputs (first_input .. first_input + tag_tables.size() - 1): one scalar per dynamic tag,
+// finite and >= 0 (the rule the config applies to constant rates); errors name the tag and its tables.
+absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, int first_input,
+                               const std::vector<std::vector<std::string>>& tag_tables, std::vector<float>* out);
+
+// Feature f's gradient (inputs[f]) has the activation's shape `expected` and, with check_numerics, only finite
+// values (the error gives the position).
+absl::Status CheckFeatureGradient(const tensorflow::Tensor& gradient, int f, const tensorflow::TensorShape& expected,
+                                  const std::string& label, const std::string& table_name, bool check_numerics);
 
 // `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`, or, for one of its slots
 // (`slot` not null), [vocabulary_size, SlotWidth(*slot, dim)].

@@ -44,22 +44,6 @@ struct ValidatedStep {
   std::vector<tensorflow::Tensor> values;  // the locked variables' tensors, in var_inputs order
 };
 
-// "table 'a'" or "tables 'a', 'b'".
-std::string TableList(const std::vector<std::string>& names) {
-  return absl::StrCat(names.size() == 1 ? "table '" : "tables '", absl::StrJoin(names, "', '"), "'");
-}
-
-// "[2, 1]": the coordinates of flat index `flat` in `shape`.
-std::string Coordinates(const tensorflow::TensorShape& shape, int64_t flat) {
-  std::vector<int64_t> coords(shape.dims());
-  for (int d = shape.dims() - 1; d >= 0; --d) {
-    const int64_t size = shape.dim_size(d);
-    coords[d] = size ? flat % size : 0;
-    flat = size ? flat / size : 0;
-  }
-  return absl::StrCat("[", absl::StrJoin(coords, ", "), "]");
-}
-
 class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
  public:
   explicit SendTPUEmbeddingGradientsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -94,12 +78,10 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
                     attrs_.config.num_learning_rate_tags, " dynamic learning-rate tags; give one scalar per tag")));
     int expected_slots = 0;
-    tag_tables_.resize(num_learning_rates_);
+    tag_tables_ = TablesPerTag(attrs_.config);
     for (const TableSpec& table : attrs_.config.tables) {
       first_slot_.push_back(expected_slots);
       expected_slots += static_cast<int>(OptimizerSlots(table.optimization.optimizer).size());
-      const LearningRate& rate = table.optimization.learning_rate;
-      if (rate.is_dynamic) tag_tables_[rate.tag].push_back(table.name);
     }
     OP_REQUIRES(ctx, num_slots_ == expected_slots,
                 absl::InvalidArgumentError(
@@ -149,21 +131,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       TF_RETURN_IF_ERROR(ValidateIds(batch.ids, batch.num_ids, table.vocabulary_size, label, table.name));
       tensorflow::TensorShape expected;
       TF_RETURN_IF_ERROR(ActivationShape(batch, table, label, &expected));
-      const tensorflow::Tensor& gradient = ctx->input(f);
-      if (gradient.shape() != expected) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(label, ": the gradient (inputs[", f, "]) has shape ", gradient.shape().DebugString(),
-                         ", expected ", expected.DebugString(), " (sample_shape + [dim of table '", table.name, "'])"));
-      }
-      if (check_numerics_) {
-        const int64_t bad = FirstNonFinite(gradient.flat<float>().data(), gradient.NumElements());
-        if (bad >= 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(label, ": the gradient (inputs[", f, "]) holds ", gradient.flat<float>()(bad), " at ",
-                           Coordinates(gradient.shape(), bad), "; check_numerics rejects the step (table '", table.name,
-                           "' and every other table are unchanged)"));
-        }
-      }
+      TF_RETURN_IF_ERROR(CheckFeatureGradient(ctx->input(f), f, expected, label, table.name, check_numerics_));
       ids_per_table[config.features[f].table_id] += batch.num_ids;
     }
     for (int t = 0; t < attrs_.num_tables; ++t) {
@@ -176,25 +144,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     return absl::OkStatus();
   }
 
-  // One scalar per dynamic tag, finite and >= 0 (the rule the config applies to constant rates).
   absl::Status ValidateLearningRates(tensorflow::OpKernelContext* ctx, ValidatedStep* step) const {
-    step->learning_rates.resize(num_learning_rates_);
-    for (int k = 0; k < num_learning_rates_; ++k) {
-      const tensorflow::Tensor& lr = ctx->input(attrs_.num_features + k);
-      const std::string what = absl::StrCat("learning_rates[", k, "] (dynamic learning-rate tag ", k, ", used by ",
-                                            TableList(tag_tables_[k]), ")");
-      if (!tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": must be a scalar, got shape ", lr.shape().DebugString()));
-      }
-      const float value = lr.scalar<float>()();
-      if (!(value >= 0.0f && std::isfinite(value))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " = ", value, ": a learning rate must be finite and >= 0; no table was updated"));
-      }
-      step->learning_rates[k] = value;
-    }
-    return absl::OkStatus();
+    return ReadLearningRates(ctx, attrs_.num_features, tag_tables_, &step->learning_rates);
   }
 
   // Dtypes, initialisation and distinctness of the table and slot variables (before any lock: the

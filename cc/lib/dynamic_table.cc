@@ -52,6 +52,19 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
       return Invalid(t, absl::StrCat("slot ", s, " initial value must be finite, got ", o.slot_initial_values[s]));
     }
   }
+  if (!o.slot_widths.empty() && static_cast<int64_t>(o.slot_widths.size()) != num_slots) {
+    return Invalid(t, absl::StrCat(o.slot_widths.size(), " slot widths for ", num_slots,
+                                   " slot initial values (one of each per optimizer slot)"));
+  }
+  int64_t slot_floats = 0;
+  for (size_t s = 0; s < o.slot_widths.size(); ++s) {
+    if (o.slot_widths[s] != 1 && o.slot_widths[s] != o.dim) {
+      return Invalid(t, absl::StrCat("slot ", s, " width must be 1 (one value per row) or dim = ", o.dim, ", got ",
+                                     o.slot_widths[s]));
+    }
+    slot_floats += o.slot_widths[s];
+  }
+  if (o.slot_widths.empty()) slot_floats = num_slots * o.dim;
   if (o.max_rows <= 0 || o.max_rows > KeyIndex::kMaxRows) {
     return Invalid(t, absl::StrCat("max_rows must be in [1, ", KeyIndex::kMaxRows, "], got ", o.max_rows));
   }
@@ -67,7 +80,7 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
   // floats of a row and its slots, in bytes, within int64.  dim <= 2^20, slots <= 16 and max_rows < 2^31 bound
   // it by 2^56, but the check keeps that true if the limits above ever change.
   const int64_t rows_bound = (o.max_rows + o.rows_per_chunk - 1) / o.rows_per_chunk * o.rows_per_chunk;
-  const int64_t floats_per_row = (1 + num_slots) * o.dim;
+  const int64_t floats_per_row = o.dim + slot_floats;
   if (rows_bound > std::numeric_limits<int64_t>::max() / 4 / floats_per_row) {
     return Invalid(t, absl::StrCat("max_rows = ", o.max_rows, " rows of ", floats_per_row,
                                    " floats overflow a 64-bit byte count"));
@@ -99,7 +112,10 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
 DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
     : options_(options), weights_(options.dim, log2_rows_per_chunk), meta_(1, log2_rows_per_chunk) {
   slots_.reserve(options.slot_initial_values.size());
-  for (size_t s = 0; s < options.slot_initial_values.size(); ++s) slots_.emplace_back(options.dim, log2_rows_per_chunk);
+  for (size_t s = 0; s < options.slot_initial_values.size(); ++s) {
+    const int64_t width = options.slot_widths.empty() ? options.dim : options.slot_widths[s];
+    slots_.emplace_back(width, log2_rows_per_chunk);
+  }
 }
 
 absl::Status DynamicTable::ValidateStep(int64_t step, const char* what) const {
@@ -139,7 +155,7 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
   meta->last_step = step;
   options_.initializer.FillRow(key, weights_.At(row), options_.dim);
   for (size_t s = 0; s < slots_.size(); ++s) {
-    std::fill_n(slots_[s].At(row), options_.dim, options_.slot_initial_values[s]);
+    std::fill_n(slots_[s].At(row), slots_[s].row_width(), options_.slot_initial_values[s]);
   }
   index_.Insert(key, row);
   ++size_;
@@ -282,6 +298,10 @@ int64_t DynamicTable::EvictRows(std::vector<int64_t> rows) {
 absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t step) {
   if (absl::Status s = ValidateStep(step, "Evict"); !s.ok()) return s;
   if (absl::Status s = ValidatePolicy(name(), options_.max_rows, p, "Evict"); !s.ok()) return s;
+  // Nothing to do without a policy or under the target: return before listing (and sorting) every row, which
+  // EndStep would otherwise pay at every step.
+  if (p.policy == EvictionPolicy::kNone) return 0;
+  if (p.policy != EvictionPolicy::kTtl && size_ <= p.target_rows) return 0;
   std::vector<int64_t> rows = LiveRows();
   std::vector<int64_t> victims;
   if (p.policy == EvictionPolicy::kTtl) {
@@ -338,14 +358,20 @@ DynamicTableContents DynamicTable::Export() const {
   c.counts.resize(n);
   c.last_steps.resize(n);
   c.weights.resize(n * dim);
-  c.slots.assign(slots_.size(), std::vector<float>(n * dim));
+  for (const ChunkedArena<float>& s : slots_) {
+    c.slot_widths.push_back(s.row_width());
+    c.slots.emplace_back(n * s.row_width());
+  }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     c.keys[i] = KeyOf(r);
     c.counts[i] = CountOf(r);
     c.last_steps[i] = LastStepOf(r);
     std::copy_n(Weights(r), dim, c.weights.data() + i * dim);
-    for (size_t s = 0; s < slots_.size(); ++s) std::copy_n(Slot(s, r), dim, c.slots[s].data() + i * dim);
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const int64_t w = slot_width(s);
+      std::copy_n(Slot(s, r), w, c.slots[s].data() + i * w);
+    }
   }
   std::vector<std::pair<int64_t, Pending>> pending(pending_.begin(), pending_.end());
   std::sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -366,6 +392,17 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     return Invalid(name(), absl::StrCat("Import: the checkpoint has ", c.slots.size(), " slots, the table's optimizer ",
                                         slots_.size()));
   }
+  if (c.slot_widths.size() != c.slots.size()) {
+    return Invalid(name(),
+                   absl::StrCat("Import: ", c.slot_widths.size(), " slot widths for ", c.slots.size(), " slots"));
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (c.slot_widths[s] != slot_width(s)) {
+      return Invalid(name(), absl::StrCat("Import: slot ", s, " of the checkpoint has ", c.slot_widths[s],
+                                          " values per row, the table's optimizer keeps ", slot_width(s),
+                                          " (1: one value per row, ", dim, ": one per column)"));
+    }
+  }
   const int64_t n = static_cast<int64_t>(c.keys.size());
   if (n > options_.max_rows) {
     return Invalid(name(), absl::StrCat("Import: ", n, " rows do not fit max_rows = ", options_.max_rows));
@@ -380,7 +417,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     if (!s.ok()) return s;
   }
   for (size_t s = 0; s < c.slots.size(); ++s) {
-    if (absl::Status st = check_size("a slot", c.slots[s].size(), n * dim); !st.ok()) return st;
+    if (absl::Status st = check_size("a slot", c.slots[s].size(), n * slot_width(s)); !st.ok()) return st;
   }
   const int64_t np = static_cast<int64_t>(c.pending_keys.size());
   for (absl::Status s : {check_size("pending_counts", c.pending_counts.size(), np),
@@ -451,7 +488,10 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     meta->count = static_cast<uint32_t>(c.counts[i]);
     meta->last_step = c.last_steps[i];
     std::copy_n(c.weights.data() + i * dim, dim, weights_.At(row));
-    for (size_t s = 0; s < slots_.size(); ++s) std::copy_n(c.slots[s].data() + i * dim, dim, slots_[s].At(row));
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const int64_t w = slot_width(s);
+      std::copy_n(c.slots[s].data() + i * w, w, slots_[s].At(row));
+    }
     index_.Insert(c.keys[i], row);
     ++size_;
   }

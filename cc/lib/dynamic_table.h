@@ -56,6 +56,9 @@ struct DynamicTableOptions {
   int64_t dim = 0;
   // One initial value per optimizer slot (the optimizer's SlotInfo defaults or the user's); may be empty.
   std::vector<float> slot_initial_values;
+  // The floats per row of each slot, in the same order: SlotWidth() of the optimizer's SlotInfo (dim, or 1 for a
+  // per-row slot such as row-wise Adagrad's accumulator).  Empty: every slot is dim wide.
+  std::vector<int64_t> slot_widths;
   int64_t initial_capacity = 0;   // rows allocated up front; the table grows beyond it up to max_rows
   int64_t max_rows = 0;           // hard cap: keys beyond it are refused (counters().refused_full)
   int64_t rows_per_chunk = 1024;  // a power of two
@@ -82,12 +85,14 @@ struct BatchStats {
   int64_t refused_full = 0;
 };
 
-// A table's content in key order (checkpoints): num_rows = keys.size(); weights and each slot are row-major
-// [num_rows, dim].  Pending admission counts are included so a restored table admits exactly as the saved one.
+// A table's content in key order (checkpoints): num_rows = keys.size(); weights are row-major [num_rows, dim],
+// slot k is row-major [num_rows, slot_widths[k]].  Pending admission counts are included so a restored table admits
+// exactly as the saved one.
 struct DynamicTableContents {
   int64_t dim = 0;
   std::vector<int64_t> keys;
   std::vector<float> weights;
+  std::vector<int64_t> slot_widths;
   std::vector<std::vector<float>> slots;
   std::vector<int64_t> counts;
   std::vector<int64_t> last_steps;
@@ -111,6 +116,7 @@ class DynamicTable {
   const std::string& name() const { return options_.name; }
   int64_t dim() const { return options_.dim; }
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
+  int64_t slot_width(int64_t slot) const { return slots_[slot].row_width(); }  // floats per row of that slot
   int64_t size() const { return size_; }
   int64_t capacity() const { return weights_.capacity(); }  // rows allocated
   const DynamicTableCounters& counters() const { return counters_; }
@@ -129,6 +135,7 @@ class DynamicTable {
   // Row accessors, for a row index FindOrInsert/Find returned (and not evicted since).
   float* Weights(int64_t row) { return weights_.At(row); }
   const float* Weights(int64_t row) const { return weights_.At(row); }
+  // A slot's row holds slot_width(slot) floats.
   float* Slot(int64_t slot, int64_t row) { return slots_[slot].At(row); }
   const float* Slot(int64_t slot, int64_t row) const { return slots_[slot].At(row); }
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
@@ -148,7 +155,7 @@ class DynamicTable {
 
   DynamicTableContents Export() const;
   // Replaces the whole content (any capacity: the table grows to fit, up to max_rows).  Validates dim, the slot
-  // count, every size, unique keys, counts and steps before changing anything.  Resets the counters.
+  // count and widths, every size, unique keys, counts and steps before changing anything.  Resets the counters.
   absl::Status Import(const DynamicTableContents& contents);
 
   // Bytes held by rows, slots, metadata and the index (the pending admission table is not included: it is

@@ -8,10 +8,12 @@
 //   bits(seed, key, column, draw) = MixKey(MixKey(MixKey(seed) ^ key) + column * 2^8 + draw)   (uint64 wrap)
 //   uniform01 = top 53 bits / 2^53                      in [0, 1)
 //   uniform   = min + (max - min) * uniform01           (float)
-//   normal    = mean + stddev * sqrt(-2 ln(1 - u0)) * cos(2 pi u1)   (Box-Muller in double, u = uniform01 of
-//               draws 0 and 1; 1 - u0 is in (0, 1], so the log is finite)
-//   truncated = the normal of draws (2a, 2a + 1) for the first attempt a whose |z| <= 2 (TF's truncated
-//               normal bound); after kMaxTruncatedAttempts the value is clamped to +-2 stddev.
+//   normal    = mean + stddev * z, with z from Box-Muller in double over column PAIRS: columns 2j and 2j + 1
+//               share draws 0 and 1 of column 2j (u = uniform01 of them), r = sqrt(-2 ln(1 - u0)),
+//               z[2j] = r cos(2 pi u1), z[2j + 1] = r sin(2 pi u1) (both outputs of one pair: one log, one
+//               sqrt and one sincos per two values; 1 - u0 is in (0, 1], so the log is finite)
+//   truncated = per column, the z of draws (2a, 2a + 1) of its pair's even column for the first attempt a whose
+//               |z| <= 2 (TF's truncated normal bound); after kMaxTruncatedAttempts it is clamped to +-2 stddev.
 // Double precision for the transcendental step keeps the float result stable to the last bit on any libm that
 // rounds within a few double ulps.
 #ifndef TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_INIT_H_
@@ -64,18 +66,46 @@ struct RowInitializer {
     return MixKey(key_state + (static_cast<uint64_t>(column) << 8) + draw);
   }
   static double Uniform01(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+  // Both Box-Muller outputs of the pair of columns (even_column, even_column + 1) from its draws first_draw and
+  // first_draw + 1: z[0] for the even column, z[1] for the odd one.
+  static void StandardNormalPair(uint64_t key_state, int64_t even_column, uint64_t first_draw, double z[2]) {
+    const double u0 = Uniform01(Bits(key_state, even_column, first_draw));
+    const double u1 = Uniform01(Bits(key_state, even_column, first_draw + 1));
+    const double r = std::sqrt(-2.0 * std::log(1.0 - u0));
+    double sin_angle, cos_angle;
+    ::sincos(2.0 * M_PI * u1, &sin_angle, &cos_angle);  // glibc: one range reduction for both (same values)
+    z[0] = r * cos_angle;
+    z[1] = r * sin_angle;
+  }
+  // One column's output of its pair (Value() of a single column; the pair function keeps it bitwise FillRow's).
   static double StandardNormal(uint64_t key_state, int64_t column, uint64_t first_draw) {
-    const double u0 = Uniform01(Bits(key_state, column, first_draw));
-    const double u1 = Uniform01(Bits(key_state, column, first_draw + 1));
-    return std::sqrt(-2.0 * std::log(1.0 - u0)) * std::cos(2.0 * M_PI * u1);
+    double z[2];
+    StandardNormalPair(key_state, column & ~int64_t{1}, first_draw, z);
+    return z[column & 1];
   }
 
   // The value of column `column` of key `key`'s initial row.
   float Value(int64_t key, int64_t column) const { return ValueFromState(KeyState(seed, key), column); }
 
+  // The whole row: Value(key, d) for every column, normal values computed a pair of columns at a time (a
+  // truncated normal's first attempt too; the few rejected columns retry one by one).
   void FillRow(int64_t key, float* row, int64_t dim) const {
     const uint64_t state = KeyState(seed, key);
-    for (int64_t d = 0; d < dim; ++d) row[d] = ValueFromState(state, d);
+    if (kind != RowInitializerKind::kNormal && kind != RowInitializerKind::kTruncatedNormal) {
+      for (int64_t d = 0; d < dim; ++d) row[d] = ValueFromState(state, d);
+      return;
+    }
+    const bool truncated = kind == RowInitializerKind::kTruncatedNormal;
+    int64_t d = 0;
+    for (; d + 1 < dim; d += 2) {
+      double z[2];
+      StandardNormalPair(state, d, 0, z);
+      for (int i = 0; i < 2; ++i) {
+        row[d + i] = truncated && !(std::fabs(z[i]) <= 2.0) ? ValueFromState(state, d + i)
+                                                            : mean + stddev * static_cast<float>(z[i]);
+      }
+    }
+    if (d < dim) row[d] = ValueFromState(state, d);
   }
 
  private:

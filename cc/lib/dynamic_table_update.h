@@ -34,6 +34,9 @@ void UpdateDynamicTableWith(const Optimizer& optimizer, const TableOptimization&
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   const int64_t dim = table->dim();
   const int64_t row_cost = dim * static_cast<int64_t>(8 + 6 * kNumSlots);
+  // A slot's rows are table->slot_width(k) wide (dim, or 1 for a per-row slot), as the optimizer's SlotInfo says.
+  std::array<int64_t, kNumSlots + 1> slot_width{};
+  for (size_t k = 0; k < kNumSlots; ++k) slot_width[k] = table->slot_width(static_cast<int64_t>(k));
   auto update = [&](int64_t row, float* g) {
     std::array<float*, kNumSlots + 1> slot_rows{};
     for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = table->Slot(static_cast<int64_t>(k), row);
@@ -47,7 +50,9 @@ void UpdateDynamicTableWith(const Optimizer& optimizer, const TableOptimization&
           if (u + kPrefetchDistance < end) {
             const int64_t ahead = plan.row(u + kPrefetchDistance);
             PrefetchRow<true>(table->Weights(ahead), dim);
-            for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(table->Slot(static_cast<int64_t>(k), ahead), dim);
+            for (size_t k = 0; k < kNumSlots; ++k) {
+              PrefetchRow<true>(table->Slot(static_cast<int64_t>(k), ahead), slot_width[k]);
+            }
           }
           plan.Accumulate(u, dim, g.data());
           update(plan.row(u), g.data());
@@ -80,8 +85,9 @@ void UpdateDynamicTableWith(const Optimizer& optimizer, const TableOptimization&
 
 }  // namespace internal
 
-// One optimizer step on `table` (see above).  o.optimizer's slot count must equal table->num_slots() (checked
-// by whoever builds the table from the optimizer: the slot initial values come from its kSlots).
+// One optimizer step on `table` (see above).  o.optimizer's slot count must equal table->num_slots() and each
+// slot's width SlotWidth(kSlots[k], dim) must equal table->slot_width(k) (checked by the kernels against the
+// config, see CheckDynamicTableSlots).
 inline void UpdateDynamicTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, DynamicTable* table,
                                const ShardFn& shard) {
   std::visit([&](const auto& optimizer) { internal::UpdateDynamicTableWith(optimizer, o, lr, plan, table, shard); },

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/prefetch.h"
@@ -19,7 +20,7 @@ namespace tf_embed_ops {
 
 namespace internal {
 
-// `Elem` is the stored element (float, or the uint16_t bits of a 16-bit table) and `load` widens one to fp32.
+// A stored element widened to fp32: float as is, or the uint16_t bits of a 16-bit table.
 struct LoadFloat {
   float operator()(float x) const { return x; }
 };
@@ -30,21 +31,23 @@ struct LoadFloat16 {
   float operator()(uint16_t x) const { return Float16ToFloat(x); }
 };
 
-template <typename Elem, typename Load = LoadFloat>
-inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const Elem* table, int64_t dim,
-                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load = Load()) {
+// row_of(i): the row id i of the feature reads (a pointer to `dim` stored elements: float, or 16-bit bits);
+// `load` widens one element to fp32.
+template <typename RowOf, typename Load = LoadFloat>
+inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_of, int64_t dim,
+                                  const Quantizer* quantizer, int64_t begin, int64_t end, float* out,
+                                  Load load = Load()) {
+  using Elem = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(int64_t{0}))>>;
   // PrefetchRow counts floats.
   const int64_t prefetch_floats = (dim * static_cast<int64_t>(sizeof(Elem)) + 3) / 4;
-  auto prefetch = [&](int64_t id) {
-    PrefetchRow<false>(reinterpret_cast<const float*>(table + id * dim), prefetch_floats);
-  };
+  auto prefetch = [&](int64_t i) { PrefetchRow<false>(reinterpret_cast<const float*>(row_of(i)), prefetch_floats); };
   if (layout.one_id_per_sample) {
     // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
     // quantization only, where it is not a plain copy).
     for (int64_t s = begin; s < end; ++s) {
-      if (s + kPrefetchDistance < end) prefetch(ids[s + kPrefetchDistance]);
+      if (s + kPrefetchDistance < end) prefetch(s + kPrefetchDistance);
       const float c = layout.scale[s];
-      const Elem* row = table + ids[s] * dim;
+      const Elem* row = row_of(s);
       float* o = out + s * dim;
       if (quantizer == nullptr) {
         for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
@@ -57,7 +60,7 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
   for (int64_t s = begin; s < end; ++s) {
     const int64_t ahead = s + kPrefetchDistance;
     if (ahead < end && layout.member_offsets[ahead] < layout.member_offsets[ahead + 1]) {
-      prefetch(ids[layout.members[layout.member_offsets[ahead]]]);
+      prefetch(layout.members[layout.member_offsets[ahead]]);
     }
     float* o = out + s * dim;
     const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
@@ -65,7 +68,7 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
       // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
       const int64_t i = layout.members[first];
       const float c = layout.scale[i];
-      const Elem* row = table + ids[i] * dim;
+      const Elem* row = row_of(i);
       for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
       continue;
     }
@@ -73,7 +76,7 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
     for (int64_t k = first; k < last; ++k) {
       const int64_t i = layout.members[k];
       const float c = layout.scale[i];
-      const Elem* row = table + ids[i] * dim;
+      const Elem* row = row_of(i);
       if (quantizer == nullptr) {
         for (int64_t d = 0; d < dim; ++d) o[d] += c * load(row[d]);
       } else {
@@ -81,6 +84,14 @@ inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, 
       }
     }
   }
+}
+
+// A row-major table: row_of(i) = table + ids[i] * dim.
+template <typename Elem, typename Load = LoadFloat>
+inline void CombineSampleRange(const FeatureLayout& layout, const int64_t* ids, const Elem* table, int64_t dim,
+                               const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load = Load()) {
+  const auto row_of = [ids, table, dim](int64_t i) { return table + ids[i] * dim; };
+  CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out, load);
 }
 
 }  // namespace internal
@@ -104,6 +115,14 @@ inline void CombineSamples(const FeatureLayout& layout, const int64_t* ids, Stor
       internal::CombineSampleRange(layout, ids, table, dim, quantizer, begin, end, out, internal::LoadFloat16());
     }
   });
+}
+
+// The same for rows that are not one array (dynamic tables' chunked arenas): row_of(i) is the fp32 row id i of
+// the feature reads, e.g. a row of zeros for a key without a row.
+template <typename RowOf>
+inline void CombineSampleRows(const FeatureLayout& layout, const RowOf& row_of, int64_t dim, const Quantizer* quantizer,
+                              int64_t begin, int64_t end, float* out) {
+  RunWithRowLoopIsa([&] { internal::CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out); });
 }
 
 }  // namespace tf_embed_ops

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
+from tf_embed_ops.dynamic import engine as dynamic_engine
 
 __all__ = ["ShardedEmbeddingLayer"]
 
@@ -91,7 +92,14 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         store = self._tpu_embedding
         inputs, shapes = store.normalize_inputs(features, weights)
         store.merge_output_shapes(shapes)
-        if training:
+        if store.dynamic_group is not None:
+            # Dynamic tables (sharded by key over the same servers) run through their own group, in feature order.
+            trigger = tf.convert_to_tensor(self._update_trigger.value)
+            static = (lambda i: _lookup_and_update(store, i, trigger)) if training else store.lookup
+            acts = dynamic_engine.split_lookup(
+                store.dynamic_group, inputs, bool(training), static, update_trigger=trigger if training else None
+            )
+        elif training:
             acts = _lookup_and_update(store, inputs, tf.convert_to_tensor(self._update_trigger.value))
         else:
             acts = store.lookup(inputs)

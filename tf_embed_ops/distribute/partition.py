@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 
-__all__ = ["partition_feature", "row_gradients", "scaled_weights"]
+__all__ = ["partition_feature", "partition_feature_by_key", "row_gradients", "scaled_weights"]
 
 
 def _static_rank_and_size(tensor: tf.Tensor) -> tuple[int | None, int | None]:
@@ -136,6 +136,41 @@ def partition_feature(feature: embedding_ops.FeatureInput, combiner: str, bounda
         parts_indices = tf.dynamic_partition(indices, shard, num_shards)
         return [
             embedding_ops.FeatureInput(parts_indices[k], parts_ids[k], parts_weights[k], sample_shape)
+            for k in range(num_shards)
+        ]
+
+
+def partition_feature_by_key(feature: embedding_ops.FeatureInput, combiner: str, num_shards: int) -> list:
+    """Splits a dynamic table's feature over `num_shards` shards by key (`tf_embed_ops.dynamic.shard_of_keys`).
+
+    As `partition_feature`, but the ids are keys (int64, or strings, placed by the key the ops give them) and
+    stay as they are: shard k gets the keys it holds, in sparse-indices form with the weights ``w_i / norm_s``,
+    for the "sum" combiner.
+
+    Args:
+      feature: a normalised feature whose ids are int64 or string keys.
+      combiner: the table's combiner, "sum", "mean" or "sqrtn".
+      num_shards: the number of shards, >= 1.
+
+    Returns:
+      One `FeatureInput` per shard.
+    """
+    from tf_embed_ops.dynamic.sharding import shard_of_keys  # pylint: disable=import-outside-toplevel
+
+    with tf.name_scope("partition_feature_by_key"):
+        keys = tf.convert_to_tensor(feature.ids)
+        num_ids = tf.size(keys, out_type=tf.int64)
+        # scaled_weights reads only the number of ids and the layout, never their values (keys may be strings).
+        weights = scaled_weights(feature._replace(ids=tf.zeros([num_ids], tf.int64)), combiner)
+        coordinates = _sample_coordinates(feature, num_ids)
+        indices = tf.concat([coordinates, tf.zeros([num_ids, 1], tf.int64)], axis=1)
+        shard = shard_of_keys(keys, num_shards)
+        parts_keys = tf.dynamic_partition(keys, shard, num_shards)
+        parts_weights = tf.dynamic_partition(weights, shard, num_shards)
+        parts_indices = tf.dynamic_partition(indices, shard, num_shards)
+        sample_shape = tf.cast(feature.sample_shape, tf.int64)
+        return [
+            embedding_ops.FeatureInput(parts_indices[k], parts_keys[k], parts_weights[k], sample_shape)
             for k in range(num_shards)
         ]
 

@@ -170,6 +170,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             for t in self._table_config
         ]
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
+        if self._dynamic is not None:
+            # Dynamic tables are sharded by key over the same servers (shard_of_keys; docs/dynamic_tables.md).
+            self._dynamic = self._split_dynamic_tables(tf.nest.flatten(feature_config), self._devices)
         self._plans = None
         self._partition_cache = None
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
@@ -308,7 +311,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         self._partition_cache = None
         parts = []
         with tf.name_scope("shard_ids"):
-            for inp, feature in zip(inputs, tf.nest.flatten(self._feature_config), strict=True):
+            for inp, feature in zip(inputs, self.static_features, strict=True):
                 bounds = self._boundaries[self._table_index[feature.table.name]]
                 if len(bounds) == 2:
                     parts.append([inp])  # one shard: the feature goes through untouched, with its combiner

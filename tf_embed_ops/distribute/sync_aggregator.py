@@ -87,13 +87,19 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
           replicas_to_aggregate: gradients each round waits for (>= 1), usually the number of workers.
 
         Raises:
-          ValueError: if `embedding` is not a ShardedTPUEmbedding, already has an aggregator, has a table with
-            no optimizer, or `replicas_to_aggregate` < 1.
+          ValueError: if `embedding` is not a ShardedTPUEmbedding, already has an aggregator, has a dynamic table
+            or a table with no optimizer, or `replicas_to_aggregate` < 1.
         """
         if not isinstance(embedding, ShardedTPUEmbedding):
             raise ValueError(f"Argument `embedding` must be a ShardedTPUEmbedding; got {type(embedding).__name__}.")
         if embedding.aggregator is not None:
             raise ValueError("Argument `embedding` already has a SyncSparseAggregator attached.")
+        if embedding.dynamic_group is not None:
+            names = ", ".join(repr(t.name) for t in embedding.dynamic_group.table_configs)
+            raise ValueError(
+                f"Argument `embedding` has dynamic tables ({names}); synchronous aggregation supports static tables "
+                "only (dynamic tables train asynchronously, each shard on its own server)."
+            )
         if (
             not isinstance(replicas_to_aggregate, int)
             or isinstance(replicas_to_aggregate, bool)

@@ -4,6 +4,7 @@
     python -m tf_embed_ops.examples.ctr --smoke         # seconds; what the test runs
     python -m tf_embed_ops.examples.ctr --write-config ctr.pbtxt   # the TPUEmbeddingConfiguration it trains
     python -m tf_embed_ops.examples.ctr --config ctr.pbtxt         # train from such a config (config loader)
+    python -m tf_embed_ops.examples.ctr --dynamic [--smoke]        # open-world ids in dynamic tables (ctr_dynamic.py)
 
 The data is synthetic with planted structure (see `make_data`): a click depends on a user x item latent match,
 the item's category, the user's interest tags (multi-hot) matching the category, the similarity of the user's
@@ -32,6 +33,7 @@ import tensorflow as tf
 from tf_embed_ops import config as te_config
 from tf_embed_ops import embedding_ops
 from tf_embed_ops import keras as te_keras
+from tf_embed_ops.examples import ctr_dynamic
 from tf_embed_ops.keras.layer import activation_specs
 
 emb = tf.tpu.experimental.embedding
@@ -296,8 +298,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--learning-rate", type=float, default=0.003)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--storage-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--storage-dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="storage dtype of the tables and slots (te.TableConfig); not with --dynamic (dynamic tables are float32)",
+    )
+    parser.add_argument("--dynamic", action="store_true", help="raw 64-bit and string ids in dynamic tables")
+    ctr_dynamic.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.dynamic and args.storage_dtype != "float32":
+        parser.error(f"--storage-dtype {args.storage_dtype}: dynamic tables are stored in float32 only")
+    if args.dynamic:
+        ctr_dynamic.run(args)
+        return 0
     if args.write_config:
         write_config(args.write_config, args.batch_size)
         return 0

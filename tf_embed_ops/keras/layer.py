@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
+from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.keras import optimizer_mapping, serialization, serving
 
 __all__ = ["TPUEmbedding"]
@@ -174,6 +175,11 @@ class TPUEmbedding(keras.layers.Layer):
         return self._tpu_embedding.slot_variables
 
     @property
+    def dynamic_tables(self) -> dict:
+        """`{DynamicTableConfig: DynamicTable}` (docs/dynamic_tables.md); empty without dynamic tables."""
+        return self._tpu_embedding.dynamic_tables
+
+    @property
     def config_proto(self):
         """The `TPUEmbeddingConfiguration` the kernels run (no `input_shape`: Keras batches vary)."""
         return self._tpu_embedding.config_proto
@@ -184,9 +190,33 @@ class TPUEmbedding(keras.layers.Layer):
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
         inputs, _ = store.normalize_inputs(features, weights)
+        group = store.dynamic_group
+        if group is not None:
+            # Dynamic tables (docs/dynamic_tables.md): each group through its own ops, in feature order.
+            trigger = tf.convert_to_tensor(self._update_trigger.value)
+            if training:
+                acts = dynamic_engine.split_lookup(
+                    group, inputs, True, lambda i: self._static_acts(i, training, trigger), update_trigger=trigger
+                )
+            else:
+                group = serving.frozen_dynamic_group(group) if serving.in_serving_mode() else group
+                acts = dynamic_engine.split_lookup(group, inputs, False, lambda i: self._static_acts(i, False, None))
+        else:
+            acts = self._static_acts(inputs, training, None, features)
+        acts = store.reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store.feature_config, acts)
+
+    def _static_acts(self, inputs: list, training: bool | None, trigger: Any, features: Any = None) -> list:
+        """Activations of the static features (all of them when there is no dynamic table)."""
+        store = self._tpu_embedding
         flat_features = tf.nest.flatten(store.feature_config)
+        if store.dynamic_group is not None:
+            flat_features = [flat_features[i] for i in store.dynamic_group.static_positions]
         if serving.in_serving_mode():
-            kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
+            if features is not None:
+                kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
+            else:  # the static subset next to dynamic tables: dense inputs are normalised with splits of shape [0]
+                kinds = [inp.sample_indices_or_row_splits.shape.as_list() == [0] for inp in inputs]
             tables = store.variables
             acts = [
                 serving.plain_lookup(
@@ -210,7 +240,7 @@ class TPUEmbedding(keras.layers.Layer):
                     store.serialized_config,
                     combiners=store.combiners,
                     learning_rates=list(store.dynamic_learning_rates),
-                    trigger=tf.convert_to_tensor(self._update_trigger.value),
+                    trigger=trigger if trigger is not None else tf.convert_to_tensor(self._update_trigger.value),
                     check_numerics=self._check_numerics,
                     rounding_arguments=store.rounding_arguments,
                     after_update=store.advance_rounding_step,
@@ -219,11 +249,39 @@ class TPUEmbedding(keras.layers.Layer):
                 acts = embedding_ops.embedding_activations(
                     inputs, tables, store.serialized_config, combiners=store.combiners
                 )
-        acts = store.reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store.feature_config, acts)
+        return list(acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)
+
+    # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; dynamic tables are
+    # resources, so their content (the checkpoint's tensors, sorted by key) is stored beside them under
+    # `dynamic.<table>.<tensor>` and read back before the variables.
+    _DYNAMIC_PREFIX = "dynamic."
+
+    def save_own_variables(self, store: Any) -> None:
+        super().save_own_variables(store)
+        for config, table in self.dynamic_tables.items():
+            contents = dict(table.export())
+            contents["step"] = table.step.read_value()
+            for name, value in contents.items():
+                store[f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}.{name}"] = value.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        dynamic = {k: store[k] for k in store.keys() if str(k).startswith(self._DYNAMIC_PREFIX)}
+        for config, table in self.dynamic_tables.items():
+            prefix = f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}."
+            contents = {
+                k[len(prefix) :]: tf.convert_to_tensor(v[...]) for k, v in dynamic.items() if k.startswith(prefix)
+            }
+            if not contents:
+                continue  # saved before the table existed: it stays empty
+            step = contents.pop("step")
+            table.check_contents(contents, "load_model")
+            table.check_fits(contents)
+            table.import_contents(contents)
+            table.step.assign(tf.cast(step, tf.int64))
+        super().load_own_variables({k: store[k] for k in store.keys() if k not in dynamic})
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -236,3 +294,8 @@ class TPUEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _store_name(table_name: str) -> str:
+    # An h5 dataset name: "/" would make a group.
+    return table_name.replace("/", "|")

@@ -17,6 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_embed_ops import optimizers as _optimizers
+from tf_embed_ops.dynamic import config as dynamic_config
 
 __all__ = ["feature_config_from_dict", "feature_config_to_dict", "optimizer_from_dict", "optimizer_to_dict"]
 
@@ -177,6 +178,7 @@ def feature_config_to_dict(feature_config: Any) -> dict:
                 "combiner": t.combiner,
                 "initializer": _initializer_to_dict(t.initializer, t.name),
                 "optimizer": optimizer_to_dict(t.optimizer),
+                "dynamic": dynamic_config.to_config_dict(t) if dynamic_config.is_dynamic(t) else None,
                 "quantization_config": None
                 if t.quantization_config is None
                 else {
@@ -195,6 +197,18 @@ def feature_config_from_dict(d: dict) -> Any:
     tables = []
     for t in d["tables"]:
         q = t.get("quantization_config")
+        if t.get("dynamic") is not None:  # a te.DynamicTableConfig (docs/dynamic_tables.md)
+            tables.append(
+                dynamic_config.from_config_dict(
+                    t["dynamic"],
+                    name=t["name"],
+                    dim=t["dim"],
+                    optimizer=optimizer_from_dict(t["optimizer"]),
+                    combiner=t["combiner"],
+                    initializer=_initializer_from_dict(t["initializer"]),
+                )
+            )
+            continue
         tables.append(
             _emb.TableConfig(
                 vocabulary_size=t["vocabulary_size"],

@@ -2,7 +2,9 @@
 
 `plain_lookup` computes exactly what our `EmbeddingActivations` op computes (same normalisation, combiners,
 sequence layout, simulated quantization) from gathers and segment sums only, so a model exported with
-`export_for_serving` loads in TF Serving or any TensorFlow without `tf_embed_ops`.
+`export_for_serving` loads in TF Serving or any TensorFlow without `tf_embed_ops`. Dynamic tables are frozen at
+export into a `tf.lookup.StaticHashTable` (key -> row) and a dense variable with a default row of zeros
+(`tf_embed_ops.dynamic.serving`), saved with the model.
 
 Example:
     >>> export_for_serving(model, "/tmp/ctr", input_signature=[{"user": tf.TensorSpec([None], tf.int64)}])
@@ -20,7 +22,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
 
-__all__ = ["export_for_serving", "plain_lookup"]
+__all__ = ["FrozenDynamicGroup", "export_for_serving", "frozen_dynamic_group", "plain_lookup"]
 
 
 def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
@@ -79,18 +81,63 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
     return tf.reshape(acts, tf.concat([sample_shape, [dim]], axis=0))
 
 
-_SERVING_MODE = {"on": False}
+# "frozen": {id(dynamic table object): (the object, its FrozenDynamicTable)}, the dynamic tables frozen while
+# serving functions were traced in this context (export_for_serving saves them with the model).
+_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}}
 
 
 @contextlib.contextmanager
 def serving_mode():
-    """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op)."""
-    previous = _SERVING_MODE["on"]
-    _SERVING_MODE["on"] = True
+    """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op); dynamic
+    tables are frozen (`tf_embed_ops.dynamic.serving.freeze`) on first use, once per context."""
+    previous, previous_frozen = _SERVING_MODE["on"], _SERVING_MODE["frozen"]
+    _SERVING_MODE["on"], _SERVING_MODE["frozen"] = True, {}
     try:
         yield
     finally:
-        _SERVING_MODE["on"] = previous
+        _SERVING_MODE["on"], _SERVING_MODE["frozen"] = previous, previous_frozen
+
+
+def frozen_tables() -> list:
+    """The `FrozenDynamicTable`s made so far in the current `serving_mode` context."""
+    return [frozen for _, frozen in _SERVING_MODE["frozen"].values()]
+
+
+def _frozen(table: Any) -> Any:
+    from tf_embed_ops.dynamic import serving as dynamic_serving  # pylint: disable=import-outside-toplevel
+
+    entry = _SERVING_MODE["frozen"].get(id(table))
+    if entry is None:
+        entry = (table, dynamic_serving.freeze(table))  # the object is kept so that its id stays unique
+        _SERVING_MODE["frozen"][id(table)] = entry
+    return entry[1]
+
+
+class FrozenDynamicGroup:
+    """Stands in for a layer's `DynamicGroup` while serving: the same features, looked up in frozen copies of
+    the tables with plain TensorFlow (a StaticHashTable key -> row, then `plain_lookup` over the dense rows, whose
+    extra default row of zeros is what the training side reads for a key without a row)."""
+
+    def __init__(self, group: Any):
+        self._group = group
+        self.positions = group.positions
+        self.static_positions = group.static_positions
+
+    def lookup(self, inputs: list, training: bool = False) -> list:
+        del training  # serving never inserts
+        tables = self._group.tables
+        out = []
+        for feature, inp in zip(self._group.features, inputs, strict=True):
+            frozen = _frozen(tables[feature.table])
+            dense = inp.sample_indices_or_row_splits.shape.as_list() == [0]
+            rows = inp._replace(ids=frozen.rows(inp.ids))
+            out.append(plain_lookup(rows, dense, frozen.values, frozen.dim, feature.table.combiner))
+        return out
+
+
+def frozen_dynamic_group(group: Any) -> FrozenDynamicGroup:
+    """The serving stand-in of a `DynamicGroup` (see `FrozenDynamicGroup`)."""
+    return FrozenDynamicGroup(group)
 
 
 def in_serving_mode() -> bool:
@@ -143,8 +190,7 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
 
     def serve(*components):
         inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
-        with serving_mode():
-            outputs = model(inputs, training=False)
+        outputs = model(inputs, training=False)
         if isinstance(outputs, dict):
             return outputs
         return (
@@ -153,7 +199,9 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
             else {f"output_{i}": o for i, o in enumerate(outputs)}
         )
 
-    concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
+    with serving_mode():  # one context for the trace: each dynamic table is frozen once, and kept below
+        concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
+        frozen = frozen_tables()
     custom = _custom_ops_in(concrete.graph.as_graph_def())
     if custom:
         raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
@@ -161,6 +209,7 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     # default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs).
     root = tf.Module()
     root.serving_variables = [getattr(v, "value", v) for v in model.variables]
+    root.dynamic_tables = frozen  # frozen dynamic tables: StaticHashTable + dense rows, plain TensorFlow state
     tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
     return dict(zip(names, specs, strict=False))
 

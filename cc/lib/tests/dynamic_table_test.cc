@@ -96,23 +96,7 @@ void ExpectInvalid(const absl::Status& s, const std::vector<std::string>& parts)
 
 // --- dynamic_table_key.h -----------------------------------------------------------------------------------
 
-TEST(DynamicTableKeyTest, Fnv1aMatchesThePublishedVectors) {
-  // From the FNV reference test suite.
-  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ULL);
-  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cULL);
-  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ULL);
-}
-
-TEST(DynamicTableKeyTest, StringFingerprintMatchesAnIndependentImplementation) {
-  // Expected values from a separate Python implementation of the documented formula (fmix64(fnv1a64(bytes))
-  // reinterpreted as int64), so a change of the function is caught.
-  EXPECT_EQ(StringFingerprint64(""), -1166397803181037274LL);
-  EXPECT_EQ(StringFingerprint64("a"), -9033471704281723301LL);
-  EXPECT_EQ(StringFingerprint64("foobar"), 3180132088784447275LL);
-  EXPECT_EQ(StringFingerprint64("user:12345"), 808867213087533264LL);
-  // Bytes are unsigned and embedded zeros count.
-  EXPECT_EQ(StringFingerprint64(std::string("\xff\x00\x80", 3)), 555574342603804160LL);
-  EXPECT_NE(StringFingerprint64(std::string("a\0", 2)), StringFingerprint64("a"));
+TEST(DynamicTableKeyTest, MixKeyIsMurmurHash3Fmix64) {
   EXPECT_EQ(MixKey(1), 0xb456bcfc34c2cb2cULL);
   EXPECT_EQ(MixKey(0), 0u);  // fmix64 fixes 0; the index is still correct for key 0 (tested below)
 }
@@ -132,12 +116,58 @@ TEST(RowInitializerTest, ValuesArePureFunctionsOfSeedKeyAndColumn) {
   const double u1 = static_cast<double>(b1 >> 11) * std::ldexp(1.0, -53);
   const double z = std::sqrt(-2.0 * std::log(1.0 - u0)) * std::cos(2.0 * M_PI * u1);
   EXPECT_EQ(init.Value(-3, 2), 0.5f + 2.0f * static_cast<float>(z));
+  // Column 3 is the other output of the same pair (draws of column 2): r sin instead of r cos.
+  const double z3 = std::sqrt(-2.0 * std::log(1.0 - u0)) * std::sin(2.0 * M_PI * u1);
+  EXPECT_EQ(init.Value(-3, 3), 0.5f + 2.0f * static_cast<float>(z3));
   EXPECT_EQ(init.Value(-3, 2), init.Value(-3, 2));
   EXPECT_NE(init.Value(-3, 2), init.Value(-3, 1));
   EXPECT_NE(init.Value(-3, 2), init.Value(3, 2));
   RowInitializer other = init;
   other.seed = 12;
   EXPECT_NE(init.Value(-3, 2), other.Value(-3, 2));
+}
+
+TEST(RowInitializerTest, FillRowIsValuePerColumn) {
+  // FillRow computes normal columns a pair at a time; it must give exactly Value(key, column), odd dims included.
+  for (const RowInitializerKind kind : {RowInitializerKind::kNormal, RowInitializerKind::kTruncatedNormal,
+                                        RowInitializerKind::kUniform, RowInitializerKind::kConstant}) {
+    RowInitializer init;
+    init.kind = kind;
+    init.mean = 0.1f;
+    init.stddev = 1.0f;
+    init.minval = -1.0f;
+    init.maxval = 1.0f;
+    init.value = 0.5f;
+    init.seed = 4;
+    for (const int64_t dim : {1, 2, 7, 64}) {
+      std::vector<float> row(dim);
+      for (int64_t key = -300; key < 300; key += 7) {
+        init.FillRow(key, row.data(), dim);
+        for (int64_t d = 0; d < dim; ++d) {
+          EXPECT_EQ(row[d], init.Value(key, d)) << "kind " << static_cast<int>(kind) << " key " << key << " col " << d;
+        }
+      }
+    }
+  }
+}
+
+TEST(RowInitializerTest, PairedColumnsAreUncorrelated) {
+  // Columns 2j and 2j + 1 are the cos and sin outputs of one Box-Muller pair: independent standard normals.
+  RowInitializer init;
+  init.kind = RowInitializerKind::kNormal;
+  init.stddev = 1.0f;
+  init.seed = 8;
+  const int64_t n = 40000;
+  double sxy = 0, sx = 0, sy = 0, sxx = 0, syy = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double x = init.Value(k, 0), y = init.Value(k, 1);
+    sx += x, sy += y, sxy += x * y, sxx += x * x, syy += y * y;
+  }
+  const double cov = sxy / n - (sx / n) * (sy / n);
+  const double corr = cov / std::sqrt((sxx / n - sx * sx / n / n) * (syy / n - sy * sy / n / n));
+  EXPECT_NEAR(corr, 0.0, 0.02);
+  EXPECT_NEAR(sxx / n, 1.0, 0.03);
+  EXPECT_NEAR(syy / n, 1.0, 0.03);
 }
 
 TEST(RowInitializerTest, DistributionsHaveTheirMomentsAndBounds) {
@@ -589,7 +619,7 @@ TEST(DynamicTableTest, AnEvictedKeyComesBackAsANewRowAndRowsAreReused) {
 
 TEST(DynamicTableTest, CountsSaturateInsteadOfWrapping) {
   auto t = Make(Options(1, 1, 10));
-  DynamicTableContents c{1, {6}, {0.5f}, {}, {DynamicTable::kMaxCount - 1}, {2}, {}, {}, {}};
+  DynamicTableContents c{1, {6}, {0.5f}, {}, {}, {DynamicTable::kMaxCount - 1}, {2}, {}, {}, {}};
   ASSERT_TRUE(t->Import(c).ok());
   const std::vector<int64_t> rows = Insert(t.get(), {6, 6, 6}, 3);
   EXPECT_EQ(t->CountOf(rows[0]), DynamicTable::kMaxCount);
@@ -784,21 +814,70 @@ TEST(DynamicTableTest, ImportRejectsMismatchesAndChangesNothing) {
   }
   expect_rejected(c, {"4 rows do not fit max_rows = 3"});
   // An empty checkpoint is fine and empties the table.
-  ASSERT_TRUE(t->Import(DynamicTableContents{3, {}, {}, {{}}, {}, {}, {}, {}, {}}).ok());
+  ASSERT_TRUE(t->Import(DynamicTableContents{3, {}, {}, {3}, {{}}, {}, {}, {}, {}, {}}).ok());
   EXPECT_EQ(t->size(), 0);
   EXPECT_EQ(FindRows(*t, {1})[0], kNo);
 }
 
 // --- Memory ------------------------------------------------------------------------------------------------
 
+TEST(DynamicTableTest, PerRowSlotsHoldOneValuePerRow) {
+  DynamicTableOptions o = Options(4, 8, 1000);
+  o.slot_initial_values = {0.5f, 0.25f};
+  o.slot_widths = {1, 4};
+  auto t = Make(o);
+  ASSERT_EQ(t->slot_width(0), 1);
+  ASSERT_EQ(t->slot_width(1), 4);
+  const std::vector<int64_t> rows = Insert(t.get(), {10, -3, 7});
+  for (const int64_t r : rows) {
+    EXPECT_EQ(t->Slot(0, r)[0], 0.5f);
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(t->Slot(1, r)[c], 0.25f);
+  }
+  t->Slot(0, rows[1])[0] = 9.0f;  // key -3
+  DynamicTableContents c = t->Export();
+  EXPECT_EQ(c.slot_widths, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(c.slots[0], (std::vector<float>{9.0f, 0.5f, 0.5f}));  // keys -3, 7, 10
+  EXPECT_EQ(c.slots[1].size(), 12u);
+  // Round trip into a fresh table of the same layout.
+  auto other = Make(o);
+  ASSERT_TRUE(other->Import(c).ok());
+  EXPECT_EQ(other->Export().slots, c.slots);
+  // Another width (a checkpoint of a per-column accumulator) is refused naming the table; nothing changes.
+  DynamicTableContents wide = c;
+  wide.slot_widths[0] = 4;
+  wide.slots[0].assign(12, 1.0f);
+  const absl::Status s = t->Import(wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'items'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("slot 0 of the checkpoint has 4 values per row, the table's optimizer keeps 1"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(t->Export().slots, c.slots);
+  EXPECT_EQ(t->size(), 3);
+  // Bad widths are refused at creation.
+  for (const std::vector<int64_t>& widths : {std::vector<int64_t>{1}, std::vector<int64_t>{2, 4}, {0, 4}}) {
+    DynamicTableOptions bad = o;
+    bad.slot_widths = widths;
+    EXPECT_EQ(DynamicTable::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(DynamicTableTest, MemoryPerRowIsWithinTheTarget) {
-  // Target: (1 + slots) * dim * 4 + 32 bytes per row.  The worst case for the index is just past a doubling
-  // (load 3/8: 10.7 bytes per row); 786433 rows is that point for 2^21 buckets.
-  for (const auto& [dim, slots] : {std::pair<int64_t, int64_t>{4, 1}, {16, 2}}) {
+  // Target: (dim + sum of slot widths) * 4 + 32 bytes per row (a slot is dim wide, or 1 for a per-row slot).
+  // The worst case for the index is just past a doubling (load 3/8: 10.7 bytes per row); 786433 rows is that
+  // point for 2^21 buckets.  {16, 1, per-row}: row-wise Adagrad's accumulator costs 4 bytes per row.
+  struct Case {
+    int64_t dim, slots;
+    bool per_row;
+  };
+  for (const Case& k : {Case{4, 1, false}, Case{16, 2, false}, Case{16, 1, true}}) {
+    const int64_t dim = k.dim, slots = k.per_row ? 1 : k.slots;
+    const int64_t slot_floats = k.per_row ? 1 : k.slots * dim;
     DynamicTableOptions o = Options(dim, 1, 1 << 20);
     o.rows_per_chunk = 1024;
     o.initializer.kind = RowInitializerKind::kZeros;
-    o.slot_initial_values.assign(slots, 0.0f);
+    o.slot_initial_values.assign(k.slots, 0.0f);
+    if (k.per_row) o.slot_widths = {1};
     auto t = Make(o);
     const int64_t n = 786433;
     std::vector<int64_t> keys(n);
@@ -807,10 +886,10 @@ TEST(DynamicTableTest, MemoryPerRowIsWithinTheTarget) {
     ASSERT_TRUE(t->FindOrInsert(keys.data(), n, 0, rows.data()).ok());
     ASSERT_EQ(t->size(), n);
     const double per_row = static_cast<double>(t->MemoryBytes()) / n;
-    const double target = static_cast<double>((1 + slots) * dim * 4 + 32);
+    const double target = static_cast<double>((dim + slot_floats) * 4 + 32);
     EXPECT_LE(per_row, target) << "dim " << dim << " slots " << slots;
     // And what it is made of: the floats, 20 bytes of metadata, 4 bytes per index bucket.
-    EXPECT_GE(per_row, static_cast<double>((1 + slots) * dim * 4 + 20) + 4.0 * (1 << 21) / n);
+    EXPECT_GE(per_row, static_cast<double>((dim + slot_floats) * 4 + 20) + 4.0 * (1 << 21) / n);
   }
 }
 
@@ -853,7 +932,10 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
   DynamicTableOptions options = Options(kDim, 8, kV);
   options.initializer.kind = RowInitializerKind::kNormal;
   options.initializer.stddev = 0.3f;
-  for (const SlotInfo& s : slot_info) options.slot_initial_values.push_back(s.default_initial_value);
+  for (const SlotInfo& s : slot_info) {
+    options.slot_initial_values.push_back(s.default_initial_value);
+    options.slot_widths.push_back(SlotWidth(s, kDim));
+  }
   auto dyn = Make(options);
   std::vector<int64_t> keys(kV);
   std::iota(keys.begin(), keys.end(), 0);
@@ -863,12 +945,9 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
   ASSERT_EQ(dyn->size(), kV);
 
   std::vector<float> weights(kV * kDim);
-  std::vector<std::vector<float>> slots(slot_info.size(), std::vector<float>(kV * kDim));
-  for (int64_t k = 0; k < kV; ++k) {
-    std::copy_n(dyn->Weights(FindRows(*dyn, {k})[0]), kDim, weights.data() + k * kDim);
-    for (size_t s = 0; s < slots.size(); ++s)
-      std::fill_n(slots[s].data() + k * kDim, kDim, slot_info[s].default_initial_value);
-  }
+  std::vector<std::vector<float>> slots;
+  for (const SlotInfo& s : slot_info) slots.emplace_back(kV * SlotWidth(s, kDim), s.default_initial_value);
+  for (int64_t k = 0; k < kV; ++k) std::copy_n(dyn->Weights(FindRows(*dyn, {k})[0]), kDim, weights.data() + k * kDim);
   TableBuffers buffers{weights.data(), {}, kV, kDim};
   for (auto& s : slots) buffers.slots.push_back(s.data());
 
@@ -899,8 +978,9 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
     EXPECT_EQ(std::memcmp(dyn->Weights(row), weights.data() + k * kDim, kDim * sizeof(float)), 0)
         << OptimizerName(o.optimizer) << " key " << k;
     for (size_t s = 0; s < slots.size(); ++s) {
-      EXPECT_EQ(std::memcmp(dyn->Slot(static_cast<int64_t>(s), row), slots[s].data() + k * kDim, kDim * sizeof(float)),
-                0)
+      const int64_t w = SlotWidth(slot_info[s], kDim);
+      ASSERT_EQ(dyn->slot_width(static_cast<int64_t>(s)), w);
+      EXPECT_EQ(std::memcmp(dyn->Slot(static_cast<int64_t>(s), row), slots[s].data() + k * w, w * sizeof(float)), 0)
           << OptimizerName(o.optimizer) << " slot " << s << " key " << k;
     }
   }
@@ -913,7 +993,9 @@ TEST(DynamicTableUpdateTest, TrainsBitwiseLikeAStaticTable) {
   ftrl.l1 = 0.01f;
   ftrl.l2 = 0.1f;
   Momentum momentum;
-  const std::vector<OptimizerParams> optimizers = {Sgd{}, Adagrad{}, Adam{}, non_lazy, ftrl, momentum};
+  // RowWiseAdagrad: one accumulator per row (a width-1 slot), addressed like the static [vocabulary_size, 1] slot.
+  const std::vector<OptimizerParams> optimizers = {Sgd{}, Adagrad{}, Adam{},          non_lazy,
+                                                   ftrl,  momentum,  RowWiseAdagrad{}};
   for (const OptimizerParams& p : optimizers) {
     TableOptimization o;
     o.optimizer = p;
@@ -967,6 +1049,40 @@ TEST(DynamicTableUpdateTest, NonLazyUpdateReachesUntouchedLiveRowsOnly) {
   EXPECT_EQ(*t->Slot(0, rows[0]), m);
   EXPECT_EQ(*t->Slot(1, rows[1]), v);
   EXPECT_EQ(*t->Slot(0, rows[2]), 1.0f);  // the evicted row's memory was not touched
+}
+
+TEST(DynamicTableUpdateTest, KeysWithoutARowContributeNothing) {
+  // The ops map keys without a row to kNotAdmitted (-1) and build the plan over that: those ids must neither
+  // reach a row nor shift the other ids' contributions.  Same update with and without them, bitwise.
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  DynamicTableOptions options = Options(2, 4, 10);
+  options.initializer.kind = RowInitializerKind::kUniform;
+  options.initializer.minval = -1.0f;
+  options.initializer.maxval = 1.0f;
+  options.slot_initial_values = {0.1f};
+  auto with_missing = Make(options);
+  auto without = Make(options);
+  const std::vector<int64_t> rows_a = Insert(with_missing.get(), {5, 6});
+  const std::vector<int64_t> rows_b = Insert(without.get(), {5, 6});
+  const int64_t r5 = rows_a[0], r6 = rows_a[1];
+  ASSERT_EQ(rows_b, rows_a);
+  // Ids 5, -1, 6, -1, 5 with gradients 1..5 (per id, dim 2) vs ids 5, 6, 5 with gradients 1, 3, 5.
+  std::vector<DenseIds> a = {
+      MakeDense({r5, DynamicTable::kNotAdmitted, r6, DynamicTable::kNotAdmitted, r5}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5})};
+  std::vector<DenseIds> b = {MakeDense({r5, r6, r5}, {1, 1, 3, 3, 5, 5})};
+  std::vector<GradientSource> a_sources = {{a[0].ids.data(), 5, &a[0].layout, a[0].gradient.data()}};
+  std::vector<GradientSource> b_sources = {{b[0].ids.data(), 3, &b[0].layout, b[0].gradient.data()}};
+  RowGradientPlan a_plan, b_plan;
+  a_plan.Build(&a_sources);
+  b_plan.Build(&b_sources);
+  ASSERT_EQ(a_plan.num_rows(), 2);
+  UpdateDynamicTable(o, 0.5f, a_plan, with_missing.get(), Serial());
+  UpdateDynamicTable(o, 0.5f, b_plan, without.get(), Serial());
+  const DynamicTableContents x = with_missing->Export(), y = without->Export();
+  EXPECT_EQ(x.weights, y.weights);
+  EXPECT_EQ(x.slots, y.slots);
+  EXPECT_NE(x.weights, Make(options)->Export().weights);  // (the rows did move)
 }
 
 }  // namespace

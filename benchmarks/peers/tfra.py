@@ -1,0 +1,100 @@
+"""Suite side of the TFRA peer: finds its interpreter, writes the keys, runs ``tfra_peer.py``, reads its JSON.
+
+The interpreter is ``--tfra-python``, else $TF_EMBED_OPS_TFRA_PYTHON, else /opt/tfra-venv/bin/python (what
+``setup_tfra.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+
+_PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfra_peer.py")
+DEFAULT_PYTHON = "/opt/tfra-venv/bin/python"
+
+
+def find_python(explicit: str | None = None) -> str | None:
+    for cand in (explicit, os.environ.get("TF_EMBED_OPS_TFRA_PYTHON"), DEFAULT_PYTHON):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def available(python: str | None) -> tuple[bool, str]:
+    """(True, versions) if ``python`` imports TFRA's dynamic embedding, else (False, the reason)."""
+    if python is None:
+        return False, (
+            "no TFRA interpreter: run benchmarks/peers/setup_tfra.sh or pass --tfra-python "
+            f"(looked at $TF_EMBED_OPS_TFRA_PYTHON and {DEFAULT_PYTHON})"
+        )
+    code = (
+        "import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+        "import tensorflow as tf, tensorflow_recommenders_addons as tfra\n"
+        "import tensorflow_recommenders_addons.dynamic_embedding\n"
+        "print(tf.__version__, tfra.__version__)"
+    )
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"{python}: {e}"
+    if proc.returncode != 0:
+        return False, f"{python} cannot import TFRA: {proc.stderr.strip().splitlines()[-1:]}"
+    tf_v, tfra_v = proc.stdout.split()[-2:]
+    return True, f"TensorFlow {tf_v}, TFRA {tfra_v}"
+
+
+def run(
+    python: str,
+    keys: np.ndarray,
+    prefill: np.ndarray,
+    dim: int,
+    optimizers: list[str],
+    steps: int,
+    blocks: int,
+    warmup: int,
+    threads: int = 1,
+    block_ms: float = 150.0,
+    timeout: int = 1800,
+) -> dict:
+    """Runs TFRA on ``keys`` (table prefilled with ``prefill``); returns name -> {"block_ms"} or {"error"}."""
+    from benchmarks.peers import tf_native as tn
+
+    names = [*optimizers, "lookup"]
+    with tempfile.TemporaryDirectory(prefix="tfra_job_") as tmp:
+        np.save(os.path.join(tmp, "keys.npy"), keys)
+        np.save(os.path.join(tmp, "prefill.npy"), prefill)
+        job = {
+            "keys": "keys.npy",
+            "prefill": "prefill.npy",
+            "upstream_seed": 7,
+            "dim": dim,
+            "optimizers": list(optimizers),
+            "learning_rate": tn.LR,
+            "adagrad_init": tn.ADAGRAD_INIT,
+            "steps": steps,
+            "blocks": blocks,
+            "warmup": warmup,
+            "block_ms": block_ms,
+        }
+        path = os.path.join(tmp, "job.json")
+        with open(path, "w") as f:
+            json.dump(job, f)
+        env = dict(os.environ, TFRA_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        env.pop("PYTHONPATH", None)  # the peer's TensorFlow, not ours
+        try:
+            proc = subprocess.run(
+                [python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {n: {"error": f"tfra_peer.py timed out after {timeout} s"} for n in names}
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        return {n: {"error": f"tfra_peer.py failed: {msg[:300]}"} for n in names}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in out["results"].values():
+        r["versions"] = f"TensorFlow {out['tensorflow']}, TFRA {out['tfra']}"
+    return out["results"]

@@ -1,0 +1,134 @@
+// Kernel of TfEmbed>DynamicEmbeddingActivations: the static EmbeddingActivations over dynamic tables.
+//   Validate: every feature's structure (FeatureLayout), the tables against the config, each feature's key
+//             dtype against its table's; string keys are fingerprinted.
+//   Rows:     per table, the keys of all its features (feature order) -> rows: FindOrInsert for a training
+//             lookup (admission counted over the whole step, held exclusively), Find otherwise (shared).
+//   Combine:  the static forward pass (cc/lib/embedding_forward.h) with arena rows, a row of zeros for a key
+//             without a row, under the same lock (rows must not move or be evicted meanwhile).
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/kernels/dynamic_table_kernel_util.h"
+#include "cc/kernels/dynamic_table_resource.h"
+#include "cc/kernels/embedding_kernel_util.h"
+#include "cc/lib/embedding_forward.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tf_embed_ops {
+namespace {
+
+class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
+ public:
+  explicit DynamicEmbeddingActivationsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Init(ctx));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("training", &training_));
+    OP_REQUIRES_OK(ctx, CheckKeysPerFeature(ctx, attrs_.num_features));
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    const int n = attrs_.num_features;
+    const EmbeddingConfig& config = attrs_.config;
+    // Inputs: splits[N], keys[N], weights[N], sample_shapes[N], tables[T], step.
+    const int first_table = 4 * n;
+
+    // 1. Validate everything before the first write.
+    std::vector<DynamicTableRef> tables;
+    OP_REQUIRES_OK(ctx, LookupConfigTables(ctx, first_table, config, /*check_slots=*/false, &tables));
+    int64_t step = 0;
+    OP_REQUIRES_OK(ctx, ReadStep(ctx->input(first_table + attrs_.num_tables), &step));
+    std::vector<FeatureBatch> batches(n);
+    std::vector<int64_t> num_samples(n);
+    std::vector<tensorflow::TensorShape> output_shapes(n);
+    std::vector<std::vector<int64_t>> string_keys(n);
+    std::vector<int64_t> keys_per_table(attrs_.num_tables, 0);
+    for (int f = 0; f < n; ++f) {
+      const std::string label = attrs_.FeatureLabel(f);
+      const int t = config.features[f].table_id;
+      OP_REQUIRES_OK(ctx, ReadFeatureBatch(ctx, 0, n, f, label, &batches[f]));
+      OP_REQUIRES_OK(ctx, ReadKeys(ctx->input(n + f), *tables[t], label, &string_keys[f], &batches[f].ids));
+      OP_REQUIRES_OK(ctx, ValidateFeatureBatch(batches[f], label, &num_samples[f]));
+      OP_REQUIRES_OK(ctx, ActivationShape(batches[f], config.tables[t], label, &output_shapes[f]));
+      keys_per_table[t] += batches[f].num_ids;
+    }
+
+    // 2. Allocate outputs and layouts (sizes are validated now).
+    std::vector<tensorflow::Tensor*> outputs(n);
+    WorkspacePool::Scoped workspace = workspaces_.Acquire();
+    std::vector<FeatureLayout>& layouts = workspace->layouts;
+    layouts.resize(n);
+    for (int f = 0; f < n; ++f) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(f, output_shapes[f], &outputs[f]));
+      BuildValidatedFeatureLayout(batches[f], num_samples[f], attrs_.combiners[f], &layouts[f]);
+    }
+    // Per table one key array (its features' keys in feature order), so admission counts the whole step.
+    std::vector<std::vector<int64_t>> table_keys(attrs_.num_tables), table_rows(attrs_.num_tables);
+    std::vector<int64_t> first_key(n);
+    for (int t = 0; t < attrs_.num_tables; ++t) table_keys[t].reserve(keys_per_table[t]);
+    for (int f = 0; f < n; ++f) {
+      std::vector<int64_t>& keys = table_keys[config.features[f].table_id];
+      first_key[f] = static_cast<int64_t>(keys.size());
+      keys.insert(keys.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
+    }
+    int64_t max_dim = 1;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      table_rows[t].resize(table_keys[t].size());
+      max_dim = std::max<int64_t>(max_dim, config.tables[t].dimension);
+    }
+    const std::vector<float> zeros(max_dim, 0.0f);  // the default row of a key without a row
+
+    // 3. Rows and the forward pass, under the tables' locks.
+    std::vector<DynamicTableResource*> resources;
+    for (const DynamicTableRef& t : tables) resources.push_back(t.get());
+    DynamicTableLocks locks(resources, /*exclusive=*/training_);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      DynamicTableResource* resource = tables[t].get();
+      const int64_t num_keys = static_cast<int64_t>(table_keys[t].size());
+      if (training_) {
+        BatchStats stats;
+        // Fails only when an allocation does; an earlier table's inserts then stay (they are whole rows).
+        OP_REQUIRES_OK(
+            ctx, resource->table()->FindOrInsert(table_keys[t].data(), num_keys, step, table_rows[t].data(), &stats));
+        resource->RecordLookup(step, stats);
+      } else {
+        resource->reader().Find(table_keys[t].data(), num_keys, table_rows[t].data());
+      }
+    }
+    const ShardFn shard = IntraOpShardFn(ctx);
+    for (int f = 0; f < n; ++f) {
+      const int t = config.features[f].table_id;
+      const TableSpec& spec = config.tables[t];
+      const SimulatedQuantization& q = spec.optimization.simulated_quantization;
+      std::unique_ptr<Quantizer> quantizer = q.enabled ? std::make_unique<Quantizer>(q) : nullptr;
+      const DynamicTable* table = &tables[t]->reader();
+      const int64_t* rows = table_rows[t].data() + first_key[f];
+      const float* zero_row = zeros.data();
+      const auto row_of = [table, rows, zero_row](int64_t i) {
+        return rows[i] == DynamicTable::kNotAdmitted ? zero_row : table->Weights(rows[i]);
+      };
+      const FeatureLayout& layout = layouts[f];
+      const int64_t dim = spec.dimension;
+      const int64_t ids_per_sample = layout.num_samples ? batches[f].num_ids / layout.num_samples + 1 : 1;
+      float* dst = outputs[f]->flat<float>().data();
+      shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+        CombineSampleRows(layout, row_of, dim, quantizer.get(), begin, end, dst);
+      });
+    }
+  }
+
+ private:
+  FusedEmbeddingAttrs attrs_;
+  WorkspacePool workspaces_;
+  bool training_ = false;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>DynamicEmbeddingActivations").Device(tensorflow::DEVICE_CPU),
+                        DynamicEmbeddingActivationsOp);
+
+}  // namespace
+}  // namespace tf_embed_ops

@@ -1,0 +1,126 @@
+// Kernel of TfEmbed>DynamicSendTPUEmbeddingGradients: SendTPUEmbeddingGradients over dynamic tables.
+//   Validate: features, gradients (and their values with check_numerics), learning rates, the tables against
+//             the config (dimension, slot count, key dtypes), the step; string keys are fingerprinted.  Nothing
+//             is written before all of it passed.
+//   Update:   under each table's exclusive lock (all tables, address order): keys -> rows with Find (never
+//             inserting: the rows are the ones this step's training lookup made), a RowGradientPlan over the
+//             rows (keys without a row, -1, contribute nothing), the static row pipeline (UpdateDynamicTable),
+//             then the table's end-of-step eviction.
+#define EIGEN_USE_THREADS
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/kernels/dynamic_table_kernel_util.h"
+#include "cc/kernels/dynamic_table_resource.h"
+#include "cc/kernels/embedding_kernel_util.h"
+#include "cc/lib/dynamic_table_update.h"
+#include "cc/lib/gradient_accumulation.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tf_embed_ops {
+namespace {
+
+class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
+ public:
+  explicit DynamicSendTPUEmbeddingGradientsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Init(ctx));
+    OP_REQUIRES_OK(ctx, CheckKeysPerFeature(ctx, attrs_.num_features));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
+    OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "learning_rates has ", num_learning_rates_, " entries but the config has ",
+                    attrs_.config.num_learning_rate_tags, " dynamic learning-rate tags; give one scalar per tag")));
+    tag_tables_ = TablesPerTag(attrs_.config);
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    const int n = attrs_.num_features;
+    const EmbeddingConfig& config = attrs_.config;
+    // Inputs: gradients[N], learning_rates[NN], splits[N], keys[N], weights[N], sample_shapes[N], tables[T], step.
+    const int first_list = n + num_learning_rates_;
+    const int first_table = first_list + 4 * n;
+
+    // 1. Validate.
+    std::vector<DynamicTableRef> tables;
+    OP_REQUIRES_OK(ctx, LookupConfigTables(ctx, first_table, config, /*check_slots=*/true, &tables));
+    int64_t step = 0;
+    OP_REQUIRES_OK(ctx, ReadStep(ctx->input(first_table + attrs_.num_tables), &step));
+    std::vector<float> learning_rates;
+    OP_REQUIRES_OK(ctx, ReadLearningRates(ctx, n, tag_tables_, &learning_rates));
+    std::vector<FeatureBatch> batches(n);
+    std::vector<int64_t> num_samples(n);
+    std::vector<std::vector<int64_t>> string_keys(n);
+    std::vector<int64_t> keys_per_table(attrs_.num_tables, 0);
+    for (int f = 0; f < n; ++f) {
+      const std::string label = attrs_.FeatureLabel(f);
+      const int t = config.features[f].table_id;
+      const TableSpec& spec = config.tables[t];
+      FeatureBatch& batch = batches[f];
+      OP_REQUIRES_OK(ctx, ReadFeatureBatch(ctx, first_list, n, f, label, &batch));
+      OP_REQUIRES_OK(ctx, ReadKeys(ctx->input(first_list + n + f), *tables[t], label, &string_keys[f], &batch.ids));
+      OP_REQUIRES_OK(ctx, ValidateFeatureBatch(batch, label, &num_samples[f]));
+      tensorflow::TensorShape expected;
+      OP_REQUIRES_OK(ctx, ActivationShape(batch, spec, label, &expected));
+      OP_REQUIRES_OK(ctx, CheckFeatureGradient(ctx->input(f), f, expected, label, spec.name, check_numerics_));
+      keys_per_table[t] += batch.num_ids;
+    }
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      OP_REQUIRES(ctx, keys_per_table[t] <= RowGradientPlan::kMaxIds,
+                  absl::InvalidArgumentError(absl::StrCat("table '", config.tables[t].name, "': its features have ",
+                                                          keys_per_table[t], " keys in all; at most ",
+                                                          RowGradientPlan::kMaxIds, " per step are supported")));
+    }
+
+    // 2. Layouts and per-feature row arrays (allocations only).
+    WorkspacePool::Scoped ws = workspaces_.Acquire();
+    ws->layouts.resize(n);
+    for (int f = 0; f < n; ++f) {
+      BuildValidatedFeatureLayout(batches[f], num_samples[f], attrs_.combiners[f], &ws->layouts[f]);
+    }
+    std::vector<std::vector<int64_t>> rows(n);
+    for (int f = 0; f < n; ++f) rows[f].resize(batches[f].num_ids);
+    ws->sources.resize(attrs_.num_tables);
+    ws->plans.resize(attrs_.num_tables);
+
+    // 3. Update every table under its exclusive lock.
+    std::vector<DynamicTableResource*> resources;
+    for (const DynamicTableRef& t : tables) resources.push_back(t.get());
+    DynamicTableLocks locks(resources, /*exclusive=*/true);
+    const ShardFn shard = IntraOpShardFn(ctx);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      DynamicTable* table = tables[t]->table();
+      std::vector<GradientSource>& sources = ws->sources[t];
+      sources.clear();
+      for (int f = 0; f < n; ++f) {
+        if (config.features[f].table_id != t) continue;
+        table->Find(batches[f].ids, batches[f].num_ids, rows[f].data());
+        sources.push_back(
+            GradientSource{rows[f].data(), batches[f].num_ids, &ws->layouts[f], ctx->input(f).flat<float>().data()});
+      }
+      ws->plans[t].Build(&sources);
+      const TableSpec& spec = config.tables[t];
+      UpdateDynamicTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], table, shard);
+      // Cannot fail: the step was validated.
+      absl::StatusOr<int64_t> evicted = table->EndStep(step);
+      OP_REQUIRES_OK(ctx, evicted.status());
+      tables[t]->RecordEvictions(step, *evicted);
+    }
+  }
+
+ private:
+  FusedEmbeddingAttrs attrs_;
+  WorkspacePool workspaces_;
+  int num_learning_rates_ = 0;
+  bool check_numerics_ = false;
+  std::vector<std::vector<std::string>> tag_tables_;  // per dynamic tag: the tables that use it
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>DynamicSendTPUEmbeddingGradients").Device(tensorflow::DEVICE_CPU),
+                        DynamicSendTPUEmbeddingGradientsOp);
+
+}  // namespace
+}  // namespace tf_embed_ops

@@ -1,0 +1,388 @@
+// Registration of the dynamic-vocabulary table ops (docs/dynamic_tables.md, "Ops").
+//
+// A dynamic table is a resource (TfEmbed>DynamicTableHandle) keyed by int64 ids or strings; the fused pair
+// DynamicEmbeddingActivations / DynamicSendTPUEmbeddingGradients takes the same per-feature inputs as the static
+// EmbeddingActivations / SendTPUEmbeddingGradients (one list entry per feature: splits or sparse indices, keys,
+// weights, sample shape), with the keys in place of row ids and the table handles in place of the variables.
+// String keys are fingerprinted inside the kernels with TensorFlow's Fingerprint64 (farmhash64), so
+// tf.bitcast(tf.fingerprint(s, "farmhash64"), tf.int64) gives a string's int64 key with plain TensorFlow ops.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/ops/embedding_shape_fns.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_embed_ops {
+namespace {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+absl::Status ScalarInput(InferenceContext* c, int input) {
+  ShapeHandle unused;
+  return c->WithRank(c->input(input), 0, &unused);
+}
+
+absl::Status VectorInput(InferenceContext* c, int input, ShapeHandle* out) {
+  return c->WithRank(c->input(input), 1, out);
+}
+
+// The table handle (input 0) is a scalar resource.
+absl::Status HandleInput(InferenceContext* c) { return ScalarInput(c, 0); }
+
+// The per-table dimension of every value-shaped tensor is only known at run time (it is a creation attr of the
+// handle op), so value shapes are [n, ?].
+absl::Status KeysToVectorShapeFn(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(HandleInput(c));
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
+  c->set_output(0, keys);
+  return absl::OkStatus();
+}
+
+// Keys are a list of types (int64 or string per feature); it must have one entry per feature.
+absl::Status CheckKeysPerFeature(InferenceContext* c) {
+  int n;
+  std::vector<tensorflow::DataType> tkeys;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("Tkeys", &tkeys));
+  if (static_cast<int>(tkeys.size()) == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("keys has ", tkeys.size(), " tensors but there are ", n,
+                                                 " features; give one keys tensor per feature"));
+}
+
+absl::Status DynamicActivationsShapeFn(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckKeysPerFeature(c));
+  TF_RETURN_IF_ERROR(ActivationsShapeFn(c));
+  return ScalarInput(c, c->num_inputs() - 1);  // step
+}
+
+absl::Status DynamicSendGradientsShapeFn(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckKeysPerFeature(c));
+  TF_RETURN_IF_ERROR(SendGradientsShapeFn(c));
+  return ScalarInput(c, c->num_inputs() - 1);  // step
+}
+
+// The content tensors: keys [n], weights [n, d], S slots [n, w_k] (w_k = d, or 1 for a per-row slot), counts
+// [n], last_steps [n], pending_keys [p], pending_counts [p], pending_last_steps [p].  Shapes are per input index:
+// the slots list takes S inputs.
+absl::Status ContentShapes(InferenceContext* c, int first, std::vector<ShapeHandle>* shapes) {
+  int num_slots = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+  ShapeHandle keys, weights, counts, last_steps, pending_keys, pending_counts, pending_last_steps;
+  TF_RETURN_IF_ERROR(VectorInput(c, first, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 1), 2, &weights));
+  std::vector<ShapeHandle> slots(num_slots);
+  for (int k = 0; k < num_slots; ++k) TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 2 + k), 2, &slots[k]));
+  const int rest = first + 2 + num_slots;
+  TF_RETURN_IF_ERROR(VectorInput(c, rest, &counts));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 1, &last_steps));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 2, &pending_keys));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 3, &pending_counts));
+  TF_RETURN_IF_ERROR(VectorInput(c, rest + 4, &pending_last_steps));
+  // Rows agree in number (the slots' too; their widths are the table's to check), pending entries too.
+  DimensionHandle n = c->Dim(keys, 0), p = c->Dim(pending_keys, 0);
+  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(weights, 0), &n));
+  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(counts, 0), &n));
+  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(last_steps, 0), &n));
+  for (const ShapeHandle& s : slots) TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(s, 0), &n));
+  TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_counts, 0), &p));
+  TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_last_steps, 0), &p));
+  *shapes = {keys, weights};
+  shapes->insert(shapes->end(), slots.begin(), slots.end());
+  shapes->insert(shapes->end(), {counts, last_steps, pending_keys, pending_counts, pending_last_steps});
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("TfEmbed>DynamicTableHandle")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("table_name: string")
+    .Attr("dim: int")
+    .Attr("key_dtype: {int64, string}")
+    .Attr("slot_initial_values: list(float) = []")
+    .Attr("slot_widths: list(int) = []")
+    .Attr("initial_capacity: int")
+    .Attr("max_rows: int")
+    .Attr("rows_per_chunk: int = 1024")
+    .Attr("initializer: {'zeros', 'constant', 'uniform', 'normal', 'truncated_normal'} = 'zeros'")
+    .Attr("initializer_params: list(float) = []")
+    .Attr("seed: int = 0")
+    .Attr("admission_min_count: int = 1")
+    .Attr("max_pending_keys: int = 0")
+    .Attr("pending_ttl_steps: int = 0")
+    .Attr("eviction: {'none', 'lru', 'lfu', 'ttl'} = 'none'")
+    .Attr("eviction_max_rows: int = 0")
+    .Attr("eviction_ttl_steps: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates (on its first run) or looks up a dynamic-vocabulary embedding table in the resource manager.
+
+The table is the resource (container, shared_name); an empty shared_name uses the node name and makes the table
+private to this kernel (deleted with it).  A table that already exists under that name must have been created
+with exactly the same options: any difference is an InvalidArgument error naming the table and the option.
+Destroy the table with DestroyResourceOp.  Every option is validated (InvalidArgument naming the table and the
+value) before anything is allocated.
+
+table_name: names the table in every error message.
+dim: the embedding dimension, in [1, 2^20].
+key_dtype: int64 (keys used as given) or string (keys are TensorFlow's Fingerprint64 of the bytes, i.e.
+  tf.fingerprint(s, "farmhash64") read as a little-endian int64).
+slot_initial_values: the initial value of each optimizer slot of a new row, in Load/Retrieve order (at most 16).
+slot_widths: the floats per row of each slot, in the same order: dim, or 1 for a per-row slot (row-wise Adagrad's
+  accumulator), as the optimizer schema declares; [] means every slot is dim wide.  The training ops check them
+  against the config's optimizer.
+initial_capacity: rows allocated up front, in [1, max_rows]; the table grows beyond it.
+max_rows: the most rows the table holds, in [1, 2^31 - 1]; admitted keys beyond it are refused (counted).
+rows_per_chunk: allocation granularity, a power of two up to 2^20 (rows never move when the table grows).
+initializer: how a new row is initialised, as a pure function of (seed, key, column).
+initializer_params: [] (zeros), [value] (constant), [minval, maxval] (uniform), [mean, stddev] (normal,
+  truncated_normal: redrawn outside 2 stddev).
+seed: the initializer's seed.
+admission_min_count: a key gets a row once it has been seen this many times (1: at once).
+max_pending_keys: the most keys counted towards admission at once (required when admission_min_count > 1).
+pending_ttl_steps: a pending count not updated for more than this many steps is dropped (0: never).
+eviction: the policy applied at the end of every training step: lru / lfu shrink the table to eviction_max_rows
+  rows (least recently / least frequently seen first), ttl evicts rows not seen for more than eviction_ttl_steps
+  steps.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicEmbeddingActivations")
+    .Input("sample_indices_or_row_splits: N * int64")
+    .Input("keys: Tkeys")
+    .Input("aggregation_weights: N * float32")
+    .Input("sample_shapes: N * int64")
+    .Input("tables: T * resource")
+    .Input("step: int64")
+    .Output("activations: N * float32")
+    .Attr("config: string")
+    .Attr("combiners: list(string) = []")
+    .Attr("training: bool = false")
+    .Attr("N: int >= 1")
+    .Attr("T: int >= 1")
+    .Attr("Tkeys: list({int64, string})")
+    .SetIsStateful()
+    .SetShapeFn(DynamicActivationsShapeFn)
+    .Doc(R"doc(
+Looks up and combines the embeddings of N features over dynamic tables (the forward pass).
+
+The inputs and combiners are those of EmbeddingActivations, with keys instead of row ids: feature i reads table
+config.feature_descriptor[i].table_id, and its activation has shape sample_shapes[i] + [dim].  A key without a
+row reads the default row (zeros), which is combined like any other row.
+
+training=True is the training lookup: each table's keys (all its features, in feature order) are counted, new
+keys that reach the admission count get a row initialised from the key (up to max_rows), and every key seen is
+stamped with `step`; the table is held exclusively meanwhile.  training=False never changes the table (shared
+access).
+
+config: a serialized TPUEmbeddingConfiguration: one table per dynamic table (dimension = the table's dim,
+  vocabulary_size = its max_rows, its optimizer) and one feature descriptor per feature.
+combiners: as for EmbeddingActivations.
+Tkeys: per feature, int64 or string; it must equal the key_dtype of the feature's table.
+tables: the dynamic table handles, in table order.
+step: the global step (>= 0) the training lookup stamps on the keys it sees.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicSendTPUEmbeddingGradients")
+    .Input("inputs: N * float32")
+    .Input("learning_rates: NN * float32")
+    .Input("sample_indices_or_row_splits: N * int64")
+    .Input("keys: Tkeys")
+    .Input("aggregation_weights: N * float32")
+    .Input("sample_shapes: N * int64")
+    .Input("tables: T * resource")
+    .Input("step: int64")
+    .Attr("config: string")
+    .Attr("combiners: list(string) = []")
+    .Attr("N: int >= 1")
+    .Attr("NN: int >= 0 = 0")
+    .Attr("T: int >= 1")
+    .Attr("Tkeys: list({int64, string})")
+    .Attr("check_numerics: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(DynamicSendGradientsShapeFn)
+    .Doc(R"doc(
+Applies one training step to dynamic tables in place, then their end-of-step eviction.
+
+The inputs are those of SendTPUEmbeddingGradients with keys instead of row ids and table handles instead of the
+table and slot variables.  Keys are mapped to rows without inserting (the rows this step's training lookup
+made); keys without a row get no update.  The update is the static tables' row pipeline (gradient clipping,
+weight decay, the optimizer, weight clipping) over the touched rows (every row for non-lazy Adam).  Then each
+table's eviction policy runs at the boundary after `step`.  Everything is validated before the first write:
+a rejected call changes no table.  Each table is held exclusively during its update.
+
+learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
+check_numerics: also reject a step whose gradients hold NaN or +-inf.
+step: the global step (>= 0) that ends with this update.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableFind")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Output("rows: int64")
+    .Attr("Tkey: {int64, string}")
+    .SetIsStateful()
+    .SetShapeFn(KeysToVectorShapeFn)
+    .Doc(R"doc(
+The row index of each key, or -1 for a key without a row.  Never inserts (shared access).
+
+keys: rank 1; the dtype must be the table's key_dtype.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableLookup")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Output("values: float32")
+    .Attr("Tkey: {int64, string}")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The weights row of each key, [n, dim]; zeros for a key without a row.  Never inserts (shared access).
+
+keys: rank 1; the dtype must be the table's key_dtype.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableStats")
+    .Input("table: resource")
+    .Output("size: int64")
+    .Output("capacity: int64")
+    .Output("memory_bytes: int64")
+    .Output("inserts: int64")
+    .Output("below_admission: int64")
+    .Output("untracked: int64")
+    .Output("refused_full: int64")
+    .Output("evictions: int64")
+    .Output("last_step_inserts: int64")
+    .Output("last_step_refused: int64")
+    .Output("last_step_evictions: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The table's size and counters, as int64 scalars (shared access).
+
+size: rows held.  capacity: rows allocated.  memory_bytes: bytes of rows, slots, metadata and the key index.
+inserts, below_admission, untracked, refused_full, evictions: totals since creation or the last import (keys
+  counted once per lookup call).
+last_step_inserts, last_step_refused, last_step_evictions: the same for the latest step number the table saw (a
+  training lookup, a fused update's end-of-step eviction or an explicit eviction at that step).
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableExport")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("weights: float32")
+    .Output("slots: num_slots * float32")
+    .Output("counts: int64")
+    .Output("last_steps: int64")
+    .Output("pending_keys: int64")
+    .Output("pending_counts: int64")
+    .Output("pending_last_steps: int64")
+    .Attr("num_slots: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      DimensionHandle n = c->UnknownDim(), p = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, c->UnknownDim()));
+      int num_slots = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+      for (int k = 0; k < num_slots; ++k) c->set_output(2 + k, c->Matrix(n, c->UnknownDim()));
+      const int rest = 2 + num_slots;
+      c->set_output(rest, c->Vector(n));
+      c->set_output(rest + 1, c->Vector(n));
+      for (int i = rest + 2; i < rest + 5; ++i) c->set_output(i, c->Vector(p));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The table's whole content, sorted by key (deterministic checkpoints; shared access).
+
+keys: [n] (for string tables, the fingerprints).  weights: [n, dim].  slots: one [n, w_k] tensor per optimizer
+  slot, Load/Retrieve order (w_k = dim, or 1 for a per-row slot).  num_slots must be the table's slot count.
+counts: [n] frequency counts.  last_steps: [n] last step each key was seen.
+pending_keys, pending_counts, pending_last_steps: [p] the admission counts of keys without a row yet, by key.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableImport")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("weights: float32")
+    .Input("slots: num_slots * float32")
+    .Input("counts: int64")
+    .Input("last_steps: int64")
+    .Input("pending_keys: int64")
+    .Input("pending_counts: int64")
+    .Input("pending_last_steps: int64")
+    .Attr("num_slots: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      std::vector<ShapeHandle> unused;
+      return ContentShapes(c, 1, &unused);
+    })
+    .Doc(R"doc(
+Replaces the table's content with the given one (DynamicTableExport's eight tensors; held exclusively).
+
+The content may have any number of rows up to max_rows (the table grows to fit).  dim, the slot count and widths, every
+size, unique keys, counts and steps are validated first: a rejected import changes nothing.  The counters
+restart from zero.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableEvict")
+    .Input("table: resource")
+    .Input("step: int64")
+    .Output("evicted: int64")
+    .Attr("policy: {'lru', 'lfu', 'ttl'}")
+    .Attr("max_rows: int = 0")
+    .Attr("ttl_steps: int = 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Evicts rows now by `policy` (held exclusively); returns the number of rows evicted.
+
+policy: lru / lfu shrink the table to max_rows rows (least recently / least frequently seen first, ties broken
+  by key); ttl evicts the rows with step - last step > ttl_steps.
+step: the current global step (>= 0).
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableEvictKeys")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int64, string}")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &unused));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Removes these keys' rows (absent keys are ignored, duplicates count once); returns the number of rows evicted.
+
+keys: rank 1; the dtype must be the table's key_dtype.
+)doc");
+
+}  // namespace tf_embed_ops

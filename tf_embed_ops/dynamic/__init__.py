@@ -1,0 +1,43 @@
+"""Dynamic-vocabulary tables: embeddings keyed by any int64 or string id, rows created as ids arrive.
+
+- ``DynamicTableConfig`` (also ``te.DynamicTableConfig``): a table configuration accepted wherever a
+  ``TableConfig`` is.
+- ``FrequencyAdmission``: give a key a row after ``min_count`` sightings; ``LRU``, ``LFU``, ``TTL``: eviction
+  policies applied at step boundaries.
+- ``shard_of_keys``: which parameter-server shard holds a key (plain TensorFlow ops); ``string_keys``: the int64
+  key of a string id, as the ops compute it.
+- ``DynamicTable``: the table object (resource, checkpoints, statistics, explicit eviction).
+
+docs/dynamic_tables.md describes the semantics.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
+    "FrequencyAdmission": ("tf_embed_ops.dynamic.config", "FrequencyAdmission"),
+    "LRU": ("tf_embed_ops.dynamic.config", "LRU"),
+    "LFU": ("tf_embed_ops.dynamic.config", "LFU"),
+    "TTL": ("tf_embed_ops.dynamic.config", "TTL"),
+    "shard_of_keys": ("tf_embed_ops.dynamic.sharding", "shard_of_keys"),
+    "string_keys": ("tf_embed_ops.dynamic._ops", "string_keys_to_int64"),
+    "DynamicTable": ("tf_embed_ops.dynamic.table", "DynamicTable"),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tf_embed_ops.dynamic' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,437 @@
+"""Thin wrappers over the dynamic-table ops (``TfEmbed>Dynamic...``; docs/dynamic_tables.md, "Ops").
+
+One function per op, converting arguments and checking static misuse (``ValueError`` naming the argument); the
+ops validate everything else at run time.  The front ends (``DynamicTableConfig``, the trackable table, the
+layers) build on these; user code normally does not call them directly.
+
+Keys are int64 or strings.  String keys are fingerprinted inside the ops with TensorFlow's farmhash64, so
+:func:`string_keys_to_int64` (plain TensorFlow ops) gives the int64 key a string maps to, e.g. for serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from tf_embed_ops import _loader
+from tf_embed_ops.embedding_ops import FeatureInput, _combiners, _learning_rate_values, _serialized_config
+
+__all__ = [
+    "DynamicTableContents",
+    "DynamicTableStats",
+    "dynamic_embedding_activations",
+    "dynamic_send_tpu_embedding_gradients",
+    "dynamic_table_evict",
+    "dynamic_table_evict_keys",
+    "dynamic_table_export",
+    "dynamic_table_find",
+    "dynamic_table_handle",
+    "dynamic_table_import",
+    "dynamic_table_lookup",
+    "dynamic_table_stats",
+    "string_keys_to_int64",
+]
+
+INITIALIZERS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
+EVICTION_POLICIES = ("none", "lru", "lfu", "ttl")
+
+
+class DynamicTableStats(NamedTuple):
+    """int64 scalars: the table's size and counters (totals since creation or the last import; ``last_step_*``
+    for the latest step number the table saw)."""
+
+    size: tf.Tensor
+    capacity: tf.Tensor
+    memory_bytes: tf.Tensor
+    inserts: tf.Tensor
+    below_admission: tf.Tensor
+    untracked: tf.Tensor
+    refused_full: tf.Tensor
+    evictions: tf.Tensor
+    last_step_inserts: tf.Tensor
+    last_step_refused: tf.Tensor
+    last_step_evictions: tf.Tensor
+
+
+class DynamicTableContents(NamedTuple):
+    """A table's content sorted by key: what export returns and import takes.
+
+    Attributes:
+      keys: int64 [n] (string tables: the fingerprints).
+      weights: float32 [n, dim].
+      slots: a tuple of S float32 tensors [n, width_k], the optimizer slots in Load/Retrieve order (width_k =
+        dim, or 1 for a per-row slot such as row-wise Adagrad's accumulator).
+      counts: int64 [n] frequency counts.
+      last_steps: int64 [n] the last step each key was seen.
+      pending_keys, pending_counts, pending_last_steps: int64 [p], admission counts of keys without a row.
+    """
+
+    keys: tf.Tensor
+    weights: tf.Tensor
+    slots: tuple
+    counts: tf.Tensor
+    last_steps: tf.Tensor
+    pending_keys: tf.Tensor
+    pending_counts: tf.Tensor
+    pending_last_steps: tf.Tensor
+
+
+def _ops():
+    return _loader.load_ops()
+
+
+def string_keys_to_int64(keys) -> tf.Tensor:
+    """The int64 keys the ops give string ids: ``tf.bitcast(tf.fingerprint(s, "farmhash64"), tf.int64)``.
+
+    Example:
+      >>> string_keys_to_int64(tf.constant(["user_1"])).dtype
+      tf.int64
+    """
+    keys = tf.convert_to_tensor(keys, tf.string)
+    return tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(keys, [-1]), "farmhash64"), tf.int64), tf.shape(keys))
+
+
+def _keys(keys, argument: str) -> tf.Tensor:
+    """int64 or string keys, rank 1 (integers are widened to int64)."""
+    if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+        raise ValueError(f"{argument}: expected a dense 1-D tensor of keys, got {type(keys).__name__}")
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype == tf.string:
+        pass
+    elif keys.dtype.is_integer:
+        keys = tf.cast(keys, tf.int64)
+    else:
+        raise ValueError(f"{argument}: keys must be integers or strings, got {keys.dtype.name}")
+    if keys.shape.rank not in (None, 1):
+        raise ValueError(f"{argument}: keys must be rank 1, got shape {keys.shape}")
+    return keys
+
+
+def _handle(table, argument: str) -> tf.Tensor:
+    handle = getattr(table, "handle", table)
+    if not isinstance(handle, tf.Tensor) or handle.dtype != tf.resource:
+        raise ValueError(f"{argument}: expected a dynamic table handle (resource tensor), got {type(table).__name__}")
+    return handle
+
+
+def _handles(tables, argument: str) -> list[tf.Tensor]:
+    if not isinstance(tables, Sequence) or not tables:
+        raise ValueError(f"{argument}: expected a non-empty list of dynamic table handles")
+    return [_handle(t, f"{argument}[{i}]") for i, t in enumerate(tables)]
+
+
+def _features(features, argument: str) -> list[FeatureInput]:
+    """FeatureInputs whose ids may be strings (kept) or integers (widened to int64)."""
+    if isinstance(features, FeatureInput):
+        features = [features]
+    if not isinstance(features, Sequence) or not features:
+        raise ValueError(f"{argument}: expected a non-empty list of FeatureInput, got {type(features).__name__}")
+    out = []
+    for i, f in enumerate(features):
+        if not isinstance(f, FeatureInput):
+            raise ValueError(f"{argument}[{i}]: expected a FeatureInput, got {type(f).__name__}")
+        out.append(
+            FeatureInput(
+                tf.convert_to_tensor(f.sample_indices_or_row_splits, tf.int64),
+                _keys(f.ids, f"{argument}[{i}].ids"),
+                tf.convert_to_tensor(f.weights, tf.float32),
+                tf.convert_to_tensor(f.sample_shape, tf.int64),
+            )
+        )
+    return out
+
+
+def _step(step) -> tf.Tensor:
+    step = tf.convert_to_tensor(step)
+    if not step.dtype.is_integer:
+        raise ValueError(f"step: must be an integer, got {step.dtype.name}")
+    if step.shape.rank not in (None, 0):
+        raise ValueError(f"step: must be a scalar, got shape {step.shape}")
+    return tf.cast(step, tf.int64)
+
+
+def dynamic_table_handle(
+    table_name: str,
+    dim: int,
+    initial_capacity: int,
+    max_rows: int,
+    key_dtype=tf.int64,
+    slot_initial_values: Sequence[float] = (),
+    slot_widths: Sequence[int] = (),
+    rows_per_chunk: int = 1024,
+    initializer: str = "zeros",
+    initializer_params: Sequence[float] = (),
+    seed: int = 0,
+    admission_min_count: int = 1,
+    max_pending_keys: int = 0,
+    pending_ttl_steps: int = 0,
+    eviction: str = "none",
+    eviction_max_rows: int = 0,
+    eviction_ttl_steps: int = 0,
+    container: str = "",
+    shared_name: str = "",
+    name=None,
+) -> tf.Tensor:
+    """Creates (on first run) or looks up the dynamic table ``(container, shared_name)``; returns its handle.
+
+    Every option is validated by the op (InvalidArgument naming ``table_name`` and the value).  A table that
+    already exists under ``shared_name`` must have the same options.  An empty ``shared_name`` makes the table
+    private to the op's kernel (eager kernels are cached by their attributes, so give eager tables a unique
+    ``shared_name``).  Destroy it with ``tf.raw_ops.DestroyResourceOp``.
+
+    Args:
+      table_name: names the table in errors.
+      dim: embedding dimension.
+      initial_capacity: rows allocated up front, in [1, max_rows].
+      max_rows: the most rows the table holds.
+      key_dtype: ``tf.int64`` or ``tf.string``.
+      slot_initial_values: one initial value per optimizer slot, in Load/Retrieve order.
+      slot_widths: floats per row of each slot, same order: dim, or 1 for a per-row slot (the optimizer
+        schema's `SlotInfo.shape`); empty: every slot is dim wide.  The training ops check them against the config.
+      rows_per_chunk: allocation granularity (a power of two).
+      initializer: one of "zeros", "constant", "uniform", "normal", "truncated_normal".
+      initializer_params: [] / [value] / [minval, maxval] / [mean, stddev] for the initializers above.
+      seed: initializer seed (a new row is a function of seed, key and column).
+      admission_min_count, max_pending_keys, pending_ttl_steps: frequency admission.
+      eviction: "none", "lru", "lfu" or "ttl" (applied at the end of every training step).
+      eviction_max_rows: target rows of lru / lfu.
+      eviction_ttl_steps: steps of ttl.
+      container, shared_name: the resource's name.
+      name: op name.
+
+    Returns:
+      A scalar resource tensor.
+
+    Raises:
+      ValueError: key_dtype other than int64 / string, unknown initializer or eviction policy.
+
+    Example:
+      >>> h = dynamic_table_handle("users", dim=8, initial_capacity=1024, max_rows=1 << 20, shared_name="users")
+    """
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in (tf.int64, tf.string):
+        raise ValueError(f"key_dtype: must be tf.int64 or tf.string, got {key_dtype.name}")
+    if initializer not in INITIALIZERS:
+        raise ValueError(f"initializer: must be one of {INITIALIZERS}, got {initializer!r}")
+    if eviction not in EVICTION_POLICIES:
+        raise ValueError(f"eviction: must be one of {EVICTION_POLICIES}, got {eviction!r}")
+    return _ops().tf_embed_dynamic_table_handle(
+        table_name=table_name,
+        dim=int(dim),
+        key_dtype=key_dtype,
+        slot_initial_values=[float(v) for v in slot_initial_values],
+        slot_widths=[int(w) for w in slot_widths],
+        initial_capacity=int(initial_capacity),
+        max_rows=int(max_rows),
+        rows_per_chunk=int(rows_per_chunk),
+        initializer=initializer,
+        initializer_params=[float(v) for v in initializer_params],
+        seed=int(seed),
+        admission_min_count=int(admission_min_count),
+        max_pending_keys=int(max_pending_keys),
+        pending_ttl_steps=int(pending_ttl_steps),
+        eviction=eviction,
+        eviction_max_rows=int(eviction_max_rows),
+        eviction_ttl_steps=int(eviction_ttl_steps),
+        container=container,
+        shared_name=shared_name,
+        name=name,
+    )
+
+
+def dynamic_embedding_activations(
+    features, tables, step, config, combiners=None, training: bool = False, name=None
+) -> list[tf.Tensor]:
+    """Looks up and combines every feature's embeddings over dynamic tables (the forward pass).
+
+    As :func:`tf_embed_ops.embedding_ops.embedding_activations`, with keys (int64 or string ids) in place of row
+    ids.  ``training=True`` inserts admitted new keys and stamps ``step`` on every key seen; ``training=False``
+    changes nothing.  A key without a row reads zeros.
+
+    Args:
+      features: list of FeatureInput whose ``ids`` are the keys, in feature-descriptor order.
+      tables: dynamic table handles, in table order.
+      step: int64 scalar, the global step.
+      config: TPUEmbeddingConfiguration (proto or bytes): per table dim, vocabulary_size = max_rows, optimizer.
+      combiners: as for the static op.
+      training: whether this is the training lookup.
+      name: op name.
+
+    Returns:
+      One float32 activation per feature.
+
+    Example:
+      >>> acts = dynamic_embedding_activations([normalize_feature(ids)], [h], step, config, training=True)
+    """
+    with tf.name_scope(name or "dynamic_embedding_activations"):
+        feats = _features(features, "features")
+        return _ops().tf_embed_dynamic_embedding_activations(
+            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
+            keys=[f.ids for f in feats],
+            aggregation_weights=[f.weights for f in feats],
+            sample_shapes=[f.sample_shape for f in feats],
+            tables=_handles(tables, "tables"),
+            step=_step(step),
+            config=_serialized_config(config),
+            combiners=_combiners(combiners),
+            training=bool(training),
+        )
+
+
+def dynamic_send_tpu_embedding_gradients(
+    gradients, learning_rates, features, tables, step, config, combiners=None, check_numerics=False, name=None
+):
+    """Applies one training step to dynamic tables in place, then their end-of-step eviction.
+
+    As :func:`tf_embed_ops.embedding_ops.send_tpu_embedding_gradients`, with keys in place of row ids and the
+    table handles (which hold their optimizer slots) in place of the variables.  Keys without a row get no
+    update.  A rejected call changes nothing.
+
+    Args:
+      gradients: one float32 tensor per feature, shaped like its activation.
+      learning_rates: one scalar per dynamic learning-rate tag (float, tensor or zero-argument callable).
+      features: the FeatureInput list the activations were computed from.
+      tables: dynamic table handles, in table order.
+      step: int64 scalar, the global step this update ends.
+      config, combiners, check_numerics: as for the static op.
+      name: op name.
+
+    Returns:
+      The update op (eagerly: None after it ran).
+
+    Example:
+      >>> dynamic_send_tpu_embedding_gradients(grads, [], feats, [h], step, config)
+    """
+    with tf.name_scope(name or "dynamic_send_tpu_embedding_gradients"):
+        feats = _features(features, "features")
+        grads = [tf.convert_to_tensor(g, tf.float32) for g in gradients]
+        if len(grads) != len(feats):
+            raise ValueError(f"gradients: expected one per feature ({len(feats)}), got {len(grads)}")
+        return _ops().tf_embed_dynamic_send_tpu_embedding_gradients(
+            inputs=grads,
+            learning_rates=_learning_rate_values(learning_rates),
+            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
+            keys=[f.ids for f in feats],
+            aggregation_weights=[f.weights for f in feats],
+            sample_shapes=[f.sample_shape for f in feats],
+            tables=_handles(tables, "tables"),
+            step=_step(step),
+            config=_serialized_config(config),
+            combiners=_combiners(combiners),
+            check_numerics=bool(check_numerics),
+        )
+
+
+def dynamic_table_find(table, keys, name=None) -> tf.Tensor:
+    """The row index of each key, -1 where it has none (never inserts).
+
+    Example:
+      >>> dynamic_table_find(h, tf.constant([3, 7], tf.int64))
+    """
+    return _ops().tf_embed_dynamic_table_find(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+
+
+def dynamic_table_lookup(table, keys, name=None) -> tf.Tensor:
+    """The weights of each key, [n, dim], zeros where it has no row (never inserts; the serving lookup).
+
+    Example:
+      >>> dynamic_table_lookup(h, tf.constant(["a", "b"]))
+    """
+    return _ops().tf_embed_dynamic_table_lookup(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+
+
+def dynamic_table_stats(table, name=None) -> DynamicTableStats:
+    """Size, capacity, memory and counters of the table, as int64 scalars.
+
+    Example:
+      >>> int(dynamic_table_stats(h).size)
+    """
+    return DynamicTableStats(*_ops().tf_embed_dynamic_table_stats(table=_handle(table, "table"), name=name))
+
+
+def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableContents:
+    """The whole content sorted by key (see :class:`DynamicTableContents`).
+
+    Args:
+      table: the handle.
+      num_slots: the table's optimizer slot count (the length of the slots list; the op checks it and refuses
+        another, naming the table).  0: a table without slots (lookup only).
+      name: op name.
+
+    Example:
+      >>> contents = dynamic_table_export(h, num_slots=1)
+    """
+    out = _ops().tf_embed_dynamic_table_export(table=_handle(table, "table"), num_slots=int(num_slots), name=name)
+    return DynamicTableContents(*out[:2], tuple(out[2]), *out[3:])
+
+
+def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=None):
+    """Replaces the table's content (validated first: a rejected import changes nothing; counters restart).
+
+    Args:
+      table: the handle.
+      contents: a :class:`DynamicTableContents` or the same eight fields in that order (slots: a sequence of
+        [n, width_k] tensors, one per optimizer slot).
+      name: op name.
+
+    Returns:
+      The import op (eagerly: None).
+
+    Example:
+      >>> dynamic_table_import(h, dynamic_table_export(other))
+    """
+    contents = tuple(contents)
+    if len(contents) != len(DynamicTableContents._fields):
+        raise ValueError(f"contents: expected {len(DynamicTableContents._fields)} tensors, got {len(contents)}")
+    dtypes = (tf.int64, tf.float32, None, tf.int64, tf.int64, tf.int64, tf.int64, tf.int64)
+    args = {
+        field: [tf.convert_to_tensor(s, tf.float32) for s in value]
+        if dtype is None
+        else tf.convert_to_tensor(value, dtype)
+        for field, value, dtype in zip(DynamicTableContents._fields, contents, dtypes, strict=True)
+    }
+    return _ops().tf_embed_dynamic_table_import(table=_handle(table, "table"), name=name, **args)
+
+
+def dynamic_table_evict(table, step, policy: str, max_rows: int = 0, ttl_steps: int = 0, name=None) -> tf.Tensor:
+    """Evicts rows now by ``policy`` ("lru" / "lfu" down to ``max_rows`` rows, "ttl"); returns how many.
+
+    Example:
+      >>> dynamic_table_evict(h, step=10, policy="ttl", ttl_steps=5)
+    """
+    if policy not in EVICTION_POLICIES[1:]:
+        raise ValueError(f"policy: must be one of {EVICTION_POLICIES[1:]}, got {policy!r}")
+    return _ops().tf_embed_dynamic_table_evict(
+        table=_handle(table, "table"),
+        step=_step(step),
+        policy=policy,
+        max_rows=int(max_rows),
+        ttl_steps=int(ttl_steps),
+        name=name,
+    )
+
+
+def dynamic_table_evict_keys(table, keys, name=None) -> tf.Tensor:
+    """Removes these keys' rows (absent keys ignored); returns how many rows were evicted.
+
+    Example:
+      >>> dynamic_table_evict_keys(h, tf.constant([3], tf.int64))
+    """
+    return _ops().tf_embed_dynamic_table_evict_keys(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+
+
+for _op in (
+    "DynamicTableHandle",
+    "DynamicEmbeddingActivations",
+    "DynamicSendTPUEmbeddingGradients",
+    "DynamicTableFind",
+    "DynamicTableLookup",
+    "DynamicTableStats",
+    "DynamicTableExport",
+    "DynamicTableImport",
+    "DynamicTableEvict",
+    "DynamicTableEvictKeys",
+):
+    tf.no_gradient("TfEmbed>" + _op)

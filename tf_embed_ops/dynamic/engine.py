@@ -1,0 +1,335 @@
+"""The dynamic-table group of a `TPUEmbedding`: normalisation, lookup and fused update of its dynamic features.
+
+`te.TPUEmbedding` splits its features by table kind. Features over `TableConfig`s run the static ops exactly as
+before; features over `DynamicTableConfig`s are handed to a `DynamicGroup`, which owns their tables (one
+`DynamicTable` per table, or one per shard when sharded over parameter servers) and the tables' step counters, and
+runs `TfEmbed>DynamicEmbeddingActivations` / `TfEmbed>DynamicSendTPUEmbeddingGradients` over them. `split_lookup`
+and `split_send` put the two groups' results back in feature order.
+
+Step semantics: a training lookup stamps the keys it sees (and inserts admitted new ones) at the current step; the
+update of that batch runs at the same step, then applies the tables' eviction policies and advances the step by
+one. Lookups with `training=False` never insert and never advance the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops.config._resolve import resolve_tables
+from tf_embed_ops.dynamic import _ops as dynamic_ops
+from tf_embed_ops.dynamic import config as config_lib
+
+__all__ = ["DynamicGroup", "normalize_dynamic_feature"]
+
+
+def normalize_dynamic_feature(
+    x: Any, table: config_lib.DynamicTableConfig, weights: Any = None, max_sequence_length: int = 0, feature_name=None
+) -> embedding_ops.FeatureInput:
+    """`embedding_ops.normalize_feature` for a dynamic table: the same input forms, with int64 or string keys.
+
+    The key dtype must be the table's (integers of any width for an int64 table, strings for a string table):
+    a mismatch is a ValueError naming the table (the caller adds the feature), raised before any op runs.
+
+    String ids are normalised through their positions (an int64 tensor of the same structure), then gathered, so
+    every layout rule (sequence truncation, sparse sample positions) is the one `normalize_feature` applies.
+    """
+    values = x.values if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) else tf.convert_to_tensor(x)
+    # The front ends prefix "Feature <path>: " to every normalisation error.
+    if table.key_dtype == tf.string:
+        if values.dtype != tf.string:
+            raise ValueError(
+                f"table {table.name!r} has key_dtype string; got {values.dtype.name} ids (pass the raw strings; "
+                "they are fingerprinted inside the op)."
+            )
+        if isinstance(x, tf.SparseTensor):
+            positions = tf.SparseTensor(x.indices, tf.range(tf.size(x.values, out_type=tf.int64)), x.dense_shape)
+            flat = x.values
+        elif isinstance(x, tf.RaggedTensor):
+            if x.ragged_rank != 1:
+                raise ValueError(f"x: a RaggedTensor feature must have ragged_rank 1, got {x.ragged_rank}")
+            positions = x.with_values(tf.range(tf.size(x.values, out_type=tf.int64)))
+            flat = x.values
+        else:
+            flat = tf.reshape(values, [-1])
+            positions = tf.reshape(tf.range(tf.size(values, out_type=tf.int64)), tf.shape(values))
+            positions = tf.ensure_shape(positions, values.shape)
+        normalized = embedding_ops.normalize_feature(positions, weights, max_sequence_length, feature_name)
+        return normalized._replace(ids=tf.gather(flat, normalized.ids))
+    if values.dtype == tf.string or not values.dtype.is_integer:
+        raise ValueError(
+            f"table {table.name!r} has key_dtype int64; got {values.dtype.name} ids (a string-keyed table needs "
+            "key_dtype=tf.string)."
+        )
+    return embedding_ops.normalize_feature(x, weights, max_sequence_length, feature_name)
+
+
+class DynamicGroup:
+    """The features of a `TPUEmbedding` whose tables are dynamic, and everything that runs them.
+
+    Args:
+      flat_features: all the `FeatureConfig`s of the embedding, flattened (their tables already named and given
+        their optimizers by the `TPUEmbedding`).
+      check_numerics: reject a step whose gradients hold NaN or +-inf.
+      shard_devices: None for unsharded tables; else one device per shard: each table has one `DynamicTable`
+        per shard, created on that device, holding the keys `shard_of_keys` assigns to it, and the lookup and
+        update of those keys run there.
+    """
+
+    def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None):
+        self.positions = [i for i, f in enumerate(flat_features) if config_lib.is_dynamic(f.table)]
+        self.static_positions = [i for i, f in enumerate(flat_features) if not config_lib.is_dynamic(f.table)]
+        self.features = [flat_features[i] for i in self.positions]
+        resolved = resolve_tables(self.features)
+        self.table_configs = list(resolved.tables)
+        self.learning_rates = list(resolved.learning_rates)
+        self._check_numerics = bool(check_numerics)
+        self._shard_devices = list(shard_devices) if shard_devices else None
+        self._tables: list[list[Any]] | None = None  # [table][shard]
+        self._objects: list[Any] = []
+        self._serialized = None
+
+    @classmethod
+    def of(cls, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None) -> DynamicGroup | None:
+        """The group of `flat_features`' dynamic features, or None when there is none (the static path then runs
+        exactly as without dynamic tables)."""
+        if not any(config_lib.is_dynamic(f.table) for f in flat_features):
+            return None
+        return cls(flat_features, check_numerics, shard_devices)
+
+    @property
+    def check_numerics(self) -> bool:
+        return self._check_numerics
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shard_devices) if self._shard_devices else 1
+
+    # ------------------------------------------------------------------ state
+
+    def build(self, owner: Any) -> None:
+        """Creates the tables (a `DynamicTable`, or a `ShardedDynamicTable` when sharded), tracked as checkpoint
+        children of `owner` under their names. Idempotent."""
+        if self._tables is not None:
+            return
+        from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
+
+        objects, shards = [], []
+        for config in self.table_configs:
+            if self._shard_devices is None:
+                table = table_lib.DynamicTable(config)
+                shards.append([table])
+            else:
+                table = table_lib.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
+                shards.append(list(table.shards))
+            _tf_compat.track_child(owner, table, config.name)
+            objects.append(table)
+        # Create the resources now (the caller holds init_scope), each on its shard's device: a resource handle is
+        # made on first use, and a first use inside a tf.function would tie it to that function's graph.
+        for per_table in shards:
+            for index, table in enumerate(per_table):
+                with tf.device(self._shard_devices[index] if self._shard_devices else None):
+                    _ = table.handle
+        self._objects = objects
+        self._tables = shards
+
+    @property
+    def step(self) -> tf.Variable:
+        """The global step of the dynamic tables: the first table's step counter. Every table (and shard) has its
+        own, saved in its checkpoint; all advance together, after each update."""
+        return self._tables[0][0].step
+
+    def _advance_steps(self, updates: list) -> tf.Tensor:
+        """Advances every table's step after `updates`; returns the new step (a value that depends on them)."""
+        with tf.control_dependencies([u for u in updates if u is not None]):
+            new_steps = [table.step.assign_add(1) for shards in self._tables for table in shards]
+        return new_steps[0]
+
+    @property
+    def tables(self) -> dict:
+        """`{DynamicTableConfig: DynamicTable}` (`ShardedDynamicTable` when sharded)."""
+        return dict(zip(self.table_configs, self._objects, strict=True))
+
+    @property
+    def serialized_config(self) -> bytes:
+        """The `TPUEmbeddingConfiguration` of the dynamic ops, serialized (no `input_shape`: the ops take shapes
+        from their inputs)."""
+        if self._serialized is None:
+            # A table with no optimizer (lookup only) is described as SGD with learning rate 0, as the static
+            # configuration does; `send_gradients` refuses to train it.
+            untrained = any(t.optimizer is None for t in self.table_configs)
+            sgd = tf.tpu.experimental.embedding.SGD(learning_rate=0.0) if untrained else None
+            self._serialized = config_lib.dynamic_config_proto(self.features, optimizer=sgd).SerializeToString()
+        return self._serialized
+
+    @property
+    def combiners(self) -> list[str]:
+        return [t.combiner for t in self.table_configs]
+
+    def check_trainable(self) -> None:
+        for table in self.table_configs:
+            if table.optimizer is None:
+                raise RuntimeError(
+                    f"Table {table.name!r} has no optimizer (neither DynamicTableConfig.optimizer nor the global "
+                    "one); it can be looked up but not trained."
+                )
+
+    # ------------------------------------------------------------------ ops
+
+    def _handles(self, shard: int) -> list:
+        return [shards[shard].handle for shards in self._tables]
+
+    def lookup(self, inputs: list, training: bool) -> list:
+        """Activations of the group's features (`inputs` in group order); `training` inserts admitted new keys."""
+        if self._shard_devices is None:
+            return list(
+                dynamic_ops.dynamic_embedding_activations(
+                    inputs,
+                    self._handles(0),
+                    self.step.read_value(),
+                    self.serialized_config,
+                    combiners=self.combiners,
+                    training=bool(training),
+                )
+            )
+        return self._sharded_lookup(inputs, training)
+
+    def send_gradients(self, gradients: list, inputs: list) -> tf.Tensor:
+        """The fused update of the group's tables at the current step, then the step advances; returns the new
+        step."""
+        self.check_trainable()
+        learning_rates = [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
+        step = self.step.read_value()
+        if self._shard_devices is None:
+            update = dynamic_ops.dynamic_send_tpu_embedding_gradients(
+                list(gradients),
+                learning_rates,
+                inputs,
+                self._handles(0),
+                step,
+                self.serialized_config,
+                combiners=self.combiners,
+                check_numerics=self._check_numerics,
+            )
+            updates = [update]
+        else:
+            updates = self._sharded_send(gradients, learning_rates, inputs, step)
+        return self._advance_steps(updates)
+
+    def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
+        """Training lookup whose backward pass runs the fused update (for Keras' train step; see
+        `embedding_ops.embedding_lookup_and_update`, the static counterpart): the gradient of `trigger` is a zero
+        computed from the step the update advanced, so the update is on its data path."""
+        trigger = tf.convert_to_tensor(trigger, tf.float32)
+
+        @tf.custom_gradient
+        def lookup(trigger_value):
+            acts = self.lookup(inputs, training=True)
+
+            def grad(*upstream):
+                dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
+                step = tf.cast(self.send_gradients(dys, inputs), tf.float32)
+                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(step, tf.zeros([], tf.float32))
+
+            return acts, grad
+
+        return lookup(trigger)
+
+    # ------------------------------------------------------------------ sharded tables
+
+    def _shard_inputs(self, inputs: list) -> list[list[embedding_ops.FeatureInput]]:
+        """Per shard, the group's features restricted to the keys that shard holds (`partition_feature_by_key`:
+        weights pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum",
+        their activations add up to the unsharded one and each key gets the unsharded gradient)."""
+        from tf_embed_ops.distribute import partition  # pylint: disable=import-outside-toplevel
+
+        per_shard: list[list[embedding_ops.FeatureInput]] = [[] for _ in range(self.num_shards)]
+        for feature, inp in zip(self.features, inputs, strict=True):
+            for index, part in enumerate(
+                partition.partition_feature_by_key(inp, feature.table.combiner, self.num_shards)
+            ):
+                per_shard[index].append(part)
+        return per_shard
+
+    def _sharded_lookup(self, inputs: list, training: bool) -> list:
+        step = self.step.read_value()
+        total = None
+        for index, (device, shard_inputs) in enumerate(
+            zip(self._shard_devices, self._shard_inputs(inputs), strict=True)
+        ):
+            with tf.device(device):
+                acts = dynamic_ops.dynamic_embedding_activations(
+                    shard_inputs,
+                    self._handles(index),
+                    step,
+                    self.serialized_config,
+                    combiners=["sum"] * len(self.table_configs),
+                    training=bool(training),
+                )
+            total = list(acts) if total is None else [a + b for a, b in zip(total, acts, strict=True)]
+        return total
+
+    def _sharded_send(self, gradients: list, learning_rates: list, inputs: list, step: tf.Tensor) -> list:
+        updates = []
+        for index, (device, shard_inputs) in enumerate(
+            zip(self._shard_devices, self._shard_inputs(inputs), strict=True)
+        ):
+            with tf.device(device):
+                updates.append(
+                    dynamic_ops.dynamic_send_tpu_embedding_gradients(
+                        list(gradients),
+                        learning_rates,
+                        shard_inputs,
+                        self._handles(index),
+                        step,
+                        self.serialized_config,
+                        combiners=["sum"] * len(self.table_configs),
+                        check_numerics=self._check_numerics,
+                    )
+                )
+        return updates
+
+
+def split_lookup(
+    group: DynamicGroup,
+    inputs: list,
+    training: bool,
+    static_lookup: Callable[[list], list],
+    update_trigger: tf.Tensor | None = None,
+) -> list:
+    """Activations of all features, in feature order: the static features through `static_lookup`, the dynamic
+    ones through `group` (with `update_trigger`, a training lookup whose backward pass updates the tables)."""
+    out: list[Any] = [None] * len(inputs)
+    if group.static_positions:
+        static = static_lookup([inputs[i] for i in group.static_positions])
+        for i, act in zip(group.static_positions, static, strict=True):
+            out[i] = act
+    dynamic_inputs = [inputs[i] for i in group.positions]
+    if update_trigger is not None:
+        acts = group.lookup_and_update(dynamic_inputs, update_trigger)
+    else:
+        acts = group.lookup(dynamic_inputs, training)
+    for i, act in zip(group.positions, acts, strict=True):
+        out[i] = act
+    return out
+
+
+def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: Callable[[list, list], None]) -> None:
+    """The fused updates of all features: the static ones through `static_send(gradients, inputs)`, the dynamic
+    ones through `group`."""
+    group.check_trainable()
+    if group.check_numerics and group.static_positions:
+        # Each op rejects non-finite gradients before writing, but the two groups are two ops: check every
+        # gradient before either runs, so a rejected step changes no table of either group.
+        checks = [
+            tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
+            for i, g in enumerate(gradients)
+        ]
+        with tf.control_dependencies(checks):
+            gradients = [tf.identity(g) for g in gradients]
+    if group.static_positions:
+        static_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
+    group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions])

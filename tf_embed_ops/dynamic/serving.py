@@ -1,0 +1,142 @@
+"""Serving a dynamic table without the plugin: its rows frozen into plain TensorFlow state.
+
+A dynamic table lives in a custom resource, which a serving binary without `tf_embed_ops` cannot load. `freeze`
+copies its content (sorted by key) into state that stock TensorFlow holds and checkpoints:
+
+- `keys`: an int64 `tf.Variable` [n], the table's keys;
+- `index`: a `tf.lookup.StaticHashTable` key -> row, filled from `keys` when it is initialised (after a SavedModel
+  has restored its variables), with default `n`: a key without a row maps to the extra row;
+- `values`: a float32 `tf.Variable` [n + 1, dim], the rows in key order plus one default row of zeros (what the
+  training side reads for a key without a row).
+
+The keys live in a variable rather than in the hash table's initializer because an initializer's tensors are
+written into the SavedModel's graph as constants, and a graph over 2 GB cannot be serialised.
+
+String ids are reduced to keys with `string_keys` (`_ops.string_keys_to_int64`): TensorFlow's farmhash
+Fingerprint64 read as a little-endian int64, which the ops compute inside the kernel and stock TensorFlow computes
+with `tf.fingerprint`.
+
+Example:
+    >>> frozen = freeze_arrays(np.array([3, 9], np.int64), np.ones([2, 4], np.float32))
+    >>> frozen.lookup(tf.constant([9, 5], tf.int64)).numpy()[:, 0]
+    array([1., 0.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tf_embed_ops.dynamic._ops import string_keys_to_int64 as string_keys
+
+__all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
+
+
+def to_keys(ids: Any, key_dtype: tf.DType = tf.int64) -> tf.Tensor:
+    """The table keys of `ids`: int64 ids as they are, string ids fingerprinted (`string_keys`).
+
+    Raises:
+      ValueError: if the ids' dtype is not the table's key dtype (a string table is never fed integers, nor the
+        reverse: the two would address different rows).
+    """
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype != key_dtype:
+        raise ValueError(f"ids: dtype {ids.dtype.name} does not match the table's key_dtype {key_dtype.name}")
+    return string_keys(ids) if key_dtype == tf.string else ids
+
+
+class _KeysToRows(tf.lookup.KeyValueTensorInitializer):
+    """Initialises a hash table with key -> position from a keys *variable*, read when the table is initialised.
+
+    `KeyValueTensorInitializer` captures its tensors at construction, which a SavedModel then stores as graph
+    constants; reading a variable instead keeps the keys in the checkpoint (no 2 GB graph limit). A loaded
+    SavedModel restores variables before it initialises tables, so the variable holds the keys by then.
+    """
+
+    def __init__(self, keys: tf.Variable):
+        self._keys_var = keys
+        # The base class only needs the dtypes; the real tensors are read in `initialize`.
+        super().__init__(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+
+    def initialize(self, table: Any) -> Any:
+        keys = self._keys_var.read_value()
+        rows = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+        return tf.raw_ops.InitializeTableV2(table_handle=table.resource_handle, keys=keys, values=rows)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = dict(super()._trackable_children(save_type, **kwargs))
+        children["keys"] = self._keys_var
+        return children
+
+
+class FrozenDynamicTable(tf.Module):
+    """A dynamic table's rows as a `tf.lookup.StaticHashTable` + a dense variable with a default row of zeros.
+
+    Attributes:
+      keys: int64 variable [n], sorted.
+      values: float32 variable [n + 1, dim]; row n is the default (zeros).
+      index: the StaticHashTable key -> row (default n).
+      key_dtype: tf.int64 or tf.string (the ids `lookup` accepts).
+    """
+
+    def __init__(self, keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"):
+        super().__init__(name=_module_name(name))
+        keys, weights = _checked(keys, weights, name)
+        self.table_name = name
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.dim = int(weights.shape[1])
+        self.size = int(keys.shape[0])
+        self.keys = tf.Variable(keys, trainable=False, name="keys")
+        default_row = np.zeros([1, self.dim], np.float32)
+        self.values = tf.Variable(np.concatenate([weights, default_row]), trainable=False, name="values")
+        self.index = tf.lookup.StaticHashTable(_KeysToRows(self.keys), default_value=np.int64(self.size))
+
+    def rows(self, ids: Any) -> tf.Tensor:
+        """Row of each id in `values` (n for an id without a row), same shape as `ids`."""
+        return self.index.lookup(to_keys(ids, self.key_dtype))
+
+    def lookup(self, ids: Any) -> tf.Tensor:
+        """Each id's row, shape ids.shape + [dim]; zeros for an id without a row (the training side's default)."""
+        return tf.gather(self.values, self.rows(ids))
+
+
+def _checked(keys: Any, weights: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.asarray(keys, np.int64).reshape([-1])
+    weights = np.asarray(weights, np.float32)
+    if weights.ndim != 2 or weights.shape[0] != keys.shape[0]:
+        raise ValueError(
+            f"table {name!r}: weights must be [n, dim] with n = {keys.shape[0]} keys; got shape {weights.shape}"
+        )
+    if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
+        raise ValueError(f"table {name!r}: keys must be unique")
+    return keys, weights
+
+
+def _module_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
+    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
+
+
+def freeze_arrays(
+    keys: np.ndarray, weights: np.ndarray, key_dtype: tf.DType = tf.int64, name: str = "table"
+) -> FrozenDynamicTable:
+    """A `FrozenDynamicTable` from exported keys [n] and weights [n, dim]."""
+    keys, weights = _checked(keys, weights, name)
+    order = np.argsort(keys, kind="stable")
+    return FrozenDynamicTable(keys[order], weights[order], key_dtype, name)
+
+
+def freeze(table: Any) -> FrozenDynamicTable:
+    """Freezes a `DynamicTable` (or a `ShardedDynamicTable`) as it is now, eagerly.
+
+    Only the weights are kept: optimizer slots and admission state are training state. Later training does not
+    change the frozen copy; freeze again to refresh it.
+    """
+    # Eagerly, even when called while a serving function is traced: the export is read now and the frozen state
+    # is created outside the function (as variables and tables must be).
+    with tf.init_scope():
+        contents = table.export()
+        keys, weights = contents["keys"].numpy(), contents["weights"].numpy()
+        return freeze_arrays(keys, weights, table.key_dtype, table.table_name)

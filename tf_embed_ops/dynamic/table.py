@@ -1,0 +1,523 @@
+"""`DynamicTable`: one dynamic-vocabulary table as a trackable TensorFlow resource.
+
+The table itself lives in a C++ resource (`TfEmbed>DynamicTableHandle`); this object owns its lifetime, the step
+counter the training ops stamp rows with, and its checkpoint. It follows TensorFlow's own
+`tf.lookup.experimental.MutableHashTable`: a `TrackableResource` whose `_create_resource` makes the handle (so a
+SavedModel or a `tf.function` captures it like any resource), `_destroy_resource` releases it, and
+`_serialize_to_tensors` / `_restore_from_tensors` are the checkpoint.
+
+Checkpoint format (the same for any number of shards, so checkpoints move between shard counts):
+
+| tensor | shape | |
+| --- | --- | --- |
+| `keys` | [n] int64 | sorted ascending |
+| `weights` | [n, dim] float32 | row of `keys[i]` |
+| `slots` | [n, W] float32 | optimizer slots side by side (Load/Retrieve order), W = sum of `slot_widths` |
+
+A slot is `dim` columns, or 1 for a per-row slot (row-wise Adagrad's accumulator); the op's export and import take
+one [n, width] tensor per slot, split and joined here.
+| `counts`, `last_steps` | [n] int64 | admission count and last step seen, per row |
+| `pending_keys`, `pending_counts`, `pending_last_steps` | [p] int64 | admission counters of keys without a row |
+| `step` | [] int64 | the step counter |
+
+Restoring keeps the keys of this shard (`shard_of_keys(key, num_shards) == shard_index`), so a checkpoint of
+one table restores into N shards and the reverse; `ShardedDynamicTable` writes the union of its shards, sorted,
+and reads it back into any shard count. A checkpoint of another `dim` or slot layout (W) is refused, naming the
+table, before anything is written.
+
+Example:
+    >>> table = DynamicTable(te.DynamicTableConfig(name="user", dim=8, optimizer=te.optimizers.Adagrad(0.1)))
+    >>> tf.train.Checkpoint(user=table).write("/tmp/ckpt")
+    >>> table.stats()["size"]
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import tensorflow as tf
+
+from tf_embed_ops.dynamic import _ops
+from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic.sharding import shard_of_keys
+
+__all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "restrict_to_shard"]
+
+# The checkpoint's tensors: the export's eight (in `DynamicTableContents` order), then the step counter.
+EXPORT_TENSORS = tuple(_ops.DynamicTableContents._fields)
+CHECKPOINT_TENSORS = (*EXPORT_TENSORS, "step")
+_uid = itertools.count()
+
+
+def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict:
+    """The part of an exported/checkpointed content that belongs to one shard (rows and admission counters).
+
+    Filtering keeps the key order, so a sorted content stays sorted.
+    """
+    if num_shards == 1:
+        return dict(contents)
+    # Restored tensors have no static shape inside a SavedModel's restore function; boolean_mask needs the ranks.
+    contents = {
+        k: tf.ensure_shape(v, [None, None] if k in ("slots", "weights") else [None]) for k, v in contents.items()
+    }
+    out = dict(contents)
+    mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
+    for name in ("keys", "weights", "slots", "counts", "last_steps"):
+        out[name] = tf.boolean_mask(contents[name], mine)
+    pending = tf.equal(shard_of_keys(contents["pending_keys"], num_shards), shard_index)
+    for name in ("pending_keys", "pending_counts", "pending_last_steps"):
+        out[name] = tf.boolean_mask(contents[name], pending)
+    return out
+
+
+def _sorted_union(parts: list[dict]) -> dict:
+    """Concatenates shard contents (disjoint keys) and sorts rows and admission counters by key."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    out = {}
+    keys = tf.concat([p["keys"] for p in parts], 0)
+    order = tf.argsort(keys, stable=True)
+    out["keys"] = tf.gather(keys, order)
+    for name in ("weights", "slots", "counts", "last_steps"):
+        out[name] = tf.gather(tf.concat([p[name] for p in parts], 0), order)
+    pending = tf.concat([p["pending_keys"] for p in parts], 0)
+    porder = tf.argsort(pending, stable=True)
+    out["pending_keys"] = tf.gather(pending, porder)
+    for name in ("pending_counts", "pending_last_steps"):
+        out[name] = tf.gather(tf.concat([p[name] for p in parts], 0), porder)
+    return out
+
+
+class DynamicTable(tf.saved_model.experimental.TrackableResource):
+    """One dynamic-vocabulary table (or one shard of it) as a TensorFlow resource.
+
+    Args:
+      config: a `te.DynamicTableConfig`.
+      num_shards: how many shards the table is split into by key (`shard_of_keys`); 1 for an unsharded table.
+      shard_index: which shard this object holds, in [0, num_shards).
+      name: the resource's shared name prefix (default: the table's name).
+      optimizer: the optimizer that trains the table when `config.optimizer` is None (it decides the slots).
+
+    Attributes:
+      handle: the resource handle the ops take.
+      config: the configuration.
+      step: int64 `tf.Variable`, the step the training ops stamp rows with; saved in the checkpoint.
+
+    Raises:
+      ValueError: if `num_shards` < 1 or `shard_index` is outside [0, num_shards).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        name: str | None = None,
+        optimizer: Any = None,
+    ):
+        if int(num_shards) < 1:
+            raise ValueError(f"DynamicTable {config.name!r}: num_shards must be >= 1, got {num_shards}")
+        if not 0 <= int(shard_index) < int(num_shards):
+            raise ValueError(
+                f"DynamicTable {config.name!r}: shard_index must be in [0, {num_shards}), got {shard_index}"
+            )
+        self._config = config
+        self._attrs = dict(config_lib.handle_attrs(config, optimizer))
+        self._attrs.pop("shared_name", None)
+        self._num_shards = int(num_shards)
+        self._shard_index = int(shard_index)
+        base = name or config.name
+        self._table_name = self._attrs.get("table_name", config.name)
+        # One resource per object: a process-unique shared name, as MutableHashTable does in eager mode.
+        self._shared_name = f"{base}_dynamic_table_{next(_uid)}"
+        super().__init__()
+        # The step is saved inside the table's own checkpoint tensors (not as a variable dependency), so a sharded
+        # table's one saved step restores into every shard, whatever the shard count.
+        with tf.init_scope():
+            self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_step")
+
+    # ------------------------------------------------------------------------------------------ the resource
+    def _create_resource(self) -> tf.Tensor:
+        return _ops.dynamic_table_handle(shared_name=self._shared_name, **self._attrs)
+
+    def _initialize(self) -> None:
+        # The handle op creates the table on its first run; nothing else to do.
+        return None
+
+    def _destroy_resource(self) -> None:
+        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    # --------------------------------------------------------------------------------------- public surface
+    @property
+    def handle(self) -> tf.Tensor:
+        return self.resource_handle
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @property
+    def table_name(self) -> str:
+        return self._table_name
+
+    @property
+    def step(self) -> tf.Variable:
+        return self._step
+
+    @property
+    def dim(self) -> int:
+        return int(self._attrs["dim"])
+
+    @property
+    def num_slots(self) -> int:
+        return len(self._attrs.get("slot_initial_values", ()))
+
+    @property
+    def slot_widths(self) -> list[int]:
+        """Floats per row of each optimizer slot (dim, or 1 for a per-row slot), Load/Retrieve order."""
+        widths = list(self._attrs.get("slot_widths", ()))
+        return widths or [self.dim] * self.num_slots
+
+    @property
+    def max_rows(self) -> int:
+        return int(self._attrs["max_rows"])
+
+    @property
+    def key_dtype(self) -> tf.DType:
+        return tf.as_dtype(self._attrs.get("key_dtype", tf.int64))
+
+    @property
+    def num_shards(self) -> int:
+        return self._num_shards
+
+    @property
+    def shard_index(self) -> int:
+        return self._shard_index
+
+    def size(self) -> tf.Tensor:
+        """Rows in the table now (int64 scalar)."""
+        return self.stats()["size"]
+
+    def stats(self) -> dict[str, tf.Tensor]:
+        """The table's counters as int64 scalars, loggable with `tf.summary.scalar` (see `write_summaries`).
+
+        Totals since creation (or the last import): `inserts`, `refused` (keys seen without reaching admission:
+        `below_admission` plus `untracked`, keys that found the admission counters full), `refused_full` (admitted
+        but the table was at `max_rows`), `evictions`. The latest step's: `last_step_inserts`,
+        `last_step_refused` (keys refused for space), `last_step_evictions`. State: `size`, `capacity` (rows allocated),
+        `memory_bytes` (everything the table holds).
+        """
+        with tf.name_scope(f"{_var_name(self._table_name)}_stats"):
+            out = _ops.dynamic_table_stats(self.resource_handle)._asdict()
+        out["refused"] = out["below_admission"] + out["untracked"]
+        return out
+
+    def write_summaries(self, step: Any = None) -> None:
+        """Writes every `stats()` counter with `tf.summary.scalar` under `dynamic_tables/<table>/<counter>`.
+
+        Args:
+          step: the summary step (default: the table's step counter).
+        """
+        step = self._step if step is None else step
+        for key, value in self.stats().items():
+            tf.summary.scalar(f"dynamic_tables/{self._table_name}/{key}", value, step=step)
+
+    def lookup(self, ids: Any) -> tf.Tensor:
+        """Serving lookup: each id's row, shape ids.shape + [dim]; zeros for ids without a row. Never inserts."""
+        ids = self.check_ids(ids)
+        flat = tf.reshape(ids, [-1])
+        rows = _ops.dynamic_table_lookup(self.resource_handle, flat)
+        return tf.reshape(rows, tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], 0))
+
+    def find(self, ids: Any) -> tf.Tensor:
+        """Row index of each id (-1 for none), shape ids.shape. Never inserts."""
+        ids = self.check_ids(ids)
+        rows = _ops.dynamic_table_find(self.resource_handle, tf.reshape(ids, [-1]))
+        return tf.reshape(rows, tf.shape(ids))
+
+    def evict(self, policy: Any = None, step: Any = None) -> tf.Tensor:
+        """Applies an eviction policy now; returns how many rows it evicted.
+
+        Args:
+          policy: `te.dynamic.LRU(max_rows)`, `LFU(max_rows)` or `TTL(steps)`; default the table's own policy.
+          step: the step TTL measures age against (default: the step counter).
+
+        Raises:
+          ValueError: if `policy` is None and the table has no eviction policy, or `policy` is not a policy.
+        """
+        if policy is None:
+            policy = getattr(self._config, "eviction", None)
+            if policy is None:
+                raise ValueError(f"DynamicTable {self._table_name!r}: evict() needs a policy; the table has none")
+        if not isinstance(policy, (config_lib.LRU, config_lib.LFU, config_lib.TTL)):
+            raise ValueError(
+                f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU or TTL, got {policy!r}"
+            )
+        attrs = policy.attrs()
+        step = self._step.read_value() if step is None else step
+        return _ops.dynamic_table_evict(
+            self.resource_handle,
+            step,
+            policy=attrs["eviction"],
+            max_rows=attrs["eviction_max_rows"],
+            ttl_steps=attrs["eviction_ttl_steps"],
+        )
+
+    def evict_keys(self, ids: Any) -> tf.Tensor:
+        """Removes these ids' rows (ids without a row are ignored); returns how many rows were removed."""
+        ids = self.check_ids(ids)
+        return _ops.dynamic_table_evict_keys(self.resource_handle, tf.reshape(ids, [-1]))
+
+    def export(self) -> dict[str, tf.Tensor]:
+        """The table's content sorted by key: a dict of the eight `EXPORT_TENSORS` (`slots` side by side, [n, W])."""
+        c = _ops.dynamic_table_export(self.resource_handle, self.num_slots)._asdict()
+        n = tf.shape(c["keys"])[0]
+        c["slots"] = tf.concat(c["slots"], 1) if c["slots"] else tf.zeros([n, 0], tf.float32)
+        return c
+
+    def import_(
+        self,
+        keys: Any,
+        weights: Any,
+        slots: Any = None,
+        counts: Any = None,
+        last_steps: Any = None,
+        pending_keys: Any = None,
+        pending_counts: Any = None,
+        pending_last_steps: Any = None,
+    ) -> Any:
+        """Replaces the table's whole content (what `export` returned, or keys and rows from elsewhere).
+
+        Missing parts default to a fresh row's: slots at the optimizer's initial values, count 1, last step the
+        current step counter, no admission counters. int64 keys only (a string table's keys are fingerprints).
+
+        Raises:
+          ValueError: (statically known shapes) another dim or slot count, or sizes that disagree; the op
+            re-checks everything, and a rejected import changes nothing.
+        """
+        contents = self._complete(
+            {
+                "keys": keys,
+                "weights": weights,
+                "slots": slots,
+                "counts": counts,
+                "last_steps": last_steps,
+                "pending_keys": pending_keys,
+                "pending_counts": pending_counts,
+                "pending_last_steps": pending_last_steps,
+            }
+        )
+        self.check_contents(contents, "import_")
+        return self.import_contents(contents)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = dict(super()._trackable_children(save_type, **kwargs))
+        if save_type == "savedmodel":
+            # A SavedModel traces `_serialize_to_tensors` into a function and must know every resource it reads;
+            # a checkpoint keeps the step inside the table's tensors only (see __init__).
+            children["step"] = self._step
+        return children
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
+        # A SavedModel serialises a copy made in its export graph; the copy must read the step's copy there (the
+        # step is a SavedModel child, so it was exported first).
+        tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
+        if self._step in object_map:
+            object_map[self]._step = object_map[self._step]  # noqa: SLF001 - our own class's copy
+        return tensors
+
+    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+        out = self.export()
+        out["step"] = self._step.read_value()
+        return out
+
+    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+        contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
+        self.check_contents(contents, "restore")
+        mine = restrict_to_shard(contents, self._num_shards, self._shard_index)
+        self.check_fits(mine)
+        with tf.control_dependencies([self.import_contents(mine)]):
+            return self._step.assign(tf.cast(restored_tensors["step"], tf.int64))
+
+    # -------------------------------------------------------------------------------------------- internals
+    def import_contents(self, c: dict) -> Any:
+        split = dict(c, slots=tf.split(c["slots"], self.slot_widths, axis=1) if self.num_slots else [])
+        return _ops.dynamic_table_import(self.resource_handle, [split[k] for k in EXPORT_TENSORS])
+
+    def check_ids(self, ids: Any) -> tf.Tensor:
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype != self.key_dtype:
+            raise ValueError(
+                f"DynamicTable {self._table_name!r}: ids have dtype {ids.dtype.name}, the table's key_dtype is "
+                f"{self.key_dtype.name}"
+            )
+        return ids
+
+    def _complete(self, c: dict) -> dict:
+        out = dict(c)
+        out["keys"] = tf.reshape(tf.convert_to_tensor(c["keys"], tf.int64), [-1])
+        out["weights"] = tf.convert_to_tensor(c["weights"], tf.float32)
+        n = tf.size(out["keys"], out_type=tf.int64)
+        if c["slots"] is None:
+            values = self._attrs.get("slot_initial_values", ())
+            init = [v for v, w in zip(values, self.slot_widths, strict=True) for _ in range(w)]
+            out["slots"] = tf.ones([n, len(init)], tf.float32) * tf.constant(init, tf.float32, shape=[len(init)])
+        else:
+            out["slots"] = tf.convert_to_tensor(c["slots"], tf.float32)
+        out["counts"] = tf.ones([n], tf.int64) if c["counts"] is None else tf.convert_to_tensor(c["counts"], tf.int64)
+        if c["last_steps"] is None:
+            out["last_steps"] = tf.fill([n], self._step.read_value())
+        else:
+            out["last_steps"] = tf.convert_to_tensor(c["last_steps"], tf.int64)
+        for name in ("pending_keys", "pending_counts", "pending_last_steps"):
+            out[name] = tf.zeros([0], tf.int64) if c[name] is None else tf.convert_to_tensor(c[name], tf.int64)
+        return out
+
+    def check_contents(self, c: dict, what: str) -> None:
+        """Static checks with the table's name (the op re-checks dynamically): dim and slot count first."""
+        weights, slots = c["weights"], c["slots"]
+        where = f"DynamicTable {self._table_name!r}: {what}:"
+        if weights.shape.rank is not None and weights.shape.rank != 2:
+            raise ValueError(f"{where} weights must be [n, dim], got shape {weights.shape}")
+        wdim = weights.shape[-1] if weights.shape.rank == 2 else None
+        if wdim is not None and wdim != self.dim:
+            raise ValueError(f"{where} the rows have dim {wdim} but the table has dim {self.dim}; nothing was changed")
+        width = sum(self.slot_widths)
+        if slots.shape.rank is not None:
+            if slots.shape.rank != 2:
+                raise ValueError(
+                    f"{where} slots must be [n, {width}] (the optimizer's {self.num_slots} slot(s) of widths "
+                    f"{self.slot_widths} side by side), got shape {slots.shape}; nothing was changed"
+                )
+            if slots.shape[1] is not None and slots.shape[1] != width:
+                raise ValueError(
+                    f"{where} the slots are {slots.shape[1]} values per row but the table's optimizer keeps "
+                    f"{width} ({self.num_slots} slot(s) of widths {self.slot_widths}); nothing was changed"
+                )
+
+    def check_fits(self, c: dict) -> None:
+        if tf.executing_eagerly():
+            n = int(c["keys"].shape[0])
+            if n > self.max_rows:
+                raise ValueError(
+                    f"DynamicTable {self._table_name!r}: restore: the checkpoint holds {n} rows for this shard, "
+                    f"more than max_rows={self.max_rows}; raise max_rows or restore into more shards. Nothing was "
+                    "changed"
+                )
+
+
+class ShardedDynamicTable(tf.Module):
+    """A dynamic table split by key over `num_shards` `DynamicTable`s, checkpointed as one table.
+
+    Its checkpoint is the union of the shards sorted by key, in the format of one `DynamicTable`, so it restores
+    into any number of shards, or into a single `DynamicTable` at the same place in a checkpoint (and the reverse).
+    The shards are not checkpoint dependencies of their own: only the union is written, once.
+
+    Args:
+      config: a `te.DynamicTableConfig`.
+      num_shards: number of shards (>= 1).
+      devices: optional device per shard (e.g. the parameter servers); shard i's resource is created there.
+
+    Raises:
+      ValueError: if `num_shards` < 1 or `devices` has another length.
+    """
+
+    def __init__(self, config: Any, num_shards: int, devices: list | None = None):
+        super().__init__(name=_var_name(config.name))
+        if int(num_shards) < 1:
+            raise ValueError(f"ShardedDynamicTable {config.name!r}: num_shards must be >= 1, got {num_shards}")
+        if devices is not None and len(devices) != int(num_shards):
+            raise ValueError(f"ShardedDynamicTable {config.name!r}: {len(devices)} devices for {num_shards} shards")
+        shards = []
+        for i in range(int(num_shards)):
+            with tf.device(devices[i] if devices else None):
+                shards.append(DynamicTable(config, num_shards=int(num_shards), shard_index=i))
+        self._shard_tuple = tuple(shards)  # a tuple of resources; kept out of the checkpoint below
+        self._config = config
+
+    @property
+    def shards(self) -> tuple[DynamicTable, ...]:
+        return self._shard_tuple
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @property
+    def table_name(self) -> str:
+        return self._shard_tuple[0].table_name
+
+    @property
+    def key_dtype(self) -> tf.DType:
+        return self._shard_tuple[0].key_dtype
+
+    @property
+    def dim(self) -> int:
+        return self._shard_tuple[0].dim
+
+    def export(self) -> dict[str, tf.Tensor]:
+        """The union of the shards' contents, sorted by key (what one unsharded table would export)."""
+        return _sorted_union([s.export() for s in self._shard_tuple])
+
+    def stats(self) -> dict[str, tf.Tensor]:
+        """Every counter summed over the shards."""
+        per_shard = [s.stats() for s in self._shard_tuple]
+        return {k: tf.add_n([p[k] for p in per_shard]) for k in per_shard[0]}
+
+    def lookup(self, ids: Any) -> tf.Tensor:
+        """Serving lookup over the shards (each id read from its own shard); never inserts."""
+        first = self._shard_tuple[0]
+        ids = first.check_ids(ids)
+        flat = tf.reshape(ids, [-1])
+        n = len(self._shard_tuple)
+        if n == 1:
+            return first.lookup(ids)
+        which = shard_of_keys(flat, n)
+        parts = tf.dynamic_partition(flat, which, n)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat)), which, n)
+        rows = [s.lookup(p) for s, p in zip(self._shard_tuple, parts, strict=True)]
+        out = tf.dynamic_stitch(positions, rows)
+        return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [first.dim]], 0))
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = dict(super()._trackable_children(save_type, **kwargs))
+        if save_type == "checkpoint":  # a SavedModel must still reach the shards' resources
+            children.pop("_shard_tuple", None)
+        return children
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
+        # As DynamicTable's: the SavedModel serialises a copy that must use the shards' copies (exported first).
+        tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
+        new = copy.copy(self)
+        new.__dict__["_shard_tuple"] = tuple(object_map.get(s, s) for s in self._shard_tuple)
+        object_map[self] = new
+        return tensors
+
+    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+        out = self.export()
+        out["step"] = self._shard_tuple[0].step.read_value()
+        return out
+
+    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+        contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
+        parts = []
+        # Every shard checks its part before any shard imports: a refused restore changes no shard.
+        for shard in self._shard_tuple:
+            shard.check_contents(contents, "restore")
+            mine = restrict_to_shard(contents, shard.num_shards, shard.shard_index)
+            shard.check_fits(mine)
+            parts.append(mine)
+        ops = []
+        for shard, mine in zip(self._shard_tuple, parts, strict=True):
+            with tf.control_dependencies([shard.import_contents(mine)]):
+                ops.append(shard.step.assign(tf.cast(restored_tensors["step"], tf.int64)))
+        return tf.group(ops)
+
+
+def _var_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
+    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
