@@ -38,11 +38,35 @@ class KeyIndex {
   template <typename KeyOf>
   int64_t Find(int64_t key, const KeyOf& key_of) const {
     if (buckets_.empty()) return kNotFound;
-    const uint64_t mask = buckets_.size() - 1;
-    for (uint64_t b = Home(key);; b = (b + 1) & mask) {
-      const uint32_t v = buckets_[b];
-      if (v == 0) return kNotFound;
-      if (key_of(int64_t{v} - 1) == key) return int64_t{v} - 1;
+    return FindFrom(key, Home(key), key_of);
+  }
+
+  // rows[i] = Find(keys[i]) for a whole batch, as a software pipeline: each key's home bucket is prefetched
+  // 2 * kProbeDistance keys ahead, and the row its home bucket names (the probe's key compare, `prefetch_row`)
+  // kProbeDistance keys ahead, so the two dependent cache misses of a probe into a large table overlap those of
+  // the following keys instead of running one after the other.  Prefetches are hints: the results are Find's.
+  template <typename KeyOf, typename PrefetchRowFn>
+  void FindBatch(const int64_t* keys, int64_t n, const KeyOf& key_of, const PrefetchRowFn& prefetch_row,
+                 int64_t* rows) const {
+    if (buckets_.empty()) {
+      for (int64_t i = 0; i < n; ++i) rows[i] = kNotFound;
+      return;
+    }
+    uint64_t homes[kHomeRing];
+    const int64_t stages = n + 2 * kProbeDistance;
+    for (int64_t i = 0; i < stages; ++i) {
+      if (i < n) {
+        const uint64_t home = Home(keys[i]);
+        homes[i & (kHomeRing - 1)] = home;
+        __builtin_prefetch(&buckets_[home], 0, 3);
+      }
+      const int64_t j = i - kProbeDistance;
+      if (j >= 0 && j < n) {
+        const uint32_t v = buckets_[homes[j & (kHomeRing - 1)]];
+        if (v != 0) prefetch_row(int64_t{v} - 1);
+      }
+      const int64_t k = i - 2 * kProbeDistance;
+      if (k >= 0) rows[k] = FindFrom(keys[k], homes[k & (kHomeRing - 1)], key_of);
     }
   }
 
@@ -103,6 +127,23 @@ class KeyIndex {
   }
 
  private:
+  // FindBatch's pipeline depth (keys between a stage and the next) and its ring of home buckets, which holds
+  // the homes of the 2 * kProbeDistance + 1 keys in flight.
+  static constexpr int64_t kProbeDistance = 8;
+  static constexpr int64_t kHomeRing = 32;
+  static_assert(kHomeRing > 2 * kProbeDistance && (kHomeRing & (kHomeRing - 1)) == 0, "ring too small");
+
+  // Linear probe for `key` from its home bucket `b`; the index is not empty.
+  template <typename KeyOf>
+  int64_t FindFrom(int64_t key, uint64_t b, const KeyOf& key_of) const {
+    const uint64_t mask = buckets_.size() - 1;
+    for (;; b = (b + 1) & mask) {
+      const uint32_t v = buckets_[b];
+      if (v == 0) return kNotFound;
+      if (key_of(int64_t{v} - 1) == key) return int64_t{v} - 1;
+    }
+  }
+
   uint64_t Home(int64_t key) const { return MixKey(static_cast<uint64_t>(key)) & (buckets_.size() - 1); }
 
   std::vector<uint32_t> buckets_;

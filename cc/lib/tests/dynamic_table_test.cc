@@ -298,6 +298,45 @@ TEST(KeyIndexTest, MatchesAMapUnderRandomInsertsAndErases) {
   EXPECT_EQ(indexed, static_cast<int64_t>(reference.size()));
 }
 
+TEST(KeyIndexTest, FindBatchMatchesFindForEveryBatchLengthAndPattern) {
+  // FindBatch pipelines the probes (home buckets 2 * distance ahead, rows 1 * distance ahead, a ring of homes):
+  // every batch length around those distances and the ring size, duplicates, absent keys and long probe runs
+  // (a small key range after churn) must give exactly Find's rows, and only live rows are prefetched.
+  std::vector<int64_t> key_of_row;
+  KeyIndex index;
+  auto key_of = [&](int64_t row) { return key_of_row[row]; };
+  std::vector<int64_t> prefetched;
+  auto prefetch = [&](int64_t row) { prefetched.push_back(row); };
+  std::vector<int64_t> rows(8, -2);
+  const std::vector<int64_t> some = {1, 2, 3};
+  index.FindBatch(some.data(), 3, key_of, prefetch, rows.data());  // no buckets yet
+  EXPECT_EQ(std::vector<int64_t>(rows.begin(), rows.begin() + 3), std::vector<int64_t>(3, KeyIndex::kNotFound));
+  EXPECT_EQ(rows[3], -2);
+  ASSERT_TRUE(index.Rehash(200, key_of));
+  std::mt19937_64 rng(11);
+  for (int64_t k = 0; k < 150; ++k) {
+    key_of_row.push_back(static_cast<int64_t>(rng()));
+    index.Insert(key_of_row.back(), k);
+  }
+  for (int64_t r = 0; r < 150; r += 3) index.Erase(key_of_row[r], key_of);  // churn: backward shifts
+  for (int64_t n = 0; n <= 70; ++n) {
+    std::vector<int64_t> keys(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t pick = rng() % 4;
+      keys[i] = pick == 0   ? static_cast<int64_t>(rng())             // absent
+                : pick == 1 ? key_of_row[7]                           // a hot duplicate
+                            : key_of_row[rng() % key_of_row.size()];  // present or erased
+    }
+    std::vector<int64_t> got(n + 1, -2);
+    prefetched.clear();
+    index.FindBatch(keys.data(), n, key_of, prefetch, got.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], index.Find(keys[i], key_of)) << "n " << n << " i " << i;
+    EXPECT_EQ(got[n], -2) << "wrote past the batch, n " << n;
+    EXPECT_LE(static_cast<int64_t>(prefetched.size()), n);
+    for (const int64_t r : prefetched) ASSERT_TRUE(r >= 0 && r < 150) << r;
+  }
+}
+
 TEST(KeyIndexTest, LoadFactorStaysAtMostThreeQuarters) {
   EXPECT_EQ(KeyIndex::BucketsFor(0), 16);
   EXPECT_EQ(KeyIndex::BucketsFor(12), 16);
@@ -445,6 +484,30 @@ TEST(DynamicTableTest, GrowsPastTheInitialCapacityWithoutMovingRows) {
   EXPECT_EQ(RowOf(*t, row0), InitialRow(o.initializer, -1, 4));
   EXPECT_EQ(FindRows(*t, keys), rows);
   for (size_t i = 0; i < keys.size(); i += 499) EXPECT_EQ(RowOf(*t, rows[i]), InitialRow(o.initializer, keys[i], 4));
+}
+
+TEST(DynamicTableTest, LongBatchesWithDuplicatesAndGrowthMatchKeyByKeyLookups) {
+  // Batches far longer than the probe pipeline, mostly duplicates, that grow the table (and rehash the index)
+  // in the middle of the run: every occurrence gets its key's row, identical to a one-key Find afterwards, and
+  // the same batches inserted one key at a time give the same rows and content.
+  DynamicTableOptions o = Options(/*dim=*/3, /*initial_capacity=*/8, /*max_rows=*/5000);
+  std::unique_ptr<DynamicTable> batched = Make(o);
+  std::unique_ptr<DynamicTable> one_by_one = Make(o);
+  ASSERT_TRUE(batched && one_by_one);
+  std::mt19937_64 rng(3);
+  for (int64_t step = 0; step < 6; ++step) {
+    std::vector<int64_t> keys(1000 + 97 * step);
+    for (int64_t& k : keys) k = static_cast<int64_t>(rng() % 3 == 0 ? rng() % 2000 : rng() % 20) - 10;
+    const std::vector<int64_t> rows = Insert(batched.get(), keys, step);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_NE(rows[i], kNo);
+      ASSERT_EQ(FindRows(*batched, {keys[i]})[0], rows[i]) << "key " << keys[i];
+      ASSERT_EQ(batched->KeyOf(rows[i]), keys[i]);
+    }
+    EXPECT_EQ(FindRows(*batched, keys), rows);
+    for (const int64_t k : keys) Insert(one_by_one.get(), {k}, step);
+  }
+  ExpectSameContents(batched->Export(), one_by_one->Export());
 }
 
 TEST(DynamicTableTest, AFullTableRefusesNewKeysInFirstOccurrenceOrder) {
