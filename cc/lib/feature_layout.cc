@@ -228,8 +228,8 @@ absl::Status ValidateIds(const int64_t* ids, int64_t num_ids, int64_t vocabulary
       return Invalid(label, absl::StrCat("ids[", i, "] = ", ids[i], " is not in [0, ", vocabulary_size,
                                          ") (vocabulary_size of table '", table_name,
                                          "'); raise the table's vocabulary_size, or hash the ids into range "
-                                         "(e.g. tf.math.floormod or tf.strings.to_hash_bucket_fast); tables "
-                                         "that grow with new ids are not supported yet"));
+                                         "(e.g. tf.math.floormod or tf.strings.to_hash_bucket_fast), or use "
+                                         "te.DynamicTableConfig, whose rows are created for new ids"));
     }
   }
   return absl::OkStatus();

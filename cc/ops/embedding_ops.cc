@@ -11,6 +11,9 @@
 
 namespace tf_embed_ops {
 
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
 REGISTER_OP("TfEmbed>EmbeddingActivations")
     .Input("sample_indices_or_row_splits: N * int64")
     .Input("embedding_indices: N * int64")

@@ -127,9 +127,11 @@ TEST(RowPipelineTest, EveryOptimizerRunsBetweenTheClippingAndDecaySteps) {
   frequency.tau = 0.5f;
   frequency.max_delta = 10.0f;
   frequency.outlier_threshold = 2.0f;
+  RowWiseAdagrad rowwise;
+  rowwise.weight_decay = 0.1f;
   const std::vector<OptimizerParams> optimizers = {
-      tf_embed_ops::Sgd{}, Adagrad{}, AdagradMomentum{}, Adam{}, ftrl,     Momentum{}, rms,     centered, adadelta,
-      ProximalAdagrad{},   lion,      BoundedAdagrad{},  online, proximal, frequency,  Assign{}};
+      tf_embed_ops::Sgd{}, Adagrad{}, AdagradMomentum{}, Adam{}, ftrl,     Momentum{}, rms,      centered, adadelta,
+      ProximalAdagrad{},   lion,      BoundedAdagrad{},  online, proximal, frequency,  Assign{}, rowwise};
   ASSERT_EQ(optimizers.size(), std::variant_size_v<OptimizerParams>);
   TableOptimization o;
   o.gradient_clipping = {-0.5f, 0.25f};
