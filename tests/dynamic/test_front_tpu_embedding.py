@@ -330,3 +330,28 @@ def test_dynamic_learning_rates_are_tagged_per_group():
     np.testing.assert_array_equal(_dynamic_content(emb, dynamic)[1], emb.embedding_tables[static_twin].numpy())
     # The other static table trained at its own rate (0.25, its own tag), so it differs.
     assert not np.array_equal(emb.embedding_tables[static].numpy(), emb.embedding_tables[static_twin].numpy())
+
+
+@pytest.mark.parametrize("bad_rate", [-1.0, float("nan")])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_a_rate_only_the_dynamic_op_checks_rejects_the_step_before_the_static_update(bad_rate, in_function):
+    # The dynamic group's learning rate is not an input of the static op, and the static op runs first: without
+    # the up-front check the static table would be updated by a step the dynamic op then rejects.
+    rate = tf.Variable(0.5)
+    static = _emb.TableConfig(V, DIM, name="static", optimizer=te.optimizers.SGD(0.25))
+    dynamic = te.DynamicTableConfig("dynamic", DIM, optimizer=te.optimizers.SGD(lambda: rate))
+    emb = te.TPUEmbedding({"d": _emb.FeatureConfig(dynamic), "s": _emb.FeatureConfig(static)})
+    ids = tf.constant([1, 2], tf.int64)
+    step = tf.function(_step) if in_function else _step
+    step(emb, {"d": ids, "s": ids})
+    dynamic_before = {k: v.numpy() for k, v in emb.dynamic_tables[dynamic].export().items()}
+    static_before = emb.embedding_tables[static].numpy()
+    rate.assign(bad_rate)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be finite and >= 0"):
+        step(emb, {"d": ids, "s": ids})
+    np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), static_before)
+    # The step's training lookup counted the keys (counts, last steps); the update changed nothing.
+    after = emb.dynamic_tables[dynamic].export()
+    for name in ("keys", "weights", "slots"):
+        np.testing.assert_array_equal(after[name].numpy(), dynamic_before[name])
+    assert int(emb.dynamic_step.numpy()) == 1

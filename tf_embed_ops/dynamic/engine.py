@@ -197,11 +197,16 @@ class DynamicGroup:
             )
         return self._sharded_lookup(inputs, training)
 
-    def send_gradients(self, gradients: list, inputs: list) -> tf.Tensor:
+    def evaluate_learning_rates(self) -> list:
+        """The group's learning rates, one float32 scalar per dynamic tag (its callables, called once)."""
+        return [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
+
+    def send_gradients(self, gradients: list, inputs: list, learning_rates: list | None = None) -> tf.Tensor:
         """The fused update of the group's tables at the current step, then the step advances; returns the new
-        step."""
+        step.  `learning_rates` defaults to `evaluate_learning_rates()`."""
         self.check_trainable()
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
+        if learning_rates is None:
+            learning_rates = self.evaluate_learning_rates()
         step = self.step.read_value()
         if self._shard_devices is None:
             update = dynamic_ops.dynamic_send_tpu_embedding_gradients(
@@ -321,15 +326,30 @@ def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: 
     """The fused updates of all features: the static ones through `static_send(gradients, inputs)`, the dynamic
     ones through `group`."""
     group.check_trainable()
-    if group.check_numerics and group.static_positions:
-        # Each op rejects non-finite gradients before writing, but the two groups are two ops: check every
-        # gradient before either runs, so a rejected step changes no table of either group.
-        checks = [
-            tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
-            for i, g in enumerate(gradients)
-        ]
-        with tf.control_dependencies(checks):
-            gradients = [tf.identity(g) for g in gradients]
+    learning_rates = group.evaluate_learning_rates()
     if group.static_positions:
+        # The two groups are two ops, and each validates only its own inputs before writing. So everything the
+        # dynamic op alone would reject (its learning rates; with check_numerics, any gradient) is checked before
+        # the static op runs: a rejected step then changes no table of either group. (The static op runs first:
+        # what it rejects, e.g. an id out of range, is checked before anything is written.)
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_and(tf.math.is_finite(lr), lr >= 0.0),
+                [
+                    f"dynamic tables' learning rate (dynamic tag {k}) must be finite and >= 0, got",
+                    lr,
+                    "; no table was updated",
+                ],
+            )
+            for k, lr in enumerate(learning_rates)
+        ]
+        if group.check_numerics:
+            checks += [
+                tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
+                for i, g in enumerate(gradients)
+            ]
+        if checks:
+            with tf.control_dependencies(checks):
+                gradients = [tf.identity(g) for g in gradients]
         static_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
-    group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions])
+    group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions], learning_rates)
