@@ -221,22 +221,21 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         for table in self._table_config:
             shape = (table.vocabulary_size, table.dim)
 
-            def make_getter(_shape, _table=table.name):
-                def getter(name, shape, dtype, initializer, trainable):
-                    # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
-                    del shape, dtype
-                    try:
-                        return self._make_variable(name, _shape, initializer, trainable)
-                    except ValueError as e:
-                        # The initializer is a pending checkpoint value when a restore ran before `build`;
-                        # TensorFlow's shape error then names neither the table nor the variable.
-                        raise ValueError(
-                            f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)}: {e}"
-                        ) from e
+            def getter(name, shape, dtype, initializer, trainable, _shape=shape, _table=table.name):
+                # _add_variable_with_custom_getter may drop the shape; take it from outside, as TF does.
+                del shape, dtype
+                try:
+                    return self._make_variable(name, _shape, initializer, trainable)
+                except ValueError as e:
+                    # The initializer is a pending checkpoint value when a restore ran before `build`; TensorFlow's
+                    # shape error then names neither the table nor the variable.
+                    raise ValueError(
+                        f"Table {_table!r}: cannot create variable {name!r} with shape {tuple(_shape)} "
+                        f"(vocabulary_size, dim or 1 for a per-row slot): {e}"
+                    ) from e
 
-                return getter
-
-            def variable_creator(name, initializer, trainable=True, _shape=shape):
+            def variable_creator(name, initializer, trainable=True, _shape=shape, _getter=getter):
+                # `_shape`: the table's, or a slot's own (the getter takes it from here, not from TF).
                 # _add_variable_with_custom_getter makes each variable a checkpoint child named `name` and
                 # restores a pending checkpoint value at creation (no double initialisation).
                 return _tf_compat.add_tracked_variable(
@@ -245,21 +244,21 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     initializer=initializer,
                     shape=_shape,
                     dtype=tf.float32,
-                    getter=make_getter(_shape),
+                    getter=functools.partial(_getter, _shape=_shape),
                     trainable=trainable,
                 )
 
             # Not trainable: the tables are changed only by the fused send op, never by a generic optimizer
             # (the activations op has no gradient to them). The checkpoint keys do not depend on it.
             parameters = variable_creator(table.name, table.initializer, trainable=False)
+
             # Each slot's shape comes from the optimizer schema: the table's, or [vocabulary_size, 1] for a
             # per-row slot (row-wise Adagrad).
             slot_shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
 
-            def slot_creator(
-                name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes, _shape=shape
-            ):
-                return _creator(_table.name + "/" + name, initializer, False, _shapes.get(name, _shape))
+            def slot_creator(name, initializer, _table=table, _creator=variable_creator, _shapes=slot_shapes):
+                slot_shape = _shapes.get(name, (_table.vocabulary_size, _table.dim))
+                return _creator(_table.name + "/" + name, initializer, False, slot_shape)
 
             if table.optimizer is not None:
                 # TF's own slot factory: honours slot_variable_creation_fn and the slot initializers.
