@@ -184,9 +184,9 @@ def _checkpoint_values(emb) -> dict:
     return out
 
 
-def _trained(cls, seed: int, **kwargs):
+def _trained(cls, seed: int, optimizer_name: str = "adam_non_lazy", **kwargs):
     rng = np.random.default_rng(seed)
-    emb = cls(_feature_config("adam_non_lazy", "mean"), **kwargs)
+    emb = cls(_feature_config(optimizer_name, "mean"), **kwargs)
     emb.build(per_replica_batch_size=3)
     _assign_tables(emb, _initial(rng))
     for batch in _batches(rng, 2):
@@ -194,12 +194,13 @@ def _trained(cls, seed: int, **kwargs):
     return emb
 
 
+@pytest.mark.parametrize("optimizer_name", ["adam_non_lazy", "rowwise_adagrad"])  # slots [rows, dim] and [rows, 1]
 @pytest.mark.parametrize("source_shards,target_shards", [(3, None), (None, 3), (3, 2), (2, 3)])
-def test_checkpoints_move_between_sharded_and_single_process(tmp_path, source_shards, target_shards):
+def test_checkpoints_move_between_sharded_and_single_process(tmp_path, source_shards, target_shards, optimizer_name):
     def make(shards, seed):
         if shards is None:
-            return _trained(tf_embed_ops.TPUEmbedding, seed)
-        return _trained(ShardedTPUEmbedding, seed, num_shards=shards)
+            return _trained(tf_embed_ops.TPUEmbedding, seed, optimizer_name)
+        return _trained(ShardedTPUEmbedding, seed, optimizer_name, num_shards=shards)
 
     source = make(source_shards, seed=1)
     path = tf.train.Checkpoint(embedding=source).write(str(tmp_path / "ckpt"))

@@ -38,26 +38,41 @@ struct RowWiseAdagrad {
 
   bool UpdatesAllRows() const { return false; }
 
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    // Eight partial sums, added pairwise: the order of FBGEMM's fp32 kernel (fbgemm::GenerateSparseAdaGrad with
-    // rowwise=true; its reference is rowwise_sparse_adagrad_ref in src/RefImplementations.cc), and it vectorizes.
-    const float l2 = decoupled_weight_decay ? 0.0f : weight_decay;
+  // sum_d (g_d + l2 * w_d)^2 in eight partial sums added pairwise: the order of FBGEMM's fp32 kernel
+  // (fbgemm::GenerateSparseAdaGrad with rowwise=true; its reference is rowwise_sparse_adagrad_ref in
+  // src/RefImplementations.cc).  Lane k sums elements k, k + 8, ...; blocks of 8 keep the lanes in one register.
+  // Without L2 the weights are not read, so a non-finite weight cannot reach the accumulator (0 * inf).
+  template <bool kL2>
+  static float SumSquares(const float* g, const float* w, float l2, int64_t dim) {
     std::array<float, 8> partial{};
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i] + l2 * w[i];
-      partial[i % 8] += gi * gi;
+    auto term = [&](int64_t i) { return kL2 ? g[i] + l2 * w[i] : g[i]; };
+    int64_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+      for (int k = 0; k < 8; ++k) {
+        const float gi = term(i + k);
+        partial[k] += gi * gi;
+      }
     }
-    const float sum_square = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-                             ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+    for (int k = 0; i < dim; ++i, ++k) {
+      const float gi = term(i);
+      partial[k] += gi * gi;
+    }
+    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+           ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+  }
+
+  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
+    const float l2 = decoupled_weight_decay ? 0.0f : weight_decay;
+    const float sum_square = l2 == 0.0f ? SumSquares<false>(g, w, 0.0f, dim) : SumSquares<true>(g, w, l2, dim);
     float* a = slots[0];
     a[0] += sum_square / static_cast<float>(dim);
     const float multiplier = lr / (std::sqrt(a[0]) + epsilon);
     if (weight_decay == 0.0f) {
-      for (int64_t i = 0; i < dim; ++i) w[i] -= g[i] * multiplier;
+      for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * multiplier;
       return;
     }
     const float correction = 1.0f - (decoupled_weight_decay ? lr : multiplier) * weight_decay;
-    for (int64_t i = 0; i < dim; ++i) w[i] = correction * w[i] - g[i] * multiplier;
+    for (int64_t d = 0; d < dim; ++d) w[d] = correction * w[d] - g[d] * multiplier;
   }
 };
 
