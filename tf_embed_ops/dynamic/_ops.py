@@ -13,10 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _loader
-from tf_embed_ops.embedding_ops import FeatureInput, _combiners, _learning_rate_values, _serialized_config
+from tf_embed_ops.embedding_ops import (
+    FeatureInput,
+    _combiners,
+    _learning_rate_values,
+    _serialized_config,
+    checked_int,
+)
 
 __all__ = [
     "DynamicTableContents",
@@ -144,6 +151,8 @@ def _features(features, argument: str) -> list[FeatureInput]:
 
 
 def _step(step) -> tf.Tensor:
+    if isinstance(step, (int, np.integer)):
+        step = checked_int(step, "step")
     step = tf.convert_to_tensor(step)
     if not step.dtype.is_integer:
         raise ValueError(f"step: must be an integer, got {step.dtype.name}")
@@ -210,6 +219,22 @@ def dynamic_table_handle(
     Example:
       >>> h = dynamic_table_handle("users", dim=8, initial_capacity=1024, max_rows=1 << 20, shared_name="users")
     """
+    ints = {
+        argument: checked_int(value, argument)
+        for argument, value in (
+            ("dim", dim),
+            ("initial_capacity", initial_capacity),
+            ("max_rows", max_rows),
+            ("rows_per_chunk", rows_per_chunk),
+            ("seed", seed),
+            ("admission_min_count", admission_min_count),
+            ("max_pending_keys", max_pending_keys),
+            ("pending_ttl_steps", pending_ttl_steps),
+            ("eviction_max_rows", eviction_max_rows),
+            ("eviction_ttl_steps", eviction_ttl_steps),
+        )
+    }
+    widths = [checked_int(w, f"slot_widths[{i}]") for i, w in enumerate(slot_widths)]
     key_dtype = tf.as_dtype(key_dtype)
     if key_dtype not in (tf.int64, tf.string):
         raise ValueError(f"key_dtype: must be tf.int64 or tf.string, got {key_dtype.name}")
@@ -219,22 +244,13 @@ def dynamic_table_handle(
         raise ValueError(f"eviction: must be one of {EVICTION_POLICIES}, got {eviction!r}")
     return _ops().tf_embed_dynamic_table_handle(
         table_name=table_name,
-        dim=int(dim),
         key_dtype=key_dtype,
         slot_initial_values=[float(v) for v in slot_initial_values],
-        slot_widths=[int(w) for w in slot_widths],
-        initial_capacity=int(initial_capacity),
-        max_rows=int(max_rows),
-        rows_per_chunk=int(rows_per_chunk),
+        slot_widths=widths,
         initializer=initializer,
         initializer_params=[float(v) for v in initializer_params],
-        seed=int(seed),
-        admission_min_count=int(admission_min_count),
-        max_pending_keys=int(max_pending_keys),
-        pending_ttl_steps=int(pending_ttl_steps),
         eviction=eviction,
-        eviction_max_rows=int(eviction_max_rows),
-        eviction_ttl_steps=int(eviction_ttl_steps),
+        **ints,
         container=container,
         shared_name=shared_name,
         name=name,
@@ -363,7 +379,9 @@ def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableCo
     Example:
       >>> contents = dynamic_table_export(h, num_slots=1)
     """
-    out = _ops().tf_embed_dynamic_table_export(table=_handle(table, "table"), num_slots=int(num_slots), name=name)
+    out = _ops().tf_embed_dynamic_table_export(
+        table=_handle(table, "table"), num_slots=checked_int(num_slots, "num_slots", 0), name=name
+    )
     return DynamicTableContents(*out[:2], tuple(out[2]), *out[3:])
 
 
@@ -403,12 +421,13 @@ def dynamic_table_evict(table, step, policy: str, max_rows: int = 0, ttl_steps: 
     """
     if policy not in EVICTION_POLICIES[1:]:
         raise ValueError(f"policy: must be one of {EVICTION_POLICIES[1:]}, got {policy!r}")
+    max_rows, ttl_steps = checked_int(max_rows, "max_rows"), checked_int(ttl_steps, "ttl_steps")
     return _ops().tf_embed_dynamic_table_evict(
         table=_handle(table, "table"),
         step=_step(step),
         policy=policy,
-        max_rows=int(max_rows),
-        ttl_steps=int(ttl_steps),
+        max_rows=max_rows,
+        ttl_steps=ttl_steps,
         name=name,
     )
 
