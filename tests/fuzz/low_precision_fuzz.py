@@ -1,0 +1,165 @@
+"""16-bit fuzzer: the fused ops over bfloat16 / float16 tables and slots (the `ops` target's batches and
+corruptions, plus the rounding arguments: `rounding`, `rounding_step`, `rounding_seed`), and `te.TPUEmbedding`
+with 16-bit `te.TableConfig`s (stochastic and nearest rounding) fed corrupted training steps and lookups.
+
+Checks per call, as the other targets: no crash or hang; a rejection is a documented error and leaves every
+table, slot and the rounding-step counter bitwise unchanged; a lookup changes nothing; certainly invalid input
+(an out-of-range id, a bad learning rate, a rounding step < 0 or outside int64, a seed outside int64, an unknown
+rounding) is never accepted.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tf_embed_ops as te
+from tf_embed_ops import embedding_ops as eo
+
+from . import _front, ops_fuzz
+from ._harness import Budget, Report, Watchdog
+
+_emb = tf.tpu.experimental.embedding
+FEATURES = {"b": (16, 4, "static"), "h": (12, 2, "static")}
+DTYPES = (tf.bfloat16, tf.float16)
+
+
+class _State16(ops_fuzz._State):
+    def __init__(self, rng: np.random.Generator):
+        super().__init__(rng)
+        picks = np.random.default_rng(int(rng.integers(1 << 30)))
+        self.dtypes = [DTYPES[int(picks.integers(2))] for _ in self.tables]
+        self.tables = [tf.Variable(tf.cast(t, dtype)) for t, dtype in zip(self.tables, self.dtypes, strict=True)]
+        self.slots = [[tf.Variable(tf.cast(s, DTYPES[int(picks.integers(2))])) for s in per] for per in self.slots]
+
+
+def _rounding(call: dict, rng: random.Random) -> tuple[str, bool]:
+    choice = rng.randrange(4)
+    if choice == 0:
+        call["rounding"] = rng.choice([["up", "nearest"], ["nearest"], ["nearest"] * 3, ["", ""]])
+        return "rounding", True
+    if choice == 1:
+        step = rng.choice([-1, -(2**63), 2**63, 2**64, tf.constant(-2, tf.int64), np.array([1, 2]), 1.5, None])
+        call["rounding_step"] = step
+        stochastic = "stochastic" in call["rounding"]
+        certain = step is not None or stochastic
+        if isinstance(step, np.ndarray):
+            certain = True
+        return "rounding_step", certain
+    if choice == 2:
+        call["rounding_seed"] = rng.choice([2**64, 2**63, -(2**63) - 1, 1.5, True, "1"])
+        return "rounding_seed", True
+    call["rounding"] = ["stochastic", "stochastic"]
+    call["rounding_step"] = None
+    return "stochastic_without_step", True
+
+
+def _op_input(state: _State16, rng: random.Random) -> tuple[callable, list[str], bool, bool]:
+    call = ops_fuzz._make_call(state, rng)
+    call["rounding"] = [rng.choice(["stochastic", "nearest"]) for _ in state.tables]
+    call["rounding_step"] = rng.randrange(0, 2**62)
+    call["rounding_seed"] = rng.randrange(-(2**63), 2**63)
+    names, certain = [], False
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        name, sure = ops_fuzz._corrupt(call, rng) if rng.random() < 0.6 else _rounding(call, rng)
+        names.append(name)
+        certain = certain or sure
+    forward = rng.random() < 0.3
+    if forward:
+        # The forward op takes no rounding argument and no learning rate: only the feature corruptions count.
+        certain = any(n in ("row_split", "id_range") for n in names) and "dtype" not in names
+    else:
+        certain = certain or call.get("bad_learning_rate", False)
+        certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
+
+    def run():
+        feats = [eo.FeatureInput(*f) for f in call["features"]]
+        if forward:
+            eo.embedding_activations(feats, call["tables"], state.config, call["combiners"])
+        else:
+            eo.send_tpu_embedding_gradients(
+                call["grads"],
+                call["lrs"],
+                feats,
+                call["tables"],
+                call["slots"],
+                state.config,
+                call["combiners"],
+                check_numerics=call["check_numerics"],
+                rounding=call["rounding"],
+                rounding_step=call["rounding_step"],
+                rounding_seed=call["rounding_seed"],
+            )
+
+    return run, names, certain, forward
+
+
+def _embedding(rng: random.Random):
+    tables = {
+        n: te.TableConfig(
+            v,
+            d,
+            name=n,
+            storage_dtype=rng.choice(DTYPES),
+            slot_storage_dtype=rng.choice([None, tf.float32, *DTYPES]),
+            rounding=rng.choice(["stochastic", "nearest"]),
+            initializer=tf.random_uniform_initializer(-1, 1, seed=1),
+        )
+        for n, (v, d, _) in FEATURES.items()
+    }
+    features = {n: _emb.FeatureConfig(t, name=n) for n, t in tables.items()}
+    emb = te.TPUEmbedding(features, te.optimizers.Adam(0.05), check_numerics=True)
+    emb.build(_front.BATCH)
+    return emb
+
+
+def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
+    rng = random.Random(seed)
+    state = _State16(np.random.default_rng(seed))
+    emb = _embedding(rng)
+    report = Report("low_precision", seed)
+    budget = Budget(seconds, max_inputs)
+    start = time.monotonic()
+    with Watchdog() as watchdog:
+        while budget.more():
+            budget.count += 1
+            watchdog.kick()
+            kind = rng.random()
+            if kind < 0.35:
+                call, names, certain = _front.make_step(FEATURES, rng)
+                accepted = _front.run_step(emb, call, report, names, certain)
+                report.bump("front_step")
+            elif kind < 0.45:
+                call, names, _ = _front.make_step(FEATURES, rng)
+                accepted = _front.run_lookup(emb, call, report, names)
+                report.bump("front_lookup")
+            else:
+                if budget.count % 500 == 0:
+                    state.reset(np.random.default_rng(budget.count))
+                fn, names, certain, forward = _op_input(state, rng)
+                before = state.snapshot()
+                try:
+                    fn()
+                    accepted = True
+                except ops_fuzz.EXPECTED:
+                    accepted = False
+                except Exception as e:
+                    report.fail(f"{type(e).__name__}: {e}", names)
+                    accepted = False
+                changed = state.snapshot() != before
+                if accepted and certain:
+                    report.fail("certainly invalid input was accepted", names)
+                if (not accepted or forward) and changed:
+                    report.fail("a rejected call or the forward op changed a variable", (names, forward))
+            for name in names:
+                report.bump(name)
+            if accepted:
+                report.accepted += 1
+            else:
+                report.rejected += 1
+    report.inputs = budget.count
+    report.seconds = time.monotonic() - start
+    return report
