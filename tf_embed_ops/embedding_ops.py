@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _loader
+from tf_embed_ops import _loader, update_trigger
 
 __all__ = [
     "FeatureInput",
@@ -430,37 +430,20 @@ def embedding_lookup_and_update(
     tables = list(tables)
     slots = [list(s) for s in slots]
     rates = list(learning_rates or [])
-    trigger = tf.zeros([], tf.float32) if trigger is None else tf.convert_to_tensor(trigger, tf.float32)
+    trigger = tf.zeros([], tf.float32) if trigger is None else trigger
 
-    @tf.custom_gradient
-    def lookup(trigger_value):
-        # custom_gradient itself links the outputs to `trigger_value` on the tape (eager record / graph
-        # IdentityN), so no arithmetic on the trigger is needed.
-        acts = embedding_activations(feats, tables, config, combiners)
+    def update(gradients: list) -> tf.Tensor:
+        extra = rounding_arguments() if rounding_arguments is not None else {}
+        op = send_tpu_embedding_gradients(
+            gradients, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
+        )
+        if after_update is not None:
+            after_update([op])
+        return update_trigger.probe_after([op], tables[0])
 
-        def grad(*upstream):
-            dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-            extra = rounding_arguments() if rounding_arguments is not None else {}
-            update = send_tpu_embedding_gradients(
-                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
-            )
-            if after_update is not None:
-                after_update([update])
-            deps = [] if update is None else [update]
-            with tf.control_dependencies(deps):
-                # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,
-                # Grappler drops the edge and the update never runs (measured). The zero is instead computed
-                # from a table value read after the update (multiply_no_nan: exactly 0 even for inf/NaN), so
-                # the update is a data dependency of the trigger's gradient.
-                # One element through a sparse read: the fused ops put the variables in copy-on-read mode
-                # (as TF's sparse apply ops do), where ReadVariableOp copies the whole table every step.
-                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tables[0].dtype)[0]
-                probe = tf.cast(probe, tf.float32)  # a 16-bit table's element (a no-op for float32)
-                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
-
-        return acts, grad
-
-    return lookup(trigger)
+    return update_trigger.hang_update_on_trigger(
+        trigger, lambda: embedding_activations(feats, tables, config, combiners), update
+    )
 
 
 def adam_bias_corrected_learning_rate(

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, embedding_ops, update_trigger
 from tf_embed_ops.config._resolve import resolve_tables
 from tf_embed_ops.dynamic import _ops as dynamic_ops
 from tf_embed_ops.dynamic import config as config_lib
@@ -228,20 +228,11 @@ class DynamicGroup:
         """Training lookup whose backward pass runs the fused update (for Keras' train step; see
         `embedding_ops.embedding_lookup_and_update`, the static counterpart): the gradient of `trigger` is a zero
         computed from the step the update advanced, so the update is on its data path."""
-        trigger = tf.convert_to_tensor(trigger, tf.float32)
-
-        @tf.custom_gradient
-        def lookup(trigger_value):
-            acts = self.lookup(inputs, training=True)
-
-            def grad(*upstream):
-                dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-                step = tf.cast(self.send_gradients(dys, inputs), tf.float32)
-                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(step, tf.zeros([], tf.float32))
-
-            return acts, grad
-
-        return lookup(trigger)
+        return update_trigger.hang_update_on_trigger(
+            trigger,
+            lambda: self.lookup(inputs, training=True),
+            lambda gradients: self.send_gradients(gradients, inputs),
+        )
 
     # ------------------------------------------------------------------ sharded tables
 
