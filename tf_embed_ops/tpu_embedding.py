@@ -61,7 +61,7 @@ def _from_keras(optimizer: Any, table: Any) -> Any:
     # A Keras optimizer or its string name becomes its TPU optimizer (Keras is imported only for those).
     keras = sys.modules.get("keras")  # a Keras optimizer object implies Keras is imported
     if isinstance(optimizer, str) or (keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)):
-        from tf_embed_ops.keras import optimizer_mapping  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops import optimizer_mapping  # pylint: disable=import-outside-toplevel
 
         return optimizer_mapping.to_table_optimizer(optimizer, table)
     return optimizer
@@ -160,11 +160,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self._config_proto = None
         self._pending = None
 
-    def _split_dynamic_tables(self, flat_features: list, shard_devices: Any = None) -> Any:
+    def _split_dynamic_tables(
+        self, flat_features: list, shard_devices: Any = None, partition_by_key: Callable | None = None
+    ) -> Any:
         """Hands the features over `DynamicTableConfig`s to a `dynamic.engine.DynamicGroup`; the static
         machinery (variables, `config_proto`, `lookup`, `send_gradients`, learning-rate tags) then covers only the
         static features. Returns None, changing nothing, when there is no dynamic table."""
-        group = dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices)
+        group = dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
         if group is not None:
             static = [flat_features[i] for i in group.static_positions]
             self._table_config = [t for t in self._table_config if not dynamic_config.is_dynamic(t)]

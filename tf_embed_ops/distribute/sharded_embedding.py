@@ -172,7 +172,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
         if self._dynamic is not None:
             # Dynamic tables are sharded by key over the same servers (shard_of_keys; docs/dynamic_tables.md).
-            self._dynamic = self._split_dynamic_tables(tf.nest.flatten(feature_config), self._devices)
+            self._dynamic = self._split_dynamic_tables(
+                tf.nest.flatten(feature_config), self._devices, partition.partition_feature_by_key
+            )
         self._plans = None
         self._partition_cache = None
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain

@@ -77,9 +77,18 @@ class DynamicGroup:
       shard_devices: None for unsharded tables; else one device per shard: each table has one `DynamicTable`
         per shard, created on that device, holding the keys `shard_of_keys` assigns to it, and the lookup and
         update of those keys run there.
+      partition_by_key: with `shard_devices`, splits one feature's keys over the shards:
+        `partition_by_key(feature_input, combiner, num_shards) -> [FeatureInput per shard]` (the sharded
+        front end passes `distribute.partition.partition_feature_by_key`).
     """
 
-    def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None):
+    def __init__(
+        self,
+        flat_features: Sequence[Any],
+        check_numerics: bool = False,
+        shard_devices=None,
+        partition_by_key: Callable[[Any, str, int], list] | None = None,
+    ):
         self.positions = [i for i, f in enumerate(flat_features) if config_lib.is_dynamic(f.table)]
         self.static_positions = [i for i, f in enumerate(flat_features) if not config_lib.is_dynamic(f.table)]
         self.features = [flat_features[i] for i in self.positions]
@@ -88,17 +97,26 @@ class DynamicGroup:
         self.learning_rates = list(resolved.learning_rates)
         self._check_numerics = bool(check_numerics)
         self._shard_devices = list(shard_devices) if shard_devices else None
+        if self._shard_devices is not None and partition_by_key is None:
+            raise ValueError("DynamicGroup: sharded tables (shard_devices) need a `partition_by_key` function.")
+        self._partition_by_key = partition_by_key
         self._tables: list[list[Any]] | None = None  # [table][shard]
         self._objects: list[Any] = []
         self._serialized = None
 
     @classmethod
-    def of(cls, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None) -> DynamicGroup | None:
+    def of(
+        cls,
+        flat_features: Sequence[Any],
+        check_numerics: bool = False,
+        shard_devices=None,
+        partition_by_key: Callable[[Any, str, int], list] | None = None,
+    ) -> DynamicGroup | None:
         """The group of `flat_features`' dynamic features, or None when there is none (the static path then runs
         exactly as without dynamic tables)."""
         if not any(config_lib.is_dynamic(f.table) for f in flat_features):
             return None
-        return cls(flat_features, check_numerics, shard_devices)
+        return cls(flat_features, check_numerics, shard_devices, partition_by_key)
 
     @property
     def check_numerics(self) -> bool:
@@ -237,16 +255,12 @@ class DynamicGroup:
     # ------------------------------------------------------------------ sharded tables
 
     def _shard_inputs(self, inputs: list) -> list[list[embedding_ops.FeatureInput]]:
-        """Per shard, the group's features restricted to the keys that shard holds (`partition_feature_by_key`:
-        weights pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum",
-        their activations add up to the unsharded one and each key gets the unsharded gradient)."""
-        from tf_embed_ops.distribute import partition  # pylint: disable=import-outside-toplevel
-
+        """Per shard, the group's features restricted to the keys that shard holds (`partition_by_key`: weights
+        pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum", their
+        activations add up to the unsharded one and each key gets the unsharded gradient)."""
         per_shard: list[list[embedding_ops.FeatureInput]] = [[] for _ in range(self.num_shards)]
         for feature, inp in zip(self.features, inputs, strict=True):
-            for index, part in enumerate(
-                partition.partition_feature_by_key(inp, feature.table.combiner, self.num_shards)
-            ):
+            for index, part in enumerate(self._partition_by_key(inp, feature.table.combiner, self.num_shards)):
                 per_shard[index].append(part)
         return per_shard
 

@@ -37,21 +37,8 @@ def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[
     Raises:
       ValueError: on a structure, rank, kind or weight mismatch (naming the feature).
     """
-    features_lib.check_feature_keys(feature_config, features, "features")
-    try:
-        tf.nest.assert_same_structure(feature_config, features)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"Argument `features` must have the structure of `feature_config`: {e}") from e
-    flat_features = tf.nest.flatten(features)
-    if weights is None:
-        flat_weights = [None] * len(flat_features)
-    else:
-        features_lib.check_feature_keys(feature_config, weights, "weights")
-        try:
-            tf.nest.assert_same_structure(feature_config, weights)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"Argument `weights` must have the structure of `feature_config`: {e}") from e
-        flat_weights = tf.nest.flatten(weights)
+    flat_features = _flatten_like(feature_config, features, "features")
+    flat_weights = [None] * len(flat_features) if weights is None else _flatten_like(feature_config, weights, "weights")
 
     inputs, shapes = [], []
     paths_and_configs = features_lib.flatten_with_paths(feature_config)
@@ -102,6 +89,16 @@ def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[
         inputs.append(normalized)
         shapes.append(features_lib.output_shape(inp.shape, feature, not isinstance(inp, tf.Tensor)))
     return inputs, shapes
+
+
+def _flatten_like(feature_config: Any, given: Any, argument: str) -> list:
+    """`given` flattened, once it has the structure of `feature_config` (else a ValueError naming `argument`)."""
+    features_lib.check_feature_keys(feature_config, given, argument)
+    try:
+        tf.nest.assert_same_structure(feature_config, given)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Argument `{argument}` must have the structure of `feature_config`: {e}") from e
+    return tf.nest.flatten(given)
 
 
 def output_shape_positions(path: str, inp: Any, feature: Any) -> int:
