@@ -57,7 +57,7 @@ class _DeviceAnchor(NamedTuple):
     name: str
 
 
-def _place_variables_on(device: str | None):
+def place_variables_on(device: str | None):
     """A variable-creator scope that asks the active strategy to put new variables on `device`.
 
     ParameterServerStrategy ignores `tf.device` (it places variables round-robin) but honours `colocate_with`;
@@ -245,7 +245,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         shards = []
         for p in range(len(bounds) - 1):
             shape = (bounds[p + 1] - bounds[p], dim)
-            with tf.device(self._devices[p]), _place_variables_on(self._devices[p]):
+            with tf.device(self._devices[p]), place_variables_on(self._devices[p]):
                 shards.append(
                     tf.Variable(
                         initial_value=functools.partial(initializer, shape, dtype=dtype),
