@@ -20,8 +20,8 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, embedding_ops, update_trigger
 from tf_embed_ops.config._resolve import resolve_tables
-from tf_embed_ops.dynamic import _ops as dynamic_ops
 from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic import ops as dynamic_ops
 
 __all__ = ["DynamicGroup", "normalize_dynamic_feature"]
 
