@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops, table_config
+from tf_embed_ops import _restore_check, _tf_compat, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops.config._resolve import resolve_tables
@@ -235,6 +235,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             if self._dynamic is not None:
                 self._dynamic.build(self)
         self._built = True
+
+    def _checkpoint_adapter(self, path: str) -> None:
+        """TensorFlow's hook before any child is restored: checks every table's checkpoint data, so a refused
+        restore changes no table (`_restore_check`). Returns None: no resharding."""
+        _restore_check.validate(self, path)
+        return None
 
     def _maybe_build(self) -> None:
         if not self._built:
