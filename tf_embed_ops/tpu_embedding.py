@@ -32,12 +32,13 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _restore_check, _tf_compat, embedding_ops, table_config
+from tf_embed_ops import _tf_compat, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops.config._resolve import resolve_tables
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
+from tf_embed_ops.engine import checkpoint as checkpoint_lib
 from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import update as update_lib
@@ -238,8 +239,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     def _checkpoint_adapter(self, path: str) -> None:
         """TensorFlow's hook before any child is restored: checks every table's checkpoint data, so a refused
-        restore changes no table (`_restore_check`). Returns None: no resharding."""
-        _restore_check.validate(self, path)
+        restore changes no table (`engine.checkpoint`). Returns None: no resharding."""
+        checkpoint_lib.validate(self, path)
         return None
 
     def _maybe_build(self) -> None:
