@@ -35,7 +35,6 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
-from tf_embed_ops.config._resolve import resolve_tables
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.engine import checkpoint as checkpoint_lib
@@ -131,7 +130,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self._output_shapes = [tf.TensorShape(f.output_shape) for f in flat_features]
 
         # Table order, names and learning-rate tags as TensorFlow numbers them (one resolver for every front end).
-        resolved = resolve_tables(flat_features, optimizer)
+        resolved = config_lib.resolve_tables(flat_features, optimizer)
         self._table_config = list(resolved.tables)
         for i, (table, name) in enumerate(zip(self._table_config, resolved.names, strict=True)):
             # TensorFlow writes the global optimizer and the `table_{i}` name into the TableConfig itself; so do
@@ -154,7 +153,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
         # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
         # in), exactly as `from_feature_config` will resolve them for the config proto.
-        self._dynamic_learning_rates = list(resolve_tables(flat_features).learning_rates)
+        self._dynamic_learning_rates = list(config_lib.resolve_tables(flat_features).learning_rates)
         self._dynamic = self._split_dynamic_tables(flat_features)
 
         self._built = False
@@ -171,7 +170,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         if group is not None:
             static = [flat_features[i] for i in group.static_positions]
             self._table_config = [t for t in self._table_config if not dynamic_config.is_dynamic(t)]
-            self._dynamic_learning_rates = list(resolve_tables(static).learning_rates)
+            self._dynamic_learning_rates = list(config_lib.resolve_tables(static).learning_rates)
         return group
 
     @property

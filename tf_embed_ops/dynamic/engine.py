@@ -19,7 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, embedding_ops, update_trigger
-from tf_embed_ops.config._resolve import resolve_tables
+from tf_embed_ops import config as te_config
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
 
@@ -92,7 +92,7 @@ class DynamicGroup:
         self.positions = [i for i, f in enumerate(flat_features) if config_lib.is_dynamic(f.table)]
         self.static_positions = [i for i, f in enumerate(flat_features) if not config_lib.is_dynamic(f.table)]
         self.features = [flat_features[i] for i in self.positions]
-        resolved = resolve_tables(self.features)
+        resolved = te_config.resolve_tables(self.features)
         self.table_configs = list(resolved.tables)
         self.learning_rates = list(resolved.learning_rates)
         self._check_numerics = bool(check_numerics)
