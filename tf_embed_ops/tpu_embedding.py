@@ -450,7 +450,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         pending = self._take_pending("apply_gradients")
         if not pending.training:
             raise RuntimeError("apply_gradients called after enqueue(..., training=False): the batch is inference.")
-        update_lib.check_trainable(self._table_config)
+        table_config.check_trainable(self._table_config)
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
             learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]

@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops, update_trigger
+from tf_embed_ops import _tf_compat, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
@@ -188,12 +188,7 @@ class DynamicGroup:
         return [t.combiner for t in self.table_configs]
 
     def check_trainable(self) -> None:
-        for table in self.table_configs:
-            if table.optimizer is None:
-                raise RuntimeError(
-                    f"Table {table.name!r} has no optimizer (neither DynamicTableConfig.optimizer nor the global "
-                    "one); it can be looked up but not trained."
-                )
+        table_config.check_trainable(self.table_configs, "DynamicTableConfig")
 
     # ------------------------------------------------------------------ ops
 

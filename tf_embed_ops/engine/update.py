@@ -1,4 +1,4 @@
-"""The update's parts: which tables may train, the gradients the fused op takes, and the 16-bit rounding step.
+"""The update's parts: the gradients the fused op takes, and the 16-bit rounding step.
 
 `gradients_for_send` turns a nest of activation gradients into the op's form (TensorFlow's checks and warning;
 a None gradient is a zero; `output_shape` undone); `rounding_arguments` / `advance_rounding_step` give the send
@@ -17,17 +17,7 @@ from tf_embed_ops import features as features_lib
 from tf_embed_ops import table_config
 from tf_embed_ops.engine import lookup
 
-__all__ = ["advance_rounding_step", "check_trainable", "gradients_for_send", "rounding_arguments"]
-
-
-def check_trainable(tables: Sequence[Any], config_name: str = "TableConfig") -> None:
-    """Raises RuntimeError naming the first table without an optimizer (it can be looked up, not trained)."""
-    for table in tables:
-        if table.optimizer is None:
-            raise RuntimeError(
-                f"Table {table.name!r} has no optimizer (neither {config_name}.optimizer nor the global one); "
-                "it can be looked up but not trained."
-            )
+__all__ = ["advance_rounding_step", "gradients_for_send", "rounding_arguments"]
 
 
 def gradients_for_send(feature_config: Any, gradients: Any, inputs: Sequence[Any]) -> list:
