@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tests.embedding_test_util import make_config
 from tf_embed_ops import embedding_ops as eo
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 BAD_INT64 = [2**64, 2**63, -(2**63) - 1, 1.5, True, "3", None]
 

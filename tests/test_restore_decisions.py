@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tests.dynamic.state_util import DynamicTable, config, content
-from tests.test_restore_atomic import _assert_same, _dynamic_tensors, _embedding, _seed_state, _state, _Tensors
+from tests.restore_support import Tensors, assert_same, dynamic_tensors, embedding, seed_state, state
 from tf_embed_ops.dynamic import FrequencyAdmission
 
 _emb = tf.tpu.experimental.embedding
@@ -49,9 +49,9 @@ def test_admission_counters_a_table_cannot_hold_are_refused_by_import_and_restor
     with pytest.raises(ValueError, match=rf"DynamicTable 'users': import_: the content {match}"):
         table.import_([1, 2], np.zeros([2, 4], np.float32), **_pending(n))
     # The same counters in a checkpoint.
-    tensors = dict(_dynamic_tensors(2, seed=1), **_pending(n))
+    tensors = dict(dynamic_tensors(2, seed=1), **_pending(n))
     tensors["slots"] = np.ones([2, 4], np.float32)
-    path = tf.train.Checkpoint(t=_Tensors({k: tf.constant(v) for k, v in tensors.items()})).write(str(tmp_path / "c"))
+    path = tf.train.Checkpoint(t=Tensors({k: tf.constant(v) for k, v in tensors.items()})).write(str(tmp_path / "c"))
     with pytest.raises(ValueError, match=rf"DynamicTable 'users': restore: the checkpoint {match}"):
         tf.train.Checkpoint(t=table).read(path)
     for k, v in before.items():
@@ -95,7 +95,7 @@ def test_a_negative_rounding_step_in_a_checkpoint_is_refused(tmp_path):
 @pytest.mark.parametrize("keep", [0.5, 0.98])
 def test_a_truncated_checkpoint_changes_nothing(tmp_path, which, keep):
     names = ("s", "a", "b")
-    emb = _embedding(names)
+    emb = embedding(names)
     for cfg, table in emb.dynamic_tables.items():
         table.import_(np.arange(20), np.full([20, 4], float(len(cfg.name)), np.float32))
     path = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "ckpt"))
@@ -103,11 +103,11 @@ def test_a_truncated_checkpoint_changes_nothing(tmp_path, which, keep):
     data = open(file, "rb").read()
     with open(file, "wb") as f:
         f.write(data[: int(len(data) * keep)])
-    target = _embedding(names)
-    _seed_state(target)
-    before = _state(target)
+    target = embedding(names)
+    seed_state(target)
+    before = state(target)
     # TensorFlow's own reader fails first (the object graph is read before any object): IndexError "Read less
     # bytes than requested" for a data file, an OpError for the index.
     with pytest.raises((IndexError, tf.errors.OpError, ValueError)):
         tf.train.Checkpoint(embedding=target).read(path)
-    _assert_same(_state(target), before)
+    assert_same(state(target), before)

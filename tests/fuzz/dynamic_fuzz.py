@@ -20,8 +20,8 @@ import tensorflow as tf
 import tf_embed_ops as te
 from tf_embed_ops._tf_compat import trackable_base
 from tf_embed_ops.dynamic import FrequencyAdmission
-from tf_embed_ops.dynamic import _ops as dyn
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.dynamic import ops as dyn
 from tf_embed_ops.embedding_ops import FeatureInput
 
 from . import _front

@@ -27,7 +27,7 @@ FEATURES = {"b": (16, 4, "static"), "h": (12, 2, "static")}
 DTYPES = (tf.bfloat16, tf.float16)
 
 
-class _State16(ops_fuzz._State):
+class _State16(ops_fuzz.State):
     def __init__(self, rng: np.random.Generator):
         super().__init__(rng)
         picks = np.random.default_rng(int(rng.integers(1 << 30)))
@@ -58,13 +58,13 @@ def _rounding(call: dict, rng: random.Random) -> tuple[str, bool]:
 
 
 def _op_input(state: _State16, rng: random.Random) -> tuple[callable, list[str], bool, bool]:
-    call = ops_fuzz._make_call(state, rng)
+    call = ops_fuzz.make_call(state, rng)
     call["rounding"] = [rng.choice(["stochastic", "nearest"]) for _ in state.tables]
     call["rounding_step"] = rng.randrange(0, 2**62)
     call["rounding_seed"] = rng.randrange(-(2**63), 2**63)
     names, certain = [], False
     for _ in range(rng.choice([0, 1, 1, 2])):
-        name, sure = ops_fuzz._corrupt(call, rng) if rng.random() < 0.6 else _rounding(call, rng)
+        name, sure = ops_fuzz.corrupt(call, rng) if rng.random() < 0.6 else _rounding(call, rng)
         names.append(name)
         certain = certain or sure
     forward = rng.random() < 0.3

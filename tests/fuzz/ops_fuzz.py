@@ -28,7 +28,7 @@ HUGE = [2**62, 2**63 - 1, -(2**63), 2**31, 2**40, -1]
 EXPECTED = (tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError, ValueError, TypeError)
 
 
-class _State:
+class State:
     def __init__(self, rng: np.random.Generator):
         self.config = make_config(
             [{"name": n, "vocab": v, "dim": d, "opt": o, "lr": lr} for n, v, d, o, lr in TABLES], FEATURES
@@ -80,7 +80,7 @@ def _valid_feature(rng: random.Random, vocab: int):
     return indices, ids, weights.astype(np.float32), np.array(shape, np.int64)
 
 
-def _corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
+def corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
     """Applies one corruption; returns its name and whether the call is then certainly invalid."""
     f = rng.randrange(len(call["features"]))
     splits, ids, weights, shape = call["features"][f]
@@ -159,7 +159,7 @@ def _corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
     return name, certain
 
 
-def _make_call(state: _State, rng: random.Random) -> dict:
+def make_call(state: State, rng: random.Random) -> dict:
     features, grads = [], []
     for _, table_id, _ in FEATURES:
         _, vocab, dim, _, _ = TABLES[table_id]
@@ -201,7 +201,7 @@ def _run_call(call: dict, config: bytes, forward: bool) -> None:
 
 def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
     rng = random.Random(seed)
-    state = _State(np.random.default_rng(seed))
+    state = State(np.random.default_rng(seed))
     report = Report("ops", seed)
     budget = Budget(seconds, max_inputs)
     start = time.monotonic()
@@ -211,10 +211,10 @@ def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
             watchdog.kick()
             if budget.count % 500 == 0:
                 state.reset(np.random.default_rng(budget.count))
-            call = _make_call(state, rng)
+            call = make_call(state, rng)
             names, certain = [], False
             for _ in range(rng.choice([0, 1, 1, 1, 2, 3])):
-                name, sure = _corrupt(call, rng)
+                name, sure = corrupt(call, rng)
                 names.append(name)
                 certain = certain or sure
             forward = rng.random() < 0.4

@@ -6,7 +6,7 @@
 would leave the table unusable: missing tensors, dtypes, shapes, a step that is not a scalar >= 0, counts and
 steps out of range, duplicate keys, rows or admission counters beyond what a shard may hold, admission counters
 for a table that does not count. It runs both from a table's own restore and from `te.TPUEmbedding`'s, which
-checks every table before it lets TensorFlow write any (tf_embed_ops/_restore_check.py).
+checks every table before it lets TensorFlow write any (tf_embed_ops/engine/checkpoint.py).
 """
 
 from __future__ import annotations

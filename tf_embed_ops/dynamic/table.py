@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic import _ops, checkpoint_check
+from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.sharding import shard_of_keys
 
 __all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "restrict_to_shard"]
