@@ -10,9 +10,9 @@ non-scalar step, duplicate keys, a table over max_rows, a corrupted checkpoint, 
 
 from __future__ import annotations
 
+import functools
 import random
 import tempfile
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -25,7 +25,7 @@ from tf_embed_ops.dynamic import ops as dyn
 from tf_embed_ops.embedding_ops import FeatureInput
 
 from . import _front
-from ._harness import Budget, Report, Watchdog
+from ._harness import Report, check_call, drive
 
 _emb = tf.tpu.experimental.embedding
 FEATURES = {"s": (16, 4, "static"), "d": (24, 4, "int"), "w": (10, 2, "string")}
@@ -232,45 +232,21 @@ class _Target:
 def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
     target = _Target(seed)
     rng = target.rng
-    report = Report("dynamic", seed)
-    budget = Budget(seconds, max_inputs)
-    start = time.monotonic()
-    with Watchdog() as watchdog:
-        while budget.more():
-            budget.count += 1
-            watchdog.kick()
-            kind = rng.random()
-            if kind < 0.3:
-                call, names, certain = _front.make_step(FEATURES, rng)
-                accepted = _front.run_step(target.emb, call, report, names, certain)
-                report.bump("front_step")
-            elif kind < 0.4:
-                call, names, _ = _front.make_step(FEATURES, rng)
-                accepted = _front.run_lookup(target.emb, call, report, names)
-                report.bump("front_lookup")
-            else:
-                fn, names, certain, read_only = target.op_call() if kind < 0.7 else target.table_call()
-                before = _front.snapshot(target.emb)
-                try:
-                    fn()
-                    accepted = True
-                except _front.EXPECTED:
-                    accepted = False
-                except Exception as e:
-                    report.fail(f"{type(e).__name__}: {e}", names)
-                    accepted = False
-                changed = _front.snapshot(target.emb) != before
-                if accepted and certain:
-                    report.fail("certainly invalid input was accepted", names)
-                if (not accepted or read_only) and changed:
-                    report.fail("a rejected or read-only call changed the state", names)
-            for name in names:
-                report.bump(name)
-            if accepted:
-                report.accepted += 1
-            else:
-                report.rejected += 1
-    report.inputs = budget.count
-    report.seconds = time.monotonic() - start
+
+    def one_input(_index: int, report: Report) -> tuple[list, bool]:
+        kind = rng.random()
+        if kind < 0.3:
+            call, names, certain = _front.make_step(FEATURES, rng)
+            report.bump("front_step")
+            return names, _front.run_step(target.emb, call, report, names, certain)
+        if kind < 0.4:
+            call, names, _ = _front.make_step(FEATURES, rng)
+            report.bump("front_lookup")
+            return names, _front.run_lookup(target.emb, call, report, names)
+        fn, names, certain, read_only = target.op_call() if kind < 0.7 else target.table_call()
+        snapshot = functools.partial(_front.snapshot, target.emb)
+        return names, check_call(report, fn, snapshot, names, certain, read_only, _front.EXPECTED)
+
+    report = drive("dynamic", seconds, seed, max_inputs, one_input)
     target.tmp.cleanup()
     return report

@@ -11,16 +11,14 @@ rounding) is never accepted.
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
-from tf_embed_ops import embedding_ops as eo
 
 from . import _front, ops_fuzz
-from ._harness import Budget, Report, Watchdog
+from ._harness import Report, check_call, drive
 
 _emb = tf.tpu.experimental.embedding
 FEATURES = {"b": (16, 4, "static"), "h": (12, 2, "static")}
@@ -75,24 +73,10 @@ def _op_input(state: _State16, rng: random.Random) -> tuple[callable, list[str],
         certain = certain or call.get("bad_learning_rate", False)
         certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
 
+    call["rounding_kwargs"] = {k: call[k] for k in ("rounding", "rounding_step", "rounding_seed")}
+
     def run():
-        feats = [eo.FeatureInput(*f) for f in call["features"]]
-        if forward:
-            eo.embedding_activations(feats, call["tables"], state.config, call["combiners"])
-        else:
-            eo.send_tpu_embedding_gradients(
-                call["grads"],
-                call["lrs"],
-                feats,
-                call["tables"],
-                call["slots"],
-                state.config,
-                call["combiners"],
-                check_numerics=call["check_numerics"],
-                rounding=call["rounding"],
-                rounding_step=call["rounding_step"],
-                rounding_seed=call["rounding_seed"],
-            )
+        ops_fuzz.run_call(call, state.config, forward)
 
     return run, names, certain, forward
 
@@ -120,46 +104,20 @@ def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
     rng = random.Random(seed)
     state = _State16(np.random.default_rng(seed))
     emb = _embedding(rng)
-    report = Report("low_precision", seed)
-    budget = Budget(seconds, max_inputs)
-    start = time.monotonic()
-    with Watchdog() as watchdog:
-        while budget.more():
-            budget.count += 1
-            watchdog.kick()
-            kind = rng.random()
-            if kind < 0.35:
-                call, names, certain = _front.make_step(FEATURES, rng)
-                accepted = _front.run_step(emb, call, report, names, certain)
-                report.bump("front_step")
-            elif kind < 0.45:
-                call, names, _ = _front.make_step(FEATURES, rng)
-                accepted = _front.run_lookup(emb, call, report, names)
-                report.bump("front_lookup")
-            else:
-                if budget.count % 500 == 0:
-                    state.reset(np.random.default_rng(budget.count))
-                fn, names, certain, forward = _op_input(state, rng)
-                before = state.snapshot()
-                try:
-                    fn()
-                    accepted = True
-                except ops_fuzz.EXPECTED:
-                    accepted = False
-                except Exception as e:
-                    report.fail(f"{type(e).__name__}: {e}", names)
-                    accepted = False
-                changed = state.snapshot() != before
-                if accepted and certain:
-                    report.fail("certainly invalid input was accepted", names)
-                if (not accepted or forward) and changed:
-                    report.fail("a rejected call or the forward op changed a variable", (names, forward))
-            for name in names:
-                report.bump(name)
-            if accepted:
-                report.accepted += 1
-            else:
-                report.rejected += 1
-    report.inputs = budget.count
-    report.seconds = time.monotonic() - start
-    return report
+
+    def one_input(index: int, report: Report) -> tuple[list, bool]:
+        kind = rng.random()
+        if kind < 0.35:
+            call, names, certain = _front.make_step(FEATURES, rng)
+            report.bump("front_step")
+            return names, _front.run_step(emb, call, report, names, certain)
+        if kind < 0.45:
+            call, names, _ = _front.make_step(FEATURES, rng)
+            report.bump("front_lookup")
+            return names, _front.run_lookup(emb, call, report, names)
+        if index % 500 == 0:
+            state.reset(np.random.default_rng(index))
+        fn, names, certain, forward = _op_input(state, rng)
+        return names, check_call(report, fn, state.snapshot, names, certain, forward, ops_fuzz.EXPECTED)
+
+    return drive("low_precision", seconds, seed, max_inputs, one_input)
