@@ -64,14 +64,20 @@ class _KeysToRows(tf.lookup.KeyValueTensorInitializer):
     SavedModel restores variables before it initialises tables, so the variable holds the keys by then.
     """
 
-    def __init__(self, keys: tf.Variable):
+    def __init__(self, keys: tf.Variable, empty: bool = False):
         self._keys_var = keys
+        # TensorFlow refuses to initialise a hash table from empty tensors; a table without rows (everything
+        # pruned, or nothing trained yet) maps one key to row 0, which is then the default row: every key reads it.
+        self._empty = empty
         # The base class only needs the dtypes; the real tensors are read in `initialize`.
         super().__init__(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
 
     def initialize(self, table: Any) -> Any:
-        keys = self._keys_var.read_value()
-        rows = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+        if self._empty:
+            keys, rows = tf.zeros([1], tf.int64), tf.zeros([1], tf.int64)
+        else:
+            keys = self._keys_var.read_value()
+            rows = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
         return tf.raw_ops.InitializeTableV2(table_handle=table.resource_handle, keys=keys, values=rows)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
@@ -112,7 +118,9 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         default_row = np.zeros([1, self.dim], np.float32)
         encoded = quantization_lib.encode(np.concatenate([weights, default_row]), self.mode, name)
         self.values = tf.Variable(encoded, trainable=False, name="values")
-        self.index = tf.lookup.StaticHashTable(_KeysToRows(self.keys), default_value=np.int64(self.size))
+        self.index = tf.lookup.StaticHashTable(
+            _KeysToRows(self.keys, self.size == 0), default_value=np.int64(self.size)
+        )
         self.set_metadata(
             table_metadata(
                 "dynamic", self.dim, self.size, self.size, self.mode, None, encoded.nbytes + keys.nbytes, "float32"
