@@ -135,6 +135,12 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         """Float32 rows at positions `rows` (what `rows(ids)` returns) -> rows.shape + [dim]."""
         return quantization_lib.decode(tf.gather(self.values, rows), self.mode, self.dim)
 
+    def gather_parts(self, rows: Any) -> tuple | None:
+        """(codes, scale, bias) at positions `rows` for int8/int4 (`quantization.decode_parts`), else None."""
+        if not quantization_lib.is_rowwise(self.mode):
+            return None
+        return quantization_lib.decode_parts(tf.gather(self.values, rows), self.mode, self.dim)
+
     def lookup(self, ids: Any) -> tf.Tensor:
         """Each id's row, shape ids.shape + [dim]; zeros for an id without a row (the training side's default)."""
         return self.gather_rows(self.rows(ids))

@@ -90,8 +90,17 @@ class ServedTable(MetadataMixin, tf.Module):
         nbytes = data.nbytes + (0 if remap is None else remap.nbytes)
         self.set_metadata(table_metadata("static", dim, vocabulary_size, exported, mode, prune, nbytes, trained_dtype))
 
-    def gather_rows(self, ids: Any) -> tf.Tensor:
-        """Float32 rows of `ids` (int64 [n]) -> [n, dim]; a pruned id reads zeros."""
+    def _gather(self, ids: Any) -> tf.Tensor:
         if self.remap is not None:
             ids = tf.gather(self.remap, ids)
-        return quantization.decode(tf.gather(self.rows, ids), self.mode, self.dim)
+        return tf.gather(self.rows, ids)
+
+    def gather_rows(self, ids: Any) -> tf.Tensor:
+        """Float32 rows of `ids` (int64 [n]) -> [n, dim]; a pruned id reads zeros."""
+        return quantization.decode(self._gather(ids), self.mode, self.dim)
+
+    def gather_parts(self, ids: Any) -> tuple | None:
+        """(codes, scale, bias) of `ids` for int8/int4 tables (`quantization.decode_parts`), else None."""
+        if not quantization.is_rowwise(self.mode):
+            return None
+        return quantization.decode_parts(self._gather(ids), self.mode, self.dim)
