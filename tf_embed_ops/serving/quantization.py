@@ -19,8 +19,11 @@ Modes (`MODES`):
   decoder writes it.
 
 `decode` applies to gathered rows, elementwise per row, so a lookup that gathers and then decodes produces bitwise
-what decoding the whole table first and then gathering produces. `encode` refuses non-finite values and values a
-16-bit scale or bias cannot hold (magnitudes above float16's 65504), naming the table and the row.
+what decoding the whole table first and then gathering produces. `decode_parts` returns the codes, scales and biases
+for a combiner that folds the scale into its weights (fewer passes over the rows; float32 rounding differs).
+
+`encode` refuses non-finite values and values a 16-bit scale or bias cannot hold (magnitudes above float16's
+65504), naming the table and the row.
 
 The encoders are plain numpy so that anything that writes rows for a servable (a full export, an online delta)
 encodes them identically; `decode_numpy` is the reference decoder the tests compare against.
