@@ -236,3 +236,33 @@ def test_quantized_pruned_export_serves_without_the_plugin(trained, tmp_path, qu
     assert result.returncode == 0, result.stderr[-3000:]
     served = np.array(json.loads(result.stdout.strip().splitlines()[-1])["output_0"])
     np.testing.assert_array_equal(served.astype(np.float32), expected)
+
+
+def test_an_export_replaces_an_older_one_at_the_same_path(trained, tmp_path):
+    model, _ = trained
+    export = str(tmp_path / "served")
+    te_keras.export_for_serving(model, export, SIGNATURE, quantization="int4")
+    te_keras.export_for_serving(model, export, SIGNATURE)
+    assert os.listdir(tmp_path) == ["served"]  # no temporary or old directory left behind
+    meta = te.serving.read_export_metadata(export)
+    assert {t["quantization"] for t in meta.values()} == {"none"}
+
+
+def test_16_bit_storage_tables_quantize_from_their_stored_values(tmp_path):
+    from tests.keras_test_util import _feature_config
+
+    fc = _feature_config()
+    user = te.TableConfig(VOCAB, 4, name="user", combiner="sum", storage_dtype=tf.bfloat16)
+    fc["user"] = tf.tpu.experimental.embedding.FeatureConfig(table=user)
+    model, layer = _model(fc)
+    stored = _tables(layer)["user"].numpy().astype(np.float32)
+    export = str(tmp_path / "served")
+    te_keras.export_for_serving(model, export, SIGNATURE, quantization={"user": "int8"})
+    meta = te.serving.read_export_metadata(export)["user"]
+    assert (meta["trained_dtype"], meta["quantization"]) == ("bfloat16", "int8")
+    # The served table holds the stored (bfloat16) values encoded, byte for byte.
+    loaded = tf.saved_model.load(export)
+    (rows,) = [t.rows.numpy() for t in loaded.served_tables]
+    np.testing.assert_array_equal(rows, q.encode(stored, "int8"))
+    x, _, _ = _data(8, seed=6, vocab_max=VOCAB)
+    assert np.isfinite(loaded.signatures["serving_default"](**_feed(x))["output_0"].numpy()).all()
