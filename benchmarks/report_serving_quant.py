@@ -82,5 +82,13 @@ def section(result: dict) -> list[str]:
     out = ["## Quantized and pruned serving exports", ""]
     out += _size_latency(sq.get("size_latency", {"error": "missing"}))
     out += _ctr(sq.get("ctr", {"error": "missing"}))
-    out += [f"FBGEMM int-N inference kernels: {sq['fbgemm']['note']}.", ""]
+    fb = sq.get("size_latency", {}).get("fbgemm", {"note": "not run"})
+    if fb.get("available"):
+        out += [f"FBGEMM int-N inference kernels side by side ({fb['note']}):", ""]
+        out += ["| FBGEMM weights | lookup latency (median) | vs its fp32 |", "|---|---:|---:|"]
+        for mode, v in fb["latency"].items():
+            out.append(f"| {mode} | {v['median_ms']:.3f} ms | {v['ratio_vs_fp32']:.2f}x |")
+        out.append("")
+    else:
+        out += [f"FBGEMM int-N inference kernels: {fb['note']}.", ""]
     return out

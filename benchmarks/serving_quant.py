@@ -7,8 +7,10 @@
   export and the ratio to float32 (target: <= 1.2x).
 - **CTR AUC**: the CTR example trained once, exported as float32, int8, int4 and pruned, each export's test AUC
   (tf_embed_ops/examples/ctr_serving.py; target: int8 within 0.001 of float32).
-- **FBGEMM**: its int-N inference kernels are timed only where its CPU build is installed (/opt/fbgemm-venv,
-  benchmarks/peers/setup_fbgemm.sh); otherwise the section says it was skipped.
+- **FBGEMM**: its int-N inference kernels (`IntNBitTableBatchedEmbeddingBagsCodegen`, fp32 / int8 / int4 weights)
+  on the same tables and batch, in its own interpreter right after ours (benchmarks/peers/fbgemm_serving_peer.py),
+  only where its CPU build is installed (/opt/fbgemm-venv, benchmarks/peers/setup_fbgemm.sh); otherwise the
+  section says it was skipped.
 
 ``report_serving_quant.py`` writes ``serving_quant.json`` and the report section.
 """
@@ -158,8 +160,11 @@ def bench_size_and_latency(opts, log) -> dict:
             "serving_quant latency: "
             + ", ".join(f"{m} {v['median_ms']:.3f} ms ({v['ratio_vs_float32']:.2f}x)" for m, v in latency.items())
         )
+        tables = {"user": [vocab_user, DIM, "sum"], "item": [vocab_item, DIM, "mean"]}
+        fbgemm = bench_fbgemm(opts, log, {**spec, "tables": tables, "exports": {}})
         return {
-            "tables": {"user": [vocab_user, DIM, "sum"], "item": [vocab_item, DIM, "mean"]},
+            "fbgemm": fbgemm,
+            "tables": tables,
             "batch": batch,
             "items_per_sample_mean": items,
             "sizes": sizes,
@@ -184,17 +189,39 @@ def bench_ctr_auc(opts, log) -> dict:
     return {"variants": results, "seconds": time.perf_counter() - t0}
 
 
-def fbgemm_status() -> dict:
-    """FBGEMM's int-N inference kernels side by side need its CPU build; say why they were not run otherwise."""
-    python = os.path.join(FBGEMM_VENV, "bin", "python")
+def bench_fbgemm(opts, log, spec: dict) -> dict:
+    """FBGEMM's int-N inference kernels on the same tables and batch (embedding lookups only), where its CPU build
+    is installed; otherwise a note that says why they were not run."""
+    python = opts.fbgemm_python or os.path.join(FBGEMM_VENV, "bin", "python")
+    if opts.no_fbgemm:
+        return {"available": False, "note": "skipped: --no-fbgemm"}
     if not os.path.exists(python):
-        return {"available": False, "note": f"skipped: {FBGEMM_VENV} not installed (benchmarks/peers/setup_fbgemm.sh)"}
-    return {"available": False, "note": f"{FBGEMM_VENV} exists; the int-N inference comparison is not implemented"}
+        return {"available": False, "note": f"skipped: no {python} (benchmarks/peers/setup_fbgemm.sh)"}
+    peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "fbgemm_serving_peer.py")
+    proc = subprocess.run(
+        [python, peer, json.dumps(spec), str(opts.threads)], capture_output=True, text=True, timeout=1800
+    )
+    if proc.returncode != 0:
+        return {"available": False, "note": f"FBGEMM peer failed: {proc.stderr.strip()[-300:]}"}
+    times = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = {m: {"median_ms": float(np.median(t)), "blocks_ms": t} for m, t in times.items()}
+    for m in out:
+        out[m]["ratio_vs_fp32"] = out[m]["median_ms"] / out["fp32"]["median_ms"]
+    log(
+        "serving_quant fbgemm: "
+        + ", ".join(f"{m} {v['median_ms']:.3f} ms ({v['ratio_vs_fp32']:.2f}x)" for m, v in out.items())
+    )
+    return {
+        "available": True,
+        "note": "IntNBitTableBatchedEmbeddingBagsCodegen (CPU), embedding lookups of both tables only, "
+        "float32 output, its own interpreter right after ours",
+        "latency": out,
+    }
 
 
 def run(opts, log=print) -> dict:
-    """The section's results: {"size_latency", "ctr", "fbgemm"}; a part that fails records its error."""
-    out = {"fbgemm": fbgemm_status()}
+    """The section's results: {"size_latency", "fbgemm", "ctr"}; a part that fails records its error."""
+    out = {}
     for key, fn in (("size_latency", bench_size_and_latency), ("ctr", bench_ctr_auc)):
         try:
             out[key] = fn(opts, log)
