@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.dynamic.state_util import DynamicTable, ShardedDynamicTable, config, content, random_content
+from tests.dynamic.state_util import (
+    SERVING_SIGNATURE,
+    DynamicTable,
+    ShardedDynamicTable,
+    config,
+    content,
+    random_content,
+    serving_data,
+    trained_serving_model,
+)
 from tf_embed_ops.dynamic import serving
 from tf_embed_ops.dynamic.sharding import shard_of_keys
 from tf_embed_ops.serving import Prune
@@ -112,23 +121,22 @@ def test_freeze_refuses_bad_arguments_naming_the_table():
 
 
 def test_keras_export_quantizes_and_prunes_dynamic_tables(tmp_path):
-    from tests.dynamic.test_state_serving_ops import _SIGNATURE, _dynamic_data, _trained
     from tf_embed_ops import keras as te_keras
     from tf_embed_ops.serving import read_export_metadata
 
-    model = _trained()
+    model = trained_serving_model()
     layer = next(x for x in model.layers if hasattr(x, "dynamic_tables"))
     tables = {cfg.name: t for cfg, t in layer.dynamic_tables.items()}
     before = {name: content(t) for name, t in tables.items()}
     export = str(tmp_path / "served")
     quantization = {"users": "int4", "words": "int8", "static": "bfloat16"}
     prune = {"users": Prune(max_rows=5, score="count")}
-    te_keras.export_for_serving(model, export, _SIGNATURE, quantization=quantization, prune=prune)
+    te_keras.export_for_serving(model, export, SERVING_SIGNATURE, quantization=quantization, prune=prune)
     for name, t in tables.items():  # the training tables are untouched
         for key, value in content(t).items():
             np.testing.assert_array_equal(value, before[name][key])
 
-    x, _ = _dynamic_data(16, 0)
+    x, _ = serving_data(16, 0)
     feed = {"user": x["user"], "words_values": x["words"].values, "words_row_splits": x["words"].row_splits}
     got = tf.saved_model.load(export).signatures["serving_default"](**feed, slot=x["slot"])["output_0"].numpy()
 
@@ -174,15 +182,14 @@ def test_quantized_pruned_dynamic_export_serves_without_the_plugin(tmp_path):
     import subprocess
     import sys
 
-    from tests.dynamic.test_state_serving_ops import _SIGNATURE, _dynamic_data, _trained
     from tf_embed_ops import keras as te_keras
 
-    model = _trained()
+    model = trained_serving_model()
     export = str(tmp_path / "served")
     te_keras.export_for_serving(
-        model, export, _SIGNATURE, quantization="int4", prune={"users": Prune(max_rows=4, score="recency")}
+        model, export, SERVING_SIGNATURE, quantization="int4", prune={"users": Prune(max_rows=4, score="recency")}
     )
-    x, _ = _dynamic_data(16, 0)
+    x, _ = serving_data(16, 0)
     feed = {
         "user": x["user"],
         "words_values": x["words"].values,

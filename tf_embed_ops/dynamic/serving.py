@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic._ops import string_keys_to_int64 as string_keys
+from tf_embed_ops.dynamic.ops import string_keys_to_int64 as string_keys
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib
 from tf_embed_ops.serving.tables import MetadataMixin, table_metadata
