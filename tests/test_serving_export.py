@@ -266,3 +266,19 @@ def test_16_bit_storage_tables_quantize_from_their_stored_values(tmp_path):
     np.testing.assert_array_equal(rows, q.encode(stored, "int8"))
     x, _, _ = _data(8, seed=6, vocab_max=VOCAB)
     assert np.isfinite(loaded.signatures["serving_default"](**_feed(x))["output_0"].numpy()).all()
+
+
+def test_two_tables_of_one_name_are_refused_by_name(tmp_path):
+    emb = tf.tpu.experimental.embedding
+    layers = [
+        te_keras.TPUEmbedding({"u": emb.FeatureConfig(emb.TableConfig(5, 2, name="user"))}, emb.SGD(0.1), name=n)
+        for n in ("a", "b")
+    ]
+    inputs = {"u": keras.Input(shape=(), dtype="int64", name="u")}
+    out = keras.layers.Concatenate()([layers[0](inputs)["u"], layers[1](inputs)["u"]])
+    model = keras.Model(inputs, out)
+    signature = {"u": tf.TensorSpec([None], tf.int64)}
+    for kwargs in ({"quantization": "int8"}, {"prune": {"user": te.serving.Prune(max_rows=1)}}):
+        with pytest.raises(ValueError, match=r"two embedding tables named 'user'"):
+            te_keras.export_for_serving(model, str(tmp_path / "served"), signature, **kwargs)
+        assert os.listdir(tmp_path) == []

@@ -223,10 +223,14 @@ def _embedding_tables(model: Any) -> dict:
         layers = []
     tables: dict = {}
     for layer in layers:
-        for config, variable in layer.embedding_tables.items():
-            tables[config.name] = ("static", config, variable)
-        for config, table in layer.dynamic_tables.items():
-            tables[config.name] = ("dynamic", config, table)
+        found = [("static", c, v) for c, v in layer.embedding_tables.items()]
+        found += [("dynamic", c, t) for c, t in layer.dynamic_tables.items()]
+        for kind, config, obj in found:
+            if config.name in tables and tables[config.name][2] is not obj:
+                # Per-table options are given by name: two tables of one name could not be told apart.
+                tables[config.name] = ("ambiguous", config, None)
+            else:
+                tables[config.name] = (kind, config, obj)
     return tables
 
 
@@ -237,7 +241,16 @@ def _per_table(argument: str, value: Any, tables: dict) -> dict:
     for name in value:
         if name not in tables:
             raise ValueError(f"{argument}: unknown table {name!r}; the model's embedding tables are {sorted(tables)}")
+        _check_unambiguous(argument, name, tables)
     return dict(value)
+
+
+def _check_unambiguous(argument: str, name: str, tables: dict) -> None:
+    if tables[name][0] == "ambiguous":
+        raise ValueError(
+            f"{argument}: the model has two embedding tables named {name!r} (in different layers); give them "
+            "different names to quantize or prune them"
+        )
 
 
 def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
@@ -257,6 +270,8 @@ def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
             raise ValueError(
                 f"quantization={quantization!r}: the model has no tf_embed_ops.keras.TPUEmbedding table to quantize"
             )
+        for name in tables:
+            _check_unambiguous("quantization", name, tables)
         modes = dict.fromkeys(tables, quantization)
     prunes = {} if prune is None else _per_table("prune", prune, tables)
     for name, criteria in prunes.items():
@@ -320,6 +335,8 @@ def export_for_serving(
     served, metadata, dynamic = {}, {}, {}
     for name, (kind, _config, obj) in tables.items():
         mode, criteria = plan.get(name, (None, None))
+        if kind == "ambiguous":  # no option names it (refused above): exported as trained, not in the metadata
+            continue
         if kind == "dynamic":
             dynamic[name] = (mode, criteria)
             continue
