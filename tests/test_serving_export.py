@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tests.keras_test_util import VOCAB, _data, _dataset, _model
+from tests.serving_support import serve_without_plugin
 from tf_embed_ops import keras as te_keras
 from tf_embed_ops.serving import quantization as q
 
@@ -201,18 +202,6 @@ def test_export_holds_no_training_state(trained, tmp_path):
     assert not [k for k, s in shapes.items() if s == [VOCAB, 4]]  # no float32 table, no slot
 
 
-_SERVE_CODE = """
-import json, sys
-sys.modules["tf_embed_ops"] = None  # from here on `import tf_embed_ops` raises ImportError
-import tensorflow as tf
-fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-feed = json.loads(sys.stdin.read())
-out = fn(**{k: tf.constant(v, tf.int64) for k, v in feed.items()})
-assert not [m for m, v in sys.modules.items() if m.startswith("tf_embed_ops") and v is not None], "imported"
-print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["int8", "int4", "bfloat16"])
 def test_quantized_pruned_export_serves_without_the_plugin(trained, tmp_path, quantization):
@@ -222,20 +211,8 @@ def test_quantized_pruned_export_serves_without_the_plugin(trained, tmp_path, qu
     te_keras.export_for_serving(model, export, SIGNATURE, quantization=quantization, prune=prune)
     x, _, _ = _data(24, seed=5, vocab_max=VOCAB)
     expected = tf.saved_model.load(export).signatures["serving_default"](**_feed(x))["output_0"].numpy()
-    feed = {k: v.numpy().tolist() for k, v in _feed(x).items()}
-    # The interpreter cannot import tf_embed_ops (see _SERVE_CODE); it runs outside the source tree.
-    result = subprocess.run(
-        [sys.executable, "-c", _SERVE_CODE, export],
-        input=json.dumps(feed),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(tmp_path),
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    served = np.array(json.loads(result.stdout.strip().splitlines()[-1])["output_0"])
-    np.testing.assert_array_equal(served.astype(np.float32), expected)
+    served = serve_without_plugin(export, _feed(x), cwd=str(tmp_path))
+    np.testing.assert_array_equal(served, expected)
 
 
 def test_an_export_replaces_an_older_one_at_the_same_path(trained, tmp_path):

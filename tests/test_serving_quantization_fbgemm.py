@@ -18,24 +18,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.serving_support import FBGEMM_PYTHON, fbgemm_available
 from tf_embed_ops.serving import quantization as q
 
 pytestmark = pytest.mark.slow  # starts a PyTorch interpreter per case
 
-FBGEMM_PYTHON = os.environ.get("TF_EMBED_OPS_FBGEMM_PYTHON", "/opt/fbgemm-venv/bin/python")
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fbgemm_quantize_driver.py")
 
 
-def _fbgemm_available() -> bool:
-    if not os.access(FBGEMM_PYTHON, os.X_OK):
-        return False
-    probe = subprocess.run(
-        [FBGEMM_PYTHON, "-c", "import fbgemm_gpu, torch"], capture_output=True, timeout=300, check=False
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _fbgemm_available(), reason=f"no FBGEMM interpreter at {FBGEMM_PYTHON}")
+@pytest.mark.skipif(not fbgemm_available(), reason=f"no FBGEMM interpreter at {FBGEMM_PYTHON}")
 @pytest.mark.parametrize("mode, dim", [("int8", 2), ("int8", 8), ("int8", 64), ("int4", 4), ("int4", 12), ("int4", 64)])
 def test_bytes_and_decoded_values_equal_fbgemms(tmp_path, mode, dim):
     rng = np.random.default_rng(dim)

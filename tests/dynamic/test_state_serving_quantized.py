@@ -18,6 +18,7 @@ from tests.dynamic.state_util import (
     serving_data,
     trained_serving_model,
 )
+from tests.serving_support import serve_without_plugin
 from tf_embed_ops.dynamic import serving
 from tf_embed_ops.dynamic.sharding import shard_of_keys
 from tf_embed_ops.serving import Prune
@@ -164,24 +165,8 @@ def test_keras_export_quantizes_and_prunes_dynamic_tables(tmp_path):
     assert meta["static"]["quantization"] == "bfloat16" and meta["static"]["kind"] == "static"
 
 
-_SERVE_CODE = """
-import json, sys
-sys.modules["tf_embed_ops"] = None  # from here on `import tf_embed_ops` raises ImportError
-import tensorflow as tf
-fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-feed = json.loads(sys.stdin.read())
-out = fn(**{k: tf.constant(v, tf.string if k == "words_values" else tf.int64) for k, v in feed.items()})
-print(json.dumps(out["output_0"].numpy().tolist()))
-"""
-
-
 @pytest.mark.slow
 def test_quantized_pruned_dynamic_export_serves_without_the_plugin(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
     from tf_embed_ops import keras as te_keras
 
     model = trained_serving_model()
@@ -197,16 +182,5 @@ def test_quantized_pruned_dynamic_export_serves_without_the_plugin(tmp_path):
         "slot": x["slot"],
     }
     expected = tf.saved_model.load(export).signatures["serving_default"](**feed)["output_0"].numpy()
-    plain = {k: [v.decode() if isinstance(v, bytes) else v for v in t.numpy().tolist()] for k, t in feed.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", _SERVE_CODE, export],
-        input=json.dumps(plain),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(tmp_path),
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    served = np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
+    served = serve_without_plugin(export, feed, cwd=str(tmp_path), string_inputs=("words_values",))
     np.testing.assert_array_equal(served, expected)
