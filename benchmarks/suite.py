@@ -432,6 +432,12 @@ def run(opts: Options, log=print) -> dict:
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
+    if opts.wants("lifecycle"):
+        from benchmarks import lifecycle_benchmark
+
+        result["lifecycle"] = lifecycle_benchmark.run(opts, log)
+        log("lifecycle: done")
+
     if opts.wants("accumulator"):
         result["accumulator"] = bench_accumulator(opts)
         log("accumulator: done")
