@@ -395,9 +395,20 @@ absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t st
   // target, since it is what ages the counts.
   const bool capacity = IsCapacityPolicy(p.policy);
   if (capacity && p.policy != EvictionPolicy::kDecayedLfu && size_ <= p.target_rows) return 0;
+  // Capacity rules: a bounded heap when few rows go, else every score into a vector and nth_element.
+  const int64_t excess = capacity ? size_ - p.target_rows : 0;
+  const bool use_heap = excess > 0 && excess <= size_ / 16;
   std::vector<int64_t> victims;
   std::vector<ScoredRow> scored;
-  if (capacity) scored.reserve(size_);
+  LowestK lowest(use_heap ? excess : 0);
+  if (excess > 0 && !use_heap) scored.reserve(size_);
+  auto offer = [&](const ScoredRow& r) {
+    if (use_heap) {
+      lowest.Offer(r);
+    } else if (excess > 0) {
+      scored.push_back(r);
+    }
+  };
   const int64_t dim = options_.dim;
   const double min_sq = p.min_norm * p.min_norm;
   for (int64_t r = 0; r < high_water_; ++r) {
@@ -418,24 +429,28 @@ absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t st
         break;
       }
       case EvictionPolicy::kLru:
-        scored.push_back(ScoredRow{static_cast<double>(last), last, meta->key, r});
+        offer(ScoredRow{static_cast<double>(last), last, meta->key, r});
         break;
       case EvictionPolicy::kLfu:
-        scored.push_back(ScoredRow{static_cast<double>(meta->count), last, meta->key, r});
+        offer(ScoredRow{static_cast<double>(meta->count), last, meta->key, r});
         break;
       case EvictionPolicy::kDecayedLfu: {
         Decay* d = decay_.At(r);
         const uint32_t count = meta->count;
         d->decayed = static_cast<float>(static_cast<double>(d->decayed) * p.decay + (count - d->seen));
         d->seen = count;
-        scored.push_back(ScoredRow{d->decayed, last, meta->key, r});
+        offer(ScoredRow{d->decayed, last, meta->key, r});
         break;
       }
       case EvictionPolicy::kNone:
         break;
     }
   }
-  if (capacity) victims = LowestRows(&scored, size_ - p.target_rows);
+  if (use_heap) {
+    victims = lowest.Rows();
+  } else if (excess > 0) {
+    victims = LowestRows(&scored, excess);
+  }
   return EvictRows(victims, step, LogKind::kEvicted);
 }
 

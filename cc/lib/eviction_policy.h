@@ -61,10 +61,48 @@ inline std::vector<int64_t> LowestRows(std::vector<ScoredRow>* scored, int64_t e
   return victims;
 }
 
-// The squared L2 norm of a row, in double (the threshold compares sqrt of it with min_norm).
+// The k lowest rows of a stream (k >= 1), kept in a bounded max-heap: when few rows go (the usual round of a
+// capacity policy), the sweep keeps k entries instead of scoring every row into a vector and selecting.  The
+// order is total, so the set is the same as LowestRows'.
+class LowestK {
+ public:
+  explicit LowestK(int64_t k) : k_(k) { heap_.reserve(k); }
+  void Offer(const ScoredRow& r) {
+    if (static_cast<int64_t>(heap_.size()) < k_) {
+      heap_.push_back(r);
+      std::push_heap(heap_.begin(), heap_.end());
+    } else if (r < heap_.front()) {
+      std::pop_heap(heap_.begin(), heap_.end());
+      heap_.back() = r;
+      std::push_heap(heap_.begin(), heap_.end());
+    }
+  }
+  // The rows kept, sorted by row.
+  std::vector<int64_t> Rows() const {
+    std::vector<int64_t> rows;
+    rows.reserve(heap_.size());
+    for (const ScoredRow& r : heap_) rows.push_back(r.row);
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  }
+
+ private:
+  int64_t k_;
+  std::vector<ScoredRow> heap_;
+};
+
+// The squared L2 norm of a row, in double (the threshold compares sqrt of it with min_norm).  Eight independent
+// partial sums, added in a fixed order at the end, so the compiler keeps them in vector registers; the result is
+// deterministic and differs from a sequential sum only in the last bits of a double.
 inline double SquaredNorm(const float* w, int64_t dim) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= dim; j += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(w[j + k]) * w[j + k];
+  }
   double s = 0.0;
-  for (int64_t j = 0; j < dim; ++j) s += static_cast<double>(w[j]) * w[j];
+  for (; j < dim; ++j) s += static_cast<double>(w[j]) * w[j];
+  for (int k = 0; k < 8; ++k) s += acc[k];
   return s;
 }
 

@@ -382,3 +382,74 @@ def test_keras_get_config_refuses_a_score_callable_naming_the_table():
     layer = te.keras.TPUEmbedding({"u": tf.tpu.experimental.embedding.FeatureConfig(table)})
     with pytest.raises(ValueError, match="'users'.*callable.*expression"):
         layer.get_config()
+
+
+# ------------------------------------------------------------------------------------ te.distribute, tf.function
+
+
+def test_sharded_embedding_runs_the_score_on_every_shard():
+    from tf_embed_ops.distribute import ShardedTPUEmbedding
+
+    table = config(name="users", eviction=te.dynamic.Score("count", max_rows=2), optimizer="sgd")
+    emb = ShardedTPUEmbedding({"u": tf.tpu.experimental.embedding.FeatureConfig(table)}, num_shards=2)
+    rows: list[dict[int, tuple[int, int]]] = [{}, {}]  # per shard: key -> (count, last step)
+    stream = [[1, 1, 2, 3, 4, 5, 6], [7, 8, 8, 2, 9], [10, 11, 12, 1]]
+    for step, batch in enumerate(stream):
+        emb.enqueue({"u": tf.constant(batch, tf.int64)})
+        with tf.GradientTape() as tape:
+            acts = emb.dequeue()
+            tape.watch(acts)
+            loss = tf.reduce_sum(acts["u"])
+        emb.apply_gradients(tape.gradient(loss, acts))
+        shard_of = te.dynamic.shard_of_keys(tf.constant(batch, tf.int64), 2).numpy()
+        for k, s in zip(batch, shard_of, strict=True):
+            rows[s][k] = (rows[s].get(k, (0, 0))[0] + 1, step)
+        for s in range(2):
+            rows[s] = dict(sorted(rows[s].items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[-2:])
+        shards = emb.dynamic_tables[table].shards
+        for s in range(2):
+            assert _keys(shards[s]) == set(rows[s]), f"step {step} shard {s}"
+
+
+def test_evicted_keys_in_a_tf_function():
+    table = DynamicTable(config(eviction=te.dynamic.CountAndAge(2, 0)))
+    train_lookup(table, [1, 2, 2], 0)
+
+    @tf.function
+    def round_and_read(step):
+        with tf.control_dependencies([table.evict(step=step)]):
+            return table.evicted_keys()
+
+    keys, steps = round_and_read(tf.constant(1, tf.int64))
+    assert keys.numpy().tolist() == [1] and steps.numpy().tolist() == [1]
+    assert round_and_read(tf.constant(2, tf.int64))[0].numpy().size == 0
+
+
+def test_keras_save_and_load_keep_the_policies_and_their_state(tmp_path):
+    import keras
+
+    table = te.DynamicTableConfig(
+        "users",
+        4,
+        optimizer=te.optimizers.Adagrad(0.1),
+        combiner="sum",
+        admission=te.dynamic.BloomAdmission(2, 1 << 10, num_hashes=2, counter_bits=8),
+        eviction=te.dynamic.DecayedLFU(100, 0.5),
+        seed=1,
+    )
+    layer = te.keras.TPUEmbedding({"u": tf.tpu.experimental.embedding.FeatureConfig(table)})
+    ids = keras.Input(shape=(None,), dtype="int64", ragged=True)
+    model = keras.Model(ids, keras.layers.Dense(1)(layer({"u": ids})["u"]))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = tf.ragged.constant([[1, 2], [2, 3], [3], [2, 5]], tf.int64)
+    model.fit(x, np.ones((4, 1), np.float32), batch_size=4, epochs=2, verbose=0)
+    model.save(str(tmp_path / "m.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "m.keras"))
+    (loaded_layer,) = [x for x in loaded.layers if isinstance(x, te.keras.TPUEmbedding)]
+    (copy,) = loaded_layer.dynamic_tables
+    assert repr(copy.admission) == repr(table.admission) and repr(copy.eviction) == repr(table.eviction)
+    a = layer.dynamic_tables[table]._serialize_to_tensors()
+    b = loaded_layer.dynamic_tables[copy]._serialize_to_tensors()
+    for name in ("keys", "bloom_counters", "decayed_keys", "decayed_counts"):
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
+    assert a["bloom_counters"].numpy().sum() > 0

@@ -160,7 +160,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     world = World(days * users_per_day, days * items_per_day)
     layer = te_keras.TPUEmbedding(feature_config(args), name="embedding")
     model = build_model(layer)
-    model.compile(keras.optimizers.Adam(args.learning_rate), "binary_crossentropy", metrics=[keras.metrics.AUC()])
+    model.compile(
+        keras.optimizers.Adam(args.learning_rate), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")]
+    )
     print(
         "== dynamic tables: user (int64 ids, admitted after 2 sightings, LRU to "
         f"{args.max_users} rows), item (string ids, TTL {args.item_ttl} steps); static: category, device"

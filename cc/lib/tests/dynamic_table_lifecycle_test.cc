@@ -334,6 +334,31 @@ TEST(ScoredEviction, DecayedLfuMatchesReference) {
   });
 }
 
+// Both selections (a bounded heap when few rows go, nth_element when many do) against a sort of every row.
+TEST(ScoredEviction, LruSelectionMatchesASortForFewAndManyVictims) {
+  for (const int64_t target : {990, 500}) {
+    auto t = Make(Options(2000));
+    std::mt19937_64 rng(5);
+    for (int64_t step = 0; step < 20; ++step) {
+      std::vector<int64_t> batch;
+      for (int i = 0; i < 60; ++i) batch.push_back(static_cast<int64_t>(rng() % 5000));
+      Insert(t.get(), batch, step % 7);  // repeated steps: many ties, broken by key
+    }
+    const DynamicTableContents c = t->Export();
+    std::vector<std::pair<int64_t, int64_t>> order;  // (last step, key)
+    for (size_t i = 0; i < c.keys.size(); ++i) order.emplace_back(c.last_steps[i], c.keys[i]);
+    std::sort(order.begin(), order.end());
+    ASSERT_GT(static_cast<int64_t>(order.size()), target);
+    std::set<int64_t> keep;
+    for (size_t i = order.size() - target; i < order.size(); ++i) keep.insert(order[i].second);
+    EvictionOptions p;
+    p.policy = EvictionPolicy::kLru;
+    p.target_rows = target;
+    ASSERT_TRUE(t->Evict(p, 20).ok());
+    EXPECT_EQ(Keys(*t), keep) << "target " << target;
+  }
+}
+
 TEST(ScoredEviction, EvictByScoreKeepsTheHighestScoresTiesByKey) {
   auto t = Make(Options());
   Insert(t.get(), {1, 2, 3, 4, 5}, 0);
