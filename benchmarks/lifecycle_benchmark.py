@@ -102,8 +102,8 @@ def sweep(rows: int, dim: int, reps: int, log) -> list[dict]:
 
 
 def _insert(table, keys):
-    from tf_embed_ops.dynamic import _ops
     from tf_embed_ops.dynamic import config as config_lib
+    from tf_embed_ops.dynamic import ops as _ops
     from tf_embed_ops.embedding_ops import normalize_feature
 
     feature = tf.tpu.experimental.embedding.FeatureConfig(table=table.config, name="f")
@@ -127,8 +127,8 @@ def _zipf_stream(steps: int, batch: int, one_off_fraction: float, vocab: int, se
 
 
 def _admit(table, stream):
-    from tf_embed_ops.dynamic import _ops
     from tf_embed_ops.dynamic import config as config_lib
+    from tf_embed_ops.dynamic import ops as _ops
     from tf_embed_ops.embedding_ops import normalize_feature
 
     feature = tf.tpu.experimental.embedding.FeatureConfig(table=table.config, name="f")

@@ -29,7 +29,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "CountAndAge": ("tf_embed_ops.dynamic.config", "CountAndAge"),
     "Score": ("tf_embed_ops.dynamic.config", "Score"),
     "shard_of_keys": ("tf_embed_ops.dynamic.sharding", "shard_of_keys"),
-    "string_keys": ("tf_embed_ops.dynamic._ops", "string_keys_to_int64"),
+    "string_keys": ("tf_embed_ops.dynamic.ops", "string_keys_to_int64"),
     "DynamicTable": ("tf_embed_ops.dynamic.table", "DynamicTable"),
 }
 
