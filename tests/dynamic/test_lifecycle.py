@@ -453,3 +453,31 @@ def test_keras_save_and_load_keep_the_policies_and_their_state(tmp_path):
     for name in ("keys", "bloom_counters", "decayed_keys", "decayed_counts"):
         np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
     assert a["bloom_counters"].numpy().sum() > 0
+
+
+def test_bloom_refusals_are_logged_when_asked():
+    admission = te.dynamic.BloomAdmission(2, 1 << 12, num_hashes=2, counter_bits=4, log_refused=True)
+    table = DynamicTable(config(admission=admission))
+    train_lookup(table, [4, 5, 5], 3)  # 5 reaches 2: admitted; 4 refused
+    keys, steps = table.evicted_keys(include_refused=True)
+    assert keys.numpy().tolist() == [4] and steps.numpy().tolist() == [3]
+    assert _keys(table) == {5}
+
+
+def test_decayed_lfu_through_training_steps_keeps_the_reference_rows():
+    """te.TPUEmbedding: the fused update's end of step runs the decay round (one per step) and the eviction."""
+    table = config(name="d", eviction=te.dynamic.DecayedLFU(3, 0.5), optimizer="sgd")
+    emb = te.TPUEmbedding(tf.tpu.experimental.embedding.FeatureConfig(table=table, name="f"), te.optimizers.SGD(0.1))
+    emb.build()
+    state: dict[int, tuple[float, int, int, int]] = {}  # key -> (decayed, count, seen at the last round, last step)
+    for step, batch in enumerate(([1, 1, 1, 2, 3, 4], [2, 2, 5], [6, 6, 6, 6], [1, 7])):
+        emb.enqueue(tf.constant(batch, tf.int64), training=True)
+        acts = emb.dequeue()
+        emb.apply_gradients(tf.nest.map_structure(tf.ones_like, acts))
+        for k in batch:
+            d, n, seen, _ = state.get(k, (0.0, 0, 0, step))
+            state[k] = (d, n + 1, seen, step)
+        rounds = {k: (d * 0.5 + (n - seen), n, n, last) for k, (d, n, seen, last) in state.items()}
+        kept = sorted(rounds.items(), key=lambda kv: (kv[1][0], kv[1][3], kv[0]))[-3:]
+        state = dict(kept)
+        assert _keys(emb.dynamic_tables[table]) == set(state), f"step {step}"
