@@ -713,6 +713,9 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     if result.get("accumulator"):
         _dump(os.path.join(out_dir, "accumulator_suite.json"), {**common, "accumulator": result["accumulator"]})
         written.append("accumulator_suite.json")
+    if result.get("lifecycle"):
+        _dump(os.path.join(out_dir, "lifecycle.json"), {**common, "lifecycle": result["lifecycle"]})
+        written.append("lifecycle.json")
     written += report_dynamic.write_json(result, out_dir, common)
     written += report_serving_quant.write_json(result, out_dir, common)
     if with_report:

@@ -518,6 +518,12 @@ def run(opts: Options, log=print) -> dict:
 
         result["serving_quant"] = serving_quant.run(opts, log)
 
+    if opts.wants("lifecycle"):
+        from benchmarks import lifecycle_benchmark
+
+        result["lifecycle"] = lifecycle_benchmark.run(opts, log)
+        log("lifecycle: done")
+
     if opts.wants("accumulator"):
         result["accumulator"] = bench_accumulator(opts)
         log("accumulator: done")
