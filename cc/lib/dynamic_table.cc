@@ -110,11 +110,14 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
 }
 
 DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
-    : options_(options), weights_(options.dim, log2_rows_per_chunk), meta_(1, log2_rows_per_chunk) {
+    : options_(options),
+      weights_(options.storage, options.dim, log2_rows_per_chunk),
+      meta_(1, log2_rows_per_chunk),
+      init_scratch_(options.storage == StorageType::kFloat32 ? 0 : options.dim) {
   slots_.reserve(options.slot_initial_values.size());
   for (size_t s = 0; s < options.slot_initial_values.size(); ++s) {
     const int64_t width = options.slot_widths.empty() ? options.dim : options.slot_widths[s];
-    slots_.emplace_back(width, log2_rows_per_chunk);
+    slots_.emplace_back(options.slot_storage, width, log2_rows_per_chunk);
   }
 }
 
@@ -130,7 +133,7 @@ bool DynamicTable::Grow(int64_t extra) {
   if (!weights_.Reserve(rows) || !meta_.Reserve(rows)) {
     return false;
   }
-  for (ChunkedArena<float>& s : slots_) {
+  for (StoredRowArena& s : slots_) {
     if (!s.Reserve(rows)) return false;
   }
   if (!index_.Fits(size_ + extra) || index_.num_buckets() == 0) {
@@ -153,10 +156,13 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
   meta->key = key;
   meta->count = static_cast<uint32_t>(std::min(count, kMaxCount));
   meta->last_step = step;
-  options_.initializer.FillRow(key, weights_.At(row), options_.dim);
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    std::fill_n(slots_[s].At(row), slots_[s].row_width(), options_.slot_initial_values[s]);
+  if (weights_.type() == StorageType::kFloat32) {
+    options_.initializer.FillRow(key, Weights(row), options_.dim);
+  } else {  // initialised in float32, then rounded to nearest (as a 16-bit static table's variable)
+    options_.initializer.FillRow(key, init_scratch_.data(), options_.dim);
+    weights_.Write(row, init_scratch_.data());
   }
+  for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Fill(row, options_.slot_initial_values[s]);
   index_.Insert(key, row);
   ++size_;
 }
@@ -363,20 +369,17 @@ DynamicTableContents DynamicTable::Export() const {
   c.counts.resize(n);
   c.last_steps.resize(n);
   c.weights.resize(n * dim);
-  for (const ChunkedArena<float>& s : slots_) {
-    c.slot_widths.push_back(s.row_width());
-    c.slots.emplace_back(n * s.row_width());
+  for (const StoredRowArena& s : slots_) {
+    c.slot_widths.push_back(s.width());
+    c.slots.emplace_back(n * s.width());
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     c.keys[i] = KeyOf(r);
     c.counts[i] = CountOf(r);
     c.last_steps[i] = LastStepOf(r);
-    std::copy_n(Weights(r), dim, c.weights.data() + i * dim);
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const int64_t w = slot_width(s);
-      std::copy_n(Slot(s, r), w, c.slots[s].data() + i * w);
-    }
+    weights_.Read(r, c.weights.data() + i * dim);  // 16-bit rows widen exactly
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Read(r, c.slots[s].data() + i * slot_width(s));
   }
   std::vector<std::pair<int64_t, Pending>> pending(pending_.begin(), pending_.end());
   std::sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -492,11 +495,8 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     meta->key = c.keys[i];
     meta->count = static_cast<uint32_t>(c.counts[i]);
     meta->last_step = c.last_steps[i];
-    std::copy_n(c.weights.data() + i * dim, dim, weights_.At(row));
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const int64_t w = slot_width(s);
-      std::copy_n(c.slots[s].data() + i * w, w, slots_[s].At(row));
-    }
+    weights_.Write(row, c.weights.data() + i * dim);  // 16-bit: rounded to nearest (exact for 16-bit values)
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Write(row, c.slots[s].data() + i * slot_width(s));
     index_.Insert(c.keys[i], row);
     ++size_;
   }
@@ -505,7 +505,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
 
 int64_t DynamicTable::MemoryBytes() const {
   int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
-  for (const ChunkedArena<float>& s : slots_) bytes += s.MemoryBytes();
+  for (const StoredRowArena& s : slots_) bytes += s.MemoryBytes();
   return bytes;
 }
 

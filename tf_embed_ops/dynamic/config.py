@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat
+from tf_embed_ops import _tf_compat, low_precision
 from tf_embed_ops.config import slot_shapes
 from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
 
@@ -238,6 +238,9 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
       admission: None (every key gets a row on first sight) or `te.dynamic.FrequencyAdmission`.
       eviction: None, `te.dynamic.LRU`, `te.dynamic.LFU` or `te.dynamic.TTL`, applied after each training step.
       seed: the seed of the initializer; None takes the initializer object's own integer seed, else 0.
+      storage_dtype, slot_storage_dtype, rounding: the rows' and the slots' storage dtype and how a 16-bit row
+        is rounded back after the float32 optimizer step, with `te.TableConfig`'s choices and defaults
+        (tf.float32; the table's; "stochastic"); docs/low_precision.md.
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.
@@ -261,10 +264,17 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         admission: FrequencyAdmission | None = None,
         eviction: _Eviction | None = None,
         seed: int | None = None,
+        *,
+        storage_dtype: Any = tf.float32,
+        slot_storage_dtype: Any = None,
+        rounding: str | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
         owner = f"DynamicTableConfig {name!r}"
+        storage, slot_storage, rounding = low_precision.storage_options(
+            owner, storage_dtype, slot_storage_dtype, rounding
+        )
         _check_count(owner, "dim", dim, 1, MAX_DIM)
         _check_count(owner, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
         if initial_capacity is None:
@@ -321,13 +331,18 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.seed = seed
         self.initializer_kind = kind
         self.initializer_params = params
+        self.storage_dtype = storage
+        self.slot_storage_dtype = slot_storage
+        self.rounding = rounding
 
     def __repr__(self) -> str:
         return (
             f"DynamicTableConfig(name={self.name!r}, dim={self.dim}, optimizer={self.optimizer!r}, "
             f"combiner={self.combiner!r}, initializer={self.initializer_kind}{self.initializer_params}, "
             f"key_dtype={self.key_dtype.name}, initial_capacity={self.initial_capacity}, max_rows={self.max_rows}, "
-            f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed})"
+            f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed}, "
+            f"storage_dtype={self.storage_dtype.name!r}, slot_storage_dtype={self.slot_storage_dtype.name!r}, "
+            f"rounding={self.rounding!r})"
         )
 
 
@@ -355,6 +370,17 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         if config.eviction is not None
         else {"eviction": "none", "eviction_max_rows": 0, "eviction_ttl_steps": 0}
     )
+    # 16-bit storage: attrs only where they differ from the defaults, so a float32 table's op is the one older
+    # versions wrote (and read).
+    storage = (
+        {
+            "storage_dtype": config.storage_dtype.name,
+            "slot_storage_dtype": config.slot_storage_dtype.name,
+            "rounding": config.rounding,
+        }
+        if low_precision.is_low_precision(config)
+        else {}
+    )
     return {
         "shared_name": shared_name,
         "table_name": config.name,
@@ -372,6 +398,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         "max_pending_keys": admission.max_pending_keys if admission.min_count > 1 else 0,
         "pending_ttl_steps": admission.pending_ttl_steps if admission.min_count > 1 else 0,
         **eviction,
+        **storage,
     }
 
 
@@ -406,6 +433,9 @@ def to_config_dict(config: DynamicTableConfig) -> dict[str, Any]:
         },
         # TTL's argument is `steps`, LRU's and LFU's `max_rows`.
         "eviction": None if eviction is None else {"kind": eviction.kind, "value": _eviction_value(eviction)},
+        "storage_dtype": config.storage_dtype.name,
+        "slot_storage_dtype": config.slot_storage_dtype.name,
+        "rounding": config.rounding,
     }
 
 
@@ -437,4 +467,8 @@ def from_config_dict(
         admission=None if admission is None else FrequencyAdmission(**admission),
         eviction=policy,
         seed=fields["seed"],
+        # Configs saved before 16-bit dynamic tables have none of the three: the defaults.
+        storage_dtype=fields.get("storage_dtype", "float32"),
+        slot_storage_dtype=fields.get("slot_storage_dtype"),
+        rounding=fields.get("rounding"),
     )
