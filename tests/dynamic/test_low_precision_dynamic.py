@@ -22,8 +22,8 @@ from dynamic_ops_test_util import (
 )
 
 import tf_embed_ops as te
-from tf_embed_ops.dynamic import _ops as dyn
 from tf_embed_ops.dynamic import config as dyn_config
+from tf_embed_ops.dynamic import ops as dyn
 
 NP_DTYPES = {tf.bfloat16: ml_dtypes.bfloat16, tf.float16: np.float16}
 
@@ -294,7 +294,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 sys.path.insert(0, sys.argv[2])
 from dynamic_ops_test_util import int_feature, make_config, new_table, schema, slot_defaults
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 rng = np.random.default_rng(11)
 n, dim = 30000, 32  # large enough that every loop splits over 2 threads
