@@ -211,6 +211,9 @@ def dynamic_table_handle(
     container: str = "",
     shared_name: str = "",
     name=None,
+    storage_dtype="float32",
+    slot_storage_dtype="float32",
+    rounding: str = "stochastic",
 ) -> tf.Tensor:
     """Creates (on first run) or looks up the dynamic table ``(container, shared_name)``; returns its handle.
 
@@ -243,6 +246,9 @@ def dynamic_table_handle(
       eviction_log_capacity: entries the eviction log keeps.
       container, shared_name: the resource's name.
       name: op name.
+      storage_dtype, slot_storage_dtype: the rows' and slots' element type: float32, bfloat16 or float16
+        (dtypes or names).
+      rounding: "stochastic" or "nearest": how a 16-bit row is rounded back after each update.
 
     Returns:
       A scalar resource tensor.
@@ -292,6 +298,9 @@ def dynamic_table_handle(
         eviction_min_norm=float(eviction_min_norm),
         eviction_decay=float(eviction_decay),
         log_refused=bool(log_refused),
+        storage_dtype=tf.as_dtype(storage_dtype).name,
+        slot_storage_dtype=tf.as_dtype(slot_storage_dtype).name,
+        rounding=rounding,
         **ints,
         container=container,
         shared_name=shared_name,
@@ -339,7 +348,16 @@ def dynamic_embedding_activations(
 
 
 def dynamic_send_tpu_embedding_gradients(
-    gradients, learning_rates, features, tables, step, config, combiners=None, check_numerics=False, name=None
+    gradients,
+    learning_rates,
+    features,
+    tables,
+    step,
+    config,
+    combiners=None,
+    check_numerics=False,
+    name=None,
+    validate_only=False,
 ):
     """Applies one training step to dynamic tables in place, then their end-of-step eviction.
 
@@ -355,6 +373,8 @@ def dynamic_send_tpu_embedding_gradients(
       step: int64 scalar, the global step this update ends.
       config, combiners, check_numerics: as for the static op.
       name: op name.
+      validate_only: run every check (with check_numerics, the update computed without writing) and write
+        nothing; run before another op that writes, it makes the pair all-or-nothing.
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -379,6 +399,7 @@ def dynamic_send_tpu_embedding_gradients(
             config=serialized_config(config),
             combiners=checked_combiners(combiners),
             check_numerics=bool(check_numerics),
+            validate_only=bool(validate_only),
         )
 
 
