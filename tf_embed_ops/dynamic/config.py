@@ -414,9 +414,10 @@ def _eviction_value(eviction: _Eviction) -> int:
 
 
 def from_config_dict(
-    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any
+    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any, **options: Any
 ) -> DynamicTableConfig:
-    """Inverse of `to_config_dict`, given the `TableConfig` fields."""
+    """Inverse of `to_config_dict`, given the `TableConfig` fields and any other constructor `options` (saved by
+    the caller under the argument's name)."""
     admission = fields.get("admission")
     eviction = fields.get("eviction")
     policy = None
@@ -437,4 +438,5 @@ def from_config_dict(
         admission=None if admission is None else FrequencyAdmission(**admission),
         eviction=policy,
         seed=fields["seed"],
+        **options,
     )
