@@ -25,6 +25,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_embed_ops import _xla
 from tf_embed_ops.keras import distributed_embedding_config as de_config
 from tf_embed_ops.keras import layer as layer_lib
 from tf_embed_ops.keras import optimizer_mapping
@@ -113,9 +114,26 @@ def _check_table_stacking(table_stacking: Any, names: list[str]) -> None:
             seen.add(name)
 
 
-def _truncate(x: Any, max_ids: int | None) -> Any:
+def _truncate(x: Any, w: Any, max_ids: int | None) -> tuple[Any, Any]:
+    """Ragged/sparse ids (and their weights) with each row cut to its first `max_ids` ids."""
     if max_ids is None:
-        return x
+        return x, w
+    if _xla.in_xla_context():
+        # XLA compiles neither ragged nor sparse slicing: the ids past max_ids stay, with weight 0, which adds
+        # nothing to any combiner's sum or norm (the same values, unless such a row holds inf or NaN).
+        if isinstance(x, tf.RaggedTensor):
+            position = tf.range(tf.size(x.values, out_type=tf.int64)) - tf.gather(x.row_starts(), x.value_rowids())
+        else:
+            position = x.indices[:, 1]
+        keep = tf.cast(position < max_ids, tf.float32)
+        w_values = keep if w is None else w.values * keep
+        if isinstance(x, tf.RaggedTensor):
+            return x, x.with_values(w_values)
+        return x, tf.SparseTensor(x.indices, w_values, x.dense_shape)
+    return _cut(x, max_ids), (None if w is None else _cut(w, max_ids))
+
+
+def _cut(x: Any, max_ids: int) -> Any:
     if isinstance(x, tf.RaggedTensor):
         return x[:, :max_ids]
     shape = tf.shape(x, out_type=tf.int64)
@@ -137,7 +155,7 @@ def _prepare(x: Any, w: Any, feature: Any) -> tuple[Any, Any]:
         if w is not None and not isinstance(w, type(x)):
             raise ValueError(f"{what} weights are {_kind(w)} but the input is {_kind(x)}; they must match.")
         # tf.cast keeps ragged/sparse structure, so the weights stay aligned with the ids.
-        return _truncate(x, max_ids), (None if w is None else _truncate(tf.cast(w, tf.float32), max_ids))
+        return _truncate(x, None if w is None else tf.cast(w, tf.float32), max_ids)
     x = tf.convert_to_tensor(x)
     if x.shape.rank != len(declared):
         raise ValueError(f"{what} input of shape {x.shape} does not match the declared input_shape {declared}.")
