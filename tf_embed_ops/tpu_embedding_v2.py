@@ -14,7 +14,8 @@ preprocessed batch, `dequeue(batch)` and `embedding_lookup` / `__call__` return 
 
 The numerics run on `tf_embed_ops.TPUEmbedding`'s engine: this class builds a `TPUEmbeddingConfiguration` with
 those SparseCore settings (the combiner folded into the host gains, so every table combines by `sum`) and feeds its
-fused ops. Variables are per table (`{TableConfig: variable}`), but checkpoints are written and read in the
+fused ops. Variables are per table (`table_variables`: `{TableConfig: variable}`); `embedding_tables` presents
+them stacked, keyed by stacked table name, as TensorFlow's does, and checkpoints are written and read in the
 stacked SparseCore layout of `TPUEmbeddingV2`, with its `_sparse_core_table_layouts` entry, so checkpoints move
 both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TPUEmbeddingForServing`.
 
@@ -46,6 +47,7 @@ from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
+from tf_embed_ops.sparse_core import stacked_variable
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
 
@@ -83,9 +85,10 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     Differences from TensorFlow's class (see docs/mid_level_api.md for the full table): no `TPUStrategy`; the
     SparseCore topology the layouts describe is given by `num_replicas` and `num_sc_per_chip` (TensorFlow reads
-    it from the strategy) and a batch is one replica's; `embedding_tables` / `variables` are per table, not per
-    stacked table (`stacked_tables()` gives the stacked values); ids outside a table are an error (SparseCore
-    would read a neighbouring table of the stack).
+    it from the strategy) and a batch is one replica's; `embedding_tables` is keyed by stacked table name as
+    TensorFlow's, its values are `StackedVariable` views over the per-table variables that train here
+    (`table_variables`: `{TableConfig: tf.Variable}`; `variables` is per table name); ids outside a table are an
+    error (SparseCore would read a neighbouring table of the stack).
     """
 
     DEFAULT_MAX_IDS_PER_TABLE = 256
@@ -256,6 +259,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             self._engine.build()
             # Kept out of attribute tracking (a SavedModel tracks the engine's per-table variables instead).
             self.__dict__["_checkpoint_children"] = self._make_checkpoint_children()
+            self.__dict__["_stacked_variables"] = self._make_stacked_variables()
         self._built = True
 
     def _maybe_build(self) -> None:
@@ -268,9 +272,40 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     @property
     def embedding_tables(self) -> dict:
-        """`{TableConfig: tf.Variable}` per table (TensorFlow's class keys stacked variables by stacked name)."""
+        """`{stacked table name: StackedVariable}`, as TensorFlow's class: one variable per stack, holding the
+        stacked (row-sharded) values of its tables; reading stacks the per-table variables, `assign` splits into
+        them (`tf_embed_ops.sparse_core.stacked_variable`). The per-table variables: `table_variables`."""
+        self._maybe_build()
+        return dict(self.__dict__["_stacked_variables"])
+
+    @property
+    def table_variables(self) -> dict:
+        """`{TableConfig: tf.Variable}`: each table's own variable, the one the kernels train."""
         self._maybe_build()
         return {t: self._engine.variables[t.name]["parameters"] for t in self._table_config}
+
+    def _make_stacked_variables(self) -> dict:
+        out = {}
+        for stack in self._stacking.stacked_table_to_tables:
+            value = self._stacked_value(stack, "parameters")
+            out[stack] = stacked_variable.StackedVariable(
+                stack,
+                functools.partial(self._stacked_value, stack, "parameters"),
+                functools.partial(self._assign_stacked_value, stack, "parameters"),
+                value.shape,
+                value.dtype,
+                self._num_replicas,
+            )
+        return out
+
+    def _assign_stacked_value(self, stack: str, slot: str, value: Any) -> Any:
+        names = self._stacking.stacked_table_to_tables[stack]
+        return tf.group(
+            [
+                self._engine.variables[n][slot].assign(layout_lib.unstack_value(value, self._stacking.layouts[n]))
+                for n in names
+            ]
+        )
 
     @property
     def variables(self) -> dict:
