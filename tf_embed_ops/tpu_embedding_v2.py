@@ -63,6 +63,35 @@ class SparseCoreBatch(NamedTuple):
     dropped: dict  # {stacked table: number of ids dropped by the capacity limits}
 
 
+# The limits are int32 on SparseCore (TensorFlow's stats and preprocessing ops take and return int32).
+_MAX_LIMIT = 2**31 - 1
+
+
+def _positive_limit(value: Any, what: str) -> int:
+    """A capacity limit as a Python int: an int, a numpy integer or a scalar integer tensor (what
+    `compute_sparse_core_stats` returns, as TensorFlow's does), in [1, 2^31 - 1].
+
+    Raises:
+      ValueError: naming `what` (the config field and stacked table) and the value.
+    """
+    number = value
+    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
+        dtype = tf.as_dtype(value.dtype)
+        if not dtype.is_integer or tuple(value.shape) != ():
+            number = None
+        else:
+            try:
+                number = int(np.asarray(value))
+            except (TypeError, ValueError, NotImplementedError):  # a symbolic tensor has no value to read
+                number = None
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= _MAX_LIMIT:
+        raise ValueError(
+            f"SparseCoreEmbeddingConfig.{what} must be an integer in [1, {_MAX_LIMIT}] (a Python or numpy int, or a "
+            f"scalar integer tensor such as compute_sparse_core_stats returns); got {value!r}."
+        )
+    return number
+
+
 def _sparse_core_optimizer(optimizer: Any) -> Any:
     """The optimizer as SparseCore's fused update runs it: no clipping, per-row sums, lazy Adam.
 
@@ -212,27 +241,27 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             )
 
     def _capacity_limits(self) -> tuple[dict, dict]:
+        """The per-stack limits as Python ints (also sets `_max_ids_per_chip_per_sample`)."""
         config = self._sparse_core_embedding_config
-        max_ids, max_unique = {}, {}
-        for name in self._stacking.stacked_table_to_tables:
-            given_ids = config.max_ids_per_table or {}
-            given_unique = config.max_unique_ids_per_table or {}
-            max_ids[name] = given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE)
-            max_unique[name] = given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
-            for what, value in (("max_ids_per_table", max_ids[name]), ("max_unique_ids_per_table", max_unique[name])):
-                if not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"SparseCoreEmbeddingConfig.{what}[{name!r}] must be an int > 0; got {value!r}.")
-        for key in set(config.max_ids_per_table or {}) | set(config.max_unique_ids_per_table or {}):
+        given_ids = config.max_ids_per_table or {}
+        given_unique = config.max_unique_ids_per_table or {}
+        for key in set(given_ids) | set(given_unique):
             if key not in self._stacking.stacked_table_to_tables:
                 raise ValueError(
                     f"SparseCoreEmbeddingConfig names table {key!r}, which is not a stacked table; the limits are "
                     f"keyed by stacked table name: {sorted(self._stacking.stacked_table_to_tables)}."
                 )
-        if not isinstance(config.max_ids_per_chip_per_sample, int) or config.max_ids_per_chip_per_sample <= 0:
-            raise ValueError(
-                "SparseCoreEmbeddingConfig.max_ids_per_chip_per_sample must be an int > 0; got "
-                f"{config.max_ids_per_chip_per_sample!r}."
+        max_ids, max_unique = {}, {}
+        for name in self._stacking.stacked_table_to_tables:
+            max_ids[name] = _positive_limit(
+                given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE), f"max_ids_per_table[{name!r}]"
             )
+            max_unique[name] = _positive_limit(
+                given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE), f"max_unique_ids_per_table[{name!r}]"
+            )
+        self._max_ids_per_chip_per_sample = _positive_limit(
+            config.max_ids_per_chip_per_sample, "max_ids_per_chip_per_sample"
+        )
         return max_ids, max_unique
 
     def _engine_feature_config(self) -> list:
@@ -516,7 +545,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
                     stacks,
                     self._num_replicas,
                     self._num_sc_per_chip,
-                    config.max_ids_per_chip_per_sample,
+                    self._max_ids_per_chip_per_sample,
                     config.allow_id_dropping,
                 )
             except ValueError as e:
@@ -639,7 +668,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             stacks,
             num_tpu_chips,
             num_sc_per_chip,
-            config.max_ids_per_chip_per_sample,
+            emb._max_ids_per_chip_per_sample,
             config.allow_id_dropping,
             check_capacity=False,
         )
