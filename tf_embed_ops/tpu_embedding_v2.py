@@ -92,6 +92,51 @@ def _positive_limit(value: Any, what: str) -> int:
     return number
 
 
+def _row_splits_problem(splits: np.ndarray, num_values: int) -> str | None:
+    """What is wrong with ragged row splits over `num_values` values, or None."""
+    if splits.size == 0:
+        return "row_splits is empty (it needs at least [0])"
+    if splits[0] != 0:
+        return f"row_splits[0] is {splits[0]}, not 0"
+    if np.any(np.diff(splits) < 0):
+        i = int(np.flatnonzero(np.diff(splits) < 0)[0])
+        return f"row_splits decreases at position {i + 1} ({splits[i]} then {splits[i + 1]})"
+    if splits[-1] != num_values:
+        return f"row_splits ends at {splits[-1]} but there are {num_values} values"
+    return None
+
+
+def _check_row_splits(path: str, what: str, ragged: tf.RaggedTensor) -> list:
+    """Refuses malformed row splits (a RaggedTensor built with validate=False) naming the feature and the splits:
+    a ValueError when eager, else returns the assert (InvalidArgumentError) to run before the splits are used."""
+    splits = ragged.row_splits
+    num_values = tf.size(ragged.values, out_type=splits.dtype)
+    if tf.executing_eagerly():
+        problem = _row_splits_problem(splits.numpy(), int(num_values))
+        if problem is not None:
+            raise ValueError(
+                f"Feature {path}: bad row_splits of the {what}: {problem}: row_splits = {splits.numpy().tolist()}."
+            )
+        return []
+    label = f"Feature {path}: row_splits of the {what} must start at 0, not decrease and end at the number of values"
+    ok = tf.logical_and(
+        tf.logical_and(tf.size(splits) > 0, tf.equal(splits[0], 0)),
+        tf.logical_and(tf.reduce_all(splits[1:] >= splits[:-1]), tf.equal(splits[-1], num_values)),
+    )
+    return [tf.debugging.Assert(ok, [label, "row_splits:", splits, "values:", num_values])]
+
+
+def _check_same(path: str, what: str, ids_part: tf.Tensor, weights_part: tf.Tensor) -> None:
+    """The weights' `what` (row_splits / indices) must equal the ids'."""
+    if tf.executing_eagerly():
+        a, b = ids_part.numpy(), weights_part.numpy()
+        if a.shape != b.shape or not np.array_equal(a, b):
+            raise ValueError(
+                f"Feature {path}: the weights' {what} {b.tolist()} differ from the ids' {a.tolist()}; weights must "
+                "have the structure of their ids."
+            )
+
+
 def _sparse_core_optimizer(optimizer: Any) -> Any:
     """The optimizer as SparseCore's fused update runs it: no clipping, per-row sums, lazy Adam.
 
@@ -469,19 +514,26 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             strides = tf.math.cumprod(inp.dense_shape[:-1], exclusive=True, reverse=True)
             rows = tf.reduce_sum(inp.indices[:, :-1] * strides[None, :], axis=1)
             values = inp.values
+            if weight is not None:
+                _check_same(path, "indices", inp.indices, weight.indices)
             w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
         elif isinstance(inp, tf.RaggedTensor):
             if weight is not None and not isinstance(weight, tf.RaggedTensor):
                 raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weight)}")
             if inp.shape.rank != 2:
                 raise ValueError(f"Feature {path}: a RaggedTensor must have rank 2; got shape {inp.shape}.")
+            checks = _check_row_splits(path, "input", inp)
+            if weight is not None:
+                checks += _check_row_splits(path, "weights", weight)
+                _check_same(path, "row_splits", inp.row_splits, weight.row_splits)
             nrows = inp.nrows()
             tf.debugging.assert_equal(
                 nrows,
                 tf.cast(samples, nrows.dtype),
                 message=f"Feature {path}: the ragged batch must have {samples} rows (the product of output_shape).",
             )
-            rows, values = inp.value_rowids(), inp.values
+            with tf.control_dependencies(checks):  # bad splits fail here, not inside the preprocessing
+                rows, values = tf.identity(inp.value_rowids()), tf.identity(inp.values)
             w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
         else:
             inp = tf.convert_to_tensor(inp)
