@@ -161,3 +161,26 @@ def test_distributed_embedding_lookup_under_xla_equals_the_op_and_training_is_re
         tf.function(lambda a, b: layer(a, b, training=True), jit_compile=True)(x, w)
     for k, v in layer.get_embedding_tables().items():
         np.testing.assert_array_equal(v.numpy(), before[k], err_msg=k)
+
+
+def test_mid_level_lookup_under_xla_equals_the_op_and_apply_gradients_is_refused():
+    fc = _feature_config("sqrtn", "bfloat16", None)
+    mid = te.TPUEmbedding(fc, emb.SGD(0.1))
+    mid.build()
+    features, weights = _inputs(3)
+    expected = mid(features, weights)
+    got = tf.function(lambda f, w: mid(f, w), jit_compile=True)(features, weights)
+    for k in expected:
+        np.testing.assert_array_equal(got[k].numpy(), expected[k].numpy(), err_msg=k)
+    tables = [v.numpy() for v in mid.embedding_tables.values()]
+
+    @tf.function(jit_compile=True)
+    def step(f, w):
+        mid.enqueue(f, w, training=True)
+        acts = mid.dequeue()
+        mid.apply_gradients(tf.nest.map_structure(tf.ones_like, acts))
+
+    with pytest.raises(ValueError, match=r"TPUEmbedding\.apply_gradients: training cannot be compiled with XLA"):
+        step(features, weights)
+    for before, after in zip(tables, mid.embedding_tables.values(), strict=True):
+        np.testing.assert_array_equal(after.numpy(), before)
