@@ -1,7 +1,11 @@
 """JSON-able configs for `tf.tpu.experimental.embedding` objects, for `keras` `get_config`/`from_config`.
 
-`feature_config_to_dict` stores each distinct TableConfig once (shared tables stay shared after a round trip),
-its optimizer's constructor arguments and its initializer; `feature_config_from_dict` rebuilds the same nest.
+`feature_config_to_dict` stores each distinct TableConfig once (shared tables stay shared after a round trip)
+with its class (TensorFlow's `TableConfig`, `te.TableConfig`, `te.DynamicTableConfig`) and every constructor
+argument of that class: the optimizer's arguments (named by the optimizer schema), the initializer (TensorFlow's
+or Keras'), and the other options (`storage_dtype`, `rounding`, `dtype`, `layout`, ...) read from the attribute of
+the same name, so a new option is saved or refused by name, never dropped; `feature_config_from_dict` rebuilds the
+same nest.
 
 Example:
     >>> d = feature_config_to_dict({"a": tf.tpu.experimental.embedding.FeatureConfig(table=t)})
