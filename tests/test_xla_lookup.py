@@ -164,10 +164,11 @@ def test_distributed_embedding_lookup_under_xla_equals_the_op_and_training_is_re
 
 
 def test_mid_level_lookup_under_xla_equals_the_op_and_apply_gradients_is_refused():
-    fc = _feature_config("sqrtn", "bfloat16", None)
+    keep = ("weighted", "seq")  # two features keep the XLA compile short; the layer tests cover every kind
+    fc = {k: v for k, v in _feature_config("sqrtn", "bfloat16", None).items() if k in keep}
     mid = te.TPUEmbedding(fc, emb.SGD(0.1))
     mid.build()
-    features, weights = _inputs(3)
+    features, weights = ({k: v for k, v in nest.items() if k in keep} for nest in _inputs(3))
     expected = mid(features, weights)
     got = tf.function(lambda f, w: mid(f, w), jit_compile=True)(features, weights)
     for k in expected:
