@@ -62,9 +62,21 @@ def _values() -> dict:
         "key_dtype": [tf.string],
         "initial_capacity": [7],
         "max_rows": [100],
-        "admission": [te.dynamic.FrequencyAdmission(3, max_pending_keys=50, pending_ttl_steps=4)],
-        "eviction": [te.dynamic.LRU(50), te.dynamic.LFU(60), te.dynamic.TTL(9)],
+        "admission": [
+            te.dynamic.FrequencyAdmission(3, max_pending_keys=50, pending_ttl_steps=4),
+            te.dynamic.BloomAdmission(min_count=3, num_counters=1 << 10, num_hashes=2, counter_bits=4),
+        ],
+        "eviction": [
+            te.dynamic.LRU(50),
+            te.dynamic.LFU(60),
+            te.dynamic.TTL(9),
+            te.dynamic.L2Norm(0.5),
+            te.dynamic.DecayedLFU(40, 0.9),
+            te.dynamic.CountAndAge(2, 10),
+            te.dynamic.Score("log1p(count) - 0.1 * (step - last_step)", max_rows=40),
+        ],
         "seed": [123],
+        "eviction_log_capacity": [17],
     }
 
 
