@@ -145,7 +145,7 @@ def _plain(value):
     if hasattr(value, "_slot_names"):  # an optimizer: its class and every plain attribute
         attrs = {k: v for k, v in vars(value).items() if isinstance(v, (bool, int, float, str, type(None)))}
         return ("optimizer", type(value).__name__, sorted(attrs.items()))
-    if callable(getattr(value, "get_config", None)):  # an initializer
+    if callable(value) and callable(getattr(value, "get_config", None)):  # an initializer
         config = value.get_config()
         # The values, where they are reproducible (a seeded or non-random initializer).
         values = np.asarray(value((3, 2), dtype=tf.float32)).tolist() if config.get("seed", 0) is not None else None
