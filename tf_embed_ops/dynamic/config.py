@@ -850,9 +850,10 @@ def _admission_from_config(admission: dict[str, Any]) -> FrequencyAdmission | Bl
 
 
 def from_config_dict(
-    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any
+    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any, **options: Any
 ) -> DynamicTableConfig:
-    """Inverse of `to_config_dict`, given the `TableConfig` fields."""
+    """Inverse of `to_config_dict`, given the `TableConfig` fields and any other constructor `options` (saved by
+    the caller under the argument's name)."""
     admission = fields.get("admission")
     eviction = fields.get("eviction")
     policy = None if eviction is None else _eviction_from_config(eviction, name)
@@ -873,4 +874,5 @@ def from_config_dict(
         storage_dtype=fields.get("storage_dtype", "float32"),
         slot_storage_dtype=fields.get("slot_storage_dtype"),
         rounding=fields.get("rounding"),
+        **options,
     )
