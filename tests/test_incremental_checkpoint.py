@@ -34,7 +34,7 @@ class _Model(tf.Module):
     def __init__(self, optimizer_name, kind, num_shards=3, dim=DIM):
         super().__init__()
         opt = OPTIMIZERS[optimizer_name]()
-        if kind == "dynamic":
+        if kind in ("dynamic", "sharded_dynamic"):
             a = te.DynamicTableConfig("a", dim, optimizer=opt, combiner="sum", initial_capacity=16 * num_shards)
         elif kind == "bfloat16":
             a = te.TableConfig(VA, dim, name="a", optimizer=opt, combiner="sum", storage_dtype=tf.bfloat16)
@@ -42,7 +42,7 @@ class _Model(tf.Module):
             a = _emb.TableConfig(VA, dim, name="a", optimizer=opt, combiner="sum")
         b = _emb.TableConfig(VB, dim, name="b", optimizer=opt, combiner="sum")
         features = {"a": _emb.FeatureConfig(a), "b": _emb.FeatureConfig(b)}
-        if kind == "sharded":
+        if kind in ("sharded", "sharded_dynamic"):
             from tf_embed_ops.distribute import ShardedTPUEmbedding
 
             self.emb = ShardedTPUEmbedding(features, num_shards=num_shards)
@@ -53,7 +53,7 @@ class _Model(tf.Module):
         self.kind = kind
 
     def step(self, rng):
-        a = rng.integers(0, VA, 6) if self.kind != "dynamic" else rng.integers(0, 15, 6) * 7919 + 3
+        a = rng.integers(0, VA, 6) if "dynamic" not in self.kind else rng.integers(0, 15, 6) * 7919 + 3
         ids = {"a": tf.constant(a, tf.int64), "b": tf.constant(rng.integers(0, VB, 6), tf.int64)}
         self.emb.enqueue(ids)
         acts = self.emb.dequeue()
@@ -99,13 +99,13 @@ def _train_and_save(model, mgr, rng, saves=4, steps=2, evict=False):
     return states
 
 
-@pytest.mark.parametrize("kind", ["static", "bfloat16", "sharded", "dynamic"])
+@pytest.mark.parametrize("kind", ["static", "bfloat16", "sharded", "dynamic", "sharded_dynamic"])
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_chain_restores_bit_identical(tmp_path, optimizer_name, kind):
     rng = np.random.default_rng(0)
     model = _Model(optimizer_name, kind)
     mgr = _manager(model, tmp_path, full_every=0)
-    states = _train_and_save(model, mgr, rng, evict=kind == "dynamic")
+    states = _train_and_save(model, mgr, rng, evict="dynamic" in kind)
     assert [e["kind"] for e in mgr.chain] == ["full", "delta", "delta", "delta"]
     model.step(rng)  # move away from the saved state
     assert mgr.restore() == 4
@@ -232,7 +232,11 @@ def test_sigkill_mid_save_leaves_a_restorable_chain(tmp_path):
     last_saved = 0
     for _ in range(4):
         proc = subprocess.Popen(
-            [sys.executable, child, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True
+            [sys.executable, child, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
         )
         try:
             restored = int(proc.stdout.readline().split()[1])

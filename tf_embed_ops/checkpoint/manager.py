@@ -120,7 +120,7 @@ class IncrementalCheckpointManager:
         self._full_every = int(full_every or 0)
         self._max_chains = int(max_chains)
         os.makedirs(self._directory, exist_ok=True)
-        descendants, paths = tf.train.TrackableView(checkpoint)._descendants_with_paths()  # noqa: SLF001
+        descendants = tf.train.TrackableView(checkpoint).descendants()
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
         self._tables = {}
         embedding_vars = set()
@@ -132,17 +132,23 @@ class IncrementalCheckpointManager:
                     embedding_vars.update(id(v) for v in shards)
             else:
                 self._tables[name] = table
-        # Dense state: every other variable the checkpoint reaches, by its object path.
-        self._dense = {}
-        for obj in descendants:
-            var = _as_tf_variable(obj)
-            if var is None or id(var) in embedding_vars:
-                continue
-            path = "/".join(ref.name for ref in paths[obj])
-            self._dense.setdefault(path, var)
+        self._embedding_vars = embedding_vars
         self._model_id = self._fingerprint()
+        self._dense = self._dense_variables()
         self._cursor = None
         self._manifest = _format.read_manifest(self._directory) or {"chain": [], "model_id": self._model_id}
+
+    def _dense_variables(self) -> dict:
+        """Every variable the checkpoint reaches other than the tables and slots, by object path (looked up at
+        each save and restore: a Keras optimizer creates its variables on its first step)."""
+        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
+        dense = {}
+        for obj in descendants:
+            var = _as_tf_variable(obj)
+            if var is None or id(var) in self._embedding_vars:
+                continue
+            dense.setdefault("/".join(ref.name for ref in paths[obj]), var)
+        return dense
 
     # ------------------------------------------------------------------------------------------ properties
     @property
@@ -248,6 +254,7 @@ class IncrementalCheckpointManager:
                 arrays[f"dynamic/{table_name}/step"] = np.asarray([int(s.step.numpy()) for s in state.shards], np.int64)
                 tables[table_name] = {"kind": "dynamic", "full": bool(ch.full), "rows": int(ch.rows.size)}
         dense_dtypes = {}
+        self._dense = self._dense_variables()
         for path, var in self._dense.items():
             arrays[f"dense/{path}"], dense_dtypes[path] = _storage(np.asarray(var.numpy()))
         header = {
@@ -321,6 +328,7 @@ class IncrementalCheckpointManager:
                 f"{manifest.get('model_id')!r}, this model's is {self._model_id!r})"
             )
         chain = manifest["chain"]
+        self._dense = self._dense_variables()
         base = max(i for i, e in enumerate(chain) if e["kind"] == "full")
         full_entry = chain[base]
         full_dir = self._entry_paths(full_entry)
@@ -373,8 +381,10 @@ class IncrementalCheckpointManager:
                         raise CheckpointError(f"{path}: table {name!r} variable {var_name!r} has the wrong shape")
         for path_name, var in self._dense.items():
             value = arrays.get(f"dense/{path_name}")
-            if value is None or tuple(value.shape) != tuple(var.shape):
-                raise CheckpointError(f"{path}: dense variable {path_name!r} is missing or has another shape")
+            if value is not None and tuple(value.shape) != tuple(var.shape):
+                raise CheckpointError(
+                    f"{path}: dense variable {path_name!r} has shape {value.shape}, the model's is {tuple(var.shape)}"
+                )
 
     def _apply_deltas(self, deltas: list) -> None:
         if not deltas:
@@ -398,7 +408,18 @@ class IncrementalCheckpointManager:
                 self._apply_dynamic(name, state, deltas)
         header, arrays = deltas[-1]
         for path, var in self._dense.items():
-            var.assign(_from_storage(arrays[f"dense/{path}"], header["dense"][path]))
+            if path in header["dense"]:
+                var.assign(_from_storage(arrays[f"dense/{path}"], header["dense"][path]))
+        missing = sorted(set(header["dense"]) - set(self._dense))
+        if missing:
+            # Not created yet (e.g. a Keras optimizer before its first step): they keep the full checkpoint's
+            # values, restored when created.  Build them before restoring to get the delta's.
+            _log.warning(
+                "incremental checkpoint: %d variables of %s do not exist yet and keep the full checkpoint's values: %s",
+                len(missing),
+                header["name"],
+                ", ".join(missing[:5]),
+            )
 
     def _apply_dynamic(self, name: str, state: Any, deltas: list) -> None:
         table = state.table
@@ -427,8 +448,8 @@ class IncrementalCheckpointManager:
 
     # ------------------------------------------------------------------------------------------ identity
     def _fingerprint(self) -> str:
-        """A digest of the table layout (names, kinds, sizes, widths, dtypes) and the dense variables' paths and
-        shapes: deltas of another model are refused."""
+        """A digest of the table layout (names, kinds, sizes, widths, dtypes): deltas of another model are
+        refused (the other variables are checked one by one, by path and shape)."""
         desc = {}
         for name, state in self._tables.items():
             if isinstance(state, _StaticState):
@@ -436,5 +457,4 @@ class IncrementalCheckpointManager:
             else:
                 shard = state.shards[0]
                 desc[name] = {"kind": "dynamic", "dim": shard.dim, "slot_widths": list(shard.slot_widths)}
-        desc["__dense__"] = {p: [list(v.shape), v.dtype.name] for p, v in sorted(self._dense.items())}
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
