@@ -189,10 +189,10 @@ def section(result: dict) -> list[str]:
         # below (more steps touch more rows, sub-linearly under Zipf); reported as an estimate.
         steps_per_minute = 60e3 / ck["step_ms"]
         out += [
-            f"Estimated overhead of tracking + a delta every 60 s: {tr['ratio'] - 1 + last['save_s'] / 60:.3%} of "
-            f"step time (tracking {tr['ratio'] - 1:+.2%}, plus one {last['save_s']:.2f} s delta per minute; "
-            f"{steps_per_minute:,.0f} steps a minute at {ck['step_ms']:.1f} ms/step, the delta measured after "
-            f"{last['steps']} steps).",
+            f"Estimated cost of a delta every 60 s: {last['save_s'] / 60:.2%} of training time (one "
+            f"{last['save_s']:.2f} s delta a minute, measured after {last['steps']} steps; a minute holds "
+            f"{steps_per_minute:,.0f} steps at {ck['step_ms']:.1f} ms/step and touches more rows, sub-linearly "
+            f"under Zipf), plus tracking's {tr['ratio'] - 1:+.2%} per step.",
             "",
         ]
     return out
