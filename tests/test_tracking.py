@@ -222,3 +222,22 @@ def test_keras_layer_in_fit():
 def test_find_engines_refuses_an_object_without_embeddings():
     with pytest.raises(ValueError, match="holds no tf_embed_ops embedding"):
         tracking.find_engines(tf.Module())
+
+
+def test_tpu_embedding_v2():
+    table = _emb.TableConfig(VA, DIM, name="v", optimizer=_emb.Adagrad(0.1), combiner="sum")
+    emb = te.TPUEmbeddingV2(
+        {"f": _emb.FeatureConfig(table, output_shape=[4])},
+        sparse_core_embedding_config=_emb.SparseCoreEmbeddingConfig(max_ids_per_chip_per_sample=64),
+    )
+    emb.build()
+    tracker = tracking.Tracker(emb)
+    c0 = tracker.cursor()
+    ids = np.array([5, 1, 5, 30], np.int64)
+    with tf.GradientTape() as tape:
+        acts, batch = emb({"f": tf.constant(ids)})
+        tape.watch(acts)
+        loss = tf.reduce_sum(acts["f"] ** 2)
+    emb.apply_gradients(tape.gradient(loss, acts), batch)
+    (name,) = tracker.table_names
+    np.testing.assert_array_equal(tracker.changed_since(c0).tables[name].rows, np.unique(ids))
