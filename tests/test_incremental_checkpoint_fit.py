@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.test_distribute_fit import BATCH, STEPS, _data, _layer, _model, _table
+from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model, table_values
 
 
 def _run(stage: str, out_dir: str) -> None:
@@ -23,15 +23,15 @@ def _run(stage: str, out_dir: str) -> None:
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = _data()
+    ids, y = epoch_data()
 
     def dataset_fn(input_context):
         return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
 
     strategy = ted.create_local_cluster(num_workers=1, num_ps=2)
     with strategy.scope():
-        layer = _layer(tf, ShardedEmbeddingLayer)
-        model = _model(tf, keras, layer)
+        layer = make_layer(tf, ShardedEmbeddingLayer)
+        model = make_model(tf, keras, layer)
         # The optimizer's variables exist before a restore, so the deltas' values reach them (docs/checkpoints.md).
         model.optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
@@ -40,7 +40,7 @@ def _run(stage: str, out_dir: str) -> None:
 
     class Recorder(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            started["table"] = _table(tf, layer)
+            started["table"] = table_values(tf, layer)
 
     history = ted.fit(
         model,
@@ -54,7 +54,7 @@ def _run(stage: str, out_dir: str) -> None:
     result = {
         "epochs": history.epoch,
         "tables_at_start": started["table"],
-        "table": _table(tf, layer),
+        "table": table_values(tf, layer),
         "chain": [(e["name"], e["kind"]) for e in manager.chain],
     }
     with open(os.path.join(out_dir, f"{stage}.json"), "w") as f:
