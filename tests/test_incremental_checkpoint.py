@@ -34,7 +34,17 @@ class _Model(tf.Module):
     def __init__(self, optimizer_name, kind, num_shards=3, dim=DIM):
         super().__init__()
         opt = OPTIMIZERS[optimizer_name]()
-        if kind in ("dynamic", "sharded_dynamic"):
+        if kind == "dynamic_lifecycle":
+            a = te.DynamicTableConfig(
+                "a",
+                dim,
+                optimizer=opt,
+                combiner="sum",
+                initial_capacity=16 * num_shards,
+                admission=te.dynamic.BloomAdmission(2, num_counters=1024, num_hashes=2, counter_bits=4),
+                eviction=te.dynamic.DecayedLFU(max_rows=8, decay=0.5),
+            )
+        elif kind in ("dynamic", "sharded_dynamic"):
             a = te.DynamicTableConfig("a", dim, optimizer=opt, combiner="sum", initial_capacity=16 * num_shards)
         elif kind == "bfloat16":
             a = te.TableConfig(VA, dim, name="a", optimizer=opt, combiner="sum", storage_dtype=tf.bfloat16)
@@ -54,6 +64,8 @@ class _Model(tf.Module):
 
     def step(self, rng):
         a = rng.integers(0, VA, 6) if "dynamic" not in self.kind else rng.integers(0, 15, 6) * 7919 + 3
+        if self.kind == "dynamic_lifecycle":
+            a = np.concatenate([a[:3], a[:3]])  # seen twice: admitted by the Bloom filter
         ids = {"a": tf.constant(a, tf.int64), "b": tf.constant(rng.integers(0, VB, 6), tf.int64)}
         self.emb.enqueue(ids)
         acts = self.emb.dequeue()
@@ -71,6 +83,13 @@ class _Model(tf.Module):
                 out[f"{cfg.name}:{k}"] = v.numpy()
             shards = getattr(table, "shards", None) or [table]
             out[f"{cfg.name}:step"] = shards[0].step.numpy()
+            from tf_embed_ops.dynamic import table as table_lib
+
+            names = table_lib.policy_tensor_names(cfg)
+            if names:  # Bloom counters, decayed counts: the lifecycle policies' own state
+                tensors = table._serialize_to_tensors()
+                for k in names:
+                    out[f"{cfg.name}:{k}"] = tensors[k].numpy()
         return out
 
 
@@ -112,6 +131,20 @@ def test_chain_restores_bit_identical(tmp_path, optimizer_name, kind):
     _assert_same(model.state(), states[-1])
     # A new object, another shard count / dynamic capacity.
     other = _Model(optimizer_name, kind, num_shards=2)
+    assert _manager(other, tmp_path).restore() == 4
+    _assert_same(other.state(), states[-1])
+
+
+def test_dynamic_lifecycle_policies_restore_bit_identical(tmp_path):
+    """Bloom admission counters and decayed-LFU counts are saved whole in each delta."""
+    rng = np.random.default_rng(5)
+    model = _Model("adagrad", "dynamic_lifecycle")
+    mgr = _manager(model, tmp_path, full_every=0)
+    states = _train_and_save(model, mgr, rng)
+    model.step(rng)
+    assert mgr.restore() == 4
+    _assert_same(model.state(), states[-1])
+    other = _Model("adagrad", "dynamic_lifecycle")
     assert _manager(other, tmp_path).restore() == 4
     _assert_same(other.state(), states[-1])
 

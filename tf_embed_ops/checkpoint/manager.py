@@ -45,6 +45,19 @@ def _from_storage(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return array
 
 
+def _policy_state(table: Any) -> dict:
+    """A dynamic table's lifecycle-policy state (Bloom counters, decayed counts), saved whole in each delta:
+    the policies change it on every lookup, not per row.  Read through the table's checkpoint tensors, so only
+    tables with such a policy pay for it."""
+    from tf_embed_ops.dynamic import table as table_lib
+
+    names = table_lib.policy_tensor_names(table.config)
+    if not names:
+        return {}
+    tensors = table._serialize_to_tensors()  # noqa: SLF001 - the table's own checkpoint tensors
+    return {k: tensors[k].numpy() for k in names}
+
+
 class _StaticState:
     """One static table (all its shards): its parameters and slots as global-row arrays."""
 
@@ -251,6 +264,8 @@ class IncrementalCheckpointManager:
                 for k, v in ch.contents.items():
                     arrays[f"dynamic/{table_name}/{k}"] = v
                 arrays[f"dynamic/{table_name}/evicted"] = ch.evicted
+                for k, v in _policy_state(state.table).items():
+                    arrays[f"dynamic/{table_name}/policy/{k}"] = v
                 arrays[f"dynamic/{table_name}/step"] = np.asarray([int(s.step.numpy()) for s in state.shards], np.int64)
                 tables[table_name] = {"kind": "dynamic", "full": bool(ch.full), "rows": int(ch.rows.size)}
         dense_dtypes = {}
@@ -443,6 +458,8 @@ class IncrementalCheckpointManager:
             step = int(arrays[f"dynamic/{name}/step"].max())
         tensors = {k: tf.constant(v) for k, v in content.items()}
         tensors["step"] = tf.constant(step, tf.int64)
+        prefix = f"dynamic/{name}/policy/"
+        tensors.update({k[len(prefix) :]: tf.constant(v) for k, v in arrays.items() if k.startswith(prefix)})
         # The full-checkpoint restore path: resharding by key and capacity growth included.
         table._restore_from_tensors(tensors)  # noqa: SLF001
 
