@@ -22,7 +22,13 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
 
-__all__ = ["FrozenDynamicGroup", "export_for_serving", "frozen_dynamic_group", "plain_lookup"]
+__all__ = [
+    "FrozenDynamicGroup",
+    "export_for_serving",
+    "frozen_dynamic_group",
+    "plain_lookup",
+    "trace_serving_function",
+]
 
 
 def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
@@ -83,19 +89,26 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
 
 # "frozen": {id(dynamic table object): (the object, its FrozenDynamicTable)}, the dynamic tables frozen while
 # serving functions were traced in this context (export_for_serving saves them with the model).
-_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}}
+# "freeze": the function that makes a dynamic table's serving copy (None: `tf_embed_ops.dynamic.serving.freeze`;
+# `tf_embed_ops.serving` passes one that makes updatable copies).
+_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}, "freeze": None}
 
 
 @contextlib.contextmanager
-def serving_mode():
+def serving_mode(freeze: Any = None):
     """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op); dynamic
-    tables are frozen (`tf_embed_ops.dynamic.serving.freeze`) on first use, once per context."""
-    previous, previous_frozen = _SERVING_MODE["on"], _SERVING_MODE["frozen"]
-    _SERVING_MODE["on"], _SERVING_MODE["frozen"] = True, {}
+    tables are frozen (`freeze`, by default `tf_embed_ops.dynamic.serving.freeze`) on first use, once per context.
+
+    Args:
+      freeze: optional callable DynamicTable -> an object with `rows(ids)`, `values` and `dim` (as
+        `FrozenDynamicTable`), called eagerly once per table.
+    """
+    saved = dict(_SERVING_MODE)
+    _SERVING_MODE.update(on=True, frozen={}, freeze=freeze)
     try:
         yield
     finally:
-        _SERVING_MODE["on"], _SERVING_MODE["frozen"] = previous, previous_frozen
+        _SERVING_MODE.update(saved)
 
 
 def frozen_tables() -> list:
@@ -108,7 +121,8 @@ def _frozen(table: Any) -> Any:
 
     entry = _SERVING_MODE["frozen"].get(id(table))
     if entry is None:
-        entry = (table, dynamic_serving.freeze(table))  # the object is kept so that its id stays unique
+        freeze = _SERVING_MODE["freeze"] or dynamic_serving.freeze
+        entry = (table, freeze(table))  # the object is kept so that its id stays unique
         _SERVING_MODE["frozen"][id(table)] = entry
     return entry[1]
 
@@ -163,6 +177,45 @@ def _arg_name(path: str, used: set) -> str:
     return name
 
 
+def trace_serving_function(model: Any, input_signature: Any, freeze: Any = None) -> tuple:
+    """Traces `model` in serving mode into a concrete function of plain tensors (no `tf_embed_ops` op).
+
+    Args:
+      model: as `export_for_serving`.
+      input_signature: as `export_for_serving`.
+      freeze: as `serving_mode`.
+
+    Returns:
+      (concrete function, {signature argument name: component spec}, the frozen dynamic tables it reads).
+
+    Raises:
+      RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
+    """
+    specs = tf.nest.flatten(input_signature, expand_composites=True)
+    used: set = set()
+    names = [_arg_name(path, used) for path, _ in _component_paths(input_signature)]
+    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
+
+    def serve(*components):
+        inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
+        outputs = model(inputs, training=False)
+        if isinstance(outputs, dict):
+            return outputs
+        return (
+            {"output_0": outputs}
+            if not isinstance(outputs, (list, tuple))
+            else {f"output_{i}": o for i, o in enumerate(outputs)}
+        )
+
+    with serving_mode(freeze):  # one context for the trace: each dynamic table is frozen once, and kept below
+        concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
+        frozen = frozen_tables()
+    custom = _custom_ops_in(concrete.graph.as_graph_def())
+    if custom:
+        raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    return concrete, dict(zip(names, specs, strict=False)), frozen
+
+
 def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     """Writes a SavedModel whose `serving_default` signature runs `model` without any `tf_embed_ops` op.
 
@@ -180,38 +233,14 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
     Raises:
       RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
     """
-    specs = tf.nest.flatten(input_signature, expand_composites=True)
-    used: set = set()
-    names = []
-    for path, spec in _component_paths(input_signature):
-        names.append(_arg_name(path, used))
-        del spec
-    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
-
-    def serve(*components):
-        inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
-        outputs = model(inputs, training=False)
-        if isinstance(outputs, dict):
-            return outputs
-        return (
-            {"output_0": outputs}
-            if not isinstance(outputs, (list, tuple))
-            else {f"output_{i}": o for i, o in enumerate(outputs)}
-        )
-
-    with serving_mode():  # one context for the trace: each dynamic table is frozen once, and kept below
-        concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
-        frozen = frozen_tables()
-    custom = _custom_ops_in(concrete.graph.as_graph_def())
-    if custom:
-        raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    concrete, inputs, frozen = trace_serving_function(model, input_signature)
     # Track the backing tf.Variables, not the Keras model: saving a Keras model object makes Keras add its own
     # default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs).
     root = tf.Module()
     root.serving_variables = [getattr(v, "value", v) for v in model.variables]
     root.dynamic_tables = frozen  # frozen dynamic tables: StaticHashTable + dense rows, plain TensorFlow state
     tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
-    return dict(zip(names, specs, strict=False))
+    return inputs
 
 
 def _component_paths(structure: Any) -> list:
