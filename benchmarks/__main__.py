@@ -7,6 +7,7 @@ Examples:
     python -m benchmarks --only W1 --optimizers sgd,adagrad
     python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
     python -m benchmarks --only dynamic --tfra-python /opt/tfra-venv/bin/python   # dynamic tables + TFRA peer
+    python -m benchmarks --only serving_delta   # deltas to a live servable: bytes, latency, memory, lookups
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic")
+SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic", "serving_delta")
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from benchmarks import report_dynamic
+from benchmarks import report_dynamic, report_serving
 
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
@@ -497,6 +497,7 @@ def markdown(result: dict, plots: list[str]) -> str:
         "",
     ]
     out += report_dynamic.section(result)
+    out += report_serving.section(result)
     return "\n".join(out)
 
 
@@ -665,6 +666,7 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
         _dump(os.path.join(out_dir, "accumulator_suite.json"), {**common, "accumulator": result["accumulator"]})
         written.append("accumulator_suite.json")
     written += report_dynamic.write_json(result, out_dir, common)
+    written += report_serving.write_json(result, out_dir, common)
     if with_report:
         plots = plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:

@@ -124,3 +124,26 @@ def run_server(steps: list, timeout: int = 600) -> list:
 
 def feed_of(x) -> dict:
     return {"ids_values": x["ids"].values.numpy().tolist(), "ids_row_splits": x["ids"].row_splits.numpy().tolist()}
+
+
+class DiffTracker:
+    """A stand-in for the touched-row tracker with its API (cursor, changed_since), built from `Snapshot`s: the
+    rows whose bytes changed since a cursor. Lets the publisher's own logic be tested against a reference."""
+
+    def __init__(self, publisher):
+        self._pub = publisher
+
+    def cursor(self):
+        return Snapshot(self._pub)
+
+    def changed_since(self, cursor):
+        import types
+
+        now = Snapshot(self._pub)
+        touched = now.touched_since(cursor)
+        kinds = {n: "static" for n in now.static} | {n: "dynamic" for n in now.dynamic}
+        tables = {
+            n: types.SimpleNamespace(kind=kinds[n], full=False, rows=rows, evicted=evicted)
+            for n, (rows, evicted) in touched.items()
+        }
+        return types.SimpleNamespace(tables=tables, cursor=now)

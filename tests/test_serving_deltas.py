@@ -211,6 +211,30 @@ def test_every_bad_delta_is_refused_with_its_file_and_reason_and_nothing_changes
     assert int(served.signatures["apply_delta"](path=tf.constant(good["v2"]))["version"]) == 2
 
 
+def test_publish_delta_writes_what_the_tracker_reports_and_falls_back_to_a_full_version(tmp_path):
+    """publish_delta over a reference tracker (table comparison): deltas while the new keys fit, then a full
+    version when they do not."""
+    model, _, table = util.dynamic_model()
+    util.fit(model, seed=0)
+    pub = Publisher(model, str(tmp_path), util.SIGNATURE, dynamic_headroom=0.0, min_free_slots=12)
+    pub._tracker = util.DiffTracker(pub)
+    pub.publish_full()
+    served = tf.saved_model.load(str(tmp_path / "1"))
+    probe = _probe()
+    util.fit(model, seed=1, high=30)  # no new keys
+    version = pub.publish_delta()
+    entry = read_manifest(str(tmp_path))["chain"][-1]
+    assert (entry["version"], entry["kind"], entry["base"]) == (version, "delta", 1)
+    served.signatures["apply_delta"](path=tf.constant(str(tmp_path / entry["path"])))
+    np.testing.assert_array_equal(_serve(served, probe), _serve(_full_export(model, str(tmp_path / "f")), probe))
+    util.fit(model, seed=2, high=60)  # about 30 new keys: more than the 12 free slots
+    version = pub.publish_delta()
+    entry = read_manifest(str(tmp_path))["chain"][-1]
+    assert (entry["version"], entry["kind"]) == (version, "full")
+    fresh = tf.saved_model.load(str(tmp_path / str(version)))
+    np.testing.assert_array_equal(_serve(fresh, probe), _serve(_full_export(model, str(tmp_path / "g")), probe))
+
+
 def test_publish_delta_needs_a_full_version_first(tmp_path):
     model, _, _ = util.dynamic_model()
     pub = Publisher(model, str(tmp_path), util.SIGNATURE)
@@ -252,3 +276,66 @@ def test_a_serving_process_without_tf_embed_ops_applies_the_chain(tmp_path):
     assert results[5] == {"version": 2, "ok": True}
     assert results[6] == {"version": 3, "ok": True}
     np.testing.assert_array_equal(np.array(results[7]["output_0"], np.float32), expected[1])
+
+
+_PUBLISHER_CHILD = r"""
+import sys
+sys.path.insert(0, {root!r})
+from tests import serving_delta_util as util
+from tf_embed_ops.serving import Publisher
+model, _, table = util.dynamic_model()
+pub = Publisher(model, {directory!r}, util.SIGNATURE, min_free_slots=4096)
+print("full", pub.publish_full(), flush=True)
+for round_ in range(1, 10**6):
+    before = util.Snapshot(pub)
+    util.fit(model, seed=round_, high=30 + round_)
+    print("delta", pub.write_delta(util.Snapshot(pub).touched_since(before)), flush=True)
+    if round_ % 4 == 0:
+        print("full", pub.publish_full(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_publish_killed_at_random_points_leaves_a_consistent_chain(tmp_path):
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    directory = str(tmp_path / "chain")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rng = random.Random(7)
+    for _ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _PUBLISHER_CHILD.format(root=root, directory=directory)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert child.stdout.readline().startswith("full")  # the publisher is up and has published once
+        time.sleep(rng.uniform(0.0, 3.0))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+        child.stdout.close()
+    # The chain is what the manifest lists; every listed version is complete and builds on the one before.
+    manifest = read_manifest(directory)
+    chain = manifest["chain"]
+    assert chain[0]["kind"] == "full"
+    for previous, entry in zip(chain, chain[1:], strict=False):
+        assert entry["version"] > previous["version"]
+        if entry["kind"] == "delta":
+            assert entry["base"] == previous["version"]
+            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksums verified
+            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    last_full = [e for e in chain if e["kind"] == "full"][-1]
+    served = tf.saved_model.load(os.path.join(directory, last_full["path"]))
+    for entry in chain[chain.index(last_full) + 1 :]:
+        served.signatures["apply_delta"](path=tf.constant(os.path.join(directory, entry["path"])))
+    assert int(served.signatures["served_version"]()["version"]) == chain[-1]["version"]
+    # A new publisher removes the temporaries and continues past every number used, listed or not.
+    model, _, _ = util.dynamic_model()
+    pub = Publisher(model, directory, util.SIGNATURE)
+    assert not [e for e in os.listdir(directory) if ".tmp-" in e]
+    used = [int(e) for e in os.listdir(directory) if e.isdigit()]
+    assert pub.publish_full() > max(used + [chain[-1]["version"]])
