@@ -97,7 +97,8 @@ class TableDelta:
         rows = np.asarray(rows)
         if dim is None:
             dim = int(rows.shape[-1])
-        self.rows = np.ascontiguousarray(rows.astype(tf.as_dtype(encoding).as_numpy_dtype).reshape([-1, dim]))
+        # No copy when the rows already have the encoding's dtype (np.asarray, not astype).
+        self.rows = np.ascontiguousarray(np.asarray(rows, tf.as_dtype(encoding).as_numpy_dtype).reshape([-1, dim]))
         self.dim = int(dim)
         self.evicted = np.ascontiguousarray(np.asarray([] if evicted is None else evicted, np.int64).reshape([-1]))
         if self.rows.shape[0] != self.keys.shape[0]:

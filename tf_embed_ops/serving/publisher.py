@@ -317,14 +317,16 @@ class Publisher:
         for entry in layout["tables"]:
             name = entry["name"]
             keys, evicted = touched.get(name, (np.zeros([0], np.int64), np.zeros([0], np.int64)))
-            keys = np.unique(np.asarray(keys, np.int64))
+            keys = _sorted_unique(keys)
             if entry["kind"] == "static":
                 rows = tf.gather(static[name], keys).numpy() if keys.size else np.zeros([0, entry["dim"]])
                 tables.append(fmt.TableDelta(keys, rows, encoding=entry["encoding"], dim=entry["dim"]))
                 continue
             table = dynamic[name]
             keys, rows = _dynamic_rows(table, keys)
-            evicted = np.setdiff1d(np.asarray(evicted, np.int64), keys)
+            evicted = _sorted_unique(evicted)
+            if evicted.size and keys.size:
+                evicted = evicted[~np.isin(evicted, keys, assume_unique=True)]
             size = int(table.size().numpy()) if hasattr(table, "size") else keys.shape[0]
             # Slots in use after the apply (the training table's size) plus those it releases must fit.
             if size + evicted.shape[0] > entry["capacity"]:
@@ -371,6 +373,14 @@ class Publisher:
         optimizer = getattr(self._model, "optimizer", None)
         iterations = getattr(optimizer, "iterations", None)
         return int(iterations.numpy()) if iterations is not None else 0
+
+
+def _sorted_unique(values: Any) -> np.ndarray:
+    """`values` as sorted unique int64 (the tracker's rows already are: checked in one pass, not re-sorted)."""
+    values = np.asarray(values, np.int64).reshape([-1])
+    if values.size < 2 or bool(np.all(values[1:] > values[:-1])):
+        return values
+    return np.unique(values)
 
 
 def _dynamic_rows(table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
