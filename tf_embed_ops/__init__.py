@@ -14,6 +14,8 @@ below is resolved on first use.
 - ``DynamicTableConfig``, ``dynamic``: dynamic-vocabulary tables (int64 or string keys, rows created as ids
   arrive, admission and eviction policies), accepted wherever a ``TableConfig`` is.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
+- ``tracking``: which table rows changed since a version (docs/tracking.md); ``checkpoint``: incremental
+  checkpoints built on it (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TableConfig": ("tf_embed_ops.table_config", "TableConfig"),
     "TPUEmbeddingV2": ("tf_embed_ops.tpu_embedding_v2", "TPUEmbeddingV2"),
     "sparse_core": ("tf_embed_ops.sparse_core", None),
+    "tracking": ("tf_embed_ops.tracking", None),
     "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),
     "normalize_feature": ("tf_embed_ops.embedding_ops", "normalize_feature"),
     "embedding_activations": ("tf_embed_ops.embedding_ops", "embedding_activations"),
