@@ -292,7 +292,8 @@ class Publisher:
         for name, tc in changes.tables.items():
             if tc.kind == "dynamic" and tc.full:
                 return self.publish_full()
-            touched[name] = (np.asarray(tc.rows, np.int64), np.asarray(tc.evicted, np.int64))
+            weights = tc.contents["weights"] if tc.kind == "dynamic" and tc.contents is not None else None
+            touched[name] = (np.asarray(tc.rows, np.int64), np.asarray(tc.evicted, np.int64), weights)
         version = self.write_delta(touched, dense=dense)
         if version is None:
             return self.publish_full()
@@ -304,7 +305,9 @@ class Publisher:
         tracker's rows).
 
         Args:
-          touched: {table name: (row ids or keys int64[n], evicted keys int64[m])}; tables left out are unchanged.
+          touched: {table name: (row ids or keys int64[n], evicted keys int64[m])}, or for a dynamic table
+            (keys, evicted, rows [n, dim]) with the keys' rows as read (sorted by key, as the tracker gives them);
+            tables left out are unchanged.
           dense: as `publish_delta`.
 
         Returns:
@@ -316,14 +319,20 @@ class Publisher:
         tables = []
         for entry in layout["tables"]:
             name = entry["name"]
-            keys, evicted = touched.get(name, (np.zeros([0], np.int64), np.zeros([0], np.int64)))
-            keys = _sorted_unique(keys)
+            keys, evicted, *given = touched.get(name, (np.zeros([0], np.int64), np.zeros([0], np.int64)))
+            given_rows = given[0] if given else None
+            if given_rows is not None:
+                keys = np.asarray(keys, np.int64)
+                if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+                    raise ValueError(f"touched[{name!r}]: keys given with their rows must be sorted and unique")
+            else:
+                keys = _sorted_unique(keys)
             if entry["kind"] == "static":
                 rows = tf.gather(static[name], keys).numpy() if keys.size else np.zeros([0, entry["dim"]])
                 tables.append(fmt.TableDelta(keys, rows, encoding=entry["encoding"], dim=entry["dim"]))
                 continue
             table = dynamic[name]
-            keys, rows = _dynamic_rows(table, keys)
+            keys, rows = (keys, np.asarray(given_rows)) if given_rows is not None else _dynamic_rows(table, keys)
             evicted = _sorted_unique(evicted)
             if evicted.size and keys.size:
                 evicted = evicted[~np.isin(evicted, keys, assume_unique=True)]
