@@ -41,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
     p.add_argument("--tfra-python", default=None, help="interpreter with TFRA (benchmarks/peers/setup_tfra.sh)")
     p.add_argument("--no-fbgemm", action="store_true", help="skip the FBGEMM peer (reported as absent)")
+    p.add_argument(
+        "--no-speed-of-light", action="store_true", help="skip the speed-of-light kernel (needs a C++ compiler)"
+    )
     p.add_argument("--no-report", action="store_true", help="write JSON only (no REPORT.md / plots)")
     args = p.parse_args(argv)
     only = tuple(s for s in args.only.split(",") if s)
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         fbgemm_python=args.fbgemm_python,
         no_fbgemm=args.no_fbgemm,
+        no_speed_of_light=args.no_speed_of_light,
         tfra_python=args.tfra_python,
         blocks=args.blocks or (2 if args.smoke else 7),
         warmup=1 if args.smoke else 3,

@@ -61,22 +61,33 @@ def build_probe() -> str:
     Raises:
         RuntimeError: no C++ compiler, or the compile failed (its stderr is in the message).
     """
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    binary = os.path.join(cache_dir(), f"bandwidth_probe_{digest}")
+    # -ffast-math only lets the read loop vectorise its sum.
+    return native_binary(_SOURCE, "bandwidth_probe", ["-ffast-math", "-pthread"])
+
+
+def native_binary(source: str, name: str, flags: list[str]) -> str:
+    """Compiles a standalone benchmark program once per source hash (into ``cache_dir()``); returns its path.
+
+    -O3 -march=native always: these programs measure what the machine can do, and the op library is built for
+    the machine it runs on too.
+
+    Raises:
+        RuntimeError: no C++ compiler, or the compile failed (its stderr is in the message).
+    """
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read() + " ".join(flags).encode()).hexdigest()[:12]
+    binary = os.path.join(cache_dir(), f"{name}_{digest}")
     if os.path.exists(binary):
         return binary
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
-        raise RuntimeError("no C++ compiler (g++/c++/clang++) on PATH to build the bandwidth probe")
+        raise RuntimeError(f"no C++ compiler (g++/c++/clang++) on PATH to build {name}")
     os.makedirs(cache_dir(), exist_ok=True)
     tmp = binary + f".tmp{os.getpid()}"
-    # -ffast-math only lets the read loop vectorise its sum; -march=native so the probe moves data as well as the
-    # machine can (the kernels are built the same way by the project's build).
-    cmd = [cxx, "-O3", "-march=native", "-ffast-math", "-pthread", "-o", tmp, _SOURCE]
+    cmd = [cxx, "-std=c++17", "-O3", "-march=native", *flags, "-o", tmp, source]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"bandwidth probe failed to compile ({' '.join(cmd)}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{name} failed to compile ({' '.join(cmd)}): {proc.stderr[-2000:]}")
     os.replace(tmp, binary)
     return binary
 

@@ -88,7 +88,7 @@ def make_table(wl: wls.Workload, vocab_keys: np.ndarray, optimizer: str | None):
 
 def dynamic_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray, optimizer: str):
     """Our dynamic training step: training lookup (insert-or-find) + fused backward/update, then step += 1."""
-    from tf_embed_ops.dynamic import _ops as dyn
+    from tf_embed_ops.dynamic import ops as dyn
     from tf_embed_ops.embedding_ops import normalize_feature
 
     table = make_table(wl, vocab_keys, optimizer)
@@ -114,7 +114,7 @@ def dynamic_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray, opt
 
 def dynamic_lookup_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray):
     """Our dynamic serving lookup (training=False: never inserts, changes nothing)."""
-    from tf_embed_ops.dynamic import _ops as dyn
+    from tf_embed_ops.dynamic import ops as dyn
     from tf_embed_ops.embedding_ops import normalize_feature
 
     table = make_table(wl, vocab_keys, "sgd")

@@ -39,41 +39,51 @@ OPTIMIZERS = tuple(SLOT_INIT)
 PER_ROW_SLOTS = {"rowwise_adagrad"}
 
 
-def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
-    p = opt_pb2.OptimizationParameters()
-    p.learning_rate.constant = tn.LR
-    p.gradient_accumulation_status = opt_pb2.GradientAccumulationStatus.ENABLED
-    if optimizer == "sgd":
-        p.stochastic_gradient_descent.SetInParent()
-    elif optimizer == "adagrad":
-        p.adagrad.SetInParent()
-    elif optimizer == "adagrad_momentum":
-        p.adagrad_momentum.momentum = tn.MOMENTUM
-        p.adagrad_momentum.exponent = 2.0
-        p.adagrad_momentum.beta2 = 1.0
-        p.adagrad_momentum.epsilon = tn.ADAGRAD_MOMENTUM_EPS
-    elif optimizer in ("adam", "adam_nonlazy"):
-        p.adam.beta1, p.adam.beta2, p.adam.epsilon = tn.BETA1, tn.BETA2, tn.EPS
-        p.adam.use_non_lazy_adam = optimizer == "adam_nonlazy"
-    elif optimizer == "ftrl":
-        p.ftrl.lr_power = -0.5
-    elif optimizer == "momentum":
-        p.momentum.momentum = tn.MOMENTUM
-    elif optimizer == "rms_prop":
-        p.rms_prop.rho, p.rms_prop.momentum, p.rms_prop.epsilon = tn.RHO, tn.MOMENTUM, tn.EPS
-    elif optimizer == "centered_rms_prop":
-        c = p.centered_rms_prop
-        c.rho, c.momentum, c.epsilon = tn.RHO, tn.MOMENTUM, tn.EPS
-    elif optimizer == "rowwise_adagrad":
-        # Not in the TPU proto: the schema writes its extension field (FBGEMM's peer runs eps 1e-8, no decay).
-        from tf_embed_ops import _optimizer_schema
+def table_optimizer(optimizer: str):
+    """The suite's optimizer ``optimizer`` as a user writes it, with the hyper-parameters of ``peers/tf_native.py``.
 
-        _optimizer_schema.schema_for_kind("rowwise_adagrad").fill(
-            p, {"epsilon": 1e-8, "weight_decay": 0.0, "decoupled_weight_decay": False}
+    Its proto comes from the optimizer schema, through ``tf_embed_ops.config.from_feature_config``: the suite
+    keeps no list of proto fields of its own.
+    """
+    from tf_embed_ops import optimizers as catalogue
+
+    emb = tf.tpu.experimental.embedding
+    if optimizer == "sgd":
+        return emb.SGD(tn.LR)
+    if optimizer == "adagrad":
+        return emb.Adagrad(tn.LR, initial_accumulator_value=tn.ADAGRAD_INIT)
+    if optimizer == "adagrad_momentum":
+        return emb.AdagradMomentum(
+            tn.LR, momentum=tn.MOMENTUM, exponent=2.0, beta2=1.0, epsilon=tn.ADAGRAD_MOMENTUM_EPS
         )
-    else:
-        raise ValueError(f"optimizer: unknown {optimizer!r}; expected one of {OPTIMIZERS}")
-    return p
+    if optimizer in ("adam", "adam_nonlazy"):
+        return emb.Adam(
+            tn.LR,
+            beta_1=tn.BETA1,
+            beta_2=tn.BETA2,
+            epsilon=tn.EPS,
+            lazy_adam=optimizer == "adam",
+            sum_inside_sqrt=False,  # the peers' Adam: sqrt(v) + epsilon
+        )
+    if optimizer == "ftrl":
+        return emb.FTRL(tn.LR, learning_rate_power=-0.5, initial_accumulator_value=tn.ADAGRAD_INIT)
+    if optimizer == "momentum":
+        return catalogue.Momentum(tn.LR, momentum=tn.MOMENTUM)
+    if optimizer in ("rms_prop", "centered_rms_prop"):
+        cls = catalogue.RMSProp if optimizer == "rms_prop" else catalogue.CenteredRMSProp
+        return cls(tn.LR, rho=tn.RHO, momentum=tn.MOMENTUM, epsilon=tn.EPS)
+    if optimizer == "rowwise_adagrad":
+        # FBGEMM's peer runs eps 1e-8, no weight decay.
+        return catalogue.RowWiseAdagrad(tn.LR, epsilon=1e-8, weight_decay=0.0, decoupled_weight_decay=False)
+    raise ValueError(f"optimizer: unknown {optimizer!r}; expected one of {OPTIMIZERS}")
+
+
+def _optimization_parameters(optimizer: str) -> opt_pb2.OptimizationParameters:
+    from tf_embed_ops import config as te_config
+
+    emb = tf.tpu.experimental.embedding
+    table = emb.TableConfig(1, 1, optimizer=table_optimizer(optimizer), name="t")
+    return te_config.from_feature_config([emb.FeatureConfig(table)]).table_descriptor[0].optimization_parameters
 
 
 def make_config(wl: Workload, optimizer: str) -> cfg_pb2.TPUEmbeddingConfiguration:

@@ -22,6 +22,7 @@ import time
 import tensorflow as tf
 
 from benchmarks import bandwidth, harness, ours
+from benchmarks import speed_of_light as sol
 from benchmarks import workloads as wls
 from benchmarks.peers import fbgemm, keras_rs_peer
 from benchmarks.peers import tf_native as tn
@@ -45,6 +46,7 @@ class Options:
     threads: int = 1
     fbgemm_python: str | None = None
     no_fbgemm: bool = False
+    no_speed_of_light: bool = False
     tfra_python: str | None = None
     blocks: int = 7
     warmup: int = 3
@@ -200,7 +202,47 @@ def bench_training(
                 else:
                     rec["error"] = r.get("error", "no result")
                 records.append(rec)
+    records += _speed_of_light(wl, optimizers, opts, section)
     return records
+
+
+def _speed_of_light(wl: wls.Workload, optimizers: list[str], opts: Options, section: str) -> list[dict]:
+    """The speed-of-light kernel on the same ids (its own process, right after the others), per optimizer."""
+    sol_opts = [o for o in optimizers if o in sol.OPTIMIZERS]
+    if not sol_opts or opts.no_speed_of_light:
+        return []
+    summary = wl.summary()
+    base = {"section": section, "workload": wl.name, "engine": "speed_of_light"}
+    try:
+        res = sol.run(
+            wl,
+            sol_opts,
+            threads=opts.threads,
+            steps=2 if opts.smoke else 0,
+            blocks=opts.blocks,
+            warmup=opts.warmup,
+            block_ms=opts.block_ms,
+        )
+    except Exception as e:
+        return [{**base, "optimizer": o, "error": _error_text(e)} for o in sol_opts]
+    records = []
+    for o in sol_opts:
+        rec = {**base, "optimizer": o, **harness.summarize(res[o]["block_ms"]), "steps_per_block": res[o]["steps"]}
+        rec["unique_rows_per_s"] = _rows_per_s(summary, rec["median_ms"])
+        records.append(rec)
+    return records
+
+
+def bench_floor(opts: Options) -> list[dict]:
+    """The dispatch floor: an empty ``tf.function`` step and our fused SGD step on one id, through the same harness.
+
+    What no engine running in TensorFlow can go below per step, whatever its kernels do; the speed-of-light
+    kernel has no such floor (it is one C++ loop), so the floor is part of any gap between the two.
+    """
+    empty = tf.function(lambda: tf.constant(0.0))
+    engines = {"tf_empty_step": empty, "ours_one_id": _build(ours.fused_step, wls.w1(vocab=1000, batch=1), "sgd")}
+    res = _time_engines(engines, opts)
+    return [{"section": "floor", "workload": "W1", "optimizer": "sgd", "engine": e, **r} for e, r in res.items()]
 
 
 def bench_lookup(wl: wls.Workload, opts: Options, probe: dict | None) -> list[dict]:
@@ -265,6 +307,38 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
     return out
 
 
+def parity_speed_of_light(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: int = 3) -> list[dict]:
+    """Ours and the speed-of-light kernel from the same tables, ``steps`` steps each: the tables compared.
+
+    The kernel is a yardstick only if it does our step's work; this shows it computes the same update.
+    """
+    import numpy as np
+
+    out = []
+    for wl in smoke_workloads:
+        for opt in optimizers:
+            if opt not in sol.OPTIMIZERS:
+                continue
+            rec = {"workload": wl.name, "optimizer": opt, "peer": "speed_of_light", "steps": steps}
+            try:
+                mine = ours.fused_step(wl, opt)
+                tables = mine.state[0]
+                init = [t.numpy() for t in tables]
+                for _ in range(steps):
+                    mine()
+                theirs = sol.final_tables(wl, opt, init, steps)
+                rec["max_abs_diff"] = max(
+                    float(np.max(np.abs(t.numpy() - k), initial=0.0)) for t, k in zip(tables, theirs, strict=True)
+                )
+                rec["max_abs_update"] = max(
+                    float(np.max(np.abs(t.numpy() - i), initial=0.0)) for t, i in zip(tables, init, strict=True)
+                )
+            except Exception as e:
+                rec["error"] = _error_text(e)
+            out.append(rec)
+    return out
+
+
 def bench_accumulator(opts: Options) -> dict:
     """Our SparseConditionalAccumulator vs TensorFlow's (reuses benchmarks/accumulator_benchmark.py)."""
     try:
@@ -288,7 +362,7 @@ def bench_accumulator(opts: Options) -> dict:
 
 
 def bench_threads(opts: Options) -> list[dict]:
-    """W1 at 1 and 2 intra-op threads, each in a child process (thread pools are fixed at TF start-up)."""
+    """W1 and W4 at 1 and 2 intra-op threads, each in a child process (thread pools are fixed at TF start-up)."""
     import tempfile
 
     records = []
@@ -300,7 +374,7 @@ def bench_threads(opts: Options) -> list[dict]:
             "-m",
             "benchmarks",
             "--only",
-            "W1",
+            "W1,W4",
             "--threads",
             str(threads),
             "--out",
@@ -337,7 +411,7 @@ def bench_threads(opts: Options) -> list[dict]:
         with open(os.path.join(child_out, "suite.json")) as f:
             child = json.load(f)
         for rec in child["runs"]:
-            if rec.get("workload") == "W1" and rec.get("section") == "W1":
+            if rec.get("workload") in ("W1", "W4") and rec.get("section") == rec.get("workload"):
                 records.append({**rec, "section": "threads", "threads": threads})
     shutil.rmtree(scratch, ignore_errors=True)
     return records
@@ -380,6 +454,11 @@ def run(opts: Options, log=print) -> dict:
             [make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
             opts.optimizers_for(list(CORE_OPTIMIZERS) + list(EXTRA_OPTIMIZERS)),
         )
+        if not opts.no_speed_of_light:
+            result["parity"] += parity_speed_of_light(
+                [make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
+                opts.optimizers_for(sol.OPTIMIZERS),
+            )
         diffs = [r["max_abs_diff"] for r in result["parity"] if "max_abs_diff" in r]
         failed = [f"{r['workload']}/{r['optimizer']}" for r in result["parity"] if "error" in r]
         log(
@@ -397,6 +476,8 @@ def run(opts: Options, log=print) -> dict:
         result["runs"] += bench_training(wl, opts.optimizers_for(optimizers), opts, probe, fb_python, name)
         if name in ("W1", "W2") and (not opts.optimizers or "lookup" in opts.optimizers):
             result["runs"] += bench_lookup(wl, opts, probe)
+        if name == "W1":
+            result["runs"] += bench_floor(opts)
         log(f"{name}: done in {time.time() - t0:.0f} s")
         del wl
         gc.collect()

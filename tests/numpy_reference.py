@@ -18,6 +18,7 @@ arithmetic itself.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -356,3 +357,61 @@ def apply_step(opt, lr, table, slots, grads):
         for s, value in zip(slots, new_slots, strict=True):
             s[r] = value
     return table.astype(np.float32), [s.astype(np.float32) for s in slots]
+
+
+# ---------------------------------------------------------------------------------------------- front-end tests
+# The mid-level, Keras and sharded tests describe a feature as rows of ids (RefFeature) and a table with its slots
+# (RefTable); both go through the functions above (entries_from_rows, forward, row_gradients, apply_step).
+
+
+@dataclasses.dataclass
+class RefFeature:
+    """One feature's batch: rows of ids (dense features: one id per row) and optional per-id weights."""
+
+    table: str
+    rows: list  # list[list[int]]
+    weights: list | None = None  # same nesting as rows, or None for all ones
+    max_sequence_length: int = 0  # > 0: output [B, L, dim], id k of row b at (b, k), k >= L dropped
+
+    def entries(self) -> tuple[list, tuple]:
+        """`(entries, sample_shape)` of `entries_from_rows`."""
+        return entries_from_rows(self.rows, self.weights, self.max_sequence_length)
+
+    def output_shape(self, dim: int) -> tuple:
+        return self.entries()[1] + (dim,)
+
+
+def ref_activations(feature: RefFeature, table: np.ndarray, combiner: str, quantization=None) -> np.ndarray:
+    """The feature's activations (`forward`), shape `output_shape(dim)`."""
+    entries, shape = feature.entries()
+    return forward(table, entries, shape, combiner, quantization)
+
+
+def ref_row_gradients(feature: RefFeature, dact: np.ndarray, combiner: str, into: dict) -> None:
+    """Adds the feature's per-row gradients (`row_gradients`) into `{row: gradient}` (touched rows are keys)."""
+    entries, shape = feature.entries()
+    dact = np.asarray(dact, np.float32)
+    dact = dact.reshape(shape + (dact.shape[-1],))
+    vocabulary_size = 1 + max((i for _, i, _ in entries), default=-1)
+    for row, gradient in row_gradients([(entries, combiner, dact)], vocabulary_size).items():
+        into[row] = into.get(row, 0.0) + gradient
+
+
+class RefTable:
+    """One table and its slots, updated as the engine does (accumulate, clip g, decay, optimizer, clip w) by
+    `apply_step`: one numpy model of the optimizers for every test suite."""
+
+    def __init__(self, params: np.ndarray, optimizer):
+        self.params = np.array(params, dtype=np.float32)
+        self.opt = optimizer
+        self.spec = spec_from_optimizer(optimizer)
+        rows = self.params.shape[0]
+        self.slots = {
+            name: np.full((rows, 1), value, np.float32) if name in PER_ROW_SLOTS else np.full_like(self.params, value)
+            for name, value in initial_slot_values(optimizer).items()
+        }
+
+    def apply(self, grads: dict, lr: float) -> None:
+        names = list(self.slots)
+        self.params, slots = apply_step(self.spec, lr, self.params, [self.slots[n] for n in names], grads)
+        self.slots = dict(zip(names, slots, strict=True))

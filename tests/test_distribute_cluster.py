@@ -2,7 +2,7 @@
 
 In-process gRPC servers cannot be shut down and connect the whole process to their cluster, so every cluster
 runs in a fresh Python process: this file, run as a script (`python test_distribute_cluster.py SCENARIO ARGS`).
-The pytest side computes the expectations (the numpy model of tests/_embedding_reference.py and the
+The pytest side computes the expectations (the numpy model of tests/numpy_reference.py and the
 single-process `tf_embed_ops.TPUEmbedding`) and compares.
 
 * `first`: cluster 1 runs 4 synchronous rounds (SyncSparseAggregator, 2 workers per round) and checkpoints after
@@ -377,7 +377,9 @@ def test_separate_processes_from_tf_config_train_like_one_process(separate_proce
 
 
 def _reference_sync_rounds() -> dict:
-    from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
+    from tests.numpy_reference import RefFeature, RefTable
+    from tests.numpy_reference import ref_activations as activations
+    from tests.numpy_reference import ref_row_gradients as row_gradients
 
     fc = _feature_config()
     init = _initial(11)

@@ -24,40 +24,18 @@ import sys
 import numpy as np
 import pytest
 
-ROWS, DIM, USED_ROWS, BATCH, STEPS, INIT = 11, 3, 9, 8, 10, 0.25
+from tests.distribute_fit_support import (
+    BATCH,
+    INIT,
+    STEPS,
+    USED_ROWS,
+    epoch_data,
+    make_layer,
+    make_model,
+    table_values,
+)
+
 _TIMEOUT_S = 300
-
-
-# ------------------------------------------------------------------------ shared by both sides
-
-
-def _data() -> tuple:
-    """One epoch: STEPS batches of BATCH ids in [0, USED_ROWS) (rows 9 and 10 are never looked up)."""
-    rng = np.random.default_rng(5)
-    ids = rng.integers(USED_ROWS, size=STEPS * BATCH).astype(np.int64)
-    y = (np.sin(ids.astype(np.float32)) + 0.1)[:, None].astype(np.float32)
-    return ids, y
-
-
-def _model(tf, keras, layer):
-    keras.utils.set_random_seed(3)
-    ids = keras.Input(shape=(), dtype="int64", name="watched")
-    hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(layer({"watched": ids})["watched"])
-    model = keras.Model({"watched": ids}, keras.layers.Dense(1, name="out")(hidden))
-    model.compile(keras.optimizers.Adam(0.05), "mse", metrics=["mae"])
-    return model
-
-
-def _layer(tf, sharded_cls=None, **kwargs):
-    emb_api = tf.tpu.experimental.embedding
-    # A scalar: initializers run per shard with the shard's shape.
-    table = emb_api.TableConfig(ROWS, DIM, name="video", initializer=tf.constant_initializer(INIT))
-    return sharded_cls({"watched": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.2), **kwargs)
-
-
-def _table(tf, layer) -> list:
-    (var,) = layer.embedding_tables.values()
-    return tf.convert_to_tensor(var).numpy().tolist()
 
 
 # ------------------------------------------------------------------------ the cluster side (script)
@@ -90,7 +68,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = _data()
+    ids, y = epoch_data()
 
     def dataset_fn(input_context):
         return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
@@ -102,7 +80,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
             self.tables_at_start = None
 
         def on_train_begin(self, logs=None):
-            self.tables_at_start = _table(tf, layer)
+            self.tables_at_start = table_values(tf, layer)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.events.append(["epoch_begin", epoch])
@@ -115,8 +93,8 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
 
     strategy = ted.create_local_cluster(num_workers=2 if scenario == "two_workers" else 1, num_ps=2)
     with strategy.scope():
-        layer = _layer(tf, ShardedEmbeddingLayer)
-        model = _model(tf, keras, layer)
+        layer = make_layer(tf, ShardedEmbeddingLayer)
+        model = make_model(tf, keras, layer)
     results = {}
     if scenario in ("first", "resume"):
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
@@ -163,7 +141,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
         )
         results["stopped_epochs"] = stopped.epoch
         results["tensorboard"] = _summary_tags(tf, tensorboard_dir) if board else None
-        outside = _model(tf, keras, _layer(tf, ShardedEmbeddingLayer, num_shards=2))  # not in the scope
+        outside = make_model(tf, keras, make_layer(tf, ShardedEmbeddingLayer, num_shards=2))  # not in the scope
         try:
             ted.fit(
                 outside,
@@ -179,7 +157,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
         history=history.history,
         epochs=history.epoch,
         events=recorder.events,
-        table=_table(tf, layer),
+        table=table_values(tf, layer),
         dense=[w.tolist() for w in model.get_layer("hidden").get_weights() + model.get_layer("out").get_weights()],
     )
     with open(os.path.join(out_dir, f"{scenario}.json"), "w") as f:
@@ -213,9 +191,9 @@ def _single_machine(epochs: int) -> dict:
 
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = _data()
-    layer = _layer(tf, ShardedEmbeddingLayer, num_shards=2)
-    model = _model(tf, keras, layer)
+    ids, y = epoch_data()
+    layer = make_layer(tf, ShardedEmbeddingLayer, num_shards=2)
+    model = make_model(tf, keras, layer)
     history = model.fit(
         {"watched": ids},
         y,
@@ -226,7 +204,7 @@ def _single_machine(epochs: int) -> dict:
         validation_data=({"watched": ids}, y),
     )
     dense = model.get_layer("hidden").get_weights() + model.get_layer("out").get_weights()
-    return {"history": history.history, "table": _table(tf, layer), "dense": [w.tolist() for w in dense]}
+    return {"history": history.history, "table": table_values(tf, layer), "dense": [w.tolist() for w in dense]}
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +274,7 @@ def _compiled_model():
 
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    return _model(tf, keras, _layer(tf, ShardedEmbeddingLayer, num_shards=2))
+    return make_model(tf, keras, make_layer(tf, ShardedEmbeddingLayer, num_shards=2))
 
 
 @pytest.mark.parametrize(
@@ -338,7 +316,7 @@ def test_fit_needs_a_compiled_model_under_parameter_server_strategy():
     with pytest.raises(ValueError, match="`dataset_fn` must be a function"):
         fit(_compiled_model(), "data.csv", steps_per_epoch=1)
     ids = keras.Input(shape=(), dtype="int64", name="watched")
-    layer = _layer(tf, ShardedEmbeddingLayer, num_shards=2)
+    layer = make_layer(tf, ShardedEmbeddingLayer, num_shards=2)
     uncompiled = keras.Model({"watched": ids}, layer({"watched": ids})["watched"])
     with pytest.raises(ValueError, match="compiled model"):
         fit(uncompiled, lambda ctx: None, steps_per_epoch=1)

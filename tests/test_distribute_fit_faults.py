@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_distribute_fit import BATCH, STEPS, _data, _layer, _model, _table
+from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model, table_values
 
 _START_TIMEOUT_S, _CHIEF_TIMEOUT_S, EPOCHS = 180, 300, 3
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = _data()
+    ids, y = epoch_data()
 
     def dataset_fn(input_context):
         return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
@@ -49,7 +49,7 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
             self.epoch, self.tables_at_start, self.tables_after_epoch = None, None, {}
 
         def on_train_begin(self, logs=None):
-            self.tables_at_start = _table(tf, layer)
+            self.tables_at_start = table_values(tf, layer)
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -59,14 +59,14 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
                 os.kill(kill_pid, signal.SIGKILL)
 
         def on_epoch_end(self, epoch, logs=None):  # after fit saved the epoch's checkpoint
-            self.tables_after_epoch[epoch] = _table(tf, layer)
+            self.tables_after_epoch[epoch] = table_values(tf, layer)
 
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver()
     )
     with strategy.scope():
-        layer = _layer(tf, ShardedEmbeddingLayer)
-        model = _model(tf, keras, layer)
+        layer = make_layer(tf, ShardedEmbeddingLayer)
+        model = make_model(tf, keras, layer)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), os.path.join(out_dir, "ckpt"), 3)
     faults = Faults()
     results = {}

@@ -9,7 +9,9 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops.keras
-from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
+from tests.numpy_reference import RefFeature, RefTable
+from tests.numpy_reference import ref_activations as activations
+from tests.numpy_reference import ref_row_gradients as row_gradients
 from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
 emb_api = tf.tpu.experimental.embedding

@@ -1,7 +1,7 @@
 """ShardedTPUEmbedding and SyncSparseAggregator on one machine (shards on the local device, no cluster).
 
 The sharded math (id partition, per-shard configs, partial activations, per-shard fused updates, accumulators)
-is checked against the independent numpy model in tests/_embedding_reference.py, and checkpoints against the
+is checked against the independent numpy model in tests/numpy_reference.py, and checkpoints against the
 single-process class.  tests/test_distribute_cluster.py runs the same code on an in-process cluster.
 """
 
@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops
-from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
+from tests.numpy_reference import RefFeature, RefTable
+from tests.numpy_reference import ref_activations as activations
+from tests.numpy_reference import ref_row_gradients as row_gradients
 from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator
 
 emb_api = tf.tpu.experimental.embedding

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
 from tests.keras_test_util import VOCAB, _data, _dataset, _model, emb_api
+from tests.numpy_reference import RefFeature, RefTable
+from tests.numpy_reference import ref_activations as activations
+from tests.numpy_reference import ref_row_gradients as row_gradients
 from tf_embed_ops import keras as te_keras
 
 

@@ -17,7 +17,7 @@ import tf_embed_ops.config as tec
 import tf_embed_ops.optimizers as teo
 from tests import numpy_reference
 from tests import rowwise_adagrad_support as support
-from tests._embedding_reference import RefTable
+from tests.numpy_reference import RefTable
 from tf_embed_ops import _optimizer_schema, embedding_ops
 from tf_embed_ops import keras as te_keras
 

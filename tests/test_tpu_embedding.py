@@ -1,4 +1,4 @@
-"""tf_embed_ops.TPUEmbedding trains like the TPU engine: checked against the numpy model in _embedding_reference.
+"""tf_embed_ops.TPUEmbedding trains like the TPU engine: checked against the numpy model in numpy_reference.
 
 Several steps per optimizer x input kind x combiner, shared tables, sequence features, dynamic learning rates,
 eager and tf.function.
@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops
-from tests._embedding_reference import RefFeature, RefTable, activations, row_gradients
+from tests.numpy_reference import RefFeature, RefTable
+from tests.numpy_reference import ref_activations as activations
+from tests.numpy_reference import ref_row_gradients as row_gradients
 
 emb_api = tf.tpu.experimental.embedding
 

@@ -55,7 +55,6 @@ def _inspect(config: str, as_json: bool) -> int:
     with _native_stderr_held_back():
         from tf_embed_ops import _loader
         from tf_embed_ops import config as tec
-        from tf_embed_ops.config import _inspect
 
         _loader.load_config_module()
 
@@ -65,7 +64,7 @@ def _inspect(config: str, as_json: bool) -> int:
     except (ValueError, OSError) as e:  # ConfigError is a ValueError
         print(f"error: {path}: {e}", file=sys.stderr)
         return 1
-    sys.stdout.write(_inspect.format_json(cfg) if as_json else _inspect.format_text(cfg, title=f"config: {path}"))
+    sys.stdout.write(tec.format_json(cfg) if as_json else tec.format_text(cfg, title=f"config: {path}"))
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _loader
+from tf_embed_ops import _loader, update_trigger
 
 __all__ = [
     "FeatureInput",
@@ -189,19 +189,40 @@ def _normalize_ragged(
     return FeatureInput(splits, ids, w, tf.reshape(batch, [1]))
 
 
-def _as_feature_inputs(features, arg: str) -> list[FeatureInput]:
+def as_feature_inputs(
+    features, argument: str, convert_ids: Callable[[object, str], tf.Tensor] | None = None
+) -> list[FeatureInput]:
+    """Checks an op's `features` argument (one `FeatureInput` or a non-empty list) and converts its tensors.
+
+    Args:
+      features: a FeatureInput or a sequence of them.
+      argument: the argument's name, for errors.
+      convert_ids: `convert_ids(ids, where)` -> the ids tensor; None converts to int64 (the dynamic ops keep
+        string keys).
+
+    Returns:
+      The FeatureInputs, each tensor converted to the op's dtype.
+
+    Raises:
+      ValueError: `features` is empty or holds something else than FeatureInputs.
+    """
     if isinstance(features, FeatureInput):
         features = [features]
     if not isinstance(features, Sequence) or not features:
-        raise ValueError(f"{arg}: expected a non-empty list of FeatureInput, got {type(features).__name__}")
+        raise ValueError(f"{argument}: expected a non-empty list of FeatureInput, got {type(features).__name__}")
     out = []
     for i, f in enumerate(features):
         if not isinstance(f, FeatureInput):
-            raise ValueError(f"{arg}[{i}]: expected a FeatureInput (see normalize_feature), got {type(f).__name__}")
+            raise ValueError(
+                f"{argument}[{i}]: expected a FeatureInput (see normalize_feature), got {type(f).__name__}"
+            )
+        ids = (
+            tf.convert_to_tensor(f.ids, tf.int64) if convert_ids is None else convert_ids(f.ids, f"{argument}[{i}].ids")
+        )
         out.append(
             FeatureInput(
                 tf.convert_to_tensor(f.sample_indices_or_row_splits, tf.int64),
-                tf.convert_to_tensor(f.ids, tf.int64),
+                ids,
                 tf.convert_to_tensor(f.weights, tf.float32),
                 tf.convert_to_tensor(f.sample_shape, tf.int64),
             )
@@ -209,7 +230,7 @@ def _as_feature_inputs(features, arg: str) -> list[FeatureInput]:
     return out
 
 
-def _serialized_config(config) -> bytes:
+def serialized_config(config) -> bytes:
     if isinstance(config, (bytes, str)):
         return config if isinstance(config, bytes) else config.encode("latin-1")
     if hasattr(config, "SerializeToString"):
@@ -219,7 +240,7 @@ def _serialized_config(config) -> bytes:
     )
 
 
-def _combiners(combiners) -> list[str]:
+def checked_combiners(combiners) -> list[str]:
     if combiners is None:
         return []
     if isinstance(combiners, str):
@@ -269,7 +290,7 @@ def embedding_activations(features, tables, config, combiners=None, name=None) -
       >>> acts = embedding_activations([normalize_feature(ids)], [table], config, combiners=["mean"])
     """
     with tf.name_scope(name or "embedding_activations"):
-        feats = _as_feature_inputs(features, "features")
+        feats = as_feature_inputs(features, "features")
         handles = _handles(tables, "tables")
         if not handles:
             raise ValueError("tables: at least one table variable is required")
@@ -279,12 +300,12 @@ def embedding_activations(features, tables, config, combiners=None, name=None) -
             aggregation_weights=[f.weights for f in feats],
             sample_shapes=[f.sample_shape for f in feats],
             tables=handles,
-            config=_serialized_config(config),
-            combiners=_combiners(combiners),
+            config=serialized_config(config),
+            combiners=checked_combiners(combiners),
         )
 
 
-def _learning_rate_values(learning_rates) -> list[tf.Tensor]:
+def learning_rate_values(learning_rates) -> list[tf.Tensor]:
     out = []
     for i, lr in enumerate(learning_rates or []):
         value = lr() if callable(lr) else lr
@@ -348,7 +369,7 @@ def send_tpu_embedding_gradients(
       >>> send_tpu_embedding_gradients(tape.gradient(loss, acts), [], feats, [table], [[accumulator]], config)
     """
     with tf.name_scope(name or "send_tpu_embedding_gradients"):
-        feats = _as_feature_inputs(features, "features")
+        feats = as_feature_inputs(features, "features")
         grads = [tf.convert_to_tensor(g, tf.float32) for g in gradients]
         if len(grads) != len(feats):
             raise ValueError(f"gradients: expected one per feature ({len(feats)}), got {len(grads)}")
@@ -360,15 +381,15 @@ def send_tpu_embedding_gradients(
             slot_handles.extend(_handles(table_slots, f"slots[{t}]"))
         args = dict(
             inputs=grads,
-            learning_rates=_learning_rate_values(learning_rates),
+            learning_rates=learning_rate_values(learning_rates),
             sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
             embedding_indices=[f.ids for f in feats],
             aggregation_weights=[f.weights for f in feats],
             sample_shapes=[f.sample_shape for f in feats],
             tables=table_handles,
             slots=slot_handles,
-            config=_serialized_config(config),
-            combiners=_combiners(combiners),
+            config=serialized_config(config),
+            combiners=checked_combiners(combiners),
             check_numerics=bool(check_numerics),
             rounding=list(rounding or []),
             rounding_seed=int(rounding_seed),
@@ -426,41 +447,24 @@ def embedding_lookup_and_update(
       ...     loss = tf.reduce_sum(acts[0])
       >>> tape.gradient(loss, dummy)  # runs the fused update
     """
-    feats = _as_feature_inputs(features, "features")
+    feats = as_feature_inputs(features, "features")
     tables = list(tables)
     slots = [list(s) for s in slots]
     rates = list(learning_rates or [])
-    trigger = tf.zeros([], tf.float32) if trigger is None else tf.convert_to_tensor(trigger, tf.float32)
+    trigger = tf.zeros([], tf.float32) if trigger is None else trigger
 
-    @tf.custom_gradient
-    def lookup(trigger_value):
-        # custom_gradient itself links the outputs to `trigger_value` on the tape (eager record / graph
-        # IdentityN), so no arithmetic on the trigger is needed.
-        acts = embedding_activations(feats, tables, config, combiners)
+    def update(gradients: list) -> tf.Tensor:
+        extra = rounding_arguments() if rounding_arguments is not None else {}
+        op = send_tpu_embedding_gradients(
+            gradients, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
+        )
+        if after_update is not None:
+            after_update([op])
+        return update_trigger.probe_after([op], tables[0])
 
-        def grad(*upstream):
-            dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-            extra = rounding_arguments() if rounding_arguments is not None else {}
-            update = send_tpu_embedding_gradients(
-                dys, rates, feats, tables, slots, config, combiners, check_numerics=check_numerics, **extra
-            )
-            if after_update is not None:
-                after_update([update])
-            deps = [] if update is None else [update]
-            with tf.control_dependencies(deps):
-                # A bare zeros_like behind a control edge is not enough: in Keras' compiled train step with Adam,
-                # Grappler drops the edge and the update never runs (measured). The zero is instead computed
-                # from a table value read after the update (multiply_no_nan: exactly 0 even for inf/NaN), so
-                # the update is a data dependency of the trigger's gradient.
-                # One element through a sparse read: the fused ops put the variables in copy-on-read mode
-                # (as TF's sparse apply ops do), where ReadVariableOp copies the whole table every step.
-                probe = tf.raw_ops.ResourceGather(resource=tables[0].handle, indices=0, dtype=tables[0].dtype)[0]
-                probe = tf.cast(probe, tf.float32)  # a 16-bit table's element (a no-op for float32)
-                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
-
-        return acts, grad
-
-    return lookup(trigger)
+    return update_trigger.hang_update_on_trigger(
+        trigger, lambda: embedding_activations(feats, tables, config, combiners), update
+    )
 
 
 def adam_bias_corrected_learning_rate(

@@ -135,3 +135,18 @@ def is_low_precision(table: Any) -> bool:
 def needs_rounding_step(tables: Any) -> bool:
     """True when a table of `tables` rounds 16-bit rows stochastically (the send op then needs a step)."""
     return any(is_low_precision(t) and rounding(t) == "stochastic" for t in tables)
+
+
+def check_trainable(tables: Any, config_name: str = "TableConfig") -> None:
+    """Raises RuntimeError naming the first table without an optimizer (it can be looked up, not trained).
+
+    Args:
+      tables: the table configs (static `TableConfig`s or `DynamicTableConfig`s).
+      config_name: their class name, for the message.
+    """
+    for table in tables:
+        if table.optimizer is None:
+            raise RuntimeError(
+                f"Table {table.name!r} has no optimizer (neither {config_name}.optimizer nor the global one); "
+                "it can be looked up but not trained."
+            )

@@ -43,6 +43,7 @@ from absl import logging
 from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
+from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
@@ -519,10 +520,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
         self._maybe_build()
         acts = self._engine.lookup(list(partitioned_tensors.inputs))
-        out = [
-            tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
-            for act, (_, feature) in zip(acts, self._flat_features, strict=True)
-        ]
+        out = lookup_lib.reshape_activations(acts, [feature for _, feature in self._flat_features])
         return tf.nest.pack_sequence_as(self._feature_config, out), partitioned_tensors
 
     def embedding_lookup(self, features: Any, weights: Any = None) -> tuple[Any, SparseCoreBatch]:

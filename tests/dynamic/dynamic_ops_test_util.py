@@ -12,7 +12,7 @@ from tensorflow.core.protobuf.tpu import tpu_embedding_configuration_pb2 as cpb
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops._optimizer_schema import OptimizerSchema, schemas
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 _names = itertools.count()
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from dynamic_ops_test_util import int_feature, make_config, new_table, schema
 
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 DIM = 4
 
@@ -73,7 +73,7 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
 sys.path.insert(0, sys.argv[2])
 from dynamic_ops_test_util import int_feature, make_config, new_table, schema
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 rng = np.random.default_rng(11)
 n, dim = 30000, 32  # large enough that every loop splits over 2 threads

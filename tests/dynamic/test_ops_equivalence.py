@@ -25,7 +25,7 @@ from dynamic_ops_test_util import (
 )
 
 from tf_embed_ops import embedding_ops
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 VOCAB, DIM = 12, 4
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from dynamic_ops_test_util import import_rows, int_feature, make_config, new_table, schema, string_feature
 
 from tf_embed_ops import embedding_ops
-from tf_embed_ops.dynamic import _ops as dyn
+from tf_embed_ops.dynamic import ops as dyn
 
 DIM = 3
 SGD = schema("stochastic_gradient_descent")

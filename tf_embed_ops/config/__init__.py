@@ -4,6 +4,9 @@
 - :func:`load`: bytes / .pb / .pbtxt / message -> a validated, readable :class:`EmbeddingConfig` (validation in
   C++, shared with the kernels).
 - :func:`to_feature_config`: the inverse of from_feature_config.
+- :func:`resolve_tables`: how features become numbered tables (order, names, learning-rate tags), the one rule
+  every front end applies; :func:`format_text` / :func:`format_json`: a loaded config as `python -m tf_embed_ops
+  inspect` prints it.
 
 Example:
   >>> import tf_embed_ops.config as tec
@@ -17,6 +20,7 @@ import os
 
 from tf_embed_ops.config._build import from_feature_config
 from tf_embed_ops.config._errors import ConfigError, InvalidConfigError, UnimplementedConfigError
+from tf_embed_ops.config._inspect import format_json, format_text
 from tf_embed_ops.config._inverse import DynamicLearningRate, to_feature_config
 from tf_embed_ops.config._load import load, parse_text
 from tf_embed_ops.config._optimizers import (
@@ -25,6 +29,7 @@ from tf_embed_ops.config._optimizers import (
     slot_shapes,
     supported_optimizer_classes,
 )
+from tf_embed_ops.config._resolve import ResolvedTables, resolve_tables
 from tf_embed_ops.config._view import (
     ClipLimits,
     EmbeddingConfig,
@@ -55,15 +60,19 @@ __all__ = [
     "OptimizerCodec",
     "OptimizerInfo",
     "QuantizationInfo",
+    "ResolvedTables",
     "SlotInfo",
     "TPUEmbeddingConfiguration",
     "TableInfo",
     "UnimplementedConfigError",
     "example_config_path",
+    "format_json",
+    "format_text",
     "from_feature_config",
     "load",
     "parse_text",
     "register_optimizer",
+    "resolve_tables",
     "slot_shapes",
     "supported_optimizer_classes",
     "to_feature_config",

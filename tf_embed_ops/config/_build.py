@@ -12,22 +12,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_embed_ops import features as features_lib
 from tf_embed_ops._tf_compat import nest, tpu_embedding_configuration_pb2
 from tf_embed_ops.config import _optimizers
 from tf_embed_ops.config._resolve import ResolvedTables, resolve_tables
 
 TPUEmbeddingConfiguration = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration
-_emb = tf.tpu.experimental.embedding
-
-
-def _output_shapes_from_batch_size(features: list[Any], batch_size: int) -> list[tf.TensorShape]:
-    # TPUEmbedding._get_output_shapes_from_batch_size: sequence features without output_shape get [B, L].
-    return [
-        tf.TensorShape([batch_size, f.max_sequence_length])
-        if not f.output_shape and f.max_sequence_length > 0
-        else tf.TensorShape([batch_size])
-        for f in features
-    ]
 
 
 def _resolve_output_shapes(feature_config: Any, features: list[Any], output_shapes: Any) -> list[tf.TensorShape]:
@@ -38,7 +28,7 @@ def _resolve_output_shapes(feature_config: Any, features: list[Any], output_shap
     if isinstance(output_shapes, int) and not isinstance(output_shapes, bool):
         if output_shapes < 1:
             raise ValueError(f"output_shapes: a per-replica batch size must be >= 1, got {output_shapes}")
-        incoming = _output_shapes_from_batch_size(features, output_shapes)
+        incoming = features_lib.batch_output_shapes(features, output_shapes)
     else:
         try:
             flat = nest.flatten_up_to(feature_config, output_shapes)
@@ -145,15 +135,7 @@ def from_feature_config(
       >>> features = {"watched": tf.tpu.experimental.embedding.FeatureConfig(table, output_shape=[32])}
       >>> proto = from_feature_config(features, tf.tpu.experimental.embedding.Adagrad(0.1))
     """
-    features = nest.flatten(feature_config)
-    if not features:
-        raise ValueError("feature_config: no FeatureConfig found")
-    for i, feature in enumerate(features):
-        if not isinstance(feature, _emb.FeatureConfig):
-            raise ValueError(
-                f"feature_config: entry {i} of the flattened nest is a {type(feature).__name__}, expected "
-                "tf.tpu.experimental.embedding.FeatureConfig"
-            )
+    features = features_lib.check_feature_configs(feature_config)
     for name, value in (("num_hosts", num_hosts), ("num_tensor_cores", num_tensor_cores)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")

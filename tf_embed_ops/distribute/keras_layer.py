@@ -24,8 +24,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_embed_ops import update_trigger
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
 from tf_embed_ops.dynamic import engine as dynamic_engine
+from tf_embed_ops.keras.layer import activation_specs
 
 __all__ = ["ShardedEmbeddingLayer"]
 
@@ -107,48 +109,22 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         return tf.nest.pack_sequence_as(store.feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
-        outputs = []
-        for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(self._tpu_embedding.feature_config), strict=True):
-            shape = list(x.shape)
-            composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
-            if f.output_shape:
-                out = f.output_shape.as_list() + [f.table.dim]
-            elif f.max_sequence_length > 0 and len(shape) == 2 and composite:
-                out = [shape[0], f.max_sequence_length, f.table.dim]
-            else:
-                out = (shape if len(shape) == 1 else shape[:-1]) + [f.table.dim]
-            outputs.append(keras.KerasTensor(out, dtype="float32"))
-        return tf.nest.pack_sequence_as(self._tpu_embedding.feature_config, outputs)
+        return activation_specs(features, self._tpu_embedding.feature_config)
 
 
 def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Tensor) -> list:
     """Activations whose backward pass runs the per-shard fused updates and returns a zero for `trigger`."""
     learning_rate_fns = list(store.dynamic_learning_rates)
 
-    @tf.custom_gradient
-    def lookup(trigger_value):
-        acts = store.lookup(inputs)
+    def update(gradients: list) -> tf.Tensor:
+        rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
+        updates = store.send_gradients(gradients, rates, inputs)
+        # One element of every server's first shard, read after the updates: only a scalar per server crosses
+        # the network, and the updates are data dependencies of the trigger's gradient.
+        probes = []
+        for plan in store.server_plans:
+            with tf.device(store.devices[plan.task]):
+                probes.append(update_trigger.probe_after(updates, store.shard_variables(plan)[0][0]))
+        return tf.add_n(probes)
 
-        def grad(*upstream):
-            grads = [
-                tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts, strict=True)
-            ]
-            rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
-            updates = store.send_gradients(grads, rates, inputs)
-            # A zero behind a bare control edge is not enough: in Keras' compiled train step with Adam, Grappler
-            # drops the edge and the updates never run (measured, as for the single-machine layer).  The zero
-            # is computed from one element of every server's first shard, read after the updates
-            # (multiply_no_nan: exactly 0 even for inf/NaN), so the updates are data dependencies of the
-            # trigger's gradient.  Only a scalar per server crosses the network.
-            probes = []
-            with tf.control_dependencies(updates):
-                for plan in store.server_plans:
-                    shard = store.shard_variables(plan)[0][0]
-                    with tf.device(store.devices[plan.task]):
-                        row = tf.raw_ops.ResourceGather(resource=shard.handle, indices=[0], dtype=tf.float32)
-                        probes.append(tf.math.multiply_no_nan(row[0, 0], tf.zeros([], tf.float32)))
-            return tf.zeros_like(trigger_value) + tf.add_n(probes)
-
-        return acts, grad
-
-    return lookup(trigger)
+    return update_trigger.hang_update_on_trigger(trigger, lambda: store.lookup(inputs), update)

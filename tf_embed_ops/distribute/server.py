@@ -95,7 +95,7 @@ def start_server(tf_config: dict, *, protocol: str = "grpc", trusted_network: bo
     """
     import tensorflow as tf
 
-    import tf_embed_ops
+    from tf_embed_ops import _loader
 
     cluster, task = tf_config.get("cluster"), tf_config.get("task")
     if not cluster or not task:
@@ -105,7 +105,7 @@ def start_server(tf_config: dict, *, protocol: str = "grpc", trusted_network: bo
             f"TF_CONFIG task type must be 'ps' or 'worker' (the chief runs the training program); got {task!r}."
         )
     check_task_address(tf_config, trusted_network=trusted_network)
-    tf_embed_ops.ops  # noqa: B018 - loading registers the kernels in this process before it serves
+    _loader.load_ops()  # registers the kernels in this process before it serves
     config = None
     if task["type"] == "worker":
         # As TensorFlow's in-process clusters: workers need num_workers + 1 inter-op threads or closures can hang.

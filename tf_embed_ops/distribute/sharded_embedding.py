@@ -57,7 +57,7 @@ class _DeviceAnchor(NamedTuple):
     name: str
 
 
-def _place_variables_on(device: str | None):
+def place_variables_on(device: str | None):
     """A variable-creator scope that asks the active strategy to put new variables on `device`.
 
     ParameterServerStrategy ignores `tf.device` (it places variables round-robin) but honours `colocate_with`;
@@ -172,7 +172,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
         if self._dynamic is not None:
             # Dynamic tables are sharded by key over the same servers (shard_of_keys; docs/dynamic_tables.md).
-            self._dynamic = self._split_dynamic_tables(tf.nest.flatten(feature_config), self._devices)
+            self._dynamic = self._split_dynamic_tables(
+                tf.nest.flatten(feature_config), self._devices, partition.partition_feature_by_key
+            )
         self._plans = None
         self._partition_cache = None
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
@@ -243,7 +245,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         shards = []
         for p in range(len(bounds) - 1):
             shape = (bounds[p + 1] - bounds[p], dim)
-            with tf.device(self._devices[p]), _place_variables_on(self._devices[p]):
+            with tf.device(self._devices[p]), place_variables_on(self._devices[p]):
                 shards.append(
                     tf.Variable(
                         initial_value=functools.partial(initializer, shape, dtype=dtype),

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, embedding_ops
 from tf_embed_ops.distribute import partition
-from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding, _place_variables_on, rounding_for_plan
+from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding, place_variables_on, rounding_for_plan
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
 
 __all__ = ["SyncSparseAggregator"]
@@ -115,7 +115,7 @@ class SyncSparseAggregator(_tf_compat.AutoTrackable):
         strategy = embedding.strategy
         scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
         first = embedding.devices[0]
-        with tf.init_scope(), scope, tf.device(first), _place_variables_on(first):
+        with tf.init_scope(), scope, tf.device(first), place_variables_on(first):
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sync_global_step")
         # Runtime state outside checkpoint tracking (AutoTrackable would track lists/dicts set as attributes).
         self._runtime = _RuntimeState(embedding)

@@ -23,7 +23,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "LFU": ("tf_embed_ops.dynamic.config", "LFU"),
     "TTL": ("tf_embed_ops.dynamic.config", "TTL"),
     "shard_of_keys": ("tf_embed_ops.dynamic.sharding", "shard_of_keys"),
-    "string_keys": ("tf_embed_ops.dynamic._ops", "string_keys_to_int64"),
+    "string_keys": ("tf_embed_ops.dynamic.ops", "string_keys_to_int64"),
     "DynamicTable": ("tf_embed_ops.dynamic.table", "DynamicTable"),
 }
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops
-from tf_embed_ops.config._resolve import resolve_tables
-from tf_embed_ops.dynamic import _ops as dynamic_ops
+from tf_embed_ops import _tf_compat, embedding_ops, table_config, update_trigger
+from tf_embed_ops import config as te_config
 from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic import ops as dynamic_ops
 
 __all__ = ["DynamicGroup", "normalize_dynamic_feature"]
 
@@ -77,28 +77,46 @@ class DynamicGroup:
       shard_devices: None for unsharded tables; else one device per shard: each table has one `DynamicTable`
         per shard, created on that device, holding the keys `shard_of_keys` assigns to it, and the lookup and
         update of those keys run there.
+      partition_by_key: with `shard_devices`, splits one feature's keys over the shards:
+        `partition_by_key(feature_input, combiner, num_shards) -> [FeatureInput per shard]` (the sharded
+        front end passes `distribute.partition.partition_feature_by_key`).
     """
 
-    def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None):
+    def __init__(
+        self,
+        flat_features: Sequence[Any],
+        check_numerics: bool = False,
+        shard_devices=None,
+        partition_by_key: Callable[[Any, str, int], list] | None = None,
+    ):
         self.positions = [i for i, f in enumerate(flat_features) if config_lib.is_dynamic(f.table)]
         self.static_positions = [i for i, f in enumerate(flat_features) if not config_lib.is_dynamic(f.table)]
         self.features = [flat_features[i] for i in self.positions]
-        resolved = resolve_tables(self.features)
+        resolved = te_config.resolve_tables(self.features)
         self.table_configs = list(resolved.tables)
         self.learning_rates = list(resolved.learning_rates)
         self._check_numerics = bool(check_numerics)
         self._shard_devices = list(shard_devices) if shard_devices else None
+        if self._shard_devices is not None and partition_by_key is None:
+            raise ValueError("DynamicGroup: sharded tables (shard_devices) need a `partition_by_key` function.")
+        self._partition_by_key = partition_by_key
         self._tables: list[list[Any]] | None = None  # [table][shard]
         self._objects: list[Any] = []
         self._serialized = None
 
     @classmethod
-    def of(cls, flat_features: Sequence[Any], check_numerics: bool = False, shard_devices=None) -> DynamicGroup | None:
+    def of(
+        cls,
+        flat_features: Sequence[Any],
+        check_numerics: bool = False,
+        shard_devices=None,
+        partition_by_key: Callable[[Any, str, int], list] | None = None,
+    ) -> DynamicGroup | None:
         """The group of `flat_features`' dynamic features, or None when there is none (the static path then runs
         exactly as without dynamic tables)."""
         if not any(config_lib.is_dynamic(f.table) for f in flat_features):
             return None
-        return cls(flat_features, check_numerics, shard_devices)
+        return cls(flat_features, check_numerics, shard_devices, partition_by_key)
 
     @property
     def check_numerics(self) -> bool:
@@ -170,12 +188,7 @@ class DynamicGroup:
         return [t.combiner for t in self.table_configs]
 
     def check_trainable(self) -> None:
-        for table in self.table_configs:
-            if table.optimizer is None:
-                raise RuntimeError(
-                    f"Table {table.name!r} has no optimizer (neither DynamicTableConfig.optimizer nor the global "
-                    "one); it can be looked up but not trained."
-                )
+        table_config.check_trainable(self.table_configs, "DynamicTableConfig")
 
     # ------------------------------------------------------------------ ops
 
@@ -228,34 +241,21 @@ class DynamicGroup:
         """Training lookup whose backward pass runs the fused update (for Keras' train step; see
         `embedding_ops.embedding_lookup_and_update`, the static counterpart): the gradient of `trigger` is a zero
         computed from the step the update advanced, so the update is on its data path."""
-        trigger = tf.convert_to_tensor(trigger, tf.float32)
-
-        @tf.custom_gradient
-        def lookup(trigger_value):
-            acts = self.lookup(inputs, training=True)
-
-            def grad(*upstream):
-                dys = [tf.zeros_like(a) if g is None else g for g, a in zip(upstream, acts, strict=False)]
-                step = tf.cast(self.send_gradients(dys, inputs), tf.float32)
-                return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(step, tf.zeros([], tf.float32))
-
-            return acts, grad
-
-        return lookup(trigger)
+        return update_trigger.hang_update_on_trigger(
+            trigger,
+            lambda: self.lookup(inputs, training=True),
+            lambda gradients: self.send_gradients(gradients, inputs),
+        )
 
     # ------------------------------------------------------------------ sharded tables
 
     def _shard_inputs(self, inputs: list) -> list[list[embedding_ops.FeatureInput]]:
-        """Per shard, the group's features restricted to the keys that shard holds (`partition_feature_by_key`:
-        weights pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum",
-        their activations add up to the unsharded one and each key gets the unsharded gradient)."""
-        from tf_embed_ops.distribute import partition  # pylint: disable=import-outside-toplevel
-
+        """Per shard, the group's features restricted to the keys that shard holds (`partition_by_key`: weights
+        pre-divided by the sample norms over all the sample's keys, so the shards combine with "sum", their
+        activations add up to the unsharded one and each key gets the unsharded gradient)."""
         per_shard: list[list[embedding_ops.FeatureInput]] = [[] for _ in range(self.num_shards)]
         for feature, inp in zip(self.features, inputs, strict=True):
-            for index, part in enumerate(
-                partition.partition_feature_by_key(inp, feature.table.combiner, self.num_shards)
-            ):
+            for index, part in enumerate(self._partition_by_key(inp, feature.table.combiner, self.num_shards)):
                 per_shard[index].append(part)
         return per_shard
 

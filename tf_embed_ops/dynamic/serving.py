@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic._ops import string_keys_to_int64 as string_keys
+from tf_embed_ops.dynamic.ops import string_keys_to_int64 as string_keys
 
 __all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
 

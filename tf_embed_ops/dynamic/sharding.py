@@ -52,7 +52,7 @@ def shard_of_keys(keys: Any, num_shards: int) -> tf.Tensor:
         raise ValueError(f"shard_of_keys: `num_shards` must be an int >= 1; got {num_shards!r}.")
     keys = keys if isinstance(keys, tf.Tensor) else tf.convert_to_tensor(keys)
     if keys.dtype == tf.string:
-        from tf_embed_ops.dynamic._ops import string_keys_to_int64  # pylint: disable=import-outside-toplevel
+        from tf_embed_ops.dynamic.ops import string_keys_to_int64  # pylint: disable=import-outside-toplevel
 
         keys = string_keys_to_int64(keys)
     elif keys.dtype.is_integer:

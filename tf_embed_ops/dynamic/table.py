@@ -39,8 +39,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops.dynamic import _ops
+from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as config_lib
+from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.sharding import shard_of_keys
 
 __all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "restrict_to_shard"]
@@ -338,10 +339,20 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
         contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
         self.check_contents(contents, "restore")
+        step = checked_step(restored_tensors["step"], self._table_name)
+        if _all_eager(restored_tensors):
+            self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
         mine = restrict_to_shard(contents, self._num_shards, self._shard_index)
         self.check_fits(mine)
-        with tf.control_dependencies([self.import_contents(mine)]):
-            return self._step.assign(tf.cast(restored_tensors["step"], tf.int64))
+        with tf.control_dependencies([step]):
+            imported = self.import_contents(mine)
+        with tf.control_dependencies([imported]):
+            return self._step.assign(step)
+
+    @property
+    def spec(self) -> checkpoint_check.TableSpec:
+        """What a checkpoint of this table must hold (see `checkpoint_check.TableSpec.validate`)."""
+        return checkpoint_check.TableSpec.of(self._attrs, self._num_shards, (self._shard_index,))
 
     # -------------------------------------------------------------------------------------------- internals
     def import_contents(self, c: dict) -> Any:
@@ -502,20 +513,60 @@ class ShardedDynamicTable(tf.Module):
         out["step"] = self._shard_tuple[0].step.read_value()
         return out
 
+    @property
+    def spec(self) -> checkpoint_check.TableSpec:
+        """What a checkpoint of this table must hold (every shard's part checked)."""
+        first = self._shard_tuple[0]
+        return checkpoint_check.TableSpec.of(first._attrs, first.num_shards, tuple(range(first.num_shards)))  # noqa: SLF001
+
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
         contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
         parts = []
         # Every shard checks its part before any shard imports: a refused restore changes no shard.
         for shard in self._shard_tuple:
             shard.check_contents(contents, "restore")
+        step = checked_step(restored_tensors["step"], self.table_name)
+        if _all_eager(restored_tensors):
+            self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
+        for shard in self._shard_tuple:
             mine = restrict_to_shard(contents, shard.num_shards, shard.shard_index)
             shard.check_fits(mine)
             parts.append(mine)
         ops = []
         for shard, mine in zip(self._shard_tuple, parts, strict=True):
-            with tf.control_dependencies([shard.import_contents(mine)]):
-                ops.append(shard.step.assign(tf.cast(restored_tensors["step"], tf.int64)))
+            with tf.control_dependencies([step]):
+                imported = shard.import_contents(mine)
+            with tf.control_dependencies([imported]):
+                ops.append(shard.step.assign(step))
         return tf.group(ops)
+
+
+def checked_step(step: Any, table_name: str) -> tf.Tensor:
+    """The checkpoint's step as an int64 scalar, checked (shape [], value >= 0) before any row is imported.
+
+    Eagerly a bad step raises ValueError here; in a graph (a SavedModel's restore function) the returned tensor
+    carries the check, and the import waits for it."""
+    step = tf.convert_to_tensor(step)
+    where = f"DynamicTable {table_name!r}: restore:"
+    if not step.dtype.is_integer:
+        raise ValueError(f"{where} the step must be an integer, got dtype {step.dtype.name}; nothing was changed")
+    if step.shape.rank is not None and step.shape.rank != 0:
+        raise ValueError(f"{where} the step must be a scalar (shape []), got shape {step.shape}; nothing was changed")
+    step = tf.cast(step, tf.int64)
+    if tf.executing_eagerly():
+        if int(step.numpy()) < 0:
+            raise ValueError(f"{where} the step must be >= 0, got {int(step.numpy())}; nothing was changed")
+        return step
+    with tf.control_dependencies(
+        [tf.debugging.assert_equal(tf.rank(step), 0, message=f"{where} the step must be a scalar")]
+    ):
+        step = tf.reshape(step, [])
+    with tf.control_dependencies([tf.debugging.assert_non_negative(step, message=f"{where} the step must be >= 0")]):
+        return tf.identity(step)
+
+
+def _all_eager(tensors: dict) -> bool:
+    return tf.executing_eagerly() and all(hasattr(v, "numpy") for v in tensors.values())
 
 
 def _var_name(name: str) -> str:

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
+from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.keras import optimizer_mapping, serialization, serving
@@ -75,19 +76,11 @@ def activation_specs(features: Any, feature_config: Any) -> Any:
     `input_shape + [dim]` with a trailing 1 of dense inputs reduced, `[B, L, dim]` for rank-2 ragged/sparse
     sequence features, `output_shape + [dim]` when the FeatureConfig sets one.
     """
-    mid_level.check_feature_keys(feature_config, features, "features")  # a functional model's misspelled input
+    features_lib.check_feature_keys(feature_config, features, "features")  # a functional model's misspelled input
     outputs = []
     for x, f in zip(tf.nest.flatten(features), tf.nest.flatten(feature_config), strict=False):
-        dim = f.table.dim
-        shape = list(x.shape)
         composite = getattr(x, "sparse", False) or getattr(x, "ragged", False)
-        if f.output_shape:
-            out = f.output_shape.as_list() + [dim]
-        elif f.max_sequence_length > 0 and len(shape) == 2 and composite:
-            out = [shape[0], f.max_sequence_length, dim]
-        else:
-            out = (shape if len(shape) == 1 else shape[:-1]) + [dim]
-        outputs.append(keras.KerasTensor(out, dtype="float32"))
+        outputs.append(keras.KerasTensor(features_lib.activation_shape(x.shape, f, composite), dtype="float32"))
     return tf.nest.pack_sequence_as(feature_config, outputs)
 
 

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _loader
-from tf_embed_ops.embedding_ops import FeatureInput, _combiners, _learning_rate_values, _serialized_config
+from tf_embed_ops import _loader, embedding_ops
+from tf_embed_ops.embedding_ops import FeatureInput, checked_combiners, learning_rate_values, serialized_config
 
 __all__ = [
     "DynamicTableContents",
@@ -124,23 +124,7 @@ def _handles(tables, argument: str) -> list[tf.Tensor]:
 
 def _features(features, argument: str) -> list[FeatureInput]:
     """FeatureInputs whose ids may be strings (kept) or integers (widened to int64)."""
-    if isinstance(features, FeatureInput):
-        features = [features]
-    if not isinstance(features, Sequence) or not features:
-        raise ValueError(f"{argument}: expected a non-empty list of FeatureInput, got {type(features).__name__}")
-    out = []
-    for i, f in enumerate(features):
-        if not isinstance(f, FeatureInput):
-            raise ValueError(f"{argument}[{i}]: expected a FeatureInput, got {type(f).__name__}")
-        out.append(
-            FeatureInput(
-                tf.convert_to_tensor(f.sample_indices_or_row_splits, tf.int64),
-                _keys(f.ids, f"{argument}[{i}].ids"),
-                tf.convert_to_tensor(f.weights, tf.float32),
-                tf.convert_to_tensor(f.sample_shape, tf.int64),
-            )
-        )
-    return out
+    return embedding_ops.as_feature_inputs(features, argument, convert_ids=_keys)
 
 
 def _step(step) -> tf.Tensor:
@@ -274,8 +258,8 @@ def dynamic_embedding_activations(
             sample_shapes=[f.sample_shape for f in feats],
             tables=_handles(tables, "tables"),
             step=_step(step),
-            config=_serialized_config(config),
-            combiners=_combiners(combiners),
+            config=serialized_config(config),
+            combiners=checked_combiners(combiners),
             training=bool(training),
         )
 
@@ -311,15 +295,15 @@ def dynamic_send_tpu_embedding_gradients(
             raise ValueError(f"gradients: expected one per feature ({len(feats)}), got {len(grads)}")
         return _ops().tf_embed_dynamic_send_tpu_embedding_gradients(
             inputs=grads,
-            learning_rates=_learning_rate_values(learning_rates),
+            learning_rates=learning_rate_values(learning_rates),
             sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
             keys=[f.ids for f in feats],
             aggregation_weights=[f.weights for f in feats],
             sample_shapes=[f.sample_shape for f in feats],
             tables=_handles(tables, "tables"),
             step=_step(step),
-            config=_serialized_config(config),
-            combiners=_combiners(combiners),
+            config=serialized_config(config),
+            combiners=checked_combiners(combiners),
             check_numerics=bool(check_numerics),
         )
 

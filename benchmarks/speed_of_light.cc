@@ -1,0 +1,509 @@
+// The speed-of-light kernel: the work of one fused embedding training step, written the simplest fast way, with
+// no framework around it. It calibrates what this machine can do for exactly the suite's steps, so that our
+// engine (and FBGEMM) are measured against something that ran here rather than against a traffic model.
+//
+// One step = what benchmarks/ours.py's step does, on the same ids and upstream gradients:
+//   forward:  per feature, gather the ids' rows and combine them per sample (sum or mean), or lay them out
+//             [B, L, D] for a sequence feature (the activations are written to memory, as an op must);
+//   backward: per table, de-duplicate the step's ids (the vocabulary is known, so a dense id -> slot array
+//             instead of a hash table: one load and at most one store per id, reset after the step), accumulate
+//             each occurrence's upstream gradient into its distinct row's gradient;
+//   update:   per distinct row, the optimizer's row update in place (SGD, Adagrad, lazy Adam; the same formulas
+//             and hyper-parameters as the suite's peers), tables and slots in fp32 or bf16; bf16 is read into
+//             fp32, updated, and written back with stochastic rounding from a counter-based hash per element
+//             (the same bits our kernels use, so the two are comparable and results are identical).
+// Threads (OpenMP): the forward pass over samples and the update over distinct rows; de-duplication and
+// accumulation stay serial (they are a small share of the step at one thread, and serial keeps them simple).
+//
+// Usage: speed_of_light JOB_DIR
+//   JOB_DIR/job.txt   one "key value..." per line (written by benchmarks/peers/speed_of_light.py):
+//                       threads N | blocks N | warmup N | block_ms X | steps N (0: size blocks to block_ms)
+//                       lr X | beta1 X | beta2 X | epsilon X | adagrad_init X (the suite's hyper-parameters)
+//                       combiner sum|mean | storage fp32|bf16 | optimizers NAME... | check_steps N
+//                       table ROWS DIM                 (one line per table, in order)
+//                       feature TABLE BATCH SEQ_LEN    (one per feature; ids in ids<i>.bin (int64); bags and
+//                                                        sequences also splits<i>.bin (int64, BATCH+1);
+//                                                        upstream<i>.bin float32 [BATCH * max(SEQ_LEN,1) * DIM])
+// Output: one JSON line {"results": {optimizer: {"block_ms": [...], "steps": n}}}. With check_steps > 0 it runs
+// that many steps per optimizer from the tables in init<t>.bin (float32) instead of timing, and writes
+// final_<optimizer>_<t>.bin (float32) for the suite's parity check.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "speed_of_light: %s\n", what.c_str());
+  std::exit(2);
+}
+
+// ----------------------------------------------------------------------------------------------- bf16 storage
+
+inline float Bf16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint64_t Mix64(uint64_t x) {  // MurmurHash3's 64-bit finaliser
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// The per-row key and per-element bits of the library's stochastic rounding (seed 0, this step, table, buffer).
+inline uint64_t RowKey(int64_t step, int64_t table, int64_t buffer, int64_t row) {
+  uint64_t k = Mix64(0ULL ^ 0x5851f42d4c957f2dULL);
+  k = Mix64(k ^ static_cast<uint64_t>(step));
+  k = Mix64(k ^ (static_cast<uint64_t>(table) * 64 + static_cast<uint64_t>(buffer)));
+  return Mix64(k ^ static_cast<uint64_t>(row));
+}
+
+inline uint16_t RoundStochastic(float f, uint64_t row_key, uint32_t column) {
+  uint32_t x = static_cast<uint32_t>(row_key) ^ (column * 0x9e3779b9u);
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  x ^= static_cast<uint32_t>(row_key >> 32);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + (x & 0xffffu)) >> 16;
+  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// ----------------------------------------------------------------------------------------------- memory
+
+// Tables and slots on 2 MiB pages where the kernel grants them: a random row costs a cache miss, not a cache
+// miss plus a page walk (our op library advises huge pages for its tables too).
+template <typename T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <typename U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    void* p = nullptr;
+    if (posix_memalign(&p, size_t{1} << 21, bytes) != 0) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const HugePageAllocator&) const { return true; }
+  bool operator!=(const HugePageAllocator&) const { return false; }
+};
+template <typename T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+
+// Rows are fetched this many ids ahead: enough to cover a DRAM miss at a few ns of work per row.
+constexpr int64_t kPrefetchAhead = 8;
+
+inline void PrefetchRow(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+}
+
+// ----------------------------------------------------------------------------------------------- the job
+
+struct Table {
+  int64_t rows = 0, dim = 0;
+  HugeVector<float> w32;               // fp32 storage
+  HugeVector<uint16_t> w16;            // bf16 storage
+  std::vector<HugeVector<float>> s32;  // slots
+  std::vector<HugeVector<uint16_t>> s16;
+  HugeVector<int32_t> slot_of;  // id -> distinct index in this step, -1 when absent
+  std::vector<int64_t> uniq;    // distinct index -> id
+  std::vector<float> grad;      // [distinct, dim]
+};
+
+struct Feature {
+  int table = 0;
+  int64_t batch = 0, seq_len = 0;
+  std::vector<int64_t> ids, splits;  // splits empty: one id per sample
+  std::vector<float> upstream, act;
+};
+
+struct Job {
+  int threads = 1, blocks = 7, warmup = 3, steps = 0, check_steps = 0;
+  double block_ms = 150.0;
+  float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, adagrad_init = 0.1f;
+  bool mean = false, bf16 = false;
+  std::vector<std::string> optimizers;
+  std::vector<Table> tables;
+  std::vector<Feature> features;
+};
+
+template <typename T>
+std::vector<T> ReadArray(const std::string& path, size_t count) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail("cannot open " + path);
+  std::vector<T> out(count);
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(count * sizeof(T)));
+  if (static_cast<size_t>(in.gcount()) != count * sizeof(T)) Fail(path + ": short file");
+  return out;
+}
+
+Job ReadJob(const std::string& dir) {
+  Job job;
+  std::ifstream in(dir + "/job.txt");
+  if (!in) Fail("cannot open " + dir + "/job.txt");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key;
+    if (!(ls >> key)) continue;
+    if (key == "threads")
+      ls >> job.threads;
+    else if (key == "blocks")
+      ls >> job.blocks;
+    else if (key == "warmup")
+      ls >> job.warmup;
+    else if (key == "steps")
+      ls >> job.steps;
+    else if (key == "check_steps")
+      ls >> job.check_steps;
+    else if (key == "block_ms")
+      ls >> job.block_ms;
+    else if (key == "lr")
+      ls >> job.lr;
+    else if (key == "beta1")
+      ls >> job.beta1;
+    else if (key == "beta2")
+      ls >> job.beta2;
+    else if (key == "epsilon")
+      ls >> job.epsilon;
+    else if (key == "adagrad_init")
+      ls >> job.adagrad_init;
+    else if (key == "combiner") {
+      std::string c;
+      ls >> c;
+      job.mean = c == "mean";
+    } else if (key == "storage") {
+      std::string s;
+      ls >> s;
+      job.bf16 = s == "bf16";
+    } else if (key == "optimizers") {
+      std::string o;
+      while (ls >> o) job.optimizers.push_back(o);
+    } else if (key == "table") {
+      Table t;
+      ls >> t.rows >> t.dim;
+      job.tables.push_back(std::move(t));
+    } else if (key == "feature") {
+      Feature f;
+      ls >> f.table >> f.batch >> f.seq_len;
+      job.features.push_back(std::move(f));
+    } else
+      Fail("unknown job key " + key);
+  }
+  for (size_t i = 0; i < job.features.size(); ++i) {
+    Feature& f = job.features[i];
+    if (f.table < 0 || f.table >= static_cast<int>(job.tables.size())) Fail("feature table out of range");
+    const int64_t dim = job.tables[f.table].dim;
+    std::ifstream probe(dir + "/splits" + std::to_string(i) + ".bin", std::ios::binary);
+    if (probe) f.splits = ReadArray<int64_t>(dir + "/splits" + std::to_string(i) + ".bin", f.batch + 1);
+    const int64_t n = f.splits.empty() ? f.batch : f.splits.back();
+    f.ids = ReadArray<int64_t>(dir + "/ids" + std::to_string(i) + ".bin", n);
+    for (int64_t id : f.ids)
+      if (id < 0 || id >= job.tables[f.table].rows) Fail("id out of range in feature " + std::to_string(i));
+    const int64_t out_rows = f.batch * std::max<int64_t>(f.seq_len, 1);
+    f.upstream = ReadArray<float>(dir + "/upstream" + std::to_string(i) + ".bin", out_rows * dim);
+    f.act.assign(out_rows * dim, 0.0f);
+  }
+  return job;
+}
+
+int NumSlots(const std::string& opt) {
+  if (opt == "sgd") return 0;
+  if (opt == "adagrad") return 1;
+  if (opt == "adam") return 2;
+  Fail("optimizer " + opt + " is not in the speed-of-light kernel (sgd, adagrad, adam)");
+}
+
+float SlotInit(const Job& job, const std::string& opt) { return opt == "adagrad" ? job.adagrad_init : 0.0f; }
+
+// Tables start from init<t>.bin when it exists (the parity check), else from a cheap pattern (values do not
+// change the speed).
+void ResetState(Job& job, const std::string& opt, const std::string& dir) {
+  const int slots = NumSlots(opt);
+  for (size_t t = 0; t < job.tables.size(); ++t) {
+    Table& tb = job.tables[t];
+    const size_t n = static_cast<size_t>(tb.rows * tb.dim);
+    std::vector<float> init;
+    std::ifstream probe(dir + "/init" + std::to_string(t) + ".bin", std::ios::binary);
+    if (probe) init = ReadArray<float>(dir + "/init" + std::to_string(t) + ".bin", n);
+    if (job.bf16) {
+      tb.w16.assign(n, 0);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = init.empty() ? 0.01f * static_cast<float>(static_cast<int>(i % 11) - 5) : init[i];
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        tb.w16[i] = static_cast<uint16_t>(u >> 16);
+      }
+      uint32_t s;
+      const float sv = SlotInit(job, opt);
+      std::memcpy(&s, &sv, 4);
+      tb.s16.assign(slots, HugeVector<uint16_t>(n, static_cast<uint16_t>(s >> 16)));
+      tb.w32.clear();
+      tb.s32.clear();
+    } else {
+      tb.w32.resize(n);
+      for (size_t i = 0; i < n; ++i)
+        tb.w32[i] = init.empty() ? 0.01f * static_cast<float>(static_cast<int>(i % 11) - 5) : init[i];
+      tb.s32.assign(slots, HugeVector<float>(n, SlotInit(job, opt)));
+      tb.w16.clear();
+      tb.s16.clear();
+    }
+    tb.slot_of.assign(tb.rows, -1);
+    int64_t ids = 0;
+    for (const Feature& f : job.features)
+      if (f.table == static_cast<int>(t)) ids += static_cast<int64_t>(f.ids.size());
+    tb.uniq.resize(ids);
+    tb.grad.resize(ids * tb.dim);
+  }
+}
+
+inline void LoadRow(const Table& tb, bool bf16, int64_t row, float* out) {
+  const int64_t d = tb.dim;
+  if (bf16) {
+    const uint16_t* src = tb.w16.data() + row * d;
+    for (int64_t i = 0; i < d; ++i) out[i] = Bf16ToFloat(src[i]);
+  } else {
+    std::memcpy(out, tb.w32.data() + row * d, d * sizeof(float));
+  }
+}
+
+inline const void* RowAddress(const Table& tb, bool bf16, int64_t row) {
+  return bf16 ? static_cast<const void*>(tb.w16.data() + row * tb.dim)
+              : static_cast<const void*>(tb.w32.data() + row * tb.dim);
+}
+inline int64_t RowBytes(const Table& tb, bool bf16) { return tb.dim * (bf16 ? 2 : 4); }
+
+void Forward(Job& job) {
+  for (Feature& f : job.features) {
+    const Table& tb = job.tables[f.table];
+    const int64_t d = tb.dim;
+    const bool bf16 = job.bf16;
+#pragma omp parallel for schedule(static) num_threads(job.threads)
+    for (int64_t b = 0; b < f.batch; ++b) {
+      if (f.splits.empty()) {
+        if (b + kPrefetchAhead < f.batch)
+          PrefetchRow(RowAddress(tb, bf16, f.ids[b + kPrefetchAhead]), RowBytes(tb, bf16));
+        LoadRow(tb, bf16, f.ids[b], f.act.data() + b * d);
+        continue;
+      }
+      const int64_t lo = f.splits[b], hi = f.splits[b + 1];
+      if (f.seq_len > 0) {
+        float* out = f.act.data() + b * f.seq_len * d;
+        const int64_t n = std::min<int64_t>(hi - lo, f.seq_len);
+        for (int64_t p = 0; p < n; ++p) {
+          if (lo + p + kPrefetchAhead < static_cast<int64_t>(f.ids.size()))
+            PrefetchRow(RowAddress(tb, bf16, f.ids[lo + p + kPrefetchAhead]), RowBytes(tb, bf16));
+          LoadRow(tb, bf16, f.ids[lo + p], out + p * d);
+        }
+        std::memset(out + n * d, 0, (f.seq_len - n) * d * sizeof(float));
+        continue;
+      }
+      float* out = f.act.data() + b * d;
+      float row[1024];
+      std::memset(out, 0, d * sizeof(float));
+      for (int64_t k = lo; k < hi; ++k) {
+        if (k + kPrefetchAhead < static_cast<int64_t>(f.ids.size()))
+          PrefetchRow(RowAddress(tb, bf16, f.ids[k + kPrefetchAhead]), RowBytes(tb, bf16));
+        LoadRow(tb, bf16, f.ids[k], row);
+        for (int64_t i = 0; i < d; ++i) out[i] += row[i];
+      }
+      if (job.mean && hi > lo) {
+        const float inv = 1.0f / static_cast<float>(hi - lo);
+        for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+      }
+    }
+  }
+}
+
+// De-duplicates and accumulates one table's gradients; returns the number of distinct rows.
+int64_t Accumulate(Job& job, int t) {
+  Table& tb = job.tables[t];
+  const int64_t d = tb.dim;
+  int64_t distinct = 0;
+  for (const Feature& f : job.features) {
+    if (f.table != t) continue;
+    for (int64_t b = 0; b < f.batch; ++b) {
+      const int64_t lo = f.splits.empty() ? b : f.splits[b];
+      const int64_t hi = f.splits.empty() ? b + 1 : f.splits[b + 1];
+      const float scale = (job.mean && f.seq_len == 0 && hi > lo) ? 1.0f / static_cast<float>(hi - lo) : 1.0f;
+      for (int64_t k = lo; k < hi; ++k) {
+        if (k + 4 * kPrefetchAhead < static_cast<int64_t>(f.ids.size()))
+          __builtin_prefetch(tb.slot_of.data() + f.ids[k + 4 * kPrefetchAhead]);
+        const int64_t id = f.ids[k];
+        int32_t u = tb.slot_of[id];
+        const float* g = f.seq_len > 0 ? f.upstream.data() + (b * f.seq_len + (k - lo)) * d : f.upstream.data() + b * d;
+        float* acc;
+        if (u < 0) {
+          u = static_cast<int32_t>(distinct++);
+          tb.slot_of[id] = u;
+          tb.uniq[u] = id;
+          acc = tb.grad.data() + static_cast<int64_t>(u) * d;
+          for (int64_t i = 0; i < d; ++i) acc[i] = g[i] * scale;
+        } else {
+          acc = tb.grad.data() + static_cast<int64_t>(u) * d;
+          for (int64_t i = 0; i < d; ++i) acc[i] += g[i] * scale;
+        }
+      }
+    }
+  }
+  return distinct;
+}
+
+inline void UpdateRow(const Job& job, int opt, const float* g, float* w, float* s0, float* s1, int64_t d) {
+  const float lr = job.lr;
+  if (opt == 0) {
+    for (int64_t i = 0; i < d; ++i) w[i] -= lr * g[i];
+  } else if (opt == 1) {
+    for (int64_t i = 0; i < d; ++i) {
+      s0[i] += g[i] * g[i];
+      w[i] -= lr * g[i] / std::sqrt(s0[i]);
+    }
+  } else {
+    // TPU Adam as the suite configures it (the proto's default use_sum_inside_sqrt = false): no bias
+    // correction, epsilon added outside the root.
+    const float b1 = job.beta1, b2 = job.beta2, eps = job.epsilon;
+    for (int64_t i = 0; i < d; ++i) {
+      s0[i] = b1 * s0[i] + (1.0f - b1) * g[i];
+      s1[i] = b2 * s1[i] + (1.0f - b2) * g[i] * g[i];
+      w[i] -= lr * s0[i] / (std::sqrt(s1[i]) + eps);
+    }
+  }
+}
+
+void Update(Job& job, int t, int64_t distinct, int opt, int64_t step) {
+  Table& tb = job.tables[t];
+  const int64_t d = tb.dim;
+  const int slots = opt == 0 ? 0 : (opt == 1 ? 1 : 2);
+#pragma omp parallel for schedule(static) num_threads(job.threads)
+  for (int64_t u = 0; u < distinct; ++u) {
+    const int64_t row = tb.uniq[u];
+    if (u + kPrefetchAhead < distinct) {
+      const int64_t ahead = tb.uniq[u + kPrefetchAhead];
+      PrefetchRow(RowAddress(tb, job.bf16, ahead), RowBytes(tb, job.bf16));
+      for (int s = 0; s < slots; ++s)
+        PrefetchRow(job.bf16 ? static_cast<const void*>(tb.s16[s].data() + ahead * d)
+                             : static_cast<const void*>(tb.s32[s].data() + ahead * d),
+                    RowBytes(tb, job.bf16));
+    }
+    const float* g = tb.grad.data() + u * d;
+    if (!job.bf16) {
+      float* w = tb.w32.data() + row * d;
+      float* s0 = slots > 0 ? tb.s32[0].data() + row * d : nullptr;
+      float* s1 = slots > 1 ? tb.s32[1].data() + row * d : nullptr;
+      UpdateRow(job, opt, g, w, s0, s1, d);
+    } else {
+      float w[1024], s0[1024], s1[1024];
+      uint16_t* ws = tb.w16.data() + row * d;
+      for (int64_t i = 0; i < d; ++i) w[i] = Bf16ToFloat(ws[i]);
+      for (int s = 0; s < slots; ++s) {
+        const uint16_t* src = tb.s16[s].data() + row * d;
+        float* dst = s == 0 ? s0 : s1;
+        for (int64_t i = 0; i < d; ++i) dst[i] = Bf16ToFloat(src[i]);
+      }
+      UpdateRow(job, opt, g, w, s0, s1, d);
+      const uint64_t k0 = RowKey(step, t, 0, row);
+      for (int64_t i = 0; i < d; ++i) ws[i] = RoundStochastic(w[i], k0, static_cast<uint32_t>(i));
+      for (int s = 0; s < slots; ++s) {
+        const uint64_t ks = RowKey(step, t, 1 + s, row);
+        uint16_t* dst = tb.s16[s].data() + row * d;
+        const float* src = s == 0 ? s0 : s1;
+        for (int64_t i = 0; i < d; ++i) dst[i] = RoundStochastic(src[i], ks, static_cast<uint32_t>(i));
+      }
+    }
+  }
+  for (int64_t u = 0; u < distinct; ++u) tb.slot_of[tb.uniq[u]] = -1;
+}
+
+void Step(Job& job, int opt, int64_t step) {
+  Forward(job);
+  for (int t = 0; t < static_cast<int>(job.tables.size()); ++t) {
+    const int64_t distinct = Accumulate(job, t);
+    Update(job, t, distinct, opt, step);
+  }
+}
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) Fail("usage: speed_of_light JOB_DIR");
+  const std::string dir = argv[1];
+  Job job = ReadJob(dir);
+  for (const Table& t : job.tables)
+    if (t.dim <= 0 || t.dim > 1024 || t.rows <= 0) Fail("table dims must be in [1, 1024] and rows > 0");
+  std::string out = "{\"results\": {";
+  for (size_t o = 0; o < job.optimizers.size(); ++o) {
+    const std::string& name = job.optimizers[o];
+    const int opt = name == "sgd" ? 0 : (name == "adagrad" ? 1 : 2);
+    NumSlots(name);
+    ResetState(job, name, dir);
+    int64_t step = 0;
+    if (o) out += ", ";
+    out += "\"" + name + "\": {";
+    if (job.check_steps > 0) {
+      for (int s = 0; s < job.check_steps; ++s) Step(job, opt, step++);
+      for (size_t t = 0; t < job.tables.size(); ++t) {
+        const Table& tb = job.tables[t];
+        std::vector<float> w(tb.rows * tb.dim);
+        for (int64_t r = 0; r < tb.rows; ++r) LoadRow(tb, job.bf16, r, w.data() + r * tb.dim);
+        std::ofstream f(dir + "/final_" + name + "_" + std::to_string(t) + ".bin", std::ios::binary);
+        f.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * sizeof(float)));
+      }
+      out += "\"steps\": " + std::to_string(job.check_steps) + "}";
+      continue;
+    }
+    for (int s = 0; s < job.warmup; ++s) Step(job, opt, step++);
+    int steps = job.steps;
+    if (steps <= 0) {
+      const double t0 = NowMs();
+      Step(job, opt, step++);
+      const double one = std::max(NowMs() - t0, 1e-3);
+      steps = std::max(1, static_cast<int>(job.block_ms / one));
+    }
+    out += "\"steps\": " + std::to_string(steps) + ", \"block_ms\": [";
+    for (int b = 0; b < job.blocks; ++b) {
+      const double t0 = NowMs();
+      for (int s = 0; s < steps; ++s) Step(job, opt, step++);
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%s%.6f", b ? ", " : "", (NowMs() - t0) / steps);
+      out += buf;
+    }
+    out += "]}";
+  }
+  out += "}}";
+  std::printf("%s\n", out.c_str());
+  return 0;
+}

@@ -1,0 +1,142 @@
+"""All-or-nothing restore of a `te.TPUEmbedding`: every table's checkpoint data is checked before any is written.
+
+TensorFlow restores a checkpoint object by object, so a table that refuses its data (a dynamic table's rows over
+`max_rows`, a step of another shape, a static table of another shape) would otherwise refuse after other tables
+were already overwritten. TensorFlow calls `Trackable._checkpoint_adapter(path)` when a restore reaches an object,
+before it restores any of the object's children; `TPUEmbedding` checks there, with `validate`, every child the
+checkpoint holds for it:
+
+- static tables, slots and `rounding_step`: the checkpoint's shape is the variable's (the table config's when
+  not built yet); once built, also its dtype (restoring before `build` converts dtypes, docs/low_precision.md);
+- dynamic tables: everything their import checks (`dynamic.checkpoint_check.TableSpec.validate`).
+
+Children the checkpoint has and this object lacks, or the reverse, are left to TensorFlow (`assert_consumed`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import tensorflow as tf
+
+from tf_embed_ops import _tf_compat, table_config
+from tf_embed_ops import config as config_lib
+from tf_embed_ops.dynamic import checkpoint_check
+from tf_embed_ops.dynamic import config as dynamic_config
+
+__all__ = ["validate"]
+
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE = ".ATTRIBUTES/VARIABLE_VALUE"
+
+
+class _Variable:
+    """A static child: the shape a checkpoint must have, and the dtype (None: converted at creation)."""
+
+    def __init__(self, shape: Any, dtype: Any):
+        self.shape = tf.TensorShape(shape)
+        self.dtype = None if dtype is None else tf.as_dtype(dtype)
+
+
+def _expected(embedding: Any) -> dict[str, Any]:
+    """`{child name: _Variable | TableSpec}` of the children a restore writes."""
+    out: dict[str, Any] = {}
+    if embedding._built:  # noqa: SLF001 - the class that calls us
+        for name, child in embedding._trackable_children().items():  # noqa: SLF001
+            spec = getattr(child, "spec", None)
+            if isinstance(spec, checkpoint_check.TableSpec):
+                out[name] = spec
+            elif hasattr(child, "shape") and hasattr(child, "dtype"):
+                out[name] = _Variable(child.shape, child.dtype)
+        return out
+    for table in embedding._table_config:  # noqa: SLF001
+        shape = (table.vocabulary_size, table.dim)
+        out[table.name] = _Variable(shape, None)
+        if table.optimizer is not None:
+            shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
+            for slot in _tf_compat.slot_names(table.optimizer):
+                out[f"{table.name}/{slot}"] = _Variable(shapes.get(slot, shape), None)
+    if table_config.needs_rounding_step(embedding._table_config):  # noqa: SLF001
+        out["rounding_step"] = _Variable((), None)
+    group = embedding.dynamic_group
+    if group is not None:
+        for config in group.table_configs:
+            attrs = dynamic_config.handle_attrs(config)
+            out[config.name] = checkpoint_check.TableSpec.of(attrs, group.num_shards, tuple(range(group.num_shards)))
+    return out
+
+
+def _calling_position(trackable: Any) -> Any:
+    """The `CheckpointPosition` TensorFlow is restoring `trackable` from: a local of the frame that called
+    `_checkpoint_adapter` (`restore._maybe_get_adapter`, TF 2.16 - 2.21), which the hook is not given. None when
+    not found; `validate` then looks the object up in the checkpoint by its children's names."""
+    frame = sys._getframe(1)  # noqa: SLF001 - see the docstring
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        position = frame.f_locals.get("checkpoint_position")
+        if position is not None and getattr(position, "trackable", None) is trackable:
+            return position
+    return None
+
+
+def _node_children(graph: Any, node: Any) -> dict[str, Any]:
+    return {child.local_name: graph.nodes[child.node_id] for child in node.children}
+
+
+def _find_node(graph: Any, expected: dict) -> Any:
+    """The one node whose children include every expected name, or None (none, or ambiguous)."""
+    names = set(expected)
+    found = [node for node in graph.nodes if names <= {c.local_name for c in node.children}]
+    return found[0] if len(found) == 1 else None
+
+
+def validate(embedding: Any, path: str) -> None:
+    """Checks every table's data in the checkpoint at `path` against `embedding`; raises before anything is written.
+
+    Args:
+      embedding: the `te.TPUEmbedding` being restored (called from its `_checkpoint_adapter`).
+      path: the checkpoint's path.
+
+    Raises:
+      ValueError: naming the table, the tensor and the values; no table, slot or dynamic table was changed.
+    """
+    expected = _expected(embedding)
+    if not expected:
+        return
+    position = _calling_position(embedding)
+    reader = tf.train.load_checkpoint(path)
+    if position is not None:
+        graph, node = position.checkpoint.object_graph_proto, position.object_proto
+    else:
+        from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=import-outside-toplevel
+
+        if not reader.has_tensor(_OBJECT_GRAPH_KEY):
+            return
+        graph = trackable_object_graph_pb2.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+        node = _find_node(graph, expected)
+        if node is None:
+            return
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    for name, child in _node_children(graph, node).items():
+        want = expected.get(name)
+        keys = {a.name: a.checkpoint_key for a in child.attributes}
+        if isinstance(want, checkpoint_check.TableSpec):
+            tensors = {k: reader.get_tensor(key) for k, key in keys.items() if key in shapes}
+            want.validate(tensors, "restore")
+        elif isinstance(want, _Variable) and "VARIABLE_VALUE" in keys and keys["VARIABLE_VALUE"] in shapes:
+            key = keys["VARIABLE_VALUE"]
+            got_shape, got_dtype = tf.TensorShape(shapes[key]), tf.as_dtype(dtypes[key])
+            if not want.shape.is_compatible_with(got_shape):
+                raise ValueError(
+                    f"TPUEmbedding restore: the checkpoint's {name!r} has shape {got_shape.as_list()}, this "
+                    f"object's is {want.shape.as_list()}; no table was changed"
+                )
+            if want.dtype is not None and got_dtype != want.dtype:
+                raise ValueError(
+                    f"TPUEmbedding restore: the checkpoint's {name!r} is {got_dtype.name}, this object's variable "
+                    f"is {want.dtype.name} (restore before the first build to convert); no table was changed"
+                )

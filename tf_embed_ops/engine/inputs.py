@@ -1,0 +1,189 @@
+"""Input normalisation: a nest of ids (and weights) -> one `FeatureInput` per feature, in feature order.
+
+The checks and wording are TensorFlow's (`TPUEmbedding.enqueue` / `TPUEmbeddingForServing.embedding_lookup`),
+then ours: every error names the feature's key path. Features over dynamic tables are normalised by
+`dynamic.engine.normalize_dynamic_feature` (int64 or string keys), the others by
+`embedding_ops.normalize_feature`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tf_embed_ops import embedding_ops
+from tf_embed_ops import features as features_lib
+from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.dynamic import engine as dynamic_engine
+
+__all__ = ["complete_subset", "normalize_inputs", "output_shape_positions"]
+
+
+def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[list, list]:
+    """Validates and normalises `features` (and `weights`) to `FeatureInput`s in flattened feature order.
+
+    Args:
+      feature_config: the nest of `FeatureConfig`s.
+      features: a nest matching it of dense, sparse or ragged ids.
+      weights: None, or a nest matching it of weights of the ids' kind (None entries allowed).
+
+    Returns:
+      The `FeatureInput`s and the incoming output shapes (each input's shape by TensorFlow's rule).
+
+    Raises:
+      ValueError: on a structure, rank, kind or weight mismatch (naming the feature).
+    """
+    flat_features = _flatten_like(feature_config, features, "features")
+    flat_weights = [None] * len(flat_features) if weights is None else _flatten_like(feature_config, weights, "weights")
+
+    inputs, shapes = [], []
+    paths_and_configs = features_lib.flatten_with_paths(feature_config)
+    for (path, feature), inp, weight in zip(paths_and_configs, flat_features, flat_weights, strict=False):
+        if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+            pass
+        elif inp is None:
+            raise ValueError(f"Feature {path}: got None; every feature needs an input.")
+        else:
+            inp = tf.convert_to_tensor(inp)
+            if weight is not None:
+                # TensorFlow's serving-class wording first (callers match on it), then ours.
+                raise ValueError(
+                    f"Weight specified for {path}, but input is dense. Weight will always be 1 in this case."
+                )
+        if weight is not None and not isinstance(weight, type(inp)):
+            raise ValueError(
+                f"Weight for {path} is of type {type(weight)} but it does not match type of the input which is "
+                f"{type(inp)}. Weights must be of the same kind as the ids."
+            )
+        rank = inp.shape.rank
+        composite = isinstance(inp, (tf.SparseTensor, tf.RaggedTensor))
+        positions = output_shape_positions(path, inp, feature)
+        if positions:
+            # TensorFlow ignores weights (and the combiner) of such a sequence lookup; a dense id is a row
+            # holding one id.
+            max_len, weight = positions, None
+            if isinstance(inp, tf.Tensor):
+                inp = tf.RaggedTensor.from_tensor(tf.reshape(inp, [-1, 1]))
+        elif composite and rank == 2 and features_lib.is_sequence(feature):
+            max_len = feature.max_sequence_length
+        else:
+            if feature.max_sequence_length > 0 and isinstance(inp, tf.SparseTensor) and (rank or 0) > 2:
+                logging.warning(
+                    "Input tensor is rank %d which is above 2, the max_sequence_length setting will be ignored.",
+                    rank,
+                )
+            max_len = 0
+        try:
+            if dynamic_config.is_dynamic(feature.table):
+                normalized = dynamic_engine.normalize_dynamic_feature(inp, feature.table, weight, max_len, path)
+            else:
+                normalized = embedding_ops.normalize_feature(
+                    inp, weights=weight, max_sequence_length=max_len, feature_name=path
+                )
+        except ValueError as e:
+            raise ValueError(f"Feature {path}: {e}") from e
+        inputs.append(normalized)
+        shapes.append(features_lib.output_shape(inp.shape, feature, not isinstance(inp, tf.Tensor)))
+    return inputs, shapes
+
+
+def _flatten_like(feature_config: Any, given: Any, argument: str) -> list:
+    """`given` flattened, once it has the structure of `feature_config` (else a ValueError naming `argument`)."""
+    features_lib.check_feature_keys(feature_config, given, argument)
+    try:
+        tf.nest.assert_same_structure(feature_config, given)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"Argument `{argument}` must have the structure of `feature_config`: {e}") from e
+    return tf.nest.flatten(given)
+
+
+def output_shape_positions(path: str, inp: Any, feature: Any) -> int:
+    """The sequence length a `FeatureConfig.output_shape` implies for this input, or 0 for a plain lookup.
+
+    TensorFlow's rule: with B samples and P = prod(output_shape), P == B is a plain lookup reshaped to
+    `output_shape + [dim]`; P a larger multiple of B makes the feature a sequence of P / B positions (ids padded
+    or truncated per sample, no combiner, no weights); anything else is a ValueError at lookup time. Only inputs
+    with one sample axis (dense [B] or [B, 1], rank-2 sparse or ragged) can be sequences. When B is not known
+    statically the lookup is plain and the reshape checks P == B when it runs.
+
+    Raises:
+      ValueError: P is neither B nor a larger multiple of it (for an input with one sample axis).
+    """
+    if not feature.output_shape:
+        return 0
+    shape = inp.shape
+    if shape.rank is None:
+        return 0
+    dims = shape.as_list()
+    sample_dims = dims if isinstance(inp, tf.Tensor) and (len(dims) == 1 or dims[-1] != 1) else dims[:-1]
+    if any(d is None for d in sample_dims):
+        return 0
+    samples = functools.reduce(lambda a, b: a * b, sample_dims, 1)
+    product = functools.reduce(lambda a, b: a * b, feature.output_shape.as_list(), 1)
+    if product == samples:
+        return 0
+    one_sample_axis = len(sample_dims) == 1 and not (isinstance(inp, tf.Tensor) and len(dims) == 2 and dims[1] != 1)
+    if samples > 0 and product > samples and product % samples == 0 and one_sample_axis:
+        return product // samples
+    raise ValueError(
+        "Output shape set in the FeatureConfig should be the factor of the input data batch size. But instead got "
+        f"output shape {feature.output_shape}, input data batch size {samples} (feature {path}: the product of "
+        "output_shape must equal the number of samples, or be a larger multiple of it for a sequence lookup)."
+    )
+
+
+def complete_subset(feature_config: Any, features: Any, weights: Any) -> tuple[list, Any, Any]:
+    """Maps a nest of some of the features onto `feature_config`, with empty stand-ins for the others.
+
+    The stand-ins (a dense batch of no ids) keep the configuration and table order of the full feature set, so
+    the kernels run unchanged; their activations are dropped.
+
+    Returns:
+      (the key paths of `features` in its flatten order, the completed features, the completed weights).
+
+    Raises:
+      ValueError: if a key path of `features` is not one of `feature_config`'s (TensorFlow's wording), or
+        `weights` does not have the structure of `features`.
+    """
+    flat_inputs = features_lib.flatten_with_paths(features)
+    if weights is not None:
+        try:
+            tf.nest.assert_same_structure(features, weights)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"Argument `weights` must have the structure of `features`: {e}") from e
+        flat_weights = tf.nest.flatten(weights)
+    else:
+        flat_weights = [None] * len(flat_inputs)
+    config_paths = [path for path, _ in features_lib.flatten_with_paths(feature_config)]
+    input_keys = {path for path, _ in flat_inputs}
+    if not input_keys.issubset(config_paths):
+        unknown = sorted(input_keys - set(config_paths))
+        hints = [
+            f"{key!r} (did you mean {close[0]!r}?)"
+            if (close := difflib.get_close_matches(key, config_paths, n=1))
+            else repr(key)
+            for key in unknown
+        ]
+        raise ValueError(
+            f"Inputs are not a subset of feature_config. Inputs keys are {input_keys}, but feature_config keys "
+            f"are {config_paths}. Unknown keys: {', '.join(hints)}."
+        )
+    by_path = {path: (inp, w) for (path, inp), w in zip(flat_inputs, flat_weights, strict=True)}
+    full_inputs, full_weights = [], []
+    for path, feature in zip(config_paths, tf.nest.flatten(feature_config), strict=True):
+        # A feature with an output_shape needs that many samples to stay a plain lookup (of row 0).
+        samples = feature.output_shape.num_elements() if feature.output_shape else 0
+        key_dtype = getattr(feature.table, "key_dtype", tf.int64)  # a string-keyed dynamic table: string ids
+        inp, w = by_path.get(path, (tf.zeros([samples], key_dtype), None))
+        full_inputs.append(inp)
+        full_weights.append(w)
+    present = [path for path, _ in flat_inputs]
+    return (
+        present,
+        tf.nest.pack_sequence_as(feature_config, full_inputs),
+        tf.nest.pack_sequence_as(feature_config, full_weights),
+    )
