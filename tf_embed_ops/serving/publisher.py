@@ -292,7 +292,8 @@ class Publisher:
         for name, tc in changes.tables.items():
             if tc.kind == "dynamic" and tc.full:
                 return self.publish_full()
-            weights = tc.contents["weights"] if tc.kind == "dynamic" and tc.contents is not None else None
+            contents = getattr(tc, "contents", None)
+            weights = contents["weights"] if tc.kind == "dynamic" and contents is not None else None
             touched[name] = (np.asarray(tc.rows, np.int64), np.asarray(tc.evicted, np.int64), weights)
         version = self.write_delta(touched, dense=dense)
         if version is None:

@@ -33,8 +33,9 @@ from tf_embed_ops.serving import delta_format as fmt
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
 
-# Rows per scatter: bounds what an apply allocates beside the delta file itself.
-APPLY_CHUNK_BYTES = 8 << 20
+# Bytes of rows per scatter: bounds what an apply allocates beside the delta file, and how long one scatter holds
+# the variable's lock against concurrent lookups.
+APPLY_CHUNK_BYTES = 1 << 20
 # Slot states of a MutableRowTable.
 _FREE, _USED, _RELEASED = 0, 1, 2
 
