@@ -75,6 +75,13 @@ def _embedding_layers(model: Any) -> list:
     flatten = getattr(model, "_flatten_layers", None)
     layers = list(flatten(include_self=True)) if flatten else list(getattr(model, "layers", []))
     found = [layer for layer in layers if isinstance(layer, TPUEmbedding)]
+    sharded = [type(layer).__name__ for layer in layers if type(layer).__name__ == "ShardedEmbeddingLayer"]
+    if sharded:
+        raise ValueError(
+            "model_or_layer: tables sharded over parameter servers (te.distribute's ShardedEmbeddingLayer) are not "
+            "published by te.serving.Publisher yet; restore the checkpoint into a single-host model "
+            "(the checkpoint keys are the same) and publish that"
+        )
     if not found:
         raise ValueError(f"model_or_layer: {type(model).__name__} holds no tf_embed_ops.keras.TPUEmbedding layer")
     return found
