@@ -27,6 +27,7 @@
 #include "cc/lib/dynamic_table_arena.h"
 #include "cc/lib/dynamic_table_index.h"
 #include "cc/lib/dynamic_table_init.h"
+#include "cc/lib/storage_types.h"
 #include "cc/lib/touched_rows.h"
 
 namespace tf_embed_ops {
@@ -139,6 +140,12 @@ class DynamicTable {
   // A slot's row holds slot_width(slot) floats.
   float* Slot(int64_t slot, int64_t row) { return slots_[slot].At(row); }
   const float* Slot(int64_t slot, int64_t row) const { return slots_[slot].At(row); }
+  // The row walk's view (row_storage.h): buffer 0 is the weights, 1 + k slot k.
+  StorageType buffer_type(int64_t /*buffer*/) const { return StorageType::kFloat32; }
+  int64_t buffer_width(int64_t buffer) const { return buffer == 0 ? dim() : slot_width(buffer - 1); }
+  const void* BufferRow(int64_t buffer, int64_t row) const {
+    return buffer == 0 ? Weights(row) : Slot(buffer - 1, row);
+  }
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
   int64_t LastStepOf(int64_t row) const { return meta_.At(row)->last_step; }

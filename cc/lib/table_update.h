@@ -3,26 +3,38 @@
 // (optimizers whose UpdatesAllRows() is true: non-lazy Adam).  A touched row whose summed gradient is 0 is
 // still updated (docs/semantics.md, "Touched rows with a zero gradient").
 //
-// Work is split by the caller-supplied `Shard` function (the kernels pass TensorFlow's intra-op pool): rows are
-// independent and each row's gradient is summed in a fixed order (RowGradientPlan), so the result is bitwise
-// the same for any sharding.  Gradient accumulation DISABLED uses this same exact path (see docs/ops.md).
-//
-// Tables and slots stored in 16 bits (StoredTableBuffers, docs/low_precision.md) take the same path: each row is
-// widened to fp32 scratch, updated by the same pipeline, and rounded back (stochastic_rounding.h); the rounding
-// bits are keyed by the row, so that path is thread-count independent too.  All-fp32 tables never see it.
+// This is the ONE row walk of the library: static tables (dense arrays) and dynamic tables (chunked arenas)
+// both come here through a row storage (row_storage.h), and so does any future storage; only the adapters at the
+// bottom (UpdateTable, UpdateDynamicTable) differ.  The walk owns, for every storage:
+//   * the work split: lazy rows are cut into blocks of equal work (zipf ids make a few rows carry most of the
+//     gradient rows), split by the caller-supplied `Shard` function (the kernels pass TensorFlow's intra-op
+//     pool); rows are independent and each row's gradient is summed in a fixed order (RowGradientPlan), so the
+//     result is bitwise the same for any sharding;
+//   * the 16-bit path (docs/low_precision.md): a 16-bit row is widened to fp32 scratch, updated by the same
+//     pipeline, and rounded back (stochastic_rounding.h) with bits keyed by the storage's rounding id, so it is
+//     thread-count independent too; float32 buffers are updated in place, and an all-float32 table is compiled
+//     without the 16-bit branches;
+//   * the numerics check (FindNonFiniteUpdate): a dry run of the same walk that writes nothing.
+// Gradient accumulation DISABLED uses this same exact path (see docs/ops.md).
 #ifndef TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
 #define TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/numerics.h"
 #include "cc/lib/prefetch.h"
+#include "cc/lib/row_storage.h"
 #include "cc/lib/row_update.h"
 #include "cc/lib/shard.h"
 #include "cc/lib/stochastic_rounding.h"
@@ -30,7 +42,6 @@
 #include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
-
 // Borrowed, row-major buffers of a table ([vocabulary_size, dim]) and its slots (kSlots order; a slot's rows are
 // SlotWidth(slot, dim) wide: dim, or 1 for a per-row slot).
 struct TableBuffers {
@@ -38,12 +49,6 @@ struct TableBuffers {
   std::vector<float*> slots;
   int64_t vocabulary_size = 0;
   int64_t dim = 0;
-};
-
-// One buffer of a table with any storage type: `data` is float* for kFloat32, else the 16-bit bits (uint16_t*).
-struct StoredBuffer {
-  void* data = nullptr;
-  StorageType type = StorageType::kFloat32;
 };
 
 // A table whose table or slots may be 16-bit (docs/low_precision.md); `rounding` says how rows are written back.
@@ -62,13 +67,25 @@ struct StoredTableBuffers {
   }
 };
 
+// What FindNonFiniteUpdate found: the first row (smallest row index) of the walk where a value would become
+// NaN or +-inf.
+struct NonFiniteUpdate {
+  bool found = false;
+  int64_t row = 0;
+  bool in_gradient = false;  // true: the row's accumulated gradient; false: buffer `buffer` after the update
+  int64_t buffer = 0;        // 0 the table, 1 + k slot k (after the update, as stored: 16-bit rows rounded)
+  int64_t column = 0;
+  float value = 0.0f;
+};
+
 namespace internal {
 
-// Runs update(row, g, scratch) over the rows the optimizer updates (touched rows, or every row), with g the
-// row's accumulated gradient and scratch `scratch_floats` floats, both private to the calling shard;
-// prefetch(row) is called kPrefetchDistance rows ahead on the lazy path.  `num_slots` feeds the cost model.
-template <typename Prefetch, typename Update>
-void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& plan, int64_t vocabulary_size,
+// Runs update(row, g, scratch) over the rows the optimizer updates (touched rows, or every walk row of the
+// storage), with g the row's accumulated gradient and scratch `scratch_floats` floats, both private to the
+// calling shard; prefetch(row) is called kPrefetchDistance rows ahead on the lazy path.  `num_slots` feeds the
+// cost model.
+template <typename Storage, typename Prefetch, typename Update>
+void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& plan, const Storage& storage,
                        int64_t dim, int64_t scratch_floats, const ShardFn& shard, const Prefetch& prefetch,
                        const Update& update) {
   // Rough cycles per row: the optimizer touches (1 + slots) rows of dim floats, plus the gradient gather.
@@ -111,14 +128,16 @@ void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& p
     });
     return;
   }
-  // Every row: walk the row range alongside the touched rows sorted by id.
+  // Every walk row (ascending): walk them alongside the touched rows sorted by row.
   const std::vector<int64_t> order = plan.OrderByRow();
-  shard(vocabulary_size, row_cost, [&](int64_t begin, int64_t end) {
+  shard(storage.num_walk_rows(), row_cost, [&](int64_t begin, int64_t end) {
+    if (begin >= end) return;  // (walk_row(begin) would be past the end of an empty walk)
     std::vector<float> g(dim + scratch_floats);
-    auto it = std::lower_bound(order.begin(), order.end(), begin,
+    auto it = std::lower_bound(order.begin(), order.end(), storage.walk_row(begin),
                                [&plan](int64_t u, int64_t row) { return plan.row(u) < row; });
     RunWithRowLoopIsa([&] {
-      for (int64_t row = begin; row < end; ++row) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t row = storage.walk_row(i);
         if (it != order.end() && plan.row(*it) == row) {
           plan.Accumulate(*it, dim, g.data());
           ++it;
@@ -131,91 +150,192 @@ void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& p
   });
 }
 
-template <typename Optimizer>
-void UpdateTableWith(const Optimizer& optimizer, const TableOptimization& o, float lr, const RowGradientPlan& plan,
-                     const TableBuffers& t, const ShardFn& shard) {
-  constexpr size_t kNumSlots = Optimizer::kSlots.size();
-  const int64_t dim = t.dim;
-  std::array<int64_t, kNumSlots + 1> slot_width{};
-  for (size_t k = 0; k < kNumSlots; ++k) slot_width[k] = SlotWidth(Optimizer::kSlots[k], dim);
-  auto prefetch = [&](int64_t ahead) {
-    PrefetchRow<true>(t.weights + ahead * dim, dim);
-    for (size_t k = 0; k < kNumSlots; ++k) PrefetchRow<true>(t.slots[k] + ahead * slot_width[k], slot_width[k]);
-  };
-  auto update = [&](int64_t row, float* g, float* /*scratch*/) {
-    std::array<float*, kNumSlots + 1> slot_rows{};
-    for (size_t k = 0; k < kNumSlots; ++k) slot_rows[k] = t.slots[k] + row * slot_width[k];
-    UpdateRowPipeline(optimizer, o, lr, g, t.weights + row * dim, slot_rows.data(), dim);
-  };
-  ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, t.vocabulary_size, dim, 0, shard, prefetch, update);
+// The buffers' element types and row widths, read once per call (kNumBuffers = 1 + the optimizer's slots).
+template <size_t kNumBuffers, typename Storage>
+std::tuple<std::array<StorageType, kNumBuffers>, std::array<int64_t, kNumBuffers>> BufferLayout(const Storage& s) {
+  std::array<StorageType, kNumBuffers> type{};
+  std::array<int64_t, kNumBuffers> width{};
+  for (size_t b = 0; b < kNumBuffers; ++b) {
+    type[b] = s.type(b);
+    width[b] = s.width(b);
+  }
+  return {type, width};
 }
 
-// 16-bit buffers: each row is widened into fp32 scratch, goes through the same pipeline, and is rounded back
-// (fp32 buffers of a mixed table are updated in place).
-template <typename Optimizer>
-void UpdateStoredTableWith(const Optimizer& optimizer, const TableOptimization& o, float lr,
-                           const RowGradientPlan& plan, const StoredTableBuffers& t, const ShardFn& shard) {
+template <size_t kNumBuffers, typename Storage>
+void PrefetchBuffers(const Storage& s, const std::array<StorageType, kNumBuffers>& type,
+                     const std::array<int64_t, kNumBuffers>& width, int64_t row) {
+  for (size_t b = 0; b < kNumBuffers; ++b) {
+    // PrefetchRow counts floats: a 16-bit row is half as many floats long.
+    PrefetchRow<true>(static_cast<const float*>(s.Row(b, row)), (width[b] * StorageBytes(type[b]) + 3) / 4);
+  }
+}
+
+// The walk with the pipeline, in place.  kAllFloat32: every buffer is float32 (no 16-bit branch is compiled).
+template <bool kAllFloat32, typename Optimizer, typename Storage>
+void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                    const Storage& storage, int64_t dim, const RoundingSpec& rounding, const ShardFn& shard) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   constexpr size_t kNumBuffers = kNumSlots + 1;
-  const int64_t dim = t.dim;
-  std::array<StoredBuffer, kNumBuffers> buffers{};
-  std::array<int64_t, kNumBuffers> width{};  // elements per row: dim, or 1 for a per-row slot
-  buffers[0] = t.weights;
-  width[0] = dim;
-  for (size_t k = 0; k < kNumSlots; ++k) {
-    buffers[k + 1] = t.slots[k];
-    width[k + 1] = SlotWidth(Optimizer::kSlots[k], dim);
-  }
-  auto prefetch = [&](int64_t ahead) {
-    for (size_t b = 0; b < kNumBuffers; ++b) {
-      // PrefetchRow counts floats: a 16-bit row is half as many floats long.
-      const int64_t bytes = width[b] * StorageBytes(buffers[b].type);
-      PrefetchRow<true>(reinterpret_cast<const float*>(static_cast<const char*>(buffers[b].data) + ahead * bytes),
-                        (bytes + 3) / 4);
-    }
-  };
+  const auto [type, width] = BufferLayout<kNumBuffers>(storage);
+  auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
   auto update = [&](int64_t row, float* g, float* scratch) {
+    std::array<void*, kNumBuffers> stored{};
     std::array<float*, kNumBuffers> rows{};
     for (size_t b = 0; b < kNumBuffers; ++b) {
-      if (buffers[b].type == StorageType::kFloat32) {
-        rows[b] = static_cast<float*>(buffers[b].data) + row * width[b];
+      stored[b] = storage.Row(b, row);
+      if (kAllFloat32 || type[b] == StorageType::kFloat32) {
+        rows[b] = static_cast<float*>(stored[b]);
       } else {
         rows[b] = scratch + b * dim;
-        LoadStoredRow(buffers[b].type, static_cast<const uint16_t*>(buffers[b].data) + row * width[b], rows[b],
-                      width[b]);
+        LoadStoredRow(type[b], static_cast<const uint16_t*>(stored[b]), rows[b], width[b]);
       }
     }
     UpdateRowPipeline(optimizer, o, lr, g, rows[0], rows.data() + 1, dim);
+    if (kAllFloat32) return;
     for (size_t b = 0; b < kNumBuffers; ++b) {
-      if (buffers[b].type == StorageType::kFloat32) continue;
-      const uint64_t key =
-          t.rounding.mode == Rounding::kStochastic ? RoundingRowKey(t.rounding, static_cast<int64_t>(b), row) : 0;
-      StoreStoredRow(buffers[b].type, t.rounding.mode, key, rows[b],
-                     static_cast<uint16_t*>(buffers[b].data) + row * width[b], width[b]);
+      if (type[b] == StorageType::kFloat32) continue;
+      const uint64_t key = rounding.mode == Rounding::kStochastic
+                               ? RoundingRowKey(rounding, static_cast<int64_t>(b), storage.rounding_id(row))
+                               : 0;
+      StoreStoredRow(type[b], rounding.mode, key, rows[b], static_cast<uint16_t*>(stored[b]), width[b]);
     }
   };
-  ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, t.vocabulary_size, dim,
-                    static_cast<int64_t>(kNumBuffers) * dim, shard, prefetch, update);
+  ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, storage, dim,
+                    kAllFloat32 ? 0 : static_cast<int64_t>(kNumBuffers) * dim, shard, prefetch, update);
+}
+
+// The same walk as UpdateRowsWith, writing nothing: every row is copied to scratch, updated there, and rounded as
+// it would be stored; the first (smallest) row whose accumulated gradient holds a NaN or +-inf, or one of whose
+// buffers would hold one after the update where it held none before, is reported.  (A buffer row that is already
+// non-finite is not reported again: the check is about what this step would introduce.)
+template <typename Optimizer, typename Storage>
+NonFiniteUpdate FindNonFiniteUpdateWith(const Optimizer& optimizer, const TableOptimization& o, float lr,
+                                        const RowGradientPlan& plan, const Storage& storage, int64_t dim,
+                                        const RoundingSpec& rounding, const ShardFn& shard) {
+  constexpr size_t kNumSlots = Optimizer::kSlots.size();
+  constexpr size_t kNumBuffers = kNumSlots + 1;
+  const auto [type, width] = BufferLayout<kNumBuffers>(storage);
+  std::mutex mu;
+  NonFiniteUpdate first;
+  auto report = [&](const NonFiniteUpdate& found) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!first.found || found.row < first.row || (found.row == first.row && found.in_gradient)) first = found;
+  };
+  auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
+  auto check = [&](int64_t row, float* g, float* scratch) {
+    const int64_t bad_g = FirstNonFinite(g, dim);
+    if (bad_g >= 0) {
+      report(NonFiniteUpdate{true, row, true, 0, bad_g, g[bad_g]});
+      return;
+    }
+    std::array<float*, kNumBuffers> rows{};
+    std::array<bool, kNumBuffers> was_finite{};
+    uint16_t* rounded = reinterpret_cast<uint16_t*>(scratch + kNumBuffers * dim);  // dim 16-bit values
+    for (size_t b = 0; b < kNumBuffers; ++b) {
+      rows[b] = scratch + b * dim;
+      const void* stored = storage.Row(b, row);
+      if (type[b] == StorageType::kFloat32) {
+        std::copy_n(static_cast<const float*>(stored), width[b], rows[b]);
+      } else {
+        LoadStoredRow(type[b], static_cast<const uint16_t*>(stored), rows[b], width[b]);
+      }
+      was_finite[b] = FirstNonFinite(rows[b], width[b]) < 0;
+    }
+    UpdateRowPipeline(optimizer, o, lr, g, rows[0], rows.data() + 1, dim);
+    for (size_t b = 0; b < kNumBuffers; ++b) {
+      if (!was_finite[b]) continue;
+      if (type[b] != StorageType::kFloat32) {
+        const uint64_t key = rounding.mode == Rounding::kStochastic
+                                 ? RoundingRowKey(rounding, static_cast<int64_t>(b), storage.rounding_id(row))
+                                 : 0;
+        StoreStoredRow(type[b], rounding.mode, key, rows[b], rounded, width[b]);
+        LoadStoredRow(type[b], rounded, rows[b], width[b]);
+      }
+      const int64_t bad = FirstNonFinite(rows[b], width[b]);
+      if (bad >= 0) {
+        report(NonFiniteUpdate{true, row, false, static_cast<int64_t>(b), bad, rows[b][bad]});
+        return;
+      }
+    }
+  };
+  ForEachUpdatedRow(optimizer.UpdatesAllRows(), kNumSlots, plan, storage, dim,
+                    static_cast<int64_t>(kNumBuffers + 1) * dim, shard, prefetch, check);
+  return first;
+}
+
+template <typename Storage>
+bool AllFloat32(const Storage& s) {
+  for (int64_t b = 0; b < s.num_buffers(); ++b)
+    if (s.type(b) != StorageType::kFloat32) return false;
+  return true;
+}
+
+inline DenseRowStorage DenseStorageOf(const StoredTableBuffers& t, const TableOptimization& o) {
+  std::vector<StoredBuffer> buffers{t.weights};
+  std::vector<int64_t> widths{t.dim};
+  const std::vector<SlotInfo> slots = OptimizerSlots(o.optimizer);
+  for (size_t k = 0; k < t.slots.size(); ++k) {
+    buffers.push_back(t.slots[k]);
+    widths.push_back(SlotWidth(slots[k], t.dim));
+  }
+  return DenseRowStorage(std::move(buffers), std::move(widths), t.vocabulary_size);
+}
+
+inline StoredTableBuffers Stored(const TableBuffers& t) {
+  StoredTableBuffers s;
+  s.weights = StoredBuffer{t.weights, StorageType::kFloat32};
+  for (float* slot : t.slots) s.slots.push_back(StoredBuffer{slot, StorageType::kFloat32});
+  s.vocabulary_size = t.vocabulary_size;
+  s.dim = t.dim;
+  return s;
 }
 
 }  // namespace internal
 
-inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
-                        const ShardFn& shard) {
-  std::visit([&](const auto& optimizer) { internal::UpdateTableWith(optimizer, o, lr, plan, t, shard); }, o.optimizer);
+// One optimizer step on any row storage (row_storage.h).  o.optimizer's slot count must equal
+// storage.num_buffers() - 1 and buffer 1 + k must be SlotWidth(kSlots[k], dim) wide.
+template <typename Storage>
+void UpdateRows(const TableOptimization& o, float lr, const RowGradientPlan& plan, const Storage& storage, int64_t dim,
+                const RoundingSpec& rounding, const ShardFn& shard) {
+  const bool all_float32 = internal::AllFloat32(storage);
+  std::visit(
+      [&](const auto& optimizer) {
+        if (all_float32) {
+          internal::UpdateRowsWith<true>(optimizer, o, lr, plan, storage, dim, rounding, shard);
+        } else {
+          internal::UpdateRowsWith<false>(optimizer, o, lr, plan, storage, dim, rounding, shard);
+        }
+      },
+      o.optimizer);
 }
 
-// Any storage types; an all-float32 table takes exactly UpdateTable's path.
+// The numerics check of a step, before it writes anything (see FindNonFiniteUpdateWith).  A caller that must
+// leave every table unchanged when the check fires runs it on every table first, then UpdateRows on each: the
+// two walks compute bitwise the same rows, so a step the check passes writes exactly the checked values.
+template <typename Storage>
+NonFiniteUpdate FindNonFiniteUpdate(const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                                    const Storage& storage, int64_t dim, const RoundingSpec& rounding,
+                                    const ShardFn& shard) {
+  return std::visit(
+      [&](const auto& optimizer) {
+        return internal::FindNonFiniteUpdateWith(optimizer, o, lr, plan, storage, dim, rounding, shard);
+      },
+      o.optimizer);
+}
+
+// Static tables (a float32 table and slots, or any storage types).
 inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const StoredTableBuffers& t,
                         const ShardFn& shard) {
-  if (t.AllFloat32()) {
-    TableBuffers f32{static_cast<float*>(t.weights.data), {}, t.vocabulary_size, t.dim};
-    for (const StoredBuffer& s : t.slots) f32.slots.push_back(static_cast<float*>(s.data));
-    UpdateTable(o, lr, plan, f32, shard);
-    return;
-  }
-  std::visit([&](const auto& optimizer) { internal::UpdateStoredTableWith(optimizer, o, lr, plan, t, shard); },
-             o.optimizer);
+  UpdateRows(o, lr, plan, internal::DenseStorageOf(t, o), t.dim, t.rounding, shard);
+}
+inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
+                        const ShardFn& shard) {
+  UpdateTable(o, lr, plan, internal::Stored(t), shard);
+}
+inline NonFiniteUpdate FindNonFiniteUpdate(const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                                           const StoredTableBuffers& t, const ShardFn& shard) {
+  return FindNonFiniteUpdate(o, lr, plan, internal::DenseStorageOf(t, o), t.dim, t.rounding, shard);
 }
 
 }  // namespace tf_embed_ops
