@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic", "serving_delta")
+SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic", "serving_delta", "checkpoint")
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

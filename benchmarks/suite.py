@@ -518,6 +518,11 @@ def run(opts: Options, log=print) -> dict:
 
         result["serving_delta"] = serving_delta_benchmark.run(opts, log)
 
+    if opts.wants("checkpoint"):
+        from benchmarks import checkpoint_benchmark
+
+        result["checkpoint"] = checkpoint_benchmark.run(opts, log)
+
     if opts.wants("accumulator"):
         result["accumulator"] = bench_accumulator(opts)
         log("accumulator: done")

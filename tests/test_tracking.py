@@ -24,12 +24,12 @@ OPTIMIZERS = {
     "ftrl": lambda: _emb.FTRL(0.1),
     "rowwise_adagrad": lambda: te.optimizers.RowWiseAdagrad(0.1),
 }
-KINDS = ["static", "bfloat16", "sharded", "dynamic"]
+KINDS = ["static", "bfloat16", "sharded", "dynamic", "sharded_dynamic"]
 
 
 def _build(optimizer_name, kind):
     opt = OPTIMIZERS[optimizer_name]()
-    if kind == "dynamic":
+    if kind in ("dynamic", "sharded_dynamic"):
         a = te.DynamicTableConfig("a", DIM, optimizer=opt, combiner="sum")
     elif kind == "bfloat16":
         a = te.TableConfig(
@@ -39,7 +39,7 @@ def _build(optimizer_name, kind):
         a = _emb.TableConfig(VA, DIM, name="a", optimizer=opt, combiner="sum")
     b = _emb.TableConfig(VB, DIM, name="b", optimizer=opt, combiner="sum")
     features = {"a": _emb.FeatureConfig(a), "b": _emb.FeatureConfig(b)}
-    if kind == "sharded":
+    if kind in ("sharded", "sharded_dynamic"):
         from tf_embed_ops.distribute import ShardedTPUEmbedding
 
         emb = ShardedTPUEmbedding(features, num_shards=3)
@@ -50,7 +50,7 @@ def _build(optimizer_name, kind):
 
 
 def _ids(rng, kind, n=6):
-    a = rng.integers(0, VA, n) if kind != "dynamic" else rng.integers(0, 12, n) * 1_000_003 + 7
+    a = rng.integers(0, VA, n) if "dynamic" not in kind else rng.integers(0, 12, n) * 1_000_003 + 7
     return {"a": a.astype(np.int64), "b": rng.integers(0, VB, n).astype(np.int64)}
 
 

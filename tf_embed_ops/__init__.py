@@ -47,6 +47,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TPUEmbeddingV2": ("tf_embed_ops.tpu_embedding_v2", "TPUEmbeddingV2"),
     "sparse_core": ("tf_embed_ops.sparse_core", None),
     "tracking": ("tf_embed_ops.tracking", None),
+    "checkpoint": ("tf_embed_ops.checkpoint", None),
     "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),
     "normalize_feature": ("tf_embed_ops.embedding_ops", "normalize_feature"),
     "embedding_activations": ("tf_embed_ops.embedding_ops", "embedding_activations"),
