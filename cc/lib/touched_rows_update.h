@@ -7,15 +7,12 @@
 #include <cstdint>
 #include <variant>
 
+#include "cc/lib/dynamic_table_update.h"  // UpdatesAllRows(TableOptimization), written once there
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/touched_rows.h"
 
 namespace tf_embed_ops {
-
-inline bool UpdatesAllRows(const TableOptimization& o) {
-  return std::visit([](const auto& optimizer) { return optimizer.UpdatesAllRows(); }, o.optimizer);
-}
 
 inline void MarkUpdatedRows(const RowGradientPlan& plan, bool all_rows, TouchedRows* touched) {
   touched->BeginUpdate();
