@@ -48,8 +48,14 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tf_embed_ops.tpu_embedding",),
     # Front ends built on it.
     # (`tf_embed_ops.serving`: the servable and the publisher build on the exporter and the tracker, which reads
-    # the mid-level tables.)
-    ("tf_embed_ops.tpu_embedding_v2", "tf_embed_ops.keras", "tf_embed_ops.serving", "tf_embed_ops.tracking"),
+    # the mid-level tables; the incremental checkpoints build on the tracker.)
+    (
+        "tf_embed_ops.tpu_embedding_v2",
+        "tf_embed_ops.keras",
+        "tf_embed_ops.serving",
+        "tf_embed_ops.tracking",
+        "tf_embed_ops.checkpoint",
+    ),
     ("tf_embed_ops.distribute",),
     # Programs and the package's face.
     ("tf_embed_ops.examples", "tf_embed_ops.__main__", "tf_embed_ops"),
