@@ -9,6 +9,7 @@ Examples:
     python -m benchmarks --only dynamic --tfra-python /opt/tfra-venv/bin/python   # dynamic tables + TFRA peer
     python -m benchmarks --only serving_quant       # quantized / pruned serving exports: size, latency, CTR AUC
     python -m benchmarks --only lifecycle     # dynamic tables' eviction sweeps, Bloom admission, CTR with Bloom
+    python -m benchmarks --only serving_delta   # deltas to a live servable: bytes, latency, memory, lookups
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SECTIONS = (
     "dynamic",
     "serving_quant",
     "lifecycle",
+    "serving_delta",
     "checkpoint",
 )
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.

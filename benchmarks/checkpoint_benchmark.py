@@ -28,12 +28,12 @@ def _dir_bytes(path: str) -> int:
 
 
 def bench_tracking(opts, wl) -> dict:
-    from tf_embed_ops import _loader
+    import tf_embed_ops as te
 
     plain = ours.fused_step(wl, "adagrad")
     tracked = ours.fused_step(wl, "adagrad")
     tables, _ = tracked.state
-    keep = [_loader.load_ops().tf_embed_touched_rows_track(t.handle) for t in tables]
+    keep = [te.ops.tf_embed_touched_rows_track(t.handle) for t in tables]
     est = harness.estimate_ms(plain)
     res = harness.time_alternating(
         {"untracked": plain, "tracked": tracked},

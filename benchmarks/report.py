@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from benchmarks import checkpoint_benchmark, report_dynamic, report_serving_quant
+from benchmarks import checkpoint_benchmark, report_dynamic, report_serving, report_serving_quant
 
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
@@ -546,6 +546,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     ]
     out += report_dynamic.section(result)
     out += report_serving_quant.section(result)
+    out += report_serving.section(result)
     out += checkpoint_benchmark.section(result)
     return "\n".join(out)
 
@@ -719,6 +720,7 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
         written.append("lifecycle.json")
     written += report_dynamic.write_json(result, out_dir, common)
     written += report_serving_quant.write_json(result, out_dir, common)
+    written += report_serving.write_json(result, out_dir, common)
     if with_report:
         plots = plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:

@@ -39,6 +39,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "config": ("tf_embed_ops.config", None),
     "optimizers": ("tf_embed_ops.optimizers", None),
     "keras": ("tf_embed_ops.keras", None),
+    "serving": ("tf_embed_ops.serving", None),
     "distribute": ("tf_embed_ops.distribute", None),
     "dynamic": ("tf_embed_ops.dynamic", None),
     "serving": ("tf_embed_ops.serving", None),

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cc/lib/dynamic_table_update.h"  // UpdatesAllRows(TableOptimization)
+#include "cc/lib/dynamic_table_update.h"  // UpdatesAllRows(TableOptimization), written once there
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/touched_rows.h"

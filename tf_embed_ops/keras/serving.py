@@ -28,7 +28,13 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
 
-__all__ = ["FrozenDynamicGroup", "export_for_serving", "frozen_dynamic_group", "plain_lookup"]
+__all__ = [
+    "FrozenDynamicGroup",
+    "export_for_serving",
+    "frozen_dynamic_group",
+    "plain_lookup",
+    "trace_serving_function",
+]
 
 
 def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
@@ -121,21 +127,25 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
 # serving functions were traced in this context (export_for_serving saves them with the model).
 # "served": {id(static table variable): (the variable, its ServedTable)}, the static tables an export replaces.
 # "dynamic": {dynamic table name: (quantization mode, Prune or None)}, how the export freezes dynamic tables.
-_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}, "served": {}, "dynamic": {}}
+# "freeze": the function that makes a dynamic table's serving copy (None: `tf_embed_ops.dynamic.serving.freeze` with
+# the table's "dynamic" entry; `tf_embed_ops.serving`'s publisher passes one that makes updatable copies).
+_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}, "served": {}, "dynamic": {}, "freeze": None}
 
 
 @contextlib.contextmanager
-def serving_mode(served: dict | None = None, dynamic: dict | None = None):
+def serving_mode(served: dict | None = None, dynamic: dict | None = None, freeze: Any = None):
     """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op); dynamic
-    tables are frozen (`tf_embed_ops.dynamic.serving.freeze`) on first use, once per context.
+    tables are frozen on first use, once per context.
 
     Args:
       served: {id(static table variable): (variable, replacement with `gather_rows`)}: tables read from their
         serving form (export_for_serving's quantized or pruned tables).
       dynamic: {dynamic table name: (quantization mode, Prune or None)}: how dynamic tables are frozen.
+      freeze: optional callable DynamicTable -> an object with `rows(ids)`, `values` and `dim` (as
+        `FrozenDynamicTable`), called eagerly once per table, in place of `tf_embed_ops.dynamic.serving.freeze`.
     """
     previous = dict(_SERVING_MODE)
-    _SERVING_MODE.update(on=True, frozen={}, served=dict(served or {}), dynamic=dict(dynamic or {}))
+    _SERVING_MODE.update(on=True, frozen={}, served=dict(served or {}), dynamic=dict(dynamic or {}), freeze=freeze)
     try:
         yield
     finally:
@@ -152,8 +162,12 @@ def _frozen(table: Any) -> Any:
 
     entry = _SERVING_MODE["frozen"].get(id(table))
     if entry is None:
-        mode, prune = _SERVING_MODE["dynamic"].get(table.table_name, (None, None))
-        entry = (table, dynamic_serving.freeze(table, mode, prune))  # the object is kept so that its id stays unique
+        if _SERVING_MODE["freeze"] is not None:
+            copy = _SERVING_MODE["freeze"](table)
+        else:
+            mode, prune = _SERVING_MODE["dynamic"].get(table.table_name, (None, None))
+            copy = dynamic_serving.freeze(table, mode, prune)
+        entry = (table, copy)  # the object is kept so that its id stays unique
         _SERVING_MODE["frozen"][id(table)] = entry
     return entry[1]
 
@@ -284,6 +298,48 @@ def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
     return plan
 
 
+def trace_serving_function(
+    model: Any, input_signature: Any, freeze: Any = None, served: dict | None = None, dynamic: dict | None = None
+) -> tuple:
+    """Traces `model` in serving mode into a concrete function of plain tensors (no `tf_embed_ops` op).
+
+    Args:
+      model: as `export_for_serving`.
+      input_signature: as `export_for_serving`.
+      freeze, served, dynamic: as `serving_mode`.
+
+    Returns:
+      (concrete function, {signature argument name: component spec}, the frozen dynamic tables it reads).
+
+    Raises:
+      RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
+    """
+    specs = tf.nest.flatten(input_signature, expand_composites=True)
+    used: set = set()
+    names = [_arg_name(path, used) for path, _ in _component_paths(input_signature)]
+    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
+
+    def serve(*components):
+        inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
+        outputs = model(inputs, training=False)
+        if isinstance(outputs, dict):
+            return outputs
+        return (
+            {"output_0": outputs}
+            if not isinstance(outputs, (list, tuple))
+            else {f"output_{i}": o for i, o in enumerate(outputs)}
+        )
+
+    # One context for the trace: each dynamic table is frozen once (quantized / pruned as planned), and kept below.
+    with serving_mode(served=served, dynamic=dynamic, freeze=freeze):
+        concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
+        frozen = frozen_tables()
+    custom = _custom_ops_in(concrete.graph.as_graph_def())
+    if custom:
+        raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    return concrete, dict(zip(names, specs, strict=False)), frozen
+
+
 def export_for_serving(
     model: Any, filepath: str, input_signature: Any, quantization: Any = None, prune: Any = None
 ) -> dict:
@@ -322,14 +378,6 @@ def export_for_serving(
 
     tables = _embedding_tables(model)
     plan = _plan(tables, quantization, prune)
-    specs = tf.nest.flatten(input_signature, expand_composites=True)
-    used: set = set()
-    names = []
-    for path, spec in _component_paths(input_signature):
-        names.append(_arg_name(path, used))
-        del spec
-    signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
-
     # Static tables the export replaces by their serving form (encoded / pruned copies: the training variable is
     # only read). Every check above and every encoder error happens before anything is written.
     served, metadata, dynamic = {}, {}, {}
@@ -351,24 +399,7 @@ def export_for_serving(
             nbytes = rows * dim * tf.as_dtype(backing.dtype).size
             metadata[name] = table_metadata("static", dim, rows, rows, None, None, nbytes, backing.dtype.name)
 
-    def serve(*components):
-        inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
-        outputs = model(inputs, training=False)
-        if isinstance(outputs, dict):
-            return outputs
-        return (
-            {"output_0": outputs}
-            if not isinstance(outputs, (list, tuple))
-            else {f"output_{i}": o for i, o in enumerate(outputs)}
-        )
-
-    # One context for the trace: each dynamic table is frozen once (quantized / pruned as planned), and kept below.
-    with serving_mode(served=served, dynamic=dynamic):
-        concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
-        frozen = frozen_tables()
-    custom = _custom_ops_in(concrete.graph.as_graph_def())
-    if custom:
-        raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
+    concrete, inputs, frozen = trace_serving_function(model, input_signature, served=served, dynamic=dynamic)
     for table in frozen:
         metadata[table.table_name] = table.metadata
     # Track the variables the serving function reads, not the Keras model: saving a Keras model object makes Keras
@@ -385,7 +416,7 @@ def export_for_serving(
             metadata_lib.write_export_metadata(tmp, metadata),
         ),
     )
-    return dict(zip(names, specs, strict=False))
+    return inputs
 
 
 def _write_atomically(filepath: str, write: Any) -> None:

@@ -1,5 +1,9 @@
-"""The serving lifecycle: smaller servables (quantized, pruned tables) on stock TensorFlow ops.
+"""The serving lifecycle on stock TensorFlow ops: live servables that take deltas, smaller (quantized, pruned)
+tables (docs/serving.md).
 
+- `Publisher`: writes a model's versions into a directory (full SavedModels, deltas of touched rows);
+  `read_manifest` reads that directory's chain.
+- `delta_format`: the delta file (written here, read by the servable with stock TensorFlow ops).
 - `Prune`: publish-time pruning criteria of one table (`te.keras.export_for_serving(..., prune={table: Prune(...)})`).
 - `quantization`: the row encodings (`"int8"`, `"int4"`, `"float16"`, `"bfloat16"`): numpy encoders and
   stock-TensorFlow decoders, shared by everything that writes rows for a servable.
@@ -10,18 +14,30 @@ Example:
     >>> import tf_embed_ops as te
     >>> te.keras.export_for_serving(model, "/tmp/ctr", spec, quantization="int8",
     ...                             prune={"user": te.serving.Prune(min_l2_norm=1e-3)})
+    >>> pub = te.serving.Publisher(model, "/tmp/live", input_signature=spec)
+    >>> pub.publish_full(); pub.publish_delta()
 """
 
 from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving.metadata import read_export_metadata
 from tf_embed_ops.serving.prune import Prune
 
-__all__ = ["Prune", "ServedTable", "quantization", "read_export_metadata"]
+__all__ = ["Prune", "Publisher", "ServedTable", "delta_format", "quantization", "read_export_metadata", "read_manifest"]
 
 
 def __getattr__(name: str):
-    if name == "ServedTable":  # imports TensorFlow; the rest of the package does not
+    # These import TensorFlow and the exporter, which itself imports this package's light modules (`prune`):
+    # loaded on first use, so importing `tf_embed_ops.serving` stays light and free of cycles.
+    if name == "ServedTable":
         from tf_embed_ops.serving.tables import ServedTable
 
         return ServedTable
+    if name in ("Publisher", "read_manifest"):
+        from tf_embed_ops.serving import publisher
+
+        return getattr(publisher, name)
+    if name == "delta_format":
+        from tf_embed_ops.serving import delta_format
+
+        return delta_format
     raise AttributeError(f"module 'tf_embed_ops.serving' has no attribute {name!r}")

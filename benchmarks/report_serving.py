@@ -1,0 +1,55 @@
+"""The serving-delta section of the report: ``serving_delta.json`` and its markdown table (``benchmarks/report.py``
+calls ``write_json`` and ``section``; both do nothing when the run had no serving_delta section)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def write_json(result: dict, out_dir: str, common: dict) -> list[str]:
+    """Writes ``serving_delta.json``; returns its file name in a list (empty without the section)."""
+    if not result.get("serving_delta"):
+        return []
+    path = os.path.join(out_dir, "serving_delta.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({**common, "serving_delta": result["serving_delta"]}, f, indent=1, default=float)
+    os.replace(path + ".tmp", path)
+    return ["serving_delta.json"]
+
+
+def section(result: dict) -> list[str]:
+    """Markdown lines of the serving-delta section (none without one)."""
+    sd = result.get("serving_delta")
+    if not sd:
+        return []
+    p = sd["params"]
+    out = [
+        "## Serving deltas: trainer to a live servable",
+        "",
+        f"A static table of {p['vocab']:,} x {p['dim']} float32 and a dynamic table of {p['dynamic_keys']:,} keys, "
+        "served by a plain-TensorFlow process (tf_embed_ops not importable) that applies each delta while a second "
+        "thread sends lookups of 512 ids. bytes ratio = delta file / (touched rows x (8 + row bytes) + 8 x "
+        "evicted); publish-to-servable = writing the delta (rows read, file written and synced) + the serving "
+        "process applying it; memory = peak resident while applying / resident before; lookups = latency while "
+        "applying / at rest (median, p99). Load average during the run: "
+        + ", ".join(f"{x:.1f}" for x in sd.get("load_average", [])),
+        "",
+        "| table | touched rows | evicted | delta MiB | bytes ratio | publish s | apply s | publish-to-servable s "
+        "| memory ratio | lookup median ratio | lookup p99 ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sd["points"]:
+        out.append(
+            f"| {r['table']} | {r['touched_rows']:,} | {r['evicted']:,} | {r['bytes'] / 2**20:.2f} | "
+            f"{r['bytes_ratio']:.4f} | {r['publish_s']:.2f} | {r['apply_s']:.2f} | {r['publish_to_servable_s']:.2f} | "
+            f"{r['memory_ratio']:.3f} | {r['latency_ratio_median']:.2f} | {r['latency_ratio_p99']:.2f} |"
+        )
+    verdict = "bit-identical to" if sd["bit_identical"] else "NOT equal to"
+    out += [
+        "",
+        f"After the last delta the delta-fed servable is {verdict} "
+        "a full version taken at the same state (512 probe lookups, output bytes compared).",
+        "",
+    ]
+    return out

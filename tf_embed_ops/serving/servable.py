@@ -1,0 +1,479 @@
+"""The live servable: a SavedModel of stock TensorFlow ops whose tables a running process updates in place.
+
+Its state is TensorFlow's own: a static table is the resource variable the lookups gather from (a delta writes
+rows with `scatter_update`); a dynamic table is a `MutableRowTable`, a `tf.lookup.experimental.MutableHashTable`
+key -> slot over a preallocated row variable; dense weights are variables (a delta assigns them whole); the
+version it serves is an int64 variable. Three signatures:
+
+- `serving_default`: the model (as `tf_embed_ops.keras.export_for_serving` traces it);
+- `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`), checks *all* of it
+  (size, checksum, model, version chain, layout, every table's dim, encoding, counts, ids and capacity) and only
+  then writes it; a refused delta raises `InvalidArgumentError` naming the file and the problem and changes
+  nothing;
+- `served_version() -> {"version": int64}`.
+
+Readers and an apply run concurrently. A row is never seen half-written: each `scatter_update` holds the
+variable's lock and `ResourceGather` reads under it. A dynamic table's new rows are written before their keys are
+inserted; a slot freed by an eviction is reused only by the next delta (so a lookup that found the old key an
+instant before does not read another key's row). While a delta applies, a request may see some rows of the new
+version and some of the old one; the served version changes only after the last write. Deltas are applied one
+at a time (one caller of `apply_delta`, e.g. a watcher thread).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tf_embed_ops.dynamic import serving as dynamic_serving
+from tf_embed_ops.serving import delta_format as fmt
+
+__all__ = ["MutableRowTable", "Servable", "layout_id"]
+
+# Bytes of rows per scatter: bounds what an apply allocates beside the delta file, and how long one scatter holds
+# the variable's lock against concurrent lookups.
+APPLY_CHUNK_BYTES = 1 << 20
+# Slot states of a MutableRowTable.
+_FREE, _USED, _RELEASED = 0, 1, 2
+
+
+class MutableRowTable(tf.Module):
+    """A dynamic table's serving state: `index` key -> slot (a MutableHashTable), `values` [capacity + 1, dim],
+    `state` int8 [capacity] (0 free, 1 used, 2 released by the last delta). Slot `capacity` is the default row of
+    zeros (what the training side reads for a key without a row).
+
+    Args:
+      keys: int64 [n], unique.
+      weights: [n, dim].
+      capacity: slots (>= n); deltas insert into the free ones.
+      key_dtype: tf.int64 or tf.string (the ids `rows` accepts; string ids are fingerprinted).
+      name: the table's name.
+    """
+
+    def __init__(self, keys: Any, weights: Any, capacity: int, key_dtype: Any = tf.int64, name: str = "table"):
+        super().__init__(name=dynamic_serving._module_name(name))  # noqa: SLF001 - same naming as the frozen table
+        keys = np.asarray(keys, np.int64).reshape([-1])
+        weights = np.asarray(weights)
+        n = keys.shape[0]
+        if capacity < n:
+            raise ValueError(f"table {name}: capacity {capacity} is below its {n} rows")
+        self.table_name = name
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.dim = int(weights.shape[1])
+        self.capacity = int(capacity)
+        self.dtype = tf.as_dtype(weights.dtype)
+        values = np.zeros([capacity + 1, self.dim], weights.dtype)
+        values[:n] = weights
+        state = np.zeros([capacity], np.int8)
+        state[:n] = _USED
+        self.values = tf.Variable(values, trainable=False, name="values")
+        self.state = tf.Variable(state, trainable=False, name="state")
+        self.index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=np.int64(capacity))
+        self.index.insert(tf.constant(keys), tf.range(n, dtype=tf.int64))
+
+    def rows(self, ids: Any) -> tf.Tensor:
+        """Slot of each id in `values` (`capacity` for an id without a row), same shape as `ids`."""
+        return self.index.lookup(dynamic_serving.to_keys(ids, self.key_dtype))
+
+    def lookup(self, ids: Any) -> tf.Tensor:
+        return tf.gather(self.values, self.rows(ids))
+
+
+def layout_id(layout: dict) -> int:
+    """The fingerprint of what makes deltas interchangeable: table names, kinds, encodings, key dtypes, static
+    vocabulary sizes, dense variables' names, shapes and dtypes (dims are checked one by one, to name them)."""
+    tables = [{k: v for k, v in t.items() if k not in ("dim", "capacity")} for t in layout["tables"]]
+    return fmt.fingerprint64(json.dumps({"tables": tables, "dense": layout["dense"]}, sort_keys=True))
+
+
+def _fail(ok: Any, path: tf.Tensor, *message: Any) -> tf.Operation:
+    """An Assert whose message is `delta <path>: <message...>` (strings and numbers joined)."""
+    parts = [m if isinstance(m, str) else tf.strings.as_string(m) for m in message]
+    text = tf.strings.join([tf.constant("delta "), path, tf.constant(": ")] + [tf.convert_to_tensor(p) for p in parts])
+    return tf.debugging.Assert(ok, [text])
+
+
+def _gate(deps: list, *tensors: Any) -> Any:
+    """`tensors`, computed only after `deps` (so that no parse runs on bytes a check has not passed)."""
+    with tf.control_dependencies(deps):
+        out = [tf.identity(t) for t in tensors]
+    return out[0] if len(out) == 1 else out
+
+
+def _substr(data: tf.Tensor, offset: Any, length: Any) -> tf.Tensor:
+    return tf.strings.substr(data, tf.cast(offset, tf.int64), tf.cast(length, tf.int64))
+
+
+def _int64s(data: tf.Tensor, offset: Any, count: Any) -> tf.Tensor:
+    return tf.reshape(tf.io.decode_raw(_substr(data, offset, tf.cast(count, tf.int64) * 8), tf.int64), [-1])
+
+
+class Servable(tf.Module):
+    """The SavedModel root (see the module docstring).
+
+    Args:
+      serving_fn: the traced `serving_default` concrete function.
+      tables: [(name, variable or MutableRowTable)] in layout order.
+      dense: [(name, tf.Variable)] in layout order.
+      model_id: the chain's model id (a string).
+      version: the version this full export is.
+    """
+
+    def __init__(self, serving_fn: Any, tables: list, dense: list, model_id: str, version: int):
+        super().__init__(name="servable")
+        self.tables = [t for _, t in tables]
+        self.dense = [v for _, v in dense]
+        self.version = tf.Variable(np.int64(version), trainable=False, name="version")
+        layout = {
+            "tables": [_table_layout(name, t) for name, t in tables],
+            "dense": [{"name": n, "shape": list(v.shape), "dtype": v.dtype.name} for n, v in dense],
+        }
+        # Kept as JSON text: a tf.Module would wrap a dict attribute into trackable containers.
+        self._layout_json = json.dumps(layout)
+        self.model_id_text = model_id
+        self._model_id = fmt.fingerprint64(model_id)
+        self._layout_id = layout_id(layout)
+        self._serving_fn = serving_fn
+        self.apply_delta = tf.function(
+            self._apply_delta, input_signature=[tf.TensorSpec([], tf.string, name="path")], autograph=False
+        )
+        self.served_version = tf.function(lambda: {"version": self.version.read_value()}, input_signature=[])
+
+    @property
+    def layout(self) -> dict:
+        """{"tables": [{name, kind, encoding, dim, rows | capacity, key_dtype}], "dense": [{name, shape, dtype}]}."""
+        return json.loads(self._layout_json)
+
+    def signatures(self) -> dict:
+        return {
+            "serving_default": self._serving_fn,
+            "apply_delta": self.apply_delta.get_concrete_function(),
+            "served_version": self.served_version.get_concrete_function(),
+        }
+
+    def metadata(self) -> dict:
+        return {"model_id": self.model_id_text, "layout_id": self._layout_id, "layout": self.layout}
+
+    # ---------------------------------------------------------------------------------------- apply_delta
+    def _apply_delta(self, path: tf.Tensor) -> dict:
+        data = tf.io.read_file(path)
+        size = tf.cast(tf.strings.length(data), tf.int64)
+        checks = [_fail(size >= fmt.PREAMBLE, path, "truncated: ", size, " bytes, shorter than the preamble")]
+        data = _gate(checks, data)
+        checks = [_fail(tf.equal(_substr(data, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
+        pre = _gate(checks, _int64s(data, 8, 4))
+        fmt_version, h, b, check = pre[0], pre[1], pre[2], pre[3]
+        checks = [
+            _fail(tf.equal(fmt_version, fmt.FORMAT_VERSION), path, "format version ", fmt_version, " unsupported"),
+            _fail(
+                tf.logical_and(tf.logical_and(h >= 0, b >= 0), tf.equal(size, fmt.PREAMBLE + h + b)),
+                path,
+                "truncated or extended: the file has ",
+                size,
+                " bytes, its preamble says ",
+                fmt.PREAMBLE + h + b,
+            ),
+        ]
+        data, h, b = _gate(checks, data, h, b)
+        checks = [_fail(tf.equal(_checksum(data, h + b), check), path, "checksum mismatch (the file is corrupted)")]
+        data, h = _gate(checks, data, h)
+        checks = [_fail(tf.equal(h % 8, 0), path, "header size ", h, " is not a multiple of 8")]
+        header = _gate(checks, _int64s(data, fmt.PREAMBLE, h // 8))
+        num_tables, num_dense = len(self.tables), len(self.dense)
+        want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
+        hsize = tf.size(header, out_type=tf.int64)
+        checks = [
+            _fail(hsize >= fmt.HEADER_FIXED, path, "header of ", hsize, " words is too short"),
+        ]
+        header = _gate(checks, tf.pad(header, [[0, fmt.HEADER_FIXED]]))
+        model, layout, version, base = header[0], header[1], header[2], header[3]
+        checks = [
+            _fail(
+                tf.equal(model, self._model_id),
+                path,
+                "delta of another model (model id ",
+                model,
+                f"; this servable is model {self.model_id_text}, id {self._model_id})",
+            ),
+        ]
+        checks = [
+            *checks,
+            _fail(
+                tf.equal(base, self.version),
+                path,
+                "version chain gap: the delta makes version ",
+                version,
+                " from version ",
+                base,
+                ", the servable serves version ",
+                self.version.read_value(),
+            ),
+        ]
+        checks.append(
+            _fail(
+                tf.equal(layout, self._layout_id),
+                path,
+                "delta of another table layout (layout id ",
+                layout,
+                f", this servable's is {self._layout_id}: tables {[t['name'] for t in self.layout['tables']]})",
+            )
+        )
+        checks.append(_fail(version > base, path, "version ", version, " does not follow its base ", base))
+        checks.append(
+            _fail(
+                tf.logical_and(
+                    tf.equal(header[5], num_tables),
+                    tf.logical_or(tf.equal(header[6], 0), tf.equal(header[6], num_dense)),
+                ),
+                path,
+                "the delta has ",
+                header[5],
+                " tables and ",
+                header[6],
+                f" dense variables; the servable has {num_tables} tables and {num_dense} dense variables",
+            )
+        )
+        header = _gate(checks, header)
+        carries_dense = header[6] > 0
+        checks = [
+            _fail(
+                tf.equal(
+                    hsize,
+                    want_words
+                    + tf.where(
+                        carries_dense, tf.constant(fmt.DENSE_FIELDS * num_dense, tf.int64), tf.constant(0, tf.int64)
+                    ),
+                ),
+                path,
+                "header of ",
+                hsize,
+                " words does not match its table and dense-variable counts",
+            )
+        ]
+        header = _gate(checks, header)
+        payload = fmt.PREAMBLE + h
+        layout = self.layout
+        plans, checks = [], []
+        for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
+            fields = [header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)]
+            plan, table_checks = _check_table(entry, table, fields, data, payload, b, path)
+            plans.append(plan)
+            checks += table_checks
+        dense_plans = []
+        for d, var in enumerate(self.dense):
+            base_word = want_words + fmt.DENSE_FIELDS * d
+            off, nbytes = (
+                tf.gather(header, tf.minimum(hsize - 1, base_word)),
+                tf.gather(header, tf.minimum(hsize - 1, base_word + 1)),
+            )
+            expected = int(np.prod(var.shape)) * var.dtype.size
+            name = layout["dense"][d]["name"]
+            ok = tf.logical_or(
+                tf.logical_not(carries_dense),
+                tf.logical_and(tf.equal(nbytes, expected), _in_payload(off, nbytes, b)),
+            )
+            checks.append(
+                _fail(ok, path, f"dense variable {name}: ", nbytes, f" bytes, its shape {var.shape} needs {expected}")
+            )
+            dense_plans.append((var, off, nbytes))
+        # Everything is checked: now write. Nothing below can fail on the delta's content.
+        with tf.control_dependencies(checks):
+            writes = []
+            for plan in plans:
+                writes.append(plan(data))
+            with tf.control_dependencies(writes):
+                dense_writes = []
+                for var, off, nbytes in dense_plans:
+                    dense_writes.append(
+                        tf.cond(
+                            carries_dense,
+                            lambda var=var, off=off, nbytes=nbytes: _assign_dense(var, data, payload + off, nbytes),
+                            lambda: tf.constant(True),
+                        )
+                    )
+                with tf.control_dependencies(dense_writes):
+                    done = self.version.assign(version)
+        return {"version": tf.identity(done)}
+
+
+def _table_layout(name: str, table: Any) -> dict:
+    if isinstance(table, MutableRowTable):
+        return {
+            "name": name,
+            "kind": "dynamic",
+            "key_dtype": table.key_dtype.name,
+            "encoding": table.dtype.name,
+            "dim": table.dim,
+            "capacity": table.capacity,
+        }
+    return {
+        "name": name,
+        "kind": "static",
+        "encoding": table.dtype.name,
+        "dim": int(table.shape[1]),
+        "rows": int(table.shape[0]),
+    }
+
+
+def _in_payload(off: tf.Tensor, nbytes: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.logical_and(tf.logical_and(off >= 0, nbytes >= 0), off + nbytes <= b)
+
+
+def _checksum(data: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
+    """`delta_format.checksum` of data[PREAMBLE:PREAMBLE + length], one CHECKSUM_PIECE at a time."""
+    piece = tf.constant(fmt.CHECKSUM_PIECE, tf.int64)
+    count = tf.maximum((length + piece - 1) // piece, 1)
+
+    def body(i, acc):
+        chunk = _substr(data, fmt.PREAMBLE + i * piece, tf.minimum(piece, length - i * piece))
+        return i + 1, acc.write(tf.cast(i, tf.int32), tf.fingerprint(tf.reshape(chunk, [1]), "farmhash64")[0])
+
+    _, acc = tf.while_loop(
+        lambda i, _: i < count,
+        body,
+        [tf.constant(0, tf.int64), tf.TensorArray(tf.uint8, size=tf.cast(count, tf.int32), element_shape=[8])],
+    )
+    joined = _bytes_of(acc.stack())
+    return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
+
+
+def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
+    """A scalar string of the bytes of a uint8 tensor (no stock op encodes raw bytes: each byte is looked up in
+    a 256-entry alphabet; the digests are 8 bytes per MiB of delta, so this stays tiny)."""
+    chars = tf.gather(tf.constant([bytes([i]) for i in range(256)]), tf.cast(tf.reshape(u8, [-1]), tf.int32))
+    return tf.strings.reduce_join(chars)
+
+
+def _assign_dense(var: tf.Variable, data: tf.Tensor, offset: tf.Tensor, nbytes: tf.Tensor) -> tf.Tensor:
+    value = tf.reshape(tf.io.decode_raw(_substr(data, offset, nbytes), var.dtype), var.shape)
+    with tf.control_dependencies([var.assign(value)]):
+        return tf.constant(True)
+
+
+def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload: Any, b: Any, path: Any):
+    """The checks of one table's segments, and the function that writes them once every check has passed."""
+    name = entry["name"]
+    dim, enc, n, m, k_off, r_off, e_off, r_bytes = fields
+    code = fmt.ROW_ENCODINGS[entry["encoding"]]
+    itemsize = tf.as_dtype(entry["encoding"]).size
+    checks = [
+        _fail(tf.equal(dim, entry["dim"]), path, f"table {name}: dim ", dim, f", the servable's is {entry['dim']}"),
+        _fail(
+            tf.equal(enc, code),
+            path,
+            f"table {name}: row encoding ",
+            enc,
+            f", the servable's is {code} ({entry['encoding']})",
+        ),
+        _fail(
+            tf.logical_and(
+                tf.logical_and(n >= 0, m >= 0),
+                tf.logical_and(
+                    tf.logical_and(_in_payload(k_off, n * 8, b), _in_payload(e_off, m * 8, b)),
+                    tf.logical_and(_in_payload(r_off, r_bytes, b), tf.equal(r_bytes, n * entry["dim"] * itemsize)),
+                ),
+            ),
+            path,
+            f"table {name}: segments outside the payload or of the wrong size (rows ",
+            n,
+            ", evicted ",
+            m,
+            ")",
+        ),
+    ]
+    keys, evicted = _gate(checks, _int64s(data, payload + k_off, n), _int64s(data, payload + e_off, m))
+    rows_at = payload + r_off
+    dtype = tf.as_dtype(entry["encoding"])
+    row_bytes = entry["dim"] * itemsize
+    chunk_rows = max(1, APPLY_CHUNK_BYTES // row_bytes)
+    if entry["kind"] == "static":
+        vocab = entry["rows"]
+        bad = tf.logical_or(keys < 0, keys >= vocab)
+        first_bad = tf.gather(tf.concat([tf.boolean_mask(keys, bad), tf.zeros([1], tf.int64)], 0), 0)
+        checks += [
+            _fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m),
+            _fail(
+                tf.logical_not(tf.reduce_any(bad)),
+                path,
+                f"table {name}: row id ",
+                first_bad,
+                f" outside [0, {vocab})",
+            ),
+        ]
+
+        def write(data):
+            return _scatter_chunks(table, keys, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
+
+        return write, checks
+    # A dynamic table.
+    capacity = table.capacity
+    unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
+    overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
+    existing = tf.reshape(table.index.lookup(keys), [-1])
+    n_new = tf.reduce_sum(tf.cast(tf.equal(existing, capacity), tf.int64))
+    available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
+    checks += [
+        _fail(unique, path, f"table {name}: repeated keys"),
+        _fail(tf.equal(overlap, 0), path, f"table {name}: ", overlap, " keys are both written and evicted"),
+        _fail(
+            n_new <= available,
+            path,
+            f"table {name}: ",
+            n_new,
+            " new keys, only ",
+            available,
+            f" free slots of {capacity} (publish a full version)",
+        ),
+    ]
+
+    def write_dynamic(data):
+        # Slots released by the previous delta become free; new keys take the first free ones.
+        state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
+        is_new = tf.equal(existing, capacity)
+        free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
+        slots = tf.tensor_scatter_nd_update(existing, tf.where(is_new), free)
+        written = _scatter_chunks(table.values, slots, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
+        with tf.control_dependencies([written]):
+            inserted = table.index.insert(keys, slots)  # the rows are in place before their keys appear
+        with tf.control_dependencies([inserted]):
+            gone = tf.reshape(table.index.lookup(evicted), [-1])
+            present = tf.not_equal(gone, capacity)
+            with tf.control_dependencies([gone]):
+                removed = table.index.remove(evicted)
+        with tf.control_dependencies([removed]):
+            state = tf.tensor_scatter_nd_update(
+                state, free[:, tf.newaxis], tf.fill(tf.shape(free), tf.constant(_USED, tf.int8))
+            )
+            released = tf.boolean_mask(gone, present)
+            state = tf.tensor_scatter_nd_update(
+                state, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
+            )
+            assigned = table.state.assign(tf.cast(state, tf.int8))
+        with tf.control_dependencies([assigned]):
+            return tf.constant(True)
+
+    return write_dynamic, checks
+
+
+def _scatter_chunks(var, slots, keys, data, rows_at, dtype, dim, chunk_rows) -> tf.Tensor:
+    """Writes the delta's rows into `var` at `slots`, `chunk_rows` at a time (decoded per chunk)."""
+    del keys
+    n = tf.size(slots, out_type=tf.int64)
+    row_bytes = dim * dtype.size
+
+    def body(i):
+        start = i * chunk_rows
+        count = tf.minimum(n - start, chunk_rows)
+        rows = tf.reshape(
+            tf.io.decode_raw(_substr(data, rows_at + start * row_bytes, count * row_bytes), dtype), [-1, dim]
+        )
+        update = var.scatter_update(tf.IndexedSlices(rows, slots[start : start + count]))
+        with tf.control_dependencies([update]):
+            return i + 1
+
+    out = tf.while_loop(lambda i: i * chunk_rows < n, body, [tf.constant(0, tf.int64)])[0]
+    with tf.control_dependencies([out]):
+        return tf.constant(True)
