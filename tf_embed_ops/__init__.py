@@ -42,7 +42,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "serving": ("tf_embed_ops.serving", None),
     "distribute": ("tf_embed_ops.distribute", None),
     "dynamic": ("tf_embed_ops.dynamic", None),
-    "serving": ("tf_embed_ops.serving", None),
     "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
