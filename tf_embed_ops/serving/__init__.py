@@ -18,6 +18,8 @@ Example:
     >>> pub.publish_full(); pub.publish_delta()
 """
 
+import importlib
+
 from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving.metadata import read_export_metadata
 from tf_embed_ops.serving.prune import Prune
@@ -32,12 +34,9 @@ def __getattr__(name: str):
         from tf_embed_ops.serving.tables import ServedTable
 
         return ServedTable
+    # (import_module, not `from tf_embed_ops.serving import ...`: that form asks this very __getattr__ first.)
     if name in ("Publisher", "read_manifest"):
-        from tf_embed_ops.serving import publisher
-
-        return getattr(publisher, name)
+        return getattr(importlib.import_module("tf_embed_ops.serving.publisher"), name)
     if name == "delta_format":
-        from tf_embed_ops.serving import delta_format
-
-        return delta_format
+        return importlib.import_module("tf_embed_ops.serving.delta_format")
     raise AttributeError(f"module 'tf_embed_ops.serving' has no attribute {name!r}")

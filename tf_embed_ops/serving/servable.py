@@ -78,8 +78,13 @@ class MutableRowTable(tf.Module):
         """Slot of each id in `values` (`capacity` for an id without a row), same shape as `ids`."""
         return self.index.lookup(dynamic_serving.to_keys(ids, self.key_dtype))
 
+    def gather_rows(self, rows: Any) -> tf.Tensor:
+        """Float32 rows at slots `rows` (what `rows(ids)` returns): the serving-form protocol the Keras layers'
+        plain lookup reads (as `FrozenDynamicTable.gather_rows`)."""
+        return tf.cast(tf.gather(self.values, rows), tf.float32)
+
     def lookup(self, ids: Any) -> tf.Tensor:
-        return tf.gather(self.values, self.rows(ids))
+        return self.gather_rows(self.rows(ids))
 
 
 def layout_id(layout: dict) -> int:
