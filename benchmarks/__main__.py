@@ -7,6 +7,8 @@ Examples:
     python -m benchmarks --only W1 --optimizers sgd,adagrad
     python -m benchmarks --fbgemm-python /opt/fbgemm-venv/bin/python   # FBGEMM peer (benchmarks/peers/setup_fbgemm.sh)
     python -m benchmarks --only dynamic --tfra-python /opt/tfra-venv/bin/python   # dynamic tables + TFRA peer
+    python -m benchmarks --only serving_quant       # quantized / pruned serving exports: size, latency, CTR AUC
+    python -m benchmarks --only lifecycle     # dynamic tables' eviction sweeps, Bloom admission, CTR with Bloom
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic")
+SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic", "serving_quant", "lifecycle")
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from benchmarks import report_dynamic
+from benchmarks import report_dynamic, report_serving_quant
 
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
@@ -545,6 +545,7 @@ def markdown(result: dict, plots: list[str]) -> str:
         "",
     ]
     out += report_dynamic.section(result)
+    out += report_serving_quant.section(result)
     return "\n".join(out)
 
 
@@ -712,7 +713,11 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     if result.get("accumulator"):
         _dump(os.path.join(out_dir, "accumulator_suite.json"), {**common, "accumulator": result["accumulator"]})
         written.append("accumulator_suite.json")
+    if result.get("lifecycle"):
+        _dump(os.path.join(out_dir, "lifecycle.json"), {**common, "lifecycle": result["lifecycle"]})
+        written.append("lifecycle.json")
     written += report_dynamic.write_json(result, out_dir, common)
+    written += report_serving_quant.write_json(result, out_dir, common)
     if with_report:
         plots = plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:

@@ -513,6 +513,17 @@ def run(opts: Options, log=print) -> dict:
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
+    if opts.wants("serving_quant"):
+        from benchmarks import serving_quant
+
+        result["serving_quant"] = serving_quant.run(opts, log)
+
+    if opts.wants("lifecycle"):
+        from benchmarks import lifecycle_benchmark
+
+        result["lifecycle"] = lifecycle_benchmark.run(opts, log)
+        log("lifecycle: done")
+
     if opts.wants("accumulator"):
         result["accumulator"] = bench_accumulator(opts)
         log("accumulator: done")

@@ -31,6 +31,11 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops._optimizer_schema",
         "tf_embed_ops.features",
         "tf_embed_ops.update_trigger",
+        # Serving rows: encodings, pruning, export metadata, a static table's serving form (numpy + stock TF).
+        "tf_embed_ops.serving.quantization",
+        "tf_embed_ops.serving.prune",
+        "tf_embed_ops.serving.metadata",
+        "tf_embed_ops.serving.tables",
     ),
     # The op wrappers and the SparseCore layout.
     ("tf_embed_ops.embedding_ops", "tf_embed_ops.sparse_accumulator", "tf_embed_ops.sparse_core"),
@@ -45,7 +50,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # The mid-level API.
     ("tf_embed_ops.tpu_embedding",),
     # Front ends built on it.
-    ("tf_embed_ops.tpu_embedding_v2", "tf_embed_ops.keras"),
+    # (`tf_embed_ops.serving`, the package's face, stands with them: the serving lifecycle builds on the exporter.)
+    ("tf_embed_ops.tpu_embedding_v2", "tf_embed_ops.keras", "tf_embed_ops.serving"),
     ("tf_embed_ops.distribute",),
     # Programs and the package's face.
     ("tf_embed_ops.examples", "tf_embed_ops.__main__", "tf_embed_ops"),

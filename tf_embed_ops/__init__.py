@@ -13,6 +13,8 @@ below is resolved on first use.
   host preprocessing and checkpoint format.
 - ``DynamicTableConfig``, ``dynamic``: dynamic-vocabulary tables (int64 or string keys, rows created as ids
   arrive, admission and eviction policies), accepted wherever a ``TableConfig`` is.
+- ``serving``: smaller servables: ``Prune`` (publish-time pruning) and the row ``quantization`` of
+  ``keras.export_for_serving(..., quantization=..., prune=...)``.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
 """
 
@@ -37,6 +39,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "keras": ("tf_embed_ops.keras", None),
     "distribute": ("tf_embed_ops.distribute", None),
     "dynamic": ("tf_embed_ops.dynamic", None),
+    "serving": ("tf_embed_ops.serving", None),
     "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),

@@ -1,7 +1,11 @@
-"""Command line: ``python -m tf_embed_ops inspect CONFIG [--json]``.
+"""Command line: ``python -m tf_embed_ops inspect CONFIG [--json]`` and ``python -m tf_embed_ops inspect-export DIR``.
 
 CONFIG is a ``.pb`` / ``.pbtxt`` TPUEmbeddingConfiguration, or the word ``example`` for the bundled example.
 A config that does not load exits with status 1 and the validator's message on stderr (no traceback).
+
+DIR is a SavedModel written by ``tf_embed_ops.keras.export_for_serving``: ``inspect-export`` prints, per table, the
+rows kept of those trained, the bytes, the quantization and the pruning applied, from the metadata the export
+records (plain JSON: neither TensorFlow nor the op library is loaded).
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("config", help="path to a .pb (binary) or .pbtxt (text) config, or 'example'")
     inspect.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    export = commands.add_parser(
+        "inspect-export",
+        help="print the tables of a serving export: rows, bytes, quantization and pruning",
+        description="Print what export_for_serving recorded about each table of a SavedModel (no TensorFlow needed).",
+    )
+    export.add_argument("directory", help="the SavedModel directory export_for_serving wrote")
+    export.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     return parser
 
 
@@ -68,11 +79,31 @@ def _inspect(config: str, as_json: bool) -> int:
     return 0
 
 
+def _inspect_export(directory: str, as_json: bool) -> int:
+    import json  # pylint: disable=import-outside-toplevel
+
+    from tf_embed_ops.serving import metadata  # pylint: disable=import-outside-toplevel  (json only, no TensorFlow)
+
+    try:
+        tables = metadata.read_export_metadata(directory)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    total = metadata.saved_model_bytes(directory)
+    if as_json:
+        sys.stdout.write(json.dumps({"saved_model_bytes": total, "tables": tables}, indent=1, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(metadata.format_text(directory, tables, total))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m tf_embed_ops`` and the ``tf-embed-ops`` script; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.command == "inspect":
         return _inspect(args.config, args.json)
+    if args.command == "inspect-export":
+        return _inspect_export(args.directory, args.json)
     return 2  # unreachable: argparse enforces the sub-command
 
 

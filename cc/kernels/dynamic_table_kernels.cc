@@ -29,6 +29,9 @@ absl::StatusOr<EvictionPolicy> ParsePolicy(const std::string& name) {
   if (name == "lru") return EvictionPolicy::kLru;
   if (name == "lfu") return EvictionPolicy::kLfu;
   if (name == "ttl") return EvictionPolicy::kTtl;
+  if (name == "l2_norm") return EvictionPolicy::kL2Norm;
+  if (name == "decayed_lfu") return EvictionPolicy::kDecayedLfu;
+  if (name == "count_and_age") return EvictionPolicy::kCountAndAge;
   return absl::InvalidArgumentError(absl::StrCat("unknown eviction policy '", name, "'"));
 }
 
@@ -56,6 +59,17 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
   TF_RETURN_IF_ERROR(ctx->GetAttr("eviction", &eviction));
   TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_max_rows", &o->eviction.target_rows));
   TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_ttl_steps", &o->eviction.ttl_steps));
+  float min_norm = 0.0f, decay = 1.0f;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_min_norm", &min_norm));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_decay", &decay));
+  o->eviction.min_norm = min_norm;
+  o->eviction.decay = decay;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_min_count", &o->eviction.min_count));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bloom_num_counters", &o->admission.bloom_num_counters));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bloom_num_hashes", &o->admission.bloom_num_hashes));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bloom_counter_bits", &o->admission.bloom_counter_bits));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("log_refused", &o->admission.log_refused));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_log_capacity", &o->eviction_log_capacity));
 
   RowInitializer& init = o->initializer;
   init.seed = static_cast<uint64_t>(seed);
@@ -106,6 +120,14 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
       {"eviction", eviction},
       {"eviction_max_rows", absl::StrCat(o->eviction.target_rows)},
       {"eviction_ttl_steps", absl::StrCat(o->eviction.ttl_steps)},
+      {"eviction_min_norm", absl::StrCat(min_norm)},
+      {"eviction_decay", absl::StrCat(decay)},
+      {"eviction_min_count", absl::StrCat(o->eviction.min_count)},
+      {"bloom_num_counters", absl::StrCat(o->admission.bloom_num_counters)},
+      {"bloom_num_hashes", absl::StrCat(o->admission.bloom_num_hashes)},
+      {"bloom_counter_bits", absl::StrCat(o->admission.bloom_counter_bits)},
+      {"log_refused", o->admission.log_refused ? "true" : "false"},
+      {"eviction_log_capacity", absl::StrCat(o->eviction_log_capacity)},
       {"table_name", o->name},
   };
   return absl::OkStatus();
@@ -367,6 +389,12 @@ class DynamicTableEvictOp : public tf::OpKernel {
     policy_.policy = *parsed;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &policy_.target_rows));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &policy_.ttl_steps));
+    float min_norm = 0.0f, decay = 1.0f;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("min_norm", &min_norm));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("decay", &decay));
+    policy_.min_norm = min_norm;
+    policy_.decay = decay;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &policy_.min_count));
   }
 
   void Compute(tf::OpKernelContext* ctx) override {

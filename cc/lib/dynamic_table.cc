@@ -24,13 +24,28 @@ absl::Status ValidatePolicy(const std::string& name, int64_t max_rows, const Evi
       return absl::OkStatus();
     case EvictionPolicy::kLru:
     case EvictionPolicy::kLfu:
+    case EvictionPolicy::kDecayedLfu:
       if (p.target_rows <= 0 || p.target_rows > max_rows) {
-        return Invalid(name, absl::StrCat(what, ": LRU/LFU target_rows must be in [1, max_rows = ", max_rows, "], got ",
-                                          p.target_rows));
+        return Invalid(name, absl::StrCat(what, ": LRU/LFU/DecayedLFU target_rows must be in [1, max_rows = ", max_rows,
+                                          "], got ", p.target_rows));
+      }
+      if (p.policy == EvictionPolicy::kDecayedLfu && !(p.decay > 0.0 && p.decay <= 1.0)) {
+        return Invalid(name, absl::StrCat(what, ": DecayedLFU decay must be in (0, 1], got ", p.decay));
       }
       return absl::OkStatus();
     case EvictionPolicy::kTtl:
       if (p.ttl_steps <= 0) return Invalid(name, absl::StrCat(what, ": TTL ttl_steps must be > 0, got ", p.ttl_steps));
+      return absl::OkStatus();
+    case EvictionPolicy::kL2Norm:
+      if (!(p.min_norm >= 0.0) || !std::isfinite(p.min_norm)) {
+        return Invalid(name, absl::StrCat(what, ": L2Norm min_norm must be finite and >= 0, got ", p.min_norm));
+      }
+      return absl::OkStatus();
+    case EvictionPolicy::kCountAndAge:
+      if (p.min_count < 1 || p.min_count > DynamicTable::kMaxCount || p.ttl_steps < 0) {
+        return Invalid(name, absl::StrCat(what, ": CountAndAge needs min_count in [1, ", DynamicTable::kMaxCount,
+                                          "] and max_age_steps >= 0, got ", p.min_count, " and ", p.ttl_steps));
+      }
       return absl::OkStatus();
   }
   return Invalid(name, absl::StrCat(what, ": unknown eviction policy ", static_cast<int>(p.policy)));
@@ -90,7 +105,7 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
   if (a.min_count < 1 || a.min_count > kMaxCount) {
     return Invalid(t, absl::StrCat("admission min_count must be in [1, ", kMaxCount, "], got ", a.min_count));
   }
-  if (a.min_count > 1 && a.max_pending_keys <= 0) {
+  if (a.min_count > 1 && a.max_pending_keys <= 0 && a.bloom_num_counters == 0) {
     return Invalid(t, absl::StrCat("admission with min_count = ", a.min_count, " needs max_pending_keys > 0, got ",
                                    a.max_pending_keys));
   }
@@ -98,10 +113,36 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
     return Invalid(t, absl::StrCat("admission max_pending_keys and pending_ttl_steps must be >= 0, got ",
                                    a.max_pending_keys, " and ", a.pending_ttl_steps));
   }
+  if (a.bloom_num_counters < 0 || a.bloom_num_counters > CountingBloomFilter::kMaxCounters) {
+    return Invalid(t, absl::StrCat("BloomAdmission num_counters must be in [1, ", CountingBloomFilter::kMaxCounters,
+                                   "], got ", a.bloom_num_counters));
+  }
+  if (a.bloom_num_counters > 0) {
+    if (a.bloom_num_hashes < 1 || a.bloom_num_hashes > CountingBloomFilter::kMaxHashes) {
+      return Invalid(t, absl::StrCat("BloomAdmission num_hashes must be in [1, ", CountingBloomFilter::kMaxHashes,
+                                     "], got ", a.bloom_num_hashes));
+    }
+    if (!CountingBloomFilter::ValidBits(a.bloom_counter_bits)) {
+      return Invalid(t, absl::StrCat("BloomAdmission counter_bits must be 4, 8 or 16, got ", a.bloom_counter_bits));
+    }
+    if (a.min_count > (int64_t{1} << a.bloom_counter_bits) - 1) {
+      return Invalid(
+          t, absl::StrCat("BloomAdmission min_count = ", a.min_count, " does not fit counters of ",
+                          a.bloom_counter_bits, " bits (at most ", (int64_t{1} << a.bloom_counter_bits) - 1, ")"));
+    }
+  }
+  if (o.eviction_log_capacity < 1 || o.eviction_log_capacity > EvictionLog::kMaxCapacity) {
+    return Invalid(t, absl::StrCat("eviction_log_capacity must be in [1, ", EvictionLog::kMaxCapacity, "], got ",
+                                   o.eviction_log_capacity));
+  }
   int log2_rows = 0;
   while ((int64_t{1} << log2_rows) < o.rows_per_chunk) ++log2_rows;
   if (absl::Status s = ValidatePolicy(t, o.max_rows, o.eviction, "eviction"); !s.ok()) return s;
   std::unique_ptr<DynamicTable> table(new DynamicTable(o, log2_rows));
+  if (a.bloom_num_counters > 0 && !table->bloom_.Init(a.bloom_num_counters, a.bloom_num_hashes, a.bloom_counter_bits)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("dynamic table '", t, "': cannot allocate ", a.bloom_num_counters, " Bloom admission counters"));
+  }
   if (!table->Grow(o.initial_capacity)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("dynamic table '", t, "': cannot allocate initial_capacity = ", o.initial_capacity, " rows"));
@@ -110,7 +151,11 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
 }
 
 DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
-    : options_(options), weights_(options.dim, log2_rows_per_chunk), meta_(1, log2_rows_per_chunk) {
+    : options_(options),
+      weights_(options.dim, log2_rows_per_chunk),
+      meta_(1, log2_rows_per_chunk),
+      decay_(1, log2_rows_per_chunk),
+      log_(options.eviction_log_capacity) {
   slots_.reserve(options.slot_initial_values.size());
   for (size_t s = 0; s < options.slot_initial_values.size(); ++s) {
     const int64_t width = options.slot_widths.empty() ? options.dim : options.slot_widths[s];
@@ -133,6 +178,7 @@ bool DynamicTable::Grow(int64_t extra) {
   for (ChunkedArena<float>& s : slots_) {
     if (!s.Reserve(rows)) return false;
   }
+  if (decays() && !decay_.Reserve(rows)) return false;
   if (!index_.Fits(size_ + extra) || index_.num_buckets() == 0) {
     return index_.Rehash(std::max(size_ + extra, options_.initial_capacity), KeyOfFn());
   }
@@ -157,6 +203,7 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
   for (size_t s = 0; s < slots_.size(); ++s) {
     std::fill_n(slots_[s].At(row), slots_[s].row_width(), options_.slot_initial_values[s]);
   }
+  if (decays()) *decay_.At(row) = Decay{0.0f, 0};  // the first round adds the whole count
   index_.Insert(key, row);
   ++size_;
 }
@@ -212,10 +259,34 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
 
   // 2. Admission decisions, on each key's count after the whole batch.  Nothing is written yet.
   const AdmissionOptions& a = options_.admission;
-  const bool counting = a.min_count > 1;
+  const bool bloom = bloom_.enabled();
+  const bool counting = a.min_count > 1 && !bloom;
   int64_t admitted = 0;
   int64_t new_pending = 0;  // pending entries this batch creates
+  if (bloom) {
+    try {
+      for (const Miss& m : misses) bloom_.Stage(m.key, m.count);
+    } catch (const std::bad_alloc&) {
+      bloom_.Discard();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("dynamic table '", name(), "': cannot stage ", misses.size(), " Bloom admission updates"));
+    }
+  }
   for (Miss& m : misses) {
+    if (bloom) {
+      // The key's estimate after the whole batch (the counters are written only once the rows are allocated).
+      m.count = bloom_.EstimateStaged(m.key);
+      const bool reached = m.count >= a.min_count;
+      if (reached && size_ + admitted < options_.max_rows) {
+        m.decision = Decision::kAdmit;
+        ++admitted;
+      } else if (reached) {
+        ++st.refused_full;
+      } else {
+        ++st.below_admission;
+      }
+      continue;
+    }
     bool has_entry = false;
     if (counting) {
       auto it = pending_.find(m.key);
@@ -247,18 +318,23 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
 
   // 3. Allocation, before any write.
   if (!Grow(admitted)) {
+    bloom_.Discard();
     return absl::ResourceExhaustedError(
         absl::StrCat("dynamic table '", name(), "': cannot allocate ", admitted, " more rows (size ", size_, ")"));
   }
   try {
     pending_.reserve(pending_.size() + new_pending);
   } catch (const std::bad_alloc&) {
+    bloom_.Discard();
     return absl::ResourceExhaustedError(
         absl::StrCat("dynamic table '", name(), "': cannot allocate ", new_pending, " pending admission counts"));
   }
 
-  // 4. Writes: new rows, pending counts, existing rows' metadata, and the output rows of new keys.
+  // 4. Writes: the Bloom counters, new rows, pending counts, existing rows' metadata, and the output rows of new
+  // keys; refused keys go to the log when the admission asks for it.
+  if (bloom) bloom_.Commit();
   for (Miss& m : misses) {
+    if (m.decision != Decision::kAdmit && a.log_refused) log_.Append(m.key, step, LogKind::kRefused);
     if (m.decision == Decision::kAdmit) {
       m.row = AllocateRow();
       InitRow(m.row, m.key, m.count, step);
@@ -283,6 +359,7 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
   counters_.below_admission += st.below_admission;
   counters_.untracked += st.untracked;
   counters_.refused_full += st.refused_full;
+  latest_step_ = std::max(latest_step_, step);
   return absl::OkStatus();
 }
 
@@ -294,8 +371,11 @@ std::vector<int64_t> DynamicTable::LiveRows() const {
   return rows;
 }
 
-int64_t DynamicTable::EvictRows(std::vector<int64_t> rows) {
-  for (const int64_t row : rows) RemoveRow(row);
+int64_t DynamicTable::EvictRows(const std::vector<int64_t>& rows, int64_t step, LogKind kind) {
+  for (const int64_t row : rows) {
+    log_.Append(KeyOf(row), step, kind);
+    RemoveRow(row);
+  }
   counters_.evictions += static_cast<int64_t>(rows.size());
   return static_cast<int64_t>(rows.size());
 }
@@ -303,33 +383,75 @@ int64_t DynamicTable::EvictRows(std::vector<int64_t> rows) {
 absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t step) {
   if (absl::Status s = ValidateStep(step, "Evict"); !s.ok()) return s;
   if (absl::Status s = ValidatePolicy(name(), options_.max_rows, p, "Evict"); !s.ok()) return s;
-  // Nothing to do without a policy or under the target: return before listing (and sorting) every row, which
-  // EndStep would otherwise pay at every step.
+  if (p.policy == EvictionPolicy::kDecayedLfu && !decays()) {
+    return Invalid(name(),
+                   "Evict: DecayedLFU needs decayed counts, which a table keeps only when DecayedLFU is its "
+                   "own eviction policy");
+  }
+  latest_step_ = std::max(latest_step_, step);
   if (p.policy == EvictionPolicy::kNone) return 0;
-  if (p.policy != EvictionPolicy::kTtl && size_ <= p.target_rows) return 0;
-  std::vector<int64_t> rows = LiveRows();
+  // One sweep over the row arenas in row order (live rows have last_step >= 0): threshold rules pick victims as
+  // they go, capacity rules score every row and select afterwards.  Decayed LFU's round runs even under the
+  // target, since it is what ages the counts.
+  const bool capacity = IsCapacityPolicy(p.policy);
+  if (capacity && p.policy != EvictionPolicy::kDecayedLfu && size_ <= p.target_rows) return 0;
+  // Capacity rules: a bounded heap when few rows go, else every score into a vector and nth_element.
+  const int64_t excess = capacity ? size_ - p.target_rows : 0;
+  const bool use_heap = excess > 0 && excess <= size_ / 16;
   std::vector<int64_t> victims;
-  if (p.policy == EvictionPolicy::kTtl) {
-    for (const int64_t r : rows) {
-      if (step - LastStepOf(r) > p.ttl_steps) victims.push_back(r);
+  std::vector<ScoredRow> scored;
+  LowestK lowest(use_heap ? excess : 0);
+  if (excess > 0 && !use_heap) scored.reserve(size_);
+  auto offer = [&](const ScoredRow& r) {
+    if (use_heap) {
+      lowest.Offer(r);
+    } else if (excess > 0) {
+      scored.push_back(r);
     }
-  } else if (p.policy == EvictionPolicy::kLru || p.policy == EvictionPolicy::kLfu) {
-    const int64_t excess = size_ - p.target_rows;
-    if (excess > 0) {
-      // A strict total order (the key breaks every tie), so the victims do not depend on row placement.
-      auto order = [this, lfu = p.policy == EvictionPolicy::kLfu](int64_t x, int64_t y) {
-        if (lfu)
-          return std::make_tuple(CountOf(x), LastStepOf(x), KeyOf(x)) <
-                 std::make_tuple(CountOf(y), LastStepOf(y), KeyOf(y));
-        return std::make_pair(LastStepOf(x), KeyOf(x)) < std::make_pair(LastStepOf(y), KeyOf(y));
-      };
-      std::nth_element(rows.begin(), rows.begin() + (excess - 1), rows.end(), order);
-      victims.assign(rows.begin(), rows.begin() + excess);
-      // Removed in row order, so the free list (and the rows later keys get) does not depend on nth_element.
-      std::sort(victims.begin(), victims.end());
+  };
+  const int64_t dim = options_.dim;
+  const double min_sq = p.min_norm * p.min_norm;
+  for (int64_t r = 0; r < high_water_; ++r) {
+    const RowMeta* meta = meta_.At(r);
+    const int64_t last = meta->last_step;
+    if (last < 0) continue;  // a free row
+    switch (p.policy) {
+      case EvictionPolicy::kTtl:
+        if (step - last > p.ttl_steps) victims.push_back(r);
+        break;
+      case EvictionPolicy::kCountAndAge:
+        if (static_cast<int64_t>(meta->count) < p.min_count && step - last > p.ttl_steps) victims.push_back(r);
+        break;
+      case EvictionPolicy::kL2Norm: {
+        // Compared as sqrt(sum of squares in double) < min_norm, as the documented reference does.
+        const double sq = SquaredNorm(weights_.At(r), dim);
+        if (sq < min_sq && std::sqrt(sq) < p.min_norm) victims.push_back(r);
+        break;
+      }
+      case EvictionPolicy::kLru:
+        offer(ScoredRow{static_cast<double>(last), last, meta->key, r});
+        break;
+      case EvictionPolicy::kLfu:
+        offer(ScoredRow{static_cast<double>(meta->count), last, meta->key, r});
+        break;
+      case EvictionPolicy::kDecayedLfu: {
+        Decay* d = decay_.At(r);
+        const uint32_t count = meta->count;
+        d->decayed = static_cast<float>(static_cast<double>(d->decayed) * p.decay + (count - d->seen));
+        d->seen = count;
+        offer(ScoredRow{d->decayed, last, meta->key, r});
+        break;
+      }
+      case EvictionPolicy::kNone:
+        break;
     }
   }
-  return EvictRows(std::move(victims));
+  if (use_heap) {
+    victims = lowest.Rows();
+  } else if (excess > 0) {
+    victims = LowestRows(&scored, excess);
+  }
+  return EvictRows(victims, step, LogKind::kEvicted);
 }
 
 absl::StatusOr<int64_t> DynamicTable::EndStep(int64_t step) {
@@ -349,7 +471,108 @@ int64_t DynamicTable::EvictKeys(const int64_t* keys, int64_t n) {
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   rows.erase(std::remove(rows.begin(), rows.end(), kNotAdmitted), rows.end());
-  return EvictRows(std::move(rows));
+  return EvictRows(rows, std::max<int64_t>(latest_step_, 0), LogKind::kErased);
+}
+
+absl::StatusOr<int64_t> DynamicTable::EvictByScore(const int64_t* keys, const float* scores, int64_t n,
+                                                   int64_t target_rows, int64_t step) {
+  if (n < 0) return Invalid(name(), absl::StrCat("EvictByScore: negative number of scores ", n));
+  if (absl::Status s = ValidateStep(step, "EvictByScore"); !s.ok()) return s;
+  if (target_rows < 0 || target_rows > options_.max_rows) {
+    return Invalid(name(),
+                   absl::StrCat("EvictByScore: max_rows must be in [0, ", options_.max_rows, "], got ", target_rows));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(scores[i])) {
+      return Invalid(name(), absl::StrCat("EvictByScore: the score of key ", keys[i], " (position ", i,
+                                          ") is not finite: ", scores[i], "; nothing was evicted"));
+    }
+  }
+  std::vector<int64_t> rows(n);
+  Find(keys, n, rows.data());
+  std::vector<ScoredRow> scored;
+  scored.reserve(n);
+  std::vector<int64_t> seen_rows;
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] == kNotAdmitted) continue;
+    scored.push_back(ScoredRow{scores[i], LastStepOf(rows[i]), keys[i], rows[i]});
+    seen_rows.push_back(rows[i]);
+  }
+  std::sort(seen_rows.begin(), seen_rows.end());
+  if (auto d = std::adjacent_find(seen_rows.begin(), seen_rows.end()); d != seen_rows.end()) {
+    return Invalid(name(), absl::StrCat("EvictByScore: key ", KeyOf(*d), " has more than one score"));
+  }
+  latest_step_ = std::max(latest_step_, step);
+  return EvictRows(LowestRows(&scored, size_ - target_rows), step, LogKind::kEvicted);
+}
+
+DynamicTableRowStats DynamicTable::RowStats() const {
+  DynamicTableRowStats st;
+  st.keys.reserve(size_);
+  st.counts.reserve(size_);
+  st.last_steps.reserve(size_);
+  st.norms.reserve(size_);
+  for (int64_t r = 0; r < high_water_; ++r) {
+    const RowMeta* meta = meta_.At(r);
+    if (meta->last_step < 0) continue;
+    st.keys.push_back(meta->key);
+    st.counts.push_back(meta->count);
+    st.last_steps.push_back(meta->last_step);
+    st.norms.push_back(static_cast<float>(std::sqrt(SquaredNorm(weights_.At(r), options_.dim))));
+  }
+  return st;
+}
+
+DynamicTablePolicyState DynamicTable::ExportPolicyState() const {
+  DynamicTablePolicyState state;
+  state.bloom_counters = bloom_.bytes();
+  if (decays()) {
+    std::vector<int64_t> rows = LiveRows();
+    std::sort(rows.begin(), rows.end(), [this](int64_t x, int64_t y) { return KeyOf(x) < KeyOf(y); });
+    for (const int64_t r : rows) {
+      state.decayed_keys.push_back(KeyOf(r));
+      state.decayed_counts.push_back(decay_.At(r)->decayed);
+    }
+  }
+  return state;
+}
+
+absl::Status DynamicTable::ImportPolicyState(const std::vector<uint8_t>& bloom_counters, int64_t num_parts,
+                                             const std::vector<int64_t>& decayed_keys,
+                                             const std::vector<float>& decayed_counts) {
+  const int64_t part = static_cast<int64_t>(bloom_.bytes().size());
+  const int64_t got = static_cast<int64_t>(bloom_counters.size());
+  if (bloom_.enabled() ? (num_parts < 1 || got != num_parts * part) : got != 0) {
+    return Invalid(name(), absl::StrCat("ImportPolicyState: the checkpoint has ", got, " bytes of Bloom counters in ",
+                                        num_parts, " part(s), the table's filter takes ", part,
+                                        " bytes per part (num_counters and counter_bits must match)"));
+  }
+  if (decayed_keys.size() != decayed_counts.size()) {
+    return Invalid(name(), absl::StrCat("ImportPolicyState: ", decayed_keys.size(), " decayed keys and ",
+                                        decayed_counts.size(), " decayed counts"));
+  }
+  if (!decayed_keys.empty() && !decays()) {
+    return Invalid(name(),
+                   "ImportPolicyState: the checkpoint has decayed counts but the table's eviction is not "
+                   "DecayedLFU");
+  }
+  for (size_t i = 0; i < decayed_counts.size(); ++i) {
+    if (!std::isfinite(decayed_counts[i]) || decayed_counts[i] < 0) {
+      return Invalid(name(), absl::StrCat("ImportPolicyState: key ", decayed_keys[i], " has decayed count ",
+                                          decayed_counts[i], " (must be finite and >= 0)"));
+    }
+  }
+  if (bloom_.enabled()) {
+    std::vector<uint8_t>& bytes = *bloom_.mutable_bytes();
+    std::copy_n(bloom_counters.data(), part, bytes.data());
+    for (int64_t k = 1; k < num_parts; ++k) bloom_.AddSaturating(bloom_counters.data() + k * part);
+  }
+  std::vector<int64_t> rows(decayed_keys.size());
+  Find(decayed_keys.data(), static_cast<int64_t>(decayed_keys.size()), rows.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] != kNotAdmitted) decay_.At(rows[i])->decayed = decayed_counts[i];
+  }
+  return absl::OkStatus();
 }
 
 DynamicTableContents DynamicTable::Export() const {
@@ -486,6 +709,8 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
   free_head_ = -1;
   pending_.swap(pending);
   counters_ = DynamicTableCounters{};
+  log_.Restart();  // every reader's cursor is stale: the content was replaced
+  if (bloom_.enabled()) std::fill(bloom_.mutable_bytes()->begin(), bloom_.mutable_bytes()->end(), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = AllocateRow();
     RowMeta* meta = meta_.At(row);
@@ -497,6 +722,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
       const int64_t w = slot_width(s);
       std::copy_n(c.slots[s].data() + i * w, w, slots_[s].At(row));
     }
+    if (decays()) *decay_.At(row) = Decay{static_cast<float>(c.counts[i]), static_cast<uint32_t>(c.counts[i])};
     index_.Insert(c.keys[i], row);
     ++size_;
   }
@@ -506,7 +732,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
 int64_t DynamicTable::MemoryBytes() const {
   int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
   for (const ChunkedArena<float>& s : slots_) bytes += s.MemoryBytes();
-  return bytes;
+  return bytes + bloom_.MemoryBytes() + decay_.MemoryBytes() + log_.MemoryBytes();
 }
 
 }  // namespace tf_embed_ops

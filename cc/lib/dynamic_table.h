@@ -24,9 +24,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cc/lib/bloom_admission.h"
 #include "cc/lib/dynamic_table_arena.h"
 #include "cc/lib/dynamic_table_index.h"
 #include "cc/lib/dynamic_table_init.h"
+#include "cc/lib/eviction_log.h"
+#include "cc/lib/eviction_policy.h"
 #include "cc/lib/storage_types.h"
 
 namespace tf_embed_ops {
@@ -35,21 +38,18 @@ namespace tf_embed_ops {
 // duplicates in a batch included).  Counts of keys not yet admitted are exact, kept for at most
 // `max_pending_keys` keys at once; a new key that finds that table full is not counted (counters().untracked)
 // until entries leave it (admitted, or dropped after `pending_ttl_steps` steps unseen when that is > 0).
+//
+// Bloom admission (bloom_num_counters > 0): the exact pending counts are replaced by a counting Bloom filter
+// (bloom_admission.h) of fixed size; a key is admitted when the minimum of its counters reaches min_count.
+// log_refused: every key a training lookup gives no row is appended to the eviction log (LogKind::kRefused).
 struct AdmissionOptions {
   int64_t min_count = 1;  // 1: admit on first sight (no pending table)
   int64_t max_pending_keys = 0;
-  int64_t pending_ttl_steps = 0;  // 0: pending counts never expire
-};
-
-enum class EvictionPolicy { kNone, kLru, kLfu, kTtl };
-
-// kLru / kLfu: shrink to at most `target_rows` rows, evicting the least recently seen (ties: smaller key first)
-// or the least frequently seen (ties: older last step, then smaller key).  kTtl: evict every row not seen in the
-// last `ttl_steps` steps (step - last_step > ttl_steps).
-struct EvictionOptions {
-  EvictionPolicy policy = EvictionPolicy::kNone;
-  int64_t target_rows = 0;
-  int64_t ttl_steps = 0;
+  int64_t pending_ttl_steps = 0;   // 0: pending counts never expire
+  int64_t bloom_num_counters = 0;  // > 0: Bloom admission
+  int64_t bloom_num_hashes = 0;
+  int64_t bloom_counter_bits = 8;
+  bool log_refused = false;
 };
 
 struct DynamicTableOptions {
@@ -65,7 +65,8 @@ struct DynamicTableOptions {
   int64_t rows_per_chunk = 1024;  // a power of two
   RowInitializer initializer;
   AdmissionOptions admission;
-  EvictionOptions eviction;  // applied by EndStep
+  EvictionOptions eviction;                                       // applied by EndStep
+  int64_t eviction_log_capacity = EvictionLog::kDefaultCapacity;  // entries the eviction log keeps (>= 1)
 };
 
 // Totals since creation (or the last Import).  Per-key counts are per call: a key seen three times in one
@@ -100,6 +101,22 @@ struct DynamicTableContents {
   std::vector<int64_t> pending_keys;  // sorted
   std::vector<int64_t> pending_counts;
   std::vector<int64_t> pending_last_steps;
+};
+
+// The state of the lifecycle policies beyond the rows (checkpoints): the Bloom filter's packed counters (empty
+// without Bloom admission) and the decayed counts of decayed LFU by key (empty otherwise).
+struct DynamicTablePolicyState {
+  std::vector<uint8_t> bloom_counters;
+  std::vector<int64_t> decayed_keys;  // sorted
+  std::vector<float> decayed_counts;
+};
+
+// Per-row statistics of every live row, in row order (what a user score function sees).
+struct DynamicTableRowStats {
+  std::vector<int64_t> keys;
+  std::vector<int64_t> counts;
+  std::vector<int64_t> last_steps;
+  std::vector<float> norms;  // L2 norm of the weights
 };
 
 class DynamicTable {
@@ -157,8 +174,29 @@ class DynamicTable {
   absl::StatusOr<int64_t> EndStep(int64_t step);
   // Applies `policy` now (explicit eviction).
   absl::StatusOr<int64_t> Evict(const EvictionOptions& policy, int64_t step);
-  // Removes these keys' rows (absent keys are ignored; duplicates count once).  Returns rows evicted.
+  // Removes these keys' rows (absent keys are ignored; duplicates count once).  Returns rows evicted.  Logged as
+  // LogKind::kErased at the latest step the table has seen.
   int64_t EvictKeys(const int64_t* keys, int64_t n);
+  // A user score's eviction round (capacity rule): scores[i] is the score of keys[i]'s row (keys that have no
+  // row are ignored); the lowest-scored rows go until at most target_rows of the table's rows remain (rows not in
+  // `keys` are kept and count).  Ties: older last step, then smaller key.  Validates everything (n >= 0, finite
+  // scores, unique keys, target_rows in [0, max_rows], step) before it changes anything.
+  absl::StatusOr<int64_t> EvictByScore(const int64_t* keys, const float* scores, int64_t n, int64_t target_rows,
+                                       int64_t step);
+  DynamicTableRowStats RowStats() const;
+
+  // The eviction log (evictions, erased keys, refused admissions when asked), read under a shared lock.
+  const EvictionLog& eviction_log() const { return log_; }
+  // The latest step a training lookup or an eviction named (-1 before any).
+  int64_t latest_step() const { return latest_step_; }
+
+  DynamicTablePolicyState ExportPolicyState() const;
+  // Restores the policy state after Import.  bloom_counters holds `num_parts` filters of this table's geometry
+  // back to back (one per shard the checkpoint was saved from): with one part it is taken as is, with several
+  // they are added (saturating), which never lowers a key's estimate.  Decayed counts are set for the keys that
+  // have a row here (the others are ignored: another shard's).  Validates sizes and values first.
+  absl::Status ImportPolicyState(const std::vector<uint8_t>& bloom_counters, int64_t num_parts,
+                                 const std::vector<int64_t>& decayed_keys, const std::vector<float>& decayed_counts);
 
   DynamicTableContents Export() const;
   // Replaces the whole content (any capacity: the table grows to fit, up to max_rows).  Validates dim, the slot
@@ -173,6 +211,11 @@ class DynamicTable {
   struct Pending {
     int64_t count;
     int64_t last_step;
+  };
+  // Decayed LFU's per-row state: the decayed count and the row's count at the previous round.
+  struct Decay {
+    float decayed;
+    uint32_t seen;
   };
   // A row's metadata, packed into 20 bytes and kept together: the index probe reads the key, and a training
   // lookup then updates count and last step in the same cache line instead of two more random ones.  (Packed
@@ -194,7 +237,8 @@ class DynamicTable {
   int64_t AllocateRow();
   void InitRow(int64_t row, int64_t key, int64_t count, int64_t step);
   void RemoveRow(int64_t row);
-  int64_t EvictRows(std::vector<int64_t> rows);
+  int64_t EvictRows(const std::vector<int64_t>& rows, int64_t step, LogKind kind);
+  bool decays() const { return options_.eviction.policy == EvictionPolicy::kDecayedLfu; }
 
   DynamicTableOptions options_;
   ChunkedArena<float> weights_;
@@ -206,6 +250,10 @@ class DynamicTable {
   int64_t free_head_ = -1;
   std::unordered_map<int64_t, Pending> pending_;
   DynamicTableCounters counters_;
+  CountingBloomFilter bloom_;
+  ChunkedArena<Decay> decay_;  // grown only when the table's own policy is decayed LFU
+  EvictionLog log_;
+  int64_t latest_step_ = -1;
 };
 
 }  // namespace tf_embed_ops

@@ -117,9 +117,17 @@ REGISTER_OP("TfEmbed>DynamicTableHandle")
     .Attr("admission_min_count: int = 1")
     .Attr("max_pending_keys: int = 0")
     .Attr("pending_ttl_steps: int = 0")
-    .Attr("eviction: {'none', 'lru', 'lfu', 'ttl'} = 'none'")
+    .Attr("eviction: {'none', 'lru', 'lfu', 'ttl', 'l2_norm', 'decayed_lfu', 'count_and_age'} = 'none'")
     .Attr("eviction_max_rows: int = 0")
     .Attr("eviction_ttl_steps: int = 0")
+    .Attr("eviction_min_norm: float = 0")
+    .Attr("eviction_decay: float = 1")
+    .Attr("eviction_min_count: int = 0")
+    .Attr("bloom_num_counters: int = 0")
+    .Attr("bloom_num_hashes: int = 0")
+    .Attr("bloom_counter_bits: int = 8")
+    .Attr("log_refused: bool = false")
+    .Attr("eviction_log_capacity: int = 1048576")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
@@ -149,9 +157,17 @@ seed: the initializer's seed.
 admission_min_count: a key gets a row once it has been seen this many times (1: at once).
 max_pending_keys: the most keys counted towards admission at once (required when admission_min_count > 1).
 pending_ttl_steps: a pending count not updated for more than this many steps is dropped (0: never).
-eviction: the policy applied at the end of every training step: lru / lfu shrink the table to eviction_max_rows
-  rows (least recently / least frequently seen first), ttl evicts rows not seen for more than eviction_ttl_steps
-  steps.
+eviction: the policy applied at the end of every training step: lru / lfu / decayed_lfu shrink the table to
+  eviction_max_rows rows (least recently / least frequently seen first / lowest decayed count), ttl evicts rows not
+  seen for more than eviction_ttl_steps steps, l2_norm rows whose weights' L2 norm is < eviction_min_norm,
+  count_and_age rows with count < eviction_min_count not seen for more than eviction_ttl_steps steps.
+eviction_decay: decayed_lfu's factor in (0, 1]: every end of step multiplies each row's decayed count by it and
+  adds the row's sightings since the previous step.
+bloom_num_counters: > 0 replaces the exact pending counts by a counting Bloom filter of this many counters of
+  bloom_counter_bits bits (4, 8 or 16), bloom_num_hashes counters per key; a key is admitted when the minimum of
+  its counters reaches admission_min_count.
+log_refused: also append every key a training lookup gives no row to the eviction log.
+eviction_log_capacity: entries the eviction log keeps (the oldest are dropped first).
 )doc");
 
 REGISTER_OP("TfEmbed>DynamicEmbeddingActivations")
@@ -348,9 +364,12 @@ REGISTER_OP("TfEmbed>DynamicTableEvict")
     .Input("table: resource")
     .Input("step: int64")
     .Output("evicted: int64")
-    .Attr("policy: {'lru', 'lfu', 'ttl'}")
+    .Attr("policy: {'lru', 'lfu', 'ttl', 'l2_norm', 'decayed_lfu', 'count_and_age'}")
     .Attr("max_rows: int = 0")
     .Attr("ttl_steps: int = 0")
+    .Attr("min_norm: float = 0")
+    .Attr("decay: float = 1")
+    .Attr("min_count: int = 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(HandleInput(c));
@@ -362,7 +381,9 @@ REGISTER_OP("TfEmbed>DynamicTableEvict")
 Evicts rows now by `policy` (held exclusively); returns the number of rows evicted.
 
 policy: lru / lfu shrink the table to max_rows rows (least recently / least frequently seen first, ties broken
-  by key); ttl evicts the rows with step - last step > ttl_steps.
+  by key); ttl evicts the rows with step - last step > ttl_steps; l2_norm the rows with norm < min_norm;
+  count_and_age the rows with count < min_count and step - last step > ttl_steps; decayed_lfu runs one decay
+  round (factor `decay`) and shrinks to max_rows (only on a table whose own policy is decayed_lfu).
 step: the current global step (>= 0).
 )doc");
 
@@ -383,6 +404,117 @@ REGISTER_OP("TfEmbed>DynamicTableEvictKeys")
 Removes these keys' rows (absent keys are ignored, duplicates count once); returns the number of rows evicted.
 
 keys: rank 1; the dtype must be the table's key_dtype.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableReadLog")
+    .Input("table: resource")
+    .Input("cursor: int64")
+    .Output("keys: int64")
+    .Output("steps: int64")
+    .Output("kinds: int32")
+    .Output("next_cursor: int64")
+    .Output("resync: bool")
+    .Output("dropped: int64")
+    .Attr("max_entries: int = -1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      DimensionHandle m = c->UnknownDim();
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(m));
+      for (int i = 3; i < 6; ++i) c->set_output(i, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Reads the table's eviction log from `cursor` (shared access; changes nothing, so readers keep their own cursors).
+
+keys, steps, kinds: the entries with sequence numbers in [max(cursor, first), next): the key, the step, and the
+  kind (0: evicted by a policy, 1: removed by key, 2: refused admission).  At most max_entries (-1: all).
+next_cursor: the cursor of the next read.
+resync: the cursor wanted entries the log no longer holds (it keeps eviction_log_capacity entries; an import or a
+  restore restarts it): the reader must rebuild from the table's content.  dropped: how many it missed.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableRowStats")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("counts: int64")
+    .Output("last_steps: int64")
+    .Output("norms: float32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      DimensionHandle n = c->UnknownDim();
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Every row's statistics in row order (shared access): key, count, last step seen, L2 norm of the weights.  The
+input of a user score (te.dynamic.Score), computed for all rows at once.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableEvictByScore")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("scores: float32")
+    .Input("step: int64")
+    .Output("evicted: int64")
+    .Attr("max_rows: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      ShapeHandle keys, scores;
+      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
+      TF_RETURN_IF_ERROR(VectorInput(c, 2, &scores));
+      TF_RETURN_IF_ERROR(c->Merge(keys, scores, &keys));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 3));
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+A user score's eviction round (held exclusively): the rows of `keys` with the lowest scores are evicted until at
+most max_rows rows remain (ties: older last step, then smaller key).  keys without a row are ignored.  Scores must
+be finite and a key may appear once: a rejected call evicts nothing.
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableExportPolicyState")
+    .Input("table: resource")
+    .Output("bloom_counters: uint8")
+    .Output("decayed_keys: int64")
+    .Output("decayed_counts: float32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      DimensionHandle n = c->UnknownDim();
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(n));
+      c->set_output(2, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The lifecycle policies' state beyond the rows (shared access): the Bloom admission filter's packed counters ([0]
+without Bloom admission) and decayed LFU's decayed counts by key, sorted ([0] without decayed LFU).
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableImportPolicyState")
+    .Input("table: resource")
+    .Input("bloom_counters: uint8")
+    .Input("decayed_keys: int64")
+    .Input("decayed_counts: float32")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      ShapeHandle bloom, keys, counts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &bloom));
+      TF_RETURN_IF_ERROR(VectorInput(c, 2, &keys));
+      TF_RETURN_IF_ERROR(VectorInput(c, 3, &counts));
+      return c->Merge(keys, counts, &keys).ok() ? absl::OkStatus()
+                                                : absl::InvalidArgumentError("decayed keys and counts differ in size");
+    })
+    .Doc(R"doc(
+Restores the policies' state after an import (held exclusively).  bloom_counters: [parts, bytes], one filter per
+shard the state was saved from; one part is taken as is, several are added (saturating: a key's estimate never
+drops).  Decayed counts are set for the keys that have a row (others are ignored).  Validated first.
 )doc");
 
 }  // namespace tf_embed_ops

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -10,15 +11,20 @@ from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.table import EXPORT_TENSORS, DynamicTable, ShardedDynamicTable
 from tf_embed_ops.embedding_ops import normalize_feature
+from tf_embed_ops.keras import TPUEmbedding
 
 __all__ = [
     "EXPORT_TENSORS",
+    "SERVING_SIGNATURE",
     "DynamicTable",
     "ShardedDynamicTable",
     "config",
     "content",
     "random_content",
+    "serving_data",
+    "serving_model",
     "train_lookup",
+    "trained_serving_model",
 ]
 
 
@@ -75,3 +81,53 @@ def train_lookup(table, keys, step=None):
 def _string_feature(ids):
     positions = normalize_feature(tf.range(tf.size(ids, out_type=tf.int64)))
     return positions._replace(ids=ids)
+
+
+def serving_model():
+    """A Keras model over two dynamic tables (int64 and string keys) and a static one, for serving tests."""
+    emb_api = tf.tpu.experimental.embedding
+    users = config(name="users", dim=4, optimizer=None, initial_capacity=4)
+    words = config(name="words", dim=3, optimizer=None, key_dtype=tf.string, initial_capacity=4)
+    static = emb_api.TableConfig(10, 2, name="static", combiner="sum")
+    features = {
+        "user": emb_api.FeatureConfig(table=users, name="user"),
+        "words": emb_api.FeatureConfig(table=words, name="words"),
+        "slot": emb_api.FeatureConfig(table=static, name="slot"),
+    }
+    layer = TPUEmbedding(features, emb_api.SGD(0.1), name="embedding")
+    inputs = {
+        "user": keras.Input(shape=(), dtype="int64", name="user"),
+        "words": keras.Input(shape=(None,), dtype="string", ragged=True, name="words"),
+        "slot": keras.Input(shape=(), dtype="int64", name="slot"),
+    }
+    acts = layer(inputs)
+    x = keras.layers.Concatenate()([acts["user"], acts["words"], acts["slot"]])
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+
+
+def serving_data(n, seed):
+    """(features, labels) of `n` samples for `serving_model`."""
+    rng = np.random.default_rng(seed)
+    vocab = [f"w{i}" for i in range(12)]
+    x = {
+        "user": tf.constant(rng.integers(-(2**40), 2**40, n), tf.int64),
+        "words": tf.ragged.constant([list(rng.choice(vocab, int(rng.integers(1, 4)))) for _ in range(n)]),
+        "slot": tf.constant(rng.integers(0, 10, n), tf.int64),
+    }
+    return x, tf.constant(rng.normal(size=(n, 1)), tf.float32)
+
+
+SERVING_SIGNATURE = {
+    "user": tf.TensorSpec([None], tf.int64),
+    "words": tf.RaggedTensorSpec([None, None], tf.string, ragged_rank=1, row_splits_dtype=tf.int64),
+    "slot": tf.TensorSpec([None], tf.int64),
+}
+
+
+def trained_serving_model():
+    """`serving_model` after two epochs of SGD."""
+    model = serving_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    x, y = serving_data(32, 0)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)
+    return model

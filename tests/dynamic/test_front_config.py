@@ -36,7 +36,7 @@ def test_is_a_table_config_accepted_by_feature_config():
         ({"initial_capacity": -1}, "got -1"),
         ({"initial_capacity": 11, "max_rows": 10}, "`initial_capacity` (11) must be <= max_rows (10)"),
         ({"combiner": "max"}, "`combiner` must be one of 'mean', 'sum', 'sqrtn'; got 'max'"),
-        ({"admission": 3}, "`admission` must be None or te.dynamic.FrequencyAdmission; got 3"),
+        ({"admission": 3}, "`admission` must be None, te.dynamic.FrequencyAdmission or te.dynamic.BloomAdmission"),
         ({"eviction": "lru"}, "`eviction` must be None, te.dynamic.LRU"),
         ({"eviction": te.dynamic.LRU(11), "max_rows": 10}, "keeps up to 11 rows, more than max_rows (10)"),
         ({"optimizer": "adam"}, "`optimizer` must be a tf_embed_ops.optimizers"),
@@ -164,6 +164,14 @@ def test_handle_attrs_carry_every_option():
         "eviction": "ttl",
         "eviction_max_rows": 0,
         "eviction_ttl_steps": 20,
+        "eviction_min_norm": 0.0,
+        "eviction_decay": 1.0,
+        "eviction_min_count": 0,
+        "bloom_num_counters": 0,
+        "bloom_num_hashes": 0,
+        "bloom_counter_bits": 8,
+        "log_refused": False,
+        "eviction_log_capacity": 1 << 20,
     }
 
 

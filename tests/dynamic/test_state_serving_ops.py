@@ -7,12 +7,20 @@ import json
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.dynamic.state_util import DynamicTable, ShardedDynamicTable, config, random_content, train_lookup
+from tests.dynamic.state_util import (
+    SERVING_SIGNATURE,
+    DynamicTable,
+    ShardedDynamicTable,
+    config,
+    random_content,
+    serving_data,
+    train_lookup,
+    trained_serving_model,
+)
 from tf_embed_ops import keras as te_keras
 from tf_embed_ops.dynamic import serving
 
@@ -51,57 +59,10 @@ def test_a_sharded_table_freezes_into_one(tmp_path):
     np.testing.assert_array_equal(frozen.lookup(c["keys"]).numpy(), c["weights"])
 
 
-def _dynamic_model():
-    emb_api = tf.tpu.experimental.embedding
-    users = config(name="users", dim=4, optimizer=None, initial_capacity=4)
-    words = config(name="words", dim=3, optimizer=None, key_dtype=tf.string, initial_capacity=4)
-    static = emb_api.TableConfig(10, 2, name="static", combiner="sum")
-    features = {
-        "user": emb_api.FeatureConfig(table=users, name="user"),
-        "words": emb_api.FeatureConfig(table=words, name="words"),
-        "slot": emb_api.FeatureConfig(table=static, name="slot"),
-    }
-    layer = te_keras.TPUEmbedding(features, emb_api.SGD(0.1), name="embedding")
-    inputs = {
-        "user": keras.Input(shape=(), dtype="int64", name="user"),
-        "words": keras.Input(shape=(None,), dtype="string", ragged=True, name="words"),
-        "slot": keras.Input(shape=(), dtype="int64", name="slot"),
-    }
-    acts = layer(inputs)
-    x = keras.layers.Concatenate()([acts["user"], acts["words"], acts["slot"]])
-    return keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
-
-
-def _dynamic_data(n, seed):
-    rng = np.random.default_rng(seed)
-    vocab = [f"w{i}" for i in range(12)]
-    x = {
-        "user": tf.constant(rng.integers(-(2**40), 2**40, n), tf.int64),
-        "words": tf.ragged.constant([list(rng.choice(vocab, int(rng.integers(1, 4)))) for _ in range(n)]),
-        "slot": tf.constant(rng.integers(0, 10, n), tf.int64),
-    }
-    return x, tf.constant(rng.normal(size=(n, 1)), tf.float32)
-
-
-_SIGNATURE = {
-    "user": tf.TensorSpec([None], tf.int64),
-    "words": tf.RaggedTensorSpec([None, None], tf.string, ragged_rank=1, row_splits_dtype=tf.int64),
-    "slot": tf.TensorSpec([None], tf.int64),
-}
-
-
-def _trained():
-    model = _dynamic_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    x, y = _dynamic_data(32, 0)
-    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)
-    return model
-
-
 def test_serving_mode_gives_what_the_trained_model_predicts():
-    model = _trained()
-    x, _ = _dynamic_data(16, 0)  # seen ids
-    x_new, _ = _dynamic_data(8, 1)  # mostly unseen: the default row
+    model = trained_serving_model()
+    x, _ = serving_data(16, 0)  # seen ids
+    x_new, _ = serving_data(8, 1)  # mostly unseen: the default row
     for feed in (x, x_new):
         expected = model(feed, training=False).numpy()
         with te_keras.serving_mode():
@@ -111,13 +72,13 @@ def test_serving_mode_gives_what_the_trained_model_predicts():
 
 @pytest.mark.slow
 def test_saved_model_with_dynamic_tables_serves_without_the_plugin(tmp_path):
-    model = _trained()
-    x, _ = _dynamic_data(16, 0)
-    x_unseen, _ = _dynamic_data(4, 2)
+    model = trained_serving_model()
+    x, _ = serving_data(16, 0)
+    x_unseen, _ = serving_data(4, 2)
     x = {k: tf.concat([x[k], x_unseen[k]], 0) for k in x}
     expected = model(x, training=False).numpy()
     export_dir = str(tmp_path / "served")
-    te_keras.export_for_serving(model, export_dir, _SIGNATURE)
+    te_keras.export_for_serving(model, export_dir, SERVING_SIGNATURE)
     feed = {
         "user": x["user"].numpy().tolist(),
         "words_values": [w.decode() for w in x["words"].values.numpy().tolist()],

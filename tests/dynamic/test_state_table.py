@@ -100,7 +100,7 @@ def test_evict_without_a_policy_uses_the_table_s_own_and_refuses_when_there_is_n
     without.import_(np.array([1, 2], np.int64), np.ones([2, 4], np.float32))
     with pytest.raises(ValueError, match="'plain'.*needs a policy"):
         without.evict()
-    with pytest.raises(ValueError, match="'plain'.*LRU, LFU or TTL"):
+    with pytest.raises(ValueError, match="'plain'.*LRU, LFU, TTL, L2Norm, DecayedLFU, CountAndAge or Score"):
         without.evict("lru")
     assert _stats(without)["size"] == 2
 

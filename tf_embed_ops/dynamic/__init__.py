@@ -2,8 +2,9 @@
 
 - ``DynamicTableConfig`` (also ``te.DynamicTableConfig``): a table configuration accepted wherever a
   ``TableConfig`` is.
-- ``FrequencyAdmission``: give a key a row after ``min_count`` sightings; ``LRU``, ``LFU``, ``TTL``: eviction
-  policies applied at step boundaries.
+- ``FrequencyAdmission`` (exact counts), ``BloomAdmission`` (a counting Bloom filter of fixed memory): give a key
+  a row after ``min_count`` sightings; ``LRU``, ``LFU``, ``TTL``, ``L2Norm``, ``DecayedLFU``, ``CountAndAge``,
+  ``Score``: eviction policies applied at step boundaries.
 - ``shard_of_keys``: which parameter-server shard holds a key (plain TensorFlow ops); ``string_keys``: the int64
   key of a string id, as the ops compute it.
 - ``DynamicTable``: the table object (resource, checkpoints, statistics, explicit eviction).
@@ -22,6 +23,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "LRU": ("tf_embed_ops.dynamic.config", "LRU"),
     "LFU": ("tf_embed_ops.dynamic.config", "LFU"),
     "TTL": ("tf_embed_ops.dynamic.config", "TTL"),
+    "BloomAdmission": ("tf_embed_ops.dynamic.config", "BloomAdmission"),
+    "L2Norm": ("tf_embed_ops.dynamic.config", "L2Norm"),
+    "DecayedLFU": ("tf_embed_ops.dynamic.config", "DecayedLFU"),
+    "CountAndAge": ("tf_embed_ops.dynamic.config", "CountAndAge"),
+    "Score": ("tf_embed_ops.dynamic.config", "Score"),
     "shard_of_keys": ("tf_embed_ops.dynamic.sharding", "shard_of_keys"),
     "string_keys": ("tf_embed_ops.dynamic.ops", "string_keys_to_int64"),
     "DynamicTable": ("tf_embed_ops.dynamic.table", "DynamicTable"),

@@ -25,8 +25,13 @@ __all__ = [
     "LFU",
     "LRU",
     "TTL",
+    "BloomAdmission",
+    "CountAndAge",
+    "DecayedLFU",
     "DynamicTableConfig",
     "FrequencyAdmission",
+    "L2Norm",
+    "Score",
     "dynamic_config_proto",
     "from_config_dict",
     "handle_attrs",
@@ -40,6 +45,10 @@ MAX_ROWS_LIMIT = 2**31 - 1
 MAX_DIM = 2**20
 DEFAULT_INITIAL_CAPACITY = 1024
 DEFAULT_MAX_PENDING_KEYS = 1 << 20
+DEFAULT_EVICTION_LOG_CAPACITY = 1 << 20
+MAX_EVICTION_LOG_CAPACITY = 1 << 32
+MAX_BLOOM_COUNTERS = 1 << 34
+MAX_BLOOM_HASHES = 16
 _INITIALIZER_KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 
 
@@ -65,23 +74,158 @@ class FrequencyAdmission:
       min_count: sightings before a key gets a row (>= 1; 1 admits every key on first sight).
       max_pending_keys: at most this many keys counted at once (>= 1).
       pending_ttl_steps: drop counters unseen for more than this many steps; 0 keeps them.
+      log_refused: also report every key a training lookup gives no row in `DynamicTable.evicted_keys(
+        include_refused=True)`.
 
     Raises:
       ValueError: for a value out of range (naming the argument and the value).
     """
 
-    def __init__(self, min_count: int, max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS, pending_ttl_steps: int = 0):
+    def __init__(
+        self,
+        min_count: int,
+        max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
+        pending_ttl_steps: int = 0,
+        log_refused: bool = False,
+    ):
         self.min_count = _check_count("FrequencyAdmission", "min_count", min_count, 1, 2**32 - 1)
         self.max_pending_keys = _check_count(
             "FrequencyAdmission", "max_pending_keys", max_pending_keys, 1, MAX_ROWS_LIMIT
         )
         self.pending_ttl_steps = _check_count("FrequencyAdmission", "pending_ttl_steps", pending_ttl_steps, 0)
+        self.log_refused = _check_bool("FrequencyAdmission", "log_refused", log_refused)
+
+    def attrs(self) -> dict[str, Any]:
+        """The admission's attributes of the handle op."""
+        counting = self.min_count > 1  # the core wants no counters when every key is admitted on first sight
+        return {
+            "admission_min_count": self.min_count,
+            "max_pending_keys": self.max_pending_keys if counting else 0,
+            "pending_ttl_steps": self.pending_ttl_steps if counting else 0,
+            "bloom_num_counters": 0,
+            "bloom_num_hashes": 0,
+            "bloom_counter_bits": 8,
+            "log_refused": self.log_refused,
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "kind": "frequency",
+            "min_count": self.min_count,
+            "max_pending_keys": self.max_pending_keys,
+            "pending_ttl_steps": self.pending_ttl_steps,
+            "log_refused": self.log_refused,
+        }
 
     def __repr__(self) -> str:
         return (
             f"FrequencyAdmission(min_count={self.min_count}, max_pending_keys={self.max_pending_keys}, "
-            f"pending_ttl_steps={self.pending_ttl_steps})"
+            f"pending_ttl_steps={self.pending_ttl_steps}, log_refused={self.log_refused})"
         )
+
+
+class BloomAdmission:
+    """Admission through a counting Bloom filter: bounded memory however many distinct ids arrive.
+
+    Every sighting of a key without a row adds to `num_hashes` of `num_counters` saturating counters of
+    `counter_bits` bits; the key gets a row when the minimum of its counters reaches `min_count` (count-min). The
+    filter takes `num_counters * counter_bits / 8` bytes per table (per shard when sharded), fixed at creation.
+
+    The estimate never undercounts, so a key seen `min_count` times is always admitted. A key seen `c <
+    min_count` times is admitted by mistake when each of its counters received `min_count - c` sightings of other
+    keys; with `S` sightings in all over the filter's life, each counter holds about Poisson(lambda = num_hashes
+    * S / num_counters) of them, so the false-admission rate of a one-off key is about
+    `P(Poisson(lambda) >= min_count - 1) ** num_hashes` (docs/dynamic_tables.md has the measured figures).
+    Counters are never decayed or cleared: size the filter for the stream the table sees between restarts.
+
+    Args:
+      min_count: sightings before a key gets a row (>= 1, < 2**counter_bits).
+      num_counters: counters in the filter (>= 1).
+      num_hashes: counters per key (1 to 16).
+      counter_bits: bits per counter: 4, 8 or 16 (counters saturate at 2**bits - 1).
+      log_refused: also report every key a training lookup gives no row in `DynamicTable.evicted_keys(
+        include_refused=True)`.
+
+    Raises:
+      ValueError: for a value out of range (naming the argument and the value).
+
+    Example:
+      >>> admission = te.dynamic.BloomAdmission(min_count=3, num_counters=1 << 24, num_hashes=3, counter_bits=4)
+    """
+
+    def __init__(
+        self,
+        min_count: int,
+        num_counters: int,
+        num_hashes: int = 3,
+        counter_bits: int = 8,
+        log_refused: bool = False,
+    ):
+        self.counter_bits = _check_count("BloomAdmission", "counter_bits", counter_bits, 4, 16)
+        if counter_bits not in (4, 8, 16):
+            raise ValueError(f"BloomAdmission: `counter_bits` must be 4, 8 or 16; got {counter_bits!r}.")
+        self.min_count = _check_count("BloomAdmission", "min_count", min_count, 1, 2**counter_bits - 1)
+        self.num_counters = _check_count("BloomAdmission", "num_counters", num_counters, 1, MAX_BLOOM_COUNTERS)
+        self.num_hashes = _check_count("BloomAdmission", "num_hashes", num_hashes, 1, MAX_BLOOM_HASHES)
+        self.log_refused = _check_bool("BloomAdmission", "log_refused", log_refused)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the filter (per table, or per shard of a sharded table)."""
+        return (self.num_counters * self.counter_bits + 7) // 8
+
+    def attrs(self) -> dict[str, Any]:
+        """The admission's attributes of the handle op."""
+        return {
+            "admission_min_count": self.min_count,
+            "max_pending_keys": 0,
+            "pending_ttl_steps": 0,
+            "bloom_num_counters": self.num_counters,
+            "bloom_num_hashes": self.num_hashes,
+            "bloom_counter_bits": self.counter_bits,
+            "log_refused": self.log_refused,
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "kind": "bloom",
+            "min_count": self.min_count,
+            "num_counters": self.num_counters,
+            "num_hashes": self.num_hashes,
+            "counter_bits": self.counter_bits,
+            "log_refused": self.log_refused,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"BloomAdmission(min_count={self.min_count}, num_counters={self.num_counters}, "
+            f"num_hashes={self.num_hashes}, counter_bits={self.counter_bits}, log_refused={self.log_refused})"
+        )
+
+
+def _check_bool(owner: str, argument: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: `{argument}` must be a bool; got {value!r}.")
+    return value
+
+
+def _check_float(owner: str, argument: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        bound = f"in ({low}, {high}]" if low_open else (f">= {low}" if high == math.inf else f"in [{low}, {high}]")
+        raise ValueError(f"{owner}: `{argument}` must be a finite number {bound}; got {value!r}.")
+    return float(value)
+
+
+_NO_EVICTION = {
+    "eviction": "none",
+    "eviction_max_rows": 0,
+    "eviction_ttl_steps": 0,
+    "eviction_min_norm": 0.0,
+    "eviction_decay": 1.0,
+    "eviction_min_count": 0,
+}
 
 
 class _Eviction:
@@ -93,13 +237,20 @@ class _Eviction:
         """The policy's attributes of the handle op (and of the explicit-evict op)."""
         raise NotImplementedError
 
+    def get_config(self) -> dict[str, Any]:
+        """JSON-able arguments (the Keras layer's get_config); `from_config_dict` rebuilds the policy."""
+        raise NotImplementedError
+
 
 class _RowBound(_Eviction):
     def __init__(self, max_rows: int):
         self.max_rows = _check_count(type(self).__name__, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
 
     def attrs(self) -> dict[str, Any]:
-        return {"eviction": self.kind, "eviction_max_rows": self.max_rows, "eviction_ttl_steps": 0}
+        return {**_NO_EVICTION, "eviction": self.kind, "eviction_max_rows": self.max_rows}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"max_rows": self.max_rows}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_rows={self.max_rows})"
@@ -128,10 +279,236 @@ class TTL(_Eviction):
         self.steps = _check_count("TTL", "steps", steps, 1)
 
     def attrs(self) -> dict[str, Any]:
-        return {"eviction": self.kind, "eviction_max_rows": 0, "eviction_ttl_steps": self.steps}
+        return {**_NO_EVICTION, "eviction": self.kind, "eviction_ttl_steps": self.steps}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"steps": self.steps}
 
     def __repr__(self) -> str:
         return f"TTL(steps={self.steps})"
+
+
+class L2Norm(_Eviction):
+    """Evicts, at a step boundary, every row whose weights' L2 norm is below `min_norm` (rows the optimizer has
+    driven to near zero carry no signal).
+
+    The norm is computed in float64 from the float32 weights, and compared with `min_norm` as a float32 (the op
+    attribute's type): a row goes when `sqrt(sum(w**2)) < float32(min_norm)`.
+
+    Args:
+      min_norm: the threshold (finite, >= 0; 0 evicts nothing).
+
+    Raises:
+      ValueError: for a negative or non-finite `min_norm`.
+    """
+
+    kind = "l2_norm"
+
+    def __init__(self, min_norm: float):
+        self.min_norm = _check_float("L2Norm", "min_norm", min_norm, 0.0, math.inf)
+
+    def attrs(self) -> dict[str, Any]:
+        return {**_NO_EVICTION, "eviction": self.kind, "eviction_min_norm": self.min_norm}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"min_norm": self.min_norm}
+
+    def __repr__(self) -> str:
+        return f"L2Norm(min_norm={self.min_norm})"
+
+
+class DecayedLFU(_RowBound):
+    """Least frequently used with decayed counts: recent sightings weigh more than old ones.
+
+    Per eviction round (the end of every training step): each row's decayed count is multiplied by `decay` and
+    the row's sightings since the previous round are added (in float64, stored as float32); then the rows with the
+    lowest decayed counts are evicted until `max_rows` remain (ties: older last step, then smaller key). A new row
+    starts at 0 and receives its sightings at its first round. `decay = 1` is LFU over the rows' lifetimes. The
+    decayed counts are checkpointed (`decayed_keys` / `decayed_counts` tensors). `decay` travels as a float32.
+
+    Args:
+      max_rows: rows kept after each round (1 to the table's max_rows).
+      decay: the factor per round, in (0, 1].
+
+    Raises:
+      ValueError: for `max_rows` out of range or `decay` outside (0, 1].
+    """
+
+    kind = "decayed_lfu"
+
+    def __init__(self, max_rows: int, decay: float):
+        super().__init__(max_rows)
+        self.decay = _check_float("DecayedLFU", "decay", decay, 0.0, 1.0, low_open=True)
+
+    def attrs(self) -> dict[str, Any]:
+        return {**super().attrs(), "eviction_decay": self.decay}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"max_rows": self.max_rows, "decay": self.decay}
+
+    def __repr__(self) -> str:
+        return f"DecayedLFU(max_rows={self.max_rows}, decay={self.decay})"
+
+
+class CountAndAge(_Eviction):
+    """Evicts, at a step boundary, every row that is both rare and stale: count < `min_count` and not seen for more
+    than `max_age_steps` steps (`step - last_step > max_age_steps`). Frequent rows stay however old; a new row
+    has `max_age_steps` steps to reach `min_count`.
+
+    Args:
+      min_count: the count a row needs to stay once it is stale (>= 1).
+      max_age_steps: steps a row may go unseen before its count is checked (>= 0).
+
+    Raises:
+      ValueError: for a value out of range.
+    """
+
+    kind = "count_and_age"
+
+    def __init__(self, min_count: int, max_age_steps: int):
+        self.min_count = _check_count("CountAndAge", "min_count", min_count, 1, 2**32 - 1)
+        self.max_age_steps = _check_count("CountAndAge", "max_age_steps", max_age_steps, 0)
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            **_NO_EVICTION,
+            "eviction": self.kind,
+            "eviction_min_count": self.min_count,
+            "eviction_ttl_steps": self.max_age_steps,
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {"min_count": self.min_count, "max_age_steps": self.max_age_steps}
+
+    def __repr__(self) -> str:
+        return f"CountAndAge(min_count={self.min_count}, max_age_steps={self.max_age_steps})"
+
+
+class Score(_Eviction):
+    """A user score: keeps the `max_rows` rows of highest score, evicting the rest, at every step boundary.
+
+    `fn(count, last_step, norm, step)` gets four float32 tensors of shape [n], the statistics of all n rows of the
+    table (or shard) at once (`step` is the current step, broadcast), and returns one float32 score per row, [n].
+    It is called once per eviction round (a TensorFlow function over the whole table, never once per row). Rows
+    with the lowest scores go first; ties: older last step, then smaller key. Scores must be finite.
+
+    `fn` is either a Python callable of TensorFlow ops, or a string expression over `count`, `last_step`, `norm`,
+    `step` with numbers, `+ - * / **`, unary minus and the functions `log`, `log1p`, `exp`, `sqrt`, `abs`,
+    `minimum`, `maximum` (parsed, never `eval`ed). Only an expression is serializable: a layer's `get_config`
+    (and `model.save`) stores it, while a callable is refused there with an error naming the table; checkpoints
+    hold no part of the policy, so a callable works with them.
+
+    Args:
+      fn: the score, a callable or an expression string.
+      max_rows: rows kept after each round (>= 0; per shard in a sharded table, as LRU's).
+
+    Raises:
+      ValueError: for a `fn` that is neither, an expression with anything else, or `max_rows` out of range.
+
+    Example:
+      >>> te.dynamic.Score("log1p(count) - 0.1 * (step - last_step)", max_rows=10**6)
+    """
+
+    kind = "score"
+
+    def __init__(self, fn: Any, max_rows: int):
+        if isinstance(fn, str):
+            self.expression = fn
+            self.fn = _parse_score_expression(fn)
+        elif callable(fn):
+            self.expression = None
+            self.fn = fn
+        else:
+            raise ValueError(f"Score: `fn` must be a callable or an expression string; got {fn!r}.")
+        self.max_rows = _check_count("Score", "max_rows", max_rows, 0, MAX_ROWS_LIMIT)
+
+    def attrs(self) -> dict[str, Any]:
+        # The core does not evict by itself: the engine runs the score's round after each update.
+        return dict(_NO_EVICTION)
+
+    def get_config(self) -> dict[str, Any]:
+        if self.expression is None:
+            raise ValueError(
+                "te.dynamic.Score: a score given as a Python callable cannot be saved in a config; give the score "
+                "as an expression string (e.g. Score('log1p(count) - 0.1 * (step - last_step)', max_rows)) or "
+                "rebuild the layer with the callable."
+            )
+        return {"fn": self.expression, "max_rows": self.max_rows}
+
+    def __repr__(self) -> str:
+        fn = repr(self.expression) if self.expression is not None else getattr(self.fn, "__name__", repr(self.fn))
+        return f"Score(fn={fn}, max_rows={self.max_rows})"
+
+
+_SCORE_NAMES = ("count", "last_step", "norm", "step")
+_SCORE_FUNCTIONS = {
+    "log": tf.math.log,
+    "log1p": tf.math.log1p,
+    "exp": tf.math.exp,
+    "sqrt": tf.math.sqrt,
+    "abs": tf.math.abs,
+    "minimum": tf.math.minimum,
+    "maximum": tf.math.maximum,
+}
+
+
+def _parse_score_expression(text: str):
+    """A score expression as a function of the four statistics (a whitelist over Python's AST; nothing is
+    evaluated but these operations)."""
+    import ast  # pylint: disable=import-outside-toplevel
+    import operator  # pylint: disable=import-outside-toplevel
+
+    binary = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.Pow: operator.pow}  # fmt: skip
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"Score: cannot parse the expression {text!r}: {e.msg}.") from None
+
+    def check(node):
+        if isinstance(node, ast.Expression):
+            return check(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in binary:
+            return check(node.left) and check(node.right)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return check(node.operand)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return True
+        if isinstance(node, ast.Name) and node.id in _SCORE_NAMES:
+            return True
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _SCORE_FUNCTIONS
+            and not node.keywords
+        ):
+            return all(check(a) for a in node.args)
+        raise ValueError(
+            f"Score: the expression {text!r} may use only {', '.join(_SCORE_NAMES)}, numbers, + - * / **, and "
+            f"{', '.join(sorted(_SCORE_FUNCTIONS))}; got {ast.dump(node)[:60]}."
+        )
+
+    check(tree)
+
+    def evaluate(node, env):
+        if isinstance(node, ast.Expression):
+            return evaluate(node.body, env)
+        if isinstance(node, ast.BinOp):
+            return binary[type(node.op)](evaluate(node.left, env), evaluate(node.right, env))
+        if isinstance(node, ast.UnaryOp):
+            value = evaluate(node.operand, env)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.Constant):
+            return tf.constant(float(node.value), tf.float32)
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        return _SCORE_FUNCTIONS[node.func.id](*[evaluate(a, env) for a in node.args])
+
+    def fn(count, last_step, norm, step):
+        env = dict(zip(_SCORE_NAMES, (count, last_step, norm, step), strict=True))
+        return evaluate(tree, env) + tf.zeros_like(count)  # a constant expression still scores every row
+
+    return fn
 
 
 def _initializer_spec(initializer: Any, dim: int, table: str) -> tuple[str, list[float], int | None]:
@@ -235,9 +612,13 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
       initial_capacity: rows allocated at creation (1 to `max_rows`; None: min(1024, max_rows)); the table
         grows past it without moving rows.
       max_rows: the most rows the table holds; with no eviction, new keys are refused once it is full.
-      admission: None (every key gets a row on first sight) or `te.dynamic.FrequencyAdmission`.
-      eviction: None, `te.dynamic.LRU`, `te.dynamic.LFU` or `te.dynamic.TTL`, applied after each training step.
+      admission: None (every key gets a row on first sight), `te.dynamic.FrequencyAdmission` (exact counts) or
+        `te.dynamic.BloomAdmission` (a counting Bloom filter of fixed memory).
+      eviction: None, `te.dynamic.LRU`, `LFU`, `TTL`, `L2Norm`, `DecayedLFU`, `CountAndAge` or `Score`, applied after
+        each training step.
       seed: the seed of the initializer; None takes the initializer object's own integer seed, else 0.
+      eviction_log_capacity: entries the table's eviction log keeps (`DynamicTable.evicted_keys()`; >= 1, per
+        shard); the oldest are dropped first and a reader that misses some is told.
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.
@@ -258,9 +639,10 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         key_dtype: Any = tf.int64,
         initial_capacity: int | None = None,
         max_rows: int = MAX_ROWS_LIMIT,
-        admission: FrequencyAdmission | None = None,
+        admission: FrequencyAdmission | BloomAdmission | None = None,
         eviction: _Eviction | None = None,
         seed: int | None = None,
+        eviction_log_capacity: int = DEFAULT_EVICTION_LOG_CAPACITY,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
@@ -280,11 +662,20 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
             raise ValueError(f"{owner}: `key_dtype` must be tf.int64 or tf.string; got {key_dtype!r}.")
         if combiner not in ("mean", "sum", "sqrtn"):
             raise ValueError(f"{owner}: `combiner` must be one of 'mean', 'sum', 'sqrtn'; got {combiner!r}.")
-        if admission is not None and not isinstance(admission, FrequencyAdmission):
-            raise ValueError(f"{owner}: `admission` must be None or te.dynamic.FrequencyAdmission; got {admission!r}.")
+        if admission is not None and not isinstance(admission, (FrequencyAdmission, BloomAdmission)):
+            raise ValueError(
+                f"{owner}: `admission` must be None, te.dynamic.FrequencyAdmission or te.dynamic.BloomAdmission; "
+                f"got {admission!r}."
+            )
         if eviction is not None and not isinstance(eviction, _Eviction):
             raise ValueError(
-                f"{owner}: `eviction` must be None, te.dynamic.LRU, te.dynamic.LFU or te.dynamic.TTL; got {eviction!r}."
+                f"{owner}: `eviction` must be None, te.dynamic.LRU, LFU, TTL, L2Norm, DecayedLFU, CountAndAge or "
+                f"Score; got {eviction!r}."
+            )
+        _check_count(owner, "eviction_log_capacity", eviction_log_capacity, 1, MAX_EVICTION_LOG_CAPACITY)
+        if isinstance(eviction, Score) and eviction.max_rows > max_rows:
+            raise ValueError(
+                f"{owner}: `eviction` keeps up to {eviction.max_rows} rows, more than max_rows ({max_rows})."
             )
         if isinstance(eviction, _RowBound) and eviction.max_rows > max_rows:
             raise ValueError(
@@ -318,6 +709,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.max_rows = max_rows
         self.admission = admission
         self.eviction = eviction
+        self.eviction_log_capacity = eviction_log_capacity
         self.seed = seed
         self.initializer_kind = kind
         self.initializer_params = params
@@ -327,7 +719,8 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
             f"DynamicTableConfig(name={self.name!r}, dim={self.dim}, optimizer={self.optimizer!r}, "
             f"combiner={self.combiner!r}, initializer={self.initializer_kind}{self.initializer_params}, "
             f"key_dtype={self.key_dtype.name}, initial_capacity={self.initial_capacity}, max_rows={self.max_rows}, "
-            f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed})"
+            f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed}, "
+            f"eviction_log_capacity={self.eviction_log_capacity})"
         )
 
 
@@ -350,11 +743,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
     """
     optimizer = config.optimizer if config.optimizer is not None else optimizer
     admission = config.admission or FrequencyAdmission(1, max_pending_keys=1)
-    eviction = (
-        config.eviction.attrs()
-        if config.eviction is not None
-        else {"eviction": "none", "eviction_max_rows": 0, "eviction_ttl_steps": 0}
-    )
+    eviction = config.eviction.attrs() if config.eviction is not None else dict(_NO_EVICTION)
     return {
         "shared_name": shared_name,
         "table_name": config.name,
@@ -367,11 +756,9 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         "initializer": config.initializer_kind,
         "initializer_params": list(config.initializer_params),
         "seed": config.seed,
-        "admission_min_count": admission.min_count,
-        # The core wants no counters when every key is admitted on first sight.
-        "max_pending_keys": admission.max_pending_keys if admission.min_count > 1 else 0,
-        "pending_ttl_steps": admission.pending_ttl_steps if admission.min_count > 1 else 0,
+        **admission.attrs(),
         **eviction,
+        "eviction_log_capacity": getattr(config, "eviction_log_capacity", DEFAULT_EVICTION_LOG_CAPACITY),
     }
 
 
@@ -397,20 +784,39 @@ def to_config_dict(config: DynamicTableConfig) -> dict[str, Any]:
         "initial_capacity": config.initial_capacity,
         "max_rows": config.max_rows,
         "seed": config.seed,
-        "admission": None
-        if admission is None
-        else {
-            "min_count": admission.min_count,
-            "max_pending_keys": admission.max_pending_keys,
-            "pending_ttl_steps": admission.pending_ttl_steps,
-        },
-        # TTL's argument is `steps`, LRU's and LFU's `max_rows`.
-        "eviction": None if eviction is None else {"kind": eviction.kind, "value": _eviction_value(eviction)},
+        "admission": None if admission is None else admission.get_config(),
+        "eviction": None if eviction is None else _eviction_config(eviction, config.name),
+        "eviction_log_capacity": config.eviction_log_capacity,
     }
 
 
-def _eviction_value(eviction: _Eviction) -> int:
-    return eviction.steps if isinstance(eviction, TTL) else eviction.max_rows
+_EVICTION_KINDS = {
+    cls.kind: cls for cls in (LRU, LFU, TTL, L2Norm, DecayedLFU, CountAndAge, Score)
+}  # fmt: skip
+
+
+def _eviction_config(eviction: _Eviction, table: str) -> dict[str, Any]:
+    """{"kind": ..., "args": {...}}; earlier versions wrote {"kind", "value"} for LRU/LFU/TTL (still read)."""
+    try:
+        args = eviction.get_config()
+    except ValueError as e:
+        raise ValueError(f"DynamicTableConfig {table!r}: {e}") from None
+    return {"kind": eviction.kind, "args": args}
+
+
+def _eviction_from_config(eviction: dict[str, Any], name: str) -> _Eviction:
+    kind = eviction.get("kind")
+    if kind not in _EVICTION_KINDS:
+        raise ValueError(f"DynamicTableConfig {name!r}: unknown eviction kind in a saved config: {eviction!r}.")
+    if "args" in eviction:
+        return _EVICTION_KINDS[kind](**eviction["args"])
+    return _EVICTION_KINDS[kind](eviction["value"])
+
+
+def _admission_from_config(admission: dict[str, Any]) -> FrequencyAdmission | BloomAdmission:
+    args = dict(admission)
+    kind = args.pop("kind", "frequency")
+    return BloomAdmission(**args) if kind == "bloom" else FrequencyAdmission(**args)
 
 
 def from_config_dict(
@@ -419,12 +825,7 @@ def from_config_dict(
     """Inverse of `to_config_dict`, given the `TableConfig` fields."""
     admission = fields.get("admission")
     eviction = fields.get("eviction")
-    policy = None
-    if eviction is not None:
-        kinds = {"lru": LRU, "lfu": LFU, "ttl": TTL}
-        if eviction.get("kind") not in kinds:
-            raise ValueError(f"DynamicTableConfig {name!r}: unknown eviction kind in a saved config: {eviction!r}.")
-        policy = kinds[eviction["kind"]](eviction["value"])
+    policy = None if eviction is None else _eviction_from_config(eviction, name)
     return DynamicTableConfig(
         name,
         dim,
@@ -434,7 +835,8 @@ def from_config_dict(
         key_dtype=tf.as_dtype(fields["key_dtype"]),
         initial_capacity=fields["initial_capacity"],
         max_rows=fields["max_rows"],
-        admission=None if admission is None else FrequencyAdmission(**admission),
+        admission=None if admission is None else _admission_from_config(admission),
         eviction=policy,
         seed=fields["seed"],
+        eviction_log_capacity=fields.get("eviction_log_capacity", DEFAULT_EVICTION_LOG_CAPACITY),
     )

@@ -235,7 +235,20 @@ class DynamicGroup:
             updates = [update]
         else:
             updates = self._sharded_send(gradients, learning_rates, inputs, step)
-        return self._advance_steps(updates)
+        return self._advance_steps(updates + self._score_rounds(updates, step))
+
+    def _score_rounds(self, updates: list, step: tf.Tensor) -> list:
+        """The eviction rounds of tables whose policy is a user score (`te.dynamic.Score`), after the update and
+        on each shard's device: the ops evict by the built-in policies themselves, a score needs its function."""
+        rounds = []
+        for config, shards in zip(self.table_configs, self._tables, strict=True):
+            if not isinstance(config.eviction, config_lib.Score):
+                continue
+            for index, table in enumerate(shards):
+                with tf.device(self._shard_devices[index] if self._shard_devices else None):
+                    with tf.control_dependencies([u for u in updates if u is not None]):
+                        rounds.append(table.evict(step=step))
+        return rounds
 
     def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
         """Training lookup whose backward pass runs the fused update (for Keras' train step; see

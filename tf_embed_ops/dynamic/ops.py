@@ -21,6 +21,12 @@ from tf_embed_ops.embedding_ops import FeatureInput, checked_combiners, learning
 __all__ = [
     "DynamicTableContents",
     "DynamicTableStats",
+    "EvictionLogEntries",
+    "dynamic_table_evict_by_score",
+    "dynamic_table_export_policy_state",
+    "dynamic_table_import_policy_state",
+    "dynamic_table_read_log",
+    "dynamic_table_row_stats",
     "dynamic_embedding_activations",
     "dynamic_send_tpu_embedding_gradients",
     "dynamic_table_evict",
@@ -35,7 +41,9 @@ __all__ = [
 ]
 
 INITIALIZERS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
-EVICTION_POLICIES = ("none", "lru", "lfu", "ttl")
+EVICTION_POLICIES = ("none", "lru", "lfu", "ttl", "l2_norm", "decayed_lfu", "count_and_age")
+# The kinds of an eviction-log entry (cc/lib/eviction_log.h LogKind).
+LOG_EVICTED, LOG_ERASED, LOG_REFUSED = 0, 1, 2
 
 
 class DynamicTableStats(NamedTuple):
@@ -53,6 +61,35 @@ class DynamicTableStats(NamedTuple):
     last_step_inserts: tf.Tensor
     last_step_refused: tf.Tensor
     last_step_evictions: tf.Tensor
+
+
+class EvictionLogEntries(NamedTuple):
+    """What one read of a table's eviction log returns.
+
+    Attributes:
+      keys, steps: int64 [m], the entries from the cursor on (the key and the step it was evicted/refused at).
+      kinds: int32 [m]: 0 evicted by a policy, 1 removed by key (`evict_keys`), 2 refused admission.
+      next_cursor: int64 scalar, the cursor of the next read.
+      resync: bool scalar: the cursor wanted entries the log no longer holds (it fell behind by more than the
+        log's capacity, or the table was imported/restored): rebuild from the table's content.
+      dropped: int64 scalar, how many entries the reader missed.
+    """
+
+    keys: tf.Tensor
+    steps: tf.Tensor
+    kinds: tf.Tensor
+    next_cursor: tf.Tensor
+    resync: tf.Tensor
+    dropped: tf.Tensor
+
+
+class DynamicTableRowStats(NamedTuple):
+    """Every row's statistics in row order: int64 keys, counts, last_steps and float32 L2 norms, each [n]."""
+
+    keys: tf.Tensor
+    counts: tf.Tensor
+    last_steps: tf.Tensor
+    norms: tf.Tensor
 
 
 class DynamicTableContents(NamedTuple):
@@ -154,6 +191,14 @@ def dynamic_table_handle(
     eviction: str = "none",
     eviction_max_rows: int = 0,
     eviction_ttl_steps: int = 0,
+    eviction_min_norm: float = 0.0,
+    eviction_decay: float = 1.0,
+    eviction_min_count: int = 0,
+    bloom_num_counters: int = 0,
+    bloom_num_hashes: int = 0,
+    bloom_counter_bits: int = 8,
+    log_refused: bool = False,
+    eviction_log_capacity: int = 1 << 20,
     container: str = "",
     shared_name: str = "",
     name=None,
@@ -179,9 +224,14 @@ def dynamic_table_handle(
       initializer_params: [] / [value] / [minval, maxval] / [mean, stddev] for the initializers above.
       seed: initializer seed (a new row is a function of seed, key and column).
       admission_min_count, max_pending_keys, pending_ttl_steps: frequency admission.
-      eviction: "none", "lru", "lfu" or "ttl" (applied at the end of every training step).
-      eviction_max_rows: target rows of lru / lfu.
-      eviction_ttl_steps: steps of ttl.
+      eviction: one of ``EVICTION_POLICIES`` (applied at the end of every training step).
+      eviction_max_rows: target rows of lru / lfu / decayed_lfu.
+      eviction_ttl_steps: steps of ttl; max_age_steps of count_and_age.
+      eviction_min_norm, eviction_decay, eviction_min_count: l2_norm's threshold, decayed_lfu's factor,
+        count_and_age's count.
+      bloom_num_counters, bloom_num_hashes, bloom_counter_bits: Bloom admission (0 counters: exact counts).
+      log_refused: log refused admissions in the eviction log.
+      eviction_log_capacity: entries the eviction log keeps.
       container, shared_name: the resource's name.
       name: op name.
 
@@ -219,6 +269,14 @@ def dynamic_table_handle(
         eviction=eviction,
         eviction_max_rows=int(eviction_max_rows),
         eviction_ttl_steps=int(eviction_ttl_steps),
+        eviction_min_norm=float(eviction_min_norm),
+        eviction_decay=float(eviction_decay),
+        eviction_min_count=int(eviction_min_count),
+        bloom_num_counters=int(bloom_num_counters),
+        bloom_num_hashes=int(bloom_num_hashes),
+        bloom_counter_bits=int(bloom_counter_bits),
+        log_refused=bool(log_refused),
+        eviction_log_capacity=int(eviction_log_capacity),
         container=container,
         shared_name=shared_name,
         name=name,
@@ -379,8 +437,19 @@ def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=
     return _ops().tf_embed_dynamic_table_import(table=_handle(table, "table"), name=name, **args)
 
 
-def dynamic_table_evict(table, step, policy: str, max_rows: int = 0, ttl_steps: int = 0, name=None) -> tf.Tensor:
-    """Evicts rows now by ``policy`` ("lru" / "lfu" down to ``max_rows`` rows, "ttl"); returns how many.
+def dynamic_table_evict(
+    table,
+    step,
+    policy: str,
+    max_rows: int = 0,
+    ttl_steps: int = 0,
+    min_norm: float = 0.0,
+    decay: float = 1.0,
+    min_count: int = 0,
+    name=None,
+) -> tf.Tensor:
+    """Evicts rows now by ``policy`` ("lru" / "lfu" / "decayed_lfu" down to ``max_rows`` rows, "ttl", "l2_norm",
+    "count_and_age"); returns how many.
 
     Example:
       >>> dynamic_table_evict(h, step=10, policy="ttl", ttl_steps=5)
@@ -393,6 +462,70 @@ def dynamic_table_evict(table, step, policy: str, max_rows: int = 0, ttl_steps: 
         policy=policy,
         max_rows=int(max_rows),
         ttl_steps=int(ttl_steps),
+        min_norm=float(min_norm),
+        decay=float(decay),
+        min_count=int(min_count),
+        name=name,
+    )
+
+
+def dynamic_table_read_log(table, cursor, max_entries: int = -1, name=None) -> EvictionLogEntries:
+    """Reads the table's eviction log from ``cursor`` (changes nothing: each reader keeps its own cursor).
+
+    Example:
+      >>> entries = dynamic_table_read_log(h, cursor=0); cursor = entries.next_cursor
+    """
+    out = _ops().tf_embed_dynamic_table_read_log(
+        table=_handle(table, "table"), cursor=_step(cursor), max_entries=int(max_entries), name=name
+    )
+    return EvictionLogEntries(*out)
+
+
+def dynamic_table_row_stats(table, name=None) -> DynamicTableRowStats:
+    """Every row's key, count, last step and L2 norm (row order), for a user score.
+
+    Example:
+      >>> stats = dynamic_table_row_stats(h)
+    """
+    return DynamicTableRowStats(*_ops().tf_embed_dynamic_table_row_stats(table=_handle(table, "table"), name=name))
+
+
+def dynamic_table_evict_by_score(table, keys, scores, step, max_rows: int, name=None) -> tf.Tensor:
+    """Evicts the lowest-scored of these keys' rows until at most ``max_rows`` rows remain; returns how many.
+
+    Example:
+      >>> dynamic_table_evict_by_score(h, stats.keys, scores, step=3, max_rows=1000)
+    """
+    return _ops().tf_embed_dynamic_table_evict_by_score(
+        table=_handle(table, "table"),
+        keys=tf.convert_to_tensor(keys, tf.int64),
+        scores=tf.convert_to_tensor(scores, tf.float32),
+        step=_step(step),
+        max_rows=int(max_rows),
+        name=name,
+    )
+
+
+def dynamic_table_export_policy_state(table, name=None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(bloom_counters uint8 [B], decayed_keys int64 [n], decayed_counts float32 [n]) of the table.
+
+    Example:
+      >>> bloom, keys, decayed = dynamic_table_export_policy_state(h)
+    """
+    return tuple(_ops().tf_embed_dynamic_table_export_policy_state(table=_handle(table, "table"), name=name))
+
+
+def dynamic_table_import_policy_state(table, bloom_counters, decayed_keys, decayed_counts, name=None):
+    """Restores the policy state after an import; ``bloom_counters`` is [parts, B] (several parts are added).
+
+    Example:
+      >>> dynamic_table_import_policy_state(h, bloom[None], keys, decayed)
+    """
+    return _ops().tf_embed_dynamic_table_import_policy_state(
+        table=_handle(table, "table"),
+        bloom_counters=tf.convert_to_tensor(bloom_counters, tf.uint8),
+        decayed_keys=tf.convert_to_tensor(decayed_keys, tf.int64),
+        decayed_counts=tf.convert_to_tensor(decayed_counts, tf.float32),
         name=name,
     )
 
@@ -417,5 +550,10 @@ for _op in (
     "DynamicTableImport",
     "DynamicTableEvict",
     "DynamicTableEvictKeys",
+    "DynamicTableReadLog",
+    "DynamicTableRowStats",
+    "DynamicTableEvictByScore",
+    "DynamicTableExportPolicyState",
+    "DynamicTableImportPolicyState",
 ):
     tf.no_gradient("TfEmbed>" + _op)

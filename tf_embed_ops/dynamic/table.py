@@ -19,6 +19,11 @@ one [n, width] tensor per slot, split and joined here.
 | `counts`, `last_steps` | [n] int64 | admission count and last step seen, per row |
 | `pending_keys`, `pending_counts`, `pending_last_steps` | [p] int64 | admission counters of keys without a row |
 | `step` | [] int64 | the step counter |
+| `bloom_counters` | [S, B] uint8 | only with `BloomAdmission`: the packed filter of each of the S shards saved |
+| `decayed_keys`, `decayed_counts` | [n] int64, float32 | only with `DecayedLFU`: each row's decayed count |
+
+A Bloom filter restores exactly into the same shard count; into another, each shard takes the saturating sum of
+the saved filters (a key's estimate never drops, so no key that reached `min_count` loses its admission).
 
 Restoring keeps the keys of this shard (`shard_of_keys(key, num_shards) == shard_index`), so a checkpoint of
 one table restores into N shards and the reverse; `ShardedDynamicTable` writes the union of its shards, sorted,
@@ -44,7 +49,7 @@ from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.sharding import shard_of_keys
 
-__all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "restrict_to_shard"]
+__all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "policy_tensor_names", "restrict_to_shard"]
 
 # The checkpoint's tensors: the export's eight (in `DynamicTableContents` order), then the step counter.
 EXPORT_TENSORS = tuple(_ops.DynamicTableContents._fields)
@@ -139,6 +144,11 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         # table's one saved step restores into every shard, whatever the shard count.
         with tf.init_scope():
             self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_step")
+            # evicted_keys()'s own cursor into the table's eviction log (not checkpointed: a restore restarts
+            # the log).
+            self._log_cursor = tf.Variable(
+                tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_log_cursor"
+            )
 
     # ------------------------------------------------------------------------------------------ the resource
     def _create_resource(self) -> tf.Tensor:
@@ -253,19 +263,96 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             policy = getattr(self._config, "eviction", None)
             if policy is None:
                 raise ValueError(f"DynamicTable {self._table_name!r}: evict() needs a policy; the table has none")
-        if not isinstance(policy, (config_lib.LRU, config_lib.LFU, config_lib.TTL)):
+        if not isinstance(policy, config_lib._Eviction):  # noqa: SLF001 - the policies' common base
             raise ValueError(
-                f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU or TTL, got {policy!r}"
+                f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU, TTL, L2Norm, DecayedLFU, "
+                f"CountAndAge or Score, got {policy!r}"
             )
-        attrs = policy.attrs()
         step = self._step.read_value() if step is None else step
+        if isinstance(policy, config_lib.Score):
+            return self._score_round(policy, step)
+        attrs = policy.attrs()
         return _ops.dynamic_table_evict(
             self.resource_handle,
             step,
             policy=attrs["eviction"],
             max_rows=attrs["eviction_max_rows"],
             ttl_steps=attrs["eviction_ttl_steps"],
+            min_norm=attrs["eviction_min_norm"],
+            decay=attrs["eviction_decay"],
+            min_count=attrs["eviction_min_count"],
         )
+
+    def _score_round(self, policy: Any, step: Any) -> tf.Tensor:
+        """One eviction round of a user score: the statistics of every row, one call of the score function over
+        them, then the lowest scores go (`TfEmbed>DynamicTableEvictByScore`, which checks the scores again)."""
+        step = tf.cast(step, tf.int64)
+        stats = _ops.dynamic_table_row_stats(self.resource_handle)
+        count = tf.cast(stats.counts, tf.float32)
+        scores = policy.fn(
+            count,
+            tf.cast(stats.last_steps, tf.float32),
+            stats.norms,
+            tf.fill(tf.shape(count), tf.cast(step, tf.float32)),
+        )
+        where = f"DynamicTable {self._table_name!r}: the Score function"
+        try:
+            scores = tf.convert_to_tensor(scores)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where} must return a float32 tensor of shape [n]; got {scores!r} ({e})") from None
+        if scores.dtype != tf.float32:
+            raise ValueError(
+                f"{where} returned dtype {scores.dtype.name}; it must return float32 scores, one per row (shape "
+                "[n]); nothing was evicted"
+            )
+        if scores.shape.rank is not None and scores.shape.rank != 1:
+            raise ValueError(
+                f"{where} returned shape {scores.shape}; it must return one score per row (shape [n]); nothing was "
+                "evicted"
+            )
+        return _ops.dynamic_table_evict_by_score(self.resource_handle, stats.keys, scores, step, policy.max_rows)
+
+    def evicted_keys(self, include_refused: bool = False, strict: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
+        """The keys evicted since the previous call, with the step of each eviction.
+
+        Reads the table's eviction log from this object's own cursor (other readers of the log, such as the
+        serving publisher, keep theirs). Policy evictions, `evict()` and `evict_keys()` are reported; refused
+        admissions too with `include_refused=True` when the admission policy has `log_refused=True`. A restore
+        or `import_` restarts the log (what was evicted before it is not reported).
+
+        Args:
+          include_refused: also return the keys a training lookup refused a row.
+          strict: raise when the log dropped entries this cursor had not read (more than the table's
+            `eviction_log_capacity` since the previous call); False returns what the log still holds.
+
+        Returns:
+          (keys int64 [m], steps int64 [m]), in the order they happened (per shard).
+
+        Raises:
+          tf.errors.InvalidArgumentError: (strict) entries were dropped before this call read them.
+        """
+        entries = _ops.dynamic_table_read_log(self.resource_handle, self._log_cursor.read_value())
+        checks = []
+        if strict:
+            checks.append(
+                tf.debugging.assert_equal(
+                    entries.dropped,
+                    tf.constant(0, tf.int64),
+                    message=(
+                        f"DynamicTable {self._table_name!r}: evicted_keys() fell behind the eviction log, which keeps "
+                        f"{self._attrs.get('eviction_log_capacity')} entries (eviction_log_capacity); this many "
+                        "evictions were dropped before they were read. Call evicted_keys() more often, raise "
+                        "eviction_log_capacity, or call evicted_keys(strict=False) to skip them"
+                    ),
+                )
+            )
+        with tf.control_dependencies(checks):
+            advance = self._log_cursor.assign(entries.next_cursor)
+        keep = (
+            tf.ones_like(entries.kinds, tf.bool) if include_refused else tf.not_equal(entries.kinds, _ops.LOG_REFUSED)
+        )
+        with tf.control_dependencies([advance]):
+            return tf.boolean_mask(entries.keys, keep), tf.boolean_mask(entries.steps, keep)
 
     def evict_keys(self, ids: Any) -> tf.Tensor:
         """Removes these ids' rows (ids without a row are ignored); returns how many rows were removed."""
@@ -321,6 +408,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             # A SavedModel traces `_serialize_to_tensors` into a function and must know every resource it reads;
             # a checkpoint keeps the step inside the table's tensors only (see __init__).
             children["step"] = self._step
+            children["log_cursor"] = self._log_cursor
         return children
 
     def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
@@ -329,11 +417,14 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
         if self._step in object_map:
             object_map[self]._step = object_map[self._step]  # noqa: SLF001 - our own class's copy
+        if self._log_cursor in object_map:
+            object_map[self]._log_cursor = object_map[self._log_cursor]  # noqa: SLF001 - our own class's copy
         return tensors
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._step.read_value()
+        out.update(self.export_policy_state())
         return out
 
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
@@ -347,12 +438,47 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         with tf.control_dependencies([step]):
             imported = self.import_contents(mine)
         with tf.control_dependencies([imported]):
+            restored = self.import_policy_state(restored_tensors)
+        with tf.control_dependencies([restored]):
             return self._step.assign(step)
 
     @property
     def spec(self) -> checkpoint_check.TableSpec:
         """What a checkpoint of this table must hold (see `checkpoint_check.TableSpec.validate`)."""
         return checkpoint_check.TableSpec.of(self._attrs, self._num_shards, (self._shard_index,))
+
+    # ------------------------------------------------------------------- lifecycle policies' checkpoint state
+    def export_policy_state(self) -> dict[str, tf.Tensor]:
+        """The checkpoint tensors of the table's lifecycle policies (`policy_tensor_names`; {} for none)."""
+        names = policy_tensor_names(self._config)
+        if not names:
+            return {}
+        bloom, keys, decayed = _ops.dynamic_table_export_policy_state(self.resource_handle)
+        out = {"bloom_counters": bloom[tf.newaxis], "decayed_keys": keys, "decayed_counts": decayed}
+        return {k: out[k] for k in names}
+
+    def import_policy_state(self, tensors: dict) -> Any:
+        """Restores what `export_policy_state` saved (of any shard count; see the module docstring)."""
+        names = policy_tensor_names(self._config)
+        if not names:
+            return tf.no_op()
+        if "bloom_counters" in names:
+            bloom = tf.ensure_shape(tf.convert_to_tensor(tensors["bloom_counters"], tf.uint8), [None, None])
+            index = self._shard_index
+            # The same shard count: this shard's own filter; another: all of them, added by the op.
+            bloom = tf.cond(
+                tf.equal(tf.shape(bloom)[0], self._num_shards),
+                lambda: bloom[index : index + 1],
+                lambda: bloom,
+            )
+        else:
+            bloom = tf.zeros([1, 0], tf.uint8)
+        if "decayed_keys" in names:
+            keys = tf.ensure_shape(tf.convert_to_tensor(tensors["decayed_keys"], tf.int64), [None])
+            decayed = tf.ensure_shape(tf.convert_to_tensor(tensors["decayed_counts"], tf.float32), [None])
+        else:
+            keys, decayed = tf.zeros([0], tf.int64), tf.zeros([0], tf.float32)
+        return _ops.dynamic_table_import_policy_state(self.resource_handle, bloom, keys, decayed)
 
     # -------------------------------------------------------------------------------------------- internals
     def import_contents(self, c: dict) -> Any:
@@ -511,7 +637,20 @@ class ShardedDynamicTable(tf.Module):
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._shard_tuple[0].step.read_value()
+        parts = [s.export_policy_state() for s in self._shard_tuple]
+        if "bloom_counters" in parts[0]:
+            out["bloom_counters"] = tf.concat([p["bloom_counters"] for p in parts], 0)
+        if "decayed_keys" in parts[0]:
+            keys = tf.concat([p["decayed_keys"] for p in parts], 0)
+            order = tf.argsort(keys, stable=True)
+            out["decayed_keys"] = tf.gather(keys, order)
+            out["decayed_counts"] = tf.gather(tf.concat([p["decayed_counts"] for p in parts], 0), order)
         return out
+
+    def evicted_keys(self, include_refused: bool = False, strict: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
+        """Every shard's `DynamicTable.evicted_keys`, concatenated in shard order."""
+        parts = [s.evicted_keys(include_refused, strict) for s in self._shard_tuple]
+        return tf.concat([p[0] for p in parts], 0), tf.concat([p[1] for p in parts], 0)
 
     @property
     def spec(self) -> checkpoint_check.TableSpec:
@@ -537,8 +676,20 @@ class ShardedDynamicTable(tf.Module):
             with tf.control_dependencies([step]):
                 imported = shard.import_contents(mine)
             with tf.control_dependencies([imported]):
+                restored = shard.import_policy_state(restored_tensors)
+            with tf.control_dependencies([restored]):
                 ops.append(shard.step.assign(step))
         return tf.group(ops)
+
+
+def policy_tensor_names(config: Any) -> tuple[str, ...]:
+    """The checkpoint tensors beyond `CHECKPOINT_TENSORS` that `config`'s lifecycle policies add."""
+    names: tuple[str, ...] = ()
+    if isinstance(getattr(config, "admission", None), config_lib.BloomAdmission):
+        names += ("bloom_counters",)
+    if isinstance(getattr(config, "eviction", None), config_lib.DecayedLFU):
+        names += ("decayed_keys", "decayed_counts")
+    return names
 
 
 def checked_step(step: Any, table_name: str) -> tf.Tensor:

@@ -5,6 +5,7 @@
     python -m tf_embed_ops.examples.ctr --write-config ctr.pbtxt   # the TPUEmbeddingConfiguration it trains
     python -m tf_embed_ops.examples.ctr --config ctr.pbtxt         # train from such a config (config loader)
     python -m tf_embed_ops.examples.ctr --dynamic [--smoke]        # open-world ids in dynamic tables (ctr_dynamic.py)
+    python -m tf_embed_ops.examples.ctr --serving-exports [--smoke]   # fp32 / int8 / int4 / pruned exports' AUC
 
 The data is synthetic with planted structure (see `make_data`): a click depends on a user x item latent match,
 the item's category, the user's interest tags (multi-hot) matching the category, the similarity of the user's
@@ -305,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         help="storage dtype of the tables and slots (te.TableConfig); not with --dynamic (dynamic tables are float32)",
     )
     parser.add_argument("--dynamic", action="store_true", help="raw 64-bit and string ids in dynamic tables")
+    parser.add_argument(
+        "--serving-exports",
+        action="store_true",
+        help="train, then compare the float32, int8, int4 and pruned serving exports (ctr_serving.py)",
+    )
     ctr_dynamic.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.dynamic and args.storage_dtype != "float32":
@@ -314,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_config:
         write_config(args.write_config, args.batch_size)
+        return 0
+    if args.serving_exports:
+        from tf_embed_ops.examples import ctr_serving
+
+        ctr_serving.run(args)
         return 0
     run(args)
     return 0

@@ -5,7 +5,8 @@ Users arrive as raw 64-bit ids and items as strings, never as row numbers; every
 tables (docs/dynamic_tables.md):
 
 - `user`: int64 keys, a row only after a user has been seen twice (`FrequencyAdmission(2)`: one-off visitors
-  cost no memory), LRU eviction down to `--max-users` rows at every step;
+  cost no memory; `--bloom`: `BloomAdmission(2, ...)`, a counting Bloom filter of fixed size), LRU eviction down
+  to `--max-users` rows at every step;
 - `item`: string keys, fingerprinted inside the op, evicted after `--item-ttl` steps unseen (`TTL`);
 
 next to two static tables (`category`, `device`). Each day the model is first evaluated on the day's impressions
@@ -98,7 +99,9 @@ def feature_config(args: argparse.Namespace) -> dict:
         initializer=keras.initializers.RandomNormal(0.0, 0.05),
         key_dtype=tf.int64,
         max_rows=2 * args.max_users,  # headroom within a step; LRU trims to max_users at its end
-        admission=te.dynamic.FrequencyAdmission(2, max_pending_keys=4 * args.max_users),
+        admission=te.dynamic.BloomAdmission(2, num_counters=args.bloom_counters, num_hashes=3, counter_bits=4)
+        if getattr(args, "bloom", False)
+        else te.dynamic.FrequencyAdmission(2, max_pending_keys=4 * args.max_users),
         eviction=te.dynamic.LRU(args.max_users),
         seed=1,
     )
@@ -157,7 +160,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     world = World(days * users_per_day, days * items_per_day)
     layer = te_keras.TPUEmbedding(feature_config(args), name="embedding")
     model = build_model(layer)
-    model.compile(keras.optimizers.Adam(args.learning_rate), "binary_crossentropy", metrics=[keras.metrics.AUC()])
+    model.compile(
+        keras.optimizers.Adam(args.learning_rate), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")]
+    )
     print(
         "== dynamic tables: user (int64 ids, admitted after 2 sightings, LRU to "
         f"{args.max_users} rows), item (string ids, TTL {args.item_ttl} steps); static: category, device"
@@ -207,3 +212,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--item-window", type=int, default=2, help="days an item slice is shown")
     group.add_argument("--max-users", type=int, default=4000, help="the user table's max_rows and LRU target")
     group.add_argument("--item-ttl", type=int, default=60, help="steps an item row lives unseen")
+    group.add_argument(
+        "--bloom",
+        action="store_true",
+        help="admit users through a counting Bloom filter (te.dynamic.BloomAdmission) instead of exact counts",
+    )
+    group.add_argument("--bloom-counters", type=int, default=1 << 18, help="the Bloom filter's counters (4 bits)")

@@ -257,6 +257,7 @@ class TPUEmbedding(keras.layers.Layer):
         for config, table in self.dynamic_tables.items():
             contents = dict(table.export())
             contents["step"] = table.step.read_value()
+            contents.update(table.export_policy_state())  # Bloom counters, decayed counts (lifecycle policies)
             for name, value in contents.items():
                 store[f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}.{name}"] = value.numpy()
 
@@ -273,6 +274,7 @@ class TPUEmbedding(keras.layers.Layer):
             table.check_contents(contents, "load_model")
             table.check_fits(contents)
             table.import_contents(contents)
+            table.import_policy_state(contents)
             table.step.assign(tf.cast(step, tf.int64))
         super().load_own_variables({k: store[k] for k in store.keys() if k not in dynamic})
 

@@ -4,7 +4,9 @@
 sequence layout, simulated quantization) from gathers and segment sums only, so a model exported with
 `export_for_serving` loads in TF Serving or any TensorFlow without `tf_embed_ops`. Dynamic tables are frozen at
 export into a `tf.lookup.StaticHashTable` (key -> row) and a dense variable with a default row of zeros
-(`tf_embed_ops.dynamic.serving`), saved with the model.
+(`tf_embed_ops.dynamic.serving`), saved with the model. `export_for_serving(..., quantization=..., prune=...)`
+stores tables encoded (int8/int4 row-wise, float16, bfloat16) and/or pruned (`tf_embed_ops.serving`), decoded after
+the gather with stock ops.
 
 Example:
     >>> export_for_serving(model, "/tmp/ctr", input_signature=[{"user": tf.TensorSpec([None], tf.int64)}])
@@ -15,7 +17,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -33,13 +39,47 @@ def _quantize(rows: tf.Tensor, quantization: Any) -> tf.Tensor:
     return tf.floor((x - lo) / step + 0.5) * step + lo
 
 
+def _served_form(table: Any) -> Any:
+    """The table's serving form when the export replaced it (quantized or pruned), else the table."""
+    served = _SERVING_MODE["served"].get(id(table))
+    return served[1] if served is not None and served[0] is table else table
+
+
+def _gather_rows(table: Any, ids: tf.Tensor) -> tf.Tensor:
+    """Float32 rows of `ids`: decoded from a serving form (ServedTable, FrozenDynamicTable), else gathered from
+    the table as stored (a 16-bit te.TableConfig table widened as the op widens it)."""
+    if hasattr(table, "gather_rows"):
+        return table.gather_rows(ids)
+    return tf.cast(tf.gather(table, ids), tf.float32)
+
+
+def _combine(table: Any, ids: tf.Tensor, scale: tf.Tensor, sample: tf.Tensor, num_samples: Any, quantization: Any):
+    """unsorted_segment_sum over samples of each id's row times its combiner `scale`.
+
+    For an int8/int4 serving form, each row is code * s + b (per-row s, b): the sum is taken as
+    sum(code * (scale * s)) + sum(scale * b), the scale folded into the weight and the biases added once per
+    output, which avoids two passes over the gathered rows (the lookup's latency stays near float32's); it differs
+    from combining the decoded rows by float32 rounding only (a few ulps of sum(|scale| * (|code * s| + |b|))).
+    """
+    parts = table.gather_parts(ids) if quantization is None and hasattr(table, "gather_parts") else None
+    if parts is not None:
+        codes, row_scale, row_bias = parts
+        acts = tf.math.unsorted_segment_sum(codes * (scale * row_scale)[:, tf.newaxis], sample, num_samples)
+        return acts + tf.math.unsorted_segment_sum(scale * row_bias, sample, num_samples)[:, tf.newaxis]
+    rows = _gather_rows(table, ids)
+    if quantization is not None:
+        rows = _quantize(rows, quantization)
+    return tf.math.unsorted_segment_sum(rows * scale[:, tf.newaxis], sample, num_samples)
+
+
 def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner: str, quantization: Any = None):
     """One feature's activation from a normalised `FeatureInput`, with plain TensorFlow ops only.
 
     Args:
       feature_input: `embedding_ops.FeatureInput` (what `normalize_feature` returns).
       dense: True when the feature came from a dense Tensor (its splits input is then empty).
-      table: the [vocabulary_size, dim] table (variable or tensor).
+      table: the [vocabulary_size, dim] table (variable or tensor), or an object with a `gather_rows(ids)` method
+        returning float32 rows (a table's serving form: `tf_embed_ops.serving.ServedTable`, a frozen dynamic table).
       dim: the table's dimension.
       combiner: "sum", "mean" or "sqrtn".
       quantization: the table's `QuantizationConfig`, or None.
@@ -73,29 +113,33 @@ def plain_lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner
         if combiner == "sqrtn":
             norm = tf.sqrt(norm)
         scale = tf.math.divide_no_nan(weights, tf.gather(norm, sample))
-    # A 16-bit table (te.TableConfig) is exported as stored; its rows are widened as the op widens them.
-    rows = tf.cast(tf.gather(table, ids), tf.float32)
-    if quantization is not None:
-        rows = _quantize(rows, quantization)
-    acts = tf.math.unsorted_segment_sum(rows * scale[:, tf.newaxis], sample, num_samples)
+    acts = _combine(_served_form(table), ids, scale, sample, num_samples, quantization)
     return tf.reshape(acts, tf.concat([sample_shape, [dim]], axis=0))
 
 
 # "frozen": {id(dynamic table object): (the object, its FrozenDynamicTable)}, the dynamic tables frozen while
 # serving functions were traced in this context (export_for_serving saves them with the model).
-_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}}
+# "served": {id(static table variable): (the variable, its ServedTable)}, the static tables an export replaces.
+# "dynamic": {dynamic table name: (quantization mode, Prune or None)}, how the export freezes dynamic tables.
+_SERVING_MODE: dict[str, Any] = {"on": False, "frozen": {}, "served": {}, "dynamic": {}}
 
 
 @contextlib.contextmanager
-def serving_mode():
+def serving_mode(served: dict | None = None, dynamic: dict | None = None):
     """Inside this context, `tf_embed_ops.keras.TPUEmbedding` layers trace plain-TF lookups (no custom op); dynamic
-    tables are frozen (`tf_embed_ops.dynamic.serving.freeze`) on first use, once per context."""
-    previous, previous_frozen = _SERVING_MODE["on"], _SERVING_MODE["frozen"]
-    _SERVING_MODE["on"], _SERVING_MODE["frozen"] = True, {}
+    tables are frozen (`tf_embed_ops.dynamic.serving.freeze`) on first use, once per context.
+
+    Args:
+      served: {id(static table variable): (variable, replacement with `gather_rows`)}: tables read from their
+        serving form (export_for_serving's quantized or pruned tables).
+      dynamic: {dynamic table name: (quantization mode, Prune or None)}: how dynamic tables are frozen.
+    """
+    previous = dict(_SERVING_MODE)
+    _SERVING_MODE.update(on=True, frozen={}, served=dict(served or {}), dynamic=dict(dynamic or {}))
     try:
         yield
     finally:
-        _SERVING_MODE["on"], _SERVING_MODE["frozen"] = previous, previous_frozen
+        _SERVING_MODE.update(previous)
 
 
 def frozen_tables() -> list:
@@ -108,7 +152,8 @@ def _frozen(table: Any) -> Any:
 
     entry = _SERVING_MODE["frozen"].get(id(table))
     if entry is None:
-        entry = (table, dynamic_serving.freeze(table))  # the object is kept so that its id stays unique
+        mode, prune = _SERVING_MODE["dynamic"].get(table.table_name, (None, None))
+        entry = (table, dynamic_serving.freeze(table, mode, prune))  # the object is kept so that its id stays unique
         _SERVING_MODE["frozen"][id(table)] = entry
     return entry[1]
 
@@ -131,7 +176,7 @@ class FrozenDynamicGroup:
             frozen = _frozen(tables[feature.table])
             dense = inp.sample_indices_or_row_splits.shape.as_list() == [0]
             rows = inp._replace(ids=frozen.rows(inp.ids))
-            out.append(plain_lookup(rows, dense, frozen.values, frozen.dim, feature.table.combiner))
+            out.append(plain_lookup(rows, dense, frozen, frozen.dim, feature.table.combiner))
         return out
 
 
@@ -163,23 +208,120 @@ def _arg_name(path: str, used: set) -> str:
     return name
 
 
-def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
+def _embedding_tables(model: Any) -> dict:
+    """{table name: ("static", TableConfig, variable) | ("dynamic", DynamicTableConfig, table)} of every
+    `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included) inside `model`."""
+    from tf_embed_ops.keras import layer as layer_lib  # pylint: disable=import-outside-toplevel  (imports us)
+
+    if isinstance(model, layer_lib.TPUEmbedding):
+        layers = [model]
+    elif hasattr(model, "_flatten_layers"):
+        # Every layer at any depth (layers held by custom layers included), as Keras' own weight tracking walks them.
+        flat = model._flatten_layers(include_self=True)  # noqa: SLF001 - Keras has no public recursive walk
+        layers = [x for x in flat if isinstance(x, layer_lib.TPUEmbedding)]
+    else:
+        layers = []
+    tables: dict = {}
+    for layer in layers:
+        found = [("static", c, v) for c, v in layer.embedding_tables.items()]
+        found += [("dynamic", c, t) for c, t in layer.dynamic_tables.items()]
+        for kind, config, obj in found:
+            if config.name in tables and tables[config.name][2] is not obj:
+                # Per-table options are given by name: two tables of one name could not be told apart.
+                tables[config.name] = ("ambiguous", config, None)
+            else:
+                tables[config.name] = (kind, config, obj)
+    return tables
+
+
+def _per_table(argument: str, value: Any, tables: dict) -> dict:
+    """{table name: value} from a {table name: value} mapping, refusing names the model does not have."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{argument}: expected a dict {{table name: ...}}; got {value!r}")
+    for name in value:
+        if name not in tables:
+            raise ValueError(f"{argument}: unknown table {name!r}; the model's embedding tables are {sorted(tables)}")
+        _check_unambiguous(argument, name, tables)
+    return dict(value)
+
+
+def _check_unambiguous(argument: str, name: str, tables: dict) -> None:
+    if tables[name][0] == "ambiguous":
+        raise ValueError(
+            f"{argument}: the model has two embedding tables named {name!r} (in different layers); give them "
+            "different names to quantize or prune them"
+        )
+
+
+def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
+    """{table name: (quantization mode, Prune or None)} for the tables an export changes; validates everything."""
+    from tf_embed_ops.serving import prune as prune_lib  # pylint: disable=import-outside-toplevel
+    from tf_embed_ops.serving import quantization as quantization_lib  # pylint: disable=import-outside-toplevel
+
+    if quantization is None:
+        modes: dict = {}
+    elif isinstance(quantization, Mapping):
+        modes = _per_table("quantization", quantization, tables)
+        for name, mode in modes.items():
+            quantization_lib.check_mode(mode, name)
+    else:
+        quantization_lib.check_mode(quantization, "(every table)")
+        if not tables:
+            raise ValueError(
+                f"quantization={quantization!r}: the model has no tf_embed_ops.keras.TPUEmbedding table to quantize"
+            )
+        for name in tables:
+            _check_unambiguous("quantization", name, tables)
+        modes = dict.fromkeys(tables, quantization)
+    prunes = {} if prune is None else _per_table("prune", prune, tables)
+    for name, criteria in prunes.items():
+        prune_lib.check_applicable(criteria, name, dynamic=tables[name][0] == "dynamic")
+    plan = {}
+    for name in tables:
+        mode, criteria = modes.get(name), prunes.get(name)
+        if mode is not None or criteria is not None:
+            plan[name] = (mode, criteria)
+    return plan
+
+
+def export_for_serving(
+    model: Any, filepath: str, input_signature: Any, quantization: Any = None, prune: Any = None
+) -> dict:
     """Writes a SavedModel whose `serving_default` signature runs `model` without any `tf_embed_ops` op.
 
     Composite inputs (RaggedTensorSpec, SparseTensorSpec) become their component tensors in the signature,
     named after their path (e.g. `genres_values`, `genres_row_splits`), since signatures take plain tensors.
 
+    The export holds what the serving function reads (the tables and the dense weights, not optimizer slots),
+    and records per-table metadata in `assets.extra/tf_embed_ops_export.json` (``python -m tf_embed_ops
+    inspect-export DIR``). It is written under a temporary name and renamed into `filepath`.
+
+    Smaller servables (docs/serving.md, "Quantized and pruned exports"): `quantization` stores tables encoded
+    (`tf_embed_ops.serving.quantization`), decoded after the gather with stock TensorFlow ops, so a lookup equals a
+    lookup in the decoded table; `prune` drops rows at export (`te.serving.Prune`), and a dropped id reads zeros.
+    The training tables are not changed.
+
     Args:
       model: a Keras model (or any callable Trackable) that uses `tf_embed_ops.keras.TPUEmbedding` layers.
       filepath: the SavedModel directory.
       input_signature: the nest of specs of `model`'s single positional input.
+      quantization: None, one mode for every table ("int8", "int4", "float16", "bfloat16"), or
+        {table name: mode or None}.
+      prune: None or {table name: te.serving.Prune}.
 
     Returns:
       {signature argument name: component spec}, the signature's inputs.
 
     Raises:
+      ValueError: an unknown mode or table name, a `prune` criterion the table's kind does not track, rows a mode
+        cannot encode (non-finite, beyond float16's range), naming the table and the value; nothing is written.
       RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
     """
+    from tf_embed_ops.serving import metadata as metadata_lib  # pylint: disable=import-outside-toplevel
+    from tf_embed_ops.serving.tables import ServedTable, table_metadata  # pylint: disable=import-outside-toplevel
+
+    tables = _embedding_tables(model)
+    plan = _plan(tables, quantization, prune)
     specs = tf.nest.flatten(input_signature, expand_composites=True)
     used: set = set()
     names = []
@@ -187,6 +329,27 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
         names.append(_arg_name(path, used))
         del spec
     signature = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(specs, names, strict=False)]
+
+    # Static tables the export replaces by their serving form (encoded / pruned copies: the training variable is
+    # only read). Every check above and every encoder error happens before anything is written.
+    served, metadata, dynamic = {}, {}, {}
+    for name, (kind, _config, obj) in tables.items():
+        mode, criteria = plan.get(name, (None, None))
+        if kind == "ambiguous":  # no option names it (refused above): exported as trained, not in the metadata
+            continue
+        if kind == "dynamic":
+            dynamic[name] = (mode, criteria)
+            continue
+        backing = getattr(obj, "value", obj)
+        if name in plan:
+            with tf.init_scope():
+                table = ServedTable(name, backing.numpy(), mode, criteria, tf.as_dtype(backing.dtype).name)
+            served[id(backing)] = (backing, table)
+            metadata[name] = table.metadata
+        else:
+            rows, dim = (int(d) for d in backing.shape)
+            nbytes = rows * dim * tf.as_dtype(backing.dtype).size
+            metadata[name] = table_metadata("static", dim, rows, rows, None, None, nbytes, backing.dtype.name)
 
     def serve(*components):
         inputs = tf.nest.pack_sequence_as(input_signature, list(components), expand_composites=True)
@@ -199,19 +362,51 @@ def export_for_serving(model: Any, filepath: str, input_signature: Any) -> dict:
             else {f"output_{i}": o for i, o in enumerate(outputs)}
         )
 
-    with serving_mode():  # one context for the trace: each dynamic table is frozen once, and kept below
+    # One context for the trace: each dynamic table is frozen once (quantized / pruned as planned), and kept below.
+    with serving_mode(served=served, dynamic=dynamic):
         concrete = tf.function(serve, input_signature=signature, autograph=False).get_concrete_function()
         frozen = frozen_tables()
     custom = _custom_ops_in(concrete.graph.as_graph_def())
     if custom:
         raise RuntimeError(f"The serving graph still contains custom ops {custom}; a layer ignored serving_mode.")
-    # Track the backing tf.Variables, not the Keras model: saving a Keras model object makes Keras add its own
-    # default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs).
+    for table in frozen:
+        metadata[table.table_name] = table.metadata
+    # Track the variables the serving function reads, not the Keras model: saving a Keras model object makes Keras
+    # add its own default signature, traced from the model's Input specs (which breaks on ragged/sparse inputs);
+    # and the training-only state (optimizer slots, the replaced float32 tables) has no place in a servable.
     root = tf.Module()
-    root.serving_variables = [getattr(v, "value", v) for v in model.variables]
+    root.serving_variables = list(concrete.variables)
+    root.served_tables = [table for _, table in served.values()]
     root.dynamic_tables = frozen  # frozen dynamic tables: StaticHashTable + dense rows, plain TensorFlow state
-    tf.saved_model.save(root, filepath, signatures={"serving_default": concrete})
+    _write_atomically(
+        filepath,
+        lambda tmp: (
+            tf.saved_model.save(root, tmp, signatures={"serving_default": concrete}),
+            metadata_lib.write_export_metadata(tmp, metadata),
+        ),
+    )
     return dict(zip(names, specs, strict=False))
+
+
+def _write_atomically(filepath: str, write: Any) -> None:
+    """Runs `write(tmp)` into a temporary sibling of `filepath`, then renames it into place (replacing an older
+    export there), so that a reader never sees a half-written export and a failed write leaves nothing."""
+    filepath = os.path.abspath(os.fspath(filepath)).rstrip(os.sep)
+    parent = os.path.dirname(filepath)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".tmp-", dir=parent)
+    try:
+        write(tmp)
+        if os.path.isdir(filepath):
+            old = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".old-", dir=parent)
+            os.rename(filepath, os.path.join(old, "export"))
+            os.rename(tmp, filepath)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, filepath)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _component_paths(structure: Any) -> list:

@@ -1,0 +1,54 @@
+"""Helpers of the serving-export tests: serve an export from an interpreter that cannot import tf_embed_ops, and
+find FBGEMM's interpreter (the benchmark peer's virtualenv) for the tests that compare with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+FBGEMM_PYTHON = os.environ.get("TF_EMBED_OPS_FBGEMM_PYTHON", "/opt/fbgemm-venv/bin/python")
+
+# Feeds the JSON on stdin to the export's serving_default signature (`string_inputs` are tf.string, the rest int64)
+# and prints output_0 as JSON. tf_embed_ops is made unimportable before TensorFlow loads the export.
+_SERVE_CODE = """
+import json, sys
+sys.modules["tf_embed_ops"] = None  # from here on `import tf_embed_ops` raises ImportError
+import tensorflow as tf
+fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+strings = set(json.loads(sys.argv[2]))
+feed = json.loads(sys.stdin.read())
+out = fn(**{k: tf.constant(v, tf.string if k in strings else tf.int64) for k, v in feed.items()})
+assert not [m for m, v in sys.modules.items() if m.startswith("tf_embed_ops") and v is not None], "imported"
+print(json.dumps(out["output_0"].numpy().tolist()))
+"""
+
+
+def serve_without_plugin(export_dir: str, feed: dict, cwd: str, string_inputs: tuple = ()) -> np.ndarray:
+    """output_0 of `export_dir`'s serving_default on `feed` ({name: tensor}), computed by a fresh interpreter in
+    which `tf_embed_ops` cannot be imported, run from `cwd` (outside the source tree) without PYTHONPATH."""
+    plain = {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()] for k, v in feed.items()}
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVE_CODE, export_dir, json.dumps(list(string_inputs))],
+        input=json.dumps(plain),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
+
+
+def fbgemm_available() -> bool:
+    """Whether FBGEMM_PYTHON runs and imports torch and fbgemm_gpu."""
+    if not os.access(FBGEMM_PYTHON, os.X_OK):
+        return False
+    probe = subprocess.run(
+        [FBGEMM_PYTHON, "-c", "import fbgemm_gpu, torch"], capture_output=True, timeout=300, check=False
+    )
+    return probe.returncode == 0
