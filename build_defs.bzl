@@ -43,3 +43,30 @@ def tf_embed_op_library(name, srcs = [], deps = [], copts = [], linkopts = [], *
         linkshared = True,
         **kwargs
     )
+
+def tf_embed_layer_library(name, deps = [], **kwargs):
+    """The cc_library of one layer package under cc/ (config, ops, kernels, python).
+
+    Globs the package's *.cc and *.h (as configure.py's source lists do, so a new file is picked up by both
+    builds), compiles them with TF_EMBED_COPTS, and links them whole (alwayslink: REGISTER_OP,
+    REGISTER_KERNEL_BUILDER and module initialisers run from static initialisers and have no other referrer).
+    Every layer but //cc/lib sees TensorFlow's headers, so @local_config_tf//:tensorflow is always a dependency.
+
+    Args:
+      name: the target's name (the package's name by convention, so it is addressed as //cc/<name>).
+      deps: the layers below it (and any extra library, e.g. pybind11).
+      **kwargs: passed on to cc_library (visibility, tags, ...).
+
+    Example:
+      tf_embed_layer_library(name = "ops", deps = ["//cc/config"])
+    """
+    native.cc_library(
+        name = name,
+        srcs = native.glob(["*.cc"]),
+        hdrs = native.glob(["*.h"]),
+        copts = TF_EMBED_COPTS,
+        linkstatic = True,
+        alwayslink = True,
+        deps = deps + ["@local_config_tf//:tensorflow"],
+        **kwargs
+    )

@@ -20,7 +20,7 @@ PUBLIC = {"chief": ["10.1.2.3:2222"], "ps": ["10.1.2.4:2222", "203.0.113.9:2222"
         ("127.0.0.1:2222", True),
         ("127.8.9.10:5", True),
         ("[::1]:2222", True),
-        ("::1", True),
+        ("::1", False),  # a task address needs a port (and IPv6 needs brackets): refused, so not loopback
         ("0.0.0.0:2222", False),
         ("10.0.0.5:2222", False),
         ("203.0.113.9:2222", False),

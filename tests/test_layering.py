@@ -25,6 +25,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # What everything stands on: TensorFlow's internals, the loader, table options, the feature nest.
     (
         "tf_embed_ops._tf_compat",
+        "tf_embed_ops._xla",
         "tf_embed_ops._loader",
         "tf_embed_ops.table_config",
         "tf_embed_ops.low_precision",

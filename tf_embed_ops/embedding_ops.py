@@ -11,9 +11,11 @@ Features are first normalised, as the TPU enqueue does, to a :class:`FeatureInpu
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _loader, update_trigger
@@ -240,6 +242,30 @@ def serialized_config(config) -> bytes:
     )
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def checked_int(value, argument: str, minimum: int = INT64_MIN, maximum: int = INT64_MAX) -> int:
+    """An integer argument (Python or numpy int, or an integer scalar tensor) as a Python int in [minimum, maximum].
+
+    Every integer the wrappers pass as an op attribute or Python-side scalar goes through this before any op
+    runs: TensorFlow's attribute conversion would otherwise wrap or fail only after the op ran.
+
+    Raises:
+      ValueError: naming the argument and the value, if it is not an integer (bools and floats included) or is
+        out of range.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{argument}: must be an integer, got {value!r}")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{argument}: must be an integer, got {value!r}") from None
+    if not minimum <= out <= maximum:
+        raise ValueError(f"{argument}: must be in [{minimum}, {maximum}], got {out}")
+    return out
+
+
 def checked_combiners(combiners) -> list[str]:
     if combiners is None:
         return []
@@ -352,10 +378,10 @@ def send_tpu_embedding_gradients(
       name: op name.
       check_numerics: if True, a gradient holding NaN or +-inf rejects the whole step (the error names the
         feature, the table and the position).  By default such gradients are applied, as the TPU applies them.
-      rounding_step: an int64 scalar (the training step) keying stochastic rounding's random bits; required
+      rounding_step: an int64 scalar >= 0 (the training step) keying stochastic rounding's random bits; required
         when a 16-bit table or slot rounds stochastically, ignored otherwise.
       rounding: per table, "stochastic" (default) or "nearest": how its 16-bit table and slots are rounded.
-      rounding_seed: the seed of stochastic rounding's generator (an int).
+      rounding_seed: the seed of stochastic rounding's generator (an int64; checked before any op runs).
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -368,6 +394,9 @@ def send_tpu_embedding_gradients(
       >>> acts = embedding_activations(feats, [table], config)
       >>> send_tpu_embedding_gradients(tape.gradient(loss, acts), [], feats, [table], [[accumulator]], config)
     """
+    rounding_seed = checked_int(rounding_seed, "rounding_seed")
+    if isinstance(rounding_step, (int, np.integer)):
+        rounding_step = checked_int(rounding_step, "rounding_step", 0)
     with tf.name_scope(name or "send_tpu_embedding_gradients"):
         feats = as_feature_inputs(features, "features")
         grads = [tf.convert_to_tensor(g, tf.float32) for g in gradients]
@@ -392,14 +421,18 @@ def send_tpu_embedding_gradients(
             combiners=checked_combiners(combiners),
             check_numerics=bool(check_numerics),
             rounding=list(rounding or []),
-            rounding_seed=int(rounding_seed),
+            rounding_seed=rounding_seed,
         )
         if rounding_step is None:
             return _ops().tf_embed_send_tpu_embedding_gradients(**args)
-        # The V2 op: the same plus the step that keys stochastic rounding (docs/low_precision.md).
-        return _ops().tf_embed_send_tpu_embedding_gradients_v2(
-            **args, rounding_step=tf.convert_to_tensor(rounding_step, tf.int64)
-        )
+        # The V2 op: the same plus the step that keys stochastic rounding (docs/low_precision.md). The step counts
+        # from 0; a negative one (never produced by the front ends) is refused before the update.
+        step = tf.convert_to_tensor(rounding_step, tf.int64)
+        with tf.control_dependencies(
+            [tf.debugging.assert_non_negative(step, message="rounding_step: must be >= 0 (nothing was changed)")]
+        ):
+            step = tf.identity(step)
+        return _ops().tf_embed_send_tpu_embedding_gradients_v2(**args, rounding_step=step)
 
 
 def embedding_lookup_and_update(

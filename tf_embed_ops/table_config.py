@@ -27,21 +27,18 @@ from typing import Any
 
 import tensorflow as tf
 
-STORAGE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
-ROUNDINGS = ("stochastic", "nearest")
+from tf_embed_ops.low_precision import ROUNDINGS, STORAGE_DTYPES, is_low_precision, storage_options
 
-
-def _storage_dtype(value: Any, argument: str, table: str) -> tf.DType:
-    try:
-        dtype = tf.as_dtype(value)
-    except TypeError:
-        dtype = None
-    if dtype not in STORAGE_DTYPES:
-        raise ValueError(
-            f"TableConfig {table}: {argument}={value!r} is not supported; expected tf.float32, tf.bfloat16 or "
-            "tf.float16"
-        )
-    return dtype
+__all__ = [
+    "ROUNDINGS",
+    "STORAGE_DTYPES",
+    "TableConfig",
+    "is_low_precision",
+    "needs_rounding_step",
+    "rounding",
+    "slot_storage_dtype",
+    "storage_dtype",
+]
 
 
 class TableConfig(tf.tpu.experimental.embedding.TableConfig):
@@ -76,16 +73,7 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
         rounding: str | None = None,
     ):
         label = repr(name) if name is not None else f"(unnamed, vocabulary_size={vocabulary_size}, dim={dim})"
-        storage = _storage_dtype(storage_dtype, "storage_dtype", label)
-        slots = (
-            storage if slot_storage_dtype is None else _storage_dtype(slot_storage_dtype, "slot_storage_dtype", label)
-        )
-        if rounding is None:
-            rounding = "stochastic"
-        if rounding not in ROUNDINGS:
-            raise ValueError(
-                f"TableConfig {label}: rounding={rounding!r} is not supported; expected one of {ROUNDINGS}"
-            )
+        storage, slots, rounding = storage_options(f"TableConfig {label}", storage_dtype, slot_storage_dtype, rounding)
         if storage != tf.float32 and tf.as_dtype(dtype) != tf.float32:
             raise ValueError(f"TableConfig {label}: storage_dtype={storage.name} needs dtype=tf.float32, got {dtype!r}")
         kwargs = {"layout": layout} if layout is not None else {}
@@ -125,11 +113,6 @@ def slot_storage_dtype(table: Any) -> tf.DType:
 def rounding(table: Any) -> str:
     """How the table's 16-bit rows are rounded ("stochastic" for TensorFlow's own `TableConfig`: unused there)."""
     return getattr(table, "rounding", "stochastic")
-
-
-def is_low_precision(table: Any) -> bool:
-    """True when the table or its slots are stored in 16 bits."""
-    return storage_dtype(table) != tf.float32 or slot_storage_dtype(table) != tf.float32
 
 
 def needs_rounding_step(tables: Any) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops, table_config
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops.dynamic import config as dynamic_config
@@ -446,7 +446,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
           RuntimeError: if not built, nothing was enqueued, the batch was enqueued with `training=False`, or a
             table has no optimizer.
           ValueError: for a non-Tensor gradient or a gradient of the wrong shape.
+          ValueError: under XLA (`jit_compile=True`), which cannot compile the table update.
         """
+        if _xla.in_xla_context():
+            raise _xla.training_refused(f"{type(self).__name__}.apply_gradients")
         pending = self._take_pending("apply_gradients")
         if not pending.training:
             raise RuntimeError("apply_gradients called after enqueue(..., training=False): the batch is inference.")
@@ -463,13 +466,34 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
         """Activations of every feature: `lookup` for the static ones, the dynamic group for the others."""
+        if self._dynamic is not None and _xla.in_xla_context():
+            raise ValueError(
+                f"{type(self).__name__}: dynamic tables {sorted(t.name for t in self._dynamic.tables)} cannot be "
+                "looked up under XLA (jit_compile=True): their rows live in a hash table XLA cannot read. Look them "
+                "up outside jit_compile."
+            )
         if self._dynamic is None:
             return self.lookup(inputs, name=name)
         return dynamic_engine.split_lookup(self._dynamic, inputs, training, lambda i: self.lookup(i, name=name))
 
     def lookup(self, inputs: list, name: str | None = None) -> list:
-        """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass."""
+        """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass. Under
+        XLA, the op's stock-TensorFlow equivalent (`tf_embed_ops._xla.lookup`, equal bit for bit)."""
         tables, _ = self.tables_and_slots()
+        if _xla.in_xla_context():
+            index = {t.name: i for i, t in enumerate(self._table_config)}
+            features = tf.nest.flatten(self._feature_config)  # no dynamic table here (`_lookup_all` refuses them)
+            return [
+                _xla.lookup(
+                    inp,
+                    inp.sample_indices_or_row_splits.shape.as_list() == [0],
+                    tables[index[f.table.name]],
+                    f.table.dim,
+                    f.table.combiner,
+                    f.table.quantization_config,
+                )
+                for inp, f in zip(inputs, features, strict=True)
+            ]
         return list(
             embedding_ops.embedding_activations(
                 inputs, tables, self.serialized_config, combiners=self.combiners, name=name

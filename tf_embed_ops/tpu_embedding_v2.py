@@ -14,7 +14,8 @@ preprocessed batch, `dequeue(batch)` and `embedding_lookup` / `__call__` return 
 
 The numerics run on `tf_embed_ops.TPUEmbedding`'s engine: this class builds a `TPUEmbeddingConfiguration` with
 those SparseCore settings (the combiner folded into the host gains, so every table combines by `sum`) and feeds its
-fused ops. Variables are per table (`{TableConfig: variable}`), but checkpoints are written and read in the
+fused ops. Variables are per table (`table_variables`: `{TableConfig: variable}`); `embedding_tables` presents
+them stacked, keyed by stacked table name, as TensorFlow's does, and checkpoints are written and read in the
 stacked SparseCore layout of `TPUEmbeddingV2`, with its `_sparse_core_table_layouts` entry, so checkpoints move
 both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TPUEmbeddingForServing`.
 
@@ -47,6 +48,7 @@ from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
+from tf_embed_ops.sparse_core import stacked_variable
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
 
@@ -60,6 +62,80 @@ class SparseCoreBatch(NamedTuple):
 
     inputs: tuple  # per feature: embedding_ops.FeatureInput of the kept (sample, id, gain) triples
     dropped: dict  # {stacked table: number of ids dropped by the capacity limits}
+
+
+# The limits are int32 on SparseCore (TensorFlow's stats and preprocessing ops take and return int32).
+_MAX_LIMIT = 2**31 - 1
+
+
+def _positive_limit(value: Any, what: str) -> int:
+    """A capacity limit as a Python int: an int, a numpy integer or a scalar integer tensor (what
+    `compute_sparse_core_stats` returns, as TensorFlow's does), in [1, 2^31 - 1].
+
+    Raises:
+      ValueError: naming `what` (the config field and stacked table) and the value.
+    """
+    number = value
+    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
+        dtype = tf.as_dtype(value.dtype)
+        if not dtype.is_integer or tuple(value.shape) != ():
+            number = None
+        else:
+            try:
+                number = int(np.asarray(value))
+            except (TypeError, ValueError, NotImplementedError):  # a symbolic tensor has no value to read
+                number = None
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= _MAX_LIMIT:
+        raise ValueError(
+            f"SparseCoreEmbeddingConfig.{what} must be an integer in [1, {_MAX_LIMIT}] (a Python or numpy int, or a "
+            f"scalar integer tensor such as compute_sparse_core_stats returns); got {value!r}."
+        )
+    return number
+
+
+def _row_splits_problem(splits: np.ndarray, num_values: int) -> str | None:
+    """What is wrong with ragged row splits over `num_values` values, or None."""
+    if splits.size == 0:
+        return "row_splits is empty (it needs at least [0])"
+    if splits[0] != 0:
+        return f"row_splits[0] is {splits[0]}, not 0"
+    if np.any(np.diff(splits) < 0):
+        i = int(np.flatnonzero(np.diff(splits) < 0)[0])
+        return f"row_splits decreases at position {i + 1} ({splits[i]} then {splits[i + 1]})"
+    if splits[-1] != num_values:
+        return f"row_splits ends at {splits[-1]} but there are {num_values} values"
+    return None
+
+
+def _check_row_splits(path: str, what: str, ragged: tf.RaggedTensor) -> list:
+    """Refuses malformed row splits (a RaggedTensor built with validate=False) naming the feature and the splits:
+    a ValueError when eager, else returns the assert (InvalidArgumentError) to run before the splits are used."""
+    splits = ragged.row_splits
+    num_values = tf.size(ragged.values, out_type=splits.dtype)
+    if tf.executing_eagerly():
+        problem = _row_splits_problem(splits.numpy(), int(num_values))
+        if problem is not None:
+            raise ValueError(
+                f"Feature {path}: bad row_splits of the {what}: {problem}: row_splits = {splits.numpy().tolist()}."
+            )
+        return []
+    label = f"Feature {path}: row_splits of the {what} must start at 0, not decrease and end at the number of values"
+    ok = tf.logical_and(
+        tf.logical_and(tf.size(splits) > 0, tf.equal(splits[0], 0)),
+        tf.logical_and(tf.reduce_all(splits[1:] >= splits[:-1]), tf.equal(splits[-1], num_values)),
+    )
+    return [tf.debugging.Assert(ok, [label, "row_splits:", splits, "values:", num_values])]
+
+
+def _check_same(path: str, what: str, ids_part: tf.Tensor, weights_part: tf.Tensor) -> None:
+    """The weights' `what` (row_splits / indices) must equal the ids'."""
+    if tf.executing_eagerly():
+        a, b = ids_part.numpy(), weights_part.numpy()
+        if a.shape != b.shape or not np.array_equal(a, b):
+            raise ValueError(
+                f"Feature {path}: the weights' {what} {b.tolist()} differ from the ids' {a.tolist()}; weights must "
+                "have the structure of their ids."
+            )
 
 
 def _sparse_core_optimizer(optimizer: Any) -> Any:
@@ -84,9 +160,10 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     Differences from TensorFlow's class (see docs/mid_level_api.md for the full table): no `TPUStrategy`; the
     SparseCore topology the layouts describe is given by `num_replicas` and `num_sc_per_chip` (TensorFlow reads
-    it from the strategy) and a batch is one replica's; `embedding_tables` / `variables` are per table, not per
-    stacked table (`stacked_tables()` gives the stacked values); ids outside a table are an error (SparseCore
-    would read a neighbouring table of the stack).
+    it from the strategy) and a batch is one replica's; `embedding_tables` is keyed by stacked table name as
+    TensorFlow's, its values are `StackedVariable` views over the per-table variables that train here
+    (`table_variables`: `{TableConfig: tf.Variable}`; `variables` is per table name); ids outside a table are an
+    error (SparseCore would read a neighbouring table of the stack).
     """
 
     DEFAULT_MAX_IDS_PER_TABLE = 256
@@ -210,27 +287,27 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             )
 
     def _capacity_limits(self) -> tuple[dict, dict]:
+        """The per-stack limits as Python ints (also sets `_max_ids_per_chip_per_sample`)."""
         config = self._sparse_core_embedding_config
-        max_ids, max_unique = {}, {}
-        for name in self._stacking.stacked_table_to_tables:
-            given_ids = config.max_ids_per_table or {}
-            given_unique = config.max_unique_ids_per_table or {}
-            max_ids[name] = given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE)
-            max_unique[name] = given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE)
-            for what, value in (("max_ids_per_table", max_ids[name]), ("max_unique_ids_per_table", max_unique[name])):
-                if not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"SparseCoreEmbeddingConfig.{what}[{name!r}] must be an int > 0; got {value!r}.")
-        for key in set(config.max_ids_per_table or {}) | set(config.max_unique_ids_per_table or {}):
+        given_ids = config.max_ids_per_table or {}
+        given_unique = config.max_unique_ids_per_table or {}
+        for key in set(given_ids) | set(given_unique):
             if key not in self._stacking.stacked_table_to_tables:
                 raise ValueError(
                     f"SparseCoreEmbeddingConfig names table {key!r}, which is not a stacked table; the limits are "
                     f"keyed by stacked table name: {sorted(self._stacking.stacked_table_to_tables)}."
                 )
-        if not isinstance(config.max_ids_per_chip_per_sample, int) or config.max_ids_per_chip_per_sample <= 0:
-            raise ValueError(
-                "SparseCoreEmbeddingConfig.max_ids_per_chip_per_sample must be an int > 0; got "
-                f"{config.max_ids_per_chip_per_sample!r}."
+        max_ids, max_unique = {}, {}
+        for name in self._stacking.stacked_table_to_tables:
+            max_ids[name] = _positive_limit(
+                given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE), f"max_ids_per_table[{name!r}]"
             )
+            max_unique[name] = _positive_limit(
+                given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE), f"max_unique_ids_per_table[{name!r}]"
+            )
+        self._max_ids_per_chip_per_sample = _positive_limit(
+            config.max_ids_per_chip_per_sample, "max_ids_per_chip_per_sample"
+        )
         return max_ids, max_unique
 
     def _engine_feature_config(self) -> list:
@@ -257,6 +334,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             self._engine.build()
             # Kept out of attribute tracking (a SavedModel tracks the engine's per-table variables instead).
             self.__dict__["_checkpoint_children"] = self._make_checkpoint_children()
+            self.__dict__["_stacked_variables"] = self._make_stacked_variables()
         self._built = True
 
     def _maybe_build(self) -> None:
@@ -269,9 +347,40 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     @property
     def embedding_tables(self) -> dict:
-        """`{TableConfig: tf.Variable}` per table (TensorFlow's class keys stacked variables by stacked name)."""
+        """`{stacked table name: StackedVariable}`, as TensorFlow's class: one variable per stack, holding the
+        stacked (row-sharded) values of its tables; reading stacks the per-table variables, `assign` splits into
+        them (`tf_embed_ops.sparse_core.stacked_variable`). The per-table variables: `table_variables`."""
+        self._maybe_build()
+        return dict(self.__dict__["_stacked_variables"])
+
+    @property
+    def table_variables(self) -> dict:
+        """`{TableConfig: tf.Variable}`: each table's own variable, the one the kernels train."""
         self._maybe_build()
         return {t: self._engine.variables[t.name]["parameters"] for t in self._table_config}
+
+    def _make_stacked_variables(self) -> dict:
+        out = {}
+        for stack in self._stacking.stacked_table_to_tables:
+            value = self._stacked_value(stack, "parameters")
+            out[stack] = stacked_variable.StackedVariable(
+                stack,
+                functools.partial(self._stacked_value, stack, "parameters"),
+                functools.partial(self._assign_stacked_value, stack, "parameters"),
+                value.shape,
+                value.dtype,
+                self._num_replicas,
+            )
+        return out
+
+    def _assign_stacked_value(self, stack: str, slot: str, value: Any) -> Any:
+        names = self._stacking.stacked_table_to_tables[stack]
+        return tf.group(
+            [
+                self._engine.variables[n][slot].assign(layout_lib.unstack_value(value, self._stacking.layouts[n]))
+                for n in names
+            ]
+        )
 
     @property
     def variables(self) -> dict:
@@ -406,19 +515,26 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             strides = tf.math.cumprod(inp.dense_shape[:-1], exclusive=True, reverse=True)
             rows = tf.reduce_sum(inp.indices[:, :-1] * strides[None, :], axis=1)
             values = inp.values
+            if weight is not None:
+                _check_same(path, "indices", inp.indices, weight.indices)
             w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
         elif isinstance(inp, tf.RaggedTensor):
             if weight is not None and not isinstance(weight, tf.RaggedTensor):
                 raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weight)}")
             if inp.shape.rank != 2:
                 raise ValueError(f"Feature {path}: a RaggedTensor must have rank 2; got shape {inp.shape}.")
+            checks = _check_row_splits(path, "input", inp)
+            if weight is not None:
+                checks += _check_row_splits(path, "weights", weight)
+                _check_same(path, "row_splits", inp.row_splits, weight.row_splits)
             nrows = inp.nrows()
             tf.debugging.assert_equal(
                 nrows,
                 tf.cast(samples, nrows.dtype),
                 message=f"Feature {path}: the ragged batch must have {samples} rows (the product of output_shape).",
             )
-            rows, values = inp.value_rowids(), inp.values
+            with tf.control_dependencies(checks):  # bad splits fail here, not inside the preprocessing
+                rows, values = tf.identity(inp.value_rowids()), tf.identity(inp.values)
             w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
         else:
             inp = tf.convert_to_tensor(inp)
@@ -482,7 +598,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
                     stacks,
                     self._num_replicas,
                     self._num_sc_per_chip,
-                    config.max_ids_per_chip_per_sample,
+                    self._max_ids_per_chip_per_sample,
                     config.allow_id_dropping,
                 )
             except ValueError as e:
@@ -602,7 +718,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             stacks,
             num_tpu_chips,
             num_sc_per_chip,
-            config.max_ids_per_chip_per_sample,
+            emb._max_ids_per_chip_per_sample,
             config.allow_id_dropping,
             check_capacity=False,
         )

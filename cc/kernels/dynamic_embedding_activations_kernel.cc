@@ -108,16 +108,29 @@ class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
       const DynamicTable* table = &tables[t]->reader();
       const int64_t* rows = table_rows[t].data() + first_key[f];
       const float* zero_row = zeros.data();
-      const auto row_of = [table, rows, zero_row](int64_t i) {
-        return rows[i] == DynamicTable::kNotAdmitted ? zero_row : table->Weights(rows[i]);
-      };
       const FeatureLayout& layout = layouts[f];
       const int64_t dim = spec.dimension;
       const int64_t ids_per_sample = layout.num_samples ? batches[f].num_ids / layout.num_samples + 1 : 1;
       float* dst = outputs[f]->flat<float>().data();
-      shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
-        CombineSampleRows(layout, row_of, dim, quantizer.get(), begin, end, dst);
-      });
+      const StorageType storage = table->buffer_type(0);
+      if (storage == StorageType::kFloat32) {
+        const auto row_of = [table, rows, zero_row](int64_t i) {
+          return rows[i] == DynamicTable::kNotAdmitted ? zero_row : table->Weights(rows[i]);
+        };
+        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+          CombineSampleRows(layout, row_of, dim, quantizer.get(), begin, end, dst);
+        });
+      } else {
+        // 16-bit rows are widened as they are read; all-zero bits are +0 in both 16-bit types.
+        const uint16_t* zero_bits = reinterpret_cast<const uint16_t*>(zero_row);
+        const auto row_of = [table, rows, zero_bits](int64_t i) {
+          return rows[i] == DynamicTable::kNotAdmitted ? zero_bits
+                                                       : static_cast<const uint16_t*>(table->BufferRow(0, rows[i]));
+        };
+        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+          CombineSampleRows(layout, storage, row_of, dim, quantizer.get(), begin, end, dst);
+        });
+      }
     }
   }
 

@@ -2,10 +2,12 @@
 //   Validate: features, gradients (and their values with check_numerics), learning rates, the tables against
 //             the config (dimension, slot count, key dtypes), the step; string keys are fingerprinted.  Nothing
 //             is written before all of it passed.
-//   Update:   under each table's exclusive lock (all tables, address order): keys -> rows with Find (never
+//   Plan:     under each table's exclusive lock (all tables, address order): keys -> rows with Find (never
 //             inserting: the rows are the ones this step's training lookup made), a RowGradientPlan over the
-//             rows (keys without a row, -1, contribute nothing), the static row pipeline (UpdateDynamicTable),
-//             then the table's end-of-step eviction.
+//             rows (keys without a row, -1, contribute nothing).
+//   Check:    with check_numerics, a dry run of every table's update (writes nothing; see the static kernel).
+//   Update:   per table the one row walk (UpdateDynamicTable), then the table's end-of-step eviction (not
+//             with validate_only, which stops after Check and holds the tables shared).
 #define EIGEN_USE_THREADS
 
 #include <string>
@@ -30,6 +32,7 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeysPerFeature(ctx, attrs_.num_features));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate_only", &validate_only_));
     OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
                 absl::InvalidArgumentError(absl::StrCat(
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
@@ -89,10 +92,10 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     // 3. Update every table under its exclusive lock.
     std::vector<DynamicTableResource*> resources;
     for (const DynamicTableRef& t : tables) resources.push_back(t.get());
-    DynamicTableLocks locks(resources, /*exclusive=*/true);
+    DynamicTableLocks locks(resources, /*exclusive=*/!validate_only_);
     const ShardFn shard = IntraOpShardFn(ctx);
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      DynamicTable* table = tables[t]->table();
+      const DynamicTable* table = &tables[t]->reader();
       std::vector<GradientSource>& sources = ws->sources[t];
       sources.clear();
       for (int f = 0; f < n; ++f) {
@@ -102,8 +105,33 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
             GradientSource{rows[f].data(), batches[f].num_ids, &ws->layouts[f], ctx->input(f).flat<float>().data()});
       }
       ws->plans[t].Build(&sources);
+    }
+    // check_numerics: every table's update is computed once without writing before any is written (see
+    // SendTPUEmbeddingGradients), so a step that would introduce a NaN or +-inf changes no table.
+    if (check_numerics_) {
+      for (int t = 0; t < attrs_.num_tables; ++t) {
+        const TableSpec& spec = config.tables[t];
+        const DynamicTable* table = &tables[t]->reader();
+        const NonFiniteUpdate bad =
+            FindNonFiniteDynamicUpdate(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], *table,
+                                       shard, Rounding16(*table, step, t));
+        if (!bad.found) continue;
+        std::vector<const int64_t*> ids;
+        std::vector<int64_t> num_ids;
+        for (int f = 0; f < n; ++f) {
+          ids.push_back(rows[f].data());
+          num_ids.push_back(batches[f].num_ids);
+        }
+        OP_REQUIRES_OK(ctx, NonFiniteUpdateError(attrs_, t, bad, ids, num_ids,
+                                                 absl::StrCat("key ", table->KeyOf(bad.row), " (row ", bad.row, ")")));
+      }
+    }
+    if (validate_only_) return;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      DynamicTable* table = tables[t]->table();
       const TableSpec& spec = config.tables[t];
-      UpdateDynamicTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], table, shard);
+      UpdateDynamicTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], table, shard,
+                         Rounding16(*table, step, t));
       // Cannot fail: the step was validated.
       absl::StatusOr<int64_t> evicted = table->EndStep(step);
       OP_REQUIRES_OK(ctx, evicted.status());
@@ -112,10 +140,17 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   }
 
  private:
+  // How a 16-bit table's rows are rounded at `step`: the table's own mode and seed (its initializer's, mixed
+  // differently by RoundingRowKey), the step, and the table's index in the config.
+  static RoundingSpec Rounding16(const DynamicTable& table, int64_t step, int t) {
+    return RoundingSpec{table.options().rounding, table.options().initializer.seed, step, t};
+  }
+
   FusedEmbeddingAttrs attrs_;
   WorkspacePool workspaces_;
   int num_learning_rates_ = 0;
   bool check_numerics_ = false;
+  bool validate_only_ = false;                        // checks only: shared locks, nothing written
   std::vector<std::vector<std::string>> tag_tables_;  // per dynamic tag: the tables that use it
 };
 

@@ -70,6 +70,19 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
   TF_RETURN_IF_ERROR(ctx->GetAttr("bloom_counter_bits", &o->admission.bloom_counter_bits));
   TF_RETURN_IF_ERROR(ctx->GetAttr("log_refused", &o->admission.log_refused));
   TF_RETURN_IF_ERROR(ctx->GetAttr("eviction_log_capacity", &o->eviction_log_capacity));
+  std::string storage, slot_storage, rounding;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("storage_dtype", &storage));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("slot_storage_dtype", &slot_storage));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("rounding", &rounding));
+  // The attrs' allowed values are exactly these names (cc/ops/dynamic_table_ops.cc).
+  auto storage_type = [](const std::string& name) {
+    return name == "bfloat16"  ? StorageType::kBfloat16
+           : name == "float16" ? StorageType::kFloat16
+                               : StorageType::kFloat32;
+  };
+  o->storage = storage_type(storage);
+  o->slot_storage = storage_type(slot_storage);
+  o->rounding = rounding == "nearest" ? Rounding::kNearest : Rounding::kStochastic;
 
   RowInitializer& init = o->initializer;
   init.seed = static_cast<uint64_t>(seed);
@@ -128,6 +141,9 @@ absl::Status ReadTableOptions(tf::OpKernelConstruction* ctx, DynamicTableOptions
       {"bloom_counter_bits", absl::StrCat(o->admission.bloom_counter_bits)},
       {"log_refused", o->admission.log_refused ? "true" : "false"},
       {"eviction_log_capacity", absl::StrCat(o->eviction_log_capacity)},
+      {"storage_dtype", storage},
+      {"slot_storage_dtype", slot_storage},
+      {"rounding", rounding},
       {"table_name", o->name},
   };
   return absl::OkStatus();
@@ -221,7 +237,7 @@ class DynamicTableLookupOp : public tf::OpKernel {
       if (rows[i] == DynamicTable::kNotAdmitted) {
         std::fill_n(out + i * dim, dim, 0.0f);
       } else {
-        std::copy_n(t.Weights(rows[i]), dim, out + i * dim);
+        t.ReadRow(0, rows[i], out + i * dim);  // float32 activations for any storage
       }
     }
   }

@@ -217,6 +217,37 @@ absl::Status CheckFeatureGradient(const tensorflow::Tensor& gradient, int f, con
   return absl::OkStatus();
 }
 
+absl::Status NonFiniteUpdateError(const FusedEmbeddingAttrs& attrs, int table, const NonFiniteUpdate& bad,
+                                  const std::vector<const int64_t*>& ids, const std::vector<int64_t>& num_ids,
+                                  const std::string& row_label) {
+  const TableSpec& spec = attrs.config.tables[table];
+  // The first feature and position of this table whose id is the row (error path only: a plain scan).
+  std::string where = "no feature's id (an untouched row of a non-lazy optimizer)";
+  for (int f = 0; f < attrs.num_features && where[0] == 'n'; ++f) {
+    if (attrs.config.features[f].table_id != table) continue;
+    for (int64_t i = 0; i < num_ids[f]; ++i) {
+      if (ids[f][i] == bad.row) {
+        where = absl::StrCat(attrs.FeatureLabel(f), ", ids[", i, "]");
+        break;
+      }
+    }
+  }
+  std::string what;
+  if (bad.in_gradient) {
+    what = absl::StrCat("its gradient summed over the step holds ", bad.value, " at column ", bad.column,
+                        " (finite gradients whose sum overflowed float32, or non-finite ones)");
+  } else {
+    const std::string buffer =
+        bad.buffer == 0
+            ? std::string("the table")
+            : absl::StrCat("slot '", SchemaFor(spec.optimization.optimizer).slots[bad.buffer - 1].name, "'");
+    what = absl::StrCat("the update would store ", bad.value, " in ", buffer, " at column ", bad.column);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("check_numerics: table '", spec.name, "', ", row_label,
+                                                 " (first seen at ", where, "): ", what,
+                                                 "; the step is rejected (this table and every other are unchanged)"));
+}
+
 absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,
                              const SlotInfo* slot) {
   const int64_t width = slot == nullptr ? table.dimension : SlotWidth(*slot, table.dimension);

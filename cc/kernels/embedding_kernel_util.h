@@ -121,6 +121,14 @@ absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, int first_input
 absl::Status CheckFeatureGradient(const tensorflow::Tensor& gradient, int f, const tensorflow::TensorShape& expected,
                                   const std::string& label, const std::string& table_name, bool check_numerics);
 
+// The error of check_numerics when the step's update of `table` would introduce a NaN or +-inf (`bad`, from
+// FindNonFiniteUpdate).  `ids[f]` are feature f's ids as the table's plan saw them (row indices for a dynamic
+// table), `num_ids[f]` their count; the message names the first feature and position whose id is the row, and
+// `row_label` says what the row is ("row 7", "key 42").
+absl::Status NonFiniteUpdateError(const FusedEmbeddingAttrs& attrs, int table, const NonFiniteUpdate& bad,
+                                  const std::vector<const int64_t*>& ids, const std::vector<int64_t>& num_ids,
+                                  const std::string& row_label);
+
 // `tensor` (a locked variable's value) has shape [vocabulary_size, dim] of `table`, or, for one of its slots
 // (`slot` not null), [vocabulary_size, SlotWidth(*slot, dim)].
 absl::Status CheckTableShape(const tensorflow::Tensor& tensor, const TableSpec& table, const std::string& what,

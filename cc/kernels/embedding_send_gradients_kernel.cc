@@ -4,6 +4,9 @@
 //             (exclusively, in address order) and their shapes checked last.
 //   Plan:     per feature the id -> sample layout, per table the combiner backward + accumulation plan
 //             (cc/lib/gradient_accumulation.h).
+//   Check:    with check_numerics, a dry run of every table's update (the same row walk, writing nothing):
+//             a per-row gradient sum that overflows, or an update that would first store a NaN or +-inf,
+//             rejects the step before any table is written.
 //   Update:   per table the row pipeline over touched rows (cc/lib/table_update.h), sharded over the intra-op
 //             pool, in place; 16-bit tables and slots are rounded back as docs/low_precision.md says.
 // Plan and Update cannot fail, so a rejected call changes no table and no slot.
@@ -51,8 +54,6 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("NN", &num_learning_rates_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_numerics", &check_numerics_));
-    // The V2 op is this op plus the rounding_step input (cc/ops/embedding_ops.cc).
-    num_rounding_steps_ = ctx->def().op() == "TfEmbed>SendTPUEmbeddingGradientsV2" ? 1 : 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_seed", &rounding_seed_));
     std::vector<std::string> rounding;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding", &rounding));
@@ -70,9 +71,6 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
                                                             "\"; expected \"stochastic\" or \"nearest\"")));
       }
     }
-    OP_REQUIRES(ctx, num_rounding_steps_ <= 1,
-                absl::InvalidArgumentError(absl::StrCat("rounding_step has ", num_rounding_steps_,
-                                                        " entries; give at most one int64 scalar")));
     OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
                 absl::InvalidArgumentError(absl::StrCat(
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
@@ -87,6 +85,12 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
                 absl::InvalidArgumentError(
                     absl::StrCat("slots has ", num_slots_, " handles but the config's optimizers have ", expected_slots,
                                  " slots in all (each table's slots, in Load/Retrieve order, tables in order)")));
+    // The op's two registrations differ only by a rounding_step input after the slots (cc/ops/embedding_ops.cc):
+    // whether there is one is the input count, not the op's name.
+    num_rounding_steps_ = ctx->num_inputs() - RoundingStepInput();
+    OP_REQUIRES(ctx, num_rounding_steps_ == 0 || num_rounding_steps_ == 1,
+                absl::InvalidArgumentError(absl::StrCat("the op has ", ctx->num_inputs(), " inputs; expected ",
+                                                        RoundingStepInput(), " (+1 with rounding_step)")));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -103,6 +107,11 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     for (const tensorflow::Tensor& v : step.values) AdviseHugePages(v.tensor_data().data(), v.TotalBytes());
     WorkspacePool::Scoped workspace = workspaces_.Acquire();
     Plan(ctx, step, workspace.get());
+    // check_numerics: every table's update is computed once without writing (FindNonFiniteUpdate) before any is
+    // written, so a step that would introduce a NaN or +-inf anywhere changes nothing.  Recomputing is cheaper
+    // than staging the updated rows (a non-lazy optimizer would stage the whole table), and costs nothing when
+    // the check is off.
+    if (check_numerics_) OP_REQUIRES_OK(ctx, CheckUpdates(ctx, step, *workspace.get()));
     Update(ctx, step, *workspace.get());
   }
 
@@ -242,26 +251,55 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     }
   }
 
+  // Table t's variables as the row walk sees them, and its learning rate.
+  StoredTableBuffers Buffers(const ValidatedStep& step, int t, size_t* v) const {
+    const TableSpec& table = attrs_.config.tables[t];
+    StoredTableBuffers buffers;
+    buffers.vocabulary_size = table.vocabulary_size;
+    buffers.dim = table.dimension;
+    buffers.rounding = RoundingSpec{rounding_[t], static_cast<uint64_t>(rounding_seed_), step.rounding_step, t};
+    // The variables' buffers: float, or the bits of Eigen::bfloat16 / Eigen::half (StoredBuffer's uint16_t).
+    auto buffer = [&](size_t i) {
+      return StoredBuffer{const_cast<char*>(step.values[i].tensor_data().data()), step.var_storage[i]};
+    };
+    buffers.weights = buffer((*v)++);
+    const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
+    for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(buffer((*v)++));
+    return buffers;
+  }
+  float LearningRateOf(const ValidatedStep& step, int t) const {
+    const LearningRate& rate = attrs_.config.tables[t].optimization.learning_rate;
+    return rate.is_dynamic ? step.learning_rates[rate.tag] : rate.constant;
+  }
+
+  // check_numerics after accumulation and after the update: a dry run of every table's update (writes nothing).
+  absl::Status CheckUpdates(tensorflow::OpKernelContext* ctx, const ValidatedStep& step,
+                            const EmbeddingWorkspace& ws) const {
+    const ShardFn shard = IntraOpShardFn(ctx);
+    size_t v = 0;
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      const StoredTableBuffers buffers = Buffers(step, t, &v);
+      const NonFiniteUpdate bad = FindNonFiniteUpdate(attrs_.config.tables[t].optimization, LearningRateOf(step, t),
+                                                      ws.plans[t], buffers, shard);
+      if (!bad.found) continue;
+      std::vector<const int64_t*> ids;
+      std::vector<int64_t> num_ids;
+      for (const FeatureBatch& batch : step.batches) {
+        ids.push_back(batch.ids);
+        num_ids.push_back(batch.num_ids);
+      }
+      return NonFiniteUpdateError(attrs_, t, bad, ids, num_ids, absl::StrCat("row ", bad.row));
+    }
+    return absl::OkStatus();
+  }
+
   // The row pipeline of every table over its plan, in place.
   void Update(tensorflow::OpKernelContext* ctx, ValidatedStep& step, const EmbeddingWorkspace& ws) const {
     const ShardFn shard = IntraOpShardFn(ctx);
     size_t v = 0;
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      const TableSpec& table = attrs_.config.tables[t];
-      StoredTableBuffers buffers;
-      buffers.vocabulary_size = table.vocabulary_size;
-      buffers.dim = table.dimension;
-      buffers.rounding = RoundingSpec{rounding_[t], static_cast<uint64_t>(rounding_seed_), step.rounding_step, t};
-      // The variables' buffers: float, or the bits of Eigen::bfloat16 / Eigen::half (StoredBuffer's uint16_t).
-      auto buffer = [&](size_t i) {
-        return StoredBuffer{const_cast<char*>(step.values[i].tensor_data().data()), step.var_storage[i]};
-      };
-      buffers.weights = buffer(v++);
-      const size_t num_slots = OptimizerSlots(table.optimization.optimizer).size();
-      for (size_t k = 0; k < num_slots; ++k) buffers.slots.push_back(buffer(v++));
-      const LearningRate& rate = table.optimization.learning_rate;
-      const float lr = rate.is_dynamic ? step.learning_rates[rate.tag] : rate.constant;
-      UpdateTable(table.optimization, lr, ws.plans[t], buffers, shard);
+      const StoredTableBuffers buffers = Buffers(step, t, &v);
+      UpdateTable(attrs_.config.tables[t].optimization, LearningRateOf(step, t), ws.plans[t], buffers, shard);
     }
   }
 

@@ -152,14 +152,15 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
 
 DynamicTable::DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk)
     : options_(options),
-      weights_(options.dim, log2_rows_per_chunk),
+      weights_(options.storage, options.dim, log2_rows_per_chunk),
+      init_scratch_(options.storage == StorageType::kFloat32 ? 0 : options.dim),
       meta_(1, log2_rows_per_chunk),
       decay_(1, log2_rows_per_chunk),
       log_(options.eviction_log_capacity) {
   slots_.reserve(options.slot_initial_values.size());
   for (size_t s = 0; s < options.slot_initial_values.size(); ++s) {
     const int64_t width = options.slot_widths.empty() ? options.dim : options.slot_widths[s];
-    slots_.emplace_back(width, log2_rows_per_chunk);
+    slots_.emplace_back(options.slot_storage, width, log2_rows_per_chunk);
   }
 }
 
@@ -175,7 +176,7 @@ bool DynamicTable::Grow(int64_t extra) {
   if (!weights_.Reserve(rows) || !meta_.Reserve(rows)) {
     return false;
   }
-  for (ChunkedArena<float>& s : slots_) {
+  for (StoredRowArena& s : slots_) {
     if (!s.Reserve(rows)) return false;
   }
   if (decays() && !decay_.Reserve(rows)) return false;
@@ -199,10 +200,13 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
   meta->key = key;
   meta->count = static_cast<uint32_t>(std::min(count, kMaxCount));
   meta->last_step = step;
-  options_.initializer.FillRow(key, weights_.At(row), options_.dim);
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    std::fill_n(slots_[s].At(row), slots_[s].row_width(), options_.slot_initial_values[s]);
+  if (weights_.type() == StorageType::kFloat32) {
+    options_.initializer.FillRow(key, Weights(row), options_.dim);
+  } else {  // initialised in float32, then rounded to nearest (as a 16-bit static table's variable)
+    options_.initializer.FillRow(key, init_scratch_.data(), options_.dim);
+    weights_.Write(row, init_scratch_.data());
   }
+  for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Fill(row, options_.slot_initial_values[s]);
   if (decays()) *decay_.At(row) = Decay{0.0f, 0};  // the first round adds the whole count
   index_.Insert(key, row);
   ++size_;
@@ -409,8 +413,8 @@ absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t st
       scored.push_back(r);
     }
   };
-  const int64_t dim = options_.dim;
   const double min_sq = p.min_norm * p.min_norm;
+  std::vector<float> widened;  // a 16-bit row's values, for its norm
   for (int64_t r = 0; r < high_water_; ++r) {
     const RowMeta* meta = meta_.At(r);
     const int64_t last = meta->last_step;
@@ -424,7 +428,7 @@ absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t st
         break;
       case EvictionPolicy::kL2Norm: {
         // Compared as sqrt(sum of squares in double) < min_norm, as the documented reference does.
-        const double sq = SquaredNorm(weights_.At(r), dim);
+        const double sq = RowSquaredNorm(r, &widened);
         if (sq < min_sq && std::sqrt(sq) < p.min_norm) victims.push_back(r);
         break;
       }
@@ -506,19 +510,28 @@ absl::StatusOr<int64_t> DynamicTable::EvictByScore(const int64_t* keys, const fl
   return EvictRows(LowestRows(&scored, size_ - target_rows), step, LogKind::kEvicted);
 }
 
+// The norm of the row as stored: a 16-bit row is widened exactly to float32 first.
+double DynamicTable::RowSquaredNorm(int64_t row, std::vector<float>* scratch) const {
+  if (weights_.type() == StorageType::kFloat32) return SquaredNorm(Weights(row), options_.dim);
+  scratch->resize(options_.dim);
+  weights_.Read(row, scratch->data());
+  return SquaredNorm(scratch->data(), options_.dim);
+}
+
 DynamicTableRowStats DynamicTable::RowStats() const {
   DynamicTableRowStats st;
   st.keys.reserve(size_);
   st.counts.reserve(size_);
   st.last_steps.reserve(size_);
   st.norms.reserve(size_);
+  std::vector<float> widened;
   for (int64_t r = 0; r < high_water_; ++r) {
     const RowMeta* meta = meta_.At(r);
     if (meta->last_step < 0) continue;
     st.keys.push_back(meta->key);
     st.counts.push_back(meta->count);
     st.last_steps.push_back(meta->last_step);
-    st.norms.push_back(static_cast<float>(std::sqrt(SquaredNorm(weights_.At(r), options_.dim))));
+    st.norms.push_back(static_cast<float>(std::sqrt(RowSquaredNorm(r, &widened))));
   }
   return st;
 }
@@ -586,20 +599,17 @@ DynamicTableContents DynamicTable::Export() const {
   c.counts.resize(n);
   c.last_steps.resize(n);
   c.weights.resize(n * dim);
-  for (const ChunkedArena<float>& s : slots_) {
-    c.slot_widths.push_back(s.row_width());
-    c.slots.emplace_back(n * s.row_width());
+  for (const StoredRowArena& s : slots_) {
+    c.slot_widths.push_back(s.width());
+    c.slots.emplace_back(n * s.width());
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     c.keys[i] = KeyOf(r);
     c.counts[i] = CountOf(r);
     c.last_steps[i] = LastStepOf(r);
-    std::copy_n(Weights(r), dim, c.weights.data() + i * dim);
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const int64_t w = slot_width(s);
-      std::copy_n(Slot(s, r), w, c.slots[s].data() + i * w);
-    }
+    weights_.Read(r, c.weights.data() + i * dim);  // 16-bit rows widen exactly
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Read(r, c.slots[s].data() + i * slot_width(s));
   }
   std::vector<std::pair<int64_t, Pending>> pending(pending_.begin(), pending_.end());
   std::sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -717,11 +727,8 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     meta->key = c.keys[i];
     meta->count = static_cast<uint32_t>(c.counts[i]);
     meta->last_step = c.last_steps[i];
-    std::copy_n(c.weights.data() + i * dim, dim, weights_.At(row));
-    for (size_t s = 0; s < slots_.size(); ++s) {
-      const int64_t w = slot_width(s);
-      std::copy_n(c.slots[s].data() + i * w, w, slots_[s].At(row));
-    }
+    weights_.Write(row, c.weights.data() + i * dim);  // 16-bit: rounded to nearest (exact for 16-bit values)
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Write(row, c.slots[s].data() + i * slot_width(s));
     if (decays()) *decay_.At(row) = Decay{static_cast<float>(c.counts[i]), static_cast<uint32_t>(c.counts[i])};
     index_.Insert(c.keys[i], row);
     ++size_;
@@ -731,7 +738,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
 
 int64_t DynamicTable::MemoryBytes() const {
   int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
-  for (const ChunkedArena<float>& s : slots_) bytes += s.MemoryBytes();
+  for (const StoredRowArena& s : slots_) bytes += s.MemoryBytes();
   return bytes + bloom_.MemoryBytes() + decay_.MemoryBytes() + log_.MemoryBytes();
 }
 

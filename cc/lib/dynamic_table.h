@@ -67,6 +67,11 @@ struct DynamicTableOptions {
   AdmissionOptions admission;
   EvictionOptions eviction;                                       // applied by EndStep
   int64_t eviction_log_capacity = EvictionLog::kDefaultCapacity;  // entries the eviction log keeps (>= 1)
+  // 16-bit storage (docs/low_precision.md): the weights' and the slots' element types, and how the optimizer
+  // step rounds a 16-bit row back (stochastically, keyed by (seed, step, buffer, key), or to nearest).
+  StorageType storage = StorageType::kFloat32;
+  StorageType slot_storage = StorageType::kFloat32;
+  Rounding rounding = Rounding::kStochastic;
 };
 
 // Totals since creation (or the last Import).  Per-key counts are per call: a key seen three times in one
@@ -134,7 +139,7 @@ class DynamicTable {
   const std::string& name() const { return options_.name; }
   int64_t dim() const { return options_.dim; }
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
-  int64_t slot_width(int64_t slot) const { return slots_[slot].row_width(); }  // floats per row of that slot
+  int64_t slot_width(int64_t slot) const { return slots_[slot].width(); }  // values per row of that slot
   int64_t size() const { return size_; }
   int64_t capacity() const { return weights_.capacity(); }  // rows allocated
   const DynamicTableCounters& counters() const { return counters_; }
@@ -150,17 +155,22 @@ class DynamicTable {
   // first occurrence until max_rows is reached, the rest are refused.  `stats` may be null.
   absl::Status FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats = nullptr);
 
-  // Row accessors, for a row index FindOrInsert/Find returned (and not evicted since).
-  float* Weights(int64_t row) { return weights_.At(row); }
-  const float* Weights(int64_t row) const { return weights_.At(row); }
+  // Row accessors, for a row index FindOrInsert/Find returned (and not evicted since).  Weights() and Slot()
+  // give float32 storage's rows (options().storage / slot_storage kFloat32); ReadRow works for any storage.
+  float* Weights(int64_t row) { return static_cast<float*>(weights_.At(row)); }
+  const float* Weights(int64_t row) const { return static_cast<const float*>(weights_.At(row)); }
   // A slot's row holds slot_width(slot) floats.
-  float* Slot(int64_t slot, int64_t row) { return slots_[slot].At(row); }
-  const float* Slot(int64_t slot, int64_t row) const { return slots_[slot].At(row); }
+  float* Slot(int64_t slot, int64_t row) { return static_cast<float*>(slots_[slot].At(row)); }
+  const float* Slot(int64_t slot, int64_t row) const { return static_cast<const float*>(slots_[slot].At(row)); }
+  // Buffer `buffer`'s row widened to float32 (buffer_width(buffer) values).
+  void ReadRow(int64_t buffer, int64_t row, float* out) const {
+    (buffer == 0 ? weights_ : slots_[buffer - 1]).Read(row, out);
+  }
   // The row walk's view (row_storage.h): buffer 0 is the weights, 1 + k slot k.
-  StorageType buffer_type(int64_t /*buffer*/) const { return StorageType::kFloat32; }
+  StorageType buffer_type(int64_t buffer) const { return buffer == 0 ? weights_.type() : slots_[buffer - 1].type(); }
   int64_t buffer_width(int64_t buffer) const { return buffer == 0 ? dim() : slot_width(buffer - 1); }
   const void* BufferRow(int64_t buffer, int64_t row) const {
-    return buffer == 0 ? Weights(row) : Slot(buffer - 1, row);
+    return buffer == 0 ? weights_.At(row) : slots_[buffer - 1].At(row);
   }
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
@@ -239,10 +249,12 @@ class DynamicTable {
   void RemoveRow(int64_t row);
   int64_t EvictRows(const std::vector<int64_t>& rows, int64_t step, LogKind kind);
   bool decays() const { return options_.eviction.policy == EvictionPolicy::kDecayedLfu; }
+  double RowSquaredNorm(int64_t row, std::vector<float>* scratch) const;
 
   DynamicTableOptions options_;
-  ChunkedArena<float> weights_;
-  std::vector<ChunkedArena<float>> slots_;
+  StoredRowArena weights_;
+  std::vector<StoredRowArena> slots_;
+  std::vector<float> init_scratch_;  // a new 16-bit row's float32 values (mutating calls are exclusive)
   ChunkedArena<RowMeta> meta_;
   KeyIndex index_;
   int64_t size_ = 0;

@@ -11,10 +11,13 @@
 #ifndef TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_ARENA_H_
 #define TF_EMBED_OPS_CC_LIB_DYNAMIC_TABLE_ARENA_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <new>
 #include <vector>
+
+#include "cc/lib/storage_types.h"
 
 namespace tf_embed_ops {
 
@@ -60,6 +63,59 @@ class ChunkedArena {
   int log2_rows_;
   int64_t mask_;
   std::vector<std::unique_ptr<T[]>> chunks_;
+};
+
+// One buffer of a dynamic table (its weights, or one optimizer slot): rows of `width` elements stored as
+// float32 or as 16-bit bits (docs/low_precision.md), in a ChunkedArena of 16-bit units (a float32 element is two).
+// The row walk reaches rows through At(); everything else reads rows widened to float32 (Read) and writes them
+// rounded to nearest (Write: initial values and imports, which are exact for values that came from this storage).
+class StoredRowArena {
+ public:
+  StoredRowArena(StorageType type, int64_t width, int log2_rows_per_chunk)
+      : type_(type), width_(width), arena_(width * StorageBytes(type) / 2, log2_rows_per_chunk) {}
+
+  StorageType type() const { return type_; }
+  int64_t width() const { return width_; }  // elements per row
+  int64_t capacity() const { return arena_.capacity(); }
+  bool Reserve(int64_t rows) { return arena_.Reserve(rows); }
+  int64_t MemoryBytes() const { return arena_.MemoryBytes(); }
+
+  // The row's storage: float* for kFloat32, else uint16_t* (the 16-bit bits).
+  void* At(int64_t row) { return arena_.At(row); }
+  const void* At(int64_t row) const { return arena_.At(row); }
+
+  void Read(int64_t row, float* out) const {
+    if (type_ == StorageType::kFloat32) {
+      std::copy_n(static_cast<const float*>(At(row)), width_, out);
+    } else {
+      const uint16_t* bits = arena_.At(row);
+      for (int64_t d = 0; d < width_; ++d) out[d] = StoredToFloat(type_, bits[d]);
+    }
+  }
+  void Write(int64_t row, const float* in) {
+    if (type_ == StorageType::kFloat32) {
+      std::copy_n(in, width_, static_cast<float*>(At(row)));
+    } else {
+      uint16_t* bits = arena_.At(row);
+      for (int64_t d = 0; d < width_; ++d) bits[d] = ToStoredNearest(in[d]);
+    }
+  }
+  void Fill(int64_t row, float value) {
+    if (type_ == StorageType::kFloat32) {
+      std::fill_n(static_cast<float*>(At(row)), width_, value);
+    } else {
+      std::fill_n(arena_.At(row), width_, ToStoredNearest(value));
+    }
+  }
+
+ private:
+  uint16_t ToStoredNearest(float x) const {
+    return type_ == StorageType::kBfloat16 ? FloatToBfloat16Nearest(x) : FloatToFloat16Nearest(x);
+  }
+
+  StorageType type_;
+  int64_t width_;
+  ChunkedArena<uint16_t> arena_;
 };
 
 }  // namespace tf_embed_ops

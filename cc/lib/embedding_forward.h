@@ -125,6 +125,19 @@ inline void CombineSampleRows(const FeatureLayout& layout, const RowOf& row_of, 
   RunWithRowLoopIsa([&] { internal::CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out); });
 }
 
+// 16-bit rows that are not one array: row_of(i) points at the `type` bits (bfloat16 or float16) of row id i.
+template <typename RowOf>
+inline void CombineSampleRows(const FeatureLayout& layout, StorageType type, const RowOf& row_of, int64_t dim,
+                              const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  RunWithRowLoopIsa([&] {
+    if (type == StorageType::kBfloat16) {
+      internal::CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out, internal::LoadBfloat16());
+    } else {
+      internal::CombineSampleRowRange(layout, row_of, dim, quantizer, begin, end, out, internal::LoadFloat16());
+    }
+  });
+}
+
 }  // namespace tf_embed_ops
 
 #endif  // TF_EMBED_OPS_CC_LIB_EMBEDDING_FORWARD_H_

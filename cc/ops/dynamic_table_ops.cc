@@ -128,6 +128,9 @@ REGISTER_OP("TfEmbed>DynamicTableHandle")
     .Attr("bloom_counter_bits: int = 8")
     .Attr("log_refused: bool = false")
     .Attr("eviction_log_capacity: int = 1048576")
+    .Attr("storage_dtype: {'float32', 'bfloat16', 'float16'} = 'float32'")
+    .Attr("slot_storage_dtype: {'float32', 'bfloat16', 'float16'} = 'float32'")
+    .Attr("rounding: {'stochastic', 'nearest'} = 'stochastic'")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
@@ -168,6 +171,13 @@ bloom_num_counters: > 0 replaces the exact pending counts by a counting Bloom fi
   its counters reaches admission_min_count.
 log_refused: also append every key a training lookup gives no row to the eviction log.
 eviction_log_capacity: entries the eviction log keeps (the oldest are dropped first).
+storage_dtype: the element type the rows are stored in (docs/low_precision.md): float32, or bfloat16 / float16
+  (half the memory; the optimizer runs in float32 on the widened row, which is then rounded back; lookups,
+  exports and serving read float32).
+slot_storage_dtype: the same for the optimizer slots.
+rounding: how a 16-bit row is rounded back after each update: stochastic (unbiased; the bits are a function of
+  (seed, step, buffer, key, column), so independent of threads and of the row a key has) or nearest.  Initial
+  values and imports are rounded to nearest.
 )doc");
 
 REGISTER_OP("TfEmbed>DynamicEmbeddingActivations")
@@ -222,6 +232,7 @@ REGISTER_OP("TfEmbed>DynamicSendTPUEmbeddingGradients")
     .Attr("T: int >= 1")
     .Attr("Tkeys: list({int64, string})")
     .Attr("check_numerics: bool = false")
+    .Attr("validate_only: bool = false")
     .SetIsStateful()
     .SetShapeFn(DynamicSendGradientsShapeFn)
     .Doc(R"doc(
@@ -235,8 +246,12 @@ table's eviction policy runs at the boundary after `step`.  Everything is valida
 a rejected call changes no table.  Each table is held exclusively during its update.
 
 learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
-check_numerics: also reject a step whose gradients hold NaN or +-inf.
+check_numerics: also reject a step whose gradients hold NaN or +-inf, or whose update would first make a row's
+  value NaN or +-inf (a per-row gradient sum that overflows, say).
 step: the global step (>= 0) that ends with this update.
+validate_only: run every check of the call (with check_numerics, the update computed without writing) and
+  write nothing: no row, no eviction (the tables are held shared).  What runs this before another op that
+  writes (the static tables' send op of the same step) makes the pair all-or-nothing.
 )doc");
 
 REGISTER_OP("TfEmbed>DynamicTableFind")

@@ -42,7 +42,11 @@ tables: resource variables of shape [vocabulary_size, dim], in table order: floa
   activations are float32 in every case).
 )doc");
 
-// The inputs and attrs both send ops share (the V2 op adds the rounding_step input at the end); a macro because
+// The one send op, under two names: TfEmbed>SendTPUEmbeddingGradients, and ...V2 which adds the rounding_step
+// input at the end.  Both take the inputs and attrs below and run the same kernel class, which reads whether a
+// rounding_step is present from its input count (cc/kernels/embedding_send_gradients_kernel.cc).  Two names
+// rather than one op with an optional list input: a list input has no default in the generated Python
+// wrappers, so every raw call and graph written for the first signature would break.  A macro because
 // REGISTER_OP's builder chain cannot be passed to a function.
 #define TF_EMBED_SEND_GRADIENTS_SIGNATURE               \
   Input("inputs: N * float32")                          \
@@ -75,8 +79,9 @@ non-lazy Adam) goes through gradient clipping, decoupled weight decay, the table
 clipping.  Everything is validated before the first write: a rejected call changes no table or slot.
 
 learning_rates: one scalar per dynamic learning-rate tag, in tag order; each must be finite and >= 0.
-check_numerics: also reject a step whose gradients hold NaN or +-inf (by default they are applied, as the TPU
-  applies them).
+check_numerics: also reject a step whose gradients hold NaN or +-inf, or whose update would first make a table
+  or slot value NaN or +-inf (a per-row gradient sum that overflows, say); by default they are applied, as the
+  TPU applies them.
 tables: resource variables [vocabulary_size, dim], in table order: float32, or bfloat16 / float16 (16-bit
   storage: the optimizer runs in float32 and the row is rounded back, docs/low_precision.md).
 slots: each table's optimizer slots, flat in table order, each table's in Load/Retrieve order (any of the

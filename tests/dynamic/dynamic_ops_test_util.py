@@ -4,6 +4,9 @@ names, features of every input kind (int64 or string keys), content snapshots fo
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -159,3 +162,17 @@ def int_feature(kind: str, rows, weights=None) -> embedding_ops.FeatureInput:
     if kind == "sparse":
         return embedding_ops.normalize_feature(x.to_sparse(), None if w is None else w.to_sparse())
     raise ValueError(kind)
+
+
+def digest_in_subprocess(script: str, threads: int) -> str:
+    """The last stdout line of `script` run in a fresh interpreter as `script threads this_directory` (a process
+    fixes its intra-op pool size once, so 1- and 2-thread runs need their own processes)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(threads), here], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]

@@ -3,14 +3,11 @@ at 1 and 2 intra-op threads (each process fixes its own pool size)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
-from dynamic_ops_test_util import int_feature, make_config, new_table, schema
+from dynamic_ops_test_util import digest_in_subprocess, int_feature, make_config, new_table, schema
 
 from tf_embed_ops.dynamic import ops as dyn
 
@@ -102,18 +99,6 @@ print(hashlib.sha256(b"".join(out)).hexdigest())
 """
 
 
-def _digest(threads: int) -> str:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(threads), here], capture_output=True, text=True, env=env, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
-
-
 @pytest.mark.slow
 def test_one_and_two_threads_give_bitwise_identical_tables():
-    assert _digest(1) == _digest(2)
+    assert digest_in_subprocess(_SCRIPT, 1) == digest_in_subprocess(_SCRIPT, 2)

@@ -1,7 +1,9 @@
 """Seeded, bounded fuzzers of tf_embed_ops' untrusted inputs (docs/reliability.md).
 
-Three targets: ``config`` (wire-format bytes and text of a TPUEmbeddingConfiguration), ``ops`` (the fused
-embedding ops' inputs) and ``accumulator`` (the sparse conditional accumulator).  Each checks that nothing
+Five targets: ``config`` (wire-format bytes and text of a TPUEmbeddingConfiguration), ``ops`` (the fused
+embedding ops' inputs), ``accumulator`` (the sparse conditional accumulator), ``dynamic`` (the dynamic-table ops,
+``DynamicTable`` and ``te.TPUEmbedding`` with dynamic tables) and ``low_precision`` (16-bit tables through the
+ops and ``te.TPUEmbedding``).  Each checks that nothing
 crashes or hangs, that every rejection is a documented error, and that a rejected call changes no state.
 
     python -m tests.fuzz --minutes 10               # all targets, time shared out, seed 0
@@ -37,5 +39,23 @@ def _accumulator():
     return accumulator_fuzz
 
 
+def _dynamic():
+    from . import dynamic_fuzz
+
+    return dynamic_fuzz
+
+
+def _low_precision():
+    from . import low_precision_fuzz
+
+    return low_precision_fuzz
+
+
 # Target name -> its module (imported on use: each pulls in TensorFlow).
-TARGETS = {"config": _config, "ops": _ops, "accumulator": _accumulator}
+TARGETS = {
+    "config": _config,
+    "ops": _ops,
+    "accumulator": _accumulator,
+    "dynamic": _dynamic,
+    "low_precision": _low_precision,
+}

@@ -80,3 +80,44 @@ def bits(array: np.ndarray) -> bytes:
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def check_call(report: Report, fn, snapshot, names: list, certain: bool, read_only: bool, expected: tuple) -> bool:
+    """Runs one fuzzed call: an error outside `expected` is a finding; a rejected (or `read_only`) call must leave
+    `snapshot()` unchanged; a `certain`ly invalid call must be rejected. Returns whether it was accepted."""
+    before = snapshot()
+    try:
+        fn()
+        accepted = True
+    except expected:
+        accepted = False
+    except Exception as e:
+        report.fail(f"{type(e).__name__}: {e}", names)
+        accepted = False
+    if accepted and certain:
+        report.fail("certainly invalid input was accepted", names)
+    if (not accepted or read_only) and snapshot() != before:
+        report.fail("a rejected or read-only call changed the state", names)
+    return accepted
+
+
+def drive(target: str, seconds: float, seed: int, max_inputs: int | None, one_input) -> Report:
+    """The budgeted, watched loop of a target: `one_input(index, report)` runs one input and returns (corruption
+    names, accepted)."""
+    report = Report(target, seed)
+    budget = Budget(seconds, max_inputs)
+    start = time.monotonic()
+    with Watchdog() as watchdog:
+        while budget.more():
+            budget.count += 1
+            watchdog.kick()
+            names, accepted = one_input(budget.count, report)
+            for name in names:
+                report.bump(name)
+            if accepted:
+                report.accepted += 1
+            else:
+                report.rejected += 1
+    report.inputs = budget.count
+    report.seconds = time.monotonic() - start
+    return report

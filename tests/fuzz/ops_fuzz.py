@@ -10,8 +10,8 @@ non-finite learning rate) is never accepted.
 
 from __future__ import annotations
 
+import functools
 import random
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -19,7 +19,7 @@ from embedding_test_util import make_config
 
 from tf_embed_ops import embedding_ops as eo
 
-from ._harness import Budget, Report, Watchdog, bits
+from ._harness import Report, bits, check_call, drive
 
 TABLES = [("a", 16, 4, {"name": "adagrad"}, 0.1), ("b", 8, 2, {"name": "adam"}, ("dynamic", 0))]
 FEATURES = [("f0", 0, []), ("f1", 0, []), ("f2", 1, [])]
@@ -28,7 +28,7 @@ HUGE = [2**62, 2**63 - 1, -(2**63), 2**31, 2**40, -1]
 EXPECTED = (tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError, ValueError, TypeError)
 
 
-class _State:
+class State:
     def __init__(self, rng: np.random.Generator):
         self.config = make_config(
             [{"name": n, "vocab": v, "dim": d, "opt": o, "lr": lr} for n, v, d, o, lr in TABLES], FEATURES
@@ -80,7 +80,7 @@ def _valid_feature(rng: random.Random, vocab: int):
     return indices, ids, weights.astype(np.float32), np.array(shape, np.int64)
 
 
-def _corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
+def corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
     """Applies one corruption; returns its name and whether the call is then certainly invalid."""
     f = rng.randrange(len(call["features"]))
     splits, ids, weights, shape = call["features"][f]
@@ -159,7 +159,7 @@ def _corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
     return name, certain
 
 
-def _make_call(state: _State, rng: random.Random) -> dict:
+def make_call(state: State, rng: random.Random) -> dict:
     features, grads = [], []
     for _, table_id, _ in FEATURES:
         _, vocab, dim, _, _ = TABLES[table_id]
@@ -182,7 +182,8 @@ def _make_call(state: _State, rng: random.Random) -> dict:
     }
 
 
-def _run_call(call: dict, config: bytes, forward: bool) -> None:
+def run_call(call: dict, config: bytes, forward: bool) -> None:
+    """One op call; `call["rounding_kwargs"]` (the low_precision target's) go to the send op."""
     feats = [eo.FeatureInput(*f) for f in call["features"]]
     if forward:
         eo.embedding_activations(feats, call["tables"], config, call["combiners"])
@@ -196,51 +197,28 @@ def _run_call(call: dict, config: bytes, forward: bool) -> None:
             config,
             call["combiners"],
             check_numerics=call["check_numerics"],
+            **call.get("rounding_kwargs", {}),
         )
 
 
 def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
     rng = random.Random(seed)
-    state = _State(np.random.default_rng(seed))
-    report = Report("ops", seed)
-    budget = Budget(seconds, max_inputs)
-    start = time.monotonic()
-    with Watchdog() as watchdog:
-        while budget.more():
-            budget.count += 1
-            watchdog.kick()
-            if budget.count % 500 == 0:
-                state.reset(np.random.default_rng(budget.count))
-            call = _make_call(state, rng)
-            names, certain = [], False
-            for _ in range(rng.choice([0, 1, 1, 1, 2, 3])):
-                name, sure = _corrupt(call, rng)
-                names.append(name)
-                certain = certain or sure
-            forward = rng.random() < 0.4
-            certain = certain or (not forward and call.get("bad_learning_rate", False))
-            certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
-            before = state.snapshot()
-            try:
-                _run_call(call, state.config, forward)
-                accepted = True
-            except EXPECTED:
-                accepted = False
-            except Exception as e:
-                report.fail(f"{type(e).__name__}: {e}", names)
-                accepted = False
-            for name in names:
-                report.bump(name)
-            if accepted:
-                report.accepted += 1
-                if certain:
-                    report.fail("certainly invalid input was accepted", (names, call["features"], call["lrs"]))
-                if forward and state.snapshot() != before:
-                    report.fail("the forward op changed a variable", names)
-            else:
-                report.rejected += 1
-                if state.snapshot() != before:
-                    report.fail("a rejected call changed a variable", (names, forward))
-    report.inputs = budget.count
-    report.seconds = time.monotonic() - start
-    return report
+    state = State(np.random.default_rng(seed))
+
+    def one_input(index: int, report: Report) -> tuple[list, bool]:
+        if index % 500 == 0:
+            state.reset(np.random.default_rng(index))
+        call = make_call(state, rng)
+        names, certain = [], False
+        for _ in range(rng.choice([0, 1, 1, 1, 2, 3])):
+            name, sure = corrupt(call, rng)
+            names.append(name)
+            certain = certain or sure
+        forward = rng.random() < 0.4
+        certain = certain or (not forward and call.get("bad_learning_rate", False))
+        certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
+        fn = functools.partial(run_call, call, state.config, forward)
+        # The forward op never writes a variable: it is checked as read-only.
+        return names, check_call(report, fn, state.snapshot, names, certain, forward, EXPECTED)
+
+    return drive("ops", seconds, seed, max_inputs, one_input)

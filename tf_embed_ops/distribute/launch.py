@@ -8,6 +8,18 @@ localhost ports, waits until every one serves, then runs the command with the ch
 launcher exits with the command's status.  The command also gets TF_EMBED_OPS_TASK_PIDS, `{"ps": [pid, ...],
 "worker": [...]}`, for fault-injection experiments.
 
+However the launcher ends, its tasks end with it (docs/reliability.md, "Processes"):
+
+- the command exits, or the launcher fails: every task is killed (SIGKILL to its process group);
+- SIGTERM, SIGINT or SIGHUP: the signal is passed on to the command once, which gets `--stop-timeout` seconds
+  (default 10) to exit before it is killed; then every task is killed and the launcher exits with 128 + the
+  signal's number;
+- the launcher itself is killed (SIGKILL, a crash): on Linux each task and the command were started with a
+  parent-death signal (`prctl(PR_SET_PDEATHSIG)`, SIGKILL), so the kernel ends them.
+
+Each task runs in its own process group, so a terminal's Ctrl-C reaches the launcher (which stops the job in
+order) and not the servers directly.
+
 Every address is `localhost`: the tasks only dial each other over loopback.  TensorFlow's servers are
 unauthenticated and listen on all interfaces for their ports: on a machine reachable from untrusted networks,
 firewall them (docs/distributed.md, "Security").  On real machines, start each task yourself (docs/distributed.md,
@@ -17,12 +29,16 @@ firewall them (docs/distributed.md, "Security").  On real machines, start each t
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from tf_embed_ops.distribute.local_cluster import free_port
 
@@ -47,6 +63,46 @@ def local_cluster_spec(num_ps: int, num_workers: int) -> dict:
     }
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class _Stop(BaseException):  # like KeyboardInterrupt: unwinds to the cleanup; not an error
+    """Raised by the launcher's handler of a stop signal (SIGTERM, SIGINT, SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, _frame) -> None:
+    raise _Stop(signum)
+
+
+def _child_setup(death_signal: int, new_group: bool) -> Callable[[], None]:
+    """The `preexec_fn` of a child: its own process group (tasks), and the kernel's signal when the launcher dies.
+
+    Without the parent-death signal a SIGKILLed launcher would leave orphaned servers listening. Linux only; on
+    other systems the launcher's signal handlers and the process groups remain.
+    """
+    launcher = os.getpid()
+    prctl = None
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+
+    def setup() -> None:
+        if new_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+            # The launcher may have died between fork and prctl: then nobody would send the signal.
+            if os.getppid() != launcher:
+                os.kill(os.getpid(), death_signal)
+
+    return setup
+
+
 def _start_tasks(cluster: dict, timeout: float) -> dict:
     """Starts every ps/worker task; returns {(job, index): Popen} once all serve (each prints one line then)."""
     tasks = {}
@@ -60,6 +116,7 @@ def _start_tasks(cluster: dict, timeout: float) -> dict:
                     env=env,
                     stdout=subprocess.PIPE,
                     text=True,
+                    preexec_fn=_child_setup(signal.SIGKILL, new_group=True),
                 )
         deadline = time.monotonic() + timeout
         for (job, index), task in tasks.items():
@@ -75,11 +132,43 @@ def _start_tasks(cluster: dict, timeout: float) -> dict:
 
 
 def _stop(tasks: dict) -> None:
+    """Kills every task's process group (the task and anything it started), then reaps the tasks."""
     for task in tasks.values():
         if task.poll() is None:
-            task.kill()
+            try:
+                os.killpg(task.pid, signal.SIGKILL)
+            except OSError:  # not a group leader (setup failed before setpgid) or already gone
+                task.kill()
     for task in tasks.values():
         task.wait(timeout=60)
+        if task.stdout is not None:
+            task.stdout.close()
+
+
+def _run_command(command: list, env: dict, stop_timeout: float) -> int:
+    """Runs the chief's command; on a stop signal passes it on once, waits `stop_timeout` s, then kills it.
+
+    Returns:
+      The command's exit status, or 128 + the signal's number when a stop signal ended the run.
+    """
+    chief = subprocess.Popen(command, env=env, preexec_fn=_child_setup(signal.SIGKILL, new_group=False))
+    try:
+        return chief.wait()
+    except _Stop as stop:
+        try:
+            chief.send_signal(stop.signum)
+            chief.wait(timeout=stop_timeout)
+        except (_Stop, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if chief.poll() is None:
+                chief.kill()
+                chief.wait()
+        return 128 + stop.signum
+    except BaseException:
+        chief.kill()
+        chief.wait()
+        raise
 
 
 def main(argv: list | None = None) -> int:
@@ -99,27 +188,47 @@ def main(argv: list | None = None) -> int:
     parser.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to wait for every task to serve (default 300)"
     )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT/SIGHUP, seconds the command gets to exit before it is killed (default 10)",
+    )
     args = parser.parse_args(argv[:split])
     try:
         cluster = local_cluster_spec(args.ps, args.workers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not args.stop_timeout >= 0:
+        print(f"error: --stop-timeout must be >= 0; got {args.stop_timeout}", file=sys.stderr)
+        return 2
+    previous = {signum: signal.signal(signum, _raise_stop) for signum in STOP_SIGNALS}
+    tasks: dict = {}
     try:
-        tasks = _start_tasks(cluster, args.start_timeout)
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    try:
+        try:
+            tasks = _start_tasks(cluster, args.start_timeout)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         pids = {job: [tasks[job, i].pid for i in range(len(cluster[job]))] for job in ("ps", "worker")}
         env = dict(
             os.environ,
             TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}),
             **{PIDS_ENV: json.dumps(pids)},
         )
-        return subprocess.run(argv[split + 1 :], env=env, check=False).returncode
+        return _run_command(argv[split + 1 :], env, args.stop_timeout)
+    except _Stop as stop:  # a stop signal while the tasks were starting
+        return 128 + stop.signum
     finally:
-        _stop(tasks)
+        # A second stop signal must not interrupt the cleanup: from here on they are ignored.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            _stop(tasks)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

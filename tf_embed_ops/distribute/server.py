@@ -19,45 +19,148 @@ import argparse
 import ipaddress
 import json
 import os
+import re
 import sys
+from typing import Any
 
-__all__ = ["check_task_address", "is_loopback_address", "main", "start_server", "task_address"]
+__all__ = [
+    "check_task_address",
+    "check_tf_config",
+    "is_loopback_address",
+    "main",
+    "parse_address",
+    "parse_tf_config",
+    "start_server",
+    "task_address",
+]
 
 TRUSTED_NETWORK_FLAG = "--trusted-network"
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_BRACKETED = re.compile(r"\[([^\[\]]+)\]:([0-9]{1,5})")
+_PLAIN = re.compile(r"([^:\[\]]+):([0-9]{1,5})")
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Splits a task address into (host, port), strictly.
+
+    Accepted: `host:port` with a DNS host name (RFC 1123 labels of letters, digits and inner hyphens, dot
+    separated, at most 253 characters) or a dotted-quad IPv4 address; `[v6]:port` with an IPv6 address in
+    brackets (a zone `%name` allowed). The port is 1-65535. Nothing else: no user info (`a@b`), no path, no
+    whitespace, nothing after the port or the closing bracket, no unbracketed IPv6.
+
+    Raises:
+      ValueError: naming the address and what is wrong with it.
+    """
+    if not isinstance(address, str):
+        raise ValueError(f"task address {address!r} must be a string 'host:port' or '[ipv6]:port'")
+    bracketed, plain = _BRACKETED.fullmatch(address), _PLAIN.fullmatch(address)
+    if bracketed:
+        host, port = bracketed.groups()
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"task address {address!r}: {host!r} in brackets is not an IPv6 address") from None
+    elif plain:
+        host, port = plain.groups()
+        if not _is_ipv4(host) and not _is_host_name(host):
+            raise ValueError(
+                f"task address {address!r}: {host!r} is neither an IPv4 address nor a host name (letters, digits, "
+                f"'-' and '.')"
+            )
+    else:
+        raise ValueError(f"task address {address!r} is not 'host:port' or '[ipv6]:port'")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"task address {address!r}: port {int(port)} is not in [1, 65535]")
+    return host, int(port)
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_host_name(host: str) -> bool:
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def task_address(tf_config: dict) -> str:
     """The `host:port` that `tf_config`'s own task serves on (its entry in the cluster).
 
     Raises:
-      ValueError: if the cluster has no such job or index.
+      ValueError: if the cluster has no such job or index, or the TF_CONFIG is malformed.
     """
+    check_tf_config(tf_config)
     cluster, task = tf_config.get("cluster") or {}, tf_config.get("task") or {}
-    job, index = task.get("type"), int(task.get("index", 0))
+    job, index = task.get("type"), task.get("index", 0)
     addresses = cluster.get(job) or []
     if not 0 <= index < len(addresses):
         raise ValueError(f"TF_CONFIG cluster has no address for task {job!r} index {index}; cluster: {cluster!r}.")
     return addresses[index]
 
 
-def is_loopback_address(address: str) -> bool:
-    """True when `address` (`host:port`, `[v6]:port`) names this machine's loopback interface only.
+def check_tf_config(tf_config: Any) -> None:
+    """Checks TF_CONFIG's structure: `{"cluster": {job: [address, ...]}, "task": {"type": job, "index": int}}`.
 
-    `localhost`, 127.0.0.0/8 and ::1 are loopback; any other name or address (including 0.0.0.0) is not, since
-    a host name could resolve to a public interface.
+    Raises:
+      ValueError: naming the field and the value.
     """
-    if address.startswith("["):
-        host = address[1 : address.find("]")]
-    elif address.count(":") == 1:
-        host = address.rsplit(":", 1)[0]
-    else:  # a bare IPv6 address (or a name without a port)
-        host = address
-    if host.lower() == "localhost":
-        return True
+    if not isinstance(tf_config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object; got {type(tf_config).__name__}")
+    cluster, task = tf_config.get("cluster"), tf_config.get("task")
+    if cluster is not None:
+        if not isinstance(cluster, dict):
+            raise ValueError(f"TF_CONFIG 'cluster' must be an object {{job: [address, ...]}}; got {cluster!r}")
+        for job, addresses in cluster.items():
+            if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+                raise ValueError(f"TF_CONFIG cluster job {job!r} must be a list of address strings; got {addresses!r}")
+    if task is not None:
+        if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+            raise ValueError(f"TF_CONFIG 'task' must be an object with a string 'type'; got {task!r}")
+        index = task.get("index", 0)
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise ValueError(f"TF_CONFIG task 'index' must be an int >= 0; got {index!r}")
+
+
+def parse_tf_config(raw: str) -> dict:
+    """TF_CONFIG's JSON text, parsed and checked (`check_tf_config`).
+
+    Raises:
+      ValueError: the text is not JSON (naming the position), or not a TF_CONFIG.
+    """
     try:
-        return ipaddress.ip_address(host).is_loopback
+        tf_config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    check_tf_config(tf_config)
+    return tf_config
+
+
+def is_loopback_address(address: str) -> bool:
+    """True when `address` (`host:port`, `[v6]:port`, parsed by `parse_address`) names this machine's loopback
+    interface only.
+
+    `localhost`, 127.0.0.0/8 and ::1 (also as ::ffff:127.x.y.z) are loopback; any other name or address
+    (including 0.0.0.0) is not, since a host name could resolve to a public interface; nor is anything
+    `parse_address` refuses.
+    """
+    try:
+        host, _ = parse_address(address)
     except ValueError:
         return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def check_task_address(tf_config: dict, *, trusted_network: bool) -> None:
@@ -68,6 +171,7 @@ def check_task_address(tf_config: dict, *, trusted_network: bool) -> None:
         is False (or the cluster has no address for the task).
     """
     address = task_address(tf_config)
+    parse_address(address)
     if not trusted_network and not is_loopback_address(address):
         raise ValueError(
             f"refusing to serve on {address!r}: it is not a loopback address, and TensorFlow's gRPC server is "
@@ -138,8 +242,8 @@ def main(argv: list | None = None) -> int:
     if not raw:
         print("error: set TF_CONFIG (or pass --tf-config)", file=sys.stderr)
         return 2
-    tf_config = json.loads(raw)
     try:  # before TensorFlow is imported: a refused address costs nothing
+        tf_config = parse_tf_config(raw)
         check_task_address(tf_config, trusted_network=args.trusted_network)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

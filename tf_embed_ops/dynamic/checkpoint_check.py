@@ -64,10 +64,11 @@ class TableSpec(NamedTuple):
           ValueError: naming the table, the tensor and the value; the caller has changed nothing yet.
         """
         where = f"DynamicTable {self.name!r}: {what}:"
+        source = "the checkpoint" if what == "restore" else "the content"
         end = "; nothing was changed"
         missing = [k for k in (*TENSORS, "step") if k not in tensors]
         if missing:
-            raise ValueError(f"{where} the checkpoint lacks {missing}{end}")
+            raise ValueError(f"{where} {source} lacks {missing}{end}")
         t = {k: np.asarray(tensors[k]) for k in (*TENSORS, "step")}
         for k in _INT:
             if t[k].dtype != np.int64:
@@ -111,7 +112,7 @@ class TableSpec(NamedTuple):
             raise ValueError(f"{where} key {int(both[0])} is both a row and a pending admission counter{end}")
         if p and self.max_pending_keys == 0:
             raise ValueError(
-                f"{where} the checkpoint holds {p} pending admission counters but the table counts none (no "
+                f"{where} {source} holds {p} pending admission counters but the table counts none (no "
                 f"te.dynamic.FrequencyAdmission with min_count > 1); restore into a table with the checkpoint's "
                 f"admission{end}"
             )
@@ -121,12 +122,12 @@ class TableSpec(NamedTuple):
             shard = f" for shard {index} of {self.num_shards}" if self.num_shards > 1 else ""
             if rows[index] > self.max_rows:
                 raise ValueError(
-                    f"{where} the checkpoint holds {rows[index]} rows{shard}, more than max_rows={self.max_rows}; "
+                    f"{where} {source} holds {rows[index]} rows{shard}, more than max_rows={self.max_rows}; "
                     f"raise max_rows or restore into more shards. Nothing was changed"
                 )
             if pending[index] > self.max_pending_keys:
                 raise ValueError(
-                    f"{where} the checkpoint holds {pending[index]} pending admission counters{shard}, more than "
+                    f"{where} {source} holds {pending[index]} pending admission counters{shard}, more than "
                     f"max_pending_keys={self.max_pending_keys}; raise max_pending_keys or restore into more "
                     f"shards. Nothing was changed"
                 )

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat
+from tf_embed_ops import _tf_compat, low_precision
 from tf_embed_ops.config import slot_shapes
 from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
 
@@ -619,6 +619,9 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
       seed: the seed of the initializer; None takes the initializer object's own integer seed, else 0.
       eviction_log_capacity: entries the table's eviction log keeps (`DynamicTable.evicted_keys()`; >= 1, per
         shard); the oldest are dropped first and a reader that misses some is told.
+      storage_dtype, slot_storage_dtype, rounding: the rows' and the slots' storage dtype and how a 16-bit row
+        is rounded back after the float32 optimizer step, with `te.TableConfig`'s choices and defaults
+        (tf.float32; the table's; "stochastic"); docs/low_precision.md.
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.
@@ -643,10 +646,17 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         eviction: _Eviction | None = None,
         seed: int | None = None,
         eviction_log_capacity: int = DEFAULT_EVICTION_LOG_CAPACITY,
+        *,
+        storage_dtype: Any = tf.float32,
+        slot_storage_dtype: Any = None,
+        rounding: str | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
         owner = f"DynamicTableConfig {name!r}"
+        storage, slot_storage, rounding = low_precision.storage_options(
+            owner, storage_dtype, slot_storage_dtype, rounding
+        )
         _check_count(owner, "dim", dim, 1, MAX_DIM)
         _check_count(owner, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
         if initial_capacity is None:
@@ -713,6 +723,9 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.seed = seed
         self.initializer_kind = kind
         self.initializer_params = params
+        self.storage_dtype = storage
+        self.slot_storage_dtype = slot_storage
+        self.rounding = rounding
 
     def __repr__(self) -> str:
         return (
@@ -720,7 +733,9 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
             f"combiner={self.combiner!r}, initializer={self.initializer_kind}{self.initializer_params}, "
             f"key_dtype={self.key_dtype.name}, initial_capacity={self.initial_capacity}, max_rows={self.max_rows}, "
             f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed}, "
-            f"eviction_log_capacity={self.eviction_log_capacity})"
+            f"eviction_log_capacity={self.eviction_log_capacity}, "
+            f"storage_dtype={self.storage_dtype.name!r}, slot_storage_dtype={self.slot_storage_dtype.name!r}, "
+            f"rounding={self.rounding!r})"
         )
 
 
@@ -744,6 +759,17 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
     optimizer = config.optimizer if config.optimizer is not None else optimizer
     admission = config.admission or FrequencyAdmission(1, max_pending_keys=1)
     eviction = config.eviction.attrs() if config.eviction is not None else dict(_NO_EVICTION)
+    # 16-bit storage: attrs only where they differ from the defaults, so a float32 table's op is the one older
+    # versions wrote (and read).
+    storage = (
+        {
+            "storage_dtype": config.storage_dtype.name,
+            "slot_storage_dtype": config.slot_storage_dtype.name,
+            "rounding": config.rounding,
+        }
+        if low_precision.is_low_precision(config)
+        else {}
+    )
     return {
         "shared_name": shared_name,
         "table_name": config.name,
@@ -759,6 +785,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         **admission.attrs(),
         **eviction,
         "eviction_log_capacity": getattr(config, "eviction_log_capacity", DEFAULT_EVICTION_LOG_CAPACITY),
+        **storage,
     }
 
 
@@ -787,6 +814,9 @@ def to_config_dict(config: DynamicTableConfig) -> dict[str, Any]:
         "admission": None if admission is None else admission.get_config(),
         "eviction": None if eviction is None else _eviction_config(eviction, config.name),
         "eviction_log_capacity": config.eviction_log_capacity,
+        "storage_dtype": config.storage_dtype.name,
+        "slot_storage_dtype": config.slot_storage_dtype.name,
+        "rounding": config.rounding,
     }
 
 
@@ -820,9 +850,10 @@ def _admission_from_config(admission: dict[str, Any]) -> FrequencyAdmission | Bl
 
 
 def from_config_dict(
-    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any
+    fields: dict[str, Any], *, name: str, dim: int, optimizer: Any, combiner: str, initializer: Any, **options: Any
 ) -> DynamicTableConfig:
-    """Inverse of `to_config_dict`, given the `TableConfig` fields."""
+    """Inverse of `to_config_dict`, given the `TableConfig` fields and any other constructor `options` (saved by
+    the caller under the argument's name)."""
     admission = fields.get("admission")
     eviction = fields.get("eviction")
     policy = None if eviction is None else _eviction_from_config(eviction, name)
@@ -839,4 +870,9 @@ def from_config_dict(
         eviction=policy,
         seed=fields["seed"],
         eviction_log_capacity=fields.get("eviction_log_capacity", DEFAULT_EVICTION_LOG_CAPACITY),
+        # Configs saved before 16-bit dynamic tables have none of the three: the defaults.
+        storage_dtype=fields.get("storage_dtype", "float32"),
+        slot_storage_dtype=fields.get("slot_storage_dtype"),
+        rounding=fields.get("rounding"),
+        **options,
     )

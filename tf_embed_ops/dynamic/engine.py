@@ -221,20 +221,11 @@ class DynamicGroup:
         if learning_rates is None:
             learning_rates = self.evaluate_learning_rates()
         step = self.step.read_value()
-        if self._shard_devices is None:
-            update = dynamic_ops.dynamic_send_tpu_embedding_gradients(
-                list(gradients),
-                learning_rates,
-                inputs,
-                self._handles(0),
-                step,
-                self.serialized_config,
-                combiners=self.combiners,
-                check_numerics=self._check_numerics,
-            )
-            updates = [update]
-        else:
-            updates = self._sharded_send(gradients, learning_rates, inputs, step)
+        # Sharded, each shard is its own op: with check_numerics, every shard's update is checked before any writes.
+        sharded_checks = self._check_numerics and self._shard_devices is not None
+        checks = self.validate_send(gradients, inputs, learning_rates) if sharded_checks else []
+        with tf.control_dependencies(checks):
+            updates = self._send_ops(gradients, learning_rates, inputs, step)
         return self._advance_steps(updates + self._score_rounds(updates, step))
 
     def _score_rounds(self, updates: list, step: tf.Tensor) -> list:
@@ -249,6 +240,31 @@ class DynamicGroup:
                     with tf.control_dependencies([u for u in updates if u is not None]):
                         rounds.append(table.evict(step=step))
         return rounds
+
+    def validate_send(self, gradients: list, inputs: list, learning_rates: list) -> list:
+        """The send op's checks without its writes (`validate_only`), one op per shard: everything the update
+        would reject (learning rates, gradients and, with check_numerics, a value the update would make NaN or
+        +-inf), with the kernel's errors (feature, table, position).  Run before another op that writes."""
+        checks = self._send_ops(gradients, learning_rates, inputs, self.step.read_value(), validate_only=True)
+        return [c for c in checks if c is not None]
+
+    def _send_ops(
+        self, gradients: list, learning_rates: list, inputs: list, step: tf.Tensor, validate_only: bool = False
+    ) -> list:
+        if self._shard_devices is not None:
+            return self._sharded_send(gradients, learning_rates, inputs, step, validate_only)
+        update = dynamic_ops.dynamic_send_tpu_embedding_gradients(
+            list(gradients),
+            learning_rates,
+            inputs,
+            self._handles(0),
+            step,
+            self.serialized_config,
+            combiners=self.combiners,
+            check_numerics=self._check_numerics,
+            validate_only=validate_only,
+        )
+        return [update]
 
     def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
         """Training lookup whose backward pass runs the fused update (for Keras' train step; see
@@ -290,7 +306,9 @@ class DynamicGroup:
             total = list(acts) if total is None else [a + b for a, b in zip(total, acts, strict=True)]
         return total
 
-    def _sharded_send(self, gradients: list, learning_rates: list, inputs: list, step: tf.Tensor) -> list:
+    def _sharded_send(
+        self, gradients: list, learning_rates: list, inputs: list, step: tf.Tensor, validate_only: bool = False
+    ) -> list:
         updates = []
         for index, (device, shard_inputs) in enumerate(
             zip(self._shard_devices, self._shard_inputs(inputs), strict=True)
@@ -306,6 +324,7 @@ class DynamicGroup:
                         self.serialized_config,
                         combiners=["sum"] * len(self.table_configs),
                         check_numerics=self._check_numerics,
+                        validate_only=validate_only,
                     )
                 )
         return updates
@@ -357,10 +376,11 @@ def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: 
             for k, lr in enumerate(learning_rates)
         ]
         if group.check_numerics:
-            checks += [
-                tf.debugging.assert_all_finite(g, f"check_numerics: the gradient of feature {i} holds NaN or Inf")
-                for i, g in enumerate(gradients)
-            ]
+            # The dynamic op's own checks, writing nothing: gradients and the updates they would make (a per-row
+            # sum that overflows), with its errors naming the feature, the table and the position.
+            checks += group.validate_send(
+                [gradients[i] for i in group.positions], [inputs[i] for i in group.positions], learning_rates
+            )
         if checks:
             with tf.control_dependencies(checks):
                 gradients = [tf.identity(g) for g in gradients]

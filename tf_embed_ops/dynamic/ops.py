@@ -13,10 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _loader, embedding_ops
-from tf_embed_ops.embedding_ops import FeatureInput, checked_combiners, learning_rate_values, serialized_config
+from tf_embed_ops.embedding_ops import (
+    FeatureInput,
+    checked_combiners,
+    checked_int,
+    learning_rate_values,
+    serialized_config,
+)
 
 __all__ = [
     "DynamicTableContents",
@@ -165,6 +172,8 @@ def _features(features, argument: str) -> list[FeatureInput]:
 
 
 def _step(step) -> tf.Tensor:
+    if isinstance(step, (int, np.integer)):
+        step = checked_int(step, "step")
     step = tf.convert_to_tensor(step)
     if not step.dtype.is_integer:
         raise ValueError(f"step: must be an integer, got {step.dtype.name}")
@@ -202,6 +211,9 @@ def dynamic_table_handle(
     container: str = "",
     shared_name: str = "",
     name=None,
+    storage_dtype="float32",
+    slot_storage_dtype="float32",
+    rounding: str = "stochastic",
 ) -> tf.Tensor:
     """Creates (on first run) or looks up the dynamic table ``(container, shared_name)``; returns its handle.
 
@@ -234,6 +246,9 @@ def dynamic_table_handle(
       eviction_log_capacity: entries the eviction log keeps.
       container, shared_name: the resource's name.
       name: op name.
+      storage_dtype, slot_storage_dtype: the rows' and slots' element type: float32, bfloat16 or float16
+        (dtypes or names).
+      rounding: "stochastic" or "nearest": how a 16-bit row is rounded back after each update.
 
     Returns:
       A scalar resource tensor.
@@ -244,6 +259,27 @@ def dynamic_table_handle(
     Example:
       >>> h = dynamic_table_handle("users", dim=8, initial_capacity=1024, max_rows=1 << 20, shared_name="users")
     """
+    ints = {
+        argument: checked_int(value, argument)
+        for argument, value in (
+            ("dim", dim),
+            ("initial_capacity", initial_capacity),
+            ("max_rows", max_rows),
+            ("rows_per_chunk", rows_per_chunk),
+            ("seed", seed),
+            ("admission_min_count", admission_min_count),
+            ("max_pending_keys", max_pending_keys),
+            ("pending_ttl_steps", pending_ttl_steps),
+            ("eviction_max_rows", eviction_max_rows),
+            ("eviction_ttl_steps", eviction_ttl_steps),
+            ("eviction_min_count", eviction_min_count),
+            ("bloom_num_counters", bloom_num_counters),
+            ("bloom_num_hashes", bloom_num_hashes),
+            ("bloom_counter_bits", bloom_counter_bits),
+            ("eviction_log_capacity", eviction_log_capacity),
+        )
+    }
+    widths = [checked_int(w, f"slot_widths[{i}]") for i, w in enumerate(slot_widths)]
     key_dtype = tf.as_dtype(key_dtype)
     if key_dtype not in (tf.int64, tf.string):
         raise ValueError(f"key_dtype: must be tf.int64 or tf.string, got {key_dtype.name}")
@@ -253,30 +289,19 @@ def dynamic_table_handle(
         raise ValueError(f"eviction: must be one of {EVICTION_POLICIES}, got {eviction!r}")
     return _ops().tf_embed_dynamic_table_handle(
         table_name=table_name,
-        dim=int(dim),
         key_dtype=key_dtype,
         slot_initial_values=[float(v) for v in slot_initial_values],
-        slot_widths=[int(w) for w in slot_widths],
-        initial_capacity=int(initial_capacity),
-        max_rows=int(max_rows),
-        rows_per_chunk=int(rows_per_chunk),
+        slot_widths=widths,
         initializer=initializer,
         initializer_params=[float(v) for v in initializer_params],
-        seed=int(seed),
-        admission_min_count=int(admission_min_count),
-        max_pending_keys=int(max_pending_keys),
-        pending_ttl_steps=int(pending_ttl_steps),
         eviction=eviction,
-        eviction_max_rows=int(eviction_max_rows),
-        eviction_ttl_steps=int(eviction_ttl_steps),
         eviction_min_norm=float(eviction_min_norm),
         eviction_decay=float(eviction_decay),
-        eviction_min_count=int(eviction_min_count),
-        bloom_num_counters=int(bloom_num_counters),
-        bloom_num_hashes=int(bloom_num_hashes),
-        bloom_counter_bits=int(bloom_counter_bits),
         log_refused=bool(log_refused),
-        eviction_log_capacity=int(eviction_log_capacity),
+        storage_dtype=tf.as_dtype(storage_dtype).name,
+        slot_storage_dtype=tf.as_dtype(slot_storage_dtype).name,
+        rounding=rounding,
+        **ints,
         container=container,
         shared_name=shared_name,
         name=name,
@@ -323,7 +348,16 @@ def dynamic_embedding_activations(
 
 
 def dynamic_send_tpu_embedding_gradients(
-    gradients, learning_rates, features, tables, step, config, combiners=None, check_numerics=False, name=None
+    gradients,
+    learning_rates,
+    features,
+    tables,
+    step,
+    config,
+    combiners=None,
+    check_numerics=False,
+    name=None,
+    validate_only=False,
 ):
     """Applies one training step to dynamic tables in place, then their end-of-step eviction.
 
@@ -339,6 +373,8 @@ def dynamic_send_tpu_embedding_gradients(
       step: int64 scalar, the global step this update ends.
       config, combiners, check_numerics: as for the static op.
       name: op name.
+      validate_only: run every check (with check_numerics, the update computed without writing) and write
+        nothing; run before another op that writes, it makes the pair all-or-nothing.
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -363,6 +399,7 @@ def dynamic_send_tpu_embedding_gradients(
             config=serialized_config(config),
             combiners=checked_combiners(combiners),
             check_numerics=bool(check_numerics),
+            validate_only=bool(validate_only),
         )
 
 
@@ -405,7 +442,9 @@ def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableCo
     Example:
       >>> contents = dynamic_table_export(h, num_slots=1)
     """
-    out = _ops().tf_embed_dynamic_table_export(table=_handle(table, "table"), num_slots=int(num_slots), name=name)
+    out = _ops().tf_embed_dynamic_table_export(
+        table=_handle(table, "table"), num_slots=checked_int(num_slots, "num_slots", 0), name=name
+    )
     return DynamicTableContents(*out[:2], tuple(out[2]), *out[3:])
 
 
@@ -456,15 +495,16 @@ def dynamic_table_evict(
     """
     if policy not in EVICTION_POLICIES[1:]:
         raise ValueError(f"policy: must be one of {EVICTION_POLICIES[1:]}, got {policy!r}")
+    max_rows, ttl_steps = checked_int(max_rows, "max_rows"), checked_int(ttl_steps, "ttl_steps")
     return _ops().tf_embed_dynamic_table_evict(
         table=_handle(table, "table"),
         step=_step(step),
         policy=policy,
-        max_rows=int(max_rows),
-        ttl_steps=int(ttl_steps),
+        max_rows=max_rows,
+        ttl_steps=ttl_steps,
         min_norm=float(min_norm),
         decay=float(decay),
-        min_count=int(min_count),
+        min_count=checked_int(min_count, "min_count"),
         name=name,
     )
 
@@ -476,7 +516,10 @@ def dynamic_table_read_log(table, cursor, max_entries: int = -1, name=None) -> E
       >>> entries = dynamic_table_read_log(h, cursor=0); cursor = entries.next_cursor
     """
     out = _ops().tf_embed_dynamic_table_read_log(
-        table=_handle(table, "table"), cursor=_step(cursor), max_entries=int(max_entries), name=name
+        table=_handle(table, "table"),
+        cursor=_step(cursor),
+        max_entries=checked_int(max_entries, "max_entries"),
+        name=name,
     )
     return EvictionLogEntries(*out)
 
@@ -501,7 +544,7 @@ def dynamic_table_evict_by_score(table, keys, scores, step, max_rows: int, name=
         keys=tf.convert_to_tensor(keys, tf.int64),
         scores=tf.convert_to_tensor(scores, tf.float32),
         step=_step(step),
-        max_rows=int(max_rows),
+        max_rows=checked_int(max_rows, "max_rows"),
         name=name,
     )
 

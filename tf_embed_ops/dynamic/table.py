@@ -42,6 +42,7 @@ import copy
 import itertools
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops.dynamic import checkpoint_check
@@ -383,8 +384,10 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         current step counter, no admission counters. int64 keys only (a string table's keys are fingerprints).
 
         Raises:
-          ValueError: (statically known shapes) another dim or slot count, or sizes that disagree; the op
-            re-checks everything, and a rejected import changes nothing.
+          ValueError: another dim or slot count, sizes that disagree, counts or steps out of range, duplicate
+            keys, more rows than `max_rows`, admission counters beyond `max_pending_keys` or for a table without
+            admission (eagerly, all of `checkpoint_check.TableSpec.validate`; in a graph the op re-checks what
+            it can). A rejected import changes nothing.
         """
         contents = self._complete(
             {
@@ -399,6 +402,10 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             }
         )
         self.check_contents(contents, "import_")
+        if _all_eager(contents):
+            # Everything a restore checks, for this table alone (the keys are not restricted to a shard here).
+            spec = checkpoint_check.TableSpec.of(self._attrs)
+            spec.validate({**{k: v.numpy() for k, v in contents.items()}, "step": np.int64(0)}, "import_")
         return self.import_contents(contents)
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -486,13 +493,35 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         return _ops.dynamic_table_import(self.resource_handle, [split[k] for k in EXPORT_TENSORS])
 
     def check_ids(self, ids: Any) -> tf.Tensor:
-        ids = tf.convert_to_tensor(ids)
+        """`ids` as a tensor of the table's key dtype: any integer dtype widens to int64 for an int64 table (as
+        `te.TPUEmbedding` takes any integer ids); strings only for a string table.
+
+        Raises:
+          ValueError: naming the table, for ids of another kind (floats, strings for an int64 table, integers
+            for a string table).
+        """
+        if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+            raise ValueError(
+                f"DynamicTable {self._table_name!r}: ids must be a dense tensor, got {type(ids).__name__} (pass "
+                ".values, or .flat_values)"
+            )
+        try:
+            ids = tf.convert_to_tensor(ids)  # no dtype hint: it would truncate a float array silently
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"DynamicTable {self._table_name!r}: ids must be {self._ids_kind()}; cannot convert {ids!r}: {e}"
+            ) from None
+        if self.key_dtype == tf.int64 and ids.dtype.is_integer:
+            return tf.cast(ids, tf.int64)
         if ids.dtype != self.key_dtype:
             raise ValueError(
-                f"DynamicTable {self._table_name!r}: ids have dtype {ids.dtype.name}, the table's key_dtype is "
-                f"{self.key_dtype.name}"
+                f"DynamicTable {self._table_name!r}: ids have dtype {ids.dtype.name}; the table's key_dtype is "
+                f"{self.key_dtype.name}, so ids must be {self._ids_kind()}"
             )
         return ids
+
+    def _ids_kind(self) -> str:
+        return "integers (any integer dtype)" if self.key_dtype == tf.int64 else "strings"
 
     def _complete(self, c: dict) -> dict:
         out = dict(c)

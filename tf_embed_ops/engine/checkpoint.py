@@ -15,9 +15,12 @@ Children the checkpoint has and this object lacks, or the reverse, are left to T
 
 from __future__ import annotations
 
+import glob
+import os
 import sys
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, table_config
@@ -93,6 +96,34 @@ def _find_node(graph: Any, expected: dict) -> Any:
     return found[0] if len(found) == 1 else None
 
 
+def _read(reader: Any, path: str, key: str) -> Any:
+    """One tensor; a truncated or corrupt file is a ValueError naming it (TensorFlow's reader raises IndexError
+    "Read less bytes than requested" or a DataLossError)."""
+    try:
+        return reader.get_tensor(key)
+    except (IndexError, tf.errors.OpError) as e:
+        raise ValueError(
+            f"TPUEmbedding restore: cannot read {key!r} from the checkpoint at {path}: the file is truncated or "
+            f"corrupt ({type(e).__name__}: {e}); no table was changed"
+        ) from None
+
+
+def _check_not_truncated(path: str, shapes: dict, dtypes: dict) -> None:
+    """The data files must hold at least the bytes of every fixed-size tensor the index lists: a cheap test that
+    catches a truncated file before TensorFlow restores (and fails on) part of the tables."""
+    need = 0
+    for key, shape in shapes.items():
+        dtype = tf.as_dtype(dtypes[key])
+        if dtype != tf.string:
+            need += dtype.size * int(np.prod(shape, dtype=np.int64))
+    have = sum(os.path.getsize(f) for f in glob.glob(glob.escape(path) + ".data-*-of-*"))
+    if have < need:
+        raise ValueError(
+            f"TPUEmbedding restore: the checkpoint at {path} is truncated: its data files hold {have} bytes, its "
+            f"index lists {need} bytes of tensors; no table was changed"
+        )
+
+
 def validate(embedding: Any, path: str) -> None:
     """Checks every table's data in the checkpoint at `path` against `embedding`; raises before anything is written.
 
@@ -121,11 +152,12 @@ def validate(embedding: Any, path: str) -> None:
         if node is None:
             return
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    _check_not_truncated(path, shapes, dtypes)
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
         if isinstance(want, checkpoint_check.TableSpec):
-            tensors = {k: reader.get_tensor(key) for k, key in keys.items() if key in shapes}
+            tensors = {k: _read(reader, path, key) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
         elif isinstance(want, _Variable) and "VARIABLE_VALUE" in keys and keys["VARIABLE_VALUE"] in shapes:
             key = keys["VARIABLE_VALUE"]
@@ -134,6 +166,11 @@ def validate(embedding: Any, path: str) -> None:
                 raise ValueError(
                     f"TPUEmbedding restore: the checkpoint's {name!r} has shape {got_shape.as_list()}, this "
                     f"object's is {want.shape.as_list()}; no table was changed"
+                )
+            if name == "rounding_step" and got_shape.rank == 0 and int(_read(reader, path, key)) < 0:
+                raise ValueError(
+                    f"TPUEmbedding restore: the checkpoint's 'rounding_step' is {int(_read(reader, path, key))}, "
+                    f"it must be >= 0; no table was changed"
                 )
             if want.dtype is not None and got_dtype != want.dtype:
                 raise ValueError(

@@ -7,7 +7,8 @@ and the same call (`inputs`, `weights=None`, `training`), and is the Keras `TPUE
 table is updated by its own optimizer through the fused ops inside `model.fit`. Switching is one import.
 
 Inputs per feature: dense `(batch,)` or `(batch, n)`, or ragged / sparse `(batch, None)`; rows longer than the
-declared `input_shape[1]` are truncated to it. Outputs are `(batch, embedding_dim)`, combined by the table's
+declared `input_shape[1]` are truncated to it. A dense `(batch,)` input is one id per sample also for a feature
+declared `(batch, n)` (as keras-rs reads it). Outputs are `(batch, embedding_dim)`, combined by the table's
 combiner, as keras-rs computes them off SparseCore.
 
 Example:
@@ -25,6 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tf_embed_ops import _xla
 from tf_embed_ops.keras import distributed_embedding_config as de_config
 from tf_embed_ops.keras import layer as layer_lib
 from tf_embed_ops.keras import optimizer_mapping
@@ -113,9 +115,26 @@ def _check_table_stacking(table_stacking: Any, names: list[str]) -> None:
             seen.add(name)
 
 
-def _truncate(x: Any, max_ids: int | None) -> Any:
+def _truncate(x: Any, w: Any, max_ids: int | None) -> tuple[Any, Any]:
+    """Ragged/sparse ids (and their weights) with each row cut to its first `max_ids` ids."""
     if max_ids is None:
-        return x
+        return x, w
+    if _xla.in_xla_context():
+        # XLA compiles neither ragged nor sparse slicing: the ids past max_ids stay, with weight 0, which adds
+        # nothing to any combiner's sum or norm (the same values, unless such a row holds inf or NaN).
+        if isinstance(x, tf.RaggedTensor):
+            position = tf.range(tf.size(x.values, out_type=tf.int64)) - tf.gather(x.row_starts(), x.value_rowids())
+        else:
+            position = x.indices[:, 1]
+        keep = tf.cast(position < max_ids, tf.float32)
+        w_values = keep if w is None else w.values * keep
+        if isinstance(x, tf.RaggedTensor):
+            return x, x.with_values(w_values)
+        return x, tf.SparseTensor(x.indices, w_values, x.dense_shape)
+    return _cut(x, max_ids), (None if w is None else _cut(w, max_ids))
+
+
+def _cut(x: Any, max_ids: int) -> Any:
     if isinstance(x, tf.RaggedTensor):
         return x[:, :max_ids]
     shape = tf.shape(x, out_type=tf.int64)
@@ -137,9 +156,11 @@ def _prepare(x: Any, w: Any, feature: Any) -> tuple[Any, Any]:
         if w is not None and not isinstance(w, type(x)):
             raise ValueError(f"{what} weights are {_kind(w)} but the input is {_kind(x)}; they must match.")
         # tf.cast keeps ragged/sparse structure, so the weights stay aligned with the ids.
-        return _truncate(x, max_ids), (None if w is None else _truncate(tf.cast(w, tf.float32), max_ids))
+        return _truncate(x, None if w is None else tf.cast(w, tf.float32), max_ids)
     x = tf.convert_to_tensor(x)
-    if x.shape.rank != len(declared):
+    # A rank-1 batch is one id per sample also where (batch, max_ids) is declared, as keras-rs reads it (its
+    # EmbedReduce embeds a 1-D input without reducing): within any max_ids, so nothing to truncate.
+    if x.shape.rank != len(declared) and not (x.shape.rank == 1 and len(declared) == 2):
         raise ValueError(f"{what} input of shape {x.shape} does not match the declared input_shape {declared}.")
     if x.shape.rank == 2 and None not in (max_ids, x.shape[1]) and x.shape[1] != max_ids:
         raise ValueError(f"{what} input of shape {x.shape} does not match the declared input_shape {declared}.")
@@ -186,13 +207,17 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
             "sgd", "adagrad", "adam", "ftrl", or a `tf.tpu.experimental.embedding` / `tf_embed_ops.optimizers`
             object. Tables shared between features are shared by identity.
           table_stacking: "auto", None or a list of lists of table names; validated, no effect on CPU.
-          update_stats: keras-rs's switch for SparseCore input statistics; accepted (a bool), no effect on CPU.
+          update_stats: keras-rs's switch for SparseCore input statistics (JAX only): True raises, as keras-rs's
+            TensorFlow layer does.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 
         Raises:
-          ValueError: naming the feature or table: a shape or placement this layer cannot honour, an
-            unsupported combiner, optimizer or optimizer option, a bad partition limit or table_stacking.
+          ValueError: `update_stats=True`; or, naming the feature or table: a shape or placement this layer cannot
+            honour, an unsupported combiner, optimizer or optimizer option, a bad partition limit or table_stacking.
         """
+        # keras-rs's TensorFlow layer refuses it first thing (its statistics are a JAX SparseCore feature).
+        if update_stats:
+            raise ValueError("`update_stats` cannot be True for the TensorFlow backend.")
         leaves = keras.tree.flatten(feature_configs)
         if not leaves:
             raise ValueError("feature_configs must contain at least one FeatureConfig; got an empty nest.")
@@ -206,8 +231,6 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
                 tables.append(feature.table)
             _check_feature(feature)
         _check_table_stacking(table_stacking, [t.name for t in tables])
-        if not isinstance(update_stats, bool):
-            raise ValueError(f"update_stats must be a bool; got {update_stats!r}.")
         tpu_features = keras.tree.map_structure(
             lambda f: _emb.FeatureConfig(table=tpu_tables[id(f.table)], name=f.name), feature_configs
         )

@@ -22,7 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops import embedding_ops
+from tf_embed_ops import _xla, embedding_ops
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
@@ -182,6 +182,15 @@ class TPUEmbedding(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
+        xla = _xla.in_xla_context()
+        if xla and training:
+            raise _xla.training_refused(f"Layer {self.name!r} ({type(self).__name__})")
+        if xla and store.dynamic_group is not None:
+            raise ValueError(
+                f"Layer {self.name!r} ({type(self).__name__}): dynamic tables "
+                f"{sorted(t.name for t in self.dynamic_tables)} cannot be looked up under XLA (jit_compile=True): "
+                "their rows live in a hash table XLA cannot read. Call the layer outside jit_compile."
+            )
         inputs, _ = store.normalize_inputs(features, weights)
         group = store.dynamic_group
         if group is not None:
@@ -205,14 +214,17 @@ class TPUEmbedding(keras.layers.Layer):
         flat_features = tf.nest.flatten(store.feature_config)
         if store.dynamic_group is not None:
             flat_features = [flat_features[i] for i in store.dynamic_group.static_positions]
-        if serving.in_serving_mode():
+        xla = _xla.in_xla_context()
+        if serving.in_serving_mode() or xla:
+            # Plain TensorFlow ops: the serving composite, or under XLA the op's exact composite (tf_embed_ops._xla).
+            plain_lookup = _xla.lookup if xla else serving.plain_lookup
             if features is not None:
                 kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
             else:  # the static subset next to dynamic tables: dense inputs are normalised with splits of shape [0]
                 kinds = [inp.sample_indices_or_row_splits.shape.as_list() == [0] for inp in inputs]
             tables = store.variables
             acts = [
-                serving.plain_lookup(
+                plain_lookup(
                     inp,
                     dense,
                     tables[f.table.name]["parameters"].value,

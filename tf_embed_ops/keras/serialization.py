@@ -1,7 +1,11 @@
 """JSON-able configs for `tf.tpu.experimental.embedding` objects, for `keras` `get_config`/`from_config`.
 
-`feature_config_to_dict` stores each distinct TableConfig once (shared tables stay shared after a round trip),
-its optimizer's constructor arguments and its initializer; `feature_config_from_dict` rebuilds the same nest.
+`feature_config_to_dict` stores each distinct TableConfig once (shared tables stay shared after a round trip)
+with its class (TensorFlow's `TableConfig`, `te.TableConfig`, `te.DynamicTableConfig`) and every constructor
+argument of that class: the optimizer's arguments (named by the optimizer schema), the initializer (TensorFlow's
+or Keras'), and the other options (`storage_dtype`, `rounding`, `dtype`, `layout`, ...) read from the attribute of
+the same name, so a new option is saved or refused by name, never dropped; `feature_config_from_dict` rebuilds the
+same nest.
 
 Example:
     >>> d = feature_config_to_dict({"a": tf.tpu.experimental.embedding.FeatureConfig(table=t)})
@@ -10,56 +14,65 @@ Example:
 
 from __future__ import annotations
 
+import base64
+import inspect
+import json
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
+from google.protobuf import message as _message
+from google.protobuf import symbol_database
 
+from tf_embed_ops import _optimizer_schema, _tf_compat
 from tf_embed_ops import optimizers as _optimizers
+from tf_embed_ops import table_config as _table_config
 from tf_embed_ops.dynamic import config as dynamic_config
 
-__all__ = ["feature_config_from_dict", "feature_config_to_dict", "optimizer_from_dict", "optimizer_to_dict"]
+__all__ = [
+    "feature_config_from_dict",
+    "feature_config_to_dict",
+    "optimizer_from_dict",
+    "optimizer_to_dict",
+    "table_from_dict",
+    "table_options",
+    "table_to_dict",
+]
 
 _emb = tf.tpu.experimental.embedding
 # Class names of tf_embed_ops.optimizers carry this prefix in a saved config (TF's five are bare names).
 _CATALOGUE_PREFIX = "tf_embed_ops.optimizers."
 
-_COMMON_OPTIMIZER_ARGS = (
-    "learning_rate",
-    "use_gradient_accumulation",
-    "clip_weight_min",
-    "clip_weight_max",
-    "weight_decay_factor",
-    "multiply_weight_decay_factor_by_learning_rate",
-    "low_dimensional_packing_status",
+# Every optimizer's schema entry by class name: TensorFlow's five and the classes tf_embed_ops.optimizers generates
+# from the others. It names the constructor arguments each class adds to the base ones.
+_OPTIMIZER_SCHEMAS = {s.python_class: s for s in _optimizer_schema.schemas()}
+_TF_OPTIMIZER_SCHEMAS = {k: s for k, s in _OPTIMIZER_SCHEMAS.items() if s.origin == "tensorflow"}
+# The base arguments every optimizer takes (TensorFlow's base class); slot_variable_creation_fn (a callable) is
+# refused and clipvalue is stored from clip_gradient_min/max, so neither is read as an attribute.
+_BASE_OPTIMIZER_ARGS = tuple(
+    p
+    for p in inspect.signature(_tf_compat.OptimizerBase.__init__).parameters
+    if p not in ("self", "slot_variable_creation_fn", "clipvalue")
 )
-_OPTIMIZER_ARGS = {
-    "SGD": (),
-    "Adagrad": ("initial_accumulator_value",),
-    "AdagradMomentum": ("momentum", "use_nesterov", "exponent", "beta2", "epsilon"),
-    "FTRL": (
-        "initial_accumulator_value",
-        "learning_rate_power",
-        "l1_regularization_strength",
-        "l2_regularization_strength",
-        "beta",
-        "multiply_linear_by_learning_rate",
-        "allow_zero_accumulator",
-    ),
-    "Adam": ("beta_1", "beta_2", "epsilon", "lazy_adam", "sum_inside_sqrt"),
-}
-# TensorFlow's own (init_ops_v2) initializers, which TableConfig and the optimizers use by default.
+
+
+def _schema_arguments(schema: _optimizer_schema.OptimizerSchema) -> tuple[str, ...]:
+    """The class-specific constructor arguments of an optimizer: its hyper-parameters and slot initial values."""
+    return tuple(h.python_name for h in schema.hyper_parameters) + tuple(
+        s.python_name for s in schema.slots if s.python_name is not None
+    )
+
+
+# TensorFlow's own (init_ops_v2) initializers, which TableConfig, the optimizers and `tf.constant_initializer`,
+# `tf.random_uniform_initializer`, ... return (`tf.initializers.*` are Keras' classes, saved as Keras objects).
 _TF_INITIALIZERS = {
     cls.__name__: cls
-    for cls in (
-        tf.initializers.TruncatedNormal,
-        tf.initializers.RandomNormal,
-        tf.initializers.RandomUniform,
-        tf.initializers.Constant,
-        tf.initializers.Zeros,
-        tf.initializers.Ones,
-    )
+    for cls in vars(_tf_compat.init_ops_v2).values()
+    if isinstance(cls, type)
+    and issubclass(cls, _tf_compat.init_ops_v2.Initializer)
+    and cls is not _tf_compat.init_ops_v2.Initializer
 }
 
 
@@ -88,19 +101,17 @@ def optimizer_to_dict(optimizer: Any) -> dict | None:
         return None
     name = type(optimizer).__name__
     catalogue = type(optimizer) in _optimizers.CATALOGUE.values()
-    if not catalogue and (name not in _OPTIMIZER_ARGS or not isinstance(optimizer, getattr(_emb, name))):
+    if not catalogue and (name not in _TF_OPTIMIZER_SCHEMAS or not isinstance(optimizer, getattr(_emb, name))):
         raise ValueError(
-            f"Cannot serialise optimizer {optimizer!r}: not one of {sorted(_OPTIMIZER_ARGS)} nor a "
+            f"Cannot serialise optimizer {optimizer!r}: not one of {sorted(_TF_OPTIMIZER_SCHEMAS)} nor a "
             "tf_embed_ops.optimizers class."
         )
     if optimizer.slot_variable_creation_fn is not None:
         raise ValueError(f"Cannot serialise {name} with a slot_variable_creation_fn (a Python callable).")
-    args = {a: getattr(optimizer, a) for a in _COMMON_OPTIMIZER_ARGS}
+    schema = _OPTIMIZER_SCHEMAS[name]
+    args = {a: getattr(optimizer, a) for a in _BASE_OPTIMIZER_ARGS + _schema_arguments(schema)}
     if catalogue:
-        args.update(optimizer.specific_arguments())
         name = _CATALOGUE_PREFIX + name
-    else:
-        args.update({a: getattr(optimizer, a) for a in _OPTIMIZER_ARGS[name]})
     lr = args["learning_rate"]
     if callable(lr):
         args["learning_rate"] = _serialize_callable(lr, f"{name}.learning_rate")
@@ -124,18 +135,38 @@ def optimizer_from_dict(d: dict | None) -> Any:
     return getattr(_emb, class_name)(**args)
 
 
-def _initializer_to_dict(init: Any, table_name: str) -> dict | None:
+def _jsonable(value: Any) -> Any:
+    """`value` with numpy scalars/arrays as Python numbers/lists; raises TypeError if JSON cannot hold it."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    json.dumps(value)  # TypeError for anything else JSON cannot hold
+    return value
+
+
+def _initializer_to_dict(init: Any, table: Any) -> dict | None:
     cls = type(init).__name__
-    if cls in _TF_INITIALIZERS and isinstance(init, _TF_INITIALIZERS[cls]):
-        return {"tf": cls, "config": init.get_config()}
-    if isinstance(init, keras.initializers.Initializer):
-        return {"keras": keras.saving.serialize_keras_object(init)}
+    try:
+        if _TF_INITIALIZERS.get(cls) is type(init):
+            return {"tf": cls, "config": _jsonable(init.get_config())}
+        if isinstance(init, keras.initializers.Initializer):
+            return {"keras": keras.saving.serialize_keras_object(init)}
+        problem = "not a TensorFlow or Keras initializer object"
+    except (TypeError, ValueError) as e:
+        problem = str(e)
+    if dynamic_config.is_dynamic(table):
+        # A dynamic table creates rows for new keys after loading too: the initializer must come back.
+        raise ValueError(f"DynamicTableConfig {table.name!r}: initializer {init!r} cannot be serialised: {problem}.")
     # The values are saved with the weights; the initializer only matters for a fresh layer built from config.
     logging.warning(
-        "Table %s: initializer %r is not serialisable; a layer rebuilt from this config uses the default "
+        "Table %s: initializer %r is not serialisable (%s); a layer rebuilt from this config uses the default "
         "TruncatedNormal(0, 1/sqrt(dim)) before its weights are loaded.",
-        table_name,
+        table.name,
         init,
+        problem,
     )
     return None
 
@@ -146,6 +177,122 @@ def _initializer_from_dict(d: dict | None) -> Any:
     if "tf" in d:
         return _TF_INITIALIZERS[d["tf"]](**d["config"])
     return keras.saving.deserialize_keras_object(d["keras"])
+
+
+# The table classes a config can hold, by saved name. Every constructor argument of each is saved: the ones
+# below by their own encoders, every other one (storage_dtype, rounding, dtype, layout, ...) by `_option_to_json`
+# from the attribute of the same name, so a new option is serialised or refused at `get_config`, never dropped.
+_TABLE_CLASSES = {
+    "TableConfig": _emb.TableConfig,
+    "tf_embed_ops.TableConfig": _table_config.TableConfig,
+    "tf_embed_ops.DynamicTableConfig": dynamic_config.DynamicTableConfig,
+}
+_TABLE_FIELDS = ("vocabulary_size", "dim", "name", "combiner", "initializer", "optimizer", "quantization_config")
+
+
+def table_options(cls: type) -> tuple[str, ...]:
+    """The constructor arguments of table class `cls`, in signature order (what a saved config must keep)."""
+    return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+
+
+def _generic_options(table: Any) -> tuple[str, ...]:
+    """The options of `table` saved by `_option_to_json`: every constructor argument that neither the common
+    fields nor (for a dynamic table) `dynamic_config.to_config_dict` save."""
+    own = set(_TABLE_FIELDS)
+    if dynamic_config.is_dynamic(table):
+        own |= set(dynamic_config.to_config_dict(table))
+    return tuple(p for p in table_options(type(table)) if p not in own)
+
+
+def _option_to_json(table: Any, option: str) -> Any:
+    value = getattr(table, option)
+    if isinstance(value, tf.DType):
+        return {"dtype": value.name}
+    if isinstance(value, _message.Message):
+        return {"proto": value.DESCRIPTOR.full_name, "bytes": base64.b64encode(value.SerializeToString()).decode()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(
+        f"Cannot serialise table {table.name!r}: option {option}={value!r} has no JSON form (a dtype, a proto "
+        "message, a number, a string or None)."
+    )
+
+
+def _option_from_json(value: Any) -> Any:
+    if isinstance(value, dict) and "dtype" in value:
+        return tf.as_dtype(value["dtype"])
+    if isinstance(value, dict) and "proto" in value:
+        cls = symbol_database.Default().GetSymbol(value["proto"])
+        return cls.FromString(base64.b64decode(value["bytes"]))
+    return value
+
+
+def _table_class_name(table: Any) -> str:
+    for name, cls in _TABLE_CLASSES.items():
+        if type(table) is cls:
+            return name
+    raise ValueError(
+        f"Cannot serialise table {table.name!r} of class {type(table).__name__}: a saved config holds "
+        f"tf.tpu.experimental.embedding.TableConfig, te.TableConfig or te.DynamicTableConfig tables."
+    )
+
+
+def table_to_dict(table: Any) -> dict:
+    """A JSON-able description of one table config: every constructor argument of its class.
+
+    Raises:
+      ValueError: a table class, combiner, initializer (of a dynamic table), optimizer or option without a JSON
+        form, naming the table.
+    """
+    class_name = _table_class_name(table)
+    if not isinstance(table.combiner, str):
+        raise ValueError(f"Cannot serialise table {table.name!r}: combiner {table.combiner!r} is not a string.")
+    q = table.quantization_config
+    return {
+        "class": class_name,
+        "vocabulary_size": table.vocabulary_size,
+        "dim": table.dim,
+        "name": table.name,
+        "combiner": table.combiner,
+        "initializer": _initializer_to_dict(table.initializer, table),
+        "optimizer": optimizer_to_dict(table.optimizer),
+        "dynamic": dynamic_config.to_config_dict(table) if dynamic_config.is_dynamic(table) else None,
+        "quantization_config": None
+        if q is None
+        else {"num_buckets": q.num_buckets, "lower": q.lower, "upper": q.upper},
+        "options": {o: _option_to_json(table, o) for o in _generic_options(table)},
+    }
+
+
+def table_from_dict(t: dict) -> Any:
+    """Inverse of `table_to_dict` (configs saved before it wrote "class" and "options" load as they were)."""
+    class_name = t.get("class") or ("tf_embed_ops.DynamicTableConfig" if t.get("dynamic") else "TableConfig")
+    if class_name not in _TABLE_CLASSES:
+        raise ValueError(f"Table {t.get('name')!r}: unknown table class {class_name!r} in a saved config.")
+    options = {k: _option_from_json(v) for k, v in (t.get("options") or {}).items()}
+    initializer = _initializer_from_dict(t["initializer"])
+    optimizer = optimizer_from_dict(t["optimizer"])
+    if class_name == "tf_embed_ops.DynamicTableConfig":
+        return dynamic_config.from_config_dict(
+            t["dynamic"],
+            name=t["name"],
+            dim=t["dim"],
+            optimizer=optimizer,
+            combiner=t["combiner"],
+            initializer=initializer,
+            **options,
+        )
+    q = t.get("quantization_config")
+    return _TABLE_CLASSES[class_name](
+        vocabulary_size=t["vocabulary_size"],
+        dim=t["dim"],
+        initializer=initializer,
+        optimizer=optimizer,
+        combiner=t["combiner"],
+        name=t["name"],
+        quantization_config=None if q is None else _emb.QuantizationConfig(**q),
+        **options,
+    )
 
 
 def feature_config_to_dict(feature_config: Any) -> dict:
@@ -166,60 +313,17 @@ def feature_config_to_dict(feature_config: Any) -> dict:
                 "name": feature.name,
             }
         )
-    table_dicts = []
-    for t in tables:
-        if not isinstance(t.combiner, str):
-            raise ValueError(f"Cannot serialise table {t.name!r}: combiner {t.combiner!r} is not a string.")
-        table_dicts.append(
-            {
-                "vocabulary_size": t.vocabulary_size,
-                "dim": t.dim,
-                "name": t.name,
-                "combiner": t.combiner,
-                "initializer": _initializer_to_dict(t.initializer, t.name),
-                "optimizer": optimizer_to_dict(t.optimizer),
-                "dynamic": dynamic_config.to_config_dict(t) if dynamic_config.is_dynamic(t) else None,
-                "quantization_config": None
-                if t.quantization_config is None
-                else {
-                    "num_buckets": t.quantization_config.num_buckets,
-                    "lower": t.quantization_config.lower,
-                    "upper": t.quantization_config.upper,
-                },
-            }
-        )
     structure = tf.nest.map_structure(lambda _: None, feature_config)
-    return {"tables": table_dicts, "features": leaves, "structure": _structure_to_json(structure)}
+    return {
+        "tables": [table_to_dict(t) for t in tables],
+        "features": leaves,
+        "structure": _structure_to_json(structure),
+    }
 
 
 def feature_config_from_dict(d: dict) -> Any:
     """Inverse of `feature_config_to_dict`: the same nest, tables shared as before."""
-    tables = []
-    for t in d["tables"]:
-        q = t.get("quantization_config")
-        if t.get("dynamic") is not None:  # a te.DynamicTableConfig (docs/dynamic_tables.md)
-            tables.append(
-                dynamic_config.from_config_dict(
-                    t["dynamic"],
-                    name=t["name"],
-                    dim=t["dim"],
-                    optimizer=optimizer_from_dict(t["optimizer"]),
-                    combiner=t["combiner"],
-                    initializer=_initializer_from_dict(t["initializer"]),
-                )
-            )
-            continue
-        tables.append(
-            _emb.TableConfig(
-                vocabulary_size=t["vocabulary_size"],
-                dim=t["dim"],
-                initializer=_initializer_from_dict(t["initializer"]),
-                optimizer=optimizer_from_dict(t["optimizer"]),
-                combiner=t["combiner"],
-                name=t["name"],
-                quantization_config=None if q is None else _emb.QuantizationConfig(**q),
-            )
-        )
+    tables = [table_from_dict(t) for t in d["tables"]]
     features = [
         _emb.FeatureConfig(
             table=tables[f["table"]],

@@ -1,0 +1,103 @@
+"""te.TPUEmbeddingV2.embedding_tables: keyed by stacked table name as TensorFlow's, holding each stack's values
+in the stacked (row-sharded) SparseCore layout; `table_variables` keeps the per-TableConfig variables.
+
+The stacked layout is rebuilt here in numpy from each table's `SparseCoreTableLayout` fields (TensorFlow's
+layout: row r of a table goes to SparseCore r % num_sparse_cores, at row r // num_sparse_cores of the table's
+block there, after `sparse_core_shard_row_offset` rows of the stack; its columns are `[0, dim)` of the padded
+width, rotated by `sparse_core_shard_rotation` shards).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_embed_ops as te
+
+emb_api = tf.tpu.experimental.embedding
+
+
+def _emb(num_replicas=2):
+    video = emb_api.TableConfig(24, 4, name="video", optimizer=emb_api.Adagrad(0.2))
+    user = emb_api.TableConfig(12, 4, name="user", optimizer=emb_api.Adagrad(0.2))
+    wide = emb_api.TableConfig(10, 8, name="wide", optimizer=emb_api.SGD(0.1))
+    fc = {
+        "watched": emb_api.FeatureConfig(table=video, output_shape=[8]),
+        "user": emb_api.FeatureConfig(table=user, output_shape=[8]),
+        "wide": emb_api.FeatureConfig(table=wide, output_shape=[8]),
+    }
+    emb = te.TPUEmbeddingV2(fc, num_replicas=num_replicas)
+    emb.build()
+    for i, var in enumerate(emb.table_variables.values()):
+        var.assign(tf.reshape(tf.range(var.shape.num_elements(), dtype=tf.float32) + 1000 * (i + 1), var.shape))
+    return emb
+
+
+def _numpy_stack(emb, stack):
+    """The stacked value from the layouts' fields alone."""
+    layouts = [lay for lay in emb.embedding_layouts.values() if lay.stacked_table_name == stack]
+    first = layouts[0]
+    n_sc = first.num_sparse_cores
+    rows_per_sc = first.total_rows_per_sparse_core_shard
+    width = first.unsharded_padded_shape[1]
+    out = np.zeros((n_sc, rows_per_sc, width), np.float32)
+    per_table = {t.name: v.numpy() for t, v in emb.table_variables.items()}
+    for layout in layouts:
+        values = per_table[layout.table_name]
+        vocab, dim = layout.unsharded_shape
+        for r in range(vocab):
+            sc = (r % n_sc + layout.sparse_core_shard_rotation) % n_sc
+            out[sc, layout.sparse_core_shard_row_offset + r // n_sc, :dim] = values[r]
+    return out.reshape(n_sc * rows_per_sc, width)
+
+
+def test_embedding_tables_are_keyed_by_stacked_table_name_and_hold_the_stacked_values():
+    emb = _emb()
+    stacks = {lay.stacked_table_name for lay in emb.embedding_layouts.values()}
+    assert set(emb.embedding_tables) == stacks
+    assert len(stacks) < len(emb.table_variables)  # video and user share a stack
+    for name, var in emb.embedding_tables.items():
+        expected = _numpy_stack(emb, name)
+        assert tuple(var.shape) == expected.shape and var.dtype == tf.float32
+        np.testing.assert_array_equal(var.numpy(), expected, err_msg=name)
+        np.testing.assert_array_equal(tf.convert_to_tensor(var).numpy(), expected)
+        np.testing.assert_array_equal(tf.function(var.read_value)().numpy(), expected)
+        np.testing.assert_array_equal(np.concatenate([s.numpy() for s in var.shards]), expected)
+        assert len(var.shards) == 2
+
+
+def test_table_variables_are_the_per_table_config_view():
+    emb = _emb()
+    assert [t.name for t in emb.table_variables] == [t.name for t in emb._table_config]
+    for table, var in emb.table_variables.items():
+        assert isinstance(table, emb_api.TableConfig) and tuple(var.shape) == (table.vocabulary_size, table.dim)
+        assert var is emb.variables[table.name]["parameters"]
+
+
+def test_assigning_a_stacked_variable_writes_its_tables_and_a_bad_shape_changes_nothing():
+    emb = _emb()
+    name = next(n for n in emb.embedding_tables if len(_tables_of(emb, n)) == 2)
+    var = emb.embedding_tables[name]
+    rng = np.random.default_rng(0)
+    new = rng.normal(size=var.shape).astype(np.float32)
+    var.assign(new)
+    # Each table holds its rows of `new` (the padding rows of the stack are not stored).
+    for layout in _tables_of(emb, name):
+        n_sc, rows_per_sc = layout.num_sparse_cores, layout.total_rows_per_sparse_core_shard
+        vocab, dim = layout.unsharded_shape
+        table = emb.variables[layout.table_name]["parameters"].numpy()
+        for r in range(vocab):
+            sc = (r % n_sc + layout.sparse_core_shard_rotation) % n_sc
+            np.testing.assert_array_equal(
+                table[r], new[sc * rows_per_sc + layout.sparse_core_shard_row_offset + r // n_sc, :dim]
+            )
+    before = {t.name: v.numpy() for t, v in emb.table_variables.items()}
+    with pytest.raises(ValueError, match=rf"Stacked table {name!r}: cannot assign a value of shape"):
+        var.assign(np.zeros((3, 3), np.float32))
+    for t, v in emb.table_variables.items():
+        np.testing.assert_array_equal(v.numpy(), before[t.name])
+
+
+def _tables_of(emb, stack):
+    return [lay for lay in emb.embedding_layouts.values() if lay.stacked_table_name == stack]
