@@ -19,7 +19,19 @@ import sys
 import tempfile
 import time
 
-SECTIONS = ("W1", "W2", "W3", "W4", "sweeps", "threads", "accumulator", "dynamic", "serving_quant", "lifecycle")
+SECTIONS = (
+    "W1",
+    "W2",
+    "W3",
+    "W4",
+    "sweeps",
+    "threads",
+    "accumulator",
+    "dynamic",
+    "serving_quant",
+    "lifecycle",
+    "checkpoint",
+)
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from benchmarks import report_dynamic, report_serving_quant
+from benchmarks import checkpoint_benchmark, report_dynamic, report_serving_quant
 
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
@@ -546,6 +546,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     ]
     out += report_dynamic.section(result)
     out += report_serving_quant.section(result)
+    out += checkpoint_benchmark.section(result)
     return "\n".join(out)
 
 

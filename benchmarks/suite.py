@@ -513,6 +513,11 @@ def run(opts: Options, log=print) -> dict:
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
+    if opts.wants("checkpoint"):
+        from benchmarks import checkpoint_benchmark
+
+        result["checkpoint"] = checkpoint_benchmark.run(opts, log)
+
     if opts.wants("serving_quant"):
         from benchmarks import serving_quant
 

@@ -16,6 +16,8 @@ below is resolved on first use.
 - ``serving``: smaller servables: ``Prune`` (publish-time pruning) and the row ``quantization`` of
   ``keras.export_for_serving(..., quantization=..., prune=...)``.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
+- ``tracking``: which table rows changed since a version (docs/tracking.md); ``checkpoint``: incremental
+  checkpoints built on it (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TableConfig": ("tf_embed_ops.table_config", "TableConfig"),
     "TPUEmbeddingV2": ("tf_embed_ops.tpu_embedding_v2", "TPUEmbeddingV2"),
     "sparse_core": ("tf_embed_ops.sparse_core", None),
+    "tracking": ("tf_embed_ops.tracking", None),
+    "checkpoint": ("tf_embed_ops.checkpoint", None),
     "FeatureInput": ("tf_embed_ops.embedding_ops", "FeatureInput"),
     "normalize_feature": ("tf_embed_ops.embedding_ops", "normalize_feature"),
     "embedding_activations": ("tf_embed_ops.embedding_ops", "embedding_activations"),

@@ -19,6 +19,7 @@
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/dynamic_table_update.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/touched_rows_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
@@ -132,6 +133,9 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       const TableSpec& spec = config.tables[t];
       UpdateDynamicTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], table, shard,
                          Rounding16(*table, step, t));
+      if (TouchedRows* touched = table->tracker(); touched != nullptr) {  // docs/tracking.md
+        MarkUpdatedRows(ws->plans[t], UpdatesAllRows(spec.optimization), touched);
+      }
       // Cannot fail: the step was validated.
       absl::StatusOr<int64_t> evicted = table->EndStep(step);
       OP_REQUIRES_OK(ctx, evicted.status());

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/kernels/embedding_kernel_util.h"
+#include "cc/kernels/touched_rows_resource.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/huge_pages.h"
 #include "cc/lib/numerics.h"
@@ -41,8 +42,9 @@ struct ValidatedStep {
   std::vector<int> var_inputs;         // tables and slots: per table, its table then its slots
   std::vector<std::string> var_names;  // for errors
   std::vector<const TableSpec*> var_tables;
-  std::vector<const SlotInfo*> var_slots;  // nullptr for a table (its shape check depends on it)
-  std::vector<StorageType> var_storage;    // in var_inputs order
+  std::vector<const SlotInfo*> var_slots;          // nullptr for a table (its shape check depends on it)
+  std::vector<StorageType> var_storage;            // in var_inputs order
+  std::vector<const tensorflow::Var*> table_vars;  // per table: its variable (compared only: touched-row hook)
   int64_t rounding_step = 0;
   std::vector<tensorflow::Tensor> values;  // the locked variables' tensors, in var_inputs order
 };
@@ -184,6 +186,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       const bool duplicate = std::find(seen.begin(), seen.end(), var) != seen.end();
       seen.push_back(var);
       if (!duplicate) EnsureSparseAccess(ctx, var, step->var_storage[v]);  // detaches a shared buffer, same values
+      if (step->var_slots[v] == nullptr) step->table_vars.push_back(var);
       var->Unref();  // the pointer is only compared; the lock holder keeps its own references
       if (duplicate) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -300,6 +303,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     for (int t = 0; t < attrs_.num_tables; ++t) {
       const StoredTableBuffers buffers = Buffers(step, t, &v);
       UpdateTable(attrs_.config.tables[t].optimization, LearningRateOf(step, t), ws.plans[t], buffers, shard);
+      MarkTouchedRows(step.table_vars[t], ws.plans[t],
+                      UpdatesAllRows(attrs_.config.tables[t].optimization));  // docs/tracking.md
     }
   }
 

@@ -180,6 +180,7 @@ bool DynamicTable::Grow(int64_t extra) {
     if (!s.Reserve(rows)) return false;
   }
   if (decays() && !decay_.Reserve(rows)) return false;
+  if (tracker_ != nullptr && !tracker_->Reserve(rows)) return false;
   if (!index_.Fits(size_ + extra) || index_.num_buckets() == 0) {
     return index_.Rehash(std::max(size_ + extra, options_.initial_capacity), KeyOfFn());
   }
@@ -358,6 +359,11 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
       rows[i] = misses[miss_of.find(keys[i])->second].row;
     }
   }
+  if (tracker_ != nullptr) {
+    // Found rows changed their count and last step, new rows appeared: one store per id.
+    tracker_->BeginUpdate();
+    tracker_->MarkRows(rows, n);
+  }
   st.inserts = admitted;
   counters_.inserts += st.inserts;
   counters_.below_admission += st.below_admission;
@@ -376,6 +382,11 @@ std::vector<int64_t> DynamicTable::LiveRows() const {
 }
 
 int64_t DynamicTable::EvictRows(const std::vector<int64_t>& rows, int64_t step, LogKind kind) {
+  if (tracker_ != nullptr && !rows.empty()) {
+    // The tracker's evicted keys carry its version (docs/tracking.md); the eviction log's carry a sequence.
+    tracker_->BeginUpdate();
+    for (const int64_t row : rows) tracker_->LogEviction(KeyOf(row));
+  }
   for (const int64_t row : rows) {
     log_.Append(KeyOf(row), step, kind);
     RemoveRow(row);
@@ -589,7 +600,12 @@ absl::Status DynamicTable::ImportPolicyState(const std::vector<uint8_t>& bloom_c
 }
 
 DynamicTableContents DynamicTable::Export() const {
-  std::vector<int64_t> rows = LiveRows();
+  DynamicTableContents c = ExportRows(LiveRows());
+  ExportPending(&c);
+  return c;
+}
+
+DynamicTableContents DynamicTable::ExportRows(std::vector<int64_t> rows) const {
   std::sort(rows.begin(), rows.end(), [this](int64_t x, int64_t y) { return KeyOf(x) < KeyOf(y); });
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t dim = options_.dim;
@@ -611,14 +627,30 @@ DynamicTableContents DynamicTable::Export() const {
     weights_.Read(r, c.weights.data() + i * dim);  // 16-bit rows widen exactly
     for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Read(r, c.slots[s].data() + i * slot_width(s));
   }
+  return c;
+}
+
+void DynamicTable::ExportPending(DynamicTableContents* c) const {
   std::vector<std::pair<int64_t, Pending>> pending(pending_.begin(), pending_.end());
   std::sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   for (const auto& [key, p] : pending) {
-    c.pending_keys.push_back(key);
-    c.pending_counts.push_back(p.count);
-    c.pending_last_steps.push_back(p.last_step);
+    c->pending_keys.push_back(key);
+    c->pending_counts.push_back(p.count);
+    c->pending_last_steps.push_back(p.last_step);
   }
-  return c;
+}
+
+bool DynamicTable::EnableTracking() {
+  if (tracker_ != nullptr) return true;
+  std::unique_ptr<TouchedRows> tracker;
+  try {
+    tracker = std::make_unique<TouchedRows>(weights_.capacity());
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  if (!tracker->ok()) return false;
+  tracker_ = std::move(tracker);
+  return true;
 }
 
 absl::Status DynamicTable::Import(const DynamicTableContents& c) {
@@ -733,12 +765,18 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     index_.Insert(c.keys[i], row);
     ++size_;
   }
+  if (tracker_ != nullptr) {
+    // A restore: every consumer of the tracker takes the whole table next time.
+    tracker_->BeginUpdate();
+    tracker_->MarkAll();
+  }
   return absl::OkStatus();
 }
 
 int64_t DynamicTable::MemoryBytes() const {
   int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
   for (const StoredRowArena& s : slots_) bytes += s.MemoryBytes();
+  if (tracker_ != nullptr) bytes += tracker_->MemoryBytes();
   return bytes + bloom_.MemoryBytes() + decay_.MemoryBytes() + log_.MemoryBytes();
 }
 

@@ -31,6 +31,7 @@
 #include "cc/lib/eviction_log.h"
 #include "cc/lib/eviction_policy.h"
 #include "cc/lib/storage_types.h"
+#include "cc/lib/touched_rows.h"
 
 namespace tf_embed_ops {
 
@@ -209,9 +210,20 @@ class DynamicTable {
                                  const std::vector<int64_t>& decayed_keys, const std::vector<float>& decayed_counts);
 
   DynamicTableContents Export() const;
+  // These rows (live row indices) in key order, without the pending entries.
+  DynamicTableContents ExportRows(std::vector<int64_t> rows) const;
   // Replaces the whole content (any capacity: the table grows to fit, up to max_rows).  Validates dim, the slot
   // count and widths, every size, unique keys, counts and steps before changing anything.  Resets the counters.
   absl::Status Import(const DynamicTableContents& contents);
+
+  // Touched-row tracking (docs/tracking.md), off until enabled: then 4 more bytes per row.  Training lookups
+  // mark the rows they find or insert, evictions log their keys, Import marks everything; the fused update
+  // marks its rows through tracker().  False on allocation failure (tracking stays off).
+  bool EnableTracking();
+  TouchedRows* tracker() { return tracker_.get(); }
+  const TouchedRows* tracker() const { return tracker_.get(); }
+  // The pending admission entries (key ascending): what a checkpoint delta carries whole.
+  void ExportPending(DynamicTableContents* c) const;
 
   // Bytes held by rows, slots, metadata and the index (the pending admission table is not included: it is
   // bounded by max_pending_keys, not by rows).
@@ -266,6 +278,7 @@ class DynamicTable {
   ChunkedArena<Decay> decay_;  // grown only when the table's own policy is decayed LFU
   EvictionLog log_;
   int64_t latest_step_ = -1;
+  std::unique_ptr<TouchedRows> tracker_;  // null: tracking off
 };
 
 }  // namespace tf_embed_ops

@@ -1,0 +1,58 @@
+// Touched-row tracking of static tables (docs/tracking.md): a TouchedRows per tracked table variable, found by
+// the fused update through a process-wide registry keyed by the variable (so enabling tracking needs no new
+// input on the training op, and a step function traced before tracking was enabled marks rows too).
+//
+// Lifetime: a TouchedRowsResource holds a reference to its variable (the registry key cannot be reused while
+// the entry exists) and is owned by the reference-counting handles TfEmbed>TouchedRowsTrack returns; tracking
+// a variable twice returns the same resource, so every consumer shares one set of stamps and keeps its own
+// version.  The last handle gone, the entry leaves the registry.
+#ifndef TF_EMBED_OPS_CC_KERNELS_TOUCHED_ROWS_RESOURCE_H_
+#define TF_EMBED_OPS_CC_KERNELS_TOUCHED_ROWS_RESOURCE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/touched_rows.h"
+#include "cc/lib/touched_rows_update.h"
+#include "tensorflow/core/framework/resource_base.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tsl/platform/mutex.h"
+#include "tsl/platform/thread_annotations.h"
+
+namespace tf_embed_ops {
+
+class TouchedRowsResource : public tensorflow::ResourceBase {
+ public:
+  std::string DebugString() const override;
+  int64_t MemoryUsed() const override;
+
+  int64_t num_rows() const { return num_rows_; }
+  // A new reference unless the last one is being dropped (the registry holds no reference of its own).
+  bool TryAcquire() const { return TryRef(); }
+  tsl::mutex* mu() const TF_LOCK_RETURNED(mu_) { return &mu_; }
+  TouchedRows* rows() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return &rows_; }
+
+  // The tracker of `var` (rows = its first dimension), created on first use; the caller owns one reference.
+  static absl::StatusOr<TouchedRowsResource*> Track(tensorflow::Var* var, int64_t num_rows);
+
+ private:
+  TouchedRowsResource(tensorflow::Var* var, int64_t num_rows);
+  ~TouchedRowsResource() override;
+
+  tensorflow::Var* const var_;  // one reference held
+  const int64_t num_rows_;
+  bool allocated_ = false;  // set once by the constructor
+  mutable tsl::mutex mu_;
+  TouchedRows rows_ TF_GUARDED_BY(mu_);
+};
+
+// The fused update's hook, after the table's rows were written (under the variable's exclusive lock): marks
+// the plan's unique rows, or every row when the optimizer updated them all.  A no-op (one atomic load) when
+// no table is tracked.
+void MarkTouchedRows(const tensorflow::Var* var, const RowGradientPlan& plan, bool all_rows);
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_KERNELS_TOUCHED_ROWS_RESOURCE_H_

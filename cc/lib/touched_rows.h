@@ -1,0 +1,90 @@
+// Touched-row tracking (docs/tracking.md): which rows of one table changed since a version, for consumers that
+// each keep their own version (the serving publisher's deltas, incremental checkpoints) and never reset each
+// other.  TensorFlow-free; the kernels call it under the table's exclusive lock (or their own mutex).
+//
+//   * version(): a 64-bit counter; BeginUpdate() advances it, and every row marked until the next BeginUpdate
+//     carries the new version.  A consumer remembers the version it last read and asks Since(that version).
+//   * A row's version is kept as a uint32 stamp relative to base_ (4 bytes per row).  Before the stamps would
+//     overflow (2^32 - 1 updates after base_), every stamp is cleared and the tracker reports "everything
+//     changed" once to older cursors: rare, and never silently wrong.
+//   * MarkAll() (a restore, an import, non-lazy Adam's every-row update) costs O(1): Since() reports full for
+//     any older version, and the consumer takes the whole table.
+//   * Dynamic tables also log evicted keys with their version.  The log is bounded: past max_evicted_log
+//     entries the older half is dropped, and a consumer whose version predates the dropped part gets full.
+//   * Rows grow in chunks (dynamic tables) and never move, so Mark() is a single store.
+#ifndef TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
+#define TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace tf_embed_ops {
+
+class TouchedRows {
+ public:
+  static constexpr int64_t kDefaultMaxEvictedLog = int64_t{1} << 22;  // 64 MiB of (version, key) pairs
+  static constexpr int kLog2RowsPerChunk = 16;
+
+  // What changed after a version.  full: treat every row as changed (rows and evicted are then empty).
+  struct Changes {
+    int64_t version = 0;  // the version the consumer should remember
+    bool full = false;
+    std::vector<int64_t> rows;     // ascending row indices
+    std::vector<int64_t> evicted;  // keys in eviction order (may repeat; the caller filters live keys)
+  };
+
+  // `num_rows` rows allocated now (false from ok() on allocation failure).  A new tracker starts at version 1
+  // with everything changed, so the version a consumer holds from before (0, or any older number) reads full.
+  explicit TouchedRows(int64_t num_rows, int64_t max_evicted_log = kDefaultMaxEvictedLog);
+
+  bool ok() const { return ok_; }
+  // A random number fixed at construction: a version is only meaningful to the tracker that gave it out, so a
+  // consumer presents both (a table re-created since, or another table, reads full).
+  int64_t id() const { return id_; }
+  int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << kLog2RowsPerChunk; }
+  int64_t version() const { return version_; }
+
+  // Makes rows [0, rows) markable (new rows read as unchanged).  False (keeping what it had) on allocation
+  // failure.
+  bool Reserve(int64_t rows);
+
+  // Starts an update; returns its version.
+  int64_t BeginUpdate();
+  // Marks `row` (< capacity()) as changed by the current update.
+  void Mark(int64_t row) { chunks_[row >> kLog2RowsPerChunk][row & kChunkMask] = stamp_; }
+  void MarkRows(const int64_t* rows, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[i] >= 0) Mark(rows[i]);
+    }
+  }
+  // Every row changed in the current update (call after BeginUpdate).
+  void MarkAll() { full_since_ = version_; }
+  // `key`'s row was removed in the current update.
+  void LogEviction(int64_t key);
+
+  // Changes after `since`, over rows [0, num_rows) (num_rows <= capacity()).
+  Changes Since(int64_t since, int64_t num_rows) const;
+
+  int64_t MemoryBytes() const;
+
+ private:
+  static constexpr int64_t kChunkMask = (int64_t{1} << kLog2RowsPerChunk) - 1;
+  void Rebase();
+
+  bool ok_ = true;
+  int64_t id_;
+  int64_t max_evicted_log_;
+  std::vector<std::unique_ptr<uint32_t[]>> chunks_;
+  int64_t version_ = 1;
+  int64_t base_ = 1;                                  // stamps are version - base_; 0 = unchanged since base_
+  uint32_t stamp_ = 0;                                // version_ - base_
+  int64_t full_since_ = 1;                            // Since(v) with v < full_since_ is full
+  int64_t log_floor_ = 0;                             // evictions at versions <= log_floor_ were dropped from the log
+  std::vector<std::pair<int64_t, int64_t>> evicted_;  // (version, key), versions non-decreasing
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
