@@ -38,7 +38,8 @@ struct FusedEmbeddingAttrs {
 
 // Scratch of one kernel call: feature layouts and per-table accumulation plans.  Kernels keep these in a pool
 // and reuse them, so a steady-state step allocates (and page-faults) nothing for its bookkeeping; what a pool
-// holds is bounded by the largest batch seen, never by the vocabulary.
+// holds is bounded by the largest batch seen, plus a static table's dense index where RowGradientPlan chooses
+// one (at most 64x that table's ids and 2^24 rows: gradient_accumulation.h).
 struct EmbeddingWorkspace {
   std::vector<FeatureLayout> layouts;                // per feature
   std::vector<std::vector<GradientSource>> sources;  // per table

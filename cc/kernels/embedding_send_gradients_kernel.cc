@@ -250,7 +250,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
         sources.push_back(GradientSource{step.batches[f].ids, step.batches[f].num_ids, &ws->layouts[f],
                                          ctx->input(f).flat<float>().data()});
       }
-      ws->plans[t].Build(&sources);
+      ws->plans[t].Build(&sources, attrs_.config.tables[t].vocabulary_size);
     }
   }
 

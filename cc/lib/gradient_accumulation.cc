@@ -11,24 +11,52 @@ inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row
 
 }  // namespace
 
-void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
+void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size) {
   sources_ = sources;
   int64_t total = 0;
   for (const GradientSource& s : *sources) total += s.num_ids;
 
-  // Capacity: a power of two at least twice the number of ids (load factor <= 0.5).
-  int bits = 4;
-  while ((int64_t{1} << bits) < 2 * total) ++bits;
-  const uint64_t mask = (uint64_t{1} << bits) - 1;
-  const int shift = 64 - bits;
-  buckets_.assign(mask + 1, Bucket{kEmptyRow, 0});
-  // Sized for the worst case (every id distinct) once, so the loop below writes through raw pointers with no
+  // Sized for the worst case (every id distinct) once, so the first pass writes through raw pointers with no
   // capacity checks; only the first num_rows_ entries are meaningful.
   if (static_cast<int64_t>(rows_.size()) < total) {
     rows_.resize(total);
     counts_.resize(total);
   }
   unique_of_.resize(total);
+  const int64_t num_entries =
+      UsesDenseIndex(vocabulary_size, total) ? IndexByDenseArray(vocabulary_size) : IndexByHash(total);
+  const int64_t num_rows = num_rows_;
+  const int32_t* const counts = counts_.data();
+  const int32_t* const unique_of = unique_of_.data();
+
+  // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
+  offsets_.resize(num_rows + 1);
+  cursor_.resize(num_rows);
+  offsets_[0] = 0;
+  for (int64_t u = 0; u < num_rows; ++u) {
+    cursor_[u] = offsets_[u];
+    offsets_[u + 1] = offsets_[u] + counts[u];
+  }
+  entries_.resize(num_entries);
+  Entry* const entries = entries_.data();
+  int64_t* const cursor = cursor_.data();
+  int64_t n = 0;
+  for (size_t f = 0; f < sources->size(); ++f) {
+    const int64_t num_ids = (*sources)[f].num_ids;
+    for (int64_t i = 0; i < num_ids; ++i, ++n) {
+      if (unique_of[n] < 0) continue;
+      entries[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), static_cast<int32_t>(i)};
+    }
+  }
+}
+
+int64_t RowGradientPlan::IndexByHash(int64_t total) {
+  // Capacity: a power of two at least twice the number of ids (load factor <= 0.5).
+  int bits = 4;
+  while ((int64_t{1} << bits) < 2 * total) ++bits;
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  const int shift = 64 - bits;
+  buckets_.assign(mask + 1, Bucket{kEmptyRow, 0});
   Bucket* const buckets = buckets_.data();
   int64_t* const rows = rows_.data();
   int32_t* const counts = counts_.data();
@@ -36,7 +64,7 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
   int32_t num_rows = 0;
   int64_t n = 0;
   int64_t num_entries = 0;
-  for (const GradientSource& s : *sources) {
+  for (const GradientSource& s : *sources_) {
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       const int64_t row = s.ids[i];
       if (row < 0) {  // no row (a dynamic table's key that was not admitted): contributes nothing
@@ -66,26 +94,44 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources) {
     }
   }
   num_rows_ = num_rows;
+  return num_entries;
+}
 
-  // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
-  offsets_.resize(num_rows + 1);
-  cursor_.resize(num_rows);
-  offsets_[0] = 0;
-  for (int32_t u = 0; u < num_rows; ++u) {
-    cursor_[u] = offsets_[u];
-    offsets_[u + 1] = offsets_[u] + counts[u];
-  }
-  entries_.resize(num_entries);
-  Entry* const entries = entries_.data();
-  int64_t* const cursor = cursor_.data();
-  n = 0;
-  for (size_t f = 0; f < sources->size(); ++f) {
-    const int64_t num_ids = (*sources)[f].num_ids;
-    for (int64_t i = 0; i < num_ids; ++i, ++n) {
-      if (unique_of[n] < 0) continue;
-      entries[cursor[unique_of[n]]++] = Entry{static_cast<int32_t>(f), static_cast<int32_t>(i)};
+int64_t RowGradientPlan::IndexByDenseArray(int64_t vocabulary_size) {
+  // Filled with -1 once per growth; afterwards only the entries a step touched are reset (below).
+  if (static_cast<int64_t>(dense_.size()) < vocabulary_size) dense_.resize(vocabulary_size, -1);
+  int32_t* const dense = dense_.data();
+  const uint64_t vocab = static_cast<uint64_t>(vocabulary_size);
+  int64_t* const rows = rows_.data();
+  int32_t* const counts = counts_.data();
+  int32_t* const unique_of = unique_of_.data();
+  int32_t num_rows = 0;
+  int64_t n = 0;
+  int64_t num_entries = 0;
+  for (const GradientSource& s : *sources_) {
+    for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
+      const int64_t row = s.ids[i];
+      // One unsigned compare rejects negative ids (no row); ids >= vocabulary_size break the caller's
+      // precondition and are dropped rather than indexing past the array.
+      if (static_cast<uint64_t>(row) >= vocab) {
+        unique_of[n] = -1;
+        continue;
+      }
+      ++num_entries;
+      int32_t u = dense[row];
+      if (u < 0) {
+        u = num_rows++;
+        dense[row] = u;
+        rows[u] = row;
+        counts[u] = 0;
+      }
+      unique_of[n] = u;
+      ++counts[u];
     }
   }
+  for (int32_t u = 0; u < num_rows; ++u) dense[rows[u]] = -1;
+  num_rows_ = num_rows;
+  return num_entries;
 }
 
 std::vector<int64_t> RowGradientPlan::OrderByRow() const {

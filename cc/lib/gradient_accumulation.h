@@ -2,9 +2,12 @@
 // every contribution  (w_i / norm_s) * dL/dact[s]  of every feature sharing the table is summed per row, and
 // the optimizer then runs once per touched row with that sum.
 //
-// RowGradientPlan de-duplicates the rows with an open-addressing hash map sized by the number of ids (never by
-// the vocabulary), and lists each unique row's contributions in a fixed order: by feature (the table's features
-// in input order), then by position within the feature.  Accumulate() sums in exactly that order, so the sum
+// RowGradientPlan de-duplicates the rows either with an open-addressing hash map sized by the number of ids, or,
+// when the caller gives a static table's vocabulary and it is small next to the step's ids (UsesDenseIndex), with
+// a dense row -> unique-index array: one load and at most one store per id and no probing; only the touched
+// entries are reset after Build, so a step never costs O(vocabulary).  Both give the same first-occurrence order
+// of the unique rows.  The plan lists each unique row's contributions in a fixed order: by feature (the table's
+// features in input order), then by position within the feature.  Accumulate() sums in exactly that order, so the sum
 // of a row is bitwise reproducible whatever the thread count or the sharding of the unique rows, and no two
 // workers ever touch the same row.
 #ifndef TF_EMBED_OPS_CC_LIB_GRADIENT_ACCUMULATION_H_
@@ -38,9 +41,20 @@ class RowGradientPlan {
  public:
   static constexpr int64_t kMaxIds = (int64_t{1} << 31) - 1;  // unique-row indices are int32
 
+  // The dense index is used when the vocabulary is at most kDenseIdsFactor x the step's ids (its int32 array
+  // then weighs at most 4 x 64 = 256 bytes per id, a few times the hash map's 32-64, and the first step's fill
+  // is amortised over few steps) and at most kMaxDenseVocabulary rows (64 MiB per plan, whatever the batch).
+  static constexpr int64_t kDenseIdsFactor = 64;
+  static constexpr int64_t kMaxDenseVocabulary = int64_t{1} << 24;
+  static bool UsesDenseIndex(int64_t vocabulary_size, int64_t num_ids) {
+    return vocabulary_size > 0 && vocabulary_size <= kMaxDenseVocabulary &&
+           vocabulary_size <= kDenseIdsFactor * num_ids;
+  }
+
   // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls), which may hold at
-  // most kMaxIds ids in all.
-  void Build(const std::vector<GradientSource>* sources);
+  // most kMaxIds ids in all.  `vocabulary_size` > 0 says every non-negative id is < vocabulary_size (a static
+  // table's validated ids) and allows the dense index; 0 (a dynamic table) always hashes.
+  void Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size = 0);
 
   int64_t num_rows() const { return num_rows_; }
   int64_t row(int64_t u) const { return rows_[u]; }
@@ -65,9 +79,15 @@ class RowGradientPlan {
     int64_t row;
     int32_t unique;
   };
+  // First pass of Build (unique rows, their counts, each id's unique index): returns the number of
+  // contributions (non-negative ids).
+  int64_t IndexByHash(int64_t total);
+  int64_t IndexByDenseArray(int64_t vocabulary_size);
+
   const std::vector<GradientSource>* sources_ = nullptr;
   // Scratch kept between Build calls so a reused plan allocates (and page-faults) nothing in steady state.
   std::vector<Bucket> buckets_;
+  std::vector<int32_t> dense_;  // row -> unique index, -1 between Builds (grown on demand, never shrunk)
   std::vector<int32_t> unique_of_, counts_;
   std::vector<int64_t> cursor_;
   int64_t num_rows_ = 0;

@@ -291,6 +291,67 @@ TEST(RowGradientPlanTest, CollidingIdsAndAReusedPlan) {
   }
 }
 
+// The dense row -> unique index (static tables) and the hash map must give the same plan: the same unique rows in
+// the same first-occurrence order, the same contributions in the same order, so bitwise equal sums.  Random ids
+// with many duplicates, negative ids (no row), empty sources and steps; one reused plan per path, so a dense
+// index left dirty by an earlier step would show.
+TEST(RowGradientPlanTest, DenseIndexEqualsHashMap) {
+  std::mt19937_64 rng(11);
+  const int64_t dim = 3;
+  RowGradientPlan dense_plan, hash_plan;
+  for (int step = 0; step < 40; ++step) {
+    const int64_t vocabulary = 1 + static_cast<int64_t>(rng() % (step % 2 == 0 ? 50 : 5000));
+    std::vector<Feature> features;
+    const int num_features = static_cast<int>(rng() % 4);  // 0 features: an empty step
+    int64_t total = 0;
+    for (int f = 0; f < num_features; ++f) {
+      const int64_t num_ids = static_cast<int64_t>(rng() % 300) * (rng() % 5 == 0 ? 0 : 1);
+      std::vector<int64_t> ids(num_ids);
+      for (int64_t& id : ids) id = rng() % 7 == 0 ? -1 - static_cast<int64_t>(rng() % 3) : rng() % vocabulary;
+      std::vector<float> gradient(num_ids * dim);
+      for (float& g : gradient) g = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+      features.push_back(DenseFeature(ids, gradient));
+      total += num_ids;
+    }
+    const std::vector<GradientSource> sources = Sources(features);
+    dense_plan.Build(&sources, vocabulary);
+    hash_plan.Build(&sources);
+    SCOPED_TRACE(testing::Message() << "step " << step << ", vocabulary " << vocabulary << ", ids " << total);
+    EXPECT_EQ(RowGradientPlan::UsesDenseIndex(vocabulary, total), vocabulary <= 64 * total);
+    ASSERT_EQ(dense_plan.num_rows(), hash_plan.num_rows());
+    for (int64_t u = 0; u <= hash_plan.num_rows(); ++u) {
+      ASSERT_EQ(dense_plan.contributions(u), hash_plan.contributions(u));
+    }
+    for (int64_t u = 0; u < hash_plan.num_rows(); ++u) {
+      ASSERT_EQ(dense_plan.row(u), hash_plan.row(u));
+      const std::vector<float> a = Accumulated(dense_plan, u, dim), b = Accumulated(hash_plan, u, dim);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * dim), 0) << "unique row " << u;
+    }
+    // First-occurrence order, checked independently of either path.
+    std::vector<int64_t> first;
+    std::map<int64_t, bool> seen;
+    for (const Feature& f : features) {
+      for (int64_t id : f.ids) {
+        if (id >= 0 && !seen[id]) {
+          seen[id] = true;
+          first.push_back(id);
+        }
+      }
+    }
+    ASSERT_EQ(dense_plan.num_rows(), static_cast<int64_t>(first.size()));
+    for (size_t u = 0; u < first.size(); ++u) EXPECT_EQ(dense_plan.row(u), first[u]);
+  }
+}
+
+TEST(RowGradientPlanTest, DenseIndexRule) {
+  EXPECT_FALSE(RowGradientPlan::UsesDenseIndex(0, 100));  // dynamic table: no vocabulary
+  EXPECT_TRUE(RowGradientPlan::UsesDenseIndex(6400, 100));
+  EXPECT_FALSE(RowGradientPlan::UsesDenseIndex(6401, 100));
+  EXPECT_FALSE(RowGradientPlan::UsesDenseIndex(10, 0));  // no ids: nothing to index
+  EXPECT_TRUE(RowGradientPlan::UsesDenseIndex(RowGradientPlan::kMaxDenseVocabulary, int64_t{1} << 20));
+  EXPECT_FALSE(RowGradientPlan::UsesDenseIndex(RowGradientPlan::kMaxDenseVocabulary + 1, int64_t{1} << 30));
+}
+
 // --- table_update.h ---------------------------------------------------------------------------------------
 
 // A [vocabulary, dim] table and its slots, every element of slot k starting at initial[k].
