@@ -5,7 +5,7 @@
     python -m tf_embed_ops.examples.ctr --write-config ctr.pbtxt   # the TPUEmbeddingConfiguration it trains
     python -m tf_embed_ops.examples.ctr --config ctr.pbtxt         # train from such a config (config loader)
     python -m tf_embed_ops.examples.ctr --dynamic [--smoke]        # open-world ids in dynamic tables (ctr_dynamic.py)
-    python -m tf_embed_ops.examples.ctr --serving-exports [--smoke]   # fp32 / int8 / int4 / pruned exports' AUC
+    python -m tf_embed_ops.examples.ctr_serving [--smoke]   # fp32 / int8 / int4 / pruned exports' AUC
 
 The data is synthetic with planted structure (see `make_data`): a click depends on a user x item latent match,
 the item's category, the user's interest tags (multi-hot) matching the category, the similarity of the user's
@@ -288,7 +288,8 @@ def write_config(path: str, batch_size: int) -> None:
     print(f"wrote {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The example's command line (shared with `ctr_serving.py`, which trains the same model)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny data, one epoch (seconds)")
     parser.add_argument("--config", help="train from this TPUEmbeddingConfiguration (.pbtxt or .pb)")
@@ -306,12 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         help="storage dtype of the tables and slots (te.TableConfig); not with --dynamic (dynamic tables are float32)",
     )
     parser.add_argument("--dynamic", action="store_true", help="raw 64-bit and string ids in dynamic tables")
-    parser.add_argument(
-        "--serving-exports",
-        action="store_true",
-        help="train, then compare the float32, int8, int4 and pruned serving exports (ctr_serving.py)",
-    )
     ctr_dynamic.add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.dynamic and args.storage_dtype != "float32":
         parser.error(f"--storage-dtype {args.storage_dtype}: dynamic tables are stored in float32 only")
@@ -320,11 +321,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_config:
         write_config(args.write_config, args.batch_size)
-        return 0
-    if args.serving_exports:
-        from tf_embed_ops.examples import ctr_serving
-
-        ctr_serving.run(args)
         return 0
     run(args)
     return 0

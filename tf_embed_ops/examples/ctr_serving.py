@@ -1,4 +1,4 @@
-"""The CTR example's serving exports side by side: `python -m tf_embed_ops.examples.ctr --serving-exports [--smoke]`.
+"""The CTR example's serving exports side by side: `python -m tf_embed_ops.examples.ctr_serving [--smoke]`.
 
 Trains the tf_embed_ops model of `ctr.py`, exports it four ways with `te.keras.export_for_serving` into a temporary
 directory (removed at the end) and evaluates each export loaded with `tf.saved_model.load` (stock TensorFlow ops):
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 
 import keras
@@ -25,6 +26,7 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tf_embed_ops import keras as te_keras
+from tf_embed_ops.examples import ctr
 from tf_embed_ops.serving import metadata as metadata_lib
 
 __all__ = ["SIGNATURE", "auc", "compare", "export_variants", "summary", "variants"]
@@ -126,8 +128,6 @@ def summary(results: dict) -> str:
 
 def run(args: argparse.Namespace) -> dict:
     """Trains the example's tf_embed_ops model (as `ctr.run` does), then compares its exports."""
-    from tf_embed_ops.examples import ctr  # pylint: disable=import-outside-toplevel  (ctr imports this module)
-
     keras.utils.set_random_seed(0)
     n_train, n_test, epochs = (2000, 500, 1) if args.smoke else (args.train_size, args.test_size, args.epochs)
     train_x, train_y = ctr.make_data(n_train, seed=1)
@@ -140,3 +140,13 @@ def run(args: argparse.Namespace) -> dict:
     results = compare(model, test_x, test_y, ctr.SIZES)
     print("\n" + summary(results))
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The example's own command line (`ctr.py`'s arguments: sizes, epochs, --smoke)."""
+    run(ctr.build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
