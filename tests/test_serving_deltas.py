@@ -93,6 +93,7 @@ def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
     ]
 
 
+@pytest.mark.slow  # several training rounds and servables per dtype (~4 s each): the fast tier keeps the others
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 def test_publish_delta_with_the_tracker_keeps_the_servable_bit_identical(tmp_path, dtype):
     """The touched-row tracker's deltas: a superset of the rows that changed (reference: table comparison), and a
@@ -247,6 +248,7 @@ def test_every_bad_delta_is_refused_with_its_file_and_reason_and_nothing_changes
     assert int(served.signatures["apply_delta"](path=tf.constant(good["v2"]))["version"]) == 2
 
 
+@pytest.mark.slow  # ~7 s: trains, publishes and reloads several versions
 def test_publish_delta_writes_what_the_tracker_reports_and_falls_back_to_a_full_version(tmp_path):
     """publish_delta over a reference tracker (table comparison): deltas while the new keys fit, then a full
     version when they do not."""
