@@ -55,6 +55,20 @@ def _rounding(call: dict, rng: random.Random) -> tuple[str, bool]:
     return "stochastic_without_step", True
 
 
+def _rounding_invalid(call: dict, state: _State16) -> bool:
+    """Whether the final call's rounding arguments are ones the send op must refuse."""
+    rounding, step, seed = call["rounding"], call["rounding_step"], call["rounding_seed"]
+    if len(rounding) != len(state.tables) or any(r not in ("stochastic", "nearest") for r in rounding):
+        return True
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
+        return True
+    if step is None:
+        return "stochastic" in rounding
+    if isinstance(step, tf.Tensor):
+        return int(step.numpy()) < 0
+    return not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63
+
+
 def _op_input(state: _State16, rng: random.Random) -> tuple[callable, list[str], bool, bool]:
     call = ops_fuzz.make_call(state, rng)
     call["rounding"] = [rng.choice(["stochastic", "nearest"]) for _ in state.tables]
@@ -72,6 +86,9 @@ def _op_input(state: _State16, rng: random.Random) -> tuple[callable, list[str],
     else:
         certain = certain or call.get("bad_learning_rate", False)
         certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
+        # A later corruption can undo an earlier one (a bad step replaced by None with nearest rounding): the
+        # verdict is confirmed against the final call.
+        certain = certain and (ops_fuzz.still_certainly_invalid(call, forward) or _rounding_invalid(call, state))
 
     call["rounding_kwargs"] = {k: call[k] for k in ("rounding", "rounding_step", "rounding_seed")}
 

@@ -159,6 +159,21 @@ def corrupt(call: dict, rng: random.Random) -> tuple[str, bool]:
     return name, certain
 
 
+def still_certainly_invalid(call: dict, forward: bool) -> bool:
+    """Whether the call, after all its corruptions, still has a property the ops must refuse: a row split outside
+    [0, number of ids] or an id outside the vocabulary (int64 inputs: a cast may wrap a value back into range), or,
+    for the send op, a bad learning rate. A later corruption can undo an earlier one (a split set out of range,
+    then set to 1 again), so a corruption's own verdict is confirmed against the final call."""
+    for f, (splits, ids, _, _) in enumerate(call["features"]):
+        if splits.dtype != np.int64 or ids.dtype != np.int64:
+            continue
+        if splits.ndim == 1 and splits.size > 1 and (np.any(splits < 0) or np.any(splits > ids.size)):
+            return True
+        if ids.size and (np.any(ids < 0) or np.any(ids >= TABLES[FEATURES[f][1]][1])):
+            return True
+    return not forward and bool(call.get("bad_learning_rate", False))
+
+
 def make_call(state: State, rng: random.Random) -> dict:
     features, grads = [], []
     for _, table_id, _ in FEATURES:
@@ -217,6 +232,7 @@ def run(seconds: float, seed: int = 0, max_inputs: int | None = None) -> Report:
         forward = rng.random() < 0.4
         certain = certain or (not forward and call.get("bad_learning_rate", False))
         certain = certain and "dtype" not in names  # a cast may wrap an out-of-range value back into range
+        certain = certain and still_certainly_invalid(call, forward)
         fn = functools.partial(run_call, call, state.config, forward)
         # The forward op never writes a variable: it is checked as read-only.
         return names, check_call(report, fn, state.snapshot, names, certain, forward, EXPECTED)
