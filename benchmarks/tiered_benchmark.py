@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -116,28 +115,48 @@ def bench_step(opts, wl, root: str, log) -> dict:
     out = {"sizes": sizes, "steps_per_block": steps, "timing": res}
     for k, t in tables.items():
         after = {s: int(v) for s, v in t.stats().items() if s != "hit_rate"}
-        delta = {s: after[s] - before[k][s] for s in ("hits", "misses", "bytes_read", "bytes_written", "evictions")}
+        counters = ("hits", "misses", "rows_read", "bytes_read", "bytes_written", "evictions")
+        delta = {s: after[s] - before[k][s] for s in counters}
         timed_steps = steps[k] * opts.blocks
+        ids_per_step = len(wl.features[0].ids)
         out[k] = {
+            # The cache's counters: rows of lookups and updates found resident (an update after its lookup always
+            # is; rows a prefetch read are not counted there).
             "hit_rate": delta["hits"] / max(1, delta["hits"] + delta["misses"]),
+            # Ids whose row did not have to be read from disk in their step (prefetch reads included).
+            "id_hit_rate": 1.0 - delta["rows_read"] / timed_steps / ids_per_step,
+            "rows_read_per_step": delta["rows_read"] / timed_steps,
             "bytes_read_per_step": delta["bytes_read"] / timed_steps,
             "bytes_written_per_step": delta["bytes_written"] / timed_steps,
             "ratio_to_in_memory": res[k]["median_ms"] / res["in_memory"]["median_ms"],
             "resident_rows": after["resident_rows"],
             "capacity_rows": after["capacity_rows"],
         }
-        log(f"tiered: {k}: {res[k]['median_ms']:.2f} ms/step, hit rate {out[k]['hit_rate']:.3f}")
+        log(
+            f"tiered: {k}: {res[k]['median_ms']:.2f} ms/step, hit rates {out[k]['hit_rate']:.3f} (rows), "
+            f"{out[k]['id_hit_rate']:.3f} (ids)"
+        )
     distinct = [int(tf.size(tf.unique(b)[0])) for b in batches[:8]]
     out["distinct_ids_per_batch"] = float(np.mean(distinct))
     return out
 
 
-def _rss_kb() -> int:
+def _status_kb(field: str) -> int:
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def _rss_kb() -> int:
+    return _status_kb("VmRSS")
+
+
+def peak_rss_kb() -> int:
+    """The process's peak RSS: VmHWM, this program's own (getrusage's ru_maxrss would also count the RSS of the
+    process that forked it, which Linux carries across exec)."""
+    return _status_kb("VmHWM")
 
 
 def memory_child(smoke: bool, directory: str, steps: int) -> dict:
@@ -152,15 +171,21 @@ def memory_child(smoke: bool, directory: str, steps: int) -> dict:
     batches = _batches(wl, 8)
     sizes = _sizes(wl, batches)
     storage = te.Tiered(cache_bytes=sizes["cache_bytes"], directory=directory, chunk_bytes=8 << 20)
-    tiered, _ = _embedding(wl, storage)
-    run = _stepper(tiered, batches, prefetch=True)
-    for _ in range(steps):
+    tiered, config = _embedding(wl, storage)
+    table = tiered.tiered_tables[config]
+    run = _stepper(tiered, _batches(wl, 64 if not smoke else 8), prefetch=True)
+    # Train until the cache is full (every budgeted byte in use), at least `steps` steps.
+    for i in range(10 * steps):
         run()
+        stats = table.stats()
+        if i + 1 >= steps and int(stats["resident_rows"]) >= int(stats["capacity_rows"]):
+            break
     return {
         "baseline_rss_mb": baseline_kb / 1024,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_kb() / 1024,
         "final_rss_mb": _rss_kb() / 1024,
         "cache_mb": sizes["cache_bytes"] / 2**20,
+        "cache_full": int(table.stats()["resident_rows"]) >= int(table.stats()["capacity_rows"]),
         "table_file_mb": wl.tables[0].vocab * _record_bytes(wl.tables[0].dim) / 2**20,
     }
 
@@ -207,20 +232,29 @@ def section(result: dict) -> list[str]:
         f"rows ({z['cache_bytes'] / 2**20:.1f} MiB); {s['distinct_ids_per_batch']:,.0f} distinct ids per batch. "
         f"Load average {r['load_avg'][0]:.1f} at start, {r['load_avg_end'][0]:.1f} at the end.",
         "",
-        "| engine | ms/step (median) | IQR | vs in memory | hit rate | read / step | written / step |",
-        "|---|---|---|---|---|---|---|",
-        f"| in memory | {timing['in_memory']['median_ms']:.2f} | {timing['in_memory']['iqr_ms']:.2f} | 1.00x | | | |",
+        "| engine | ms/step (median) | IQR | vs in memory | hit rate (rows) | ids from cache | rows read / step | "
+        "read / step | written / step |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| in memory | {timing['in_memory']['median_ms']:.2f} | {timing['in_memory']['iqr_ms']:.2f} | 1.00x "
+        "| | | | | |",
     ]
     for k, label in (("tiered", "tiered"), ("tiered_prefetch", "tiered + prefetch")):
         if "error" in timing.get(k, {}):
-            out.append(f"| {label} | {timing[k]['error']} | | | | | |")
+            out.append(f"| {label} | {timing[k]['error']} | | | | | | | |")
             continue
         e = s[k]
         out.append(
             f"| {label} | {timing[k]['median_ms']:.2f} | {timing[k]['iqr_ms']:.2f} | "
-            f"{e['ratio_to_in_memory']:.2f}x | {e['hit_rate']:.3f} | {e['bytes_read_per_step'] / 1e6:.2f} MB | "
+            f"{e['ratio_to_in_memory']:.2f}x | {e['hit_rate']:.3f} | {e['id_hit_rate']:.3f} | "
+            f"{e['rows_read_per_step']:,.0f} | {e['bytes_read_per_step'] / 1e6:.2f} MB | "
             f"{e['bytes_written_per_step'] / 1e6:.2f} MB |"
         )
+    out += [
+        "",
+        "Hit rate (rows): the cache's counters, the distinct rows of each lookup and update found resident (the "
+        "update after its lookup always finds them; rows a prefetch read count as reads, not misses). Ids from "
+        "cache: the share of the batch's ids whose row was not read from disk in their step (prefetch included).",
+    ]
     m = r["memory"]
     out.append("")
     if "error" in m:
@@ -229,9 +263,10 @@ def section(result: dict) -> list[str]:
         out += [
             f"Memory (a process training the tiered table alone): peak RSS {m['peak_rss_mb']:.0f} MiB, "
             f"{m['table_cost_mb']:.0f} MiB over the same process before the table existed "
-            f"({m['baseline_rss_mb']:.0f} MiB: TensorFlow and the op library); the cache budget is "
-            f"{m['cache_mb']:.1f} MiB, so the fixed overhead (a batch's tensors, initialisation and step buffers) "
-            f"is {m['fixed_overhead_mb']:.0f} MiB, for a row file of {m['table_file_mb']:.0f} MiB.",
+            f"({m['baseline_rss_mb']:.0f} MiB: TensorFlow and the op library), trained until its cache was "
+            f"{'full' if m.get('cache_full') else 'NOT full'}; the cache budget is {m['cache_mb']:.1f} MiB, so the "
+            f"fixed overhead (a batch's tensors, initialisation and step buffers) is {m['fixed_overhead_mb']:.0f} "
+            f"MiB, for a row file of {m['table_file_mb']:.0f} MiB.",
             "",
         ]
     return out
@@ -239,4 +274,4 @@ def section(result: dict) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "--memory-child":
-        print(json.dumps(memory_child("--smoke" in sys.argv, sys.argv[2], steps=3 if "--smoke" in sys.argv else 30)))
+        print(json.dumps(memory_child("--smoke" in sys.argv, sys.argv[2], steps=3 if "--smoke" in sys.argv else 50)))

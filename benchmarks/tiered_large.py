@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import time
 
 import numpy as np
@@ -55,7 +54,8 @@ def zipf_ids(rng: np.random.Generator, rows: int, n: int, s: float = 1.05) -> np
 
 
 def _report(phase: str, **fields) -> None:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/status", encoding="ascii") as f:  # VmHWM: this program's own peak RSS
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
     print(json.dumps({"phase": phase, "peak_rss_mb": round(peak), **fields}), flush=True)
 
 
