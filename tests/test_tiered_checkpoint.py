@@ -145,3 +145,29 @@ def test_a_checkpoint_missing_a_chunk_is_refused_before_any_row_is_written(tmp_p
     with pytest.raises(ValueError, match=r"'t'[\s\S]*part-3[\s\S]*no tiered table was changed"):
         tf.train.Checkpoint(embedding=emb).read(broken)
     assert_same_state(tiered_state(emb, table), before)
+
+
+def test_a_refused_tiered_part_changes_no_table_of_the_embedding(tmp_path):
+    """An embedding of an in-memory and a tiered table: a checkpoint whose tiered part does not fit is refused
+    before TensorFlow restores the in-memory table (the embedding checks every table's part first)."""
+    opt = te.optimizers.Adagrad(0.1)
+    emb_api = tf.tpu.experimental.embedding
+
+    def make(vocab, sub):
+        static = te.TableConfig(V, DIM, name="s", optimizer=opt)
+        storage = te.Tiered(cache_bytes=1 << 16, directory=str(tmp_path / sub))
+        tiered = te.TableConfig(vocab, DIM, name="t", optimizer=opt, storage=storage)
+        emb = te.TPUEmbedding({"a": emb_api.FeatureConfig(static), "b": emb_api.FeatureConfig(tiered)})
+        emb.build()
+        return emb, static, tiered
+
+    saved, _, _ = make(V // 2, "small")
+    path = tf.train.Checkpoint(embedding=saved).write(str(tmp_path / "ckpt" / "c"))
+    emb, static, tiered = make(V, "big")
+    step(emb, {"a": tf.constant([1, 2], tf.int64), "b": tf.constant([3], tf.int64)})
+    static_before = emb.embedding_tables[static].numpy()
+    before = tiered_state(emb, tiered)
+    with pytest.raises(ValueError, match=r"'t'[\s\S]*40 rows[\s\S]*80 rows"):
+        tf.train.Checkpoint(embedding=emb).read(path)
+    np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), static_before)
+    assert_same_state(tiered_state(emb, tiered), before)

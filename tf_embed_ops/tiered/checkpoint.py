@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
 
-__all__ = ["FORMAT_VERSION", "register", "restore_tables", "save_tables"]
+__all__ = ["FORMAT_VERSION", "check_restore", "register", "restore_tables", "save_tables"]
 
 FORMAT_VERSION = 1
 _VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -138,16 +138,31 @@ def restore_tables(trackables: dict, merged_prefix: Any) -> None:
         )
     path = merged_prefix if isinstance(merged_prefix, str) else merged_prefix.numpy().decode()
     reader = tf.train.load_checkpoint(path)
-    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    checked = []
-    for key, table in sorted(trackables.items()):
-        where = f"TieredTable {table.table_name!r}: restore from {path}:"
-        if key.endswith(_VARIABLE_SUFFIX):
-            checked.append(_check_variable_format(table, key, path, reader, shapes, dtypes, where))
-        else:
-            checked.append(_check_tiered_format(table, key, path, reader, shapes, dtypes, where))
+    checked = [check_restore(table, key, path, reader) for key, table in sorted(trackables.items())]
     for plan in checked:
         plan.write()
+
+
+def check_restore(table: Any, key: str, path: str, reader: Any) -> _Checked:
+    """Checks `table`'s part of the checkpoint at `path` (read with `reader`), writing nothing.
+
+    Args:
+      table: the `TieredTable`.
+      key: its object name in a tiered checkpoint, or its `<table>` variable's key in an in-memory one.
+      path: the checkpoint.
+      reader: `tf.train.load_checkpoint(path)`.
+
+    Returns:
+      The checked restore (its `write()` restores the table).
+
+    Raises:
+      ValueError: naming the table, the checkpoint and what does not match.
+    """
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    where = f"TieredTable {table.table_name!r}: restore from {path}:"
+    if key.endswith(_VARIABLE_SUFFIX):
+        return _check_variable_format(table, key, path, reader, shapes, dtypes, where)
+    return _check_tiered_format(table, key, path, reader, shapes, dtypes, where)
 
 
 def _need(key: str, shapes: dict, dtypes: dict, shape: list, where: str) -> tf.DType:
