@@ -171,3 +171,10 @@ def test_a_refused_tiered_part_changes_no_table_of_the_embedding(tmp_path):
         tf.train.Checkpoint(embedding=emb).read(path)
     np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), static_before)
     assert_same_state(tiered_state(emb, tiered), before)
+
+
+def test_a_saved_model_of_a_tiered_table_is_refused_naming_it(tmp_path):
+    _, tiered = table_pair(tmp_path / "rows", te.optimizers.SGD(0.1), V, DIM, CACHE_ROWS, name="big")
+    emb = embedding(tiered)
+    with pytest.raises(NotImplementedError, match=r"'big'[\s\S]*SavedModel cannot hold them"):
+        tf.saved_model.save(emb, str(tmp_path / "saved_model"))

@@ -128,13 +128,15 @@ def restore_tables(trackables: dict, merged_prefix: Any) -> None:
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match; no tiered table was changed.
-      NotImplementedError: inside a `tf.function` (restore eagerly).
+      NotImplementedError: inside a `tf.function` (restore eagerly), which is also where `tf.saved_model.save`
+        traces it: a SavedModel of a tiered table is refused.
     """
     if not tf.executing_eagerly():
         names = ", ".join(repr(t.table_name) for t in trackables.values())
         raise NotImplementedError(
-            f"Tiered tables {names}: restore their checkpoint eagerly (tf.train.Checkpoint.restore outside a "
-            "tf.function): the restore streams the rows chunk by chunk from Python."
+            f"Tiered tables {names}: their checkpoint is restored eagerly only (tf.train.Checkpoint.restore or read "
+            "outside a tf.function: the restore streams the rows chunk by chunk from Python), and a SavedModel "
+            "cannot hold them yet (read their rows with TieredTable.read_rows to export them)."
         )
     path = merged_prefix if isinstance(merged_prefix, str) else merged_prefix.numpy().decode()
     reader = tf.train.load_checkpoint(path)
