@@ -141,26 +141,37 @@ absl::Status CheckRowRange(const TieredTableResource& table, const std::string& 
   return absl::OkStatus();
 }
 
-// S (the op's slot count) must be the table's.
-absl::Status CheckSlotCount(const TieredTableResource& table, const std::string& what, int num_slots) {
-  if (num_slots == table.num_slots()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " has ", table.num_slots(), " slots but the op gives ", num_slots, " slot tensors"));
-}
-
-class TieredTableWriteRowsOp : public tf::OpKernel {
+// WriteRows and ReadRows: attr S (the slot count), inputs table and first_row.
+class TieredRowsOp : public tf::OpKernel {
  public:
-  explicit TieredTableWriteRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TieredRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
   }
+
+ protected:
+  // The table, which must have S slots, and first_row.
+  absl::Status TableAndFirstRow(tf::OpKernelContext* ctx, TieredTableRef* table, std::string* what,
+                                int64_t* first) const {
+    TF_RETURN_IF_ERROR(Table(ctx, table, what));
+    if (num_slots_ != (*table)->num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*what, " has ", (*table)->num_slots(), " slots but the op gives ", num_slots_, " slot tensors"));
+    }
+    return ScalarInput(ctx, 1, "first_row", first);
+  }
+
+  int num_slots_ = 0;
+};
+
+class TieredTableWriteRowsOp : public TieredRowsOp {
+ public:
+  using TieredRowsOp::TieredRowsOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
     TieredTableRef table;
     std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
-    OP_REQUIRES_OK(ctx, CheckSlotCount(*table, what, num_slots_));
     int64_t first = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "first_row", &first));
+    OP_REQUIRES_OK(ctx, TableAndFirstRow(ctx, &table, &what, &first));
     const TieredRowLayout& layout = table->layout();
     const tf::Tensor& values = ctx->input(2);
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(1) == table->dim(),
@@ -189,24 +200,17 @@ class TieredTableWriteRowsOp : public tf::OpKernel {
     tf::mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, table->cache()->WriteRecords(first, n, records.get()));
   }
-
- private:
-  int num_slots_ = 0;
 };
 
-class TieredTableReadRowsOp : public tf::OpKernel {
+class TieredTableReadRowsOp : public TieredRowsOp {
  public:
-  explicit TieredTableReadRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
-  }
+  using TieredRowsOp::TieredRowsOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
     TieredTableRef table;
     std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
-    OP_REQUIRES_OK(ctx, CheckSlotCount(*table, what, num_slots_));
     int64_t first = 0, n = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "first_row", &first));
+    OP_REQUIRES_OK(ctx, TableAndFirstRow(ctx, &table, &what, &first));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "num_rows", &n));
     OP_REQUIRES_OK(ctx, CheckRowRange(*table, what, first, n));
     const TieredRowLayout& layout = table->layout();
@@ -229,9 +233,6 @@ class TieredTableReadRowsOp : public tf::OpKernel {
       DecodeRecord(layout, records.get() + i * record_bytes, buffers.data());
     }
   }
-
- private:
-  int num_slots_ = 0;
 };
 
 class TieredTablePrefetchOp : public tf::OpKernel {
