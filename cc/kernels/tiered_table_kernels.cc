@@ -115,12 +115,20 @@ class TieredTableHandleOp : public tf::OpKernel {
   bool cinfo_set_ TF_GUARDED_BY(mu_) = false;
 };
 
-// The table (input 0) and "tiered table 'x'" for errors.
-absl::Status Table(tf::OpKernelContext* ctx, TieredTableRef* table, std::string* what) {
-  TF_RETURN_IF_ERROR(LookupTieredTable(ctx, 0, "table", table));
-  *what = absl::StrCat("tiered table '", (*table)->name(), "'");
-  return absl::OkStatus();
-}
+// An op on one table (input 0): Compute resolves it and runs ComputeOn with "tiered table 'x'" for errors.
+class TieredTableOp : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(tf::OpKernelContext* ctx) final {
+    TieredTableRef table;
+    OP_REQUIRES_OK(ctx, LookupTieredTable(ctx, 0, "table", &table));
+    ComputeOn(ctx, table.get(), absl::StrCat("tiered table '", table->name(), "'"));
+  }
+
+ protected:
+  virtual void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) = 0;
+};
 
 // An int64 scalar input.
 absl::Status ScalarInput(tf::OpKernelContext* ctx, int input, const std::string& name, int64_t* out) {
@@ -141,26 +149,35 @@ absl::Status CheckRowRange(const TieredTableResource& table, const std::string& 
   return absl::OkStatus();
 }
 
-// S (the op's slot count) must be the table's.
-absl::Status CheckSlotCount(const TieredTableResource& table, const std::string& what, int num_slots) {
-  if (num_slots == table.num_slots()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " has ", table.num_slots(), " slots but the op gives ", num_slots, " slot tensors"));
-}
-
-class TieredTableWriteRowsOp : public tf::OpKernel {
+// WriteRows and ReadRows: attr S (the slot count), inputs table and first_row.
+class TieredRowsOp : public TieredTableOp {
  public:
-  explicit TieredTableWriteRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TieredRowsOp(tf::OpKernelConstruction* ctx) : TieredTableOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    TieredTableRef table;
-    std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
-    OP_REQUIRES_OK(ctx, CheckSlotCount(*table, what, num_slots_));
+ protected:
+  // The table must have S slots; first_row.
+  absl::Status SlotsAndFirstRow(tf::OpKernelContext* ctx, const TieredTableResource& table, const std::string& what,
+                                int64_t* first) const {
+    if (num_slots_ != table.num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has ", table.num_slots(), " slots but the op gives ", num_slots_, " slot tensors"));
+    }
+    return ScalarInput(ctx, 1, "first_row", first);
+  }
+
+  int num_slots_ = 0;
+};
+
+class TieredTableWriteRowsOp : public TieredRowsOp {
+ public:
+  using TieredRowsOp::TieredRowsOp;
+
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     int64_t first = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "first_row", &first));
+    OP_REQUIRES_OK(ctx, SlotsAndFirstRow(ctx, *table, what, &first));
     const TieredRowLayout& layout = table->layout();
     const tf::Tensor& values = ctx->input(2);
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(1) == table->dim(),
@@ -189,24 +206,16 @@ class TieredTableWriteRowsOp : public tf::OpKernel {
     tf::mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, table->cache()->WriteRecords(first, n, records.get()));
   }
-
- private:
-  int num_slots_ = 0;
 };
 
-class TieredTableReadRowsOp : public tf::OpKernel {
+class TieredTableReadRowsOp : public TieredRowsOp {
  public:
-  explicit TieredTableReadRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("S", &num_slots_));
-  }
+  using TieredRowsOp::TieredRowsOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    TieredTableRef table;
-    std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
-    OP_REQUIRES_OK(ctx, CheckSlotCount(*table, what, num_slots_));
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     int64_t first = 0, n = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "first_row", &first));
+    OP_REQUIRES_OK(ctx, SlotsAndFirstRow(ctx, *table, what, &first));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "num_rows", &n));
     OP_REQUIRES_OK(ctx, CheckRowRange(*table, what, first, n));
     const TieredRowLayout& layout = table->layout();
@@ -229,19 +238,14 @@ class TieredTableReadRowsOp : public tf::OpKernel {
       DecodeRecord(layout, records.get() + i * record_bytes, buffers.data());
     }
   }
-
- private:
-  int num_slots_ = 0;
 };
 
-class TieredTablePrefetchOp : public tf::OpKernel {
+class TieredTablePrefetchOp : public TieredTableOp {
  public:
-  using OpKernel::OpKernel;
+  using TieredTableOp::TieredTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    TieredTableRef table;
-    std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     const auto ids = ctx->input(1).flat<int64_t>();
     for (int64_t i = 0; i < ids.size(); ++i) {
       OP_REQUIRES(ctx, ids(i) >= 0 && ids(i) < table->num_rows(),
@@ -256,27 +260,23 @@ class TieredTablePrefetchOp : public tf::OpKernel {
   }
 };
 
-class TieredTableFlushOp : public tf::OpKernel {
+class TieredTableFlushOp : public TieredTableOp {
  public:
-  using OpKernel::OpKernel;
+  using TieredTableOp::TieredTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    TieredTableRef table;
-    std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     tf::mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, table->cache()->Flush());
   }
 };
 
-class TieredTableStatsOp : public tf::OpKernel {
+class TieredTableStatsOp : public TieredTableOp {
  public:
-  using OpKernel::OpKernel;
+  using TieredTableOp::TieredTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    TieredTableRef table;
-    std::string what;
-    OP_REQUIRES_OK(ctx, Table(ctx, &table, &what));
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     const auto stats = table->cache()->stats().AsArray();
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({static_cast<int64_t>(stats.size())}), &out));

@@ -98,6 +98,12 @@ absl::Status TieredRowCache::CheckRows(const std::vector<int64_t>& rows) const {
   return absl::OkStatus();
 }
 
+absl::Status TieredRowCache::CheckRange(int64_t first, int64_t n) const {
+  if (first >= 0 && n >= 0 && first <= num_rows() - n) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("table '", table(), "': rows [", first, ", ", first + n, ") outside [0, ", num_rows(), ")"));
+}
+
 absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
   slots.erase(std::remove_if(slots.begin(), slots.end(), [this](int32_t s) { return !dirty_[s]; }), slots.end());
   std::sort(slots.begin(), slots.end(), [this](int32_t a, int32_t b) { return slot_row_[a] < slot_row_[b]; });
@@ -304,10 +310,7 @@ absl::Status TieredRowCache::Flush() {
 }
 
 absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
-  if (first < 0 || n < 0 || first > num_rows() - n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", table(), "': rows [", first, ", ", first + n, ") outside [0, ", num_rows(), ")"));
-  }
+  if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> cold;  // rows not resident, read from the file in runs
   for (int64_t i = 0; i < n; ++i) {
@@ -332,10 +335,7 @@ absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
 }
 
 absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* records) {
-  if (first < 0 || n < 0 || first > num_rows() - n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", table(), "': rows [", first, ", ", first + n, ") outside [0, ", num_rows(), ")"));
-  }
+  if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
   std::vector<char*> pointers(n);
   for (int64_t i = 0; i < n; ++i) pointers[i] = records + i * record_bytes_;
   std::lock_guard<std::mutex> lock(mu_);

@@ -122,6 +122,7 @@ class TieredRowCache {
   void IndexInsert(int64_t row, int32_t slot);
   void IndexErase(int64_t row);
   absl::Status CheckRows(const std::vector<int64_t>& rows) const;
+  absl::Status CheckRange(int64_t first, int64_t n) const;
   // Makes `misses` (ascending, not resident) resident (unpinned, referenced) in slots it returns in `out`; the
   // caller has checked that free plus evictable slots suffice.  On an error no miss is resident.
   absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out);

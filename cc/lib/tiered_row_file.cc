@@ -357,7 +357,7 @@ absl::Status TieredRowFile::Transfer(bool write, struct iovec* iov, int iovcnt, 
   return absl::OkStatus();
 }
 
-absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* records) const {
+absl::Status TieredRowFile::TransferRecords(bool write, int64_t first, int64_t n, char* const* records) const {
   if (first < 0 || n < 0 || first > layout_.num_rows - n) {
     return absl::InvalidArgumentError(
         absl::StrCat(What(), ": ", Rows(first, n), " outside [0, ", layout_.num_rows, ")"));
@@ -367,9 +367,14 @@ absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* r
     const int64_t count = std::min<int64_t>(kMaxIov, n - begin);
     iov.resize(count);
     for (int64_t i = 0; i < count; ++i) iov[i] = {records[begin + i], static_cast<size_t>(record_bytes_)};
-    RETURN_IF_ERROR_(Transfer(/*write=*/false, iov.data(), static_cast<int>(count),
+    RETURN_IF_ERROR_(Transfer(write, iov.data(), static_cast<int>(count),
                               kHeaderBytes + (first + begin) * record_bytes_, first + begin, count));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* records) const {
+  RETURN_IF_ERROR_(TransferRecords(/*write=*/false, first, n, records));
   const int64_t payload = layout_.payload_bytes();
   for (int64_t i = 0; i < n; ++i) {
     uint32_t stored;
@@ -386,20 +391,10 @@ absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* r
 }
 
 absl::Status TieredRowFile::WriteRecords(int64_t first, int64_t n, char* const* records) {
-  if (first < 0 || n < 0 || first > layout_.num_rows - n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(What(), ": ", Rows(first, n), " outside [0, ", layout_.num_rows, ")"));
+  if (first >= 0 && n >= 0 && first <= layout_.num_rows - n) {
+    for (int64_t i = 0; i < n; ++i) StampRecord(layout_, records[i]);
   }
-  for (int64_t i = 0; i < n; ++i) StampRecord(layout_, records[i]);
-  std::vector<struct iovec> iov;
-  for (int64_t begin = 0; begin < n; begin += kMaxIov) {
-    const int64_t count = std::min<int64_t>(kMaxIov, n - begin);
-    iov.resize(count);
-    for (int64_t i = 0; i < count; ++i) iov[i] = {records[begin + i], static_cast<size_t>(record_bytes_)};
-    RETURN_IF_ERROR_(Transfer(/*write=*/true, iov.data(), static_cast<int>(count),
-                              kHeaderBytes + (first + begin) * record_bytes_, first + begin, count));
-  }
-  return absl::OkStatus();
+  return TransferRecords(/*write=*/true, first, n, records);
 }
 
 absl::Status TieredRowFile::Sync() {

@@ -112,6 +112,8 @@ class TieredRowFile {
   TieredRowFile(int fd, std::string path, std::string table, TieredRowLayout layout, RowFileIo io);
   // "table 'x', row file '/p'": the start of every error.
   std::string What() const;
+  // Records [first, first + n) from or to records[0..n), in preadv/pwritev calls of at most IOV_MAX records.
+  absl::Status TransferRecords(bool write, int64_t first, int64_t n, char* const* records) const;
   // All of the iovecs' bytes at `offset`, looping over short transfers.
   absl::Status Transfer(bool write, struct iovec* iov, int iovcnt, off_t offset, int64_t first, int64_t n) const;
 

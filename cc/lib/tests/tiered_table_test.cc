@@ -150,17 +150,16 @@ std::vector<int64_t> Range(int64_t first, int64_t end) {
 
 bool SameStats(const TieredCacheStats& a, const TieredCacheStats& b) { return a.AsArray() == b.AsArray(); }
 
-ShardFn Serial() {
-  return [](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, total); };
-}
-
-ShardFn TwoThreads() {
-  return [](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
-    std::thread other([&] { fn(0, total / 2); });
-    fn(total / 2, total);
-    other.join();
+// [0, total) cut into `parts` ranges, each on its own thread (1: the calling thread only).
+ShardFn Threads(int parts) {
+  return [parts](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+    std::vector<std::thread> threads;
+    for (int p = 1; p < parts; ++p) threads.emplace_back(fn, total * p / parts, total * (p + 1) / parts);
+    fn(0, total / parts);
+    for (std::thread& t : threads) t.join();
   };
 }
+ShardFn Serial() { return Threads(1); }
 
 // One feature with one id per sample: its ids, layout and gradient ([ids, dim]).
 struct Step {
@@ -657,7 +656,7 @@ TEST(TieredTableUpdateTest, TrainsBitwiseLikeTheInMemoryTableForEveryOptimizer) 
     for (StorageType storage : {StorageType::kFloat32, StorageType::kBfloat16}) {
       ExpectTieredTrainsLikeInMemory(o, storage, Serial());
     }
-    ExpectTieredTrainsLikeInMemory(o, StorageType::kBfloat16, TwoThreads());
+    ExpectTieredTrainsLikeInMemory(o, StorageType::kBfloat16, Threads(3));
   }
 }
 
