@@ -10,6 +10,7 @@ Examples:
     python -m benchmarks --only serving_quant       # quantized / pruned serving exports: size, latency, CTR AUC
     python -m benchmarks --only lifecycle     # dynamic tables' eviction sweeps, Bloom admission, CTR with Bloom
     python -m benchmarks --only serving_delta   # deltas to a live servable: bytes, latency, memory, lookups
+    python -m benchmarks --only tiered        # a table 10x its DRAM cache against the same table in memory
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SECTIONS = (
     "lifecycle",
     "serving_delta",
     "checkpoint",
+    "tiered",
 )
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from benchmarks import checkpoint_benchmark, report_dynamic, report_serving, report_serving_quant
+from benchmarks import checkpoint_benchmark, report_dynamic, report_serving, report_serving_quant, tiered_benchmark
 
 ENGINE_LABELS = {
     "ours": "tf_embed_ops (fused)",
@@ -548,6 +548,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     out += report_serving_quant.section(result)
     out += report_serving.section(result)
     out += checkpoint_benchmark.section(result)
+    out += tiered_benchmark.section(result)
     return "\n".join(out)
 
 

@@ -523,6 +523,11 @@ def run(opts: Options, log=print) -> dict:
 
         result["checkpoint"] = checkpoint_benchmark.run(opts, log)
 
+    if opts.wants("tiered"):
+        from benchmarks import tiered_benchmark
+
+        result["tiered"] = tiered_benchmark.run(opts, log)
+
     if opts.wants("serving_quant"):
         from benchmarks import serving_quant
 

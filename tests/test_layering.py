@@ -39,6 +39,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops.serving.tables",
         # The delta file (numpy + stock TF).
         "tf_embed_ops.serving.delta_format",
+        # The tiered storage option (`te.Tiered`), which every table config takes.
+        "tf_embed_ops.tiered.config",
     ),
     # The op wrappers and the SparseCore layout.
     ("tf_embed_ops.embedding_ops", "tf_embed_ops.sparse_accumulator", "tf_embed_ops.sparse_core"),
@@ -46,8 +48,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tf_embed_ops.optimizers", "tf_embed_ops.optimizer_mapping"),
     # The configuration proto and its loader.
     ("tf_embed_ops.config",),
-    # Dynamic tables (their ops, tables and the group the mid-level classes hand them to).
-    ("tf_embed_ops.dynamic",),
+    # Dynamic and tiered tables (their ops, tables and the groups the mid-level classes hand them to).
+    ("tf_embed_ops.dynamic", "tf_embed_ops.tiered"),
     # The parts every front end composes.
     ("tf_embed_ops.engine",),
     # The mid-level API.

@@ -77,12 +77,17 @@ def _values() -> dict:
         ],
         "seed": [123],
         "eviction_log_capacity": [17],
+        "storage": [te.Tiered(cache_bytes=1 << 16, directory="/nonexistent/tf_embed_ops_tiered")],
     }
 
 
 # Options whose value a class refuses, with the reason (the refusal is tested instead).
 NOT_APPLICABLE = {
     ("te.TableConfig", "initializer", "zeros"): "TensorFlow's TableConfig takes a callable initializer",
+    # Tiered tables train in te.TPUEmbedding only; the Keras layer refuses them, and the saved config's round trip
+    # of `storage` is tested in test_tiered_training.py.
+    ("te.TableConfig", "storage", None): "the Keras layer refuses tiered tables",
+    ("te.DynamicTableConfig", "storage", None): "dynamic tables refuse storage=te.Tiered",
 }
 
 

@@ -13,6 +13,8 @@ below is resolved on first use.
   host preprocessing and checkpoint format.
 - ``DynamicTableConfig``, ``dynamic``: dynamic-vocabulary tables (int64 or string keys, rows created as ids
   arrive, admission and eviction policies), accepted wherever a ``TableConfig`` is.
+- ``Tiered``, ``tiered``: tables larger than memory, ``TableConfig(..., storage=Tiered(cache_bytes=...,
+  directory=...))``: rows on disk behind a DRAM row cache, trained by ``TPUEmbedding`` (docs/tiered_tables.md).
 - ``serving``: smaller servables: ``Prune`` (publish-time pruning) and the row ``quantization`` of
   ``keras.export_for_serving(..., quantization=..., prune=...)``.
 - ``SparseConditionalAccumulator``: an eager-capable replica of TensorFlow's.
@@ -43,6 +45,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "distribute": ("tf_embed_ops.distribute", None),
     "dynamic": ("tf_embed_ops.dynamic", None),
     "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
+    "tiered": ("tf_embed_ops.tiered", None),
+    "Tiered": ("tf_embed_ops.tiered.config", "Tiered"),
     "SparseConditionalAccumulator": ("tf_embed_ops.sparse_accumulator", "SparseConditionalAccumulator"),
     "TPUEmbedding": ("tf_embed_ops.tpu_embedding", "TPUEmbedding"),
     "TableConfig": ("tf_embed_ops.table_config", "TableConfig"),

@@ -28,6 +28,12 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
 
+# A registered checkpoint saver: a tiered table (tf_embed_ops/tiered/checkpoint.py) streams its rows into the
+# checkpoint chunk by chunk (one SaveV2 per chunk, merged by TensorFlow into the checkpoint) instead of handing
+# TensorFlow one tensor of the whole, larger-than-memory table; its restore function reads them back the same way.
+# Exported only to TensorFlow's own packages ("evolving"). (TF 2.10 - 2.21.)
+from tensorflow.python.saved_model.registration import register_checkpoint_saver
+
 # tpu_embedding_v2_utils: our optimizers subclass TensorFlow's TPU optimizer base class so that
 # `tf.tpu.experimental.embedding.TableConfig` accepts them (it checks `isinstance(optimizer, _Optimizer)`) and they
 # create slots as TensorFlow's do (TF 2.4 - 2.21). tpu_embedding_v3(_utils): the SparseCore layout, above.
@@ -36,6 +42,10 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils, tpu_embedding_v3, tpu_
 # Checkpoint hooks of a custom trackable (`Trackable`, `SaveType`, `VARIABLE_VALUE_KEY`), for the stacked SparseCore
 # slots, which are saved as one tensor per stack though we hold one variable per table. (TF 2.11 - 2.21.)
 from tensorflow.python.trackable import base as trackable_base
+
+# How a checkpoint key escapes an object's local name ("/" -> ".S"): a tiered table restored from the checkpoint of
+# an in-memory table finds its slots' keys (`<table>/<slot>` children) beside the table's. (TF 2.5 - 2.21.)
+from tensorflow.python.trackable.trackable_utils import escape_local_name
 
 # Structure helpers TensorFlow's TPUEmbedding uses to match `output_shapes` and name features by path; the public
 # `tf.nest` has neither `flatten_up_to` nor joined-string paths. (TF 2.0 - 2.21.)
@@ -48,10 +58,12 @@ __all__ = [
     "ShardedVariable",
     "add_tracked_variable",
     "create_slots",
+    "escape_local_name",
     "init_ops_v2",
     "keras_learning_rate_as_given",
     "nest",
     "optimization_parameters_pb2",
+    "register_checkpoint_saver",
     "slot_initializers",
     "slot_names",
     "sparse_core_layout_pb2",

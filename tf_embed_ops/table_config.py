@@ -8,7 +8,9 @@ accepts everything it does, plus:
 * ``slot_storage_dtype``: the same for the optimizer's slots (accumulators, momenta, ...); default: the table's
   ``storage_dtype``, so a bfloat16 table halves its slots' memory too. Set ``tf.float32`` to keep fp32 state;
 * ``rounding``: how a 16-bit row is written back after the fp32 optimizer step: ``"stochastic"`` (default) or
-  ``"nearest"`` (round to nearest even).
+  ``"nearest"`` (round to nearest even);
+* ``storage``: where the rows live: None (default) in memory, as TensorFlow variables; ``te.Tiered(cache_bytes=...,
+  directory=...)`` in a row file on disk behind a DRAM cache of the hot rows (docs/tiered_tables.md).
 
 It is a `TableConfig`, so it goes wherever TensorFlow's goes (`FeatureConfig`, `te.TPUEmbedding`, the Keras
 layer, `te.distribute`, `te.config.from_feature_config`). The TPU configuration proto has no storage dtype: the
@@ -28,6 +30,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops.low_precision import ROUNDINGS, STORAGE_DTYPES, is_low_precision, storage_options
+from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = [
     "ROUNDINGS",
@@ -50,10 +53,12 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
       storage_dtype: tf.float32 (default), tf.bfloat16 or tf.float16 (or their names).
       slot_storage_dtype: the slots' dtype, same choices; None (default) = `storage_dtype`.
       rounding: "stochastic" or "nearest"; None (default) = "stochastic". Used only where something is 16-bit.
+      storage: None (default: in memory) or `te.Tiered(cache_bytes=..., directory=...)`: the rows and slots on
+        disk behind a DRAM row cache (docs/tiered_tables.md; trained by `te.TPUEmbedding`).
 
     Raises:
-      ValueError: an unsupported dtype or rounding (the message names the table and the value), or anything
-        TensorFlow's `TableConfig` rejects.
+      ValueError: an unsupported dtype, rounding or storage (the message names the table and the value), or
+        anything TensorFlow's `TableConfig` rejects.
     """
 
     def __init__(
@@ -71,11 +76,18 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
         storage_dtype: Any = tf.float32,
         slot_storage_dtype: Any = None,
         rounding: str | None = None,
+        storage: tiered_config.Tiered | None = None,
     ):
         label = repr(name) if name is not None else f"(unnamed, vocabulary_size={vocabulary_size}, dim={dim})"
-        storage, slots, rounding = storage_options(f"TableConfig {label}", storage_dtype, slot_storage_dtype, rounding)
-        if storage != tf.float32 and tf.as_dtype(dtype) != tf.float32:
-            raise ValueError(f"TableConfig {label}: storage_dtype={storage.name} needs dtype=tf.float32, got {dtype!r}")
+        tiered = tiered_config.check_storage(f"TableConfig {label}", storage)
+        owner = f"TableConfig {label}"
+        row_dtype, slots, rounding = storage_options(owner, storage_dtype, slot_storage_dtype, rounding)
+        if row_dtype != tf.float32 and tf.as_dtype(dtype) != tf.float32:
+            raise ValueError(
+                f"TableConfig {label}: storage_dtype={row_dtype.name} needs dtype=tf.float32, got {dtype!r}"
+            )
+        if tiered is not None and tf.as_dtype(dtype) != tf.float32:
+            raise ValueError(f"TableConfig {label}: storage=te.Tiered needs dtype=tf.float32, got {dtype!r}")
         kwargs = {"layout": layout} if layout is not None else {}
         super().__init__(
             vocabulary_size,
@@ -88,15 +100,17 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
             dtype=dtype,
             **kwargs,
         )
-        self.storage_dtype = storage
+        self.storage_dtype = row_dtype
         self.slot_storage_dtype = slots
         self.rounding = rounding
+        self.storage = tiered
 
     def __repr__(self) -> str:
         base = super().__repr__()
         return (
             f"{base[:-1]}, storage_dtype={self.storage_dtype.name!r}, "
-            f"slot_storage_dtype={self.slot_storage_dtype.name!r}, rounding={self.rounding!r})"
+            f"slot_storage_dtype={self.slot_storage_dtype.name!r}, rounding={self.rounding!r}, "
+            f"storage={self.storage!r})"
         )
 
 

@@ -42,6 +42,8 @@ from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import update as update_lib
 from tf_embed_ops.engine import variables as variables_lib
+from tf_embed_ops.tiered import config as tiered_config
+from tf_embed_ops.tiered import engine as tiered_engine
 
 __all__ = ["TPUEmbedding", "check_feature_keys"]
 
@@ -82,6 +84,9 @@ def _current_graph():
 class TPUEmbedding(_tf_compat.AutoTrackable):
     """The `tf.tpu.experimental.embedding.TPUEmbedding` mid-level API, trainable on CPU.
 
+    Tables with `storage=te.Tiered(...)` (`te.TableConfig`) keep their rows on disk behind a DRAM row cache and
+    train with the same fused optimizers (docs/tiered_tables.md); `prefetch` makes the next batch's rows resident.
+
     Ports TPU code by changing an import: the inputs are TensorFlow's own `TableConfig`, `FeatureConfig` and
     optimizer objects (`SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`). Differences from the TPU class:
     no `TPUStrategy` is needed; `enqueue`, `dequeue` and `apply_gradients` must see the same graph (call them in
@@ -94,6 +99,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         ...   acts = emb.dequeue(); tape.watch(acts); loss = model(acts)
         >>> emb.apply_gradients(tape.gradient(loss, acts))
     """
+
+    # The front end a subclass is, when it does not train tiered tables (its constructor then refuses them).
+    _TIERED_UNSUPPORTED_BY: str | None = None
 
     def __init__(
         self,
@@ -121,7 +129,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
         Raises:
           ValueError: if a feature is not a `FeatureConfig`, an optimizer is unsupported, two tables share a
-            name, or a table uses a `CustomCombiner`.
+            name, or a table uses a `CustomCombiner`; or a table is tiered and this front end does not train
+            tiered tables (the Keras layers, the sharded classes).
         """
         flat_features = features_lib.check_feature_configs(feature_config)
         self._feature_config = feature_config
@@ -150,6 +159,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     "are supported off SparseCore."
                 )
             table.name = name
+        # Tiered tables go to their own group; what follows sees the in-memory tables' features only.
+        self._tiered = self._split_tiered_tables(flat_features)
+        flat_features = self._not_tiered(flat_features)
         # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
         # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
         # in), exactly as `from_feature_config` will resolve them for the config proto.
@@ -159,6 +171,25 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self._built = False
         self._config_proto = None
         self._pending = None
+
+    def _split_tiered_tables(self, flat_features: list) -> Any:
+        """Hands the features over tiered tables to a `tiered.engine.TieredGroup` (None when there is none); the
+        rest of the machinery (static variables, the dynamic group) then sees only the other features, in order."""
+        group = tiered_engine.TieredGroup.of(flat_features, self._check_numerics)
+        if group is None:
+            return None
+        if self._TIERED_UNSUPPORTED_BY is not None:
+            names = ", ".join(repr(t.name) for t in group.table_configs)
+            raise ValueError(
+                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {names} have "
+                "storage=te.Tiered(...). Train them with te.TPUEmbedding, or leave storage=None (in memory)."
+            )
+        self._table_config = [t for t in self._table_config if not tiered_config.is_tiered(t)]
+        return group
+
+    def _not_tiered(self, items: list) -> list:
+        """`items` (one per feature, in feature order) without the tiered features' entries."""
+        return items if self._tiered is None else [items[i] for i in self._tiered.static_positions]
 
     def _split_dynamic_tables(
         self, flat_features: list, shard_devices: Any = None, partition_by_key: Callable | None = None
@@ -175,9 +206,27 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     @property
     def static_features(self) -> list:
-        """The flattened `FeatureConfig`s over static tables: the features `lookup` and `send_gradients` see."""
-        flat = tf.nest.flatten(self._feature_config)
-        return flat if self._dynamic is None else [flat[i] for i in self._dynamic.static_positions]
+        """The flattened `FeatureConfig`s over static in-memory tables: the features `lookup` and `send_gradients`
+        see."""
+        return self._static_only(tf.nest.flatten(self._feature_config))
+
+    def _static_only(self, items: list) -> list:
+        """`items` (one per feature, in feature order) restricted to the static in-memory tables' features."""
+        items = self._not_tiered(items)
+        return items if self._dynamic is None else [items[i] for i in self._dynamic.static_positions]
+
+    @property
+    def tiered_group(self) -> Any:
+        """The `tiered.engine.TieredGroup` running the tiered tables' features, or None without any."""
+        return self._tiered
+
+    @property
+    def tiered_tables(self) -> dict:
+        """`{TableConfig: tiered.TieredTable}` of the tables with `storage=te.Tiered`; empty without any."""
+        if self._tiered is None:
+            return {}
+        self._maybe_build()
+        return self._tiered.tables
 
     @property
     def dynamic_group(self) -> Any:
@@ -234,6 +283,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self._variables = self._create_variables_and_slots()
             if self._dynamic is not None:
                 self._dynamic.build(self)
+            if self._tiered is not None:
+                self._tiered.build(self)
         self._built = True
 
     def _checkpoint_adapter(self, path: str) -> None:
@@ -296,9 +347,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
         untrained = any(t.optimizer is None for t in self._table_config)
         features, shapes = self._feature_config, self._output_shapes
-        if self._dynamic is not None:  # the static features' configuration (the dynamic group has its own)
+        if self._dynamic is not None or self._tiered is not None:
+            # The static features' configuration (the dynamic and tiered groups have their own).
             features = self.static_features
-            shapes = [shapes[i] for i in self._dynamic.static_positions]
+            shapes = self._static_only(shapes)
             if not features:
                 return config_lib.TPUEmbeddingConfiguration()
         proto = config_lib.from_feature_config(
@@ -457,15 +509,60 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
             learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-            if self._dynamic is None:
-                self.send_gradients(flat, learning_rates, pending.inputs)
+
+            def send_in_memory(gradients: list, inputs: list) -> None:
+                if self._dynamic is None:
+                    self.send_gradients(gradients, learning_rates, inputs)
+                else:
+                    dynamic_engine.split_send(
+                        self._dynamic, gradients, inputs, lambda g, i: self.send_gradients(g, learning_rates, i)
+                    )
+
+            if self._tiered is None:
+                send_in_memory(flat, pending.inputs)
             else:
-                dynamic_engine.split_send(
-                    self._dynamic, flat, pending.inputs, lambda g, i: self.send_gradients(g, learning_rates, i)
-                )
+                tiered_engine.split_send(self._tiered, flat, pending.inputs, send_in_memory)
+
+    def prefetch(self, features: Any, weights: Any = None) -> list:
+        """Makes the rows the tiered tables will need for `features` resident in their caches (not pinned).
+
+        Call it with the next batch in the same `tf.function` as the current step, between `dequeue` and
+        `apply_gradients` (a function runs the ops of one table in program order): the rows are read from disk
+        while the model computes, and the next step then hits the cache (docs/tiered_tables.md). Ids of in-memory
+        tables are ignored. Without tiered tables this does nothing.
+
+        Args:
+          features, weights: a batch, as `enqueue` takes it.
+
+        Returns:
+          The prefetch ops (eagerly: [], they have run).
+
+        Raises:
+          ValueError: as `enqueue`, for a batch that does not match `feature_config`.
+        """
+        if self._tiered is None:
+            return []
+        with tf.name_scope("tpu_embedding_prefetch"):
+            inputs, _ = self.normalize_inputs(features, weights)
+            self._maybe_build()
+            return self._tiered.prefetch([inputs[i] for i in self._tiered.positions])
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
-        """Activations of every feature: `lookup` for the static ones, the dynamic group for the others."""
+        """Activations of every feature: `lookup` for the static ones, the dynamic and tiered groups for theirs."""
+        if self._tiered is None:
+            return self._lookup_in_memory(inputs, training, name)
+        if _xla.in_xla_context():
+            raise ValueError(
+                f"{type(self).__name__}: tiered tables {sorted(t.name for t in self._tiered.table_configs)} cannot be "
+                "looked up under XLA (jit_compile=True): their rows live in a cache XLA cannot read. Look them up "
+                "outside jit_compile."
+            )
+        return dynamic_engine.split_lookup(
+            self._tiered, inputs, training, lambda i: self._lookup_in_memory(i, training, name)
+        )
+
+    def _lookup_in_memory(self, inputs: list, training: bool, name: str | None = None) -> list:
+        """Activations of the in-memory tables' features: `lookup` for the static ones, the dynamic group's."""
         if self._dynamic is not None and _xla.in_xla_context():
             raise ValueError(
                 f"{type(self).__name__}: dynamic tables {sorted(t.name for t in self._dynamic.tables)} cannot be "
@@ -482,7 +579,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         tables, _ = self.tables_and_slots()
         if _xla.in_xla_context():
             index = {t.name: i for i, t in enumerate(self._table_config)}
-            features = tf.nest.flatten(self._feature_config)  # no dynamic table here (`_lookup_all` refuses them)
+            # No dynamic or tiered table here (`_lookup_all` refuses them under XLA).
+            features = tf.nest.flatten(self._feature_config)
             return [
                 _xla.lookup(
                     inp,

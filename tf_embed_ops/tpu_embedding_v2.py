@@ -49,6 +49,7 @@ from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
 from tf_embed_ops.sparse_core import stacked_variable
+from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
 
@@ -234,6 +235,11 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             if table.name in names:
                 raise ValueError(f"Tables must have a unique name. Multiple tables with name {table.name} found.")
             names.append(table.name)
+            if tiered_config.is_tiered(table):
+                raise ValueError(
+                    f"TPUEmbeddingV2 does not train tiered tables yet: table {table.name!r} has "
+                    "storage=te.Tiered(...). Train it with te.TPUEmbedding, or leave storage=None (in memory)."
+                )
             self._check_table(table)
         for path, feature in self._flat_features:
             self._check_feature(path, feature)

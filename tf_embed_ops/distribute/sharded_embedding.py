@@ -115,6 +115,8 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         >>> [v.device for v in emb.embedding_tables[table]]   # one shard per parameter server
     """
 
+    _TIERED_UNSUPPORTED_BY = "te.distribute.ShardedTPUEmbedding"
+
     def __init__(
         self,
         feature_config: Any,

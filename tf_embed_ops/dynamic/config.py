@@ -622,6 +622,8 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
       storage_dtype, slot_storage_dtype, rounding: the rows' and the slots' storage dtype and how a 16-bit row
         is rounded back after the float32 optimizer step, with `te.TableConfig`'s choices and defaults
         (tf.float32; the table's; "stochastic"); docs/low_precision.md.
+      storage: None (the rows in memory). `te.Tiered` is not supported for dynamic tables yet: it is refused
+        (docs/tiered_tables.md).
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.
@@ -650,10 +652,16 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         storage_dtype: Any = tf.float32,
         slot_storage_dtype: Any = None,
         rounding: str | None = None,
+        storage: Any = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
         owner = f"DynamicTableConfig {name!r}"
+        if storage is not None:
+            raise ValueError(
+                f"{owner}: storage={storage!r} is not supported: dynamic tables are not tiered yet (only "
+                "te.TableConfig takes storage=te.Tiered); leave storage=None to keep the table in memory."
+            )
         storage, slot_storage, rounding = low_precision.storage_options(
             owner, storage_dtype, slot_storage_dtype, rounding
         )
@@ -726,6 +734,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.storage_dtype = storage
         self.slot_storage_dtype = slot_storage
         self.rounding = rounding
+        self.storage = None
 
     def __repr__(self) -> str:
         return (

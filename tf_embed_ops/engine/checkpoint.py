@@ -8,7 +8,9 @@ checkpoint holds for it:
 
 - static tables, slots and `rounding_step`: the checkpoint's shape is the variable's (the table config's when
   not built yet); once built, also its dtype (restoring before `build` converts dtypes, docs/low_precision.md);
-- dynamic tables: everything their import checks (`dynamic.checkpoint_check.TableSpec.validate`).
+- dynamic tables: everything their import checks (`dynamic.checkpoint_check.TableSpec.validate`);
+- tiered tables (once built): their streamed checkpoint's manifest, geometry and every chunk, or the in-memory
+  table's variables they would restore from (`tiered.checkpoint.check_restore`), without reading any row.
 
 Children the checkpoint has and this object lacks, or the reverse, are left to TensorFlow (`assert_consumed`).
 """
@@ -27,6 +29,8 @@ from tf_embed_ops import _tf_compat, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.tiered import checkpoint as tiered_checkpoint
+from tf_embed_ops.tiered import table as tiered_table
 
 __all__ = ["validate"]
 
@@ -50,6 +54,8 @@ def _expected(embedding: Any) -> dict[str, Any]:
             spec = getattr(child, "spec", None)
             if isinstance(spec, checkpoint_check.TableSpec):
                 out[name] = spec
+            elif isinstance(child, tiered_table.TieredTable):
+                out[name] = child
             elif hasattr(child, "shape") and hasattr(child, "dtype"):
                 out[name] = _Variable(child.shape, child.dtype)
         return out
@@ -159,6 +165,11 @@ def validate(embedding: Any, path: str) -> None:
         if isinstance(want, checkpoint_check.TableSpec):
             tensors = {k: _read(reader, path, key) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
+        elif isinstance(want, tiered_table.TieredTable):
+            # Streamed (its saver's object name) or the in-memory table's checkpoint (its variable's key).
+            key = child.registered_saver.object_name or keys.get("VARIABLE_VALUE")
+            if key:
+                tiered_checkpoint.check_restore(want, key, path, reader)
         elif isinstance(want, _Variable) and "VARIABLE_VALUE" in keys and keys["VARIABLE_VALUE"] in shapes:
             key = keys["VARIABLE_VALUE"]
             got_shape, got_dtype = tf.TensorShape(shapes[key]), tf.as_dtype(dtypes[key])

@@ -30,6 +30,7 @@ from tf_embed_ops import _optimizer_schema, _tf_compat
 from tf_embed_ops import optimizers as _optimizers
 from tf_embed_ops import table_config as _table_config
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = [
     "feature_config_from_dict",
@@ -210,11 +211,13 @@ def _option_to_json(table: Any, option: str) -> Any:
         return {"dtype": value.name}
     if isinstance(value, _message.Message):
         return {"proto": value.DESCRIPTOR.full_name, "bytes": base64.b64encode(value.SerializeToString()).decode()}
+    if isinstance(value, tiered_config.Tiered):
+        return {"tiered": value.get_config()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(
         f"Cannot serialise table {table.name!r}: option {option}={value!r} has no JSON form (a dtype, a proto "
-        "message, a number, a string or None)."
+        "message, te.Tiered, a number, a string or None)."
     )
 
 
@@ -224,6 +227,8 @@ def _option_from_json(value: Any) -> Any:
     if isinstance(value, dict) and "proto" in value:
         cls = symbol_database.Default().GetSymbol(value["proto"])
         return cls.FromString(base64.b64decode(value["bytes"]))
+    if isinstance(value, dict) and "tiered" in value:
+        return tiered_config.Tiered.from_config(value["tiered"])
     return value
 
 

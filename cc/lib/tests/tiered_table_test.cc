@@ -1,0 +1,702 @@
+// Tiered tables (docs/tiered_tables.md): the row file (CRC32C, header checks, never-written and corrupted
+// records), the DRAM cache (eviction with write-back, prefetch, refusal of a step larger than the cache, faults
+// that leave it consistent) and the optimizer step through the one row walk, bitwise equal to the in-memory table
+// for every optimizer with float32 and bfloat16 storage and a cache much smaller than the table.
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cc/lib/embedding_config.h"
+#include "cc/lib/feature_layout.h"
+#include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/optimizers/registry.h"
+#include "cc/lib/table_update.h"
+#include "cc/lib/tiered_row_cache.h"
+#include "cc/lib/tiered_row_file.h"
+#include "cc/lib/tiered_row_storage.h"
+#include "gtest/gtest.h"
+
+namespace tf_embed_ops {
+namespace {
+
+// ---------------------------------------------------------------------------------------------- helpers
+
+// A fresh directory per test (removed with its files at the end).
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/tiered_table_test.XXXXXX";
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    for (const std::string& f : files_) unlink(f.c_str());
+    rmdir(path_.c_str());
+  }
+  std::string File(const std::string& name) {
+    files_.push_back(path_ + "/" + name);
+    return files_.back();
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
+TieredRowLayout Layout(int64_t num_rows, std::vector<StorageType> types, std::vector<int64_t> widths) {
+  TieredRowLayout l;
+  l.num_rows = num_rows;
+  l.types = std::move(types);
+  l.widths = std::move(widths);
+  return l;
+}
+
+std::vector<char> FileBytes(const std::string& path) {
+  std::vector<char> bytes;
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return bytes;
+  struct stat st;
+  fstat(fd, &st);
+  bytes.resize(st.st_size);
+  EXPECT_EQ(pread(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+  return bytes;
+}
+
+void PatchFile(const std::string& path, int64_t offset, const std::vector<char>& bytes) {
+  const int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+}
+
+// Row r's buffer b, column d: a value that differs per row, buffer and column.
+float InitialValue(int64_t r, int64_t b, int64_t d) {
+  return 0.25f + 0.01f * static_cast<float>((r * 7 + b * 3 + d) % 50) - (b == 0 ? 0.3f : 0.0f);
+}
+
+// Writes every row of `cache` with InitialValue (slots >= 0 where the optimizer needs it: they are positive).
+void InitialiseRows(TieredRowCache* cache) {
+  const TieredRowLayout& l = cache->layout();
+  std::vector<char> records(l.num_rows * l.record_bytes());
+  std::vector<std::vector<float>> values(l.num_buffers());
+  std::vector<const float*> pointers(l.num_buffers());
+  for (int64_t r = 0; r < l.num_rows; ++r) {
+    for (int64_t b = 0; b < l.num_buffers(); ++b) {
+      values[b].resize(l.widths[b]);
+      for (int64_t d = 0; d < l.widths[b]; ++d) values[b][d] = std::fabs(InitialValue(r, b, d)) + (b ? 0.1f : 0.0f);
+      if (b == 0) {
+        for (int64_t d = 0; d < l.widths[b]; ++d) values[b][d] = InitialValue(r, b, d);
+      }
+      pointers[b] = values[b].data();
+    }
+    EncodeRecord(l, pointers.data(), records.data() + r * l.record_bytes());
+  }
+  ASSERT_TRUE(cache->WriteRecords(0, l.num_rows, records.data()).ok());
+}
+
+// Every row of the table as float32, buffer by buffer ([b][r * width + d]).
+std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
+  const TieredRowLayout& l = cache->layout();
+  std::vector<char> records(l.num_rows * l.record_bytes());
+  const absl::Status s = cache->ReadRecords(0, l.num_rows, records.data());
+  EXPECT_TRUE(s.ok()) << s;
+  std::vector<std::vector<float>> out(l.num_buffers());
+  for (int64_t b = 0; b < l.num_buffers(); ++b) out[b].resize(l.num_rows * l.widths[b]);
+  std::vector<float*> pointers(l.num_buffers());
+  for (int64_t r = 0; r < l.num_rows; ++r) {
+    for (int64_t b = 0; b < l.num_buffers(); ++b) pointers[b] = out[b].data() + r * l.widths[b];
+    DecodeRecord(l, records.data() + r * l.record_bytes(), pointers.data());
+  }
+  return out;
+}
+
+std::unique_ptr<TieredRowCache> NewCache(const std::string& path, const TieredRowLayout& layout, int64_t capacity,
+                                         RowFileIo io = RowFileIo::Posix()) {
+  absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Create(path, "items", layout, io);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return nullptr;
+  auto cache = std::make_unique<TieredRowCache>(*std::move(file), capacity);
+  InitialiseRows(cache.get());
+  return cache;
+}
+
+std::unique_ptr<TieredRowCache> Reopen(const std::string& path, const TieredRowLayout& layout, int64_t capacity) {
+  absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Open(path, "items", layout);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? std::make_unique<TieredRowCache>(*std::move(file), capacity) : nullptr;
+}
+
+std::vector<int64_t> Range(int64_t first, int64_t end) {
+  std::vector<int64_t> rows;
+  for (int64_t r = first; r < end; ++r) rows.push_back(r);
+  return rows;
+}
+
+bool SameStats(const TieredCacheStats& a, const TieredCacheStats& b) { return a.AsArray() == b.AsArray(); }
+
+// [0, total) cut into `parts` ranges, each on its own thread (1: the calling thread only).
+ShardFn Threads(int parts) {
+  return [parts](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+    std::vector<std::thread> threads;
+    for (int p = 1; p < parts; ++p) threads.emplace_back(fn, total * p / parts, total * (p + 1) / parts);
+    fn(0, total / parts);
+    for (std::thread& t : threads) t.join();
+  };
+}
+ShardFn Serial() { return Threads(1); }
+
+// One feature with one id per sample: its ids, layout and gradient ([ids, dim]).
+struct Step {
+  std::vector<int64_t> ids;
+  FeatureLayout layout;
+  std::vector<float> gradient;
+  std::vector<GradientSource> sources;
+  RowGradientPlan plan;
+
+  Step(std::vector<int64_t> ids_in, int64_t dim, std::mt19937_64* rng) : ids(std::move(ids_in)) {
+    layout.num_samples = static_cast<int64_t>(ids.size());
+    layout.one_id_per_sample = true;
+    layout.scale.assign(ids.size(), 1.0f);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    gradient.resize(ids.size() * dim);
+    for (float& x : gradient) x = g(*rng);
+    sources = {GradientSource{ids.data(), static_cast<int64_t>(ids.size()), &layout, gradient.data()}};
+  }
+  void Build(int64_t vocabulary_size) { plan.Build(&sources, vocabulary_size); }
+};
+
+// Skewed ids (a few rows take most of them), as recommender ids are.
+std::vector<int64_t> SkewedIds(int64_t count, int64_t num_rows, std::mt19937_64* rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int64_t> ids(count);
+  for (int64_t& id : ids) id = std::min<int64_t>(num_rows - 1, static_cast<int64_t>(num_rows * std::pow(u(*rng), 3)));
+  return ids;
+}
+
+// ---------------------------------------------------------------------------------------------- row file
+
+// CRC32C written from its definition, bit by bit (the reference for the library's table and SSE4.2 paths).
+uint32_t BitwiseCrc32c(const unsigned char* p, size_t n) {
+  uint32_t crc = 0xffffffffu;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+TEST(TieredRowFileTest, Crc32cMatchesTheStandardCheckValueAndABitwiseReference) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xe3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  std::mt19937_64 rng(3);
+  for (size_t n : {1, 7, 8, 9, 63, 64, 1000}) {
+    std::vector<unsigned char> bytes(n);
+    for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+    EXPECT_EQ(Crc32c(bytes.data(), n), BitwiseCrc32c(bytes.data(), n)) << n;
+  }
+}
+
+TEST(TieredRowFileTest, RecordLayoutPadsEachBufferToFourBytes) {
+  const TieredRowLayout l =
+      Layout(10, {StorageType::kBfloat16, StorageType::kFloat32, StorageType::kFloat16}, {3, 3, 1});
+  EXPECT_EQ(l.offset(0), 0);
+  EXPECT_EQ(l.offset(1), 8);   // 6 bytes of bfloat16, padded
+  EXPECT_EQ(l.offset(2), 20);  // + 12
+  EXPECT_EQ(l.payload_bytes(), 24);
+  EXPECT_EQ(l.record_bytes(), 28);
+  // Encode rounds to nearest; decode widens exactly.
+  const float w[3] = {1.0f, 1.00390625f + 1e-6f, -2.5f}, s[3] = {0.1f, 0.2f, 0.3f}, c[1] = {65504.0f};
+  const float* in[3] = {w, s, c};
+  std::vector<char> record(l.record_bytes());
+  EncodeRecord(l, in, record.data());
+  float ow[3], os[3], oc[1];
+  float* out[3] = {ow, os, oc};
+  DecodeRecord(l, record.data(), out);
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(ow[d], Bfloat16ToFloat(FloatToBfloat16Nearest(w[d])));
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(os[d], s[d]);
+  EXPECT_EQ(oc[0], 65504.0f);
+  uint32_t crc;
+  std::memcpy(&crc, record.data() + 24, 4);
+  EXPECT_EQ(crc, BitwiseCrc32c(reinterpret_cast<const unsigned char*>(record.data()), 24));
+}
+
+TEST(TieredRowFileTest, CreateRefusesAnExistingFileAndOpenChecksTheHeader) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(20, {StorageType::kFloat32, StorageType::kBfloat16}, {4, 4});
+  {
+    auto file = TieredRowFile::Create(path, "items", layout);
+    ASSERT_TRUE(file.ok()) << file.status();
+  }
+  EXPECT_EQ(FileBytes(path).size(), static_cast<size_t>(TieredRowFile::kHeaderBytes + 20 * layout.record_bytes()));
+  const auto again = TieredRowFile::Create(path, "items", layout);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(again.status().message().find("table 'items'"), std::string::npos) << again.status();
+  EXPECT_TRUE(TieredRowFile::Open(path, "items", layout).ok());
+
+  const std::vector<std::pair<TieredRowLayout, std::string>> mismatches = {
+      {Layout(21, {StorageType::kFloat32, StorageType::kBfloat16}, {4, 4}), "num_rows is 20"},
+      {Layout(20, {StorageType::kFloat32}, {4}), "buffer count"},
+      {Layout(20, {StorageType::kFloat32, StorageType::kFloat32}, {4, 4}), "buffer 1 storage type is bfloat16"},
+      {Layout(20, {StorageType::kFloat32, StorageType::kBfloat16}, {4, 1}), "buffer 1 width is 4"},
+  };
+  for (const auto& [other, message] : mismatches) {
+    const auto opened = TieredRowFile::Open(path, "items", other);
+    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(opened.status().message().find(message), std::string::npos) << opened.status();
+    EXPECT_NE(opened.status().message().find(path), std::string::npos) << opened.status();
+  }
+  // A corrupted header byte, a bad magic, a truncated file, a missing file.
+  const std::vector<char> original = FileBytes(path);
+  PatchFile(path, 17, {'\x7f'});
+  EXPECT_EQ(TieredRowFile::Open(path, "items", layout).status().code(), absl::StatusCode::kDataLoss);
+  PatchFile(path, 0, std::vector<char>(original.begin(), original.begin() + 32));
+  PatchFile(path, 0, {'X'});
+  const auto bad_magic = TieredRowFile::Open(path, "items", layout);
+  EXPECT_EQ(bad_magic.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad_magic.status().message().find("bad magic"), std::string::npos) << bad_magic.status();
+  PatchFile(path, 0, {'T'});
+  ASSERT_TRUE(TieredRowFile::Open(path, "items", layout).ok());
+  ASSERT_EQ(truncate(path.c_str(), static_cast<off_t>(original.size() - 1)), 0);
+  const auto truncated = TieredRowFile::Open(path, "items", layout);
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos) << truncated.status();
+  EXPECT_EQ(TieredRowFile::Open(dir.File("missing.rows"), "items", layout).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TieredRowFileTest, RejectsBadGeometryBeforeCreatingAFile) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  EXPECT_EQ(TieredRowFile::Create(path, "items", Layout(0, {StorageType::kFloat32}, {4})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TieredRowFile::Create(path, "items", Layout(5, {StorageType::kFloat32}, {0})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TieredRowFile::Create(path, "items", Layout(5, {}, {})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      TieredRowFile::Create(path, "items", Layout(int64_t{1} << 62, {StorageType::kFloat32}, {4})).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(FileBytes(path).empty());  // nothing was created
+}
+
+TEST(TieredRowFileTest, NeverWrittenAndCorruptedRecordsAreErrorsNamingTheRow) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(8, {StorageType::kFloat32}, {4});
+  auto file = TieredRowFile::Create(path, "items", layout);
+  ASSERT_TRUE(file.ok());
+  std::vector<char> record(layout.record_bytes());
+  char* p = record.data();
+  const absl::Status never = (*file)->ReadRecords(5, 1, &p);
+  EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(never.message().find("row 5 was never written"), std::string::npos) << never;
+
+  const float w[4] = {1, 2, 3, 4};
+  const float* in[1] = {w};
+  EncodeRecord(layout, in, record.data());
+  ASSERT_TRUE((*file)->WriteRecords(5, 1, &p).ok());
+  std::vector<char> back(layout.record_bytes());
+  char* q = back.data();
+  ASSERT_TRUE((*file)->ReadRecords(5, 1, &q).ok());
+  EXPECT_EQ(back, record);
+  PatchFile(path, TieredRowFile::kHeaderBytes + 5 * layout.record_bytes() + 6, {'\x55'});
+  const absl::Status corrupted = (*file)->ReadRecords(5, 1, &q);
+  EXPECT_EQ(corrupted.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(corrupted.message().find("row 5 is corrupted"), std::string::npos) << corrupted;
+  EXPECT_NE(corrupted.message().find(path), std::string::npos) << corrupted;
+  EXPECT_EQ((*file)->ReadRecords(7, 2, &q).code(), absl::StatusCode::kInvalidArgument);  // past the end
+}
+
+// ---------------------------------------------------------------------------------------------- cache
+
+TEST(TieredRowCacheTest, CapacityFromTheByteBudget) {
+  const TieredRowLayout l = Layout(1000, {StorageType::kFloat32, StorageType::kFloat32}, {8, 8});
+  EXPECT_EQ(TieredRowCache::RowBytes(l), 68 + TieredRowCache::kSlotOverheadBytes);
+  EXPECT_EQ(TieredRowCache::CapacityFor(10 * TieredRowCache::RowBytes(l), l), 10);
+  EXPECT_EQ(TieredRowCache::CapacityFor(10 * TieredRowCache::RowBytes(l) - 1, l), 9);
+  EXPECT_EQ(TieredRowCache::CapacityFor(TieredRowCache::RowBytes(l) - 1, l), 0);
+  EXPECT_EQ(TieredRowCache::CapacityFor(int64_t{1} << 40, l), 1000);  // never more than the table
+}
+
+TEST(TieredRowCacheTest, EvictsWithClockAndWritesDirtyRowsBack) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(32, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(path, layout, /*capacity=*/4);
+  const std::vector<std::vector<float>> before = ReadAll(cache.get());
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({1, 2, 3, 9}, &pin).ok());
+  EXPECT_EQ(cache->stats().misses, 4);
+  EXPECT_EQ(cache->stats().pinned_rows, 4);
+  for (char* record : pin.records) reinterpret_cast<float*>(record)[1] += 100.0f;
+  cache->Release(&pin, /*dirty=*/true);
+  EXPECT_EQ(cache->stats().pinned_rows, 0);
+  EXPECT_EQ(cache->stats().rows_written, 32);  // the initialisation only: dirty rows stay in the cache
+  // The cache (not the file) has the new values; ReadRecords reads through it.
+  std::vector<std::vector<float>> now = ReadAll(cache.get());
+  EXPECT_EQ(now[0][9 * 2 + 1], before[0][9 * 2 + 1] + 100.0f);
+  {
+    auto other = Reopen(path, layout, 4);
+    EXPECT_EQ(ReadAll(other.get())[0], before[0]);
+  }
+  // Four other rows evict the four dirty ones, which are written back first (rows 1-3 in one run).
+  ASSERT_TRUE(cache->Acquire({20, 21, 22, 23}, &pin).ok());
+  cache->Release(&pin, /*dirty=*/false);
+  const TieredCacheStats stats = cache->stats();
+  EXPECT_EQ(stats.evictions, 4);
+  EXPECT_EQ(stats.rows_written, 36);
+  EXPECT_EQ(stats.bytes_written, 36 * layout.record_bytes());
+  EXPECT_EQ(stats.resident_rows, 4);
+  auto other = Reopen(path, layout, 4);
+  EXPECT_EQ(ReadAll(other.get())[0], now[0]);
+  // A hit is counted as one and reads nothing.
+  const int64_t read = cache->stats().rows_read;
+  ASSERT_TRUE(cache->Acquire({21, 23}, &pin).ok());
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().hits, 2);
+  EXPECT_EQ(cache->stats().rows_read, read);
+}
+
+TEST(TieredRowCacheTest, ClockKeepsRecentlyUsedRows) {
+  TempDir dir;
+  const TieredRowLayout layout = Layout(32, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 4);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());
+  cache->Release(&pin, false);
+  // A sweep clears every reference bit and takes slot 0 (row 0); row 1 is then referenced again.
+  ASSERT_TRUE(cache->Acquire({10}, &pin).ok());
+  cache->Release(&pin, false);
+  ASSERT_TRUE(cache->Acquire({1}, &pin).ok());
+  cache->Release(&pin, false);
+  ASSERT_TRUE(cache->Acquire({11}, &pin).ok());  // the hand skips row 1 (referenced) and takes row 2
+  cache->Release(&pin, false);
+  const int64_t misses = cache->stats().misses;
+  ASSERT_TRUE(cache->Acquire({1, 3, 10, 11}, &pin).ok());
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().misses, misses);  // all four still resident
+}
+
+TEST(TieredRowCacheTest, PrefetchLoadsWithoutPinningAndTheStepHits) {
+  TempDir dir;
+  const TieredRowLayout layout = Layout(64, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 8);
+  ASSERT_TRUE(cache->Prefetch({3, 4, 5, 40}).ok());
+  TieredCacheStats s = cache->stats();
+  EXPECT_EQ(s.rows_read, 4);
+  EXPECT_EQ(s.misses, 0);
+  EXPECT_EQ(s.pinned_rows, 0);
+  EXPECT_EQ(s.resident_rows, 4);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({3, 4, 5, 40}, &pin).ok());
+  EXPECT_EQ(cache->stats().hits, 4);
+  // With 4 of 8 slots pinned, a prefetch of 10 rows loads only what the other 4 slots hold.
+  ASSERT_TRUE(cache->Prefetch(Range(50, 60)).ok());
+  s = cache->stats();
+  EXPECT_EQ(s.resident_rows, 8);
+  EXPECT_EQ(s.rows_read, 8);
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->Prefetch({70}).code(), absl::StatusCode::kInvalidArgument);  // out of range
+}
+
+TEST(TieredRowCacheTest, AStepLargerThanTheCacheIsRefusedBeforeAnythingChanges) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(64, {StorageType::kFloat32, StorageType::kFloat32}, {2, 2});
+  auto cache = NewCache(path, layout, 8);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({0, 1, 2}, &pin).ok());
+  for (char* record : pin.records) reinterpret_cast<float*>(record)[0] = 9.0f;
+  cache->Release(&pin, /*dirty=*/true);
+  const std::vector<char> file = FileBytes(path);
+  const std::vector<std::vector<float>> rows = ReadAll(cache.get());
+  const TieredCacheStats stats = cache->stats();
+  const absl::Status s = cache->Acquire(Range(10, 19), &pin);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs 9 distinct rows"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("holds 8 rows"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("cache_bytes >= ", 9 * TieredRowCache::RowBytes(layout))), std::string::npos)
+      << s;
+  EXPECT_TRUE(pin.rows.empty());
+  // Through the step API as well (the plan's distinct rows).
+  std::mt19937_64 rng(1);
+  Step step(Range(20, 29), 2, &rng);
+  step.Build(64);
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  const absl::Status u = UpdateTieredTable(o, 0.1f, step.plan, cache.get(), RoundingSpec(), Serial(), "table 'items'");
+  EXPECT_EQ(u.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(u.message().find("table 'items': needs 9 distinct rows"), std::string::npos) << u;
+  EXPECT_TRUE(SameStats(cache->stats(), stats));
+  EXPECT_EQ(FileBytes(path), file);
+  EXPECT_EQ(ReadAll(cache.get()), rows);
+  // Rows pinned by another call count against the capacity too.
+  ASSERT_TRUE(cache->Acquire(Range(30, 35), &pin).ok());
+  TieredPin other;
+  const absl::Status busy = cache->Acquire(Range(40, 44), &other);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(busy.message().find("pinned by concurrent calls"), std::string::npos) << busy;
+  cache->Release(&pin, false);
+  EXPECT_TRUE(cache->Acquire(Range(40, 44), &other).ok());
+  cache->Release(&other, false);
+}
+
+TEST(TieredRowCacheTest, ACorruptedRowFailsTheAcquireAndPinsNothing) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(16, {StorageType::kFloat32}, {4});
+  auto cache = NewCache(path, layout, 6);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({0, 1}, &pin).ok());
+  cache->Release(&pin, false);
+  PatchFile(path, TieredRowFile::kHeaderBytes + 9 * layout.record_bytes() + 3, {'\x11'});
+  const absl::Status s = cache->Acquire({0, 1, 8, 9, 10}, &pin);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("row 9 is corrupted"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos) << s;
+  EXPECT_TRUE(pin.rows.empty());
+  const TieredCacheStats stats = cache->stats();
+  EXPECT_EQ(stats.pinned_rows, 0);
+  EXPECT_EQ(stats.resident_rows, 2);  // rows 0 and 1; the failed misses were not made resident
+  // The other rows still work; the corrupted one keeps failing (also for an export).
+  ASSERT_TRUE(cache->Acquire({0, 8, 10}, &pin).ok());
+  cache->Release(&pin, false);
+  std::vector<char> out(layout.record_bytes());
+  EXPECT_EQ(cache->ReadRecords(9, 1, out.data()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(cache->Prefetch({9}).code(), absl::StatusCode::kDataLoss);
+}
+
+// Injected I/O: writes fail with ENOSPC while `g_disk_full` is set (a full disk without a tiny filesystem).
+std::atomic<bool> g_disk_full{false};
+std::atomic<int> g_failed_writes{0};
+ssize_t FullDiskPwritev(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  if (g_disk_full) {
+    ++g_failed_writes;
+    errno = ENOSPC;
+    return -1;
+  }
+  return ::pwritev(fd, iov, iovcnt, offset);
+}
+
+TEST(TieredRowCacheTest, AFullDiskKeepsVictimsDirtyAndTheStepUnapplied) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(40, {StorageType::kFloat32, StorageType::kFloat32}, {3, 3});
+  RowFileIo io = RowFileIo::Posix();
+  io.pwritev = FullDiskPwritev;
+  g_disk_full = false;
+  auto cache = NewCache(path, layout, 6, io);
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  std::mt19937_64 rng(2);
+  Step first({0, 1, 2, 3, 4, 5, 5}, 3, &rng);
+  first.Build(40);
+  ASSERT_TRUE(UpdateTieredTable(o, 0.1f, first.plan, cache.get(), RoundingSpec(), Serial(), "t").ok());
+  const std::vector<std::vector<float>> updated = ReadAll(cache.get());
+  const TieredCacheStats stats = cache->stats();
+  const std::vector<char> file = FileBytes(path);
+
+  g_disk_full = true;
+  Step second({10, 11, 12, 12}, 3, &rng);
+  second.Build(40);
+  const absl::Status s = UpdateTieredTable(o, 0.1f, second.plan, cache.get(), RoundingSpec(), Serial(), "t");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("cannot write row"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos) << s;
+  EXPECT_GT(g_failed_writes.load(), 0);
+  // Nothing evicted, nothing pinned, the dirty rows still in the cache, the file and every row unchanged.
+  EXPECT_TRUE(SameStats(cache->stats(), stats));
+  EXPECT_EQ(FileBytes(path), file);
+  EXPECT_EQ(ReadAll(cache.get()), updated);
+  EXPECT_EQ(cache->Flush().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(FileBytes(path), file);
+
+  // Space again: the same step goes through, and a flush makes the file the table.
+  g_disk_full = false;
+  ASSERT_TRUE(UpdateTieredTable(o, 0.1f, second.plan, cache.get(), RoundingSpec(), Serial(), "t").ok());
+  ASSERT_TRUE(cache->Flush().ok());
+  const std::vector<std::vector<float>> expected = ReadAll(cache.get());
+  auto reopened = Reopen(path, layout, 6);
+  EXPECT_EQ(ReadAll(reopened.get()), expected);
+}
+
+TEST(TieredRowCacheTest, WriteRecordsReplacesCachedCopies) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(10, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(path, layout, 4);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({2, 3}, &pin).ok());
+  reinterpret_cast<float*>(pin.records[0])[0] = 77.0f;  // dirty, about to be overwritten
+  cache->Release(&pin, true);
+  std::vector<char> records(2 * layout.record_bytes());
+  const float a[2] = {5, 6}, b[2] = {7, 8};
+  const float* pa[1] = {a};
+  const float* pb[1] = {b};
+  EncodeRecord(layout, pa, records.data());
+  EncodeRecord(layout, pb, records.data() + layout.record_bytes());
+  ASSERT_TRUE(cache->WriteRecords(2, 2, records.data()).ok());
+  EXPECT_EQ(ReadAll(cache.get())[0][4], 5.0f);
+  ASSERT_TRUE(cache->Flush().ok());  // row 2 is clean now: the flush must not bring 77 back
+  auto reopened = Reopen(path, layout, 4);
+  const std::vector<std::vector<float>> rows = ReadAll(reopened.get());
+  EXPECT_EQ(std::vector<float>(rows[0].begin() + 4, rows[0].begin() + 8), (std::vector<float>{5, 6, 7, 8}));
+}
+
+// ---------------------------------------------------------------------------------------------- the step
+
+template <size_t... I>
+std::vector<OptimizerParams> EveryOptimizer(std::index_sequence<I...>) {
+  return {OptimizerParams(std::in_place_index<I>)...};
+}
+
+// Every optimizer of the schema with its default hyper-parameters, plus the non-lazy variants.
+std::vector<OptimizerParams> EveryOptimizer() {
+  std::vector<OptimizerParams> all = EveryOptimizer(std::make_index_sequence<std::variant_size_v<OptimizerParams>>{});
+  Adam non_lazy_adam;
+  non_lazy_adam.use_non_lazy_adam = true;
+  Lion non_lazy_lion;
+  non_lazy_lion.use_non_lazy_lion = true;
+  all.push_back(non_lazy_adam);
+  all.push_back(non_lazy_lion);
+  return all;
+}
+
+// A dense in-memory table (the reference) and a tiered table with a cache of 1/8 of its rows start from the same
+// rows; each step the same plan goes through UpdateTable and UpdateTieredTable.  Every row and slot must stay
+// bitwise equal, in the cache, and in the file after a flush.
+void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType storage, const ShardFn& shard) {
+  // A step has at most 16 distinct rows; the last window of a non-lazy walk is a partial one (131 = 8 * 16 + 3).
+  constexpr int64_t kRows = 131, kDim = 5, kCapacity = 16;
+  const std::vector<SlotInfo> slots = OptimizerSlots(o.optimizer);
+  std::vector<StorageType> types(1 + slots.size(), storage);
+  std::vector<int64_t> widths{kDim};
+  for (const SlotInfo& s : slots) widths.push_back(SlotWidth(s, kDim));
+  const TieredRowLayout layout = Layout(kRows, types, widths);
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  auto cache = NewCache(path, layout, kCapacity);
+  ASSERT_NE(cache, nullptr);
+
+  // The in-memory table holds exactly what the file was initialised with (decoded, re-encoded bitwise).
+  const std::vector<std::vector<float>> initial = ReadAll(cache.get());
+  std::vector<std::vector<float>> f32(layout.num_buffers());
+  std::vector<std::vector<uint16_t>> b16(layout.num_buffers());
+  StoredTableBuffers dense;
+  dense.vocabulary_size = kRows;
+  dense.dim = kDim;
+  for (int64_t b = 0; b < layout.num_buffers(); ++b) {
+    StoredBuffer buffer{nullptr, storage};
+    if (storage == StorageType::kFloat32) {
+      f32[b] = initial[b];
+      buffer.data = f32[b].data();
+    } else {
+      for (float x : initial[b]) b16[b].push_back(FloatToBfloat16Nearest(x));
+      buffer.data = b16[b].data();
+    }
+    if (b == 0) {
+      dense.weights = buffer;
+    } else {
+      dense.slots.push_back(buffer);
+    }
+  }
+  std::mt19937_64 rng(17);
+  for (int64_t s = 0; s < 6; ++s) {
+    Step step(SkewedIds(16, kRows, &rng), kDim, &rng);
+    step.Build(kRows);
+    const float lr = 0.05f * static_cast<float>(s + 1);
+    const RoundingSpec rounding{Rounding::kStochastic, 11, s, 2};
+    dense.rounding = rounding;
+    UpdateTable(o, lr, step.plan, dense, shard);
+    const absl::Status status = UpdateTieredTable(o, lr, step.plan, cache.get(), rounding, shard, "t");
+    ASSERT_TRUE(status.ok()) << status;
+    if (s % 2 == 1) ASSERT_TRUE(cache->Prefetch(SkewedIds(1, kRows, &rng)).ok());
+  }
+  auto expect_equal = [&](const std::vector<std::vector<float>>& tiered, const char* where) {
+    for (int64_t b = 0; b < layout.num_buffers(); ++b) {
+      std::vector<float> want(kRows * widths[b]);
+      for (size_t i = 0; i < want.size(); ++i) {
+        want[i] = storage == StorageType::kFloat32 ? f32[b][i] : Bfloat16ToFloat(b16[b][i]);
+      }
+      EXPECT_EQ(std::memcmp(tiered[b].data(), want.data(), want.size() * sizeof(float)), 0)
+          << OptimizerName(o.optimizer) << " " << StorageTypeName(storage) << " buffer " << b << " " << where;
+    }
+  };
+  expect_equal(ReadAll(cache.get()), "through the cache");
+  EXPECT_GT(cache->stats().evictions, 0);  // the cache was too small to hold the rows the steps touched
+  ASSERT_TRUE(cache->Flush().ok());
+  auto reopened = Reopen(path, layout, kCapacity);
+  expect_equal(ReadAll(reopened.get()), "in the file");
+}
+
+TEST(TieredTableUpdateTest, TrainsBitwiseLikeTheInMemoryTableForEveryOptimizer) {
+  for (const OptimizerParams& p : EveryOptimizer()) {
+    TableOptimization o;
+    o.optimizer = p;
+    o.gradient_clipping = {-1.5f, 1.5f};
+    o.weight_decay_factor = 0.01f;
+    o.weight_clipping = {-2.0f, 2.0f};
+    for (StorageType storage : {StorageType::kFloat32, StorageType::kBfloat16}) {
+      ExpectTieredTrainsLikeInMemory(o, storage, Serial());
+    }
+    ExpectTieredTrainsLikeInMemory(o, StorageType::kBfloat16, Threads(3));
+  }
+}
+
+TEST(TieredTableUpdateTest, NumericsCheckFindsTheSameRowAndWritesNothing) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(50, {StorageType::kFloat32}, {3});
+  auto cache = NewCache(path, layout, 5);
+  std::mt19937_64 rng(4);
+  Step step({30, 7, 41}, 3, &rng);
+  step.gradient[1 * 3 + 2] = 3e38f;  // row 7: w - lr * g overflows with lr = -4
+  step.gradient[0 * 3 + 0] = 3e38f;  // row 30 too
+  step.Build(50);
+  TableOptimization o;
+  o.optimizer = Sgd{};
+  const std::vector<char> file = FileBytes(path);
+  const std::vector<std::vector<float>> rows = ReadAll(cache.get());
+  const auto bad = FindNonFiniteTieredUpdate(o, -4.0f, step.plan, cache.get(), RoundingSpec(), Serial(), "t");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_TRUE(bad->found);
+  EXPECT_EQ(bad->row, 7);
+  EXPECT_EQ(FileBytes(path), file);
+  EXPECT_EQ(ReadAll(cache.get()), rows);
+  // Non-lazy: the walk covers every row in windows; the first window with a bad row reports it.
+  Adam non_lazy;
+  non_lazy.use_non_lazy_adam = true;
+  TableOptimization a;
+  a.optimizer = non_lazy;
+  const TieredRowLayout adam_layout =
+      Layout(50, {StorageType::kFloat32, StorageType::kFloat32, StorageType::kFloat32}, {3, 3, 3});
+  auto adam = NewCache(dir.File("adam.rows"), adam_layout, 5);
+  Step nan_step({42}, 3, &rng);
+  nan_step.gradient[1] = std::nanf("");
+  nan_step.Build(50);
+  const auto nan = FindNonFiniteTieredUpdate(a, 0.1f, nan_step.plan, adam.get(), RoundingSpec(), Serial(), "t");
+  ASSERT_TRUE(nan.ok());
+  EXPECT_TRUE(nan->found);
+  EXPECT_EQ(nan->row, 42);
+  EXPECT_TRUE(nan->in_gradient);
+}
+
+}  // namespace
+}  // namespace tf_embed_ops

@@ -1,0 +1,368 @@
+#include "cc/lib/tiered_row_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tf_embed_ops {
+namespace {
+
+// Runs of consecutive rows in `rows` (ascending): calls fn(begin, end) for each maximal run [begin, end) of
+// indices into `rows`, stopping at the first error.
+template <typename Fn>
+absl::Status ForEachRun(const std::vector<int64_t>& rows, const Fn& fn) {
+  size_t begin = 0;
+  while (begin < rows.size()) {
+    size_t end = begin + 1;
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+    const absl::Status s = fn(begin, end);
+    if (!s.ok()) return s;
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t TieredRowCache::CapacityFor(int64_t cache_bytes, const TieredRowLayout& layout) {
+  if (cache_bytes <= 0) return 0;
+  return std::min({layout.num_rows, kMaxCapacity, cache_bytes / RowBytes(layout)});
+}
+
+TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity)
+    : file_(std::move(file)),
+      capacity_(capacity),
+      record_bytes_(file_->record_bytes()),
+      slots_(new char[capacity * record_bytes_]),
+      slot_row_(capacity, -1),
+      pins_(capacity, 0),
+      referenced_(capacity, 0),
+      dirty_(capacity, 0) {
+  free_.reserve(capacity);
+  for (int64_t s = capacity - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+  size_t size = 1;
+  while (size < static_cast<size_t>(2 * capacity)) size <<= 1;
+  index_.assign(size, kEmpty);
+  index_mask_ = size - 1;
+  stats_.capacity_rows = capacity;
+}
+
+// ---------------------------------------------------------------------------------------------- index
+
+size_t TieredRowCache::Home(int64_t row) const {
+  // Fibonacci hashing: consecutive rows (the common case) spread over the table.
+  return static_cast<size_t>((static_cast<uint64_t>(row) * 0x9e3779b97f4a7c15ULL) >> 20) & index_mask_;
+}
+
+int32_t TieredRowCache::Find(int64_t row) const {
+  for (size_t i = Home(row);; i = (i + 1) & index_mask_) {
+    const int32_t slot = index_[i];
+    if (slot == kEmpty || slot_row_[slot] == row) return slot;
+  }
+}
+
+void TieredRowCache::IndexInsert(int64_t row, int32_t slot) {
+  size_t i = Home(row);
+  while (index_[i] != kEmpty) i = (i + 1) & index_mask_;
+  index_[i] = slot;
+}
+
+void TieredRowCache::IndexErase(int64_t row) {
+  size_t i = Home(row);
+  while (slot_row_[index_[i]] != row) i = (i + 1) & index_mask_;
+  // Backward-shift deletion (linear probing needs no tombstones): move later entries of the cluster into the hole
+  // when the hole lies on their probe path.
+  index_[i] = kEmpty;
+  for (size_t j = (i + 1) & index_mask_; index_[j] != kEmpty; j = (j + 1) & index_mask_) {
+    const size_t home = Home(slot_row_[index_[j]]);
+    // Entry j may move to i when its home is not cyclically in (i, j].
+    const bool home_in_gap = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (home_in_gap) continue;
+    index_[i] = index_[j];
+    index_[j] = kEmpty;
+    i = j;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- loading
+
+absl::Status TieredRowCache::CheckRows(const std::vector<int64_t>& rows) const {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= num_rows() || (i > 0 && rows[i] <= rows[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': row ", rows[i], " at position ", i,
+                                                     " is out of [0, ", num_rows(), ") or not ascending"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TieredRowCache::CheckRange(int64_t first, int64_t n) const {
+  if (first >= 0 && n >= 0 && first <= num_rows() - n) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("table '", table(), "': rows [", first, ", ", first + n, ") outside [0, ", num_rows(), ")"));
+}
+
+absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
+  slots.erase(std::remove_if(slots.begin(), slots.end(), [this](int32_t s) { return !dirty_[s]; }), slots.end());
+  std::sort(slots.begin(), slots.end(), [this](int32_t a, int32_t b) { return slot_row_[a] < slot_row_[b]; });
+  std::vector<int64_t> rows(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) rows[i] = slot_row_[slots[i]];
+  std::vector<char*> records;
+  return ForEachRun(rows, [&](size_t begin, size_t end) {
+    records.clear();
+    for (size_t i = begin; i < end; ++i) records.push_back(Record(slots[i]));
+    const int64_t n = static_cast<int64_t>(end - begin);
+    const absl::Status s = file_->WriteRecords(rows[begin], n, records.data());
+    if (!s.ok()) return s;
+    for (size_t i = begin; i < end; ++i) dirty_[slots[i]] = 0;
+    stats_.rows_written += n;
+    stats_.bytes_written += n * record_bytes_;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out) {
+  out->clear();
+  if (misses.empty()) return absl::OkStatus();
+  // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
+  //    skips it).  Two sweeps clear every reference bit, so a victim is found if an unpinned slot exists.
+  std::vector<int32_t> victims;
+  const size_t from_free = std::min(misses.size(), free_.size());
+  for (size_t i = 0; i < from_free; ++i) {
+    out->push_back(free_.back());
+    free_.pop_back();
+  }
+  while (out->size() + victims.size() < misses.size()) {
+    int32_t victim = kEmpty;
+    for (int64_t tries = 0; tries < 2 * capacity_ + 1 && victim == kEmpty; ++tries) {
+      const int32_t s = static_cast<int32_t>(hand_);
+      hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
+      if (pins_[s] > 0 || slot_row_[s] < 0) continue;
+      if (referenced_[s]) {
+        referenced_[s] = 0;
+        continue;
+      }
+      victim = s;
+    }
+    if (victim == kEmpty) break;  // (the caller's count promised one: handled below as an internal error)
+    pins_[victim] = 1;
+    victims.push_back(victim);
+  }
+  auto give_back = [&] {
+    for (int32_t s : victims) pins_[s] = 0;
+    for (int32_t s : *out) free_.push_back(s);
+    out->clear();
+  };
+  if (out->size() + victims.size() < misses.size()) {
+    give_back();
+    return absl::InternalError(absl::StrCat("table '", table(), "': no evictable row in the cache"));
+  }
+  // 2. Victims' dirty records reach the file before their slots are reused; a victim not written stays resident
+  //    and dirty.
+  absl::Status s = WriteBack(victims);
+  if (!s.ok()) {
+    give_back();
+    return s;
+  }
+  for (int32_t v : victims) {
+    IndexErase(slot_row_[v]);
+    slot_row_[v] = -1;
+    pins_[v] = 0;
+    referenced_[v] = 0;
+    ++stats_.evictions;
+    out->push_back(v);
+  }
+  victims.clear();
+  // 3. Read the misses, one preadv per run of consecutive rows, straight into their slots.
+  std::vector<char*> records;
+  s = ForEachRun(misses, [&](size_t begin, size_t end) {
+    records.clear();
+    for (size_t i = begin; i < end; ++i) records.push_back(Record((*out)[i]));
+    const int64_t n = static_cast<int64_t>(end - begin);
+    const absl::Status read = file_->ReadRecords(misses[begin], n, records.data());
+    if (!read.ok()) return read;
+    stats_.rows_read += n;
+    stats_.bytes_read += n * record_bytes_;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) {
+    give_back();  // the victims are gone (they were clean or written): only residency changed
+    return s;
+  }
+  for (size_t i = 0; i < misses.size(); ++i) {
+    const int32_t slot = (*out)[i];
+    slot_row_[slot] = misses[i];
+    referenced_[slot] = 1;
+    dirty_[slot] = 0;
+    IndexInsert(misses[i], slot);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------- public
+
+absl::Status TieredRowCache::TooManyRows(int64_t needed, const std::string& what) const {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": needs ", needed, " distinct rows resident at once but the cache of table '", table(),
+                   "' holds ", capacity_, " rows; use cache_bytes >= ", needed * RowBytes(layout()), " (",
+                   RowBytes(layout()), " bytes per row), or smaller batches"));
+}
+
+absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) {
+  *pin = TieredPin();
+  const int64_t n = static_cast<int64_t>(rows.size());
+  if (n > capacity_) return TooManyRows(n, absl::StrCat("table '", table(), "'"));
+  if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Refuse before changing anything when the rows and the rows other calls hold pinned do not fit together.
+  int64_t newly_pinned = 0;
+  for (int64_t row : rows) {
+    const int32_t slot = Find(row);
+    if (slot == kEmpty || pins_[slot] == 0) ++newly_pinned;
+  }
+  if (pinned_slots_ + newly_pinned > capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': needs ", n, " rows resident but ",
+                                                   pinned_slots_, " of the cache's ", capacity_,
+                                                   " rows are pinned by concurrent calls"));
+  }
+  std::vector<int32_t> slots(n, kEmpty);
+  std::vector<int64_t> misses;
+  std::vector<size_t> miss_at;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = Find(rows[i]);
+    if (slot == kEmpty) {
+      misses.push_back(rows[i]);
+      miss_at.push_back(static_cast<size_t>(i));
+      continue;
+    }
+    if (pins_[slot]++ == 0) ++pinned_slots_;
+    referenced_[slot] = 1;
+    slots[i] = slot;
+  }
+  std::vector<int32_t> loaded;
+  if (const absl::Status s = Load(misses, &loaded); !s.ok()) {
+    for (int32_t slot : slots) {
+      if (slot != kEmpty && --pins_[slot] == 0) --pinned_slots_;
+    }
+    return s;
+  }
+  for (size_t k = 0; k < loaded.size(); ++k) {
+    slots[miss_at[k]] = loaded[k];
+    pins_[loaded[k]] = 1;
+    ++pinned_slots_;
+  }
+  stats_.hits += n - static_cast<int64_t>(misses.size());
+  stats_.misses += static_cast<int64_t>(misses.size());
+  pin->records.resize(n);
+  for (int64_t i = 0; i < n; ++i) pin->records[i] = Record(slots[i]);
+  pin->rows = std::move(rows);
+  pin->slots = std::move(slots);
+  return absl::OkStatus();
+}
+
+void TieredRowCache::Release(TieredPin* pin, bool dirty) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int32_t slot : pin->slots) {
+      if (dirty) dirty_[slot] = 1;
+      if (--pins_[slot] == 0) --pinned_slots_;
+    }
+  }
+  *pin = TieredPin();
+}
+
+absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
+  if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  // The resident ones are pinned for the call so that loading the others does not evict them.
+  std::vector<int32_t> held;
+  std::vector<int64_t> misses;
+  for (int64_t row : rows) {
+    const int32_t slot = Find(row);
+    if (slot == kEmpty) {
+      misses.push_back(row);
+      continue;
+    }
+    referenced_[slot] = 1;
+    if (pins_[slot]++ == 0) ++pinned_slots_;
+    held.push_back(slot);
+  }
+  const int64_t room = capacity_ - pinned_slots_;
+  if (static_cast<int64_t>(misses.size()) > room) misses.resize(std::max<int64_t>(room, 0));
+  std::vector<int32_t> loaded;
+  const absl::Status s = Load(misses, &loaded);
+  for (int32_t slot : held) {
+    if (--pins_[slot] == 0) --pinned_slots_;
+  }
+  return s;
+}
+
+absl::Status TieredRowCache::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> dirty;
+  for (int64_t s = 0; s < capacity_; ++s) {
+    if (dirty_[s]) dirty.push_back(static_cast<int32_t>(s));
+  }
+  if (const absl::Status s = WriteBack(std::move(dirty)); !s.ok()) return s;
+  return file_->Sync();
+}
+
+absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
+  if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> cold;  // rows not resident, read from the file in runs
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = Find(first + i);
+    if (slot == kEmpty) {
+      cold.push_back(first + i);
+    } else {
+      std::memcpy(out + i * record_bytes_, Record(slot), record_bytes_);
+    }
+  }
+  std::vector<char*> records;
+  return ForEachRun(cold, [&](size_t begin, size_t end) {
+    records.clear();
+    for (size_t i = begin; i < end; ++i) records.push_back(out + (cold[i] - first) * record_bytes_);
+    const int64_t count = static_cast<int64_t>(end - begin);
+    const absl::Status s = file_->ReadRecords(cold[begin], count, records.data());
+    if (!s.ok()) return s;
+    stats_.rows_read += count;
+    stats_.bytes_read += count * record_bytes_;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* records) {
+  if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
+  std::vector<char*> pointers(n);
+  for (int64_t i = 0; i < n; ++i) pointers[i] = records + i * record_bytes_;
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Status s = file_->WriteRecords(first, n, pointers.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = Find(first + i);
+    if (slot == kEmpty) continue;
+    if (s.ok()) {
+      std::memcpy(Record(slot), pointers[i], record_bytes_);
+      dirty_[slot] = 0;
+    } else {
+      dirty_[slot] = 1;  // the cache's (old) value wins over whatever part of the write reached the file
+    }
+  }
+  if (!s.ok()) return s;
+  stats_.rows_written += n;
+  stats_.bytes_written += n * record_bytes_;
+  return absl::OkStatus();
+}
+
+TieredCacheStats TieredRowCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TieredCacheStats out = stats_;
+  out.resident_rows = capacity_ - static_cast<int64_t>(free_.size());
+  out.capacity_rows = capacity_;
+  out.pinned_rows = pinned_slots_;
+  return out;
+}
+
+}  // namespace tf_embed_ops

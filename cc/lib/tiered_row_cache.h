@@ -1,0 +1,151 @@
+// The DRAM tier of a tiered table (docs/tiered_tables.md): a fixed number of resident records (`capacity`
+// rows of a TieredRowFile's records), an open-addressing index row -> slot, CLOCK replacement, a dirty bit per
+// slot (dirty rows are written back on eviction and on Flush) and a pin count per slot (pinned rows are never
+// evicted).
+//
+// Step protocol: Acquire(sorted distinct rows) makes every row resident and pinned BEFORE any update (misses are
+// read with one preadv per run of consecutive rows; victims' dirty records are written back first, coalesced the
+// same way); the caller then reads or updates the pinned records WITHOUT any lock (nothing moves a pinned record);
+// Release() unpins them, marking them dirty when they were updated.  A call that needs more rows than the cache
+// holds is refused before anything is evicted or written.
+//
+// Thread safety: every member takes the cache's one mutex for its whole call (I/O included), so a Prefetch of
+// the next batch runs beside the current step's row walk (which holds no lock) and only waits for another cache
+// call.  Callers serialise what the cache cannot know about: no Release(dirty) may race a reader of the same rows,
+// and WriteRecords / Flush must not run while pinned rows are being updated (the kernels hold the table's
+// reader/writer lock for that).
+//
+// Faults: an I/O error or a CRC mismatch is returned as a Status naming the table, the row and the path, and the
+// cache stays consistent: a victim that could not be written back stays resident and dirty, rows that could not
+// be read are not made resident, and a failed Acquire pins nothing (only which rows are resident changed).
+#ifndef TF_EMBED_OPS_CC_LIB_TIERED_ROW_CACHE_H_
+#define TF_EMBED_OPS_CC_LIB_TIERED_ROW_CACHE_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cc/lib/tiered_row_file.h"
+
+namespace tf_embed_ops {
+
+// Cumulative counters (TfEmbed>TieredTableStats returns them in this order).  hits / misses count the rows of
+// Acquire calls found resident / read from the file then; rows a Prefetch read are counted in rows_read only (a
+// step they serve counts hits).  resident_rows, capacity_rows and pinned_rows are the state now.
+struct TieredCacheStats {
+  static constexpr int kNumFields = 10;
+  int64_t hits = 0;
+  int64_t misses = 0;
+  int64_t rows_read = 0;
+  int64_t rows_written = 0;
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t evictions = 0;
+  int64_t resident_rows = 0;
+  int64_t capacity_rows = 0;
+  int64_t pinned_rows = 0;
+
+  std::array<int64_t, kNumFields> AsArray() const {
+    return {hits,          misses,    rows_read,     rows_written,  bytes_read,
+            bytes_written, evictions, resident_rows, capacity_rows, pinned_rows};
+  }
+};
+
+// The rows one Acquire pinned: records[i] is the resident record of rows[i] (layout().record_bytes() bytes; its
+// CRC field is unspecified), valid until Release.
+struct TieredPin {
+  std::vector<int64_t> rows;  // ascending, distinct
+  std::vector<int32_t> slots;
+  std::vector<char*> records;
+};
+
+class TieredRowCache {
+ public:
+  // Memory per cached row beyond its record: the slot's row id, pin count, reference and dirty bytes, its free-list
+  // entry, and up to four index entries (the index is a power of two at least twice the capacity).
+  static constexpr int64_t kSlotOverheadBytes = 8 + 4 + 2 + 4 + 4 * 4;
+  static constexpr int64_t kMaxCapacity = int64_t{1} << 30;
+
+  // DRAM one cached row takes.
+  static int64_t RowBytes(const TieredRowLayout& layout) { return layout.record_bytes() + kSlotOverheadBytes; }
+  // The rows `cache_bytes` holds: min(num_rows, kMaxCapacity, cache_bytes / RowBytes) (0: not one row).
+  static int64_t CapacityFor(int64_t cache_bytes, const TieredRowLayout& layout);
+
+  // `capacity` in [1, kMaxCapacity]; the slot array is allocated here.
+  TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity);
+  TieredRowCache(const TieredRowCache&) = delete;
+  TieredRowCache& operator=(const TieredRowCache&) = delete;
+
+  // Makes `rows` (ascending, distinct, in [0, num_rows)) resident and pinned (see the protocol above).  Errors:
+  // InvalidArgument when they are more than the capacity (TooManyRows) or than what other pins leave free, or
+  // not ascending/in range; the file's errors.  On an error nothing is pinned and `pin` is empty.
+  absl::Status Acquire(std::vector<int64_t> rows, TieredPin* pin);
+  // Unpins; `dirty`: the records were changed and must reach the file before they are dropped.  Empties `pin`.
+  void Release(TieredPin* pin, bool dirty);
+
+  // Makes as many of `rows` (ascending, distinct, in range) resident as the unpinned slots allow, without
+  // pinning them.  Rows already resident are marked recently used.
+  absl::Status Prefetch(const std::vector<int64_t>& rows);
+  // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
+  absl::Status Flush();
+
+  // Records [first, first + n) into out (n * record_bytes, contiguous), the resident ones from the cache (dirty
+  // rows included), the others from the file; the cache is not filled.  CRC fields of the output are unspecified.
+  absl::Status ReadRecords(int64_t first, int64_t n, char* out);
+  // Writes records [first, first + n) (contiguous, payloads encoded by the caller; their CRCs are stamped here)
+  // to the file, and to the cache for rows resident there (which become clean).  On an error each row of the
+  // range holds its old or its new value, and resident rows keep what the cache holds (marked dirty).
+  absl::Status WriteRecords(int64_t first, int64_t n, char* records);
+
+  TieredCacheStats stats() const;
+  const TieredRowLayout& layout() const { return file_->layout(); }
+  const std::string& table() const { return file_->table(); }
+  const std::string& path() const { return file_->path(); }
+  int64_t capacity() const { return capacity_; }
+  int64_t num_rows() const { return file_->layout().num_rows; }
+  int64_t record_bytes() const { return record_bytes_; }
+
+  // The error for a call that needs `needed` resident rows when the cache holds capacity() (names the table,
+  // both counts and the cache_bytes that would do).
+  absl::Status TooManyRows(int64_t needed, const std::string& what) const;
+
+ private:
+  static constexpr int32_t kEmpty = -1;
+
+  char* Record(int32_t slot) const { return slots_.get() + static_cast<int64_t>(slot) * record_bytes_; }
+  size_t Home(int64_t row) const;
+  int32_t Find(int64_t row) const;  // the slot of a resident row, or kEmpty
+  void IndexInsert(int64_t row, int32_t slot);
+  void IndexErase(int64_t row);
+  absl::Status CheckRows(const std::vector<int64_t>& rows) const;
+  absl::Status CheckRange(int64_t first, int64_t n) const;
+  // Makes `misses` (ascending, not resident) resident (unpinned, referenced) in slots it returns in `out`; the
+  // caller has checked that free plus evictable slots suffice.  On an error no miss is resident.
+  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out);
+  // Writes the dirty records of `slots` (any order) back, coalescing consecutive rows; clears the dirty bits of
+  // those written.
+  absl::Status WriteBack(std::vector<int32_t> slots);
+
+  const std::unique_ptr<TieredRowFile> file_;
+  const int64_t capacity_;
+  const int64_t record_bytes_;
+  mutable std::mutex mu_;
+  std::unique_ptr<char[]> slots_;  // capacity_ records
+  std::vector<int64_t> slot_row_;  // -1: free
+  std::vector<int32_t> pins_;
+  std::vector<uint8_t> referenced_, dirty_;
+  std::vector<int32_t> free_;   // free slots (a stack)
+  std::vector<int32_t> index_;  // open addressing, linear probing; slot or kEmpty
+  size_t index_mask_ = 0;
+  int64_t hand_ = 0;          // CLOCK
+  int64_t pinned_slots_ = 0;  // slots with pins_ > 0
+  TieredCacheStats stats_;    // counters only; the state fields are filled by stats()
+};
+
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_TIERED_ROW_CACHE_H_

@@ -1,0 +1,96 @@
+"""Helpers of the tiered-table tests: an optimizer per schema entry, a table pair (in memory / tiered) with the
+same initial rows, a training step, and the record size the cache budget is counted in."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import tf_embed_ops as te
+from tf_embed_ops import _optimizer_schema
+from tf_embed_ops import config as te_config
+
+_emb = tf.tpu.experimental.embedding
+# What the C++ cache counts per cached row beside the record (its docs: cache_bytes // (record bytes + 34)).
+CACHE_OVERHEAD_BYTES = 34
+CRC_BYTES = 4
+
+
+def schemas() -> list:
+    """Every optimizer of the schema (TensorFlow's five and the catalogue)."""
+    return list(_optimizer_schema.schemas())
+
+
+def make_optimizer(schema, **overrides):
+    """The schema's optimizer class with its defaults, learning rate 0.05 (a constant callable where the schema
+    wants a callable) and `overrides`."""
+    cls = getattr(te.optimizers, schema.python_class)
+    learning_rate = (lambda: 3.0) if schema.needs_dynamic_learning_rate else 0.05
+    return cls(learning_rate=learning_rate, **overrides)
+
+
+def record_bytes(optimizer, dim: int, dtype=tf.float32, slot_dtype=None) -> int:
+    """Bytes of one row's record (docs/tiered_tables.md, "The row file"): the row and each slot in their storage
+    dtypes, each padded to a multiple of 4 bytes, then the CRC."""
+    slot_dtype = dtype if slot_dtype is None else slot_dtype
+    widths = [w for _, w in te_config.slot_shapes(optimizer, 1, dim).values()] if optimizer is not None else []
+    buffers = [dim * tf.as_dtype(dtype).size] + [w * tf.as_dtype(slot_dtype).size for w in widths]
+    return sum(-(-b // 4) * 4 for b in buffers) + CRC_BYTES
+
+
+def cache_bytes_for(rows: int, optimizer, dim: int, dtype=tf.float32, slot_dtype=None) -> int:
+    """The `cache_bytes` of a cache of exactly `rows` rows."""
+    return rows * (record_bytes(optimizer, dim, dtype, slot_dtype) + CACHE_OVERHEAD_BYTES)
+
+
+def initial_rows(vocab: int, dim: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(vocab, dim)).astype(np.float32)
+
+
+def table_pair(directory, optimizer, vocab: int, dim: int, cache_rows: int, name: str = "t", **options):
+    """Two `te.TableConfig`s with the same initial rows and options: in memory, and tiered in `directory`."""
+    rows = initial_rows(vocab, dim)
+    common = dict(initializer=tf.constant_initializer(rows), optimizer=optimizer, name=name, **options)
+    cache = cache_bytes_for(
+        cache_rows, optimizer, dim, options.get("storage_dtype", tf.float32), options.get("slot_storage_dtype")
+    )
+    memory = te.TableConfig(vocab, dim, **common)
+    tiered = te.TableConfig(vocab, dim, storage=te.Tiered(cache_bytes=cache, directory=str(directory)), **common)
+    return memory, tiered
+
+
+def embedding(table, **kwargs) -> te.TPUEmbedding:
+    """A built `te.TPUEmbedding` of one feature "f" over `table`."""
+    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, **kwargs)
+    emb.build()
+    return emb
+
+
+def step(emb: te.TPUEmbedding, features, weights=None, target: float = 1.0):
+    """One training step (enqueue, dequeue, a loss, apply_gradients); returns the activations."""
+    emb.enqueue(features, weights)
+    with tf.GradientTape() as tape:
+        acts = emb.dequeue()
+        tape.watch(acts)
+        loss = sum(tf.reduce_sum((a - target) ** 2 * tf.range(1.0, a.shape[-1] + 1.0)) for a in tf.nest.flatten(acts))
+    emb.apply_gradients(tape.gradient(loss, acts))
+    return acts
+
+
+def memory_state(emb: te.TPUEmbedding, table) -> tuple[np.ndarray, dict]:
+    """The in-memory table's rows and slots as float32 numpy arrays."""
+    values = tf.cast(emb.embedding_tables[table], tf.float32).numpy()
+    slots = {k: tf.cast(v, tf.float32).numpy() for k, v in emb.slot_variables[table].items()}
+    return values, slots
+
+
+def tiered_state(emb: te.TPUEmbedding, table) -> tuple[np.ndarray, dict]:
+    """The tiered table's rows and slots as float32 numpy arrays (read through its cache)."""
+    return emb.tiered_tables[table].read_all()
+
+
+def assert_same_state(a: tuple, b: tuple) -> None:
+    np.testing.assert_array_equal(a[0], b[0])
+    assert sorted(a[1]) == sorted(b[1])
+    for name in a[1]:
+        np.testing.assert_array_equal(a[1][name], b[1][name], err_msg=name)

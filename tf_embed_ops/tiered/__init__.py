@@ -1,0 +1,35 @@
+"""Tiered tables: embedding tables larger than memory, on disk behind a DRAM row cache (docs/tiered_tables.md).
+
+- ``Tiered`` (also ``te.Tiered``): the storage option, ``te.TableConfig(..., storage=te.Tiered(...))``.
+- ``TieredTable``: the table object (the resource, chunked initialisation, row reads and writes, statistics,
+  TensorBoard summaries, streaming checkpoints).
+- ``is_tiered``: whether a table config is tiered.
+
+`te.TPUEmbedding` trains the features of tiered tables with the same fused optimizers as in-memory tables.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "Tiered": ("tf_embed_ops.tiered.config", "Tiered"),
+    "is_tiered": ("tf_embed_ops.tiered.config", "is_tiered"),
+    "TieredTable": ("tf_embed_ops.tiered.table", "TieredTable"),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tf_embed_ops.tiered' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,206 @@
+"""The tiered-table group of a `TPUEmbedding`: lookup, prefetch and fused update of its tiered features.
+
+`te.TPUEmbedding` splits its features by table kind: features over tables with `storage=te.Tiered` are handed to a
+`TieredGroup`, which owns their `TieredTable`s and runs `TfEmbed>TieredEmbeddingActivations` /
+`TfEmbed>TieredSendTPUEmbeddingGradients` over them; the other features (in-memory static and dynamic tables) run
+as before. The group has the dynamic group's interface, so `dynamic.engine.split_lookup` puts the activations
+back in feature order; `split_send` (here) runs the updates.
+
+Every table's rounding step (the in-memory table's `rounding_step`: it keys stochastic rounding of 16-bit rows) is
+read before the step's update and advanced after it, so a tiered table's 16-bit rows round exactly as the same
+table's in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tf_embed_ops import _tf_compat, table_config, update_trigger
+from tf_embed_ops import config as te_config
+from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.tiered import config as tiered_config
+from tf_embed_ops.tiered import ops as tiered_ops
+
+__all__ = ["TieredGroup", "split_send"]
+
+
+class TieredGroup:
+    """The features of a `TPUEmbedding` whose tables are tiered, and everything that runs them.
+
+    Args:
+      flat_features: all the `FeatureConfig`s of the embedding, flattened (their tables already named and given
+        their optimizers by the `TPUEmbedding`).
+      check_numerics: reject a step whose gradients hold NaN or +-inf.
+
+    Attributes:
+      positions: the group's features' positions in `flat_features`; `static_positions`: the others'.
+    """
+
+    def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False):
+        self.positions = [i for i, f in enumerate(flat_features) if tiered_config.is_tiered(f.table)]
+        self.static_positions = [i for i, f in enumerate(flat_features) if not tiered_config.is_tiered(f.table)]
+        self.features = [flat_features[i] for i in self.positions]
+        # Stochastic rounding is keyed by a table's index in the static configuration; a tiered table takes the
+        # index it would have there in memory (among the embedding's non-dynamic tables), so it draws those bits.
+        every_table = [
+            t.name for t in te_config.resolve_tables(list(flat_features)).tables if not dynamic_config.is_dynamic(t)
+        ]
+        resolved = te_config.resolve_tables(self.features)
+        self.table_configs = list(resolved.tables)
+        self.learning_rates = list(resolved.learning_rates)
+        self._rounding_table_ids = [every_table.index(t.name) for t in self.table_configs]
+        self._check_numerics = bool(check_numerics)
+        self._tables: list[Any] | None = None
+        self._serialized = None
+
+    @classmethod
+    def of(cls, flat_features: Sequence[Any], check_numerics: bool = False) -> TieredGroup | None:
+        """The group of `flat_features`' tiered features, or None when there is none."""
+        if not any(tiered_config.is_tiered(f.table) for f in flat_features):
+            return None
+        return cls(flat_features, check_numerics)
+
+    @property
+    def check_numerics(self) -> bool:
+        return self._check_numerics
+
+    def build(self, owner: Any) -> None:
+        """Creates the tables (their row files, initialised), tracked as checkpoint children of `owner` under their
+        names. Idempotent; call it eagerly (or under `tf.init_scope`)."""
+        if self._tables is not None:
+            return
+        from tf_embed_ops.tiered import table as table_lib  # pylint: disable=import-outside-toplevel
+
+        tables = []
+        for config in self.table_configs:
+            table = table_lib.TieredTable(config)
+            _tf_compat.track_child(owner, table, config.name)
+            tables.append(table)
+        self._tables = tables
+
+    @property
+    def tables(self) -> dict:
+        """`{TableConfig: TieredTable}`."""
+        return dict(zip(self.table_configs, self._tables or [], strict=False))
+
+    @property
+    def step(self) -> tf.Variable:
+        """The rounding step of the group: the first table's counter (every table keeps its own, saved in its
+        checkpoint; all advance together after each update)."""
+        return self._tables[0].step
+
+    @property
+    def serialized_config(self) -> bytes:
+        """The `TPUEmbeddingConfiguration` of the tiered ops over the group's features, serialized."""
+        if self._serialized is None:
+            untrained = any(t.optimizer is None for t in self.table_configs)
+            sgd = tf.tpu.experimental.embedding.SGD(learning_rate=0.0) if untrained else None
+            self._serialized = te_config.from_feature_config(list(self.features), optimizer=sgd).SerializeToString()
+        return self._serialized
+
+    @property
+    def combiners(self) -> list[str]:
+        return [t.combiner for t in self.table_configs]
+
+    def check_trainable(self) -> None:
+        table_config.check_trainable(self.table_configs)
+
+    def _handles(self) -> list:
+        return [t.handle for t in self._tables]
+
+    def lookup(self, inputs: list, training: bool) -> list:
+        """Activations of the group's features (`inputs` in group order); `training` changes nothing here."""
+        del training
+        return list(
+            tiered_ops.tiered_embedding_activations(
+                inputs, self._handles(), self.serialized_config, combiners=self.combiners
+            )
+        )
+
+    def prefetch(self, inputs: list) -> list:
+        """Makes the rows of `inputs` (the group's features, group order) resident in their tables' caches;
+        returns the prefetch ops (eagerly: [])."""
+        index = {t.name: i for i, t in enumerate(self.table_configs)}
+        per_table: list[list[tf.Tensor]] = [[] for _ in self.table_configs]
+        for feature, inp in zip(self.features, inputs, strict=True):
+            per_table[index[feature.table.name]].append(tf.reshape(inp.ids, [-1]))
+        ops = []
+        for table, ids in zip(self._tables, per_table, strict=True):
+            if ids:
+                op = table.prefetch(tf.concat(ids, 0) if len(ids) > 1 else ids[0])
+                if op is not None:
+                    ops.append(op)
+        return ops
+
+    def evaluate_learning_rates(self) -> list:
+        """The group's learning rates, one float32 scalar per tag (its callables, called once)."""
+        return [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
+
+    def _rounding(self) -> list[str]:
+        if not any(table_config.is_low_precision(t) for t in self.table_configs):
+            return []
+        return [table_config.rounding(t) for t in self.table_configs]
+
+    def _send(self, gradients: list, inputs: list, learning_rates: list, step: Any, validate_only: bool) -> Any:
+        return tiered_ops.tiered_send_tpu_embedding_gradients(
+            list(gradients),
+            learning_rates,
+            inputs,
+            self._handles(),
+            step,
+            self.serialized_config,
+            combiners=self.combiners,
+            check_numerics=self._check_numerics,
+            rounding=self._rounding(),
+            rounding_table_ids=self._rounding_table_ids if self._rounding() else None,
+            validate_only=validate_only,
+        )
+
+    def validate_send(self, gradients: list, inputs: list, learning_rates: list) -> list:
+        """The send op's checks without its writes (`validate_only`): everything the update would reject (ids,
+        rows beyond the cache's capacity, learning rates; with check_numerics the gradients and the values the
+        update would make). Run before another op that writes."""
+        check = self._send(gradients, inputs, learning_rates, self.step.read_value(), validate_only=True)
+        return [check] if check is not None else []
+
+    def send_gradients(self, gradients: list, inputs: list, learning_rates: list | None = None) -> tf.Tensor:
+        """The fused update of the group's tables, then every table's step advances; returns the new step.
+        `learning_rates` defaults to `evaluate_learning_rates()`."""
+        self.check_trainable()
+        if learning_rates is None:
+            learning_rates = self.evaluate_learning_rates()
+        update = self._send(gradients, inputs, learning_rates, self.step.read_value(), validate_only=False)
+        with tf.control_dependencies([update] if update is not None else []):
+            steps = [table.step.assign_add(1) for table in self._tables]
+        return steps[0]
+
+    def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
+        """Training lookup whose backward pass runs the fused update (the Keras layers' form; see
+        `update_trigger`)."""
+        return update_trigger.hang_update_on_trigger(
+            trigger,
+            lambda: self.lookup(inputs, training=True),
+            lambda gradients: self.send_gradients(gradients, inputs),
+        )
+
+
+def split_send(group: TieredGroup, gradients: list, inputs: list, other_send: Callable[[list, list], None]) -> None:
+    """The fused updates of all features: the other features (in-memory tables) through
+    `other_send(gradients, inputs)`, then the tiered ones through `group`.
+
+    The tiered op's own checks (ids, the cache's capacity, learning rates, with check_numerics the gradients) run
+    first, writing nothing, so a step the tiered op would refuse changes no table of either kind; what the other
+    ops refuse they refuse before their first write, and the tiered update runs after them.
+    """
+    group.check_trainable()
+    learning_rates = group.evaluate_learning_rates()
+    mine = [gradients[i] for i in group.positions], [inputs[i] for i in group.positions]
+    if group.static_positions:
+        with tf.control_dependencies(group.validate_send(*mine, learning_rates)):
+            gradients = [tf.identity(g) for g in gradients]
+        other_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
+        mine = [gradients[i] for i in group.positions], mine[1]
+    group.send_gradients(*mine, learning_rates)
