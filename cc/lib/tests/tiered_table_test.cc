@@ -660,6 +660,44 @@ TEST(TieredTableUpdateTest, TrainsBitwiseLikeTheInMemoryTableForEveryOptimizer) 
   }
 }
 
+TEST(TieredTableUpdateTest, PrefetchesBesideTheWalkChangeNoResult) {
+  // While a step's pinned rows are updated (no lock held), another thread prefetches other rows, evicting and
+  // writing back dirty unpinned rows of earlier steps: the rows must end bitwise as the in-memory table's.
+  constexpr int64_t kRows = 200, kDim = 8, kCapacity = 24;
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  const TieredRowLayout layout = Layout(kRows, {StorageType::kFloat32, StorageType::kFloat32}, {kDim, kDim});
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  auto cache = NewCache(path, layout, kCapacity);
+  std::vector<std::vector<float>> dense_rows = ReadAll(cache.get());
+  const TableBuffers dense{dense_rows[0].data(), {dense_rows[1].data()}, kRows, kDim};
+  std::mt19937_64 rng(9);
+  for (int s = 0; s < 20; ++s) {
+    Step step(SkewedIds(16, kRows, &rng), kDim, &rng);
+    step.Build(kRows);
+    UpdateTable(o, 0.1f, step.plan, dense, Serial());
+    TieredPin pin;
+    ASSERT_TRUE(AcquirePlanRows(step.plan, cache.get(), "t", &pin).ok());
+    std::vector<std::vector<int64_t>> next(10);
+    for (auto& rows : next) {
+      rows = SkewedIds(6, kRows, &rng);
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    }
+    std::thread prefetcher([&] {
+      for (const auto& rows : next) EXPECT_TRUE(cache->Prefetch(rows).ok());
+    });
+    UpdatePinnedRows(o, 0.1f, step.plan, layout, pin, RoundingSpec(), Threads(2));
+    prefetcher.join();
+    cache->Release(&pin, /*dirty=*/true);
+  }
+  EXPECT_GT(cache->stats().evictions, 0);
+  EXPECT_EQ(ReadAll(cache.get()), dense_rows);
+  ASSERT_TRUE(cache->Flush().ok());
+  EXPECT_EQ(ReadAll(Reopen(path, layout, 4).get()), dense_rows);
+}
+
 TEST(TieredTableUpdateTest, NumericsCheckFindsTheSameRowAndWritesNothing) {
   TempDir dir;
   const std::string path = dir.File("t.rows");
