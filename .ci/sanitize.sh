@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ASan + UBSan job: builds the op library and the config module with both sanitizers into build/sanitize (the
-# normal build is untouched), then runs the op, config, accumulator and hardening test files and a short fuzz
+# normal build is untouched), then runs the op, config, accumulator, hardening and tiered-table test files and a short fuzz
 # pass against them, with the sanitizer runtimes preloaded into Python.  Any sanitizer report aborts the run.
 #
 #   .ci/sanitize.sh [python]        # default: python3; SANITIZE_FUZZ_SECONDS (default 60) sets the fuzz pass
@@ -38,6 +38,7 @@ cd "$tree"
 "$python" -m pytest -x -q -p no:cacheprovider --capture=sys -m "not slow" \
   tests/test_embedding_ops.py tests/test_embedding_ops_errors.py tests/test_tpu_embedding_errors.py \
   tests/test_config_load.py tests/test_config_validation.py \
-  tests/test_sparse_accumulator.py tests/test_hardening_inputs.py tests/test_hardening_config.py
+  tests/test_sparse_accumulator.py tests/test_hardening_inputs.py tests/test_hardening_config.py \
+  tests/test_tiered_kernels.py tests/test_tiered_training.py tests/test_tiered_faults.py tests/test_tiered_checkpoint.py
 "$python" -m tests.fuzz --seconds "${SANITIZE_FUZZ_SECONDS:-60}" --seed 0
 echo "sanitize: clean"
