@@ -316,6 +316,12 @@ def _errors(result: dict) -> list[str]:
     return lines
 
 
+def _load_at_end(meta: dict) -> str:
+    """The report line's ', at end X' when the run recorded its final load average (older JSON did not)."""
+    end = meta["host"].get("load_avg_at_end")
+    return f", at end {end[0]:.2f}" if end else ""
+
+
 def markdown(result: dict, plots: list[str]) -> str:
     meta, peers = result["meta"], result["peers"]
     bw = result.get("bandwidth")
@@ -323,7 +329,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     out.append(
         f"Run {meta['date_utc']} UTC on {meta['host']['cpu'] or 'unknown CPU'} "
         f"({meta['host']['logical_cpus']} logical CPUs, load average at start "
-        f"{meta['host']['load_avg_at_start'][0]:.2f}), TensorFlow {meta['tensorflow']}, "
+        f"{meta['host']['load_avg_at_start'][0]:.2f}{_load_at_end(meta)}), TensorFlow {meta['tensorflow']}, "
         f"{meta['threads']} intra-op thread(s){', **smoke sizes**' if meta['smoke'] else ''}. "
         f"Each figure is the median over {meta['blocks']} alternating blocks (spread: interquartile range); "
         "speedup = peer ms / ours ms (bold when we are faster)."
