@@ -14,6 +14,7 @@
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/kernels/tiered_table_kernel_util.h"
 #include "cc/kernels/tiered_table_resource.h"
+#include "cc/lib/distinct_rows.h"
 #include "cc/lib/embedding_forward.h"
 #include "cc/lib/tiered_row_storage.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -49,9 +50,8 @@ class TieredEmbeddingActivationsOp : public tensorflow::OpKernel {
       r.insert(r.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
     }
     for (int t = 0; t < attrs_.num_tables; ++t) {
-      std::sort(rows[t].begin(), rows[t].end());
-      rows[t].erase(std::unique(rows[t].begin(), rows[t].end()), rows[t].end());
       TieredRowCache* cache = tables[t]->cache();
+      SortDistinctRows(&rows[t], cache->num_rows());
       const int64_t needed = static_cast<int64_t>(rows[t].size());
       OP_REQUIRES(ctx, needed <= cache->capacity(),
                   cache->TooManyRows(needed, absl::StrCat("the lookup of table '", config.tables[t].name, "'")));

@@ -31,7 +31,7 @@ int64_t TieredRowCache::CapacityFor(int64_t cache_bytes, const TieredRowLayout& 
   return std::min({layout.num_rows, kMaxCapacity, cache_bytes / RowBytes(layout)});
 }
 
-TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity)
+TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity, Options options)
     : file_(std::move(file)),
       capacity_(capacity),
       record_bytes_(file_->record_bytes()),
@@ -39,7 +39,8 @@ TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capa
       slot_row_(capacity, -1),
       pins_(capacity, 0),
       referenced_(capacity, 0),
-      dirty_(capacity, 0) {
+      dirty_(capacity, 0),
+      writing_(capacity, 0) {
   free_.reserve(capacity);
   for (int64_t s = capacity - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
   size_t size = 1;
@@ -47,6 +48,20 @@ TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capa
   index_.assign(size, kEmpty);
   index_mask_ = size - 1;
   stats_.capacity_rows = capacity;
+  if (options.background_writeback) {
+    staged_.reset(new char[std::min(capacity, kMaxBackgroundRows) * record_bytes_]);
+    writer_ = std::thread([this] { WritebackLoop(); });
+  }
+}
+
+TieredRowCache::~TieredRowCache() {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  writer_.join();
 }
 
 // ---------------------------------------------------------------------------------------------- index
@@ -123,32 +138,56 @@ absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
   });
 }
 
-absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out) {
-  out->clear();
-  if (misses.empty()) return absl::OkStatus();
-  // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
-  //    skips it).  Two sweeps clear every reference bit, so a victim is found if an unpinned slot exists.
-  std::vector<int32_t> victims;
-  const size_t from_free = std::min(misses.size(), free_.size());
-  for (size_t i = 0; i < from_free; ++i) {
-    out->push_back(free_.back());
-    free_.pop_back();
-  }
-  while (out->size() + victims.size() < misses.size()) {
+absl::Status TieredRowCache::ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records) {
+  std::vector<RecordRun> runs;
+  (void)ForEachRun(rows, [&](size_t begin, size_t end) {
+    runs.push_back(RecordRun{rows[begin], static_cast<int64_t>(end - begin), records.data() + begin});
+    return absl::OkStatus();
+  });
+  if (const absl::Status s = file_->ReadRuns(runs); !s.ok()) return s;
+  stats_.rows_read += static_cast<int64_t>(rows.size());
+  stats_.bytes_read += static_cast<int64_t>(rows.size()) * record_bytes_;
+  return absl::OkStatus();
+}
+
+void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
+  // Two sweeps clear every reference bit, so a victim is found if an unpinned slot not being written exists.
+  while (count > 0) {
     int32_t victim = kEmpty;
     for (int64_t tries = 0; tries < 2 * capacity_ + 1 && victim == kEmpty; ++tries) {
       const int32_t s = static_cast<int32_t>(hand_);
       hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
-      if (pins_[s] > 0 || slot_row_[s] < 0) continue;
+      if (pins_[s] > 0 || slot_row_[s] < 0 || writing_[s]) continue;
       if (referenced_[s]) {
         referenced_[s] = 0;
         continue;
       }
       victim = s;
     }
-    if (victim == kEmpty) break;  // (the caller's count promised one: handled below as an internal error)
+    if (victim == kEmpty) return;
     pins_[victim] = 1;
-    victims.push_back(victim);
+    victims->push_back(victim);
+    --count;
+  }
+}
+
+absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out,
+                                  std::unique_lock<std::mutex>* lock) {
+  out->clear();
+  if (misses.empty()) return absl::OkStatus();
+  // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
+  //    skips it).  Rows being written in the background are not taken: wait for their writes when only they are
+  //    left.
+  std::vector<int32_t> victims;
+  const size_t from_free = std::min(misses.size(), free_.size());
+  for (size_t i = 0; i < from_free; ++i) {
+    out->push_back(free_.back());
+    free_.pop_back();
+  }
+  TakeVictims(misses.size() - out->size(), &victims);
+  while (out->size() + victims.size() < misses.size() && writing_slots_ > 0) {
+    written_.wait(*lock, [this] { return writing_slots_ == 0; });
+    TakeVictims(misses.size() - out->size() - victims.size(), &victims);
   }
   auto give_back = [&] {
     for (int32_t s : victims) pins_[s] = 0;
@@ -166,6 +205,7 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
     give_back();
     return s;
   }
+  const int64_t evicted = static_cast<int64_t>(victims.size());
   for (int32_t v : victims) {
     IndexErase(slot_row_[v]);
     slot_row_[v] = -1;
@@ -175,18 +215,10 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
     out->push_back(v);
   }
   victims.clear();
-  // 3. Read the misses, one preadv per run of consecutive rows, straight into their slots.
-  std::vector<char*> records;
-  s = ForEachRun(misses, [&](size_t begin, size_t end) {
-    records.clear();
-    for (size_t i = begin; i < end; ++i) records.push_back(Record((*out)[i]));
-    const int64_t n = static_cast<int64_t>(end - begin);
-    const absl::Status read = file_->ReadRecords(misses[begin], n, records.data());
-    if (!read.ok()) return read;
-    stats_.rows_read += n;
-    stats_.bytes_read += n * record_bytes_;
-    return absl::OkStatus();
-  });
+  // 3. Read the misses straight into their slots: one batch of runs of consecutive rows (TieredRowFile::ReadRuns).
+  std::vector<char*> records(misses.size());
+  for (size_t i = 0; i < misses.size(); ++i) records[i] = Record((*out)[i]);
+  s = ReadRunsOf(misses, records);
   if (!s.ok()) {
     give_back();  // the victims are gone (they were clean or written): only residency changed
     return s;
@@ -198,7 +230,82 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
     dirty_[slot] = 0;
     IndexInsert(misses[i], slot);
   }
+  if (evicted > 0 && writer_.joinable()) {  // the next call will evict about as many: clean them now
+    writeback_wanted_ = std::min(evicted, kMaxBackgroundRows);
+    wake_.notify_one();
+  }
   return absl::OkStatus();
+}
+
+void TieredRowCache::WritebackLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<int32_t> picked;
+  std::vector<int64_t> rows;
+  std::vector<char*> records;
+  std::vector<uint8_t> written;
+  while (true) {
+    wake_.wait(lock, [this] { return stop_ || writeback_wanted_ > 0; });
+    if (stop_) return;
+    const int64_t want = std::min({writeback_wanted_, kMaxBackgroundRows, capacity_});
+    writeback_wanted_ = 0;
+    // The next victims, in the order the hand meets them: unpinned, unreferenced rows; the dirty ones are copied
+    // (no step changes an unpinned row, so each copy is one consistent record) and marked clean and in writing.
+    picked.clear();
+    int64_t seen = 0;
+    for (int64_t i = 0, s = hand_; i < capacity_ && seen < want; ++i, s = s + 1 == capacity_ ? 0 : s + 1) {
+      if (slot_row_[s] < 0 || pins_[s] > 0 || referenced_[s] || writing_[s]) continue;
+      ++seen;
+      if (dirty_[s]) picked.push_back(static_cast<int32_t>(s));
+    }
+    if (picked.empty()) {
+      written_.notify_all();  // (idle again)
+      continue;
+    }
+    std::sort(picked.begin(), picked.end(), [this](int32_t a, int32_t b) { return slot_row_[a] < slot_row_[b]; });
+    const size_t n = picked.size();
+    rows.resize(n);
+    records.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t slot = picked[i];
+      rows[i] = slot_row_[slot];
+      records[i] = staged_.get() + static_cast<int64_t>(i) * record_bytes_;
+      std::memcpy(records[i], Record(slot), record_bytes_);
+      writing_[slot] = 1;
+      dirty_[slot] = 0;
+    }
+    writing_slots_ += static_cast<int64_t>(n);
+    lock.unlock();
+    // One pwritev per run of consecutive rows; a run that fails is marked dirty again below.
+    written.assign(n, 0);
+    (void)ForEachRun(rows, [&](size_t begin, size_t end) {
+      const bool ok = file_->WriteRecords(rows[begin], static_cast<int64_t>(end - begin), records.data() + begin).ok();
+      std::fill(written.begin() + begin, written.begin() + end, ok ? 1 : 0);
+      return absl::OkStatus();
+    });
+    lock.lock();
+    int64_t done = 0;
+    for (size_t i = 0; i < n; ++i) {
+      writing_[picked[i]] = 0;
+      if (written[i]) {
+        ++done;
+      } else {
+        dirty_[picked[i]] = 1;  // still resident (a row in writing is never evicted): its eviction writes it
+      }
+    }
+    writing_slots_ -= static_cast<int64_t>(n);
+    stats_.rows_written += done;
+    stats_.bytes_written += done * record_bytes_;
+    written_.notify_all();
+  }
+}
+
+void TieredRowCache::WaitForWritebackLocked(std::unique_lock<std::mutex>* lock) const {
+  written_.wait(*lock, [this] { return writing_slots_ == 0 && (writeback_wanted_ == 0 || stop_); });
+}
+
+void TieredRowCache::WaitForWriteback() {
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitForWritebackLocked(&lock);
 }
 
 // ---------------------------------------------------------------------------------------------- public
@@ -215,34 +322,36 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) 
   const int64_t n = static_cast<int64_t>(rows.size());
   if (n > capacity_) return TooManyRows(n, absl::StrCat("table '", table(), "'"));
   if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  // Refuse before changing anything when the rows and the rows other calls hold pinned do not fit together.
+  std::unique_lock<std::mutex> lock(mu_);
+  // One index probe per row: its slot (or kEmpty), and how many slots this call would newly pin.  Refuse before
+  // changing anything when the rows and the rows other calls hold pinned do not fit together.
+  std::vector<int32_t> slots(n);
+  std::vector<int64_t> misses;
+  std::vector<size_t> miss_at;
   int64_t newly_pinned = 0;
-  for (int64_t row : rows) {
-    const int32_t slot = Find(row);
-    if (slot == kEmpty || pins_[slot] == 0) ++newly_pinned;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = Find(rows[i]);
+    slots[i] = slot;
+    if (slot == kEmpty) {
+      misses.push_back(rows[i]);
+      miss_at.push_back(static_cast<size_t>(i));
+      ++newly_pinned;
+    } else if (pins_[slot] == 0) {
+      ++newly_pinned;
+    }
   }
   if (pinned_slots_ + newly_pinned > capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': needs ", n, " rows resident but ",
                                                    pinned_slots_, " of the cache's ", capacity_,
                                                    " rows are pinned by concurrent calls"));
   }
-  std::vector<int32_t> slots(n, kEmpty);
-  std::vector<int64_t> misses;
-  std::vector<size_t> miss_at;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t slot = Find(rows[i]);
-    if (slot == kEmpty) {
-      misses.push_back(rows[i]);
-      miss_at.push_back(static_cast<size_t>(i));
-      continue;
-    }
+  for (const int32_t slot : slots) {
+    if (slot == kEmpty) continue;
     if (pins_[slot]++ == 0) ++pinned_slots_;
     referenced_[slot] = 1;
-    slots[i] = slot;
   }
   std::vector<int32_t> loaded;
-  if (const absl::Status s = Load(misses, &loaded); !s.ok()) {
+  if (const absl::Status s = Load(misses, &loaded, &lock); !s.ok()) {
     for (int32_t slot : slots) {
       if (slot != kEmpty && --pins_[slot] == 0) --pinned_slots_;
     }
@@ -275,7 +384,7 @@ void TieredRowCache::Release(TieredPin* pin, bool dirty) {
 
 absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
   if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   // The resident ones are pinned for the call so that loading the others does not evict them.
   std::vector<int32_t> held;
   std::vector<int64_t> misses;
@@ -292,7 +401,7 @@ absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
   const int64_t room = capacity_ - pinned_slots_;
   if (static_cast<int64_t>(misses.size()) > room) misses.resize(std::max<int64_t>(room, 0));
   std::vector<int32_t> loaded;
-  const absl::Status s = Load(misses, &loaded);
+  const absl::Status s = Load(misses, &loaded, &lock);
   for (int32_t slot : held) {
     if (--pins_[slot] == 0) --pinned_slots_;
   }
@@ -300,7 +409,8 @@ absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
 }
 
 absl::Status TieredRowCache::Flush() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitForWritebackLocked(&lock);
   std::vector<int32_t> dirty;
   for (int64_t s = 0; s < capacity_; ++s) {
     if (dirty_[s]) dirty.push_back(static_cast<int32_t>(s));
@@ -321,24 +431,17 @@ absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
       std::memcpy(out + i * record_bytes_, Record(slot), record_bytes_);
     }
   }
-  std::vector<char*> records;
-  return ForEachRun(cold, [&](size_t begin, size_t end) {
-    records.clear();
-    for (size_t i = begin; i < end; ++i) records.push_back(out + (cold[i] - first) * record_bytes_);
-    const int64_t count = static_cast<int64_t>(end - begin);
-    const absl::Status s = file_->ReadRecords(cold[begin], count, records.data());
-    if (!s.ok()) return s;
-    stats_.rows_read += count;
-    stats_.bytes_read += count * record_bytes_;
-    return absl::OkStatus();
-  });
+  std::vector<char*> records(cold.size());
+  for (size_t i = 0; i < cold.size(); ++i) records[i] = out + (cold[i] - first) * record_bytes_;
+  return ReadRunsOf(cold, records);
 }
 
 absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* records) {
   if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
   std::vector<char*> pointers(n);
   for (int64_t i = 0; i < n; ++i) pointers[i] = records + i * record_bytes_;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitForWritebackLocked(&lock);  // an older copy of a row must not land after this write
   const absl::Status s = file_->WriteRecords(first, n, pointers.data());
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = Find(first + i);
@@ -353,11 +456,15 @@ absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* record
   if (!s.ok()) return s;
   stats_.rows_written += n;
   stats_.bytes_written += n * record_bytes_;
+  // A bulk write (initialisation, a restore) leaves the page cache in large folios: see DropCachedRecords.
+  if (n * record_bytes_ >= kBulkWriteBytes) return file_->DropCachedRecords(first, n);
   return absl::OkStatus();
 }
 
 TieredCacheStats TieredRowCache::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Counters that do not move behind the caller's back: the background write-back asked for is counted first.
+  WaitForWritebackLocked(&lock);
   TieredCacheStats out = stats_;
   out.resident_rows = capacity_ - static_cast<int64_t>(free_.size());
   out.capacity_rows = capacity_;

@@ -4,10 +4,16 @@
 // evicted).
 //
 // Step protocol: Acquire(sorted distinct rows) makes every row resident and pinned BEFORE any update (misses are
-// read with one preadv per run of consecutive rows; victims' dirty records are written back first, coalesced the
-// same way); the caller then reads or updates the pinned records WITHOUT any lock (nothing moves a pinned record);
-// Release() unpins them, marking them dirty when they were updated.  A call that needs more rows than the cache
-// holds is refused before anything is evicted or written.
+// read as one batch of runs of consecutive rows, TieredRowFile::ReadRuns; victims' dirty records are written back
+// first, one pwritev per run); the caller then reads or updates the pinned records WITHOUT any lock (nothing moves a
+// pinned record); Release() unpins them, marking them dirty when they were updated.  A call that needs more rows than
+// the cache holds is refused before anything is evicted or written.
+//
+// Background write-back (Options::background_writeback): a thread of the cache writes dirty rows back ahead of
+// the CLOCK hand (the unpinned, unreferenced rows it evicts next), from copies taken under the mutex, so that the
+// rows a step evicts are mostly clean and its misses wait only for their reads.  A row being written that way is
+// not evicted until its write is done (a miss of it must not read the file first); a failed write leaves it dirty
+// (the call that evicts it writes it, and reports the error).  Flush and WriteRecords wait for those writes.
 //
 // Thread safety: every member takes the cache's one mutex for its whole call (I/O included), so a Prefetch of
 // the next batch runs beside the current step's row walk (which holds no lock) and only waits for another cache
@@ -22,10 +28,12 @@
 #define TF_EMBED_OPS_CC_LIB_TIERED_ROW_CACHE_H_
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,8 +83,20 @@ class TieredRowCache {
   // The rows `cache_bytes` holds: min(num_rows, kMaxCapacity, cache_bytes / RowBytes) (0: not one row).
   static int64_t CapacityFor(int64_t cache_bytes, const TieredRowLayout& layout);
 
+  struct Options {
+    // Dirty rows are written back by a thread of the cache ahead of their eviction (see above).
+    bool background_writeback = false;
+  };
+  // The most rows one background write-back batch copies (its buffer: this many records).
+  static constexpr int64_t kMaxBackgroundRows = 4096;
+  static constexpr int64_t kBulkWriteBytes = int64_t{1} << 20;
+
   // `capacity` in [1, kMaxCapacity]; the slot array is allocated here.
-  TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity);
+  TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity)
+      : TieredRowCache(std::move(file), capacity, {}) {}
+  TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity, Options options);
+  // Stops the write-back thread (after its batch in progress); dirty rows are NOT written: Flush first.
+  ~TieredRowCache();
   TieredRowCache(const TieredRowCache&) = delete;
   TieredRowCache& operator=(const TieredRowCache&) = delete;
 
@@ -97,10 +117,14 @@ class TieredRowCache {
   // rows included), the others from the file; the cache is not filled.  CRC fields of the output are unspecified.
   absl::Status ReadRecords(int64_t first, int64_t n, char* out);
   // Writes records [first, first + n) (contiguous, payloads encoded by the caller; their CRCs are stamped here)
-  // to the file, and to the cache for rows resident there (which become clean).  On an error each row of the
-  // range holds its old or its new value, and resident rows keep what the cache holds (marked dirty).
+  // to the file, and to the cache for rows resident there (which become clean).  A write of at least
+  // kBulkWriteBytes is then synced and dropped from the page cache (TieredRowFile::DropCachedRecords).  On an error
+  // each row of the range holds its old or its new value, and resident rows keep what the cache holds (marked dirty).
   absl::Status WriteRecords(int64_t first, int64_t n, char* records);
+  // Waits until the background write-back asked for so far is done (tests; Flush and WriteRecords do it).
+  void WaitForWriteback();
 
+  // (Waits for a background write-back in progress, so that the counters include it.)
   TieredCacheStats stats() const;
   const TieredRowLayout& layout() const { return file_->layout(); }
   const std::string& table() const { return file_->table(); }
@@ -124,8 +148,18 @@ class TieredRowCache {
   absl::Status CheckRows(const std::vector<int64_t>& rows) const;
   absl::Status CheckRange(int64_t first, int64_t n) const;
   // Makes `misses` (ascending, not resident) resident (unpinned, referenced) in slots it returns in `out`; the
-  // caller has checked that free plus evictable slots suffice.  On an error no miss is resident.
-  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out);
+  // caller has checked that free plus evictable slots suffice (`lock` holds mu_; it is released only to wait for
+  // background writes).  On an error no miss is resident.
+  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out, std::unique_lock<std::mutex>* lock);
+  // Up to `count` CLOCK victims (unpinned, not being written back), each pinned for the moment so the hand skips
+  // it; appended to `victims`.
+  void TakeVictims(size_t count, std::vector<int32_t>* victims);
+  // The background write-back thread, and what wakes it: after a call evicted rows, the next as many victims.
+  void WritebackLoop();
+  // Until the thread has done what was asked of it (no batch pending or in progress).
+  void WaitForWritebackLocked(std::unique_lock<std::mutex>* lock) const;
+  // Reads `rows` (ascending, distinct) into records[i] as one batch of runs of consecutive rows; counts them.
+  absl::Status ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records);
   // Writes the dirty records of `slots` (any order) back, coalescing consecutive rows; clears the dirty bits of
   // those written.
   absl::Status WriteBack(std::vector<int32_t> slots);
@@ -144,6 +178,16 @@ class TieredRowCache {
   int64_t hand_ = 0;          // CLOCK
   int64_t pinned_slots_ = 0;  // slots with pins_ > 0
   TieredCacheStats stats_;    // counters only; the state fields are filled by stats()
+
+  // Background write-back (all under mu_ but the buffer, which only the thread touches while it writes).
+  std::vector<uint8_t> writing_;  // per slot: a copy of its record is being written by the thread
+  int64_t writing_slots_ = 0;     // slots with writing_ set
+  int64_t writeback_wanted_ = 0;  // victims the next batch should clean
+  bool stop_ = false;
+  std::condition_variable wake_;             // the thread: work or stop
+  mutable std::condition_variable written_;  // waiters: a batch finished
+  std::unique_ptr<char[]> staged_;           // kMaxBackgroundRows records
+  std::thread writer_;                       // last member: started when the rest is built
 };
 
 }  // namespace tf_embed_ops

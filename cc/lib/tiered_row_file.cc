@@ -210,7 +210,9 @@ void StampRecord(const TieredRowLayout& layout, char* record) {
 
 // ---------------------------------------------------------------------------------------------- file
 
-RowFileIo RowFileIo::Posix() { return RowFileIo{::preadv, ::pwritev, ::fsync}; }
+RowFileIo RowFileIo::Posix() {
+  return RowFileIo{::preadv, ::pwritev, ::fsync, ::preadv2, ::posix_fadvise, ::sync_file_range};
+}
 
 TieredRowFile::TieredRowFile(int fd, std::string path, std::string table, TieredRowLayout layout, RowFileIo io)
     : fd_(fd),
@@ -218,7 +220,10 @@ TieredRowFile::TieredRowFile(int fd, std::string path, std::string table, Tiered
       table_(std::move(table)),
       layout_(std::move(layout)),
       record_bytes_(layout_.record_bytes()),
-      io_(io) {}
+      io_(io) {
+  // Rows are read one record at a time, in no order: readahead would only read (and cache) other rows.  A hint.
+  if (io_.fadvise != nullptr) io_.fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+}
 
 TieredRowFile::~TieredRowFile() { ::close(fd_); }
 
@@ -373,8 +378,7 @@ absl::Status TieredRowFile::TransferRecords(bool write, int64_t first, int64_t n
   return absl::OkStatus();
 }
 
-absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* records) const {
-  RETURN_IF_ERROR_(TransferRecords(/*write=*/false, first, n, records));
+absl::Status TieredRowFile::CheckRecords(int64_t first, int64_t n, char* const* records) const {
   const int64_t payload = layout_.payload_bytes();
   for (int64_t i = 0; i < n; ++i) {
     uint32_t stored;
@@ -390,11 +394,78 @@ absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* r
   return absl::OkStatus();
 }
 
+absl::Status TieredRowFile::ReadRecords(int64_t first, int64_t n, char* const* records) const {
+  RETURN_IF_ERROR_(TransferRecords(/*write=*/false, first, n, records));
+  return CheckRecords(first, n, records);
+}
+
+bool TieredRowFile::ReadRunIfCached(const RecordRun& run) const {
+  if (run.n > kMaxIov || !nowait_reads_.load(std::memory_order_relaxed)) return false;
+  std::array<struct iovec, kMaxIov> iov;
+  for (int64_t i = 0; i < run.n; ++i) iov[i] = {run.records[i], static_cast<size_t>(record_bytes_)};
+  const ssize_t want = static_cast<ssize_t>(run.n * record_bytes_);
+  ssize_t done;
+  do {
+    done = io_.preadv2(fd_, iov.data(), static_cast<int>(run.n), kHeaderBytes + run.first * record_bytes_, RWF_NOWAIT);
+  } while (done < 0 && errno == EINTR);
+  if (done < 0 && (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS)) {
+    nowait_reads_.store(false, std::memory_order_relaxed);
+  }
+  // EAGAIN (not cached), a part of the run, or an error: the blocking read does the run again and reports errors.
+  return done == want;
+}
+
+absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
+  for (const RecordRun& run : runs) {
+    if (run.first < 0 || run.n < 0 || run.first > layout_.num_rows - run.n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(What(), ": ", Rows(run.first, run.n), " outside [0, ", layout_.num_rows, ")"));
+    }
+  }
+  // 1. What the page cache holds, without blocking; 2. every other run's read started; 3. those read, waiting.
+  // (A single run has nothing to overlap with: it is read directly.)
+  std::vector<uint8_t> cached(runs.size(), 0);
+  bool probed = runs.size() > 1 && io_.preadv2 != nullptr && nowait_reads_.load(std::memory_order_relaxed);
+  if (probed) {
+    for (size_t k = 0; k < runs.size(); ++k) cached[k] = ReadRunIfCached(runs[k]);
+    probed = nowait_reads_.load(std::memory_order_relaxed);  // (not when the kernel refused RWF_NOWAIT)
+  }
+  if (probed && io_.fadvise != nullptr) {
+    int64_t cold = 0;
+    for (size_t k = 0; k < runs.size(); ++k) cold += !cached[k];
+    for (size_t k = 0; k < runs.size() && cold > 1; ++k) {
+      if (cached[k]) continue;
+      // A hint: an error here only loses the overlap, and the read below reports any real fault.
+      io_.fadvise(fd_, kHeaderBytes + runs[k].first * record_bytes_, runs[k].n * record_bytes_, POSIX_FADV_WILLNEED);
+    }
+  }
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const RecordRun& run = runs[k];
+    if (!cached[k]) RETURN_IF_ERROR_(TransferRecords(/*write=*/false, run.first, run.n, run.records));
+    RETURN_IF_ERROR_(CheckRecords(run.first, run.n, run.records));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TieredRowFile::WriteRecords(int64_t first, int64_t n, char* const* records) {
   if (first >= 0 && n >= 0 && first <= layout_.num_rows - n) {
     for (int64_t i = 0; i < n; ++i) StampRecord(layout_, records[i]);
   }
   return TransferRecords(/*write=*/true, first, n, records);
+}
+
+absl::Status TieredRowFile::DropCachedRecords(int64_t first, int64_t n) {
+  if (io_.sync_file_range == nullptr || n <= 0) return absl::OkStatus();
+  const off_t offset = kHeaderBytes + first * record_bytes_;
+  const off_t bytes = n * record_bytes_;
+  while (io_.sync_file_range(fd_, offset, bytes,
+                             SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == ENOSYS || errno == EINVAL || errno == ESPIPE) return absl::OkStatus();  // not supported here
+    return IoError(errno, absl::StrCat(What(), ": cannot write ", Rows(first, n), " to the device"));
+  }
+  if (io_.fadvise != nullptr) io_.fadvise(fd_, offset, bytes, POSIX_FADV_DONTNEED);  // a hint
+  return absl::OkStatus();
 }
 
 absl::Status TieredRowFile::Sync() {

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -70,11 +71,23 @@ void DecodeRecord(const TieredRowLayout& layout, const char* record, float* cons
 void StampRecord(const TieredRowLayout& layout, char* record);
 
 // The system calls the file uses (replaceable in tests); each has the POSIX signature and errno convention.
+// preadv2 (called with RWF_NOWAIT only) and fadvise may be null: a batch of reads then goes one preadv at a time;
+// sync_file_range may be null: DropCachedRecords then does nothing.
 struct RowFileIo {
   ssize_t (*preadv)(int fd, const struct iovec* iov, int iovcnt, off_t offset);
   ssize_t (*pwritev)(int fd, const struct iovec* iov, int iovcnt, off_t offset);
   int (*fsync)(int fd);
+  ssize_t (*preadv2)(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags);
+  int (*fadvise)(int fd, off_t offset, off_t len, int advice);
+  int (*sync_file_range)(int fd, off_t offset, off_t nbytes, unsigned int flags);
   static RowFileIo Posix();
+};
+
+// A run of consecutive records [first, first + n) and where each of them is in memory (records[0..n)).
+struct RecordRun {
+  int64_t first;
+  int64_t n;
+  char* const* records;
 };
 
 class TieredRowFile {
@@ -99,9 +112,20 @@ class TieredRowFile {
   // Reads records [first, first + n) into records[0..n) (record_bytes each) and checks each one's CRC.  On an
   // error the destinations hold unspecified bytes.
   absl::Status ReadRecords(int64_t first, int64_t n, char* const* records) const;
+  // ReadRecords of several runs (ascending, disjoint), as one batch: every run whose records are in the page cache
+  // is read at once (preadv2 with RWF_NOWAIT); the reads of the others are all started (POSIX_FADV_WILLNEED)
+  // before the first is waited for, so a batch of cold rows waits for the device about once, not once per run.
+  // On an error: the error of the first run (in order) that failed; the destinations hold unspecified bytes.
+  absl::Status ReadRuns(const std::vector<RecordRun>& runs) const;
   // Stamps each record's CRC, then writes records [first, first + n).  On an error some of them may be written.
   absl::Status WriteRecords(int64_t first, int64_t n, char* const* records);
   absl::Status Sync();
+  // Writes the dirty pages of records [first, first + n) to the device, waits, and drops them from the page cache.
+  // For after a bulk write (initialisation, a restore): the kernel caches a large write in large folios, and on
+  // ext4 a small write into a large folio walks every block of the folio, which made each later 516-byte
+  // write-back about 4x dearer; records read again come back in page-size folios.  (The file is also opened
+  // with POSIX_FADV_RANDOM: no readahead around a miss.)  An I/O error of the write is returned.
+  absl::Status DropCachedRecords(int64_t first, int64_t n);
 
   const TieredRowLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }
@@ -114,6 +138,10 @@ class TieredRowFile {
   std::string What() const;
   // Records [first, first + n) from or to records[0..n), in preadv/pwritev calls of at most IOV_MAX records.
   absl::Status TransferRecords(bool write, int64_t first, int64_t n, char* const* records) const;
+  // The CRC of records [first, first + n): a never-written (all-zero) or corrupted record is an error naming it.
+  absl::Status CheckRecords(int64_t first, int64_t n, char* const* records) const;
+  // Reads a run only if all of it is in the page cache (RWF_NOWAIT; runs of at most 1024 records); else false.
+  bool ReadRunIfCached(const RecordRun& run) const;
   // All of the iovecs' bytes at `offset`, looping over short transfers.
   absl::Status Transfer(bool write, struct iovec* iov, int iovcnt, off_t offset, int64_t first, int64_t n) const;
 
@@ -123,6 +151,9 @@ class TieredRowFile {
   TieredRowLayout layout_;
   int64_t record_bytes_;
   RowFileIo io_;
+  // Cleared when the kernel or filesystem refuses RWF_NOWAIT (EOPNOTSUPP/EINVAL/ENOSYS): batches then read run by
+  // run.
+  mutable std::atomic<bool> nowait_reads_{true};
 };
 
 }  // namespace tf_embed_ops

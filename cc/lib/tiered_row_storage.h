@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "cc/lib/distinct_rows.h"
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
@@ -89,11 +90,11 @@ class TieredRowStorage {
   size_t mask_ = 0;
 };
 
-// The plan's distinct rows, ascending (what a lazy step acquires).
-inline std::vector<int64_t> PlanRows(const RowGradientPlan& plan) {
+// The plan's distinct rows, ascending (what a lazy step acquires); they are in [0, num_rows).
+inline std::vector<int64_t> PlanRows(const RowGradientPlan& plan, int64_t num_rows) {
   std::vector<int64_t> rows(plan.num_rows());
   for (int64_t u = 0; u < plan.num_rows(); ++u) rows[u] = plan.row(u);
-  std::sort(rows.begin(), rows.end());
+  SortDistinctRows(&rows, num_rows);
   return rows;
 }
 
@@ -101,7 +102,7 @@ inline std::vector<int64_t> PlanRows(const RowGradientPlan& plan) {
 inline absl::Status AcquirePlanRows(const RowGradientPlan& plan, TieredRowCache* cache, const std::string& what,
                                     TieredPin* pin) {
   if (plan.num_rows() > cache->capacity()) return cache->TooManyRows(plan.num_rows(), what);
-  return cache->Acquire(PlanRows(plan), pin);
+  return cache->Acquire(PlanRows(plan, cache->num_rows()), pin);
 }
 
 // The walk of a lazy step over rows AcquirePlanRows pinned (cannot fail); the caller releases them dirty.

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,11 +128,13 @@ std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
 }
 
 std::unique_ptr<TieredRowCache> NewCache(const std::string& path, const TieredRowLayout& layout, int64_t capacity,
-                                         RowFileIo io = RowFileIo::Posix()) {
+                                         RowFileIo io = RowFileIo::Posix(), bool background_writeback = false) {
   absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Create(path, "items", layout, io);
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return nullptr;
-  auto cache = std::make_unique<TieredRowCache>(*std::move(file), capacity);
+  TieredRowCache::Options options;
+  options.background_writeback = background_writeback;
+  auto cache = std::make_unique<TieredRowCache>(*std::move(file), capacity, options);
   InitialiseRows(cache.get());
   return cache;
 }
@@ -560,6 +563,190 @@ TEST(TieredRowCacheTest, WriteRecordsReplacesCachedCopies) {
   EXPECT_EQ(std::vector<float>(rows[0].begin() + 4, rows[0].begin() + 8), (std::vector<float>{5, 6, 7, 8}));
 }
 
+// ---------------------------------------------------------------------------------------------- batched reads
+
+// Injected reads: preadv2(RWF_NOWAIT) says "not in the page cache" (EAGAIN) for runs starting at an odd row, or
+// refuses RWF_NOWAIT altogether (EOPNOTSUPP); every call is counted.
+std::atomic<int> g_nowait_calls{0}, g_fadvise_calls{0}, g_preadv_calls{0};
+std::atomic<bool> g_nowait_unsupported{false};
+int64_t g_record_bytes = 0;
+ssize_t ColdOddRunsPreadv2(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
+  ++g_nowait_calls;
+  EXPECT_EQ(flags, RWF_NOWAIT);
+  if (g_nowait_unsupported) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
+  if ((offset - TieredRowFile::kHeaderBytes) / g_record_bytes % 2 == 1) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return ::preadv2(fd, iov, iovcnt, offset, flags);
+}
+int CountingFadvise(int fd, off_t offset, off_t len, int advice) {
+  if (advice != POSIX_FADV_WILLNEED) return ::posix_fadvise(fd, offset, len, advice);  // (RANDOM, at open)
+  ++g_fadvise_calls;
+  EXPECT_EQ((offset - TieredRowFile::kHeaderBytes) % g_record_bytes, 0);
+  return ::posix_fadvise(fd, offset, len, advice);
+}
+ssize_t CountingPreadv(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  ++g_preadv_calls;
+  return ::preadv(fd, iov, iovcnt, offset);
+}
+
+RowFileIo CountingIo() {
+  RowFileIo io = RowFileIo::Posix();
+  io.preadv2 = ColdOddRunsPreadv2;
+  io.fadvise = CountingFadvise;
+  io.preadv = CountingPreadv;
+  g_nowait_calls = g_fadvise_calls = g_preadv_calls = 0;
+  g_nowait_unsupported = false;
+  return io;
+}
+
+// Runs of `rows` (ascending) over records in `buffer` (one per row, in order).
+std::vector<RecordRun> RunsOf(const std::vector<std::vector<int64_t>>& runs, int64_t record_bytes,
+                              std::vector<char>* buffer, std::vector<char*>* pointers) {
+  int64_t total = 0;
+  for (const auto& run : runs) total += static_cast<int64_t>(run.size());
+  buffer->assign(total * record_bytes, '\x5a');
+  pointers->resize(total);
+  // Records land in reverse order in the buffer: a batch must follow each record's own pointer.
+  for (int64_t i = 0; i < total; ++i) (*pointers)[i] = buffer->data() + (total - 1 - i) * record_bytes;
+  std::vector<RecordRun> out;
+  int64_t at = 0;
+  for (const auto& run : runs) {
+    out.push_back(RecordRun{run[0], static_cast<int64_t>(run.size()), pointers->data() + at});
+    at += static_cast<int64_t>(run.size());
+  }
+  return out;
+}
+
+TEST(TieredRowFileTest, ReadRunsReadsCachedRunsAtOnceAndStartsTheColdOnesTogether) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(40, {StorageType::kFloat32, StorageType::kBfloat16}, {3, 3});
+  NewCache(path, layout, 4).reset();  // the file, every row written
+  const std::vector<char> bytes = FileBytes(path);
+  g_record_bytes = layout.record_bytes();
+  absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Open(path, "items", layout, CountingIo());
+  ASSERT_TRUE(file.ok()) << file.status();
+  g_nowait_calls = g_fadvise_calls = g_preadv_calls = 0;  // (the header was read by Open)
+  const std::vector<std::vector<int64_t>> rows = {{1, 2}, {5}, {8, 9, 10}, {20}, {39}};
+  std::vector<char> buffer;
+  std::vector<char*> pointers;
+  const std::vector<RecordRun> runs = RunsOf(rows, layout.record_bytes(), &buffer, &pointers);
+  ASSERT_TRUE((*file)->ReadRuns(runs).ok());
+  int64_t i = 0;
+  for (const auto& run : rows) {
+    for (int64_t row : run) {
+      EXPECT_EQ(std::memcmp(pointers[i++], bytes.data() + TieredRowFile::kHeaderBytes + row * layout.record_bytes(),
+                            layout.record_bytes()),
+                0)
+          << "row " << row;
+    }
+  }
+  // Every run is tried without blocking; the three "cold" ones (first rows 1, 5, 39) are all started before the
+  // first is read.
+  EXPECT_EQ(g_nowait_calls.load(), 5);
+  EXPECT_EQ(g_fadvise_calls.load(), 3);
+  EXPECT_EQ(g_preadv_calls.load(), 3);
+  // One run has nothing to overlap: it is read directly.
+  ASSERT_TRUE((*file)->ReadRuns({runs[1]}).ok());
+  EXPECT_EQ(g_nowait_calls.load(), 5);
+  EXPECT_EQ(g_preadv_calls.load(), 4);
+  // Out of range: refused before any read.
+  const RecordRun bad{38, 3, pointers.data()};
+  const absl::Status s = (*file)->ReadRuns({runs[0], bad});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rows [38, 41) outside [0, 40)"), std::string::npos) << s;
+  EXPECT_EQ(g_preadv_calls.load(), 4);
+}
+
+TEST(TieredRowFileTest, ReadRunsFallsBackToOneReadPerRunWithoutNowait) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(20, {StorageType::kFloat32}, {2});
+  NewCache(path, layout, 4).reset();
+  const std::vector<char> bytes = FileBytes(path);
+  g_record_bytes = layout.record_bytes();
+  absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Open(path, "items", layout, CountingIo());
+  ASSERT_TRUE(file.ok()) << file.status();
+  g_nowait_calls = g_fadvise_calls = g_preadv_calls = 0;  // (the header was read by Open)
+  g_nowait_unsupported = true;
+  std::vector<char> buffer;
+  std::vector<char*> pointers;
+  const std::vector<RecordRun> runs = RunsOf({{2}, {4, 5}, {11}}, layout.record_bytes(), &buffer, &pointers);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    ASSERT_TRUE((*file)->ReadRuns(runs).ok());
+    EXPECT_EQ(std::memcmp(pointers[3], bytes.data() + TieredRowFile::kHeaderBytes + 11 * layout.record_bytes(),
+                          layout.record_bytes()),
+              0);
+  }
+  EXPECT_EQ(g_nowait_calls.load(), 1);  // refused once, never tried again
+  EXPECT_EQ(g_fadvise_calls.load(), 0);
+  EXPECT_EQ(g_preadv_calls.load(), 6);
+}
+
+TEST(TieredRowCacheTest, AShortReadInABatchFailsTheAcquireAndChangesOnlyResidency) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(40, {StorageType::kFloat32}, {4});
+  auto cache = NewCache(path, layout, 8);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({0, 1}, &pin).ok());
+  cache->Release(&pin, /*dirty=*/false);
+  // The file loses its last two records behind the table's back (a truncated store).
+  ASSERT_EQ(truncate(path.c_str(), TieredRowFile::kHeaderBytes + 38 * layout.record_bytes()), 0);
+  const TieredCacheStats stats = cache->stats();
+  const absl::Status s = cache->Acquire({0, 5, 6, 20, 38, 39}, &pin);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("short read of rows [38, 40)"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos) << s;
+  EXPECT_TRUE(pin.rows.empty());
+  TieredCacheStats now = cache->stats();
+  EXPECT_EQ(now.pinned_rows, 0);
+  EXPECT_EQ(now.resident_rows, 2);  // rows 0 and 1: no row of the failed batch became resident
+  EXPECT_EQ(now.rows_read, stats.rows_read);
+  EXPECT_EQ(now.hits, stats.hits);
+  EXPECT_EQ(now.misses, stats.misses);
+  // The rows still in the file work.
+  ASSERT_TRUE(cache->Acquire({0, 5, 6, 20}, &pin).ok());
+  cache->Release(&pin, /*dirty=*/false);
+  std::vector<char> out(layout.record_bytes());
+  EXPECT_EQ(cache->ReadRecords(39, 1, out.data()).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(TieredRowCacheTest, ACorruptedRowInABatchNamesTheFirstBadRow) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(40, {StorageType::kFloat32, StorageType::kFloat32}, {3, 3});
+  auto cache = NewCache(path, layout, 10);
+  const std::vector<std::vector<float>> rows = ReadAll(cache.get());
+  PatchFile(path, TieredRowFile::kHeaderBytes + 30 * layout.record_bytes() + 1, {'\x7f'});
+  PatchFile(path, TieredRowFile::kHeaderBytes + 13 * layout.record_bytes() + 20, {'\x01'});
+  const TieredCacheStats stats = cache->stats();
+  TieredPin pin;
+  const absl::Status s = cache->Acquire({3, 12, 13, 22, 30}, &pin);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("row 13 is corrupted"), std::string::npos) << s;
+  EXPECT_TRUE(pin.rows.empty());
+  EXPECT_TRUE(SameStats(cache->stats(), stats));
+  // A batch without the bad rows reads every row right.
+  ASSERT_TRUE(cache->Acquire({3, 12, 22, 31, 35}, &pin).ok());
+  for (size_t i = 0; i < pin.rows.size(); ++i) {
+    std::vector<float> got(6);
+    float* buffers[2] = {got.data(), got.data() + 3};
+    DecodeRecord(layout, pin.records[i], buffers);
+    const int64_t r = pin.rows[i];
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 3),
+              std::vector<float>(rows[0].begin() + 3 * r, rows[0].begin() + 3 * r + 3));
+    EXPECT_EQ(std::vector<float>(got.begin() + 3, got.end()),
+              std::vector<float>(rows[1].begin() + 3 * r, rows[1].begin() + 3 * r + 3));
+  }
+  cache->Release(&pin, /*dirty=*/false);
+}
+
 // ---------------------------------------------------------------------------------------------- the step
 
 template <size_t... I>
@@ -582,7 +769,8 @@ std::vector<OptimizerParams> EveryOptimizer() {
 // A dense in-memory table (the reference) and a tiered table with a cache of 1/8 of its rows start from the same
 // rows; each step the same plan goes through UpdateTable and UpdateTieredTable.  Every row and slot must stay
 // bitwise equal, in the cache, and in the file after a flush.
-void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType storage, const ShardFn& shard) {
+void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType storage, const ShardFn& shard,
+                                    bool background_writeback = false) {
   // A step has at most 16 distinct rows; the last window of a non-lazy walk is a partial one (131 = 8 * 16 + 3).
   constexpr int64_t kRows = 131, kDim = 5, kCapacity = 16;
   const std::vector<SlotInfo> slots = OptimizerSlots(o.optimizer);
@@ -592,7 +780,7 @@ void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType stor
   const TieredRowLayout layout = Layout(kRows, types, widths);
   TempDir dir;
   const std::string path = dir.File("t.rows");
-  auto cache = NewCache(path, layout, kCapacity);
+  auto cache = NewCache(path, layout, kCapacity, RowFileIo::Posix(), background_writeback);
   ASSERT_NE(cache, nullptr);
 
   // The in-memory table holds exactly what the file was initialised with (decoded, re-encoded bitwise).
@@ -657,7 +845,64 @@ TEST(TieredTableUpdateTest, TrainsBitwiseLikeTheInMemoryTableForEveryOptimizer) 
       ExpectTieredTrainsLikeInMemory(o, storage, Serial());
     }
     ExpectTieredTrainsLikeInMemory(o, StorageType::kBfloat16, Threads(3));
+    ExpectTieredTrainsLikeInMemory(o, StorageType::kFloat32, Threads(2), /*background_writeback=*/true);
   }
+}
+
+// Injected writes: counted per thread (the background write-back writes from the cache's own thread), failing with
+// ENOSPC while g_disk_full is set.
+std::atomic<int> g_writes_elsewhere{0};
+std::thread::id g_test_thread;
+ssize_t ThreadCountingPwritev(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  if (std::this_thread::get_id() != g_test_thread) ++g_writes_elsewhere;
+  if (g_disk_full) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return ::pwritev(fd, iov, iovcnt, offset);
+}
+
+TEST(TieredTableUpdateTest, BackgroundWritebackCleansVictimsAheadAndKeepsFailedRowsDirty) {
+  // Adagrad steps on a cache of 24 of 300 rows with the write-back thread on, the disk full for a stretch of steps
+  // in the middle: the steps that must write a dirty victim then fail without changing any row (their rows are
+  // retried after), and at the end every row equals the in-memory table's, in the cache and in the file.
+  constexpr int64_t kRows = 300, kDim = 4, kCapacity = 24;
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  const TieredRowLayout layout = Layout(kRows, {StorageType::kFloat32, StorageType::kFloat32}, {kDim, kDim});
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  RowFileIo io = RowFileIo::Posix();
+  io.pwritev = ThreadCountingPwritev;
+  g_disk_full = false;
+  g_writes_elsewhere = 0;
+  g_test_thread = std::this_thread::get_id();
+  auto cache = NewCache(path, layout, kCapacity, io, /*background_writeback=*/true);
+  std::vector<std::vector<float>> dense_rows = ReadAll(cache.get());
+  const TableBuffers dense{dense_rows[0].data(), {dense_rows[1].data()}, kRows, kDim};
+  std::mt19937_64 rng(23);
+  int failed = 0;
+  for (int s = 0; s < 60; ++s) {
+    g_disk_full = s >= 20 && s < 30;
+    Step step(SkewedIds(12, kRows, &rng), kDim, &rng);
+    step.Build(kRows);
+    cache->WaitForWriteback();  // the thread has cleaned what the previous step asked for
+    const std::vector<std::vector<float>> before = ReadAll(cache.get());
+    const absl::Status status = UpdateTieredTable(o, 0.1f, step.plan, cache.get(), RoundingSpec(), Serial(), "t");
+    if (!status.ok()) {
+      EXPECT_TRUE(g_disk_full) << status;
+      EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+      EXPECT_EQ(ReadAll(cache.get()), before) << "step " << s;
+      ++failed;
+      continue;
+    }
+    UpdateTable(o, 0.1f, step.plan, dense, Serial());
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(g_writes_elsewhere.load(), 0);  // the thread did write rows back
+  EXPECT_EQ(ReadAll(cache.get()), dense_rows);
+  ASSERT_TRUE(cache->Flush().ok());
+  EXPECT_EQ(ReadAll(Reopen(path, layout, 4).get()), dense_rows);
 }
 
 TEST(TieredTableUpdateTest, PrefetchesBesideTheWalkChangeNoResult) {
