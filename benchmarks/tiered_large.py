@@ -12,8 +12,9 @@ made is removed at the end (`--keep` keeps them).
 
 The table: Adagrad, dim 64 in float32 (516-byte records: the row, its accumulator and a CRC), so 26 GB is 50 M
 rows. Each phase prints one JSON line: `init` (the row file written from the initializer, chunk by chunk),
-`train` (Zipf(1.05) batches with prefetch: ms/step, the cache's hit rate, rows read per step), `checkpoint` (the
-streaming save), `restore`, `verify` (sampled rows of the restored table bitwise against the trained one). Each
+`train` (a fresh batch of Zipf(1.05) ids each step, with prefetch: ms/step, the cache's hit rate, rows read and
+written back per step), `checkpoint` (the streaming save), `restore`, `verify` (sampled rows of the restored table
+bitwise against the trained one); `--train-only` stops after `train`. Each
 line has the phase's wall time, the process's RSS now and at its peak (anonymous and file-backed), and the bytes
 the process read from and wrote to storage in the phase (`/proc/self/io`) with their rate.
 """
@@ -51,6 +52,7 @@ def _args(argv=None) -> argparse.Namespace:
         help="a second row file (new), the trained one replaced (same), or new when the disk has room (auto)",
     )
     p.add_argument("--keep", action="store_true", help="keep the row files and the checkpoint")
+    p.add_argument("--train-only", action="store_true", help="stop after training (no checkpoint, no restore)")
     return p.parse_args(argv)
 
 
@@ -209,7 +211,9 @@ def _run(a, rows: int, table_bytes: int, cache_bytes: int, mem_total: int, resto
         )
 
     rng = np.random.default_rng(0)
-    batches = [tf.constant(zipf_ids(rng, rows, a.batch), tf.int64) for _ in range(16)]
+
+    def batch():  # a fresh batch every step: cycling a few would let the cache hold all their rows
+        return tf.constant(zipf_ids(rng, rows, a.batch), tf.int64)
 
     @tf.function
     def step(ids, next_ids):
@@ -218,13 +222,16 @@ def _run(a, rows: int, table_bytes: int, cache_bytes: int, mem_total: int, resto
         emb.prefetch({"f": next_ids})  # between the lookup and the update (docs/tiered_tables.md)
         emb.apply_gradients({"f": acts["f"] * 0.01 + 0.001})
 
-    step(batches[0], batches[1])
+    current, following = batch(), batch()
+    step(current, following)
     with _Phase("train") as fields:
         before = {k: int(v) for k, v in table.stats().items() if k != "hit_rate"}
-        t0 = time.perf_counter()
-        for i in range(a.steps):
-            step(batches[i % len(batches)], batches[(i + 1) % len(batches)])
-        elapsed = time.perf_counter() - t0
+        elapsed = 0.0  # the steps only, not drawing the batches
+        for _ in range(a.steps):
+            current, following = following, batch()
+            t0 = time.perf_counter()
+            step(current, following)
+            elapsed += time.perf_counter() - t0
         after = {k: int(v) for k, v in table.stats().items() if k != "hit_rate"}
         delta = {k: after[k] - before[k] for k in before}
         fields.update(
@@ -235,7 +242,10 @@ def _run(a, rows: int, table_bytes: int, cache_bytes: int, mem_total: int, resto
             rows_read_per_step=round(delta["rows_read"] / a.steps),
             rows_written_per_step=round(delta["rows_written"] / a.steps),
             resident_rows=after["resident_rows"],
+            evictions_per_step=round(delta["evictions"] / a.steps),
         )
+    if a.train_only:
+        return
 
     with _Phase("checkpoint") as fields:
         path = tf.train.Checkpoint(embedding=emb).write(os.path.join(a.directory, "checkpoint", "big"))
