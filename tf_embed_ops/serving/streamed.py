@@ -11,6 +11,10 @@ Serving, `tf.saved_model.load`) restores the variable from its slices with stock
 plain one, and `tf_embed_ops` is not needed to load it.
 
 Memory: one chunk of the tier's rows and slots (float32) and its encoded copy, whatever the table's size.
+
+float16 rows (the "float16" mode, or a float16 table exported as stored) are kept as their int16 bits and bitcast
+back after the gather: TensorFlow's restore of a tensor saved as slices has no float16 case ("Dtype half not
+supported"), while int16 slices restore; the values served are the same bits.
 """
 
 from __future__ import annotations
@@ -58,9 +62,11 @@ class StreamedTable(tables_lib.ServedTable):
         self.dtype = tf.as_dtype(quantization.storage_dtype(mode)) if mode is not None else trained_dtype
         self.width = quantization.encoded_width(mode, self.dim)
         self.num_rows = int(table.num_rows)
+        # What the variable holds: float16 as its int16 bits (see the module docstring).
+        self.stored_dtype = tf.int16 if self.dtype == tf.float16 else self.dtype
         with tf.init_scope():
             self.rows = _tf_compat.UninitializedVariable(
-                shape=[self.num_rows, self.width], dtype=self.dtype, trainable=False, name="rows"
+                shape=[self.num_rows, self.width], dtype=self.stored_dtype, trainable=False, name="rows"
             )
         self.remap = None
         nbytes = self.num_rows * self.width * self.dtype.size
@@ -71,18 +77,24 @@ class StreamedTable(tables_lib.ServedTable):
         )
 
     def encode(self, values: tf.Tensor, first_row: int) -> tf.Tensor:
-        """Float32 rows [n, dim] (rows `first_row`...) in this table's encoding.
+        """Float32 rows [n, dim] (rows `first_row`...) in this table's encoding, as the variable stores it.
 
         Raises:
-          ValueError: a row the mode cannot encode (non-finite, beyond float16's range), naming the table and the
-            row's id.
+          ValueError: a row the mode cannot encode (non-finite, beyond float16's range), naming the table, the row
+            within the chunk and the chunk's first row.
         """
         if self.mode is None:
-            return tf.cast(values, self.dtype)
-        try:
-            return tf.constant(quantization.encode(values.numpy(), self.mode, self.table_name))
-        except ValueError as e:
-            raise ValueError(f"{e} (row numbers counted from row {first_row}, the chunk being exported)") from None
+            encoded = tf.cast(values, self.dtype)
+        else:
+            try:
+                encoded = tf.constant(quantization.encode(values.numpy(), self.mode, self.table_name))
+            except ValueError as e:
+                raise ValueError(f"{e} (row numbers counted from row {first_row}, the chunk being exported)") from None
+        return tf.bitcast(encoded, self.stored_dtype) if self.stored_dtype != self.dtype else encoded
+
+    def _gather(self, ids: Any) -> tf.Tensor:
+        rows = tf.gather(self.rows, ids)
+        return tf.bitcast(rows, self.dtype) if self.stored_dtype != self.dtype else rows
 
 
 def _slice_spec(num_rows: int, width: int, start: int, n: int) -> str:
