@@ -78,7 +78,9 @@ def test_fit_trains_a_tiered_table_bitwise_as_in_memory(tmp_path, optimizer, opt
     assert table.stats()["evictions"].numpy() > 0  # the table is 8x the cache: rows went to disk and came back
     _assert_state(table.read_all(), _state_of_memory(layer_m, memory))
     np.testing.assert_array_equal(model_t.get_layer("head").kernel.numpy(), model_m.get_layer("head").kernel.numpy())
-    np.testing.assert_array_equal(model_t.predict(x, batch_size=BATCH, verbose=0), model_m.predict(x, batch_size=BATCH, verbose=0))
+    np.testing.assert_array_equal(
+        model_t.predict(x, batch_size=BATCH, verbose=0), model_m.predict(x, batch_size=BATCH, verbose=0)
+    )
 
 
 def test_a_step_the_tiered_update_refuses_changes_no_table(tmp_path):
@@ -116,7 +118,9 @@ def test_save_and_load_model_keep_the_storage_and_the_rows(tmp_path):
     assert loaded_config.storage == te.Tiered(**{**tiered.storage.get_config(), "directory": str(moved)})
     assert os.path.exists(os.path.join(str(moved), "t.rows"))
     _assert_state(loaded_layer.tiered_tables[loaded_config].read_all(), saved)
-    np.testing.assert_array_equal(loaded.predict(x, batch_size=BATCH, verbose=0), model.predict(x, batch_size=BATCH, verbose=0))
+    np.testing.assert_array_equal(
+        loaded.predict(x, batch_size=BATCH, verbose=0), model.predict(x, batch_size=BATCH, verbose=0)
+    )
 
     # from_config alone (no weights): the storage survives the config round trip.
     config = layer.get_config()
