@@ -465,6 +465,12 @@ def run(opts: Options, log=print) -> dict:
             f"parity: {len(diffs)} checks, largest difference {max(diffs, default=0.0):.1e}"
             + (f"; not run: {', '.join(failed)}" if failed else "")
         )
+    # The thread-scaling children (W1 and W4, ~11 GB each) run first, while this process is still small: after
+    # the workloads and sweeps it holds ~13 GB, and both together outgrow a 24 GB machine.
+    if opts.wants("threads"):
+        result["runs"] += bench_threads(opts)
+        log("threads: done")
+
     for name, make in wls.WORKLOADS.items():
         if not opts.wants(name):
             continue
@@ -503,10 +509,6 @@ def run(opts: Options, log=print) -> dict:
                 log(f"sweep {axis} {wl.name}: {time.time() - t0:.0f} s")
                 del wl
                 gc.collect()
-
-    if opts.wants("threads"):
-        result["runs"] += bench_threads(opts)
-        log("threads: done")
 
     if opts.wants("dynamic"):
         from benchmarks import dynamic_benchmark
