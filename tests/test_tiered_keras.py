@@ -63,7 +63,11 @@ def _assert_state(tiered, memory):
     "optimizer, options",
     [
         (lambda: te.optimizers.Adagrad(0.1), {}),
-        (lambda: te.optimizers.Adam(0.05), {"storage_dtype": tf.bfloat16, "rounding": "stochastic"}),
+        pytest.param(
+            lambda: te.optimizers.Adam(0.05),
+            {"storage_dtype": tf.bfloat16, "rounding": "stochastic"},
+            marks=pytest.mark.slow,  # the fast tier keeps one optimizer
+        ),
     ],
     ids=["adagrad-fp32", "adam-bf16-stochastic"],
 )

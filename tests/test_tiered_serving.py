@@ -66,7 +66,12 @@ def _serve_here(export_dir):
 
 @pytest.mark.parametrize(
     "mode, options",
-    [(None, {}), ("int8", {}), ("float16", {}), (None, {"storage_dtype": tf.bfloat16})],
+    [
+        (None, {}),
+        ("int8", {}),
+        pytest.param("float16", {}, marks=pytest.mark.slow),  # the fast tier keeps one float and one integer mode
+        pytest.param(None, {"storage_dtype": tf.bfloat16}, marks=pytest.mark.slow),
+    ],
     ids=["fp32", "int8", "fp16", "bf16-table"],
 )
 def test_export_streams_the_rows_and_serves_what_the_in_memory_export_serves(tmp_path, mode, options):
