@@ -189,3 +189,26 @@ def test_a_checkpoint_of_the_model_streams_the_tiered_table(tmp_path):
     assert not np.array_equal(table.read_all()[0], saved[0])
     tf.train.Checkpoint(model=model).read(path).assert_existing_objects_matched()
     _assert_state(table.read_all(), saved)
+
+
+@pytest.mark.slow
+def test_fit_with_a_dynamic_table_beside_the_tiered_one_is_bitwise_as_in_memory(tmp_path):
+    """The layer's one update runs the dynamic group between the tiered checks and the tiered update."""
+    memory, tiered = table_pair(tmp_path, te.optimizers.Adagrad(0.1), V, DIM, CACHE_ROWS)
+    models = []
+    for table in (memory, tiered):
+        dynamic = te.DynamicTableConfig("d", DIM, optimizer=te.optimizers.Adagrad(0.1), seed=3)
+        models.append(_model(table, dynamic))
+    x, y = _data(keys=("f", "g"))
+    x["g"] = x["g"] * 1000 + 7  # arbitrary keys
+    for model, _ in models:
+        model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    (model_m, layer_m), (model_t, layer_t) = models
+    _assert_state(layer_t.tiered_tables[tiered].read_all(), _state_of_memory(layer_m, memory))
+    exported = [next(iter(layer.dynamic_tables.values())).export() for layer in (layer_m, layer_t)]
+    assert sorted(exported[0]) == sorted(exported[1])
+    for name in exported[0]:
+        np.testing.assert_array_equal(exported[0][name].numpy(), exported[1][name].numpy(), err_msg=name)
+    np.testing.assert_array_equal(
+        model_t.predict(x, batch_size=BATCH, verbose=0), model_m.predict(x, batch_size=BATCH, verbose=0)
+    )
