@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cc/lib/dynamic_lookup_memo.h"
 #include "cc/lib/dynamic_table.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/types.h"
@@ -64,6 +65,10 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   void ResetStepStats() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { step_stats_ = DynamicTableStepStats{}; }
   DynamicTableStepStats step_stats() const TF_SHARED_LOCKS_REQUIRED(mu_) { return step_stats_; }
 
+  // The latest training lookup's keys and rows, for the fused update of the same step (dynamic_lookup_memo.h).
+  const LookupMemo& lookup_memo() const TF_SHARED_LOCKS_REQUIRED(mu_) { return lookup_memo_; }
+  LookupMemo* mutable_lookup_memo() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return &lookup_memo_; }
+
  private:
   // Moves the per-step record to `step` when it names a later step than the one recorded.
   void AdvanceTo(int64_t step) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -77,6 +82,7 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   mutable tsl::mutex mu_;
   std::unique_ptr<DynamicTable> table_ TF_GUARDED_BY(mu_);
   DynamicTableStepStats step_stats_ TF_GUARDED_BY(mu_);
+  LookupMemo lookup_memo_ TF_GUARDED_BY(mu_);
 };
 
 // Locks tables in address order (each once), exclusively or shared, for the lifetime of the object.
