@@ -123,7 +123,7 @@ absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
   });
 }
 
-absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out) {
+absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out, bool read) {
   out->clear();
   if (misses.empty()) return absl::OkStatus();
   // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
@@ -177,7 +177,7 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
   victims.clear();
   // 3. Read the misses, one preadv per run of consecutive rows, straight into their slots.
   std::vector<char*> records;
-  s = ForEachRun(misses, [&](size_t begin, size_t end) {
+  s = !read ? absl::OkStatus() : ForEachRun(misses, [&](size_t begin, size_t end) {
     records.clear();
     for (size_t i = begin; i < end; ++i) records.push_back(Record((*out)[i]));
     const int64_t n = static_cast<int64_t>(end - begin);
@@ -210,7 +210,7 @@ absl::Status TieredRowCache::TooManyRows(int64_t needed, const std::string& what
                    RowBytes(layout()), " bytes per row), or smaller batches"));
 }
 
-absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) {
+absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, bool read) {
   *pin = TieredPin();
   const int64_t n = static_cast<int64_t>(rows.size());
   if (n > capacity_) return TooManyRows(n, absl::StrCat("table '", table(), "'"));
@@ -242,7 +242,7 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) 
     slots[i] = slot;
   }
   std::vector<int32_t> loaded;
-  if (const absl::Status s = Load(misses, &loaded); !s.ok()) {
+  if (const absl::Status s = Load(misses, &loaded, read); !s.ok()) {
     for (int32_t slot : slots) {
       if (slot != kEmpty && --pins_[slot] == 0) --pinned_slots_;
     }
@@ -253,8 +253,10 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) 
     pins_[loaded[k]] = 1;
     ++pinned_slots_;
   }
-  stats_.hits += n - static_cast<int64_t>(misses.size());
-  stats_.misses += static_cast<int64_t>(misses.size());
+  if (read) {
+    stats_.hits += n - static_cast<int64_t>(misses.size());
+    stats_.misses += static_cast<int64_t>(misses.size());
+  }
   pin->records.resize(n);
   for (int64_t i = 0; i < n; ++i) pin->records[i] = Record(slots[i]);
   pin->rows = std::move(rows);
@@ -307,6 +309,11 @@ absl::Status TieredRowCache::Flush() {
   }
   if (const absl::Status s = WriteBack(std::move(dirty)); !s.ok()) return s;
   return file_->Sync();
+}
+
+absl::Status TieredRowCache::Grow(int64_t num_rows) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return file_->Grow(num_rows);
 }
 
 absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {

@@ -102,6 +102,11 @@ class TieredRowFile {
   // Stamps each record's CRC, then writes records [first, first + n).  On an error some of them may be written.
   absl::Status WriteRecords(int64_t first, int64_t n, char* const* records);
   absl::Status Sync();
+  // Extends the file to `num_rows` records (a dynamic table's rows grow; fewer than now: nothing to do): the new
+  // space is reserved (fallocate) and the header rewritten.  A full disk fails here, before any record is written,
+  // and leaves the file as it was.  The new records read as never written.  Must not run concurrently with any other
+  // call on the file.
+  absl::Status Grow(int64_t num_rows);
 
   const TieredRowLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }
