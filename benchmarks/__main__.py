@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     result = suite.run(opts, log=lambda m: print(m, flush=True))
     result["meta"]["wall_s"] = time.time() - t0
     # The report is only as good as the machine was quiet: the load at the end says whether it stayed so.
-    result["meta"]["host"]["load_avg_at_end"] = os.getloadavg()
+    result["meta"].setdefault("host", {})["load_avg_at_end"] = os.getloadavg()
     written = report.write(result, out, with_report=not args.no_report)
     if os.path.realpath(out) == os.path.realpath(COMMITTED_OUT) and not args.no_report and not args.smoke:
         written.append(readme_speed.update_readme())

@@ -334,6 +334,14 @@ def markdown(result: dict, plots: list[str]) -> str:
         f"Each figure is the median over {meta['blocks']} alternating blocks (spread: interquartile range); "
         "speedup = peer ms / ours ms (bold when we are faster)."
     )
+    if meta.get("load_by_section"):
+        out.append("")
+        out.append(
+            "Load average (1 min) as each section started (the run's own process adds about 1; the threads "
+            "section's two-thread child about 2): "
+            + ", ".join(f"{name} {at} UTC {load:.2f}" for name, at, load in meta["load_by_section"])
+            + "."
+        )
     out.append("")
     fb = peers.get("fbgemm", {})
     state = "**available**" if fb.get("available") else "**absent**"

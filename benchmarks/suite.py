@@ -449,6 +449,13 @@ def run(opts: Options, log=print) -> dict:
         log(f"bandwidth probe unavailable: {meta['bandwidth_error']}")
 
     result = {"meta": meta, "peers": peers, "bandwidth": probe, "workloads": {}, "runs": []}
+    # The one-minute load average as each section starts (and at the end): whether the machine stayed quiet is
+    # read per section, since a shared machine can get busy half-way through a 40-minute run.
+    meta["load_by_section"] = []
+
+    def section(name: str) -> None:
+        meta["load_by_section"].append([name, time.strftime("%H:%M:%S", time.gmtime()), os.getloadavg()[0]])
+
     if ok:
         result["parity"] = parity(
             [make(smoke=True) for name, make in wls.WORKLOADS.items() if opts.wants(name)],
@@ -465,9 +472,17 @@ def run(opts: Options, log=print) -> dict:
             f"parity: {len(diffs)} checks, largest difference {max(diffs, default=0.0):.1e}"
             + (f"; not run: {', '.join(failed)}" if failed else "")
         )
+    # The thread-scaling children (W1 and W4, ~11 GB each) run first, while this process is still small: after
+    # the workloads and sweeps it holds ~13 GB, and both together outgrow a 24 GB machine.
+    if opts.wants("threads"):
+        section("threads")
+        result["runs"] += bench_threads(opts)
+        log("threads: done")
+
     for name, make in wls.WORKLOADS.items():
         if not opts.wants(name):
             continue
+        section(name)
         wl = make(smoke=opts.smoke)
         result["workloads"][name] = wl.summary()
         optimizers = list(CORE_OPTIMIZERS) + (list(EXTRA_OPTIMIZERS) if name == "W1" else [])
@@ -483,6 +498,7 @@ def run(opts: Options, log=print) -> dict:
         gc.collect()
 
     if opts.wants("sweeps"):
+        section("sweeps")
         for axis, points in wls.sweeps(opts.smoke).items():
             for wl in points:
                 t0 = time.time()
@@ -504,45 +520,49 @@ def run(opts: Options, log=print) -> dict:
                 del wl
                 gc.collect()
 
-    if opts.wants("threads"):
-        result["runs"] += bench_threads(opts)
-        log("threads: done")
-
     if opts.wants("dynamic"):
+        section("dynamic")
         from benchmarks import dynamic_benchmark
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
     if opts.wants("serving_delta"):
+        section("serving_delta")
         from benchmarks import serving_delta_benchmark
 
         result["serving_delta"] = serving_delta_benchmark.run(opts, log)
 
     if opts.wants("checkpoint"):
+        section("checkpoint")
         from benchmarks import checkpoint_benchmark
 
         result["checkpoint"] = checkpoint_benchmark.run(opts, log)
 
     if opts.wants("tiered"):
+        section("tiered")
         from benchmarks import tiered_benchmark
 
         result["tiered"] = tiered_benchmark.run(opts, log)
 
     if opts.wants("serving_quant"):
+        section("serving_quant")
         from benchmarks import serving_quant
 
         result["serving_quant"] = serving_quant.run(opts, log)
 
     if opts.wants("lifecycle"):
+        section("lifecycle")
         from benchmarks import lifecycle_benchmark
 
         result["lifecycle"] = lifecycle_benchmark.run(opts, log)
         log("lifecycle: done")
 
     if opts.wants("accumulator"):
+        section("accumulator")
         result["accumulator"] = bench_accumulator(opts)
         log("accumulator: done")
 
+    section("end")
     if probe is not None and not opts.smoke:
         # The bound is what the hardware can do: probe again at the end (another phase of a shared machine) and
         # cost every result at the best figures seen.

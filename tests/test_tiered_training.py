@@ -354,12 +354,8 @@ def test_tiered_option_checks():
 
 
 def test_front_ends_without_tiered_tables_refuse_them_naming_the_table(tmp_path):
-    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
-
     table = _tiered_config(tmp_path, name="big")
     features = {"f": _emb.FeatureConfig(table, output_shape=[2])}
-    with pytest.raises(ValueError, match=r"te\.keras\.TPUEmbedding.*'big'"):
-        te_keras.TPUEmbedding(features, te.optimizers.SGD(0.1))
     with pytest.raises(ValueError, match=r"TPUEmbeddingV2.*'big'"):
         te.TPUEmbeddingV2(features, te.optimizers.SGD(0.1))
     assert not os.path.exists(os.path.join(str(tmp_path), "big.rows"))

@@ -28,6 +28,16 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
 
+# A variable that has a shape and a dtype but no value yet: a tiered table's serving form in a SavedModel is such a
+# variable, so the serving function can be traced and saved without the (larger-than-memory) table in memory; its
+# rows are then written into the SavedModel's checkpoint chunk by chunk (tf_embed_ops/serving/streamed.py), and
+# the loader restores it as any variable. (TF 2.3 - 2.21; `tf.Variable` needs an initial value.)
+from tensorflow.python.ops.resource_variable_ops import UninitializedVariable
+
+# Rewrites a SavedModel's `fingerprint.pb` from its files: after its checkpoint was completed chunk by chunk, the
+# fingerprint's checkpoint hash must be the final index's. (TF 2.12 - 2.21.)
+from tensorflow.python.saved_model.fingerprinting_utils import write_fingerprint as write_saved_model_fingerprint
+
 # A registered checkpoint saver: a tiered table (tf_embed_ops/tiered/checkpoint.py) streams its rows into the
 # checkpoint chunk by chunk (one SaveV2 per chunk, merged by TensorFlow into the checkpoint) instead of handing
 # TensorFlow one tensor of the whole, larger-than-memory table; its restore function reads them back the same way.
@@ -56,6 +66,7 @@ __all__ = [
     "CheckpointInitialValueCallable",
     "OptimizerBase",
     "ShardedVariable",
+    "UninitializedVariable",
     "add_tracked_variable",
     "create_slots",
     "escape_local_name",
@@ -73,6 +84,7 @@ __all__ = [
     "trackable_base",
     "tpu_embedding_configuration_pb2",
     "track_child",
+    "write_saved_model_fingerprint",
     "yield_flat_paths",
 ]
 

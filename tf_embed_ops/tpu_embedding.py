@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops.dynamic import config as dynamic_config
@@ -103,6 +103,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     # The front end a subclass is, when it does not train tiered tables (its constructor then refuses them).
     _TIERED_UNSUPPORTED_BY: str | None = None
+    # The same for tiered dynamic tables (te.DynamicTableConfig with storage=te.Tiered).
+    _TIERED_DYNAMIC_UNSUPPORTED_BY: str | None = None
 
     def __init__(
         self,
@@ -131,7 +133,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         Raises:
           ValueError: if a feature is not a `FeatureConfig`, an optimizer is unsupported, two tables share a
             name, or a table uses a `CustomCombiner`; or a table is tiered and this front end does not train
-            tiered tables (the Keras layers, the sharded classes).
+            tiered tables (the sharded classes).
         """
         flat_features = features_lib.check_feature_configs(feature_config)
         self._feature_config = feature_config
@@ -182,9 +184,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             f.table for f in flat_features if dynamic_config.is_dynamic(f.table) and tiered_config.is_tiered(f.table)
         ]
         dynamic_tiered = sorted({t.name for t in tiered_dynamic_tables})
-        if dynamic_tiered and (self._TIERED_UNSUPPORTED_BY is not None or type(self) is not TPUEmbedding):
+        refused_by = self._TIERED_UNSUPPORTED_BY or self._TIERED_DYNAMIC_UNSUPPORTED_BY
+        if dynamic_tiered and refused_by is not None:
             raise ValueError(
-                f"{self._TIERED_UNSUPPORTED_BY or type(self).__name__} does not train tiered dynamic tables: "
+                f"{refused_by} does not train tiered dynamic tables: "
                 f"table(s) {', '.join(map(repr, dynamic_tiered))} are DynamicTableConfigs with storage=te.Tiered(...). "
                 "Train them with te.TPUEmbedding, or leave storage=None (in memory)."
             )
@@ -195,7 +198,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             names = ", ".join(repr(t.name) for t in group.table_configs)
             raise ValueError(
                 f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {names} have "
-                "storage=te.Tiered(...). Train them with te.TPUEmbedding, or leave storage=None (in memory)."
+                "storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
+                "storage=None (in memory)."
             )
         self._table_config = [t for t in self._table_config if not tiered_engine.is_static_tiered(t)]
         return group
@@ -329,7 +333,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     @property
     def embedding_tables(self) -> dict:
-        """A dict of embedding tables, `{TableConfig: tf.Variable}` (builds the object if needed)."""
+        """A dict of embedding tables, `{TableConfig: tf.Variable}` (builds the object if needed): the static
+        in-memory tables. Dynamic tables are in `dynamic_tables`, tiered ones in `tiered_tables` (they are not
+        variables)."""
         self._maybe_build()
         return {table: self._variables[table.name]["parameters"] for table in self._table_config}
 
@@ -521,20 +527,56 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         table_config.check_trainable(self._table_config)
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
-            learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
+            self._send_all(flat, pending.inputs)
 
-            def send_in_memory(gradients: list, inputs: list) -> None:
-                if self._dynamic is None:
-                    self.send_gradients(gradients, learning_rates, inputs)
-                else:
-                    dynamic_engine.split_send(
-                        self._dynamic, gradients, inputs, lambda g, i: self.send_gradients(g, learning_rates, i)
-                    )
+    def send_all(self, gradients: list, inputs: list) -> tf.Tensor:
+        """The fused updates of every table (static, dynamic, tiered) for one step: what `apply_gradients` runs.
 
-            if self._tiered is None:
-                send_in_memory(flat, pending.inputs)
+        The tiered update's checks run first, then the in-memory tables' updates, then the tiered one, so a step
+        any of them refuses changes no table. The Keras layer runs it in the backward pass of its lookup.
+
+        Args:
+          gradients: the activations' gradients in feature order, shaped as the lookup op returns them.
+          inputs: the normalised inputs of the step, feature order.
+
+        Returns:
+          A float32 scalar read after every update (each group's step counter or a table element): a data
+          dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
+        """
+        updates, tiered_step = self._send_all(gradients, inputs)
+        probes = [] if tiered_step is None else [tiered_step]
+        with tf.control_dependencies(updates):
+            # (A tf.function runs a variable's reads after the writes before them, so the dynamic step is read
+            # after the dynamic update advanced it.)
+            if self._dynamic is not None:
+                probes.append(self._dynamic.step.read_value())
+            tables, _ = self.tables_and_slots()
+            if tables:
+                probes.append(update_trigger.probe_after(updates, tables[0]))
+        return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
+
+    def _send_all(self, gradients: list, inputs: list) -> tuple[list, Any]:
+        """Runs the updates (see `send_all`); returns the static tables' update ops and the tiered tables' new step
+        (None without tiered tables)."""
+        table_config.check_trainable(self._table_config)
+        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
+        updates: list = []
+
+        def send_static(gradients: list, inputs: list) -> None:
+            update = self.send_gradients(gradients, learning_rates, inputs)
+            updates.extend(update if isinstance(update, (list, tuple)) else [update])  # a list from the sharded class
+
+        def send_in_memory(gradients: list, inputs: list) -> None:
+            if self._dynamic is None:
+                send_static(gradients, inputs)
             else:
-                tiered_engine.split_send(self._tiered, flat, pending.inputs, send_in_memory)
+                dynamic_engine.split_send(self._dynamic, gradients, inputs, send_static)
+
+        if self._tiered is None:
+            send_in_memory(gradients, inputs)
+            return [u for u in updates if u is not None], None
+        tiered_step = tiered_engine.split_send(self._tiered, gradients, inputs, send_in_memory)
+        return [u for u in updates if u is not None], tiered_step
 
     def prefetch(self, features: Any, weights: Any = None) -> list:
         """Makes the rows the tiered tables will need for `features` resident in their caches (not pinned).
@@ -559,6 +601,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             inputs, _ = self.normalize_inputs(features, weights)
             self._maybe_build()
             return self._tiered.prefetch([inputs[i] for i in self._tiered.positions])
+
+    def lookup_all(self, inputs: list, training: bool) -> list:
+        """Activations of every feature (normalised inputs, feature order; the op's shapes, before
+        `reshape_activations`): static, dynamic and tiered tables. With `training`, dynamic tables insert new keys."""
+        return self._lookup_all(inputs, training)
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
         """Activations of every feature: `lookup` for the static ones, the dynamic and tiered groups for theirs."""
@@ -611,8 +658,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             )
         )
 
-    def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> None:
-        """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable."""
+    def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> Any:
+        """Runs the fused backward/optimizer op (gradients in feature order, rates in tag order); overridable.
+        Returns the op (None eagerly, or from an override that runs several)."""
         tables, slots = self.tables_and_slots()
         update = embedding_ops.send_tpu_embedding_gradients(
             gradients,
@@ -626,6 +674,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             **self.rounding_arguments(),
         )
         self.advance_rounding_step([update])
+        return update
 
     def _rounding_step_variable(self) -> tf.Variable | None:
         step = getattr(self, "_rounding_step", None)

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _loader
 
-__all__ = ["Changes", "Cursor", "TableChanges", "Tracker", "find_engines"]
+__all__ = ["Changes", "Cursor", "TableChanges", "Tracker", "find_engines", "refuse_tiered"]
 
 
 def _ops():
@@ -120,6 +120,32 @@ def find_engines(obj: Any) -> list:
     if not found:
         raise ValueError(f"{type(obj).__name__}: holds no tf_embed_ops embedding (te.TPUEmbedding or its layers)")
     return found
+
+
+def refuse_tiered(objects: list, who: str) -> None:
+    """Raises a ValueError naming the tiered tables among `objects`, if any: their updated rows are not tracked
+    yet, so nothing that reads the tracker (incremental checkpoints, serving deltas) would see their changes.
+
+    Args:
+      objects: embedding engines (`te.TPUEmbedding` objects, as `find_engines` returns them) and/or any other
+        objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
+      who: the API refusing them, for the message.
+    """
+    from tf_embed_ops.tiered import table as tiered_table  # pylint: disable=import-outside-toplevel
+
+    names: list = []
+    for obj in objects:
+        group = getattr(obj, "tiered_group", None)
+        found = [t.name for t in group.table_configs] if group is not None else []
+        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) else []
+        names += [n for n in found if n not in names]
+    if names:
+        raise ValueError(
+            f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): the rows their "
+            "updates change are not tracked yet, so te.tracking.Tracker, te.checkpoint.IncrementalCheckpointManager "
+            "and te.serving.Publisher refuse them rather than miss their changes. Checkpoint them with "
+            "tf.train.Checkpoint (streamed from the tier) and export them with te.keras.export_for_serving."
+        )
 
 
 def _backing(var: Any) -> Any:
@@ -291,14 +317,17 @@ class Tracker:
       obj: what `find_engines` accepts; it must be built (its variables exist).
 
     Raises:
-      ValueError: `obj` holds no embedding engine, or two tables share a name.
+      ValueError: `obj` holds no embedding engine, two tables share a name, or a table is tiered (its updated rows
+        are not tracked yet).
     """
 
     def __init__(self, obj: Any):
         from tf_embed_ops import _tf_compat
 
         self._tables: dict = {}
-        for engine in find_engines(obj):
+        engines = find_engines(obj)
+        refuse_tiered(engines, "te.tracking.Tracker")
+        for engine in engines:
             engine._maybe_build()  # noqa: SLF001 - the engine's own lazy build
             for t in engine.table_configs:
                 names = _tf_compat.slot_names(t.optimizer) if t.optimizer is not None else []

@@ -107,7 +107,9 @@ class IncrementalCheckpointManager:
       embeddings: the embedding objects to track (default: every one reachable from `checkpoint`).
 
     Raises:
-      ValueError: `checkpoint` tracks no embedding object, or a bad `full_every` / `max_chains`.
+      ValueError: `checkpoint` tracks no embedding object, one with a tiered table (its updated rows are not
+        tracked yet: checkpoint it with `tf.train.Checkpoint`, which streams it), or a bad `full_every` /
+        `max_chains`.
 
     Example:
         >>> ckpt = tf.train.Checkpoint(model=model)
@@ -132,9 +134,11 @@ class IncrementalCheckpointManager:
         self._directory = os.fspath(directory)
         self._full_every = int(full_every or 0)
         self._max_chains = int(max_chains)
-        os.makedirs(self._directory, exist_ok=True)
         descendants = tf.train.TrackableView(checkpoint).descendants()
+        # Every tiered table the checkpoint reaches, tracked or not: a delta would silently lack its changes.
+        tracking.refuse_tiered(descendants, "te.checkpoint.IncrementalCheckpointManager")
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
+        os.makedirs(self._directory, exist_ok=True)
         self._tables = {}
         embedding_vars = set()
         for name in self._tracker.table_names:

@@ -10,7 +10,9 @@ checkpoint holds for it:
   not built yet); once built, also its dtype (restoring before `build` converts dtypes, docs/low_precision.md);
 - dynamic tables: everything their import checks (`dynamic.checkpoint_check.TableSpec.validate`);
 - tiered tables (once built): their streamed checkpoint's manifest, geometry and every chunk, or the in-memory
-  table's variables they would restore from (`tiered.checkpoint.check_restore`), without reading any row.
+  table's variables they would restore from (`tiered.checkpoint.check_restore`), without reading any row;
+- in-memory tables the checkpoint holds as tiered tables (streamed): checked the same way, then restored here,
+  after every check passed (`engine.tiered_restore`), since TensorFlow cannot restore them.
 
 Children the checkpoint has and this object lacks, or the reverse, are left to TensorFlow (`assert_consumed`).
 """
@@ -29,6 +31,7 @@ from tf_embed_ops import _tf_compat, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.engine import tiered_restore
 from tf_embed_ops.tiered import checkpoint as tiered_checkpoint
 from tf_embed_ops.tiered import table as tiered_table
 
@@ -159,10 +162,13 @@ def validate(embedding: Any, path: str) -> None:
             return
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     _check_not_truncated(path, shapes, dtypes)
+    from_tiered = []  # (checkpoint node, checked restore) of in-memory tables saved tiered
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
-        if isinstance(want, checkpoint_check.TableSpec):
+        if isinstance(want, _Variable) and child.registered_saver.name == tiered_checkpoint.SAVER_NAME:
+            from_tiered.append((child, _check_from_tiered(embedding, name, child, path, reader, position)))
+        elif isinstance(want, checkpoint_check.TableSpec):
             tensors = {k: _read(reader, path, key) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
         elif isinstance(want, tiered_table.TieredTable):
@@ -188,3 +194,20 @@ def validate(embedding: Any, path: str) -> None:
                     f"TPUEmbedding restore: the checkpoint's {name!r} is {got_dtype.name}, this object's variable "
                     f"is {want.dtype.name} (restore before the first build to convert); no table was changed"
                 )
+    # Every table checked: the in-memory tables saved tiered are written now, and TensorFlow is told their
+    # checkpoint objects hold nothing more (it would refuse an object of a registered saver it does not match).
+    for child, plan in from_tiered:
+        plan.write()
+        child.ClearField("registered_saver")
+
+
+def _check_from_tiered(embedding: Any, name: str, child: Any, path: str, reader: Any, position: Any) -> Any:
+    """Checks the streamed checkpoint of in-memory table `name` (saved tiered); returns its restore plan."""
+    if not embedding._built or position is None:  # noqa: SLF001 - the class that calls us
+        raise ValueError(
+            f"TPUEmbedding restore: the checkpoint at {path} holds table {name!r} as a tiered table (streamed); "
+            "restoring it into the in-memory table needs the embedding built first (call build()) and "
+            "tf.train.Checkpoint's restore or read; no table was changed"
+        )
+    target = tiered_restore.VariablesTarget(embedding, name)
+    return tiered_checkpoint.check_restore(target, child.registered_saver.object_name, path, reader)

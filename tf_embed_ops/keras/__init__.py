@@ -11,6 +11,7 @@ Example:
 from tf_embed_ops.keras.distributed_embedding import DistributedEmbedding
 from tf_embed_ops.keras.distributed_embedding_config import FeatureConfig, TableConfig
 from tf_embed_ops.keras.layer import TPUEmbedding
+from tf_embed_ops.keras.serialization import tiered_storage
 from tf_embed_ops.keras.serving import export_for_serving, plain_lookup, serving_mode
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "export_for_serving",
     "plain_lookup",
     "serving_mode",
+    "tiered_storage",
 ]

@@ -22,11 +22,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops import _xla, embedding_ops
+from tf_embed_ops import _xla, embedding_ops, update_trigger
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
-from tf_embed_ops.keras import optimizer_mapping, serialization, serving
+from tf_embed_ops.keras import optimizer_mapping, serialization, serving, tiered_weights
 
 __all__ = ["TPUEmbedding"]
 
@@ -38,7 +38,8 @@ class _KerasTableStore(mid_level.TPUEmbedding):
     as TensorFlow Recommenders' TPUEmbedding layer writes it).
     """
 
-    _TIERED_UNSUPPORTED_BY = "te.keras.TPUEmbedding"
+    # Tiered dynamic tables train in te.TPUEmbedding only (docs/tiered_tables.md, "Dynamic tables").
+    _TIERED_DYNAMIC_UNSUPPORTED_BY = "te.keras.TPUEmbedding"
 
     def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool, check_numerics: bool):
         super().__init__(feature_config, optimizer, pipeline, check_numerics=check_numerics)
@@ -175,6 +176,12 @@ class TPUEmbedding(keras.layers.Layer):
         return self._tpu_embedding.dynamic_tables
 
     @property
+    def tiered_tables(self) -> dict:
+        """`{TableConfig: te.tiered.TieredTable}` of the tables with `storage=te.Tiered` (docs/tiered_tables.md);
+        empty without any."""
+        return self._tpu_embedding.tiered_tables
+
+    @property
     def config_proto(self):
         """The `TPUEmbeddingConfiguration` the kernels run (no `input_shape`: Keras batches vary)."""
         return self._tpu_embedding.config_proto
@@ -193,7 +200,38 @@ class TPUEmbedding(keras.layers.Layer):
                 f"{sorted(t.name for t in self.dynamic_tables)} cannot be looked up under XLA (jit_compile=True): "
                 "their rows live in a hash table XLA cannot read. Call the layer outside jit_compile."
             )
+        tiered = store.tiered_group
+        if xla and tiered is not None:
+            raise ValueError(
+                f"Layer {self.name!r} ({type(self).__name__}): tiered tables "
+                f"{sorted(t.name for t in tiered.table_configs)} cannot be looked up under XLA (jit_compile=True): "
+                "their rows live in a cache XLA cannot read. Call the layer outside jit_compile."
+            )
         inputs, _ = store.normalize_inputs(features, weights)
+        if tiered is None:
+            acts = self._in_memory_acts(inputs, training, features)
+        elif serving.in_serving_mode():
+            acts = dynamic_engine.split_lookup(
+                serving.served_tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False)
+            )
+        elif training:
+            # One update for every table, as `te.TPUEmbedding.apply_gradients` runs it (the tiered update's checks
+            # first, so a step it refuses changes no table), hung on the trigger's gradient.
+            acts = update_trigger.hang_update_on_trigger(
+                tf.convert_to_tensor(self._update_trigger.value),
+                lambda: store.lookup_all(inputs, training=True),
+                lambda gradients: store.send_all(gradients, inputs),
+            )
+        else:
+            acts = store.lookup_all(inputs, training=False)
+        acts = store.reshape_activations(list(acts))
+        return tf.nest.pack_sequence_as(store.feature_config, acts)
+
+    def _in_memory_acts(self, inputs: list, training: bool | None, features: Any = None) -> list:
+        """Activations of the in-memory tables' features (static and dynamic; all features without tiered tables).
+
+        `features`: the layer's input nest when `inputs` are all the features (it tells dense inputs apart)."""
+        store = self._tpu_embedding
         group = store.dynamic_group
         if group is not None:
             # Dynamic tables (docs/dynamic_tables.md): each group through its own ops, in feature order.
@@ -207,15 +245,12 @@ class TPUEmbedding(keras.layers.Layer):
                 acts = dynamic_engine.split_lookup(group, inputs, False, lambda i: self._static_acts(i, False, None))
         else:
             acts = self._static_acts(inputs, training, None, features)
-        acts = store.reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store.feature_config, acts)
+        return list(acts)
 
     def _static_acts(self, inputs: list, training: bool | None, trigger: Any, features: Any = None) -> list:
         """Activations of the static features (all of them when there is no dynamic table)."""
         store = self._tpu_embedding
-        flat_features = tf.nest.flatten(store.feature_config)
-        if store.dynamic_group is not None:
-            flat_features = [flat_features[i] for i in store.dynamic_group.static_positions]
+        flat_features = store.static_features
         xla = _xla.in_xla_context()
         if serving.in_serving_mode() or xla:
             # Plain TensorFlow ops: the serving composite, or under XLA the op's exact composite (tf_embed_ops._xla).
@@ -263,11 +298,13 @@ class TPUEmbedding(keras.layers.Layer):
 
     # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; dynamic tables are
     # resources, so their content (the checkpoint's tensors, sorted by key) is stored beside them under
-    # `dynamic.<table>.<tensor>` and read back before the variables.
+    # `dynamic.<table>.<tensor>` and read back before the variables. Tiered tables are stored chunk by chunk under
+    # `tiered.<table>.` (`tiered_weights`).
     _DYNAMIC_PREFIX = "dynamic."
 
     def save_own_variables(self, store: Any) -> None:
         super().save_own_variables(store)
+        tiered_weights.save(store, self.tiered_tables)
         for config, table in self.dynamic_tables.items():
             contents = dict(table.export())
             contents["step"] = table.step.read_value()
@@ -276,6 +313,7 @@ class TPUEmbedding(keras.layers.Layer):
                 store[f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}.{name}"] = value.numpy()
 
     def load_own_variables(self, store: Any) -> None:
+        tiered = tiered_weights.check(store, self.tiered_tables)  # every tiered entry checked before any write
         dynamic = {k: store[k] for k in store.keys() if str(k).startswith(self._DYNAMIC_PREFIX)}
         for config, table in self.dynamic_tables.items():
             prefix = f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}."
@@ -290,7 +328,10 @@ class TPUEmbedding(keras.layers.Layer):
             table.import_contents(contents)
             table.import_policy_state(contents)
             table.step.assign(tf.cast(step, tf.int64))
-        super().load_own_variables({k: store[k] for k in store.keys() if k not in dynamic})
+        tiered_weights.write(store, tiered)
+        super().load_own_variables(
+            {k: store[k] for k in store.keys() if k not in dynamic and not str(k).startswith(tiered_weights.PREFIX)}
+        )
 
     def get_config(self) -> dict:
         config = super().get_config()

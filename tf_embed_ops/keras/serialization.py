@@ -15,8 +15,10 @@ Example:
 from __future__ import annotations
 
 import base64
+import contextlib
 import inspect
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -38,6 +40,7 @@ __all__ = [
     "optimizer_from_dict",
     "optimizer_to_dict",
     "table_from_dict",
+    "tiered_storage",
     "table_options",
     "table_to_dict",
 ]
@@ -232,6 +235,53 @@ def _option_from_json(value: Any) -> Any:
     return value
 
 
+# The storage replacements of the active `tiered_storage` contexts, innermost last.
+_STORAGE_OVERRIDES: list = []
+
+
+@contextlib.contextmanager
+def tiered_storage(storage: Any) -> Iterator[None]:
+    """Inside this context, tiered tables rebuilt from a saved config (`keras.models.load_model`, `from_config`)
+    take another `te.Tiered` than the one saved, e.g. a new directory for the loaded copy's row files (the saved
+    `mode="create"` refuses the row file the saved model may still be using).
+
+    Args:
+      storage: a `te.Tiered` (every tiered table), `{table name: te.Tiered}` (the tables named; the others keep
+        theirs), or a callable `(table name, saved te.Tiered) -> te.Tiered`.
+
+    Raises:
+      ValueError: (when a table is rebuilt) the replacement is not a `te.Tiered`, naming the table.
+
+    Example:
+        >>> with te.keras.tiered_storage(lambda name, saved: te.Tiered(**{**saved.get_config(), "directory": d})):
+        ...     model = keras.models.load_model(path)
+    """
+    _STORAGE_OVERRIDES.append(storage)
+    try:
+        yield
+    finally:
+        _STORAGE_OVERRIDES.pop()
+
+
+def _loaded_storage(name: str, saved: Any) -> Any:
+    """The storage a rebuilt table takes: the saved one, or the innermost `tiered_storage` replacement."""
+    if not isinstance(saved, tiered_config.Tiered) or not _STORAGE_OVERRIDES:
+        return saved
+    override = _STORAGE_OVERRIDES[-1]
+    if isinstance(override, dict):
+        storage = override.get(name, saved)
+    elif callable(override) and not isinstance(override, tiered_config.Tiered):
+        storage = override(name, saved)
+    else:
+        storage = override
+    if not isinstance(storage, tiered_config.Tiered):
+        raise ValueError(
+            f"te.keras.tiered_storage: table {name!r} was saved tiered; its replacement storage must be a te.Tiered, "
+            f"got {storage!r}"
+        )
+    return storage
+
+
 def _table_class_name(table: Any) -> str:
     for name, cls in _TABLE_CLASSES.items():
         if type(table) is cls:
@@ -275,6 +325,8 @@ def table_from_dict(t: dict) -> Any:
     if class_name not in _TABLE_CLASSES:
         raise ValueError(f"Table {t.get('name')!r}: unknown table class {class_name!r} in a saved config.")
     options = {k: _option_from_json(v) for k, v in (t.get("options") or {}).items()}
+    if "storage" in options:
+        options["storage"] = _loaded_storage(t["name"], options["storage"])
     initializer = _initializer_from_dict(t["initializer"])
     optimizer = optimizer_from_dict(t["optimizer"])
     if class_name == "tf_embed_ops.DynamicTableConfig":

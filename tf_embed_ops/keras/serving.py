@@ -172,6 +172,42 @@ def _frozen(table: Any) -> Any:
     return entry[1]
 
 
+class ServedTieredGroup:
+    """Stands in for a layer's `TieredGroup` while serving: the same features, looked up with plain TensorFlow in
+    the tables' serving forms (`tf_embed_ops.serving.streamed.StreamedTable`, which `export_for_serving` makes)."""
+
+    def __init__(self, group: Any):
+        self._group = group
+        self.positions = group.positions
+        self.static_positions = group.static_positions
+
+    def lookup(self, inputs: list, training: bool = False) -> list:
+        del training
+        tables = self._group.tables
+        out = []
+        for feature, inp in zip(self._group.features, inputs, strict=True):
+            table = tables[feature.table]
+            if _served_form(table) is table:
+                raise ValueError(
+                    f"Tiered table {feature.table.name!r}: its rows live in a row file a serving graph cannot read; "
+                    "export the model with te.keras.export_for_serving, which writes the rows into the SavedModel "
+                    "chunk by chunk (te.serving.Publisher does not publish tiered tables yet)"
+                )
+            dense = inp.sample_indices_or_row_splits.shape.as_list() == [0]
+            table_config = feature.table
+            out.append(
+                plain_lookup(
+                    inp, dense, table, table_config.dim, table_config.combiner, table_config.quantization_config
+                )
+            )
+        return out
+
+
+def served_tiered_group(group: Any) -> ServedTieredGroup:
+    """The serving stand-in of a `TieredGroup` (see `ServedTieredGroup`)."""
+    return ServedTieredGroup(group)
+
+
 class FrozenDynamicGroup:
     """Stands in for a layer's `DynamicGroup` while serving: the same features, looked up in frozen copies of
     the tables with plain TensorFlow (a StaticHashTable key -> row, then `plain_lookup` over the dense rows, whose
@@ -223,8 +259,9 @@ def _arg_name(path: str, used: set) -> str:
 
 
 def _embedding_tables(model: Any) -> dict:
-    """{table name: ("static", TableConfig, variable) | ("dynamic", DynamicTableConfig, table)} of every
-    `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included) inside `model`."""
+    """{table name: ("static", TableConfig, variable) | ("dynamic", DynamicTableConfig, table) | ("tiered",
+    TableConfig, TieredTable)} of every `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included)
+    inside `model`."""
     from tf_embed_ops.keras import layer as layer_lib  # pylint: disable=import-outside-toplevel  (imports us)
 
     if isinstance(model, layer_lib.TPUEmbedding):
@@ -239,6 +276,7 @@ def _embedding_tables(model: Any) -> dict:
     for layer in layers:
         found = [("static", c, v) for c, v in layer.embedding_tables.items()]
         found += [("dynamic", c, t) for c, t in layer.dynamic_tables.items()]
+        found += [("tiered", c, t) for c, t in layer.tiered_tables.items()]
         for kind, config, obj in found:
             if config.name in tables and tables[config.name][2] is not obj:
                 # Per-table options are given by name: two tables of one name could not be told apart.
@@ -289,6 +327,11 @@ def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
         modes = dict.fromkeys(tables, quantization)
     prunes = {} if prune is None else _per_table("prune", prune, tables)
     for name, criteria in prunes.items():
+        if tables[name][0] == "tiered":
+            raise ValueError(
+                f"prune: table {name!r} is tiered (storage=te.Tiered): pruning at export is not supported for tiered "
+                "tables yet (it ranks the whole table's rows); export it unpruned, quantized if it must be smaller"
+            )
         prune_lib.check_applicable(criteria, name, dynamic=tables[name][0] == "dynamic")
     plan = {}
     for name in tables:
@@ -357,6 +400,12 @@ def export_for_serving(
     lookup in the decoded table; `prune` drops rows at export (`te.serving.Prune`), and a dropped id reads zeros.
     The training tables are not changed.
 
+    A tiered table (`storage=te.Tiered`, which can be larger than memory) is never held whole in memory: its
+    servable variable is saved without a value, then its rows are read from the tier chunk by chunk
+    (`te.Tiered(chunk_bytes=...)`), encoded, and written as slices of that variable into the SavedModel's checkpoint
+    (`tf_embed_ops.serving.streamed`); the SavedModel stays a plain one. Quantization applies chunk by chunk (it is
+    row-wise); `prune` is refused for tiered tables.
+
     Args:
       model: a Keras model (or any callable Trackable) that uses `tf_embed_ops.keras.TPUEmbedding` layers.
       filepath: the SavedModel directory.
@@ -369,24 +418,33 @@ def export_for_serving(
       {signature argument name: component spec}, the signature's inputs.
 
     Raises:
-      ValueError: an unknown mode or table name, a `prune` criterion the table's kind does not track, rows a mode
-        cannot encode (non-finite, beyond float16's range), naming the table and the value; nothing is written.
+      ValueError: an unknown mode or table name, a `prune` criterion the table's kind does not track, `prune` of a
+        tiered table, rows a mode cannot encode (non-finite, beyond float16's range), naming the table and the
+        value; nothing is written (`filepath` is unchanged).
       RuntimeError: if a `TfEmbed>` op would end up in the serving graph.
     """
     from tf_embed_ops.serving import metadata as metadata_lib  # pylint: disable=import-outside-toplevel
+    from tf_embed_ops.serving import streamed as streamed_lib  # pylint: disable=import-outside-toplevel
     from tf_embed_ops.serving.tables import ServedTable, table_metadata  # pylint: disable=import-outside-toplevel
 
     tables = _embedding_tables(model)
     plan = _plan(tables, quantization, prune)
     # Static tables the export replaces by their serving form (encoded / pruned copies: the training variable is
     # only read). Every check above and every encoder error happens before anything is written.
-    served, metadata, dynamic = {}, {}, {}
+    served, metadata, dynamic, streamed = {}, {}, {}, []
     for name, (kind, _config, obj) in tables.items():
         mode, criteria = plan.get(name, (None, None))
         if kind == "ambiguous":  # no option names it (refused above): exported as trained, not in the metadata
             continue
         if kind == "dynamic":
             dynamic[name] = (mode, criteria)
+            continue
+        if kind == "tiered":
+            # Its serving form has no value yet: the rows are streamed into the SavedModel after it is saved.
+            table = streamed_lib.StreamedTable(obj, mode)
+            served[id(obj)] = (obj, table)
+            streamed.append((table, obj))
+            metadata[name] = table.metadata
             continue
         backing = getattr(obj, "value", obj)
         if name in plan:
@@ -407,12 +465,15 @@ def export_for_serving(
     # and the training-only state (optimizer slots, the replaced float32 tables) has no place in a servable.
     root = tf.Module()
     root.serving_variables = list(concrete.variables)
-    root.served_tables = [table for _, table in served.values()]
+    streamed_ids = {id(t) for t, _ in streamed}
+    root.served_tables = [table for _, table in served.values() if id(table) not in streamed_ids]
     root.dynamic_tables = frozen  # frozen dynamic tables: StaticHashTable + dense rows, plain TensorFlow state
+    setattr(root, streamed_lib.ROOT_ATTRIBUTE, [table for table, _ in streamed])  # tiered: rows streamed below
     _write_atomically(
         filepath,
         lambda tmp: (
             tf.saved_model.save(root, tmp, signatures={"serving_default": concrete}),
+            streamed_lib.write_rows(tmp, streamed),
             metadata_lib.write_export_metadata(tmp, metadata),
         ),
     )

@@ -84,6 +84,9 @@ def _embedding_layers(model: Any) -> list:
         )
     if not found:
         raise ValueError(f"model_or_layer: {type(model).__name__} holds no tf_embed_ops.keras.TPUEmbedding layer")
+    from tf_embed_ops import tracking  # pylint: disable=import-outside-toplevel
+
+    tracking.refuse_tiered(tracking.find_engines(found), "te.serving.Publisher")
     return found
 
 
@@ -102,7 +105,8 @@ class Publisher:
       min_free_slots: see `dynamic_headroom`.
 
     Raises:
-      ValueError: for a bad argument (named), or a model without embedding layers.
+      ValueError: for a bad argument (named), a model without embedding layers, or one with tiered tables (their
+        updated rows are not tracked yet: export them with `te.keras.export_for_serving`).
     """
 
     def __init__(

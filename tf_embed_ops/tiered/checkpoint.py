@@ -38,9 +38,12 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
 
-__all__ = ["FORMAT_VERSION", "check_restore", "register", "restore_tables", "save_tables"]
+__all__ = ["FORMAT_VERSION", "SAVER_NAME", "check_restore", "register", "restore_tables", "save_tables"]
 
 FORMAT_VERSION = 1
+# The registered saver's name, recorded in a checkpoint's object graph for every tiered table it holds.
+_PACKAGE, _NAME = "tf_embed_ops", "TieredTable"
+SAVER_NAME = f"{_PACKAGE}.{_NAME}"
 _VARIABLE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 _ROW_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
 
@@ -48,8 +51,8 @@ _ROW_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
 def register(table_class: type) -> None:
     """Registers the streaming saver for every instance of `table_class` (the `TieredTable` class)."""
     _tf_compat.register_checkpoint_saver(
-        package="tf_embed_ops",
-        name="TieredTable",
+        package=_PACKAGE,
+        name=_NAME,
         predicate=lambda obj: isinstance(obj, table_class),
         save_fn=save_tables,
         restore_fn=restore_tables,
@@ -149,7 +152,9 @@ def check_restore(table: Any, key: str, path: str, reader: Any) -> _Checked:
     """Checks `table`'s part of the checkpoint at `path` (read with `reader`), writing nothing.
 
     Args:
-      table: the `TieredTable`.
+      table: the `TieredTable`, or any object with its geometry (`table_name`, `num_rows`, `dim`, `slot_names`,
+        `slot_widths`), `write_rows(first_row, values, slots)` and `step.assign` (an in-memory table's variables,
+        `engine.tiered_restore`).
       key: its object name in a tiered checkpoint, or its `<table>` variable's key in an in-memory one.
       path: the checkpoint.
       reader: `tf.train.load_checkpoint(path)`.
@@ -161,7 +166,8 @@ def check_restore(table: Any, key: str, path: str, reader: Any) -> _Checked:
       ValueError: naming the table, the checkpoint and what does not match.
     """
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    where = f"TieredTable {table.table_name!r}: restore from {path}:"
+    label = getattr(table, "restore_label", None) or f"TieredTable {table.table_name!r}"
+    where = f"{label}: restore from {path}:"
     if key.endswith(_VARIABLE_SUFFIX):
         return _check_variable_format(table, key, path, reader, shapes, dtypes, where)
     return _check_tiered_format(table, key, path, reader, shapes, dtypes, where)

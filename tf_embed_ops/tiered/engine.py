@@ -193,9 +193,12 @@ class TieredGroup:
         )
 
 
-def split_send(group: TieredGroup, gradients: list, inputs: list, other_send: Callable[[list, list], None]) -> None:
+def split_send(
+    group: TieredGroup, gradients: list, inputs: list, other_send: Callable[[list, list], None]
+) -> tf.Tensor:
     """The fused updates of all features: the other features (in-memory tables) through
-    `other_send(gradients, inputs)`, then the tiered ones through `group`.
+    `other_send(gradients, inputs)`, then the tiered ones through `group`; returns the tiered tables' new step
+    (read after their update).
 
     The tiered op's own checks (ids, the cache's capacity, learning rates, with check_numerics the gradients) run
     first, writing nothing, so a step the tiered op would refuse changes no table of either kind; what the other
@@ -209,4 +212,4 @@ def split_send(group: TieredGroup, gradients: list, inputs: list, other_send: Ca
             gradients = [tf.identity(g) for g in gradients]
         other_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
         mine = [gradients[i] for i in group.positions], mine[1]
-    group.send_gradients(*mine, learning_rates)
+    return group.send_gradients(*mine, learning_rates)
