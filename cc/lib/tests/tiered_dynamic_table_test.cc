@@ -32,6 +32,7 @@
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
+#include "cc/lib/tests/tiered_test_util.h"
 #include "cc/lib/tiered_row_file.h"
 #include "cc/lib/tiered_row_storage.h"
 #include "gtest/gtest.h"
@@ -39,36 +40,9 @@
 namespace tf_embed_ops {
 namespace {
 
-// A fresh directory per test, removed with its files at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/tiered_dynamic_test.XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    for (const std::string& f : files_) unlink(f.c_str());
-    rmdir(path_.c_str());
-  }
-  std::string File(const std::string& name) {
-    files_.push_back(path_ + "/" + name);
-    return files_.back();
-  }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
-
-// [0, total) cut into `parts` ranges, each on its own thread (1: the calling thread only).
-ShardFn Threads(int parts) {
-  return [parts](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
-    std::vector<std::thread> threads;
-    for (int p = 1; p < parts; ++p) threads.emplace_back(fn, total * p / parts, total * (p + 1) / parts);
-    fn(0, total / parts);
-    for (std::thread& t : threads) t.join();
-  };
-}
+using tiered_test::EveryOptimizer;
+using tiered_test::TempDir;
+using tiered_test::Threads;
 
 DynamicTableOptions Options(const TableOptimization& o, StorageType storage, int64_t dim, int64_t max_rows) {
   DynamicTableOptions d;
@@ -295,29 +269,11 @@ void ExpectTrainsLikeInMemory(const TableOptimization& o, StorageType storage, c
   }
 }
 
-template <size_t... I>
-std::vector<OptimizerParams> DefaultOptimizers(std::index_sequence<I...>) {
-  return {OptimizerParams(std::in_place_index<I>)...};
-}
-
-// Every optimizer of the schema (default hyper-parameters), and the non-lazy variants.
-std::vector<OptimizerParams> EveryOptimizerOfTheSchema() {
-  std::vector<OptimizerParams> all =
-      DefaultOptimizers(std::make_index_sequence<std::variant_size_v<OptimizerParams>>{});
-  Adam non_lazy_adam;
-  non_lazy_adam.use_non_lazy_adam = true;
-  Lion non_lazy_lion;
-  non_lazy_lion.use_non_lazy_lion = true;
-  all.push_back(non_lazy_adam);
-  all.push_back(non_lazy_lion);
-  return all;
-}
-
 TEST(TieredDynamicTableTest, TrainsBitwiseLikeTheInMemoryTableForEveryOptimizer) {
   Lifecycle lru;
   lru.eviction.policy = EvictionPolicy::kLru;
   lru.eviction.target_rows = 20;  // rows are freed every step and reused by new keys
-  for (const OptimizerParams& p : EveryOptimizerOfTheSchema()) {
+  for (const OptimizerParams& p : EveryOptimizer()) {
     TableOptimization o;
     o.optimizer = p;
     o.gradient_clipping = {-1.5f, 1.5f};
