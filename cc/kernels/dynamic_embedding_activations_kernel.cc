@@ -135,6 +135,9 @@ class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
                                               : resource->table()->FindOrInsert(table_keys[t].data(), num_keys, step,
                                                                                 table_rows[t].data(), &stats));
         resource->RecordLookup(step, stats);
+        // The fused update of this step takes these rows instead of probing every key again.
+        resource->mutable_lookup_memo()->Remember(table_keys[t].data(), table_rows[t].data(), num_keys,
+                                                  resource->reader().mapping_version());
       } else {
         resource->reader().Find(table_keys[t].data(), num_keys, table_rows[t].data());
       }

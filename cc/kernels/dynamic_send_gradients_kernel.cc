@@ -2,9 +2,10 @@
 //   Validate: features, gradients (and their values with check_numerics), learning rates, the tables against
 //             the config (dimension, slot count, key dtypes), the step; string keys are fingerprinted.  Nothing
 //             is written before all of it passed.
-//   Plan:     under each table's exclusive lock (all tables, address order): keys -> rows with Find (never
-//             inserting: the rows are the ones this step's training lookup made), a RowGradientPlan over the
-//             rows (keys without a row, -1, contribute nothing).
+//   Plan:     under each table's exclusive lock (all tables, address order): keys -> rows, taken from the
+//             step's training lookup when its keys and the table's mapping are unchanged (LookupMemo), else
+//             with Find (never inserting: the rows are the ones this step's training lookup made); a
+//             RowGradientPlan over the rows (keys without a row, -1, contribute nothing).
 //   Check:    with check_numerics, a dry run of every table's update (writes nothing; see the static kernel).
 //   Update:   per table the one row walk (UpdateDynamicTable; a tiered table's over its cache), then the table's
 //             end-of-step eviction (not with validate_only, which stops after Check and holds the tables shared).
@@ -100,11 +101,17 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       const DynamicTable* table = &tables[t]->reader();
       std::vector<GradientSource>& sources = ws->sources[t];
       sources.clear();
+      std::vector<LookupMemo::Segment> segments;
       for (int f = 0; f < n; ++f) {
         if (config.features[f].table_id != t) continue;
-        table->Find(batches[f].ids, batches[f].num_ids, rows[f].data());
+        segments.push_back(LookupMemo::Segment{batches[f].ids, batches[f].num_ids, rows[f].data()});
         sources.push_back(
             GradientSource{rows[f].data(), batches[f].num_ids, &ws->layouts[f], ctx->input(f).flat<float>().data()});
+      }
+      // The step's training lookup found these keys' rows already: probe again only when the keys or the
+      // table's mapping differ from that lookup's.
+      if (!tables[t]->lookup_memo().Recall(segments, table->mapping_version())) {
+        for (const LookupMemo::Segment& s : segments) table->Find(s.keys, s.num_keys, s.rows);
       }
       ws->plans[t].Build(&sources);
       // A tiered table's lazy step pins its rows at once: refused here, before any table is updated, when they

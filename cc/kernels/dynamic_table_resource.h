@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cc/lib/dynamic_lookup_memo.h"
 #include "cc/lib/dynamic_table.h"
 #include "cc/lib/tiered_dynamic_table.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -75,6 +76,10 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   void ResetStepStats() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { step_stats_ = DynamicTableStepStats{}; }
   DynamicTableStepStats step_stats() const TF_SHARED_LOCKS_REQUIRED(mu_) { return step_stats_; }
 
+  // The latest training lookup's keys and rows, for the fused update of the same step (dynamic_lookup_memo.h).
+  const LookupMemo& lookup_memo() const TF_SHARED_LOCKS_REQUIRED(mu_) { return lookup_memo_; }
+  LookupMemo* mutable_lookup_memo() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return &lookup_memo_; }
+
  private:
   // Moves the per-step record to `step` when it names a later step than the one recorded.
   void AdvanceTo(int64_t step) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -90,6 +95,7 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   const std::unique_ptr<TieredDynamicTable> tiered_;  // a tiered table, or null
   DynamicTable* const table_ TF_PT_GUARDED_BY(mu_);   // the one of the two
   DynamicTableStepStats step_stats_ TF_GUARDED_BY(mu_);
+  LookupMemo lookup_memo_ TF_GUARDED_BY(mu_);
 };
 
 // Locks tables in address order (each once), exclusively or shared, for the lifetime of the object.

@@ -196,6 +196,7 @@ bool DynamicTable::Grow(int64_t extra) {
 }
 
 int64_t DynamicTable::AllocateRow() {
+  ++mapping_version_;
   if (free_head_ >= 0) {
     const int64_t row = free_head_;
     free_head_ = meta_.At(row)->key;
@@ -226,6 +227,7 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
 }
 
 void DynamicTable::RemoveRow(int64_t row) {
+  ++mapping_version_;
   index_.Erase(KeyOf(row), KeyOfFn());
   RowMeta* meta = meta_.At(row);
   meta->key = free_head_;
@@ -767,6 +769,7 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
   // Grow() sized the index for n rows (a rehash there re-inserted the old rows, which fit: the old index held
   // fewer than n); now the old content goes.
   index_.Clear();
+  ++mapping_version_;  // an import of no rows allocates none, but its keys lost their rows all the same
   size_ = high_water_ = 0;
   free_head_ = -1;
   pending_.swap(pending);

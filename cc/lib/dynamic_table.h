@@ -153,6 +153,9 @@ class DynamicTable {
   int64_t row_bound() const { return high_water_; }
   const DynamicTableCounters& counters() const { return counters_; }
   int64_t num_pending() const { return static_cast<int64_t>(pending_.size()); }
+  // Changes whenever a key gets or loses a row (insert, eviction, import): rows found at one version are still
+  // the keys' rows while it stays the same (dynamic_lookup_memo.h).
+  uint64_t mapping_version() const { return mapping_version_; }
 
   // rows[i] = the row of keys[i], or kNotAdmitted.  Changes nothing (serving lookups).
   void Find(const int64_t* keys, int64_t n, int64_t* rows) const;
@@ -289,6 +292,7 @@ class DynamicTable {
   EvictionLog log_;
   int64_t latest_step_ = -1;
   std::unique_ptr<TouchedRows> tracker_;  // null: tracking off
+  uint64_t mapping_version_ = 0;
 };
 
 }  // namespace tf_embed_ops
