@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ASan + UBSan job: builds the op library and the config module with both sanitizers into build/sanitize (the
-# normal build is untouched), then runs the op, config, accumulator, hardening and tiered-table test files and a short fuzz
-# pass against them, with the sanitizer runtimes preloaded into Python.  Any sanitizer report aborts the run.
+# normal build is untouched), then runs the op, config, accumulator, hardening and tiered-table (static and
+# dynamic) test files and a short fuzz pass against them, with the sanitizer runtimes preloaded into Python.  Any
+# sanitizer report aborts the run.
 #
 #   .ci/sanitize.sh [python]        # default: python3; SANITIZE_FUZZ_SECONDS (default 60) sets the fuzz pass
 set -euo pipefail
@@ -39,6 +40,7 @@ cd "$tree"
   tests/test_embedding_ops.py tests/test_embedding_ops_errors.py tests/test_tpu_embedding_errors.py \
   tests/test_config_load.py tests/test_config_validation.py \
   tests/test_sparse_accumulator.py tests/test_hardening_inputs.py tests/test_hardening_config.py \
-  tests/test_tiered_kernels.py tests/test_tiered_training.py tests/test_tiered_faults.py tests/test_tiered_checkpoint.py
+  tests/test_tiered_kernels.py tests/test_tiered_training.py tests/test_tiered_faults.py tests/test_tiered_checkpoint.py \
+  tests/test_tiered_dynamic.py
 "$python" -m tests.fuzz --seconds "${SANITIZE_FUZZ_SECONDS:-60}" --seed 0
 echo "sanitize: clean"

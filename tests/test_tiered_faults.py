@@ -7,14 +7,18 @@ the table: the row file is never the only copy of what a checkpoint promises.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import assert_same_state, embedding, record_bytes, step, tiered_state
+from tiered_support import (
+    assert_same_state,
+    embedding,
+    kill_child_after_checkpoint,
+    record_bytes,
+    step,
+    tiered_state,
+)
 
 import tf_embed_ops as te
 
@@ -93,33 +97,7 @@ def test_a_process_killed_mid_step_restores_and_continues_bitwise(tmp_path):
     """A child trains a bf16 tiered table, checkpoints, trains on and is SIGKILLed mid-step; a new process over the
     same directory restores the checkpoint and trains on: its table is bitwise the in-memory table trained on
     the same batches without interruption."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    child = os.path.join(here, "tiered_kill_child.py")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + here)
-    directory, checkpoint = str(tmp_path / "rows"), str(tmp_path / "ckpt" / "c")
-    proc = subprocess.Popen(
-        [sys.executable, child, "train", directory, checkpoint],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "saved"
-        # Let it run a few more steps (evicting and writing rows back), then kill it wherever it is.
-        try:
-            proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
-        assert proc.poll() is None, "the child stopped by itself"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = str(tmp_path / "resumed.npz")
-    subprocess.run([sys.executable, child, "resume", directory, checkpoint, out], env=env, check=True, timeout=300)
+    out = kill_child_after_checkpoint(tmp_path)
 
     import tiered_kill_child as reference  # pylint: disable=import-outside-toplevel
 

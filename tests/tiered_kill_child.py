@@ -1,10 +1,11 @@
 """Child process of test_tiered_faults' SIGKILL test.
 
-`train <directory> <checkpoint>`: trains a tiered table on STEPS_BEFORE batches, writes a checkpoint, prints
-"saved", then trains on forever (the parent kills it mid-step, possibly mid write-back of an evicted row).
-`resume <directory> <checkpoint> <out.npz>`: a new process over the same directory (the killed run's row file is
-replaced), restores the checkpoint, trains on STEPS_AFTER batches and saves the table's rows and slots.
-Batch i is a function of i only, so the parent can train the same table in memory on the same batches.
+`train <directory> <checkpoint> [dynamic]`: trains a tiered table on STEPS_BEFORE batches, writes a checkpoint,
+prints "saved", then trains on forever (the parent kills it mid-step, possibly mid write-back of an evicted row).
+`resume <directory> <checkpoint> <out.npz> [dynamic]`: a new process over the same directory (the killed run's row
+file is replaced), restores the checkpoint, trains on STEPS_AFTER batches and saves the table's rows and slots (a
+dynamic table's whole export). Batch i is a function of i only, so the parent can train the same table in memory
+on the same batches. `dynamic`: a tiered dynamic table (test_tiered_dynamic), else a static one.
 """
 
 from __future__ import annotations
@@ -20,13 +21,25 @@ V, DIM, CACHE_ROWS, BATCH = 2000, 8, 64, 48
 STEPS_BEFORE, STEPS_AFTER = 3, 3
 
 
-def config(directory: str | None, mode: str = "create"):
-    """The table (tiered in `directory`, else in memory): bf16 rows, Adagrad, a cache of 64 of 2000 rows."""
+def config(directory: str | None, mode: str = "create", dynamic: bool = False):
+    """The table (tiered in `directory`, else in memory): bf16 rows, Adagrad, a cache of 64 of 2000 rows (a
+    dynamic table: of up to 2000 keys, LRU-evicted down to 1500)."""
     optimizer = te.optimizers.Adagrad(0.1, initial_accumulator_value=0.1)
     storage = None
     if directory is not None:
         record = 2 * DIM * 2 + 4  # bf16 row and accumulator, the CRC
         storage = te.Tiered(cache_bytes=CACHE_ROWS * (record + 34), directory=directory, mode=mode)
+    if dynamic:
+        return te.DynamicTableConfig(
+            "t",
+            DIM,
+            optimizer=optimizer,
+            initializer=tf.random_uniform_initializer(-0.5, 0.5, seed=3),
+            max_rows=V,
+            eviction=te.dynamic.LRU(1500),
+            storage_dtype=tf.bfloat16,
+            storage=storage,
+        )
     return te.TableConfig(
         V,
         DIM,
@@ -60,8 +73,9 @@ def embedding(table):
 
 def main(argv: list[str]) -> None:
     what, directory, checkpoint = argv[:3]
+    dynamic = argv[-1] == "dynamic"
     if what == "train":
-        emb = embedding(config(directory))
+        emb = embedding(config(directory, dynamic=dynamic))
         for i in range(STEPS_BEFORE):
             train_step(emb, i)
         tf.train.Checkpoint(embedding=emb).write(checkpoint)
@@ -70,11 +84,14 @@ def main(argv: list[str]) -> None:
         while True:
             train_step(emb, i)
             i += 1
-    table = config(directory, mode="overwrite")
+    table = config(directory, mode="overwrite", dynamic=dynamic)
     emb = embedding(table)
     tf.train.Checkpoint(embedding=emb).read(checkpoint).assert_consumed()
     for i in range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER):
         train_step(emb, i)
+    if dynamic:
+        np.savez(argv[3], **{k: v.numpy() for k, v in emb.dynamic_tables[table].export().items()})
+        return
     values, slots = emb.tiered_tables[table].read_all()
     np.savez(argv[3], values=values, **slots)
 

@@ -3,6 +3,11 @@ same initial rows, a training step, and the record size the cache budget is coun
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -94,3 +99,39 @@ def assert_same_state(a: tuple, b: tuple) -> None:
     assert sorted(a[1]) == sorted(b[1])
     for name in a[1]:
         np.testing.assert_array_equal(a[1][name], b[1][name], err_msg=name)
+
+
+def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
+    """Runs tiered_kill_child.py: `train` (with `extra` arguments) until it has saved its checkpoint and trained a
+    while longer, SIGKILLs it wherever it is, then `resume` in a new process over the same directory. Returns the
+    path of the resumed run's saved table (.npz)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = os.path.join(here, "tiered_kill_child.py")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + here)
+    directory, checkpoint = str(tmp_path / "rows"), str(tmp_path / "ckpt" / "c")
+    proc = subprocess.Popen(
+        [sys.executable, child, "train", directory, checkpoint, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        # Let it run a few more steps (evicting and writing rows back), then kill it wherever it is.
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        assert proc.poll() is None, "the child stopped by itself"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = str(tmp_path / "resumed.npz")
+    subprocess.run(
+        [sys.executable, child, "resume", directory, checkpoint, out, *extra], env=env, check=True, timeout=300
+    )
+    return out

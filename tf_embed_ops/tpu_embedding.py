@@ -84,8 +84,9 @@ def _current_graph():
 class TPUEmbedding(_tf_compat.AutoTrackable):
     """The `tf.tpu.experimental.embedding.TPUEmbedding` mid-level API, trainable on CPU.
 
-    Tables with `storage=te.Tiered(...)` (`te.TableConfig`) keep their rows on disk behind a DRAM row cache and
-    train with the same fused optimizers (docs/tiered_tables.md); `prefetch` makes the next batch's rows resident.
+    Tables with `storage=te.Tiered(...)` (`te.TableConfig`, and `te.DynamicTableConfig`, whose keys stay in memory)
+    keep their rows on disk behind a DRAM row cache and train with the same fused optimizers
+    (docs/tiered_tables.md); `prefetch` makes the next batch's rows of static tiered tables resident.
 
     Ports TPU code by changing an import: the inputs are TensorFlow's own `TableConfig`, `FeatureConfig` and
     optimizer objects (`SGD`, `Adagrad`, `AdagradMomentum`, `Adam`, `FTRL`). Differences from the TPU class:
@@ -102,6 +103,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     # The front end a subclass is, when it does not train tiered tables (its constructor then refuses them).
     _TIERED_UNSUPPORTED_BY: str | None = None
+    # The same for tiered dynamic tables (te.DynamicTableConfig with storage=te.Tiered).
+    _TIERED_DYNAMIC_UNSUPPORTED_BY: str | None = None
 
     def __init__(
         self,
@@ -175,6 +178,19 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def _split_tiered_tables(self, flat_features: list) -> Any:
         """Hands the features over tiered tables to a `tiered.engine.TieredGroup` (None when there is none); the
         rest of the machinery (static variables, the dynamic group) then sees only the other features, in order."""
+        # Tiered dynamic tables run in the dynamic group (their keys and metadata are a dynamic table's) and train
+        # in te.TPUEmbedding itself only.
+        tiered_dynamic_tables = [
+            f.table for f in flat_features if dynamic_config.is_dynamic(f.table) and tiered_config.is_tiered(f.table)
+        ]
+        dynamic_tiered = sorted({t.name for t in tiered_dynamic_tables})
+        refused_by = self._TIERED_UNSUPPORTED_BY or self._TIERED_DYNAMIC_UNSUPPORTED_BY
+        if dynamic_tiered and refused_by is not None:
+            raise ValueError(
+                f"{refused_by} does not train tiered dynamic tables: "
+                f"table(s) {', '.join(map(repr, dynamic_tiered))} are DynamicTableConfigs with storage=te.Tiered(...). "
+                "Train them with te.TPUEmbedding, or leave storage=None (in memory)."
+            )
         group = tiered_engine.TieredGroup.of(flat_features, self._check_numerics)
         if group is None:
             return None
@@ -185,7 +201,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                 "storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
                 "storage=None (in memory)."
             )
-        self._table_config = [t for t in self._table_config if not tiered_config.is_tiered(t)]
+        self._table_config = [t for t in self._table_config if not tiered_engine.is_static_tiered(t)]
         return group
 
     def _not_tiered(self, items: list) -> list:

@@ -3,8 +3,9 @@
 //             dtype against its table's; string keys are fingerprinted.
 //   Rows:     per table, the keys of all its features (feature order) -> rows: FindOrInsert for a training
 //             lookup (admission counted over the whole step, held exclusively), Find otherwise (shared).
-//   Combine:  the static forward pass (cc/lib/embedding_forward.h) with arena rows, a row of zeros for a key
-//             without a row, under the same lock (rows must not move or be evicted meanwhile).
+//   Combine:  the static forward pass (cc/lib/embedding_forward.h) with arena rows (a tiered table's: its
+//             records, pinned in its cache), a row of zeros for a key without a row, under the same lock (rows
+//             must not move or be evicted meanwhile).
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -17,11 +18,37 @@
 #include "cc/kernels/dynamic_table_resource.h"
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/embedding_forward.h"
+#include "cc/lib/tiered_dynamic_table.h"
+#include "cc/lib/tiered_row_storage.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tf_embed_ops {
 namespace {
+
+// The pinned rows of a step's tiered tables, released (clean: a lookup writes nothing) when the kernel returns.
+class TieredPins {
+ public:
+  explicit TieredPins(int num_tables) : pins_(num_tables), tables_(num_tables, nullptr) {}
+  ~TieredPins() {
+    for (size_t t = 0; t < pins_.size(); ++t) {
+      if (tables_[t] != nullptr) tables_[t]->cache().Release(&pins_[t], /*dirty=*/false);
+    }
+  }
+  TieredPins(const TieredPins&) = delete;
+  TieredPins& operator=(const TieredPins&) = delete;
+
+  absl::Status Pin(int t, TieredDynamicTable* table, const std::vector<int64_t>& rows) {
+    TF_RETURN_IF_ERROR(table->PinRows(rows.data(), static_cast<int64_t>(rows.size()), &pins_[t]));
+    tables_[t] = table;
+    return absl::OkStatus();
+  }
+  const TieredPin& pin(int t) const { return pins_[t]; }
+
+ private:
+  std::vector<TieredPin> pins_;
+  std::vector<TieredDynamicTable*> tables_;
+};
 
 class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
  public:
@@ -86,20 +113,42 @@ class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
     std::vector<DynamicTableResource*> resources;
     for (const DynamicTableRef& t : tables) resources.push_back(t.get());
     DynamicTableLocks locks(resources, /*exclusive=*/training_);
+    if (training_) {
+      // Tiered tables: every table's batch must fit its cache and its row file must have room for the new keys,
+      // checked (and the files grown) before any table inserts a key.
+      for (int t = 0; t < attrs_.num_tables; ++t) {
+        if (TieredDynamicTable* tiered = tables[t]->tiered(); tiered != nullptr) {
+          OP_REQUIRES_OK(ctx, tiered->Prepare(table_keys[t].data(), static_cast<int64_t>(table_keys[t].size())));
+        }
+      }
+    }
     for (int t = 0; t < attrs_.num_tables; ++t) {
       DynamicTableResource* resource = tables[t].get();
       const int64_t num_keys = static_cast<int64_t>(table_keys[t].size());
       if (training_) {
         BatchStats stats;
-        // Fails only when an allocation does; an earlier table's inserts then stay (they are whole rows).
-        OP_REQUIRES_OK(
-            ctx, resource->table()->FindOrInsert(table_keys[t].data(), num_keys, step, table_rows[t].data(), &stats));
+        // Fails only when an allocation (or a tiered table's write of its new rows) does; an earlier table's
+        // inserts then stay (they are whole rows).
+        TieredDynamicTable* tiered = resource->tiered();
+        OP_REQUIRES_OK(ctx, tiered != nullptr ? tiered->FindOrInsert(table_keys[t].data(), num_keys, step,
+                                                                     table_rows[t].data(), &stats)
+                                              : resource->table()->FindOrInsert(table_keys[t].data(), num_keys, step,
+                                                                                table_rows[t].data(), &stats));
         resource->RecordLookup(step, stats);
         // The fused update of this step takes these rows instead of probing every key again.
         resource->mutable_lookup_memo()->Remember(table_keys[t].data(), table_rows[t].data(), num_keys,
                                                   resource->reader().mapping_version());
       } else {
         resource->reader().Find(table_keys[t].data(), num_keys, table_rows[t].data());
+      }
+    }
+    // A tiered table's rows are read from its cache, pinned until the activations are computed.
+    TieredPins pins(attrs_.num_tables);
+    std::vector<std::unique_ptr<TieredRowStorage>> records(attrs_.num_tables);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
+      if (TieredDynamicTable* tiered = tables[t]->tiered(); tiered != nullptr) {
+        OP_REQUIRES_OK(ctx, pins.Pin(t, tiered, table_rows[t]));
+        records[t] = std::make_unique<TieredRowStorage>(tiered->layout(), pins.pin(t), /*window=*/false);
       }
     }
     const ShardFn shard = IntraOpShardFn(ctx);
@@ -116,23 +165,32 @@ class DynamicEmbeddingActivationsOp : public tensorflow::OpKernel {
       const int64_t ids_per_sample = layout.num_samples ? batches[f].num_ids / layout.num_samples + 1 : 1;
       float* dst = outputs[f]->flat<float>().data();
       const StorageType storage = table->buffer_type(0);
-      if (storage == StorageType::kFloat32) {
-        const auto row_of = [table, rows, zero_row](int64_t i) {
-          return rows[i] == DynamicTable::kNotAdmitted ? zero_row : table->Weights(rows[i]);
-        };
-        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
-          CombineSampleRows(layout, row_of, dim, quantizer.get(), begin, end, dst);
-        });
+      // The forward pass over weights_of(row), buffer 0 of a row: in the table's arena, or in a tiered table's
+      // pinned record (compiled once for each, so the in-memory loop has no tiered branch).
+      const auto combine = [&](const auto& weights_of) {
+        if (storage == StorageType::kFloat32) {
+          const auto row_of = [&weights_of, rows, zero_row](int64_t i) {
+            return rows[i] == DynamicTable::kNotAdmitted ? zero_row : static_cast<const float*>(weights_of(rows[i]));
+          };
+          shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+            CombineSampleRows(layout, row_of, dim, quantizer.get(), begin, end, dst);
+          });
+        } else {
+          // 16-bit rows are widened as they are read; all-zero bits are +0 in both 16-bit types.
+          const uint16_t* zero_bits = reinterpret_cast<const uint16_t*>(zero_row);
+          const auto row_of = [&weights_of, rows, zero_bits](int64_t i) {
+            return rows[i] == DynamicTable::kNotAdmitted ? zero_bits
+                                                         : static_cast<const uint16_t*>(weights_of(rows[i]));
+          };
+          shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
+            CombineSampleRows(layout, storage, row_of, dim, quantizer.get(), begin, end, dst);
+          });
+        }
+      };
+      if (const TieredRowStorage* records_of_t = records[t].get(); records_of_t != nullptr) {
+        combine([records_of_t](int64_t row) -> const void* { return records_of_t->Row(0, row); });
       } else {
-        // 16-bit rows are widened as they are read; all-zero bits are +0 in both 16-bit types.
-        const uint16_t* zero_bits = reinterpret_cast<const uint16_t*>(zero_row);
-        const auto row_of = [table, rows, zero_bits](int64_t i) {
-          return rows[i] == DynamicTable::kNotAdmitted ? zero_bits
-                                                       : static_cast<const uint16_t*>(table->BufferRow(0, rows[i]));
-        };
-        shard(layout.num_samples, ids_per_sample * dim * 3, [&](int64_t begin, int64_t end) {
-          CombineSampleRows(layout, storage, row_of, dim, quantizer.get(), begin, end, dst);
-        });
+        combine([table](int64_t row) -> const void* { return table->BufferRow(0, row); });
       }
     }
   }

@@ -7,8 +7,8 @@
 //             with Find (never inserting: the rows are the ones this step's training lookup made); a
 //             RowGradientPlan over the rows (keys without a row, -1, contribute nothing).
 //   Check:    with check_numerics, a dry run of every table's update (writes nothing; see the static kernel).
-//   Update:   per table the one row walk (UpdateDynamicTable), then the table's end-of-step eviction (not
-//             with validate_only, which stops after Check and holds the tables shared).
+//   Update:   per table the one row walk (UpdateDynamicTable; a tiered table's over its cache), then the table's
+//             end-of-step eviction (not with validate_only, which stops after Check and holds the tables shared).
 #define EIGEN_USE_THREADS
 
 #include <string>
@@ -20,6 +20,7 @@
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/lib/dynamic_table_update.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/tiered_dynamic_table.h"
 #include "cc/lib/touched_rows_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -113,6 +114,14 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
         for (const LookupMemo::Segment& s : segments) table->Find(s.keys, s.num_keys, s.rows);
       }
       ws->plans[t].Build(&sources);
+      // A tiered table's lazy step pins its rows at once: refused here, before any table is updated, when they
+      // do not fit its cache (a non-lazy step walks in windows that always fit).
+      if (const TieredDynamicTable* tiered = tables[t]->tiered();
+          tiered != nullptr && !UpdatesAllRows(config.tables[t].optimization) &&
+          ws->plans[t].num_rows() > tiered->cache().capacity()) {
+        OP_REQUIRES_OK(ctx, tiered->cache().TooManyRows(ws->plans[t].num_rows(),
+                                                        absl::StrCat("dynamic table '", tiered->name(), "'")));
+      }
     }
     // check_numerics: every table's update is computed once without writing before any is written (see
     // SendTPUEmbeddingGradients), so a step that would introduce a NaN or +-inf changes no table.
@@ -120,9 +129,17 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
       for (int t = 0; t < attrs_.num_tables; ++t) {
         const TableSpec& spec = config.tables[t];
         const DynamicTable* table = &tables[t]->reader();
-        const NonFiniteUpdate bad =
-            FindNonFiniteDynamicUpdate(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], *table,
-                                       shard, Rounding16(*table, step, t));
+        const float lr = TableLearningRate(spec, learning_rates);
+        NonFiniteUpdate bad;
+        if (TieredDynamicTable* tiered = tables[t]->tiered(); tiered != nullptr) {
+          absl::StatusOr<NonFiniteUpdate> found =
+              tiered->FindNonFinite(spec.optimization, lr, ws->plans[t], Rounding16(*table, step, t), shard);
+          OP_REQUIRES_OK(ctx, found.status());
+          bad = *found;
+        } else {
+          bad = FindNonFiniteDynamicUpdate(spec.optimization, lr, ws->plans[t], *table, shard,
+                                           Rounding16(*table, step, t));
+        }
         if (!bad.found) continue;
         std::vector<const int64_t*> ids;
         std::vector<int64_t> num_ids;
@@ -138,8 +155,13 @@ class DynamicSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     for (int t = 0; t < attrs_.num_tables; ++t) {
       DynamicTable* table = tables[t]->table();
       const TableSpec& spec = config.tables[t];
-      UpdateDynamicTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], table, shard,
-                         Rounding16(*table, step, t));
+      const float lr = TableLearningRate(spec, learning_rates);
+      if (TieredDynamicTable* tiered = tables[t]->tiered(); tiered != nullptr) {
+        // The same walk over the rows pinned in the cache; fails only on I/O (a lazy step then changed no row).
+        OP_REQUIRES_OK(ctx, tiered->Update(spec.optimization, lr, ws->plans[t], Rounding16(*table, step, t), shard));
+      } else {
+        UpdateDynamicTable(spec.optimization, lr, ws->plans[t], table, shard, Rounding16(*table, step, t));
+      }
       if (TouchedRows* touched = table->tracker(); touched != nullptr) {  // docs/tracking.md
         MarkUpdatedRows(ws->plans[t], UpdatesAllRows(spec.optimization), touched);
       }

@@ -2,7 +2,12 @@
 // lookup and update are dynamic_embedding_activations_kernel.cc and dynamic_send_gradients_kernel.cc.  Thin:
 // resolve the handle, validate the inputs, lock the table (shared to read, exclusive to change it), call
 // cc/lib/dynamic_table.h, which validates its own arguments before it changes anything.
+#include <errno.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -155,6 +160,15 @@ class DynamicTableHandleOp : public tf::OpKernel {
  public:
   explicit DynamicTableHandleOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ReadTableOptions(ctx, &options_, &key_dtype_, &option_list_));
+    // A tiered table (docs/tiered_tables.md): its rows in the row file tiered_path behind a DRAM cache.
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tiered_path", &tiered_.path));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tiered_cache_bytes", &tiered_.cache_bytes));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tiered_mode", &tiered_mode_));
+    if (!tiered_.path.empty()) {
+      option_list_.insert(option_list_.end(), {{"tiered_path", tiered_.path},
+                                               {"tiered_cache_bytes", absl::StrCat(tiered_.cache_bytes)},
+                                               {"tiered_mode", tiered_mode_}});
+    }
   }
 
   ~DynamicTableHandleOp() override {
@@ -173,6 +187,7 @@ class DynamicTableHandleOp : public tf::OpKernel {
     DynamicTableResource* table = nullptr;
     OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicTableResource>(
                             cinfo_.container(), cinfo_.name(), &table, [this](DynamicTableResource** out) {
+                              if (!tiered_.path.empty()) return CreateTiered(out);
                               absl::StatusOr<std::unique_ptr<DynamicTable>> created = DynamicTable::Create(options_);
                               if (!created.ok()) return created.status();
                               *out = new DynamicTableResource(*std::move(created), key_dtype_, option_list_);
@@ -187,7 +202,21 @@ class DynamicTableHandleOp : public tf::OpKernel {
   }
 
  private:
+  absl::Status CreateTiered(DynamicTableResource** out) const {
+    // "overwrite": a restarted job's file (of a killed process) goes; the job then restores its checkpoint.
+    if (tiered_mode_ == "overwrite" && ::unlink(tiered_.path.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(absl::StrCat("dynamic table '", options_.name, "': cannot remove row file '",
+                                              tiered_.path, "' (mode 'overwrite'): ", std::strerror(errno)));
+    }
+    absl::StatusOr<std::unique_ptr<TieredDynamicTable>> created = TieredDynamicTable::Create(options_, tiered_);
+    if (!created.ok()) return created.status();
+    *out = new DynamicTableResource(*std::move(created), key_dtype_, option_list_);
+    return absl::OkStatus();
+  }
+
   DynamicTableOptions options_;
+  TieredDynamicOptions tiered_;
+  std::string tiered_mode_;
   tf::DataType key_dtype_ = tf::DT_INT64;
   DynamicTableOptionList option_list_;
   tf::mutex mu_;
@@ -214,6 +243,39 @@ class DynamicTableFindOp : public tf::OpKernel {
   }
 };
 
+// A tiered table's weights of `rows` (zeros for a key without a row) as float32 [n, dim], read through its cache
+// in blocks that fit it.
+absl::Status ReadTieredWeights(TieredDynamicTable* tiered, const std::vector<int64_t>& rows, float* out) {
+  const TieredRowLayout& layout = tiered->layout();
+  const int64_t dim = layout.widths[0];
+  std::vector<int64_t> live;
+  std::vector<int64_t> at;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] == DynamicTable::kNotAdmitted) {
+      std::fill_n(out + i * dim, dim, 0.0f);
+    } else {
+      live.push_back(rows[i]);
+      at.push_back(static_cast<int64_t>(i));
+    }
+  }
+  std::vector<std::vector<float>> buffers(layout.num_buffers());
+  std::vector<float*> pointers(layout.num_buffers());
+  constexpr size_t kBlock = 4096;
+  for (size_t first = 0; first < live.size(); first += kBlock) {
+    const size_t end = std::min(live.size(), first + kBlock);
+    const std::vector<int64_t> block(live.begin() + first, live.begin() + end);
+    for (int64_t b = 0; b < layout.num_buffers(); ++b) {
+      buffers[b].resize(block.size() * layout.widths[b]);
+      pointers[b] = buffers[b].data();
+    }
+    TF_RETURN_IF_ERROR(tiered->ReadRows(block, pointers));
+    for (size_t i = first; i < end; ++i) {
+      std::copy_n(buffers[0].data() + (i - first) * dim, dim, out + at[i] * dim);
+    }
+  }
+  return absl::OkStatus();
+}
+
 class DynamicTableLookupOp : public tf::OpKernel {
  public:
   explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -233,6 +295,10 @@ class DynamicTableLookupOp : public tf::OpKernel {
     tsl::tf_shared_lock lock(*table->mu());
     const DynamicTable& t = table->reader();
     t.Find(keys, n, rows.data());
+    if (TieredDynamicTable* tiered = table->tiered(); tiered != nullptr) {
+      OP_REQUIRES_OK(ctx, ReadTieredWeights(tiered, rows, out));
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       if (rows[i] == DynamicTable::kNotAdmitted) {
         std::fill_n(out + i * dim, dim, 0.0f);
@@ -256,8 +322,8 @@ class DynamicTableStatsOp : public tf::OpKernel {
       const DynamicTable& t = table->reader();
       const DynamicTableCounters& c = t.counters();
       const DynamicTableStepStats last = table->step_stats();
-      values = {t.size(),       t.capacity(), t.MemoryBytes(), c.inserts,    c.below_admission, c.untracked,
-                c.refused_full, c.evictions,  last.inserts,    last.refused, last.evictions};
+      values = {t.size(),       t.capacity(), table->memory_bytes(), c.inserts,    c.below_admission, c.untracked,
+                c.refused_full, c.evictions,  last.inserts,          last.refused, last.evictions};
     }
     for (size_t i = 0; i < values.size(); ++i) {
       tf::Tensor* out = nullptr;
@@ -298,7 +364,13 @@ class DynamicTableExportOp : public tf::OpKernel {
     DynamicTableContents c;
     {
       tsl::tf_shared_lock lock(*table->mu());
-      c = table->reader().Export();
+      if (TieredDynamicTable* tiered = table->tiered(); tiered != nullptr) {
+        absl::StatusOr<DynamicTableContents> exported = tiered->Export();  // the rows read from the row file
+        OP_REQUIRES_OK(ctx, exported.status());
+        c = *std::move(exported);
+      } else {
+        c = table->reader().Export();
+      }
     }
     const int64_t n = static_cast<int64_t>(c.keys.size());
     const int64_t p = static_cast<int64_t>(c.pending_keys.size());
@@ -338,7 +410,8 @@ class DynamicTableImportOp : public tf::OpKernel {
     DynamicTableContents c;
     OP_REQUIRES_OK(ctx, ReadContents(ctx, *table, num_slots_, &c));
     tsl::mutex_lock lock(*table->mu());
-    OP_REQUIRES_OK(ctx, table->table()->Import(c));
+    TieredDynamicTable* tiered = table->tiered();
+    OP_REQUIRES_OK(ctx, tiered != nullptr ? tiered->Import(c) : table->table()->Import(c));
     table->ResetStepStats();
   }
 
@@ -448,6 +521,25 @@ class DynamicTableEvictKeysOp : public tf::OpKernel {
   }
 };
 
+// A tiered table's row-cache counters, in TieredCacheStats order (as TfEmbed>TieredTableStats).
+class DynamicTableTieredStatsOp : public tf::OpKernel {
+ public:
+  explicit DynamicTableTieredStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    DynamicTableRef table;
+    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+    const TieredDynamicTable* tiered = table->tiered();
+    OP_REQUIRES(ctx, tiered != nullptr,
+                absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
+                                                        "' is kept in memory (storage=None): it has no row cache")));
+    const std::array<int64_t, TieredCacheStats::kNumFields> stats = table->tiered()->cache().stats().AsArray();
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({TieredCacheStats::kNumFields}), &out));
+    std::copy(stats.begin(), stats.end(), out->flat<int64_t>().data());
+  }
+};
+
 #define REGISTER(name, kernel) REGISTER_KERNEL_BUILDER(Name("TfEmbed>" name).Device(tf::DEVICE_CPU), kernel)
 REGISTER("DynamicTableHandle", DynamicTableHandleOp);
 REGISTER("DynamicTableFind", DynamicTableFindOp);
@@ -457,6 +549,7 @@ REGISTER("DynamicTableExport", DynamicTableExportOp);
 REGISTER("DynamicTableImport", DynamicTableImportOp);
 REGISTER("DynamicTableEvict", DynamicTableEvictOp);
 REGISTER("DynamicTableEvictKeys", DynamicTableEvictKeysOp);
+REGISTER("DynamicTableTieredStats", DynamicTableTieredStatsOp);
 #undef REGISTER
 
 }  // namespace

@@ -83,7 +83,13 @@ class DynamicTableRowStatsOp : public tf::OpKernel {
     DynamicTableRowStats st;
     {
       tsl::tf_shared_lock lock(*table->mu());
-      st = table->reader().RowStats();
+      if (TieredDynamicTable* tiered = table->tiered(); tiered != nullptr) {
+        absl::StatusOr<DynamicTableRowStats> read = tiered->RowStats();  // norms from the row file, in blocks
+        OP_REQUIRES_OK(ctx, read.status());
+        st = *std::move(read);
+      } else {
+        st = table->reader().RowStats();
+      }
     }
     OP_REQUIRES_OK(ctx, OutputVector<int64_t>(ctx, 0, st.keys));
     OP_REQUIRES_OK(ctx, OutputVector<int64_t>(ctx, 1, st.counts));

@@ -23,7 +23,19 @@ DynamicTableResource::DynamicTableResource(std::unique_ptr<DynamicTable> table, 
       num_slots_(table->num_slots()),
       slot_widths_(SlotWidths(*table)),
       options_(std::move(options)),
-      table_(std::move(table)) {}
+      owned_(std::move(table)),
+      table_(owned_.get()) {}
+
+DynamicTableResource::DynamicTableResource(std::unique_ptr<TieredDynamicTable> tiered, tensorflow::DataType key_dtype,
+                                           DynamicTableOptionList options)
+    : name_(tiered->name()),
+      key_dtype_(key_dtype),
+      dim_(tiered->table().dim()),
+      num_slots_(tiered->table().num_slots()),
+      slot_widths_(SlotWidths(tiered->table())),
+      options_(std::move(options)),
+      tiered_(std::move(tiered)),
+      table_(&tiered_->table()) {}
 
 std::string DynamicTableResource::DebugString() const {
   tsl::tf_shared_lock lock(mu_);
@@ -33,7 +45,14 @@ std::string DynamicTableResource::DebugString() const {
 
 int64_t DynamicTableResource::MemoryUsed() const {
   tsl::tf_shared_lock lock(mu_);
-  return table_->MemoryBytes();
+  return memory_bytes();
+}
+
+int64_t DynamicTableResource::memory_bytes() const {
+  // A tiered table's DRAM: the keys and metadata, and the cache (its records and bookkeeping).
+  const int64_t cache =
+      tiered_ == nullptr ? 0 : tiered_->cache().capacity() * TieredRowCache::RowBytes(tiered_->layout());
+  return table_->MemoryBytes() + cache;
 }
 
 absl::Status DynamicTableResource::CheckSameOptions(const DynamicTableOptionList& requested) const {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "cc/lib/dynamic_lookup_memo.h"
 #include "cc/lib/dynamic_table.h"
+#include "cc/lib/tiered_dynamic_table.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/types.h"
 #include "tsl/platform/mutex.h"
@@ -41,6 +42,11 @@ class DynamicTableResource : public tensorflow::ResourceBase {
  public:
   DynamicTableResource(std::unique_ptr<DynamicTable> table, tensorflow::DataType key_dtype,
                        DynamicTableOptionList options);
+  // A tiered dynamic table (docs/tiered_tables.md): the keys and metadata in DRAM, the rows in a row file behind
+  // a DRAM cache.  table() / reader() are its DynamicTable (external rows); the ops that read or write row values
+  // go through tiered().
+  DynamicTableResource(std::unique_ptr<TieredDynamicTable> tiered, tensorflow::DataType key_dtype,
+                       DynamicTableOptionList options);
 
   std::string DebugString() const override;
   int64_t MemoryUsed() const override;
@@ -56,8 +62,13 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   absl::Status CheckSameOptions(const DynamicTableOptionList& requested) const;
 
   tsl::mutex* mu() const TF_LOCK_RETURNED(mu_) { return &mu_; }
-  DynamicTable* table() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_.get(); }
+  DynamicTable* table() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_; }
   const DynamicTable& reader() const TF_SHARED_LOCKS_REQUIRED(mu_) { return *table_; }
+  // The tiered table, or null for an in-memory one (never changes).  Its row reads (PinRows, ReadRows, Export,
+  // RowStats) may run under the shared lock (the cache has its own mutex); everything else needs mu() exclusively.
+  TieredDynamicTable* tiered() const { return tiered_.get(); }
+  // Bytes of DRAM the table holds (its rows or its cache, metadata, index, policies).
+  int64_t memory_bytes() const TF_SHARED_LOCKS_REQUIRED(mu_);
 
   // Observability (DynamicTableStats): the calls that change the table record what they did.
   void RecordLookup(int64_t step, const BatchStats& stats) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -80,7 +91,9 @@ class DynamicTableResource : public tensorflow::ResourceBase {
   const std::vector<int64_t> slot_widths_;
   const DynamicTableOptionList options_;
   mutable tsl::mutex mu_;
-  std::unique_ptr<DynamicTable> table_ TF_GUARDED_BY(mu_);
+  const std::unique_ptr<DynamicTable> owned_;         // an in-memory table, or null
+  const std::unique_ptr<TieredDynamicTable> tiered_;  // a tiered table, or null
+  DynamicTable* const table_ TF_PT_GUARDED_BY(mu_);   // the one of the two
   DynamicTableStepStats step_stats_ TF_GUARDED_BY(mu_);
   LookupMemo lookup_memo_ TF_GUARDED_BY(mu_);
 };

@@ -127,6 +127,12 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
     int64_t id = 0, since = 0;
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 1, "tracker_id", &id));
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "since", &since));
+    // A tiered table's rows are read through its cache by its own export (docs/tiered_tables.md); touched-row
+    // deltas of it are not built.
+    OP_REQUIRES(ctx, table->tiered() == nullptr,
+                absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
+                                                        "' is tiered (storage=te.Tiered): touched-row tracking and "
+                                                        "delta checkpoints of it are not supported")));
     TouchedRows::Changes changes;
     DynamicTableContents c;
     std::vector<int64_t> evicted;

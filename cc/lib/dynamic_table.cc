@@ -51,6 +51,12 @@ absl::Status ValidatePolicy(const std::string& name, int64_t max_rows, const Evi
   return Invalid(name, absl::StrCat(what, ": unknown eviction policy ", static_cast<int>(p.policy)));
 }
 
+// L2Norm reads every row's weights, which a table with external rows does not hold.
+absl::Status L2NormOfExternalRows(const std::string& name, const char* what) {
+  return Invalid(name, absl::StrCat(what, ": L2Norm eviction reads every row's weights, which this table keeps in ",
+                                    "a row file (a tiered table): use LRU, LFU, DecayedLFU, TTL or CountAndAge"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const DynamicTableOptions& o) {
@@ -138,6 +144,7 @@ absl::StatusOr<std::unique_ptr<DynamicTable>> DynamicTable::Create(const Dynamic
   int log2_rows = 0;
   while ((int64_t{1} << log2_rows) < o.rows_per_chunk) ++log2_rows;
   if (absl::Status s = ValidatePolicy(t, o.max_rows, o.eviction, "eviction"); !s.ok()) return s;
+  if (o.external_rows && o.eviction.policy == EvictionPolicy::kL2Norm) return L2NormOfExternalRows(t, "eviction");
   std::unique_ptr<DynamicTable> table(new DynamicTable(o, log2_rows));
   if (a.bloom_num_counters > 0 && !table->bloom_.Init(a.bloom_num_counters, a.bloom_num_hashes, a.bloom_counter_bits)) {
     return absl::ResourceExhaustedError(
@@ -173,11 +180,12 @@ bool DynamicTable::Grow(int64_t extra) {
   // New rows come from the free list first, then from [high_water_, ...).
   const int64_t num_free = high_water_ - size_;
   const int64_t rows = high_water_ + std::max<int64_t>(0, extra - num_free);
-  if (!weights_.Reserve(rows) || !meta_.Reserve(rows)) {
-    return false;
-  }
-  for (StoredRowArena& s : slots_) {
-    if (!s.Reserve(rows)) return false;
+  if (!meta_.Reserve(rows)) return false;
+  if (!options_.external_rows) {
+    if (!weights_.Reserve(rows)) return false;
+    for (StoredRowArena& s : slots_) {
+      if (!s.Reserve(rows)) return false;
+    }
   }
   if (decays() && !decay_.Reserve(rows)) return false;
   if (tracker_ != nullptr && !tracker_->Reserve(rows)) return false;
@@ -202,13 +210,17 @@ void DynamicTable::InitRow(int64_t row, int64_t key, int64_t count, int64_t step
   meta->key = key;
   meta->count = static_cast<uint32_t>(std::min(count, kMaxCount));
   meta->last_step = step;
-  if (weights_.type() == StorageType::kFloat32) {
+  if (options_.external_rows) {
+    // The caller writes the row (FindOrInsert reports it).
+  } else if (weights_.type() == StorageType::kFloat32) {
     options_.initializer.FillRow(key, Weights(row), options_.dim);
   } else {  // initialised in float32, then rounded to nearest (as a 16-bit static table's variable)
     options_.initializer.FillRow(key, init_scratch_.data(), options_.dim);
     weights_.Write(row, init_scratch_.data());
   }
-  for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Fill(row, options_.slot_initial_values[s]);
+  if (!options_.external_rows) {
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Fill(row, options_.slot_initial_values[s]);
+  }
   if (decays()) *decay_.At(row) = Decay{0.0f, 0};  // the first round adds the whole count
   index_.Insert(key, row);
   ++size_;
@@ -235,8 +247,8 @@ void DynamicTable::Find(const int64_t* keys, int64_t n, int64_t* rows) const {
   index_.FindBatch(keys, n, KeyOfFn(), prefetch_meta, rows);
 }
 
-absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows,
-                                        BatchStats* stats) {
+absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats,
+                                        std::vector<int64_t>* inserted) {
   if (n < 0) return Invalid(name(), absl::StrCat("FindOrInsert: negative batch size ", n));
   if (absl::Status s = ValidateStep(step, "FindOrInsert"); !s.ok()) return s;
   BatchStats local;
@@ -331,6 +343,7 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
   }
   try {
     pending_.reserve(pending_.size() + new_pending);
+    if (inserted != nullptr) inserted->reserve(inserted->size() + admitted);
   } catch (const std::bad_alloc&) {
     bloom_.Discard();
     return absl::ResourceExhaustedError(
@@ -345,6 +358,7 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
     if (m.decision == Decision::kAdmit) {
       m.row = AllocateRow();
       InitRow(m.row, m.key, m.count, step);
+      if (inserted != nullptr) inserted->push_back(m.row);
       if (counting) pending_.erase(m.key);
     } else if (m.decision == Decision::kPending) {
       Pending& p = pending_.try_emplace(m.key, Pending{0, step}).first->second;
@@ -400,6 +414,7 @@ int64_t DynamicTable::EvictRows(const std::vector<int64_t>& rows, int64_t step, 
 absl::StatusOr<int64_t> DynamicTable::Evict(const EvictionOptions& p, int64_t step) {
   if (absl::Status s = ValidateStep(step, "Evict"); !s.ok()) return s;
   if (absl::Status s = ValidatePolicy(name(), options_.max_rows, p, "Evict"); !s.ok()) return s;
+  if (p.policy == EvictionPolicy::kL2Norm && options_.external_rows) return L2NormOfExternalRows(name(), "Evict");
   if (p.policy == EvictionPolicy::kDecayedLfu && !decays()) {
     return Invalid(name(),
                    "Evict: DecayedLFU needs decayed counts, which a table keeps only when DecayedLFU is its "
@@ -536,7 +551,7 @@ DynamicTableRowStats DynamicTable::RowStats() const {
   st.keys.reserve(size_);
   st.counts.reserve(size_);
   st.last_steps.reserve(size_);
-  st.norms.reserve(size_);
+  if (!options_.external_rows) st.norms.reserve(size_);
   std::vector<float> widened;
   for (int64_t r = 0; r < high_water_; ++r) {
     const RowMeta* meta = meta_.At(r);
@@ -544,7 +559,7 @@ DynamicTableRowStats DynamicTable::RowStats() const {
     st.keys.push_back(meta->key);
     st.counts.push_back(meta->count);
     st.last_steps.push_back(meta->last_step);
-    st.norms.push_back(static_cast<float>(std::sqrt(RowSquaredNorm(r, &widened))));
+    if (!options_.external_rows) st.norms.push_back(static_cast<float>(std::sqrt(RowSquaredNorm(r, &widened))));
   }
   return st;
 }
@@ -616,16 +631,18 @@ DynamicTableContents DynamicTable::ExportRows(std::vector<int64_t> rows) const {
   c.keys.resize(n);
   c.counts.resize(n);
   c.last_steps.resize(n);
-  c.weights.resize(n * dim);
+  const bool rows_here = !options_.external_rows;
+  c.weights.resize(rows_here ? n * dim : 0);
   for (const StoredRowArena& s : slots_) {
     c.slot_widths.push_back(s.width());
-    c.slots.emplace_back(n * s.width());
+    c.slots.emplace_back(rows_here ? n * s.width() : 0);
   }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rows[i];
     c.keys[i] = KeyOf(r);
     c.counts[i] = CountOf(r);
     c.last_steps[i] = LastStepOf(r);
+    if (!rows_here) continue;
     weights_.Read(r, c.weights.data() + i * dim);  // 16-bit rows widen exactly
     for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Read(r, c.slots[s].data() + i * slot_width(s));
   }
@@ -646,7 +663,7 @@ bool DynamicTable::EnableTracking() {
   if (tracker_ != nullptr) return true;
   std::unique_ptr<TouchedRows> tracker;
   try {
-    tracker = std::make_unique<TouchedRows>(weights_.capacity());
+    tracker = std::make_unique<TouchedRows>(capacity());
   } catch (const std::bad_alloc&) {
     return false;
   }
@@ -684,12 +701,15 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
                ? absl::OkStatus()
                : Invalid(name(), absl::StrCat("Import: ", what, " has ", got, " values, expected ", want));
   };
-  for (absl::Status s : {check_size("weights", c.weights.size(), n * dim), check_size("counts", c.counts.size(), n),
-                         check_size("last_steps", c.last_steps.size(), n)}) {
+  // A table with external rows stores no row values (the caller writes them to its records): it takes them
+  // (checked, then left to the caller) or none.
+  const int64_t rows_n = options_.external_rows && c.weights.empty() ? 0 : n;
+  for (absl::Status s : {check_size("weights", c.weights.size(), rows_n * dim),
+                         check_size("counts", c.counts.size(), n), check_size("last_steps", c.last_steps.size(), n)}) {
     if (!s.ok()) return s;
   }
   for (size_t s = 0; s < c.slots.size(); ++s) {
-    if (absl::Status st = check_size("a slot", c.slots[s].size(), n * slot_width(s)); !st.ok()) return st;
+    if (absl::Status st = check_size("a slot", c.slots[s].size(), rows_n * slot_width(s)); !st.ok()) return st;
   }
   const int64_t np = static_cast<int64_t>(c.pending_keys.size());
   for (absl::Status s : {check_size("pending_counts", c.pending_counts.size(), np),
@@ -762,8 +782,10 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     meta->key = c.keys[i];
     meta->count = static_cast<uint32_t>(c.counts[i]);
     meta->last_step = c.last_steps[i];
-    weights_.Write(row, c.weights.data() + i * dim);  // 16-bit: rounded to nearest (exact for 16-bit values)
-    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Write(row, c.slots[s].data() + i * slot_width(s));
+    if (!options_.external_rows) {
+      weights_.Write(row, c.weights.data() + i * dim);  // 16-bit: rounded to nearest (exact for 16-bit values)
+      for (size_t s = 0; s < slots_.size(); ++s) slots_[s].Write(row, c.slots[s].data() + i * slot_width(s));
+    }
     if (decays()) *decay_.At(row) = Decay{static_cast<float>(c.counts[i]), static_cast<uint32_t>(c.counts[i])};
     index_.Insert(c.keys[i], row);
     ++size_;

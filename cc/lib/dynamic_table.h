@@ -73,6 +73,12 @@ struct DynamicTableOptions {
   StorageType storage = StorageType::kFloat32;
   StorageType slot_storage = StorageType::kFloat32;
   Rounding rounding = Rounding::kStochastic;
+  // The rows live elsewhere (a tiered table's row file, tiered_dynamic_table.h): the table keeps keys, index,
+  // metadata and policies only, and its row indices address the caller's records.  The row arenas stay empty;
+  // FindOrInsert reports the rows it creates (the caller writes their initial values), ExportRows leaves weights and
+  // slots empty and Import ignores them (given or empty), and the calls that read row values (RowStats' norms, L2Norm
+  // eviction) are the caller's: RowStats leaves norms empty and an L2Norm policy is refused.
+  bool external_rows = false;
 };
 
 // Totals since creation (or the last Import).  Per-key counts are per call: a key seen three times in one
@@ -142,7 +148,9 @@ class DynamicTable {
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   int64_t slot_width(int64_t slot) const { return slots_[slot].width(); }  // values per row of that slot
   int64_t size() const { return size_; }
-  int64_t capacity() const { return weights_.capacity(); }  // rows allocated
+  int64_t capacity() const { return meta_.capacity(); }  // rows allocated
+  // Rows [0, row_bound()) have been used: every row index the table gives out is below it (and below max_rows).
+  int64_t row_bound() const { return high_water_; }
   const DynamicTableCounters& counters() const { return counters_; }
   int64_t num_pending() const { return static_cast<int64_t>(pending_.size()); }
   // Changes whenever a key gets or loses a row (insert, eviction, import): rows found at one version are still
@@ -157,7 +165,9 @@ class DynamicTable {
   // stamps last_step = max(last_step, step).  Admission is decided per distinct key on its count after the
   // whole batch, so every occurrence of a key in a batch gets the same row; new keys are given rows in order of
   // first occurrence until max_rows is reached, the rest are refused.  `stats` may be null.
-  absl::Status FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats = nullptr);
+  // `inserted` (may be null): the rows this call created are appended, in the order they were created.
+  absl::Status FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats = nullptr,
+                            std::vector<int64_t>* inserted = nullptr);
 
   // Row accessors, for a row index FindOrInsert/Find returned (and not evicted since).  Weights() and Slot()
   // give float32 storage's rows (options().storage / slot_storage kFloat32); ReadRow works for any storage.

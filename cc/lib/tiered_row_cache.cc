@@ -172,7 +172,7 @@ void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
 }
 
 absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out,
-                                  std::unique_lock<std::mutex>* lock) {
+                                  std::unique_lock<std::mutex>* lock, bool read) {
   out->clear();
   if (misses.empty()) return absl::OkStatus();
   // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
@@ -218,7 +218,7 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
   // 3. Read the misses straight into their slots: one batch of runs of consecutive rows (TieredRowFile::ReadRuns).
   std::vector<char*> records(misses.size());
   for (size_t i = 0; i < misses.size(); ++i) records[i] = Record((*out)[i]);
-  s = ReadRunsOf(misses, records);
+  s = read ? ReadRunsOf(misses, records) : absl::OkStatus();  // read = false: see Acquire
   if (!s.ok()) {
     give_back();  // the victims are gone (they were clean or written): only residency changed
     return s;
@@ -317,7 +317,7 @@ absl::Status TieredRowCache::TooManyRows(int64_t needed, const std::string& what
                    RowBytes(layout()), " bytes per row), or smaller batches"));
 }
 
-absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) {
+absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, bool read) {
   *pin = TieredPin();
   const int64_t n = static_cast<int64_t>(rows.size());
   if (n > capacity_) return TooManyRows(n, absl::StrCat("table '", table(), "'"));
@@ -351,7 +351,7 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) 
     referenced_[slot] = 1;
   }
   std::vector<int32_t> loaded;
-  if (const absl::Status s = Load(misses, &loaded, &lock); !s.ok()) {
+  if (const absl::Status s = Load(misses, &loaded, &lock, read); !s.ok()) {
     for (int32_t slot : slots) {
       if (slot != kEmpty && --pins_[slot] == 0) --pinned_slots_;
     }
@@ -362,8 +362,10 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin) 
     pins_[loaded[k]] = 1;
     ++pinned_slots_;
   }
-  stats_.hits += n - static_cast<int64_t>(misses.size());
-  stats_.misses += static_cast<int64_t>(misses.size());
+  if (read) {
+    stats_.hits += n - static_cast<int64_t>(misses.size());
+    stats_.misses += static_cast<int64_t>(misses.size());
+  }
   pin->records.resize(n);
   for (int64_t i = 0; i < n; ++i) pin->records[i] = Record(slots[i]);
   pin->rows = std::move(rows);
@@ -417,6 +419,12 @@ absl::Status TieredRowCache::Flush() {
   }
   if (const absl::Status s = WriteBack(std::move(dirty)); !s.ok()) return s;
   return file_->Sync();
+}
+
+absl::Status TieredRowCache::Grow(int64_t num_rows) {
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitForWritebackLocked(&lock);  // TieredRowFile::Grow must not run beside the write-back thread's writes
+  return file_->Grow(num_rows);
 }
 
 absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {

@@ -103,7 +103,10 @@ class TieredRowCache {
   // Makes `rows` (ascending, distinct, in [0, num_rows)) resident and pinned (see the protocol above).  Errors:
   // InvalidArgument when they are more than the capacity (TooManyRows) or than what other pins leave free, or
   // not ascending/in range; the file's errors.  On an error nothing is pinned and `pin` is empty.
-  absl::Status Acquire(std::vector<int64_t> rows, TieredPin* pin);
+  // read = false: rows about to be written whole (a dynamic table's new rows) are made resident WITHOUT reading
+  // the file; the records of those that were not resident hold unspecified bytes, and the caller must write every
+  // pinned record whole before releasing them dirty.  Such a call counts neither hits nor misses.
+  absl::Status Acquire(std::vector<int64_t> rows, TieredPin* pin, bool read = true);
   // Unpins; `dirty`: the records were changed and must reach the file before they are dropped.  Empties `pin`.
   void Release(TieredPin* pin, bool dirty);
 
@@ -112,6 +115,9 @@ class TieredRowCache {
   absl::Status Prefetch(const std::vector<int64_t>& rows);
   // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
   absl::Status Flush();
+  // Makes the file hold at least `num_rows` records (TieredRowFile::Grow): a dynamic table's rows grow.  The
+  // caller serialises it with every call that names rows (Acquire checks rows against num_rows() first).
+  absl::Status Grow(int64_t num_rows);
 
   // Records [first, first + n) into out (n * record_bytes, contiguous), the resident ones from the cache (dirty
   // rows included), the others from the file; the cache is not filled.  CRC fields of the output are unspecified.
@@ -149,8 +155,10 @@ class TieredRowCache {
   absl::Status CheckRange(int64_t first, int64_t n) const;
   // Makes `misses` (ascending, not resident) resident (unpinned, referenced) in slots it returns in `out`; the
   // caller has checked that free plus evictable slots suffice (`lock` holds mu_; it is released only to wait for
-  // background writes).  On an error no miss is resident.
-  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out, std::unique_lock<std::mutex>* lock);
+  // background writes).  On an error no miss is resident.  read = false: the misses' records are not read (see
+  // Acquire).
+  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out, std::unique_lock<std::mutex>* lock,
+                    bool read = true);
   // Up to `count` CLOCK victims (unpinned, not being written back), each pinned for the moment so the hand skips
   // it; appended to `victims`.
   void TakeVictims(size_t count, std::vector<int32_t>* victims);

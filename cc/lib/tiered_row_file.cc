@@ -468,6 +468,33 @@ absl::Status TieredRowFile::DropCachedRecords(int64_t first, int64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status TieredRowFile::Grow(int64_t num_rows) {
+  if (num_rows <= layout_.num_rows) return absl::OkStatus();
+  TieredRowLayout grown = layout_;
+  grown.num_rows = num_rows;
+  RETURN_IF_ERROR_(grown.Validate(What()));
+  const int64_t old_size = kHeaderBytes + layout_.num_rows * record_bytes_;
+  const int64_t size = kHeaderBytes + num_rows * record_bytes_;
+  const std::string growing = absl::StrCat(What(), ": cannot grow it from ", layout_.num_rows, " to ", num_rows,
+                                           " rows (", size - old_size, " more bytes)");
+  if (::fallocate(fd_, 0, old_size, size - old_size) != 0) {
+    const int err = errno;
+    if (err != EOPNOTSUPP && err != ENOSYS) {
+      (void)::ftruncate(fd_, old_size);  // a partly reserved extension goes
+      return IoError(err, growing);
+    }
+    if (::ftruncate(fd_, size) != 0) return IoError(errno, growing);
+  }
+  std::vector<char> header = EncodeHeader(grown);
+  struct iovec iov = {header.data(), header.size()};
+  if (const absl::Status s = Transfer(/*write=*/true, &iov, 1, 0, -1, 0); !s.ok()) {
+    (void)::ftruncate(fd_, old_size);
+    return s;
+  }
+  layout_.num_rows = num_rows;
+  return absl::OkStatus();
+}
+
 absl::Status TieredRowFile::Sync() {
   while (io_.fsync(fd_) != 0) {
     if (errno == EINTR) continue;

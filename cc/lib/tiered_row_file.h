@@ -126,6 +126,11 @@ class TieredRowFile {
   // write-back about 4x dearer; records read again come back in page-size folios.  (The file is also opened
   // with POSIX_FADV_RANDOM: no readahead around a miss.)  An I/O error of the write is returned.
   absl::Status DropCachedRecords(int64_t first, int64_t n);
+  // Extends the file to `num_rows` records (a dynamic table's rows grow; fewer than now: nothing to do): the new
+  // space is reserved (fallocate) and the header rewritten.  A full disk fails here, before any record is written,
+  // and leaves the file as it was.  The new records read as never written.  Must not run concurrently with any other
+  // call on the file.
+  absl::Status Grow(int64_t num_rows);
 
   const TieredRowLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }

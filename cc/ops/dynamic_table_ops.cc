@@ -131,6 +131,11 @@ REGISTER_OP("TfEmbed>DynamicTableHandle")
     .Attr("storage_dtype: {'float32', 'bfloat16', 'float16'} = 'float32'")
     .Attr("slot_storage_dtype: {'float32', 'bfloat16', 'float16'} = 'float32'")
     .Attr("rounding: {'stochastic', 'nearest'} = 'stochastic'")
+    // A tiered table (docs/tiered_tables.md): the rows in the row file tiered_path ('' : in memory) behind a DRAM
+    // cache of tiered_cache_bytes; 'overwrite' removes an existing file first ('create' refuses it).
+    .Attr("tiered_path: string = ''")
+    .Attr("tiered_cache_bytes: int = 0")
+    .Attr("tiered_mode: {'create', 'overwrite'} = 'create'")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
@@ -178,6 +183,12 @@ slot_storage_dtype: the same for the optimizer slots.
 rounding: how a 16-bit row is rounded back after each update: stochastic (unbiased; the bits are a function of
   (seed, step, buffer, key, column), so independent of threads and of the row a key has) or nearest.  Initial
   values and imports are rounded to nearest.
+tiered_path: '' keeps the rows in memory.  Else the rows and their slots live in this row file (created; it is
+  removed when the table is destroyed: without the keys, which stay in memory, it means nothing) behind a DRAM
+  cache; the keys, the key index and every key's metadata stay in memory (docs/tiered_tables.md).  L2Norm
+  eviction (it reads every row) is refused for such a table.
+tiered_cache_bytes: the DRAM budget of that cache; a training lookup's distinct keys must fit in it.
+tiered_mode: create (an existing file is refused) or overwrite (an existing file is removed first).
 )doc");
 
 REGISTER_OP("TfEmbed>DynamicEmbeddingActivations")
@@ -313,6 +324,21 @@ inserts, below_admission, untracked, refused_full, evictions: totals since creat
   counted once per lookup call).
 last_step_inserts, last_step_refused, last_step_evictions: the same for the latest step number the table saw (a
   training lookup, a fused update's end-of-step eviction or an explicit eviction at that step).
+)doc");
+
+REGISTER_OP("TfEmbed>DynamicTableTieredStats")
+    .Input("table: resource")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(HandleInput(c));
+      c->set_output(0, c->Vector(10));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+A tiered dynamic table's row-cache counters, int64 [10] in the order of TfEmbed>TieredTableStats: hits, misses,
+rows_read, rows_written, bytes_read, bytes_written, evictions (totals), resident_rows, capacity_rows, pinned_rows
+(now).  InvalidArgument for a table kept in memory.
 )doc");
 
 REGISTER_OP("TfEmbed>DynamicTableExport")

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, low_precision
 from tf_embed_ops.config import slot_shapes
 from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
+from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = [
     "LFU",
@@ -622,8 +623,11 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
       storage_dtype, slot_storage_dtype, rounding: the rows' and the slots' storage dtype and how a 16-bit row
         is rounded back after the float32 optimizer step, with `te.TableConfig`'s choices and defaults
         (tf.float32; the table's; "stochastic"); docs/low_precision.md.
-      storage: None (the rows in memory). `te.Tiered` is not supported for dynamic tables yet: it is refused
-        (docs/tiered_tables.md).
+      storage: None (the rows in memory) or `te.Tiered(cache_bytes=..., directory=...)`: the rows and their
+        slots in a row file `<directory>/<name>.rows` behind a DRAM cache of `cache_bytes`, the keys and their
+        metadata in memory (docs/tiered_tables.md, "Dynamic tables"). Trained by `te.TPUEmbedding` only; its
+        `mode` is "create" or "overwrite" (a row file without its keys cannot be reopened), and L2Norm eviction
+        (which reads every row) is refused.
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.
@@ -657,11 +661,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         if not isinstance(name, str) or not name:
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
         owner = f"DynamicTableConfig {name!r}"
-        if storage is not None:
-            raise ValueError(
-                f"{owner}: storage={storage!r} is not supported: dynamic tables are not tiered yet (only "
-                "te.TableConfig takes storage=te.Tiered); leave storage=None to keep the table in memory."
-            )
+        tiered = _check_tiered(owner, storage, eviction)
         storage, slot_storage, rounding = low_precision.storage_options(
             owner, storage_dtype, slot_storage_dtype, rounding
         )
@@ -734,7 +734,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.storage_dtype = storage
         self.slot_storage_dtype = slot_storage
         self.rounding = rounding
-        self.storage = None
+        self.storage = tiered
 
     def __repr__(self) -> str:
         return (
@@ -744,8 +744,28 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
             f"admission={self.admission!r}, eviction={self.eviction!r}, seed={self.seed}, "
             f"eviction_log_capacity={self.eviction_log_capacity}, "
             f"storage_dtype={self.storage_dtype.name!r}, slot_storage_dtype={self.slot_storage_dtype.name!r}, "
-            f"rounding={self.rounding!r})"
+            f"rounding={self.rounding!r}, storage={self.storage!r})"
         )
+
+
+def _check_tiered(owner: str, storage: Any, eviction: Any) -> tiered_config.Tiered | None:
+    """`storage` checked for a dynamic table: None, or a `te.Tiered` whose mode a dynamic table can use, with no
+    eviction policy that reads every row."""
+    storage = tiered_config.check_storage(owner, storage)
+    if storage is None:
+        return None
+    if storage.mode == "open":
+        raise ValueError(
+            f"{owner}: storage=te.Tiered(mode='open') is not supported for a dynamic table: its keys live in memory, "
+            "so a row file alone cannot be reopened. Use mode='create' or 'overwrite' and restore a checkpoint."
+        )
+    if isinstance(eviction, L2Norm):
+        raise ValueError(
+            f"{owner}: eviction=L2Norm is not supported with storage=te.Tiered: it reads every row's weights at "
+            "every step boundary, and a tiered table keeps them on disk. Use LRU, LFU, DecayedLFU, TTL, "
+            "CountAndAge or Score."
+        )
+    return storage
 
 
 def is_dynamic(table: Any) -> bool:
@@ -779,6 +799,17 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         if low_precision.is_low_precision(config)
         else {}
     )
+    # A tiered table: attrs only when tiered, so an in-memory table's op is the one older versions wrote.
+    tiered = tiered_config.storage_of(config)
+    tiered_attrs = (
+        {
+            "tiered_path": tiered.path(config.name),
+            "tiered_cache_bytes": tiered.cache_bytes,
+            "tiered_mode": tiered.mode,
+        }
+        if tiered is not None
+        else {}
+    )
     return {
         "shared_name": shared_name,
         "table_name": config.name,
@@ -795,6 +826,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         **eviction,
         "eviction_log_capacity": getattr(config, "eviction_log_capacity", DEFAULT_EVICTION_LOG_CAPACITY),
         **storage,
+        **tiered_attrs,
     }
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "dynamic_table_import",
     "dynamic_table_lookup",
     "dynamic_table_stats",
+    "dynamic_table_tiered_stats",
     "string_keys_to_int64",
 ]
 
@@ -214,6 +215,9 @@ def dynamic_table_handle(
     storage_dtype="float32",
     slot_storage_dtype="float32",
     rounding: str = "stochastic",
+    tiered_path: str = "",
+    tiered_cache_bytes: int = 0,
+    tiered_mode: str = "create",
 ) -> tf.Tensor:
     """Creates (on first run) or looks up the dynamic table ``(container, shared_name)``; returns its handle.
 
@@ -249,6 +253,10 @@ def dynamic_table_handle(
       storage_dtype, slot_storage_dtype: the rows' and slots' element type: float32, bfloat16 or float16
         (dtypes or names).
       rounding: "stochastic" or "nearest": how a 16-bit row is rounded back after each update.
+      tiered_path: "" keeps the rows in memory; else the row file of a tiered table (docs/tiered_tables.md): the
+        rows and slots on disk behind a DRAM cache of ``tiered_cache_bytes``, the keys in memory.
+      tiered_cache_bytes: that cache's DRAM budget.
+      tiered_mode: "create" (an existing file is refused) or "overwrite" (it is removed first).
 
     Returns:
       A scalar resource tensor.
@@ -287,6 +295,16 @@ def dynamic_table_handle(
         raise ValueError(f"initializer: must be one of {INITIALIZERS}, got {initializer!r}")
     if eviction not in EVICTION_POLICIES:
         raise ValueError(f"eviction: must be one of {EVICTION_POLICIES}, got {eviction!r}")
+    # Tiered attrs only for a tiered table, so an in-memory table's node is the one older versions wrote.
+    tiered = (
+        {
+            "tiered_path": str(tiered_path),
+            "tiered_cache_bytes": checked_int(tiered_cache_bytes, "tiered_cache_bytes"),
+            "tiered_mode": tiered_mode,
+        }
+        if tiered_path
+        else {}
+    )
     return _ops().tf_embed_dynamic_table_handle(
         table_name=table_name,
         key_dtype=key_dtype,
@@ -302,6 +320,7 @@ def dynamic_table_handle(
         slot_storage_dtype=tf.as_dtype(slot_storage_dtype).name,
         rounding=rounding,
         **ints,
+        **tiered,
         container=container,
         shared_name=shared_name,
         name=name,
@@ -428,6 +447,17 @@ def dynamic_table_stats(table, name=None) -> DynamicTableStats:
       >>> int(dynamic_table_stats(h).size)
     """
     return DynamicTableStats(*_ops().tf_embed_dynamic_table_stats(table=_handle(table, "table"), name=name))
+
+
+def dynamic_table_tiered_stats(table, name=None) -> tf.Tensor:
+    """A tiered table's row-cache counters, int64 [10] in `te.tiered.ops.STATS_FIELDS` order (hits, misses,
+    rows_read, rows_written, bytes_read, bytes_written, evictions, resident_rows, capacity_rows, pinned_rows);
+    InvalidArgument for a table kept in memory.
+
+    Example:
+      >>> dynamic_table_tiered_stats(h)[0]  # hits
+    """
+    return _ops().tf_embed_dynamic_table_tiered_stats(table=_handle(table, "table"), name=name)
 
 
 def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableContents:

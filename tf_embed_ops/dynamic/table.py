@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,8 @@ from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.sharding import shard_of_keys
+from tf_embed_ops.tiered import config as tiered_config
+from tf_embed_ops.tiered import table as tiered_table
 
 __all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "policy_tensor_names", "restrict_to_shard"]
 
@@ -134,6 +137,15 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         self._config = config
         self._attrs = dict(config_lib.handle_attrs(config, optimizer))
         self._attrs.pop("shared_name", None)
+        # A tiered table (docs/tiered_tables.md): its row file's directory must exist before the handle op runs.
+        self._tiered = tiered_config.storage_of(config)
+        if self._tiered is not None and int(num_shards) != 1:
+            raise ValueError(
+                f"DynamicTable {config.name!r}: a tiered table (storage=te.Tiered) cannot be sharded "
+                f"(num_shards={num_shards}); train it unsharded with te.TPUEmbedding."
+            )
+        if self._tiered is not None:
+            os.makedirs(self._tiered.directory, exist_ok=True)
         self._num_shards = int(num_shards)
         self._shard_index = int(shard_index)
         base = name or config.name
@@ -149,6 +161,12 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             # the log).
             self._log_cursor = tf.Variable(
                 tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_log_cursor"
+            )
+            # A tiered table's cache counters at the previous write_summaries (its per-interval deltas).
+            self._cache_summarized = (
+                tiered_table.new_summarized_stats(f"{_var_name(base)}_cache_summarized")
+                if self._tiered is not None
+                else None
             )
 
     # ------------------------------------------------------------------------------------------ the resource
@@ -227,15 +245,41 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         out["refused"] = out["below_admission"] + out["untracked"]
         return out
 
-    def write_summaries(self, step: Any = None) -> None:
-        """Writes every `stats()` counter with `tf.summary.scalar` under `dynamic_tables/<table>/<counter>`.
+    def write_summaries(self, step: Any = None) -> Any:
+        """Writes every `stats()` counter with `tf.summary.scalar` under `dynamic_tables/<table>/<counter>`, and
+        for a tiered table its cache's statistics as a static tiered table writes them
+        (`tiered.TieredTable.write_summaries`, under `tiered_tables/<table>/`).
 
         Args:
           step: the summary step (default: the table's step counter).
+
+        Returns:
+          A tiered table's update of its remembered cache counters (eagerly, or without tiering: None).
         """
         step = self._step if step is None else step
         for key, value in self.stats().items():
             tf.summary.scalar(f"dynamic_tables/{self._table_name}/{key}", value, step=step)
+        if self._tiered is None:
+            return None
+        current = _ops.dynamic_table_tiered_stats(self.resource_handle)
+        return tiered_table.write_cache_summaries(self._table_name, current, self._cache_summarized, step)
+
+    @property
+    def tiered(self) -> tiered_config.Tiered | None:
+        """The table's `te.Tiered` storage, or None when its rows are in memory."""
+        return self._tiered
+
+    def cache_stats(self) -> dict[str, tf.Tensor]:
+        """A tiered table's row-cache counters, as `tiered.TieredTable.stats()` gives a static tiered table's
+        (`hits`, `misses`, `rows_read`, `rows_written`, `bytes_read`, `bytes_written`, `evictions`,
+        `resident_rows`, `capacity_rows`, `pinned_rows`, `hit_rate`).
+
+        Raises:
+          ValueError: for a table kept in memory.
+        """
+        if self._tiered is None:
+            raise ValueError(f"DynamicTable {self._table_name!r} is kept in memory (storage=None): no row cache.")
+        return tiered_table.cache_stats_dict(_ops.dynamic_table_tiered_stats(self.resource_handle))
 
     def lookup(self, ids: Any) -> tf.Tensor:
         """Serving lookup: each id's row, shape ids.shape + [dim]; zeros for ids without a row. Never inserts."""
@@ -410,6 +454,12 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if save_type == "savedmodel" and self._tiered is not None:
+            raise ValueError(
+                f"DynamicTable {self._table_name!r} is tiered (storage=te.Tiered): a SavedModel of it is not "
+                "supported (its rows live in a row file of this process). Export a model whose dynamic tables "
+                "are in memory (restore this table's checkpoint into one: the checkpoint format is the same)."
+            )
         children = dict(super()._trackable_children(save_type, **kwargs))
         if save_type == "savedmodel":
             # A SavedModel traces `_serialize_to_tensors` into a function and must know every resource it reads;

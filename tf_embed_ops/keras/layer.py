@@ -38,6 +38,9 @@ class _KerasTableStore(mid_level.TPUEmbedding):
     as TensorFlow Recommenders' TPUEmbedding layer writes it).
     """
 
+    # Tiered dynamic tables train in te.TPUEmbedding only (docs/tiered_tables.md, "Dynamic tables").
+    _TIERED_DYNAMIC_UNSUPPORTED_BY = "te.keras.TPUEmbedding"
+
     def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool, check_numerics: bool):
         super().__init__(feature_config, optimizer, pipeline, check_numerics=check_numerics)
         self._add_weight = add_weight

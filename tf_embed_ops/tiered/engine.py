@@ -24,7 +24,13 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
-__all__ = ["TieredGroup", "split_send"]
+__all__ = ["TieredGroup", "is_static_tiered", "split_send"]
+
+
+def is_static_tiered(table: Any) -> bool:
+    """Whether `table` is a static tiered table (this group's kind). A tiered dynamic table is the dynamic group's:
+    its keys and metadata are a dynamic table's, only its rows live in a row file (docs/tiered_tables.md)."""
+    return tiered_config.is_tiered(table) and not dynamic_config.is_dynamic(table)
 
 
 class TieredGroup:
@@ -40,8 +46,8 @@ class TieredGroup:
     """
 
     def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False):
-        self.positions = [i for i, f in enumerate(flat_features) if tiered_config.is_tiered(f.table)]
-        self.static_positions = [i for i, f in enumerate(flat_features) if not tiered_config.is_tiered(f.table)]
+        self.positions = [i for i, f in enumerate(flat_features) if is_static_tiered(f.table)]
+        self.static_positions = [i for i, f in enumerate(flat_features) if not is_static_tiered(f.table)]
         self.features = [flat_features[i] for i in self.positions]
         # Stochastic rounding is keyed by a table's index in the static configuration; a tiered table takes the
         # index it would have there in memory (among the embedding's non-dynamic tables), so it draws those bits.
@@ -59,7 +65,7 @@ class TieredGroup:
     @classmethod
     def of(cls, flat_features: Sequence[Any], check_numerics: bool = False) -> TieredGroup | None:
         """The group of `flat_features`' tiered features, or None when there is none."""
-        if not any(tiered_config.is_tiered(f.table) for f in flat_features):
+        if not any(is_static_tiered(f.table) for f in flat_features):
             return None
         return cls(flat_features, check_numerics)
 

@@ -101,9 +101,7 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
         with tf.init_scope():
             self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(name)}_step")
             # The counters at the previous `write_summaries` (per-step deltas); not checkpointed.
-            self._summarized = tf.Variable(
-                tf.zeros([len(tiered_ops.STAT_NAMES)], tf.int64), trainable=False, name=f"{_var_name(name)}_summarized"
-            )
+            self._summarized = new_summarized_stats(f"{_var_name(name)}_summarized")
             _ = self.resource_handle  # creates (or opens) the row file now, not inside a later tf.function
             if self._mode == "create":
                 self.initialize_rows()
@@ -335,16 +333,38 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
           The update of the remembered counters (eagerly: None).
         """
         step = self._step if step is None else step
-        stats = tiered_ops.tiered_table_stats(self.resource_handle)
-        current = tf.stack(list(stats))
-        delta = current - self._summarized.read_value()
-        prefix = f"tiered_tables/{self._table_name}"
-        for i, name in enumerate(tiered_ops.STAT_NAMES):
-            tf.summary.scalar(f"{prefix}/{name}", delta[i] if name in _CUMULATIVE else current[i], step=step)
-        hits, misses = tiered_ops.STAT_NAMES.index("hits"), tiered_ops.STAT_NAMES.index("misses")
-        tf.summary.scalar(f"{prefix}/hit_rate", _hit_rate(delta[hits], delta[misses]), step=step)
-        tf.summary.scalar(f"{prefix}/hit_rate_total", _hit_rate(current[hits], current[misses]), step=step)
-        return self._summarized.assign(current)
+        current = tf.stack(list(tiered_ops.tiered_table_stats(self.resource_handle)))
+        return write_cache_summaries(self._table_name, current, self._summarized, step)
+
+
+def new_summarized_stats(name: str) -> tf.Variable:
+    """The int64 [len(STAT_NAMES)] variable `write_cache_summaries` keeps a cache's previous counters in."""
+    return tf.Variable(tf.zeros([len(tiered_ops.STAT_NAMES)], tf.int64), trainable=False, name=name)
+
+
+def cache_stats_dict(current: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A cache's counters (int64 [len(STAT_NAMES)], `STAT_NAMES` order) by name, with `hit_rate`."""
+    out = {name: current[i] for i, name in enumerate(tiered_ops.STAT_NAMES)}
+    out["hit_rate"] = _hit_rate(out["hits"], out["misses"])
+    return out
+
+
+def write_cache_summaries(table_name: str, current: tf.Tensor, summarized: tf.Variable, step: Any) -> Any:
+    """Writes a row cache's statistics under `tiered_tables/<table_name>/` (static and dynamic tiered tables):
+    each total's change since the counters in `summarized`, the levels, the interval's and the total hit rate; then
+    remembers `current` (int64 [len(STAT_NAMES)]).
+
+    Returns:
+      The update of `summarized` (eagerly: None).
+    """
+    delta = current - summarized.read_value()
+    prefix = f"tiered_tables/{table_name}"
+    for i, name in enumerate(tiered_ops.STAT_NAMES):
+        tf.summary.scalar(f"{prefix}/{name}", delta[i] if name in _CUMULATIVE else current[i], step=step)
+    hits, misses = tiered_ops.STAT_NAMES.index("hits"), tiered_ops.STAT_NAMES.index("misses")
+    tf.summary.scalar(f"{prefix}/hit_rate", _hit_rate(delta[hits], delta[misses]), step=step)
+    tf.summary.scalar(f"{prefix}/hit_rate_total", _hit_rate(current[hits], current[misses]), step=step)
+    return summarized.assign(current)
 
 
 def _hit_rate(hits: tf.Tensor, misses: tf.Tensor) -> tf.Tensor:

@@ -28,6 +28,7 @@
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
 #include "cc/lib/table_update.h"
+#include "cc/lib/tests/tiered_test_util.h"
 #include "cc/lib/tiered_row_cache.h"
 #include "cc/lib/tiered_row_file.h"
 #include "cc/lib/tiered_row_storage.h"
@@ -36,28 +37,11 @@
 namespace tf_embed_ops {
 namespace {
 
+using tiered_test::EveryOptimizer;
+using tiered_test::TempDir;
+using tiered_test::Threads;
+
 // ---------------------------------------------------------------------------------------------- helpers
-
-// A fresh directory per test (removed with its files at the end).
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/tiered_table_test.XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    for (const std::string& f : files_) unlink(f.c_str());
-    rmdir(path_.c_str());
-  }
-  std::string File(const std::string& name) {
-    files_.push_back(path_ + "/" + name);
-    return files_.back();
-  }
-
- private:
-  std::string path_;
-  std::vector<std::string> files_;
-};
 
 TieredRowLayout Layout(int64_t num_rows, std::vector<StorageType> types, std::vector<int64_t> widths) {
   TieredRowLayout l;
@@ -153,15 +137,6 @@ std::vector<int64_t> Range(int64_t first, int64_t end) {
 
 bool SameStats(const TieredCacheStats& a, const TieredCacheStats& b) { return a.AsArray() == b.AsArray(); }
 
-// [0, total) cut into `parts` ranges, each on its own thread (1: the calling thread only).
-ShardFn Threads(int parts) {
-  return [parts](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
-    std::vector<std::thread> threads;
-    for (int p = 1; p < parts; ++p) threads.emplace_back(fn, total * p / parts, total * (p + 1) / parts);
-    fn(0, total / parts);
-    for (std::thread& t : threads) t.join();
-  };
-}
 ShardFn Serial() { return Threads(1); }
 
 // One feature with one id per sample: its ids, layout and gradient ([ids, dim]).
@@ -748,23 +723,6 @@ TEST(TieredRowCacheTest, ACorruptedRowInABatchNamesTheFirstBadRow) {
 }
 
 // ---------------------------------------------------------------------------------------------- the step
-
-template <size_t... I>
-std::vector<OptimizerParams> EveryOptimizer(std::index_sequence<I...>) {
-  return {OptimizerParams(std::in_place_index<I>)...};
-}
-
-// Every optimizer of the schema with its default hyper-parameters, plus the non-lazy variants.
-std::vector<OptimizerParams> EveryOptimizer() {
-  std::vector<OptimizerParams> all = EveryOptimizer(std::make_index_sequence<std::variant_size_v<OptimizerParams>>{});
-  Adam non_lazy_adam;
-  non_lazy_adam.use_non_lazy_adam = true;
-  Lion non_lazy_lion;
-  non_lazy_lion.use_non_lazy_lion = true;
-  all.push_back(non_lazy_adam);
-  all.push_back(non_lazy_lion);
-  return all;
-}
 
 // A dense in-memory table (the reference) and a tiered table with a cache of 1/8 of its rows start from the same
 // rows; each step the same plan goes through UpdateTable and UpdateTieredTable.  Every row and slot must stay

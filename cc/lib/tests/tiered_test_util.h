@@ -1,0 +1,74 @@
+// Helpers of the tiered-table tests (tiered_table_test.cc, tiered_dynamic_table_test.cc): a scratch directory,
+// a shard function over real threads, and every optimizer of the schema.
+#ifndef TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
+#define TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "cc/lib/optimizers/registry.h"
+#include "cc/lib/shard.h"
+
+namespace tf_embed_ops {
+namespace tiered_test {
+
+// A fresh directory per test (removed with its files at the end).
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = "/tmp/tiered_table_test.XXXXXX";
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    for (const std::string& f : files_) unlink(f.c_str());
+    rmdir(path_.c_str());
+  }
+  std::string File(const std::string& name) {
+    files_.push_back(path_ + "/" + name);
+    return files_.back();
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
+// [0, total) cut into `parts` ranges, each on its own thread (1: the calling thread only).
+inline ShardFn Threads(int parts) {
+  return [parts](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+    std::vector<std::thread> threads;
+    for (int p = 1; p < parts; ++p) threads.emplace_back(fn, total * p / parts, total * (p + 1) / parts);
+    fn(0, total / parts);
+    for (std::thread& t : threads) t.join();
+  };
+}
+
+template <size_t... I>
+std::vector<OptimizerParams> EveryOptimizer(std::index_sequence<I...>) {
+  return {OptimizerParams(std::in_place_index<I>)...};
+}
+
+// Every optimizer of the schema with its default hyper-parameters, plus the non-lazy variants.
+inline std::vector<OptimizerParams> EveryOptimizer() {
+  std::vector<OptimizerParams> all = EveryOptimizer(std::make_index_sequence<std::variant_size_v<OptimizerParams>>{});
+  Adam non_lazy_adam;
+  non_lazy_adam.use_non_lazy_adam = true;
+  Lion non_lazy_lion;
+  non_lazy_lion.use_non_lazy_lion = true;
+  all.push_back(non_lazy_adam);
+  all.push_back(non_lazy_lion);
+  return all;
+}
+
+}  // namespace tiered_test
+}  // namespace tf_embed_ops
+
+#endif  // TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
