@@ -30,8 +30,7 @@ std::unique_ptr<DynamicTable> MakeTable() {
 }
 
 // Looks `keys` up for training at `step` and remembers the result, as the training lookup kernel does.
-std::vector<int64_t> TrainingLookup(DynamicTable* t, LookupMemo* memo, const std::vector<int64_t>& keys,
-                                    int64_t step) {
+std::vector<int64_t> TrainingLookup(DynamicTable* t, LookupMemo* memo, const std::vector<int64_t>& keys, int64_t step) {
   std::vector<int64_t> rows(keys.size());
   const absl::Status s = t->FindOrInsert(keys.data(), static_cast<int64_t>(keys.size()), step, rows.data());
   EXPECT_TRUE(s.ok()) << s;
