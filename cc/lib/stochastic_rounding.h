@@ -26,11 +26,20 @@ struct RoundingSpec {
   int64_t table = 0;  // the table's index in the config: tables of one step draw different bits
 };
 
-inline uint64_t RoundingRowKey(const RoundingSpec& spec, int64_t buffer, int64_t row) {
+// The row key's first three links (seed, step, stream): the same for every row of one buffer in one step, so the
+// row walk computes it once per call and each row's key costs one MixKey (RoundingRowKeyOf).
+inline uint64_t RoundingStreamKey(const RoundingSpec& spec, int64_t buffer) {
   uint64_t k = MixKey(spec.seed ^ 0x5851f42d4c957f2dULL);
   k = MixKey(k ^ static_cast<uint64_t>(spec.step));
-  k = MixKey(k ^ (static_cast<uint64_t>(spec.table) * 64 + static_cast<uint64_t>(buffer)));
-  return MixKey(k ^ static_cast<uint64_t>(row));
+  return MixKey(k ^ (static_cast<uint64_t>(spec.table) * 64 + static_cast<uint64_t>(buffer)));
+}
+
+// The row key from its buffer's stream key: RoundingRowKeyOf(RoundingStreamKey(spec, b), row) is
+// RoundingRowKey(spec, b, row).
+inline uint64_t RoundingRowKeyOf(uint64_t stream_key, uint64_t row) { return MixKey(stream_key ^ row); }
+
+inline uint64_t RoundingRowKey(const RoundingSpec& spec, int64_t buffer, int64_t row) {
+  return RoundingRowKeyOf(RoundingStreamKey(spec, buffer), static_cast<uint64_t>(row));
 }
 
 inline uint32_t RoundingBits(uint64_t row_key, uint32_t column) {
@@ -53,21 +62,22 @@ inline void LoadStoredRow(StorageType type, const uint16_t* src, float* dst, int
 }
 
 // dst[d] = round(src[d]) to `type`; `row_key` is RoundingRowKey of this row and buffer (unused for nearest).
+// The stochastic loops count columns in 32 bits, the width RoundingBits takes: a 64-bit counter narrowed in
+// the loop cost the vectorised loop a shuffle per vector.  (A row has at most 2^31 - 1 columns.)
 inline void StoreStoredRow(StorageType type, Rounding mode, uint64_t row_key, const float* src, uint16_t* dst,
                            int64_t dim) {
+  const uint32_t n = static_cast<uint32_t>(dim);
   if (type == StorageType::kBfloat16) {
     if (mode == Rounding::kNearest) {
-      for (int64_t d = 0; d < dim; ++d) dst[d] = FloatToBfloat16Nearest(src[d]);
+      for (uint32_t d = 0; d < n; ++d) dst[d] = FloatToBfloat16Nearest(src[d]);
     } else {
-      for (int64_t d = 0; d < dim; ++d)
-        dst[d] = FloatToBfloat16Stochastic(src[d], RoundingBits(row_key, static_cast<uint32_t>(d)));
+      for (uint32_t d = 0; d < n; ++d) dst[d] = FloatToBfloat16Stochastic(src[d], RoundingBits(row_key, d));
     }
   } else {
     if (mode == Rounding::kNearest) {
-      for (int64_t d = 0; d < dim; ++d) dst[d] = FloatToFloat16Nearest(src[d]);
+      for (uint32_t d = 0; d < n; ++d) dst[d] = FloatToFloat16Nearest(src[d]);
     } else {
-      for (int64_t d = 0; d < dim; ++d)
-        dst[d] = FloatToFloat16Stochastic(src[d], RoundingBits(row_key, static_cast<uint32_t>(d)));
+      for (uint32_t d = 0; d < n; ++d) dst[d] = FloatToFloat16Stochastic(src[d], RoundingBits(row_key, d));
     }
   }
 }

@@ -179,6 +179,11 @@ void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, floa
   constexpr size_t kNumBuffers = kNumSlots + 1;
   const auto [type, width] = BufferLayout<kNumBuffers>(storage);
   auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
+  // Each buffer's stream key, once per call (a row's key is then one MixKey).
+  std::array<uint64_t, kNumBuffers> stream{};
+  if (!kAllFloat32 && rounding.mode == Rounding::kStochastic) {
+    for (size_t b = 0; b < kNumBuffers; ++b) stream[b] = RoundingStreamKey(rounding, static_cast<int64_t>(b));
+  }
   auto update = [&](int64_t row, float* g, float* scratch) {
     std::array<void*, kNumBuffers> stored{};
     std::array<float*, kNumBuffers> rows{};
@@ -195,9 +200,8 @@ void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, floa
     if (kAllFloat32) return;
     for (size_t b = 0; b < kNumBuffers; ++b) {
       if (type[b] == StorageType::kFloat32) continue;
-      const uint64_t key = rounding.mode == Rounding::kStochastic
-                               ? RoundingRowKey(rounding, static_cast<int64_t>(b), storage.rounding_id(row))
-                               : 0;
+      const uint64_t key =
+          rounding.mode == Rounding::kStochastic ? RoundingRowKeyOf(stream[b], storage.rounding_id(row)) : 0;
       StoreStoredRow(type[b], rounding.mode, key, rows[b], static_cast<uint16_t*>(stored[b]), width[b]);
     }
   };

@@ -5,6 +5,9 @@
 // differences in operation order.
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -79,6 +82,50 @@ TEST(OptimizersTest, RowWiseAdagradDecoupledScalesTheRowByOneMinusLrTimesDecay) 
   o.decoupled_weight_decay = true;
   ExpectState(TwoSteps(o, {0.0f}), {0.4623049199581146f, -1.0874172449111938f, 1.8109445571899414f},
               {{1.0099999904632568f, 0.0f, 0.0f}});
+}
+
+// The row's sum of squares in FBGEMM's order, written out in scalars: lane k = sum of the terms of elements
+// k, k + 8, ... in order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).  SumSquares (blocks of eight
+// lanes, which the compiler keeps in one vector register) must give these bits for every width, the tails of 1-7
+// elements included; magnitudes spread over 2^-20 .. 2^20 make any other order round differently (checked below
+// against a plain left-to-right sum).
+float FbgemmOrderSumSquares(const std::vector<float>& g, const std::vector<float>& w, float l2) {
+  float lane[8] = {};
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float t = l2 != 0.0f ? g[i] + l2 * w[i] : g[i];
+    lane[i % 8] += t * t;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+TEST(OptimizersTest, RowWiseAdagradSumsSquaresInFbgemmOrder) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  int order_matters = 0;
+  for (int64_t dim = 1; dim <= 41; ++dim) {
+    for (float l2 : {0.0f, 0.3f}) {
+      std::vector<float> g(dim), w(dim);
+      for (int64_t i = 0; i < dim; ++i) {
+        g[i] = std::ldexp(mantissa(rng), exponent(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+        w[i] = std::ldexp(mantissa(rng), exponent(rng));
+      }
+      const float expected = FbgemmOrderSumSquares(g, w, l2);
+      const float actual = l2 == 0.0f ? RowWiseAdagrad::SumSquares<false>(g.data(), w.data(), 0.0f, dim)
+                                      : RowWiseAdagrad::SumSquares<true>(g.data(), w.data(), l2, dim);
+      uint32_t e, a;
+      std::memcpy(&e, &expected, 4);
+      std::memcpy(&a, &actual, 4);
+      EXPECT_EQ(a, e) << "dim " << dim << " l2 " << l2 << ": " << actual << " vs " << expected;
+      float sequential = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) {
+        const float t = l2 != 0.0f ? g[i] + l2 * w[i] : g[i];
+        sequential += t * t;
+      }
+      if (sequential != expected) ++order_matters;
+    }
+  }
+  EXPECT_GT(order_matters, 10);  // the data tells the orders apart
 }
 
 TEST(OptimizersTest, RowWiseAdagradSlotIsOneValuePerRow) {

@@ -1,22 +1,29 @@
 // The row loops' two compiled copies (cc/lib/vector_isa.h) compute bitwise the same values: every optimizer
 // (with every option that changes its loop) through the whole row pipeline, the forward combine with and
 // without quantization, gradient accumulation, and the sparse accumulator's row adds, each run once as the
-// baseline (SSE2) code and once through the AVX2 copy on the same random inputs.  Skipped where the library is
-// built without the AVX2 copy (-mavx2 builds, other architectures) or the CPU lacks AVX2.
+// baseline (SSE2) code and once through the AVX2 copy on the same random inputs; the 16-bit row store in both
+// copies equals its per-element definition, and the 16-bit table update equals the whole-row widen / update /
+// round path written out in the test.  Skipped where the library is built without the AVX2 copy (-mavx2 builds,
+// other architectures) or the CPU lacks AVX2.
 #include "cc/lib/vector_isa.h"
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cc/lib/embedding_forward.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/row_update.h"
 #include "cc/lib/sparse_accumulator_rows.h"
+#include "cc/lib/stochastic_rounding.h"
+#include "cc/lib/storage_types.h"
+#include "cc/lib/table_update.h"
 #include "gtest/gtest.h"
 
 namespace tf_embed_ops {
@@ -154,6 +161,14 @@ std::vector<std::pair<std::string, OptimizerParams>> AllOptimizerVariants() {
   frequency.outlier_threshold = 2.0f;
   v.push_back({"frequency_estimator", frequency});
   v.push_back({"assign", Assign{}});
+  // Row-wise Adagrad's three weight-decay modes (none, L2, decoupled): its row sum of squares is a vector of
+  // eight lanes, the rows here (kDim = 37) end in a tail of five.
+  for (int mode = 0; mode < 3; ++mode) {
+    RowWiseAdagrad o;
+    o.weight_decay = mode == 0 ? 0.0f : 0.1f;
+    o.decoupled_weight_decay = mode == 2;
+    v.push_back({"rowwise_adagrad", o});
+  }
   return v;
 }
 
@@ -291,6 +306,178 @@ TEST(VectorIsaTest, SparseAccumulatorRowAddsAreBitwiseEqual) {
   }
   AddRows(d.data(), s.data(), 8, kDim);
   ExpectBitwiseEqual(dst[0], exported, "exported row adds");
+}
+
+// --- 16-bit rows (table_update.h's 16-bit path, stochastic_rounding.h's row store) ---------------------------
+
+// One buffer of a small table: its storage type, row width and raw bytes.
+struct TestBuffer {
+  StorageType type;
+  int64_t width;
+  std::vector<uint8_t> bytes;
+  void* Row(int64_t r) { return bytes.data() + r * width * StorageBytes(type); }
+};
+
+std::vector<TestBuffer> RandomStoredTable(std::mt19937* rng, const OptimizerParams& optimizer, StorageType table,
+                                          StorageType slots, int64_t vocab, int64_t dim) {
+  std::vector<TestBuffer> buffers;
+  std::vector<SlotInfo> infos = OptimizerSlots(optimizer);
+  for (size_t b = 0; b <= infos.size(); ++b) {
+    TestBuffer t{b == 0 ? table : slots, b == 0 ? dim : SlotWidth(infos[b - 1], dim), {}};
+    const std::vector<float> v =
+        b == 0 ? RandomFloats(rng, vocab * t.width, -2.0f, 2.0f) : RandomFloats(rng, vocab * t.width, 0.01f, 1.0f);
+    t.bytes.resize(v.size() * StorageBytes(t.type));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.type == StorageType::kFloat32) {
+        std::memcpy(t.bytes.data() + 4 * i, &v[i], 4);
+      } else {
+        const uint16_t h =
+            t.type == StorageType::kBfloat16 ? FloatToBfloat16Nearest(v[i]) : FloatToFloat16Nearest(v[i]);
+        std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+      }
+    }
+    buffers.push_back(std::move(t));
+  }
+  return buffers;
+}
+
+// The whole-row 16-bit path, written out: widen every buffer's row, run the pipeline over the row, round each
+// 16-bit row back with RoundingRowKey(spec, buffer, row) and column d's bits.  Rows in the plan's order; a
+// non-lazy optimizer also walks the untouched rows with a zero gradient.
+void ReferenceStoredUpdate(const TableOptimization& o, float lr, const RowGradientPlan& plan, int64_t vocab,
+                           int64_t dim, const RoundingSpec& spec, std::vector<TestBuffer>* buffers) {
+  std::vector<int64_t> rows;
+  std::vector<int64_t> unique_of(vocab, -1);
+  for (int64_t u = 0; u < plan.num_rows(); ++u) unique_of[plan.row(u)] = u;
+  if (OptimizerUpdatesAllRows(o.optimizer)) {
+    for (int64_t r = 0; r < vocab; ++r) rows.push_back(r);
+  } else {
+    for (int64_t u = 0; u < plan.num_rows(); ++u) rows.push_back(plan.row(u));
+  }
+  for (int64_t row : rows) {
+    std::vector<float> g(dim, 0.0f);
+    if (unique_of[row] >= 0) plan.Accumulate(unique_of[row], dim, g.data());
+    std::vector<std::vector<float>> values;
+    for (TestBuffer& t : *buffers) {
+      std::vector<float> v(t.width);
+      if (t.type == StorageType::kFloat32) {
+        std::memcpy(v.data(), t.Row(row), 4 * t.width);
+      } else {
+        LoadStoredRow(t.type, static_cast<const uint16_t*>(t.Row(row)), v.data(), t.width);
+      }
+      values.push_back(std::move(v));
+    }
+    std::vector<float*> slot_rows;
+    for (size_t b = 1; b < values.size(); ++b) slot_rows.push_back(values[b].data());
+    slot_rows.push_back(nullptr);
+    std::visit(
+        [&](const auto& opt) { UpdateRowPipeline(opt, o, lr, g.data(), values[0].data(), slot_rows.data(), dim); },
+        o.optimizer);
+    for (size_t b = 0; b < buffers->size(); ++b) {
+      TestBuffer& t = (*buffers)[b];
+      if (t.type == StorageType::kFloat32) {
+        std::memcpy(t.Row(row), values[b].data(), 4 * t.width);
+      } else {
+        const uint64_t key =
+            spec.mode == Rounding::kStochastic ? RoundingRowKey(spec, static_cast<int64_t>(b), row) : 0;
+        StoreStoredRow(t.type, spec.mode, key, values[b].data(), static_cast<uint16_t*>(t.Row(row)), t.width);
+      }
+    }
+  }
+}
+
+// StoreStoredRow's loops (32-bit column counters) in both copies: each element is its conversion with column d's
+// bits, for widths that end in a partial vector.
+TEST(VectorIsaTest, SixteenBitRowStoreIsItsPerElementDefinition) {
+  std::mt19937 rng(23);
+  for (int64_t dim : {1, 7, 8, 15, 37, 64, 100}) {
+    const std::vector<float> src = RandomFloats(&rng, dim, -3.0f, 3.0f);
+    const uint64_t key = RoundingRowKey(RoundingSpec{Rounding::kStochastic, 3, 9, 1}, 2, 12345);
+    for (StorageType type : {StorageType::kBfloat16, StorageType::kFloat16}) {
+      for (Rounding mode : {Rounding::kNearest, Rounding::kStochastic}) {
+        std::vector<uint16_t> expected(dim);
+        for (int64_t d = 0; d < dim; ++d) {
+          const uint32_t bits = RoundingBits(key, static_cast<uint32_t>(d));
+          if (type == StorageType::kBfloat16) {
+            expected[d] =
+                mode == Rounding::kNearest ? FloatToBfloat16Nearest(src[d]) : FloatToBfloat16Stochastic(src[d], bits);
+          } else {
+            expected[d] =
+                mode == Rounding::kNearest ? FloatToFloat16Nearest(src[d]) : FloatToFloat16Stochastic(src[d], bits);
+          }
+        }
+        BothIsas([&](bool avx2) {
+          std::vector<uint16_t> dst(dim, 0);
+          OnIsa(avx2, [&] { StoreStoredRow(type, mode, key, src.data(), dst.data(), dim); });
+          EXPECT_EQ(dst, expected) << StorageTypeName(type) << " dim " << dim << (avx2 ? " AVX2" : " baseline")
+                                   << (mode == Rounding::kNearest ? " nearest" : " stochastic");
+        });
+      }
+    }
+  }
+}
+
+// Every optimizer (and non-lazy Adam), rows of odd widths, widths below one vector and not a multiple of 8,
+// bfloat16 / float32 / float16 mixes, both roundings: UpdateTable (whose walk keys each row from a stream key
+// computed once per call) equals the reference, written with RoundingRowKey per row and buffer, bit for bit.
+TEST(VectorIsaTest, SixteenBitTableUpdateEqualsTheWholeRowReference) {
+  std::vector<std::pair<std::string, OptimizerParams>> variants = AllOptimizerVariants();
+  Adam non_lazy;
+  non_lazy.use_non_lazy_adam = true;
+  variants.push_back({"adam_non_lazy", non_lazy});
+  const std::vector<std::pair<StorageType, StorageType>> mixes = {
+      {StorageType::kBfloat16, StorageType::kBfloat16},
+      {StorageType::kBfloat16, StorageType::kFloat32},
+      {StorageType::kFloat32, StorageType::kBfloat16},
+      {StorageType::kFloat16, StorageType::kFloat16},
+  };
+  constexpr int64_t kVocab = 24, kIds = 60;
+  const ShardFn serial = [](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, total); };
+  int cases = 0;
+  for (const auto& [name, optimizer] : variants) {
+    for (int64_t dim : {1, 5, 8, 13, 37, 64}) {
+      for (const auto& [table_type, slot_type] : mixes) {
+        for (Rounding mode : {Rounding::kNearest, Rounding::kStochastic}) {
+          const std::string what = name + " dim " + std::to_string(dim) + " " + StorageTypeName(table_type) + "/" +
+                                   StorageTypeName(slot_type) +
+                                   (mode == Rounding::kNearest ? " nearest" : " stochastic");
+          std::mt19937 rng(static_cast<uint32_t>(dim * 31 + cases++));
+          std::vector<int64_t> ids(kIds);
+          for (int64_t& id : ids) id = static_cast<int64_t>(rng() % (kVocab - 4));  // 4 rows never touched
+          FeatureLayout layout;
+          layout.num_samples = kIds;
+          layout.one_id_per_sample = true;
+          layout.scale = RandomFloats(&rng, kIds, -1.0f, 1.0f);
+          const std::vector<float> gradient = RandomFloats(&rng, kIds * dim, -1.0f, 1.0f);
+          const std::vector<GradientSource> sources = {GradientSource{ids.data(), kIds, &layout, gradient.data()}};
+          RowGradientPlan plan;
+          plan.Build(&sources, kVocab);
+          TableOptimization o;
+          o.optimizer = optimizer;
+          o.gradient_clipping = {-0.8f, 0.9f};
+          o.weight_decay_factor = 0.01f;
+          const RoundingSpec spec{mode, 17, 5, 2};
+          const std::vector<TestBuffer> initial =
+              RandomStoredTable(&rng, optimizer, table_type, slot_type, kVocab, dim);
+
+          std::vector<TestBuffer> expected = initial;
+          ReferenceStoredUpdate(o, 0.05f, plan, kVocab, dim, spec, &expected);
+
+          std::vector<TestBuffer> actual = initial;
+          StoredTableBuffers t;
+          t.weights = StoredBuffer{actual[0].bytes.data(), actual[0].type};
+          for (size_t b = 1; b < actual.size(); ++b) t.slots.push_back({actual[b].bytes.data(), actual[b].type});
+          t.vocabulary_size = kVocab;
+          t.dim = dim;
+          t.rounding = spec;
+          UpdateTable(o, 0.05f, plan, t, serial);
+          for (size_t b = 0; b < actual.size(); ++b) {
+            ASSERT_EQ(actual[b].bytes, expected[b].bytes) << what << ": UpdateTable, buffer " << b;
+          }
+        }
+      }
+    }
+  }
 }
 
 // TF_EMBED_OPS_ISA=baseline forces the baseline copy.  RowLoopIsa() reads the variable once per process, so
