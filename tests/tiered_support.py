@@ -3,6 +3,7 @@ same initial rows, a training step, and the record size the cache budget is coun
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -135,3 +136,39 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
         [sys.executable, child, "resume", directory, checkpoint, out, *extra], env=env, check=True, timeout=300
     )
     return out
+
+
+def status_kib(field: str) -> int:
+    """A field of this process's /proc/self/status (VmRSS, VmHWM), in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak_rss_growth(work) -> int:
+    """Bytes this process's peak RSS rose above its RSS before `work()` ran (the kernel's peak mark is reset first:
+    /proc/self/clear_refs "5", then VmHWM is read)."""
+    before = status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    work()
+    return (status_kib("VmHWM") - before) * 1024
+
+
+def run_json_child(script: str, *args: str) -> dict:
+    """Runs tests/<script> in a new interpreter (the repository and this one's path importable) and returns the JSON
+    object its last line of output holds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, *sys.path]))
+    result = subprocess.run(
+        [sys.executable, os.path.join(here, script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
