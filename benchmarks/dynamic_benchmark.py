@@ -8,7 +8,7 @@ path runs in the warmup).
 
 Engines, timed alternating in this process (``harness``), per optimizer:
 
-* ``ours_static``: our fused W1 step on row ids (`ours.fused_step`), the baseline of the 1.5x targets;
+* ``ours_static``: our fused W1 step on row ids (`ours.fused_step`), the baseline of the ratio targets;
 * ``ours_dynamic``: `DynamicEmbeddingActivations(training=True)` + `DynamicSendTPUEmbeddingGradients` on keys;
 * ``tf_native_dynamic``: `MutableHashTable` key -> row + `tf.Variable`s + `ResourceSparseApply*`
   (`peers/tf_native_dynamic.py`);
@@ -35,7 +35,10 @@ from benchmarks.peers import tf_native_dynamic as tnd
 from benchmarks.peers import tfra
 
 OPTIMIZERS = ("sgd", "adagrad")
-TARGET_RATIO = 1.5
+# Speed round three's targets (docs/benchmarks.md, Targets): a dynamic training step within 1.3x of the static
+# one, a lookup within 1.2x (the first dynamic-table round asked 1.5x of both).
+STEP_TARGET_RATIO = 1.3
+LOOKUP_TARGET_RATIO = 1.2
 MEMORY_OVERHEAD_TARGET = 32  # bytes per row above the floats
 
 
@@ -270,7 +273,7 @@ def _median(runs: list[dict], optimizer: str, engine: str) -> float | None:
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's targets: dynamic step and lookup-only <= 1.5x our static W1, memory per row <= floats + 32."""
+    """The targets: dynamic step <= 1.3x and lookup-only <= 1.2x our static W1, memory per row <= floats + 32."""
     out = []
     runs = result["runs"]
     for opt in OPTIMIZERS:
@@ -278,10 +281,11 @@ def targets(result: dict) -> list[dict]:
         if dyn is None and static is None:
             continue
         ratio = dyn / static if dyn and static else None
-        out.append(_target(f"W1 dynamic {opt} step <= {TARGET_RATIO}x static", ratio))
+        out.append(_target(f"W1 dynamic {opt} step <= {STEP_TARGET_RATIO}x static", ratio, STEP_TARGET_RATIO))
     dyn, static = _median(runs, "lookup", "ours_dynamic_lookup"), _median(runs, "lookup", "ours_static_lookup")
     if dyn is not None or static is not None:
-        out.append(_target(f"W1 dynamic lookup <= {TARGET_RATIO}x static", dyn / static if dyn and static else None))
+        ratio = dyn / static if dyn and static else None
+        out.append(_target(f"W1 dynamic lookup <= {LOOKUP_TARGET_RATIO}x static", ratio, LOOKUP_TARGET_RATIO))
     for m in result.get("memory", []):
         if "bytes_per_row" in m:
             out.append(
@@ -294,7 +298,7 @@ def targets(result: dict) -> list[dict]:
     return out
 
 
-def _target(name: str, ratio: float | None) -> dict:
+def _target(name: str, ratio: float | None, limit: float) -> dict:
     if ratio is None:
         return {"target": name, "value": None, "status": "not measured"}
-    return {"target": name, "value": ratio, "status": "met" if ratio <= TARGET_RATIO else "missed"}
+    return {"target": name, "value": ratio, "status": "met" if ratio <= limit else "missed"}

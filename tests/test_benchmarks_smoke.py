@@ -181,6 +181,26 @@ def test_plots_are_pngs(smoke_run):
         assert f"![{name}]({name})" in (out / "REPORT.md").read_text()
 
 
+def test_rerender_reproduces_the_report_and_rederives_targets(smoke_run, tmp_path):
+    """`--rerender DIR` runs nothing: from suite.json alone it writes the same REPORT.md, and a target whose status
+    suite.json got wrong is derived again from the measurements."""
+    out, _ = smoke_run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    with open(out / "suite.json", encoding="utf-8") as f:
+        result = json.load(f)
+    first = next(t for t in result["targets"] if t["status"] in ("met", "missed"))
+    first["status"] = "met" if first["status"] == "missed" else "missed"  # a stale status: must not survive
+    with open(copy / "suite.json", "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "benchmarks", "--rerender", str(copy)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (copy / "REPORT.md").read_text() == (out / "REPORT.md").read_text()
+    assert not (copy / "REPORT.md").samefile(out / "REPORT.md")
+
+
 # ---------------------------------------------------------------------------------------------- the suite's pieces
 # Pure-Python parts the report's numbers rest on, checked against hand computations.
 

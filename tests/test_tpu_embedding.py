@@ -284,6 +284,37 @@ def test_dense_inputs_of_shape_b1_and_lookup_only_call():
     np.testing.assert_array_equal(out.numpy(), emb.embedding_tables[table].numpy()[[3, 0, 12]])
 
 
+@pytest.mark.parametrize("use_function", [False, True])
+def test_an_empty_first_batch_does_not_fix_the_input_shape(use_function):
+    """A first batch of zero samples gives [0, dim] activations (as `tf.nn.embedding_lookup` does) and trains
+    nothing; it does not write a zero `input_shape` into the configuration, which would refuse every later batch."""
+    table = emb_api.TableConfig(VOCAB, DIM, name="t", initializer=tf.ones_initializer())
+    emb = tf_embed_ops.TPUEmbedding({"x": emb_api.FeatureConfig(table=table)}, emb_api.SGD(0.5))
+
+    def step(ids):
+        emb.enqueue({"x": ids})
+        with tf.GradientTape() as tape:
+            acts = emb.dequeue()
+            tape.watch(acts)
+            loss = tf.reduce_sum(acts["x"])
+        emb.apply_gradients(tape.gradient(loss, acts))
+        return acts["x"]
+
+    run = tf.function(step) if use_function else step
+    empty = run(tf.constant([], tf.int64))
+    assert empty.shape == (0, DIM)
+    assert list(emb.config_proto.feature_descriptor[0].input_shape) == []  # still unknown
+    np.testing.assert_array_equal(emb.embedding_tables[table].numpy(), np.ones((VOCAB, DIM), np.float32))
+    out = run(tf.constant([3, 0, 3], tf.int64))
+    assert out.shape == (3, DIM)
+    assert list(emb.config_proto.feature_descriptor[0].input_shape) == [3]
+    expected = np.ones((VOCAB, DIM), np.float32)
+    expected[3] -= 2 * 0.5  # id 3 twice: gradient 2, SGD lr 0.5
+    expected[0] -= 0.5
+    np.testing.assert_allclose(emb.embedding_tables[table].numpy(), expected)
+    assert run(tf.constant([], tf.int64)).shape == (0, DIM)  # an empty batch later is fine too
+
+
 def test_table_initializer_and_slot_variable_creation_fn_are_honoured():
     created = []
 

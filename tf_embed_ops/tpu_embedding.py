@@ -428,10 +428,16 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """Fills still-unknown output shapes (for `config_proto`); known ones stay, as TF's priority order says.
 
         Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the
-        last, partial one) is not an error; the configuration keeps describing the first.
+        last, partial one) is not an error; the configuration keeps describing the first. A shape with a zero
+        dimension (an empty batch) fixes nothing: a configuration's `input_shape` must be positive, so taking it
+        would make every later batch's configuration invalid.
         """
+
+        def describes_a_batch(shape: tf.TensorShape) -> bool:
+            return shape.rank is not None and shape.rank > 0 and all(d != 0 for d in shape.as_list())
+
         self._output_shapes = [
-            old if old.rank is not None and old.rank > 0 else new
+            old if old.rank is not None and old.rank > 0 else (new if describes_a_batch(new) else old)
             for old, new in zip(self._output_shapes, incoming, strict=False)
         ]
 
