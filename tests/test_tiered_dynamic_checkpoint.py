@@ -275,3 +275,32 @@ def test_the_save_and_the_restore_hold_one_chunk_not_the_table(tmp_path):
     for phase in ("save", "restore"):
         assert report[phase] < report["table_bytes"] / 4, report
     assert report["export_whole"] > report["table_bytes"] / 2, report  # the measure sees a whole-table copy
+
+
+@pytest.mark.parametrize("case", ["empty", "no_slots", "string_keys"])
+def test_edge_tables_round_trip_bitwise(tmp_path, case):
+    """An empty table (nothing to slice), a table without optimizer slots (slots [n, 0], saved whole) and a table
+    of string keys (rows read and written by their int64 fingerprints) save and restore both ways."""
+    optimizer = te.optimizers.SGD(0.1) if case == "no_slots" else te.optimizers.Adagrad(0.1)
+    options = {"key_dtype": tf.string} if case == "string_keys" else {}
+    memory, tiered = _configs(tmp_path / "rows", optimizer, **options)
+    emb_m, emb_t = _embedding(memory), _embedding(tiered)
+    batches = [] if case == "empty" else BATCHES[:4]
+    if case == "string_keys":
+        batches = [[f"id{k}".encode() for k in ids] for ids in batches]
+    for emb in (emb_m, emb_t):
+        for ids in batches:
+            step(emb, {"f": tf.constant(ids)})
+    want = _state(emb_m, memory)
+    assert want["keys"].shape[0] == (0 if case == "empty" else 15)
+    saved = tf.train.Checkpoint(embedding=emb_t).write(str(tmp_path / "ckpt" / "ckpt"))
+    memory2, tiered2 = _configs(tmp_path / "rows2", optimizer, **options)
+    emb_t2, emb_m2 = _embedding(tiered2), _embedding(memory2)
+    tf.train.Checkpoint(embedding=emb_t2).read(saved).assert_consumed()
+    tf.train.Checkpoint(embedding=emb_m2).read(saved).assert_consumed()
+    _assert_same(_state(emb_t2, tiered2), want, _CONTENT)
+    _assert_same(_state(emb_m2, memory2), want, _CONTENT)
+    if batches:  # training goes on bitwise
+        acts = [step(e, {"f": tf.constant(batches[0])})["f"].numpy() for e in (emb_m, emb_t2, emb_m2)]
+        np.testing.assert_array_equal(acts[1], acts[0])
+        np.testing.assert_array_equal(acts[2], acts[0])
