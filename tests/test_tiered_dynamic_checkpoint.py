@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import cache_bytes_for, record_bytes, run_json_child, step
+from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, record_bytes, run_json_child, step
 
 import tf_embed_ops as te
 from tf_embed_ops import config as te_config
@@ -26,15 +26,7 @@ from tf_embed_ops.dynamic import tiered_checkpoint
 
 _emb = tf.tpu.experimental.embedding
 DIM, CACHE_ROWS, CHUNK_ROWS = 4, 8, 5
-# 22 keys through a cache of 8 rows (rows are written back and read again), in chunks of 5 rows.
-BATCHES = [
-    [3, 900, 900, 7, 1 << 40, 12],
-    [12, 13, 40, 41, 3, 66],
-    [70, 71, 72, 900, 7, 7, 5],
-    [5, 12, 40, 1 << 40, 3, 33, 34],
-    [80, 81, 82, 83, 84, 85, 3],
-    [900, 70, 13, 41, 5, 66, 81],
-]
+BATCHES = DYNAMIC_BATCHES  # 21 keys through a cache of 8 rows, in chunks of 5 rows
 _STATS = ("size", "inserts", "refused", "evictions")
 
 

@@ -20,6 +20,16 @@ _emb = tf.tpu.experimental.embedding
 # What the C++ cache counts per cached row beside the record (its docs: cache_bytes // (record bytes + 34)).
 CACHE_OVERHEAD_BYTES = 34
 CRC_BYTES = 4
+# The tiered dynamic tables' batches: at most 8 distinct keys each over 21 keys (duplicates inside a batch, keys
+# shared across batches), so a cache of 8 rows evicts rows, writes them back and reads them again.
+DYNAMIC_BATCHES = [
+    [3, 900, 900, 7, 1 << 40, 12],
+    [12, 13, 40, 41, 3, 66],
+    [70, 71, 72, 900, 7, 7, 5],
+    [5, 12, 40, 1 << 40, 3, 33, 34],
+    [80, 81, 82, 83, 84, 85, 3],
+    [900, 70, 13, 41, 5, 66, 81],
+]
 
 
 def schemas() -> list:
