@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -296,3 +299,41 @@ def test_edge_tables_round_trip_bitwise(tmp_path, case):
         acts = [step(e, {"f": tf.constant(batches[0])})["f"].numpy() for e in (emb_m, emb_t2, emb_m2)]
         np.testing.assert_array_equal(acts[1], acts[0])
         np.testing.assert_array_equal(acts[2], acts[0])
+
+
+@pytest.mark.slow
+def test_a_save_killed_midway_leaves_the_last_checkpoint_to_restore(tmp_path):
+    """A process SIGKILLed in the middle of a streamed save (chunks written, not merged): no checkpoint of that save
+    exists, the manager still points at the previous one, and it restores bitwise into a new process's table."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(here, "tiered_dynamic_save_kill_child.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        assert proc.stdout.readline().strip() == "mid-save"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    directory = str(tmp_path / "ckpt")
+    latest = tf.train.latest_checkpoint(directory)
+    assert latest is not None and latest.endswith("ckpt-1"), latest
+    assert not os.path.exists(os.path.join(directory, "ckpt-2.index"))
+    assert glob.glob(os.path.join(directory, "ckpt-2-*"))  # the killed save's chunks, never merged
+    import tiered_dynamic_save_kill_child as child  # pylint: disable=import-outside-toplevel
+
+    table = te.dynamic.DynamicTable(child.config(str(tmp_path / "rows2")))
+    tf.train.Checkpoint(table=table).restore(latest).assert_consumed()
+    got = {k: v.numpy() for k, v in table.export().items()}
+    np.testing.assert_array_equal(got["keys"], child.keys())
+    np.testing.assert_array_equal(got["weights"], child.rows(1))
+    np.testing.assert_array_equal(got["slots"], child.rows(1) ** 2)
+    np.testing.assert_array_equal(got["last_steps"], np.ones(child.KEYS, np.int64))
