@@ -231,6 +231,25 @@ def test_a_refused_restore_changes_nothing(tmp_path):
     _assert_same(_state(emb_t, tiered), _state(emb_m, memory), _CONTENT)
 
 
+def test_a_checkpoint_of_another_bloom_filter_is_refused_and_changes_nothing(tmp_path):
+    """The policies' state is restored after the keys and rows, so it is checked before them."""
+    small = te.dynamic.BloomAdmission(min_count=2, num_counters=64, num_hashes=2)
+    large = te.dynamic.BloomAdmission(min_count=2, num_counters=128, num_hashes=2)
+    _, saving = _configs(tmp_path / "saving", te.optimizers.Adagrad(0.1), admission=small)
+    other = _embedding(saving)
+    _train(other, BATCHES)
+    path = tf.train.Checkpoint(embedding=other).write(str(tmp_path / "ckpt" / "ckpt"))
+    memory, tiered = _configs(tmp_path / "rows", te.optimizers.Adagrad(0.1), admission=large)
+    for table in (tiered, memory):
+        emb = _embedding(table)
+        _train(emb, BATCHES[:3])
+        before = _state(emb, table)
+        assert before["keys"].size and before["policy_bloom_counters"].shape == (1, 128)
+        with pytest.raises(ValueError, match=r"'t'.*bloom_counters is uint8 \[1, 64\].*\[parts, 128\]"):
+            tf.train.Checkpoint(embedding=emb).read(path)
+        _assert_same(_state(emb, table), before)
+
+
 def test_a_corrupted_record_stops_the_save_naming_the_key_and_writes_no_checkpoint(tmp_path):
     _, tiered = _configs(tmp_path / "rows", te.optimizers.Adagrad(0.1))
     emb = _embedding(tiered)

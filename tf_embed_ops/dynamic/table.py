@@ -273,6 +273,11 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         return self._tiered
 
     @property
+    def bloom_bytes(self) -> int:
+        """Bytes of the table's Bloom admission filter (0 without Bloom admission)."""
+        return tiered_checkpoint.bloom_bytes(self._attrs)
+
+    @property
     def policy_tensor_names(self) -> tuple[str, ...]:
         """The checkpoint tensors the table's lifecycle policies add (`policy_tensor_names`)."""
         return policy_tensor_names(self._config)

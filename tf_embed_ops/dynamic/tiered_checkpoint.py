@@ -49,6 +49,7 @@ __all__ = [
     "FORMAT_VERSION",
     "SAVER_NAME",
     "StreamedCheckpoint",
+    "bloom_bytes",
     "check_restore",
     "check_streamed",
     "chunk_rows",
@@ -94,6 +95,32 @@ def chunk_rows(table: Any) -> int:
     """Rows per chunk of `table`'s save and restore: `chunk_bytes` of float32 rows and slots."""
     floats = table.dim + sum(table.slot_widths)
     return max(1, int(table.tiered.chunk_bytes) // (4 * floats))
+
+
+def bloom_bytes(attrs: Any) -> int:
+    """Bytes of one Bloom admission filter of a table with these handle attributes (0 without one)."""
+    counters = int(attrs.get("bloom_num_counters", 0))
+    return -(-counters * int(attrs.get("bloom_counter_bits", 8)) // 8) if counters else 0
+
+
+def _check_policy_state(tensors: dict, policy_names: tuple, filter_bytes: int, where: str) -> None:
+    """The policies' tensors as the table's import of them will take them (checked before the keys are imported,
+    since that import comes after the rows)."""
+    end = "; nothing was changed"
+    if "bloom_counters" in policy_names:
+        bloom = tensors["bloom_counters"]
+        if bloom.dtype != np.uint8 or bloom.ndim != 2 or bloom.shape[0] < 1 or bloom.shape[1] != filter_bytes:
+            raise ValueError(
+                f"{where} bloom_counters is {bloom.dtype} {list(bloom.shape)}, the table's filter takes uint8 [parts, "
+                f"{filter_bytes}] (num_counters and counter_bits must match){end}"
+            )
+    if "decayed_keys" in policy_names:
+        keys, counts = tensors["decayed_keys"], tensors["decayed_counts"]
+        if keys.shape != counts.shape or keys.ndim != 1 or not np.all(np.isfinite(counts) & (counts >= 0)):
+            raise ValueError(
+                f"{where} decayed_keys {list(keys.shape)} and decayed_counts {list(counts.shape)} must be [n] each "
+                f"with finite counts >= 0{end}"
+            )
 
 
 def _safe(name: str) -> str:
@@ -227,7 +254,9 @@ def check_restore(table: Any, key: str, path: str, reader: Any) -> Callable[[], 
     if manifest_key(name) not in reader.get_variable_to_shape_map():
         return _check_whole(table, name, path, reader)
     verified = _VERIFIED.pop((path, name), None) == _signature(path)
-    checked = check_streamed(table.spec, table.policy_tensor_names, name, path, reader, verify=not verified)
+    checked = check_streamed(
+        table.spec, table.policy_tensor_names, name, path, reader, verify=not verified, filter_bytes=table.bloom_bytes
+    )
     return lambda: checked.write(table)
 
 
@@ -317,11 +346,19 @@ class StreamedCheckpoint:
 
 
 def check_streamed(
-    spec: Any, policy_names: tuple, name: str, path: str, reader: Any, verify: bool = True, remember: bool = False
+    spec: Any,
+    policy_names: tuple,
+    name: str,
+    path: str,
+    reader: Any,
+    verify: bool = True,
+    remember: bool = False,
+    filter_bytes: int = 0,
 ) -> StreamedCheckpoint:
     """Checks a streamed checkpoint of object `name` against a table (`spec`: its `checkpoint_check.TableSpec`;
-    `policy_names`: the policies' tensors it restores), reading the metadata whole and, with `verify`, every chunk
-    once (`remember`: for the table's restore that follows); writes nothing.
+    `policy_names`: the policies' tensors it restores; `filter_bytes`: its Bloom filter's size, `bloom_bytes`),
+    reading the metadata whole and, with `verify`, every chunk once (`remember`: for the table's restore that
+    follows); writes nothing.
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match.
@@ -346,6 +383,7 @@ def check_streamed(
         key = checkpoint_key(name, t)
         tensors[t] = np.broadcast_to(np.zeros((), tf.as_dtype(dtypes[key]).as_numpy_dtype), shapes[key])
     spec.validate(tensors)
+    _check_policy_state(tensors, policy_names, filter_bytes, where)
     n = int(tensors["keys"].shape[0])
     chunks = [(start, min(rows, n - start)) for start in range(0, n, rows)]
     checked = StreamedCheckpoint(name, path, tensors, chunks, spec.dim, spec.slot_width, label)

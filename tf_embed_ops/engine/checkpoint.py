@@ -246,7 +246,10 @@ def _check_streamed_dynamic(
     policy = dynamic_table.policy_tensor_names(config) if config is not None else ()
     tiered = config is not None and tiered_config.storage_of(config) is not None
     object_name = child.registered_saver.object_name
-    dynamic_tiered_checkpoint.check_streamed(spec, policy, object_name, path, reader, remember=tiered)
+    filter_bytes = dynamic_tiered_checkpoint.bloom_bytes(dynamic_config.handle_attrs(config)) if config else 0
+    dynamic_tiered_checkpoint.check_streamed(
+        spec, policy, object_name, path, reader, remember=tiered, filter_bytes=filter_bytes
+    )
     if tiered:
         return ()
     if position is None:
