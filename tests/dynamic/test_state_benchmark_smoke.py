@@ -54,8 +54,8 @@ def test_dynamic_section_is_written_with_every_engine(smoke_run):
         assert "error" not in m, m
         assert m["rows"] == dyn["workload"]["tables"][0]["vocab"] and m["bytes_per_row"] > m["float_bytes_per_row"]
     statuses = {t["target"]: t["status"] for t in dyn["targets"]}
-    assert statuses["W1 dynamic adagrad step <= 1.5x static"] in ("met", "missed")
-    assert statuses["W1 dynamic lookup <= 1.5x static"] in ("met", "missed")
+    assert statuses["W1 dynamic adagrad step <= 1.3x static"] in ("met", "missed")
+    assert statuses["W1 dynamic lookup <= 1.2x static"] in ("met", "missed")
     report = (smoke_run / "REPORT.md").read_text()
     assert "## Dynamic tables: W1 on 64-bit keys" in report
     lines = report.splitlines()
@@ -92,12 +92,16 @@ def test_targets_compare_against_the_static_step():
     db = _import("dynamic_benchmark")
     runs = [
         {"kind": "training", "optimizer": "sgd", "engine": "ours_static", "median_ms": 2.0},
-        {"kind": "training", "optimizer": "sgd", "engine": "ours_dynamic", "median_ms": 3.2},
+        {"kind": "training", "optimizer": "sgd", "engine": "ours_dynamic", "median_ms": 2.5},
+        {"kind": "training", "optimizer": "adagrad", "engine": "ours_static", "median_ms": 2.0},
+        {"kind": "training", "optimizer": "adagrad", "engine": "ours_dynamic", "median_ms": 2.7},
         {"kind": "lookup", "optimizer": "lookup", "engine": "ours_static_lookup", "median_ms": 1.0},
         {"kind": "lookup", "optimizer": "lookup", "engine": "ours_dynamic_lookup", "median_ms": 1.4},
     ]
     memory = [{"optimizer": "sgd", "bytes_per_row": 290.0, "met": True}]
     got = {t["target"]: (t["value"], t["status"]) for t in db.targets({"runs": runs, "memory": memory})}
-    assert got["W1 dynamic sgd step <= 1.5x static"] == (pytest.approx(1.6), "missed")
-    assert got["W1 dynamic lookup <= 1.5x static"] == (pytest.approx(1.4), "met")
+    # The step's limit is 1.3x and the lookup's 1.2x: 1.25 meets the first, 1.35 and 1.4 miss.
+    assert got["W1 dynamic sgd step <= 1.3x static"] == (pytest.approx(1.25), "met")
+    assert got["W1 dynamic adagrad step <= 1.3x static"] == (pytest.approx(1.35), "missed")
+    assert got["W1 dynamic lookup <= 1.2x static"] == (pytest.approx(1.4), "missed")
     assert got["memory per row (sgd) <= (1 + slots) * dim * 4 + 32"] == (290.0, "met")
