@@ -15,22 +15,21 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import cache_bytes_for, kill_child_after_checkpoint, make_optimizer, record_bytes, schemas, step
+from tiered_support import (
+    DYNAMIC_BATCHES,
+    cache_bytes_for,
+    kill_child_after_checkpoint,
+    make_optimizer,
+    record_bytes,
+    schemas,
+    step,
+)
 
 import tf_embed_ops as te
 
 _emb = tf.tpu.experimental.embedding
 DIM, CACHE_ROWS = 4, 8
-# Batches of at most CACHE_ROWS distinct keys over 22 keys (duplicates inside a batch, keys shared across
-# batches), so the cache of 8 rows evicts rows, writes them back and reads them again.
-BATCHES = [
-    [3, 900, 900, 7, 1 << 40, 12],
-    [12, 13, 40, 41, 3, 66],
-    [70, 71, 72, 900, 7, 7, 5],
-    [5, 12, 40, 1 << 40, 3, 33, 34],
-    [80, 81, 82, 83, 84, 85, 3],
-    [900, 70, 13, 41, 5, 66, 81],
-]
+BATCHES = DYNAMIC_BATCHES  # at most CACHE_ROWS distinct keys each (tiered_support)
 
 
 def _pair(tmp_path, optimizer, eviction=None, admission=None, mode="create", **options):

@@ -8,16 +8,13 @@ from their variables); outputs are compared bitwise, in this process and (slow t
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import embedding, table_pair
+from tiered_support import embedding, run_json_child, table_pair
 
 import tf_embed_ops as te
 import tf_embed_ops.distribute as ted
@@ -192,13 +189,7 @@ def test_the_streamed_export_serves_bitwise_in_plain_tensorflow(tmp_path, mode):
 def test_the_export_holds_one_chunk_not_the_table(tmp_path):
     """A 96 MiB table exported in chunks of 2 MiB: the exporting process's peak RSS grows by a small fraction of
     the table (the in-memory form would need the whole table, twice for a quantized export)."""
-    child = os.path.join(os.path.dirname(__file__), "tiered_export_memory_child.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), *sys.path]))
-    result = subprocess.run(
-        [sys.executable, child, str(tmp_path)], capture_output=True, text=True, timeout=600, env=env, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_json_child("tiered_export_memory_child.py", str(tmp_path))
     print(report)
     assert report["table_bytes"] == 393216 * 64 * 4
     for mode in ("none", "int8"):

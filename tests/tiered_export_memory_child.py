@@ -16,24 +16,12 @@ import sys
 
 import keras
 import tensorflow as tf
+from tiered_support import peak_rss_growth, status_kib
 
 import tf_embed_ops as te
 from tf_embed_ops import keras as te_keras
 
 ROWS, DIM = 393216, 64
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _model(table: te.TableConfig) -> keras.Model:
@@ -42,29 +30,21 @@ def _model(table: te.TableConfig) -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)["f"]))
 
 
-def _peak_growth(export) -> int:
-    """Bytes the process's peak RSS rose above its RSS before `export()` ran."""
-    before = _status_kib("VmRSS")
-    _reset_peak()
-    export()
-    return (_status_kib("VmHWM") - before) * 1024
-
-
 def main(directory: str) -> None:
     signature = {"f": tf.TensorSpec([None], tf.int64)}
     storage = te.Tiered(cache_bytes=1 << 20, directory=os.path.join(directory, "rows"), chunk_bytes=2 << 20)
     options = dict(optimizer=te.optimizers.SGD(0.1), initializer=tf.zeros_initializer())
     tiered = _model(te.TableConfig(ROWS, DIM, name="big", storage=storage, **options))
-    report = {"table_bytes": ROWS * DIM * 4, "chunk_bytes": 2 << 20, "rss_before": _status_kib("VmRSS") * 1024}
+    report = {"table_bytes": ROWS * DIM * 4, "chunk_bytes": 2 << 20, "rss_before": status_kib("VmRSS") * 1024}
     for mode in (None, "int8"):  # the first export also traces and saves for the first time
         path = os.path.join(directory, f"tiered_{mode}")
-        report[f"tiered_{mode or 'none'}"] = _peak_growth(
+        report[f"tiered_{mode or 'none'}"] = peak_rss_growth(
             lambda path=path, mode=mode: te_keras.export_for_serving(tiered, path, signature, quantization=mode)
         )
     # The same table in memory, for scale: its int8 export encodes a copy of the whole table.
     memory = _model(te.TableConfig(ROWS, DIM, name="big", **options))
     path = os.path.join(directory, "memory_int8")
-    report["memory_int8"] = _peak_growth(
+    report["memory_int8"] = peak_rss_growth(
         lambda: te_keras.export_for_serving(memory, path, signature, quantization="int8")
     )
     print(json.dumps(report))

@@ -3,6 +3,7 @@ same initial rows, a training step, and the record size the cache budget is coun
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,16 @@ _emb = tf.tpu.experimental.embedding
 # What the C++ cache counts per cached row beside the record (its docs: cache_bytes // (record bytes + 34)).
 CACHE_OVERHEAD_BYTES = 34
 CRC_BYTES = 4
+# The tiered dynamic tables' batches: at most 8 distinct keys each over 21 keys (duplicates inside a batch, keys
+# shared across batches), so a cache of 8 rows evicts rows, writes them back and reads them again.
+DYNAMIC_BATCHES = [
+    [3, 900, 900, 7, 1 << 40, 12],
+    [12, 13, 40, 41, 3, 66],
+    [70, 71, 72, 900, 7, 7, 5],
+    [5, 12, 40, 1 << 40, 3, 33, 34],
+    [80, 81, 82, 83, 84, 85, 3],
+    [900, 70, 13, 41, 5, 66, 81],
+]
 
 
 def schemas() -> list:
@@ -135,3 +146,39 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
         [sys.executable, child, "resume", directory, checkpoint, out, *extra], env=env, check=True, timeout=300
     )
     return out
+
+
+def status_kib(field: str) -> int:
+    """A field of this process's /proc/self/status (VmRSS, VmHWM), in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak_rss_growth(work) -> int:
+    """Bytes this process's peak RSS rose above its RSS before `work()` ran (the kernel's peak mark is reset first:
+    /proc/self/clear_refs "5", then VmHWM is read)."""
+    before = status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    work()
+    return (status_kib("VmHWM") - before) * 1024
+
+
+def run_json_child(script: str, *args: str) -> dict:
+    """Runs tests/<script> in a new interpreter (the repository and this one's path importable) and returns the JSON
+    object its last line of output holds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, *sys.path]))
+    result = subprocess.run(
+        [sys.executable, os.path.join(here, script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -351,6 +351,32 @@ absl::Status TieredDynamicTable::WriteRows(const std::vector<int64_t>& rows, con
                   sorted);
 }
 
+absl::Status TieredDynamicTable::RowsOfKeys(const int64_t* keys, int64_t n, std::vector<int64_t>* rows) const {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("dynamic table '", name(), "': ", n, " keys"));
+  rows->resize(n);
+  table_->Find(keys, n, rows->data());
+  for (int64_t i = 0; i < n; ++i) {
+    if ((*rows)[i] == DynamicTable::kNotAdmitted) {
+      return absl::InvalidArgumentError(absl::StrCat("dynamic table '", name(), "': key ", keys[i], " (number ", i,
+                                                     " of ", n, ") has no row; nothing was read or written"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TieredDynamicTable::ReadRowsOfKeys(const int64_t* keys, int64_t n, const std::vector<float*>& out) {
+  std::vector<int64_t> rows;
+  if (const absl::Status s = RowsOfKeys(keys, n, &rows); !s.ok()) return s;
+  return ReadRows(rows, out);
+}
+
+absl::Status TieredDynamicTable::WriteRowsOfKeys(const int64_t* keys, int64_t n,
+                                                 const std::vector<const float*>& values) {
+  std::vector<int64_t> rows;
+  if (const absl::Status s = RowsOfKeys(keys, n, &rows); !s.ok()) return s;
+  return WriteRows(rows, values);  // checks the buffer count and that no row is written twice first
+}
+
 absl::Status TieredDynamicTable::Import(const DynamicTableContents& c) {
   // DynamicTable::Import checks everything, the row values' sizes included, before it changes anything; the file
   // grows first (a full disk refuses the import with the table unchanged).

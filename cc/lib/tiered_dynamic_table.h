@@ -99,6 +99,12 @@ class TieredDynamicTable {
   // Writes rows (live rows, any order) from float32 buffers (16-bit storage rounds to nearest): for restores.
   absl::Status WriteRows(const std::vector<int64_t>& rows, const std::vector<const float*>& values);
 
+  // ReadRows / WriteRows by key, for the streamed checkpoint (one chunk of keys at a time, in the export's key
+  // order): `keys` as the table stores them (a string table's fingerprints).  Every key must have a row (and, to
+  // write, appear once); InvalidArgument naming the first that has none, before anything is read or written.
+  absl::Status ReadRowsOfKeys(const int64_t* keys, int64_t n, const std::vector<float*>& out);
+  absl::Status WriteRowsOfKeys(const int64_t* keys, int64_t n, const std::vector<const float*>& values);
+
   // DynamicTable::Import; the rows' values come in `c` (weights and slots, as an in-memory table's Import takes
   // them) or, when c.weights is empty, later through WriteRows (a streamed restore: rows [0, n) in c's key order).
   // Everything is validated before anything changes; the file grows first.
@@ -114,6 +120,8 @@ class TieredDynamicTable {
  private:
   TieredDynamicTable(std::unique_ptr<DynamicTable> table, std::unique_ptr<TieredRowCache> cache,
                      int64_t min_growth_rows);
+  // The rows of `keys` (each must have one) into `rows`.
+  absl::Status RowsOfKeys(const int64_t* keys, int64_t n, std::vector<int64_t>* rows) const;
   // The file holds at least `rows` records (grown in large steps, at most max_rows).
   absl::Status EnsureRows(int64_t rows);
   // The records of `rows` (ascending, distinct) into `records` (record_bytes each, in that order).

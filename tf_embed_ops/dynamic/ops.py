@@ -44,7 +44,11 @@ __all__ = [
     "dynamic_table_import",
     "dynamic_table_lookup",
     "dynamic_table_stats",
+    "dynamic_table_tiered_export_keys",
+    "dynamic_table_tiered_import_keys",
+    "dynamic_table_tiered_read_rows",
     "dynamic_table_tiered_stats",
+    "dynamic_table_tiered_write_rows",
     "string_keys_to_int64",
 ]
 
@@ -458,6 +462,64 @@ def dynamic_table_tiered_stats(table, name=None) -> tf.Tensor:
       >>> dynamic_table_tiered_stats(h)[0]  # hits
     """
     return _ops().tf_embed_dynamic_table_tiered_stats(table=_handle(table, "table"), name=name)
+
+
+def dynamic_table_tiered_export_keys(table, name=None) -> tuple[tf.Tensor, ...]:
+    """A tiered table's content without the rows: (keys, counts, last_steps, pending_keys, pending_counts,
+    pending_last_steps), keys sorted (the order `dynamic_table_export` gives); InvalidArgument for a table kept in
+    memory.
+
+    Example:
+      >>> keys, counts, last_steps, *pending = dynamic_table_tiered_export_keys(h)
+    """
+    return tuple(_ops().tf_embed_dynamic_table_tiered_export_keys(table=_handle(table, "table"), name=name))
+
+
+def dynamic_table_tiered_import_keys(
+    table, keys, counts, last_steps, pending_keys, pending_counts, pending_last_steps, name=None
+):
+    """Replaces a tiered table's content with keys and metadata alone (validated as `dynamic_table_import`; a
+    rejected import changes nothing); the rows' values are then written with `dynamic_table_tiered_write_rows`.
+
+    Example:
+      >>> dynamic_table_tiered_import_keys(h, *dynamic_table_tiered_export_keys(other))
+    """
+    names = ("keys", "counts", "last_steps", "pending_keys", "pending_counts", "pending_last_steps")
+    values = (keys, counts, last_steps, pending_keys, pending_counts, pending_last_steps)
+    args = {k: tf.convert_to_tensor(v, tf.int64) for k, v in zip(names, values, strict=True)}
+    return _ops().tf_embed_dynamic_table_tiered_import_keys(table=_handle(table, "table"), name=name, **args)
+
+
+def dynamic_table_tiered_read_rows(table, keys, num_slots: int = 0, name=None) -> tuple[tf.Tensor, list]:
+    """The rows of `keys` (int64, as the table stores them; each must have a row) of a tiered table, read through
+    its cache without filling it: (weights [n, dim], [one [n, width] tensor per slot]), float32.
+
+    Example:
+      >>> weights, slots = dynamic_table_tiered_read_rows(h, keys[:1024], num_slots=1)
+    """
+    out = _ops().tf_embed_dynamic_table_tiered_read_rows(
+        table=_handle(table, "table"),
+        keys=tf.convert_to_tensor(keys, tf.int64),
+        num_slots=checked_int(num_slots, "num_slots", 0),
+        name=name,
+    )
+    return out[0], list(out[1])
+
+
+def dynamic_table_tiered_write_rows(table, keys, weights, slots=(), name=None):
+    """Writes the rows of `keys` (each must have a row, once) of a tiered table from float32 weights [n, dim] and
+    slots (one [n, width] per optimizer slot); checked before the first row is written.
+
+    Example:
+      >>> dynamic_table_tiered_write_rows(h, keys, weights, [accumulators])
+    """
+    return _ops().tf_embed_dynamic_table_tiered_write_rows(
+        table=_handle(table, "table"),
+        keys=tf.convert_to_tensor(keys, tf.int64),
+        weights=tf.convert_to_tensor(weights, tf.float32),
+        slots=[tf.convert_to_tensor(s, tf.float32) for s in slots],
+        name=name,
+    )
 
 
 def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableContents:

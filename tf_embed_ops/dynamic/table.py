@@ -25,6 +25,9 @@ one [n, width] tensor per slot, split and joined here.
 A Bloom filter restores exactly into the same shard count; into another, each shard takes the saturating sum of
 the saved filters (a key's estimate never drops, so no key that reached `min_count` loses its admission).
 
+A tiered table (`storage=te.Tiered`) writes the same tensors through a registered saver, `weights` and `slots` as
+row slices one chunk at a time (`tiered_checkpoint`): either kind restores the other's checkpoint.
+
 Restoring keeps the keys of this shard (`shard_of_keys(key, num_shards) == shard_index`), so a checkpoint of
 one table restores into N shards and the reverse; `ShardedDynamicTable` writes the union of its shards, sorted,
 and reads it back into any shard count. A checkpoint of another `dim` or slot layout (W) is refused, naming the
@@ -46,7 +49,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic import checkpoint_check
+from tf_embed_ops.dynamic import checkpoint_check, tiered_checkpoint
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.sharding import shard_of_keys
@@ -268,6 +271,16 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
     def tiered(self) -> tiered_config.Tiered | None:
         """The table's `te.Tiered` storage, or None when its rows are in memory."""
         return self._tiered
+
+    @property
+    def bloom_bytes(self) -> int:
+        """Bytes of the table's Bloom admission filter (0 without Bloom admission)."""
+        return tiered_checkpoint.bloom_bytes(self._attrs)
+
+    @property
+    def policy_tensor_names(self) -> tuple[str, ...]:
+        """The checkpoint tensors the table's lifecycle policies add (`policy_tensor_names`)."""
+        return policy_tensor_names(self._config)
 
     def cache_stats(self) -> dict[str, tf.Tensor]:
         """A tiered table's row-cache counters, as `tiered.TieredTable.stats()` gives a static tiered table's
@@ -802,3 +815,8 @@ def _all_eager(tensors: dict) -> bool:
 def _var_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
+
+
+# A tiered table's checkpoint is streamed (keys whole, rows chunk by chunk) by a registered saver, in the format
+# of `_serialize_to_tensors` (tf_embed_ops/dynamic/tiered_checkpoint.py).
+tiered_checkpoint.register(DynamicTable)

@@ -12,7 +12,10 @@ checkpoint holds for it:
 - tiered tables (once built): their streamed checkpoint's manifest, geometry and every chunk, or the in-memory
   table's variables they would restore from (`tiered.checkpoint.check_restore`), without reading any row;
 - in-memory tables the checkpoint holds as tiered tables (streamed): checked the same way, then restored here,
-  after every check passed (`engine.tiered_restore`), since TensorFlow cannot restore them.
+  after every check passed (`engine.tiered_restore`), since TensorFlow cannot restore them;
+- dynamic tables the checkpoint holds as tiered tables (streamed, `dynamic.tiered_checkpoint`): the metadata and
+  every chunk (read once, one at a time); for an in-memory dynamic table the checkpoint's node then lists the
+  tensors (the in-memory format's) in place of the registered saver, and TensorFlow restores them.
 
 Children the checkpoint has and this object lacks, or the reverse, are left to TensorFlow (`assert_consumed`).
 """
@@ -31,8 +34,11 @@ from tf_embed_ops import _tf_compat, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.dynamic import table as dynamic_table
+from tf_embed_ops.dynamic import tiered_checkpoint as dynamic_tiered_checkpoint
 from tf_embed_ops.engine import tiered_restore
 from tf_embed_ops.tiered import checkpoint as tiered_checkpoint
+from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import table as tiered_table
 
 __all__ = ["validate"]
@@ -163,11 +169,20 @@ def validate(embedding: Any, path: str) -> None:
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     _check_not_truncated(path, shapes, dtypes)
     from_tiered = []  # (checkpoint node, checked restore) of in-memory tables saved tiered
+    to_memory = []  # (checkpoint node, tensor names) of in-memory dynamic tables saved tiered (streamed)
+    configs = _dynamic_configs(embedding)
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
         if isinstance(want, _Variable) and child.registered_saver.name == tiered_checkpoint.SAVER_NAME:
             from_tiered.append((child, _check_from_tiered(embedding, name, child, path, reader, position)))
+        elif (
+            isinstance(want, checkpoint_check.TableSpec)
+            and child.registered_saver.name == dynamic_tiered_checkpoint.SAVER_NAME
+        ):
+            names = _check_streamed_dynamic(want, configs.get(name), child, path, reader, position)
+            if names:
+                to_memory.append((child, names))
         elif isinstance(want, checkpoint_check.TableSpec):
             tensors = {k: _read(reader, path, key) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
@@ -199,6 +214,51 @@ def validate(embedding: Any, path: str) -> None:
     for child, plan in from_tiered:
         plan.write()
         child.ClearField("registered_saver")
+    # A streamed dynamic table's tensors are the in-memory format's: TensorFlow restores them into the in-memory
+    # table once the node lists them as its tensors instead of naming the registered saver.
+    for child, names in to_memory:
+        object_name = child.registered_saver.object_name
+        child.ClearField("registered_saver")
+        for tensor in names:
+            attribute = child.attributes.add()
+            attribute.name = tensor
+            attribute.checkpoint_key = dynamic_tiered_checkpoint.checkpoint_key(object_name, tensor)
+
+
+def _dynamic_configs(embedding: Any) -> dict[str, Any]:
+    """`{child name: DynamicTableConfig}` of the embedding's dynamic tables."""
+    if embedding._built:  # noqa: SLF001 - the class that calls us
+        return {
+            name: child.config
+            for name, child in embedding._trackable_children().items()  # noqa: SLF001
+            if isinstance(getattr(child, "spec", None), checkpoint_check.TableSpec)
+        }
+    group = embedding.dynamic_group
+    return {} if group is None else {config.name: config for config in group.table_configs}
+
+
+def _check_streamed_dynamic(
+    spec: checkpoint_check.TableSpec, config: Any, child: Any, path: str, reader: Any, position: Any
+) -> tuple[str, ...]:
+    """Checks the streamed checkpoint of dynamic table `spec.name` (saved tiered: keys whole, rows in chunks),
+    every chunk included; returns the tensor names an in-memory table restores from it, or () for a tiered table
+    (its registered saver restores it)."""
+    policy = dynamic_table.policy_tensor_names(config) if config is not None else ()
+    tiered = config is not None and tiered_config.storage_of(config) is not None
+    object_name = child.registered_saver.object_name
+    filter_bytes = dynamic_tiered_checkpoint.bloom_bytes(dynamic_config.handle_attrs(config)) if config else 0
+    dynamic_tiered_checkpoint.check_streamed(
+        spec, policy, object_name, path, reader, remember=tiered, filter_bytes=filter_bytes
+    )
+    if tiered:
+        return ()
+    if position is None:
+        raise ValueError(
+            f"TPUEmbedding restore: the checkpoint at {path} holds dynamic table {spec.name!r} as a tiered table "
+            "(streamed); restoring it into the in-memory table needs tf.train.Checkpoint's restore or read; no "
+            "table was changed"
+        )
+    return (*dynamic_table.CHECKPOINT_TENSORS, *policy)
 
 
 def _check_from_tiered(embedding: Any, name: str, child: Any, path: str, reader: Any, position: Any) -> Any:

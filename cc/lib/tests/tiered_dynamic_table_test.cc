@@ -471,6 +471,53 @@ TEST(TieredDynamicTableTest, ImportsAndExportsLikeTheInMemoryTableWholeOrStreame
   }
 }
 
+TEST(TieredDynamicTableTest, ReadsAndWritesRowsByKeyAndRefusesAKeyWithoutARow) {
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  const DynamicTableOptions options = Options(o, StorageType::kBfloat16, 3, 100);
+  TempDir dir;
+  auto tier = Tiered(options, dir.File("t.rows"), 2);  // 6 keys through a cache of 2 rows
+  auto mem = InMemory(options);
+  const std::vector<int64_t> keys = {40, 7, 900, 5, 1 << 20, 66};
+  for (size_t i = 0; i < keys.size(); i += 2) {
+    std::vector<int64_t> rows(2);
+    ASSERT_TRUE(tier->FindOrInsert(keys.data() + i, 2, 0, rows.data()).ok());
+    ASSERT_TRUE(mem->FindOrInsert(keys.data() + i, 2, 0, rows.data()).ok());
+  }
+  // Read in the export's key order, one chunk of keys at a time: the in-memory table's rows and slots, bitwise.
+  const DynamicTableContents want = mem->Export();
+  const int64_t n = static_cast<int64_t>(want.keys.size());
+  std::vector<float> weights(n * 3), slot(n * 3);
+  for (int64_t first = 0; first < n; first += 4) {
+    const int64_t count = std::min<int64_t>(4, n - first);
+    ASSERT_TRUE(tier->ReadRowsOfKeys(want.keys.data() + first, count, {&weights[first * 3], &slot[first * 3]}).ok());
+  }
+  EXPECT_EQ(std::memcmp(weights.data(), want.weights.data(), weights.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(slot.data(), want.slots[0].data(), slot.size() * sizeof(float)), 0);
+  // Written back by key, in another order, the rows read the same.
+  std::vector<float> twice(weights.size());
+  for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2.0f * weights[i];
+  ASSERT_TRUE(tier->WriteRowsOfKeys(want.keys.data(), n, {twice.data(), slot.data()}).ok());
+  std::vector<float> got(weights.size()), got_slot(slot.size());
+  ASSERT_TRUE(tier->ReadRowsOfKeys(want.keys.data(), n, {got.data(), got_slot.data()}).ok());
+  EXPECT_EQ(got, twice);  // bfloat16 values doubled stay exact
+  EXPECT_EQ(got_slot, slot);
+  // A key without a row, or a key written twice: refused before any row is written.
+  const DynamicTableContents before = TieredExport(tier.get());
+  const std::vector<int64_t> unknown = {40, 12345};
+  std::vector<float> two(6, 9.0f);
+  const absl::Status none = tier->WriteRowsOfKeys(unknown.data(), 2, {two.data(), two.data()});
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument) << none;
+  EXPECT_NE(none.message().find("key 12345"), std::string::npos) << none;
+  EXPECT_NE(none.message().find("'items'"), std::string::npos) << none;
+  EXPECT_EQ(tier->ReadRowsOfKeys(unknown.data(), 2, {two.data(), two.data()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int64_t> repeated = {40, 40};
+  EXPECT_EQ(tier->WriteRowsOfKeys(repeated.data(), 2, {two.data(), two.data()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectSameContents(before, TieredExport(tier.get()), "refused writes by key");
+}
+
 // ---------------------------------------------------------------------------------------------- faults
 
 TEST(TieredDynamicTableTest, ACorruptedRecordIsAnErrorNamingTheKeyAndThePath) {
