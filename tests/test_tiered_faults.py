@@ -49,6 +49,18 @@ def _flip(path: str, offset_from_end: int) -> None:
         f.write(bytes([byte[0] ^ 0x5A]))
 
 
+def _record_offset(path: str, row: int, record: int) -> int:
+    """Where row `row`'s record is in a row file (docs/tiered_tables.md, "The row file"): the location map after
+    the record slots gives its slot."""
+    with open(path, "rb") as f:
+        header = f.read(4096)
+        physical = int(np.frombuffer(header[288:296], "<i8")[0])
+        f.seek(4096 + physical * record + 16 + 4 * row)
+        slot = int(np.frombuffer(f.read(4), "<u4")[0])
+    assert slot != 0xFFFFFFFF and slot < physical, slot
+    return 4096 + slot * record
+
+
 def _assert_names(error, *parts) -> None:
     """The error's message names every one of `parts` (the table, the row, the path, ...)."""
     for part in parts:
@@ -59,7 +71,8 @@ def test_a_corrupted_row_is_a_clear_error_and_the_checkpoint_restores(tmp_path):
     config, saved, path = _trained_and_saved(tmp_path)
     rows = os.path.join(str(tmp_path / "rows"), "t.rows")
     record = record_bytes(config.optimizer, DIM)
-    _flip(rows, record - 5)  # inside the last row's record (row V - 1), before its CRC
+    size = os.path.getsize(rows)
+    _flip(rows, size - (_record_offset(rows, V - 1, record) + record - 5))  # inside row V - 1's record, before its CRC
     reopened = _config(tmp_path / "rows", mode="open")
     emb = embedding(reopened)  # a new process's view: nothing cached, the row is read from the file
     with pytest.raises(tf.errors.OpError) as error:

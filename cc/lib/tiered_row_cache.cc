@@ -121,21 +121,21 @@ absl::Status TieredRowCache::CheckRange(int64_t first, int64_t n) const {
 
 absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
   slots.erase(std::remove_if(slots.begin(), slots.end(), [this](int32_t s) { return !dirty_[s]; }), slots.end());
+  if (slots.empty()) return absl::OkStatus();
+  // One append of all of them (TieredRowFile::WriteRows: a pwritev per segment it spans), in row order.
   std::sort(slots.begin(), slots.end(), [this](int32_t a, int32_t b) { return slot_row_[a] < slot_row_[b]; });
-  std::vector<int64_t> rows(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) rows[i] = slot_row_[slots[i]];
-  std::vector<char*> records;
-  return ForEachRun(rows, [&](size_t begin, size_t end) {
-    records.clear();
-    for (size_t i = begin; i < end; ++i) records.push_back(Record(slots[i]));
-    const int64_t n = static_cast<int64_t>(end - begin);
-    const absl::Status s = file_->WriteRecords(rows[begin], n, records.data());
-    if (!s.ok()) return s;
-    for (size_t i = begin; i < end; ++i) dirty_[slots[i]] = 0;
-    stats_.rows_written += n;
-    stats_.bytes_written += n * record_bytes_;
-    return absl::OkStatus();
-  });
+  const int64_t n = static_cast<int64_t>(slots.size());
+  std::vector<int64_t> rows(n);
+  std::vector<char*> records(n);
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i] = slot_row_[slots[i]];
+    records[i] = Record(slots[i]);
+  }
+  if (const absl::Status s = file_->WriteRows(rows.data(), n, records.data()); !s.ok()) return s;
+  for (const int32_t slot : slots) dirty_[slot] = 0;
+  stats_.rows_written += n;
+  stats_.bytes_written += n * record_bytes_;
+  return absl::OkStatus();
 }
 
 absl::Status TieredRowCache::ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records) {
@@ -275,13 +275,10 @@ void TieredRowCache::WritebackLoop() {
     }
     writing_slots_ += static_cast<int64_t>(n);
     lock.unlock();
-    // One pwritev per run of consecutive rows; a run that fails is marked dirty again below.
-    written.assign(n, 0);
-    (void)ForEachRun(rows, [&](size_t begin, size_t end) {
-      const bool ok = file_->WriteRecords(rows[begin], static_cast<int64_t>(end - begin), records.data() + begin).ok();
-      std::fill(written.begin() + begin, written.begin() + end, ok ? 1 : 0);
-      return absl::OkStatus();
-    });
+    // One append of the whole batch; if it fails, every row of it is marked dirty again below (a row the append
+    // did write is then written again: harmless).
+    const bool ok = file_->WriteRows(rows.data(), static_cast<int64_t>(n), records.data()).ok();
+    written.assign(n, ok ? 1 : 0);
     lock.lock();
     int64_t done = 0;
     for (size_t i = 0; i < n; ++i) {

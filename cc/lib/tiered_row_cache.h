@@ -138,6 +138,10 @@ class TieredRowCache {
   int64_t capacity() const { return capacity_; }
   int64_t num_rows() const { return file_->layout().num_rows; }
   int64_t record_bytes() const { return record_bytes_; }
+  const TieredRowFile& file() const { return *file_; }
+  // DRAM of the row file's location map and cleaning state (TieredRowFile::DramBytes), beside the cache's budget.
+  int64_t file_dram_bytes() const { return file_->DramBytes(); }
+  TieredLogStats log_stats() const { return file_->log_stats(); }
 
   // The error for a call that needs `needed` resident rows when the cache holds capacity() (names the table,
   // both counts and the cache_bytes that would do).

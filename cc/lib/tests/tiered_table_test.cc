@@ -111,6 +111,24 @@ std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
   return out;
 }
 
+// Every row as the row file holds it now (not through the cache), buffer by buffer.
+std::vector<std::vector<float>> FileRows(const TieredRowCache& cache) {
+  const TieredRowLayout& l = cache.layout();
+  std::vector<char> records(l.num_rows * l.record_bytes());
+  std::vector<char*> pointers(l.num_rows);
+  for (int64_t r = 0; r < l.num_rows; ++r) pointers[r] = records.data() + r * l.record_bytes();
+  const absl::Status s = cache.file().ReadRecords(0, l.num_rows, pointers.data());
+  EXPECT_TRUE(s.ok()) << s;
+  std::vector<std::vector<float>> out(l.num_buffers());
+  for (int64_t b = 0; b < l.num_buffers(); ++b) out[b].resize(l.num_rows * l.widths[b]);
+  std::vector<float*> buffers(l.num_buffers());
+  for (int64_t r = 0; r < l.num_rows; ++r) {
+    for (int64_t b = 0; b < l.num_buffers(); ++b) buffers[b] = out[b].data() + r * l.widths[b];
+    DecodeRecord(l, pointers[r], buffers.data());
+  }
+  return out;
+}
+
 std::unique_ptr<TieredRowCache> NewCache(const std::string& path, const TieredRowLayout& layout, int64_t capacity,
                                          RowFileIo io = RowFileIo::Posix(), bool background_writeback = false) {
   absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Create(path, "items", layout, io);
@@ -218,11 +236,21 @@ TEST(TieredRowFileTest, CreateRefusesAnExistingFileAndOpenChecksTheHeader) {
   TempDir dir;
   const std::string path = dir.File("t.rows");
   const TieredRowLayout layout = Layout(20, {StorageType::kFloat32, StorageType::kBfloat16}, {4, 4});
+  int64_t file_bytes = 0;
   {
     auto file = TieredRowFile::Create(path, "items", layout);
     ASSERT_TRUE(file.ok()) << file.status();
+    file_bytes = (*file)->file_bytes();
+    // Open wants a file closed cleanly (a Sync after its last write).
+    EXPECT_EQ(TieredRowFile::Open(path, "items", layout).status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE((*file)->Sync().ok());
   }
-  EXPECT_EQ(FileBytes(path).size(), static_cast<size_t>(TieredRowFile::kHeaderBytes + 20 * layout.record_bytes()));
+  // The header, 20 rows + spare slots (at least three segments), the map (its header, 4 bytes per row, a CRC).
+  const int64_t segment = TieredRowFile::SegmentSlotsFor(20);
+  EXPECT_EQ(segment, 2);
+  EXPECT_EQ(TieredRowFile::PhysicalSlotsFor(20, segment), 26);
+  EXPECT_EQ(file_bytes, TieredRowFile::kHeaderBytes + 26 * layout.record_bytes() + 16 + 4 * 20 + 4);
+  EXPECT_EQ(FileBytes(path).size(), static_cast<size_t>(file_bytes));
   const auto again = TieredRowFile::Create(path, "items", layout);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_NE(again.status().message().find("table 'items'"), std::string::npos) << again.status();
@@ -294,7 +322,9 @@ TEST(TieredRowFileTest, NeverWrittenAndCorruptedRecordsAreErrorsNamingTheRow) {
   char* q = back.data();
   ASSERT_TRUE((*file)->ReadRecords(5, 1, &q).ok());
   EXPECT_EQ(back, record);
-  PatchFile(path, TieredRowFile::kHeaderBytes + 5 * layout.record_bytes() + 6, {'\x55'});
+  EXPECT_EQ((*file)->RecordOffset(5), TieredRowFile::kHeaderBytes);  // the first record appended: slot 0
+  EXPECT_EQ((*file)->RecordOffset(4), -1);
+  PatchFile(path, (*file)->RecordOffset(5) + 6, {'\x55'});
   const absl::Status corrupted = (*file)->ReadRecords(5, 1, &q);
   EXPECT_EQ(corrupted.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(corrupted.message().find("row 5 is corrupted"), std::string::npos) << corrupted;
@@ -330,10 +360,7 @@ TEST(TieredRowCacheTest, EvictsWithClockAndWritesDirtyRowsBack) {
   // The cache (not the file) has the new values; ReadRecords reads through it.
   std::vector<std::vector<float>> now = ReadAll(cache.get());
   EXPECT_EQ(now[0][9 * 2 + 1], before[0][9 * 2 + 1] + 100.0f);
-  {
-    auto other = Reopen(path, layout, 4);
-    EXPECT_EQ(ReadAll(other.get())[0], before[0]);
-  }
+  EXPECT_EQ(FileRows(*cache)[0], before[0]);
   // Four other rows evict the four dirty ones, which are written back first (rows 1-3 in one run).
   ASSERT_TRUE(cache->Acquire({20, 21, 22, 23}, &pin).ok());
   cache->Release(&pin, /*dirty=*/false);
@@ -342,8 +369,7 @@ TEST(TieredRowCacheTest, EvictsWithClockAndWritesDirtyRowsBack) {
   EXPECT_EQ(stats.rows_written, 36);
   EXPECT_EQ(stats.bytes_written, 36 * layout.record_bytes());
   EXPECT_EQ(stats.resident_rows, 4);
-  auto other = Reopen(path, layout, 4);
-  EXPECT_EQ(ReadAll(other.get())[0], now[0]);
+  EXPECT_EQ(FileRows(*cache)[0], now[0]);
   // A hit is counted as one and reads nothing.
   const int64_t read = cache->stats().rows_read;
   ASSERT_TRUE(cache->Acquire({21, 23}, &pin).ok());
@@ -601,7 +627,10 @@ TEST(TieredRowFileTest, ReadRunsReadsCachedRunsAtOnceAndStartsTheColdOnesTogethe
   TempDir dir;
   const std::string path = dir.File("t.rows");
   const TieredRowLayout layout = Layout(40, {StorageType::kFloat32, StorageType::kBfloat16}, {3, 3});
-  NewCache(path, layout, 4).reset();  // the file, every row written
+  {
+    auto cache = NewCache(path, layout, 4);  // the file, every row written (row r in slot r), then closed cleanly
+    ASSERT_TRUE(cache->Flush().ok());
+  }
   const std::vector<char> bytes = FileBytes(path);
   g_record_bytes = layout.record_bytes();
   absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Open(path, "items", layout, CountingIo());
@@ -642,7 +671,7 @@ TEST(TieredRowFileTest, ReadRunsFallsBackToOneReadPerRunWithoutNowait) {
   TempDir dir;
   const std::string path = dir.File("t.rows");
   const TieredRowLayout layout = Layout(20, {StorageType::kFloat32}, {2});
-  NewCache(path, layout, 4).reset();
+  ASSERT_TRUE(NewCache(path, layout, 4)->Flush().ok());
   const std::vector<char> bytes = FileBytes(path);
   g_record_bytes = layout.record_bytes();
   absl::StatusOr<std::unique_ptr<TieredRowFile>> file = TieredRowFile::Open(path, "items", layout, CountingIo());
