@@ -10,6 +10,7 @@ alternate so that both engines see the same load; the row file lives in a scratc
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -17,6 +18,14 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def _io_chars() -> dict:
+    """Bytes this process has passed to read/write system calls so far (/proc/self/io: rchar, wchar): with the
+    row file in the page cache, the tiered table's reads and appends (cleaning's included)."""
+    with open("/proc/self/io") as f:
+        fields = dict(line.split(": ") for line in f.read().splitlines())
+    return {"rchar": int(fields["rchar"]), "wchar": int(fields["wchar"])}
 
 
 def _child(args) -> dict:
@@ -44,9 +53,12 @@ def _child(args) -> dict:
             step()
     for _ in range(args.warmup):
         step().numpy()
+    if args.gc_freeze:  # Python's cyclic collector walks every object set up so far, in both engines alike
+        gc.collect()
+        gc.freeze()
     before = {k: int(v) for k, v in table.stats().items() if k != "hit_rate"} if table is not None else {}
     best, steps_total = float("inf"), 0
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0, io0 = resource.getrusage(resource.RUSAGE_SELF), _io_chars()
     for _ in range(args.blocks):
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < args.block_s:
@@ -54,7 +66,7 @@ def _child(args) -> dict:
             n += 1
         best = min(best, (time.perf_counter() - t0) * 1e3 / n)
         steps_total += n
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu1, io1 = resource.getrusage(resource.RUSAGE_SELF), _io_chars()
     out = {
         "engine": args.engine,
         "best_ms_per_step": best,
@@ -62,6 +74,7 @@ def _child(args) -> dict:
         "user_ms_per_step": (cpu1.ru_utime - cpu0.ru_utime) * 1e3 / steps_total,
         "system_ms_per_step": (cpu1.ru_stime - cpu0.ru_stime) * 1e3 / steps_total,
         "load_avg": os.getloadavg()[0],
+        "gc_freeze": args.gc_freeze,
         "max_rss_mb": cpu1.ru_maxrss / 1024,
     }
     if table is not None:
@@ -69,6 +82,8 @@ def _child(args) -> dict:
         d = {k: (after[k] - before[k]) / steps_total for k in ("hits", "misses", "rows_read", "rows_written")}
         out.update({f"{k}_per_step": v for k, v in d.items()})
         out["hit_rate"] = d["hits"] / max(1e-9, d["hits"] + d["misses"])
+        out["bytes_read_syscalls_per_step"] = (io1["rchar"] - io0["rchar"]) / steps_total
+        out["bytes_written_syscalls_per_step"] = (io1["wchar"] - io0["wchar"]) / steps_total
     return out
 
 
@@ -80,6 +95,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=150)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--block-s", type=float, default=3.0)
+    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up (see the docs)")
     args = p.parse_args(argv)
     if args.engine:
         print(json.dumps(_child(args)))
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix="tf_embed_ops_w1_") as directory:
                 cmd = [sys.executable, "-m", "benchmarks.tiered_w1_processes", "--engine", engine]
                 cmd += ["--directory", directory, "--warmup", str(args.warmup), "--blocks", str(args.blocks)]
-                cmd += ["--block-s", str(args.block_s)]
+                cmd += ["--block-s", str(args.block_s)] + (["--gc-freeze"] if args.gc_freeze else [])
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -4,8 +4,8 @@
 // evicted).
 //
 // Step protocol: Acquire(sorted distinct rows) makes every row resident and pinned BEFORE any update (misses are
-// read as one batch of runs of consecutive rows, TieredRowFile::ReadRuns; victims' dirty records are written back
-// first, one pwritev per run); the caller then reads or updates the pinned records WITHOUT any lock (nothing moves a
+// read as one batch, TieredRowFile::ReadRuns; victims' dirty records are written back first, as one append to the
+// log-structured file); the caller then reads or updates the pinned records WITHOUT any lock (nothing moves a
 // pinned record); Release() unpins them, marking them dirty when they were updated.  A call that needs more rows than
 // the cache holds is refused before anything is evicted or written.
 //
@@ -172,8 +172,8 @@ class TieredRowCache {
   void WaitForWritebackLocked(std::unique_lock<std::mutex>* lock) const;
   // Reads `rows` (ascending, distinct) into records[i] as one batch of runs of consecutive rows; counts them.
   absl::Status ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records);
-  // Writes the dirty records of `slots` (any order) back, coalescing consecutive rows; clears the dirty bits of
-  // those written.
+  // Writes the dirty records of `slots` (any order) back as one append (TieredRowFile::WriteRows); clears their
+  // dirty bits when it succeeded (on an error every one stays dirty).
   absl::Status WriteBack(std::vector<int32_t> slots);
 
   const std::unique_ptr<TieredRowFile> file_;

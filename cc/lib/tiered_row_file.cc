@@ -703,11 +703,26 @@ absl::Status TieredRowFile::CleanOneLocked() {
   }
   if (live_[victim] > 0) {
     if (!clean_buffer_) clean_buffer_.reset(new char[segment_slots_ * record_bytes_]);
-    struct iovec iov = {clean_buffer_.get(), static_cast<size_t>(segment_slots_ * record_bytes_)};
+    // The live records only, a run of consecutive live slots per read, where they are few runs (the greedy victim
+    // of skewed write-backs is mostly dead); else the whole segment in one read.
     const int64_t first_slot = victim * segment_slots_;
-    RETURN_IF_ERROR_(Transfer(/*write=*/false, &iov, 1, kHeaderBytes + first_slot * record_bytes_, [&] {
-      return absl::StrCat("the records of slots [", first_slot, ", ", first_slot + segment_slots_, ") to clean");
-    }));
+    std::vector<std::pair<int64_t, int64_t>> runs;  // [begin, end) slots within the segment
+    for (int64_t s = 0; s < segment_slots_; ++s) {
+      if (owner_[first_slot + s] == kNoSlot) continue;
+      if (!runs.empty() && runs.back().second == s) {
+        ++runs.back().second;
+      } else {
+        runs.emplace_back(s, s + 1);
+      }
+    }
+    if (runs.size() > 64) runs.assign(1, {0, segment_slots_});
+    for (const auto& [begin, end] : runs) {
+      struct iovec iov = {clean_buffer_.get() + begin * record_bytes_,
+                          static_cast<size_t>((end - begin) * record_bytes_)};
+      RETURN_IF_ERROR_(Transfer(/*write=*/false, &iov, 1, kHeaderBytes + (first_slot + begin) * record_bytes_, [&] {
+        return absl::StrCat("the records of slots [", first_slot + begin, ", ", first_slot + end, ") to clean");
+      }));
+    }
     std::vector<int64_t> rows;
     std::vector<char*> records;
     for (int64_t s = 0; s < segment_slots_; ++s) {
