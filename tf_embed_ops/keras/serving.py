@@ -163,7 +163,11 @@ def _frozen(table: Any) -> Any:
             copy = _SERVING_MODE["freeze"](table)
         else:
             mode, prune = _SERVING_MODE["dynamic"].get(table.table_name, (None, None))
-            copy = dynamic_serving.freeze(table, mode, prune)
+            # A tiered table's rows are not read here: its serving form's rows are streamed into the SavedModel
+            # after it is saved (`tf_embed_ops.serving.streamed.write_rows` finds it among the frozen tables).
+            tiered = getattr(table, "tiered", None) is not None
+            freeze = dynamic_serving.freeze_streamed if tiered else dynamic_serving.freeze
+            copy = freeze(table, mode, prune)
         entry = (table, copy)  # the object is kept so that its id stays unique
         _SERVING_MODE["frozen"][id(table)] = entry
     return entry[1]

@@ -10,6 +10,11 @@ and `MergeV2Checkpoints` merges the slices into the SavedModel's `variables/` ch
 Serving, `tf.saved_model.load`) restores the variable from its slices with stock `RestoreV2`: the SavedModel is a
 plain one, and `tf_embed_ops` is not needed to load it.
 
+Any serving form of this kind (`Streamed`: a static tiered table's `StreamedTable`, a tiered dynamic table's
+`tf_embed_ops.dynamic.streamed_serving.StreamedDynamicTable`) is found by walking the saved checkpoint's object
+graph beside the Python objects from the root, wherever the root holds it; `save` is `tf.saved_model.save` followed
+by `write_rows`, into a temporary directory renamed into place.
+
 Memory: one chunk of the tier's rows and slots (float32) and its encoded copy, whatever the table's size.
 
 float16 rows (the "float16" mode, or a float16 table exported as stored) are kept as their int16 bits and bitcast
@@ -33,8 +38,7 @@ from tf_embed_ops.serving import tables as tables_lib
 
 __all__ = ["Streamed", "StreamedTable", "save", "write_atomically", "write_rows"]
 
-# Where an export keeps its streamed tables (the SavedModel root's attribute): their checkpoint keys are found by
-# this path in the checkpoint's object graph.
+# Where `te.keras.export_for_serving` keeps its static tiered tables' serving forms (an attribute of its root).
 ROOT_ATTRIBUTE = "tiered_tables"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
