@@ -20,7 +20,14 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, record_bytes, run_json_child, step
+from tiered_support import (
+    DYNAMIC_BATCHES,
+    cache_bytes_for,
+    corrupt_every_record,
+    record_bytes,
+    run_json_child,
+    step,
+)
 
 import tf_embed_ops as te
 from tf_embed_ops import config as te_config
@@ -256,14 +263,7 @@ def test_a_corrupted_record_stops_the_save_naming_the_key_and_writes_no_checkpoi
     _train(emb, BATCHES)
     table = emb.dynamic_tables[tiered]
     first = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "first" / "ckpt"))  # a good one first
-    path = str(tmp_path / "rows" / "t.rows")
-    size, record = os.path.getsize(path), record_bytes(te.optimizers.Adagrad(0.1), DIM)
-    with open(path, "r+b") as f:  # flip a byte of every record: the rows not cached fail their CRC when read
-        data = bytearray(f.read())
-        for at in range(4096 + 1, size, record):
-            data[at] ^= 0x5A
-        f.seek(0)
-        f.write(bytes(data))
+    corrupt_every_record(str(tmp_path / "rows" / "t.rows"), record_bytes(te.optimizers.Adagrad(0.1), DIM))
     before = {k: v.numpy() for k, v in table.stats().items()}
     directory = tmp_path / "ckpt"
     directory.mkdir()

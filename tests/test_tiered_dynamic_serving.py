@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, record_bytes, run_json_child, step
+from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, corrupt_every_record, record_bytes, run_json_child, step
 
 import tf_embed_ops as te
 from tests.serving_support import serve_many_without_plugin
@@ -213,14 +213,7 @@ def test_a_row_the_mode_cannot_encode_writes_nothing_and_names_its_key(tmp_path)
 
 def test_a_corrupted_record_in_the_tier_writes_nothing_and_names_the_row(tmp_path):
     memory, tiered = _trained(tmp_path)
-    path = str(tmp_path / "rows" / "t.rows")
-    size, record = os.path.getsize(path), record_bytes(te.optimizers.Adagrad(0.1), DIM)
-    with open(path, "r+b") as f:  # flip a byte of every record: the rows not cached fail their CRC when read
-        data = bytearray(f.read())
-        for at in range(4096 + 1, size, record):
-            data[at] ^= 0x5A
-        f.seek(0)
-        f.write(bytes(data))
+    corrupt_every_record(str(tmp_path / "rows" / "t.rows"), record_bytes(te.optimizers.Adagrad(0.1), DIM))
     target = str(tmp_path / "export")
     files = _an_export_at(target)
     form = dynamic_serving.freeze_streamed(tiered)  # the keys are in memory: this reads no row

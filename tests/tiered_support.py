@@ -148,6 +148,18 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
     return out
 
 
+def corrupt_every_record(path: str, record: int) -> None:
+    """Flips a byte of every record of the row file at `path` (records of `record` bytes after the 4,096-byte
+    header): the rows not cached fail their CRC32C when read."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        for at in range(4096 + 1, size, record):
+            data[at] ^= 0x5A
+        f.seek(0)
+        f.write(bytes(data))
+
+
 def status_kib(field: str) -> int:
     """A field of this process's /proc/self/status (VmRSS, VmHWM), in KiB."""
     with open("/proc/self/status") as f:

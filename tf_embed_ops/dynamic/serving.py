@@ -42,7 +42,7 @@ import tensorflow as tf
 from tf_embed_ops.dynamic.ops import string_keys_to_int64 as string_keys
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib
-from tf_embed_ops.serving.tables import MetadataMixin, table_metadata
+from tf_embed_ops.serving.tables import MetadataMixin, module_name, table_metadata
 
 # (`StreamedDynamicTable` and `freeze_streamed` too, loaded on first use: see `__getattr__` below.)
 __all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
@@ -61,7 +61,7 @@ def to_keys(ids: Any, key_dtype: tf.DType = tf.int64) -> tf.Tensor:
     return string_keys(ids) if key_dtype == tf.string else ids
 
 
-class _KeysToRows(tf.lookup.KeyValueTensorInitializer):
+class KeysToRows(tf.lookup.KeyValueTensorInitializer):
     """Initialises a hash table with key -> position from a keys *variable*, read when the table is initialised.
 
     `KeyValueTensorInitializer` captures its tensors at construction, which a SavedModel then stores as graph
@@ -112,7 +112,7 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         name: str = "table",
         quantization: str | None = None,
     ):
-        super().__init__(name=_module_name(name))
+        super().__init__(name=module_name(name))
         keys, weights = _checked(keys, weights, name)
         self.table_name = name
         self.key_dtype = tf.as_dtype(key_dtype)
@@ -123,9 +123,7 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         default_row = np.zeros([1, self.dim], np.float32)
         encoded = quantization_lib.encode(np.concatenate([weights, default_row]), self.mode, name)
         self.values = tf.Variable(encoded, trainable=False, name="values")
-        self.index = tf.lookup.StaticHashTable(
-            _KeysToRows(self.keys, self.size == 0), default_value=np.int64(self.size)
-        )
+        self.index = tf.lookup.StaticHashTable(KeysToRows(self.keys, self.size == 0), default_value=np.int64(self.size))
         self.set_metadata(
             table_metadata(
                 "dynamic", self.dim, self.size, self.size, self.mode, None, encoded.nbytes + keys.nbytes, "float32"
@@ -165,11 +163,6 @@ def _checked(keys: Any, weights: Any, name: str) -> tuple[np.ndarray, np.ndarray
     if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
         raise ValueError(f"table {name!r}: keys must be unique")
     return keys, weights
-
-
-def _module_name(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
-    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
 
 
 def freeze_arrays(

@@ -40,7 +40,7 @@ from tf_embed_ops.dynamic import tiered_checkpoint
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib
 from tf_embed_ops.serving import streamed as streamed_lib
-from tf_embed_ops.serving.tables import table_metadata
+from tf_embed_ops.serving.tables import module_name, table_metadata
 
 __all__ = ["StreamedDynamicTable", "freeze_streamed"]
 
@@ -58,7 +58,7 @@ class StreamedDynamicTable(streamed_lib.Streamed, frozen_lib.FrozenDynamicTable)
 
     def __init__(self, table: Any, quantization: str | None = None, prune: Any = None):
         # Not FrozenDynamicTable's constructor: it takes the rows.
-        tf.Module.__init__(self, name=frozen_lib._module_name(table.table_name))  # noqa: SLF001
+        tf.Module.__init__(self, name=module_name(table.table_name))
         name = table.table_name
         if getattr(table, "tiered", None) is None:
             raise ValueError(
@@ -79,7 +79,7 @@ class StreamedDynamicTable(streamed_lib.Streamed, frozen_lib.FrozenDynamicTable)
             order = np.argsort(keys, kind="stable")
             keys, counts, last_steps = keys[order], counts[order], last_steps[order]
             trained = int(keys.shape[0])
-            self._source = streamed_lib._Source(table)  # noqa: SLF001 - the streaming module's own holder
+            self._hold_source(table)
             if prune is not None:
                 norms = self._norms(keys) if prune_lib.needs_norms(prune) else None
                 kept = prune_lib.select(
@@ -101,7 +101,7 @@ class StreamedDynamicTable(streamed_lib.Streamed, frozen_lib.FrozenDynamicTable)
                 shape=[self.num_rows, self.width], dtype=self.stored_dtype, trainable=False, name="values"
             )
             self.index = tf.lookup.StaticHashTable(
-                frozen_lib._KeysToRows(self.keys, self.size == 0),  # noqa: SLF001 - the frozen table's initializer
+                frozen_lib.KeysToRows(self.keys, self.size == 0),
                 default_value=np.int64(self.size),
             )
         nbytes = self.num_rows * quantization_lib.row_bytes(self.mode, self.dim) + keys.nbytes

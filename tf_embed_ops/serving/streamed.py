@@ -43,11 +43,6 @@ ROOT_ATTRIBUTE = "tiered_tables"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
-def _module_name(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
-    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
-
-
 class Streamed:
     """A serving form whose variable `streamed_variable` ([num_rows, width]) is saved without a value and written
     by `write_rows`, chunk by chunk, from `streamed_chunks()`: `(first row, encoded rows)` in row order."""
@@ -59,6 +54,10 @@ class Streamed:
 
     def streamed_chunks(self) -> Any:
         raise NotImplementedError
+
+    def _hold_source(self, table: Any) -> None:
+        """Keeps the training `table` for `streamed_chunks`, out of the servable (`_Source`)."""
+        self._source = _Source(table)
 
 
 class StreamedTable(Streamed, tables_lib.ServedTable):
@@ -74,7 +73,7 @@ class StreamedTable(Streamed, tables_lib.ServedTable):
     """
 
     def __init__(self, table: Any, mode: str | None = None):
-        tf.Module.__init__(self, name=_module_name(table.table_name))  # pylint: disable=non-parent-init-called
+        tf.Module.__init__(self, name=tables_lib.module_name(table.table_name))  # pylint: disable=non-parent-init-called
         quantization.check_mode(mode, table.table_name)
         self.table_name, self.mode, self.dim = table.table_name, mode, int(table.dim)
         trained_dtype = tf.as_dtype(table.dtypes[0])
@@ -88,7 +87,7 @@ class StreamedTable(Streamed, tables_lib.ServedTable):
                 shape=[self.num_rows, self.width], dtype=self.stored_dtype, trainable=False, name="rows"
             )
         self.remap = None
-        self._source = _Source(table)
+        self._hold_source(table)
         nbytes = self.num_rows * self.width * self.dtype.size
         self.set_metadata(
             tables_lib.table_metadata(
