@@ -150,7 +150,7 @@ def test_checkpoints_restore_across_kinds(tmp_path):
         _assert_same(_content(other), _content(memory))
 
 
-@pytest.mark.parametrize("mode", [None, "int8"])
+@pytest.mark.parametrize("mode", [pytest.param(None, marks=pytest.mark.slow), "int8"])
 def test_export_for_serving_streams_the_rows_and_serves_what_the_in_memory_export_serves(tmp_path, mode):
     memory, tiered = _pair(tmp_path)
     dirs = {k: str(tmp_path / k) for k in ("memory", "tiered")}
@@ -166,6 +166,7 @@ def test_export_for_serving_streams_the_rows_and_serves_what_the_in_memory_expor
     assert meta == te.serving.read_export_metadata(dirs["memory"])["t"]
 
 
+@pytest.mark.slow
 def test_export_for_serving_prunes_a_tiered_dynamic_table_as_in_memory(tmp_path):
     memory, tiered = _pair(tmp_path)
     dirs = {k: str(tmp_path / k) for k in ("memory", "tiered")}

@@ -14,6 +14,9 @@ was.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -108,7 +111,7 @@ def _expected_values(memory, mode, kept=None):
     return quantization.encode(np.concatenate([weights, np.zeros([1, DIM], np.float32)]), mode, "t")
 
 
-@pytest.mark.parametrize("mode", [None, "int8"])
+@pytest.mark.parametrize("mode", [pytest.param(None, marks=pytest.mark.slow), "int8"])  # slow: every mode below
 def test_the_streamed_servable_serves_what_the_frozen_in_memory_table_serves(tmp_path, mode):
     memory, tiered = _trained(tmp_path)
     stats = tiered.cache_stats()
@@ -163,12 +166,13 @@ def test_an_empty_table_serves_zeros(tmp_path):
 @pytest.mark.parametrize(
     "make_prune",
     [
+        # The fast tier keeps one criterion of the metadata and one of the rows' norms.
         lambda norm: te.serving.Prune(min_count=2),
-        lambda norm: te.serving.Prune(max_age_steps=2),
-        lambda norm: te.serving.Prune(max_rows=6, score="count"),
-        lambda norm: te.serving.Prune(max_rows=7, score="recency"),
+        pytest.param(lambda norm: te.serving.Prune(max_age_steps=2), marks=pytest.mark.slow),
+        pytest.param(lambda norm: te.serving.Prune(max_rows=6, score="count"), marks=pytest.mark.slow),
+        pytest.param(lambda norm: te.serving.Prune(max_rows=7, score="recency"), marks=pytest.mark.slow),
         lambda norm: te.serving.Prune(min_l2_norm=norm),  # reads the rows once more for their norms
-        lambda norm: te.serving.Prune(min_count=2, max_rows=4),  # max_rows ranked by the L2 norm
+        pytest.param(lambda norm: te.serving.Prune(min_count=2, max_rows=4), marks=pytest.mark.slow),  # by L2 norm
     ],
     ids=["count", "age", "cap-count", "cap-recency", "l2", "count-cap-l2"],
 )
@@ -288,3 +292,34 @@ def test_the_streamed_export_holds_one_chunk_not_the_table(tmp_path):
     for mode in ("none", "int8"):
         assert report[f"streamed_{mode}"] < report["table_bytes"] / 4, report
     assert report["export_whole"] > report["table_bytes"] / 2, report  # the measure sees a whole-table copy
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_it_writes_the_rows_leaves_the_previous_export_serving(tmp_path):
+    """The export is written into a temporary sibling and renamed into place: a SIGKILL in the middle of its rows
+    leaves the previous export at the path, which a plain TensorFlow interpreter still serves."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + here)
+    target = str(tmp_path / "export")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(here, "tiered_dynamic_serving_kill_child.py"), str(tmp_path), target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "exported"
+        assert proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    leftovers = [p for p in os.listdir(tmp_path) if p.startswith("export.tmp-")]
+    assert len(leftovers) == 1  # the killed export's temporary directory, never renamed into place
+    assert [f for f in os.listdir(os.path.join(tmp_path, leftovers[0], "variables")) if "tf_embed_ops_tiered" in f]
+    keys = np.array([3, 10, 6996, 4], np.int64)  # three keys of the table, one unknown
+    served = serve_many_without_plugin([target], {"ids": tf.constant(keys)}, cwd=str(tmp_path))[0]
+    np.testing.assert_array_equal(served, np.array([[1.0] * 8] * 3 + [[0.0] * 8], np.float32))
