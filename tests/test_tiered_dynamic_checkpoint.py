@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,6 +21,7 @@ from tiered_support import (
     DYNAMIC_BATCHES,
     cache_bytes_for,
     corrupt_every_record,
+    kill_child_after_lines,
     record_bytes,
     run_json_child,
     step,
@@ -324,24 +322,7 @@ def test_edge_tables_round_trip_bitwise(tmp_path, case):
 def test_a_save_killed_midway_leaves_the_last_checkpoint_to_restore(tmp_path):
     """A process SIGKILLed in the middle of a streamed save (chunks written, not merged): no checkpoint of that save
     exists, the manager still points at the previous one, and it restores bitwise into a new process's table."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, "tiered_dynamic_save_kill_child.py"), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "saved"
-        assert proc.stdout.readline().strip() == "mid-save"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_child_after_lines("tiered_dynamic_save_kill_child.py", [str(tmp_path)], ["saved", "mid-save"])
     directory = str(tmp_path / "ckpt")
     latest = tf.train.latest_checkpoint(directory)
     assert latest is not None and latest.endswith("ckpt-1"), latest

@@ -14,14 +14,19 @@ was.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, corrupt_every_record, record_bytes, run_json_child, step
+from tiered_support import (
+    DYNAMIC_BATCHES,
+    cache_bytes_for,
+    corrupt_every_record,
+    kill_child_after_lines,
+    record_bytes,
+    run_json_child,
+    step,
+)
 
 import tf_embed_ops as te
 from tests.serving_support import serve_many_without_plugin
@@ -298,25 +303,8 @@ def test_the_streamed_export_holds_one_chunk_not_the_table(tmp_path):
 def test_a_process_killed_while_it_writes_the_rows_leaves_the_previous_export_serving(tmp_path):
     """The export is written into a temporary sibling and renamed into place: a SIGKILL in the middle of its rows
     leaves the previous export at the path, which a plain TensorFlow interpreter still serves."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + here)
     target = str(tmp_path / "export")
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, "tiered_dynamic_serving_kill_child.py"), str(tmp_path), target],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "exported"
-        assert proc.stdout.readline().strip() == "writing"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_child_after_lines("tiered_dynamic_serving_kill_child.py", [str(tmp_path), target], ["exported", "writing"])
     leftovers = [p for p in os.listdir(tmp_path) if p.startswith("export.tmp-")]
     assert len(leftovers) == 1  # the killed export's temporary directory, never renamed into place
     assert [f for f in os.listdir(os.path.join(tmp_path, leftovers[0], "variables")) if "tf_embed_ops_tiered" in f]
