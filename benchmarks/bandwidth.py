@@ -65,17 +65,18 @@ def build_probe() -> str:
     return native_binary(_SOURCE, "bandwidth_probe", ["-ffast-math", "-pthread"])
 
 
-def native_binary(source: str, name: str, flags: list[str]) -> str:
+def native_binary(source: str, name: str, flags: list[str], libs: tuple[str, ...] | list[str] = ()) -> str:
     """Compiles a standalone benchmark program once per source hash (into ``cache_dir()``); returns its path.
 
     -O3 -march=native always: these programs measure what the machine can do, and the op library is built for
-    the machine it runs on too.
+    the machine it runs on too. `libs` (e.g. ``-lrocksdb``) follow the source on the command line, where the
+    linker needs them.
 
     Raises:
         RuntimeError: no C++ compiler, or the compile failed (its stderr is in the message).
     """
     with open(source, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(flags).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(f.read() + " ".join([*flags, *libs]).encode()).hexdigest()[:12]
     binary = os.path.join(cache_dir(), f"{name}_{digest}")
     if os.path.exists(binary):
         return binary
@@ -84,7 +85,7 @@ def native_binary(source: str, name: str, flags: list[str]) -> str:
         raise RuntimeError(f"no C++ compiler (g++/c++/clang++) on PATH to build {name}")
     os.makedirs(cache_dir(), exist_ok=True)
     tmp = binary + f".tmp{os.getpid()}"
-    cmd = [cxx, "-std=c++17", "-O3", "-march=native", *flags, "-o", tmp, source]
+    cmd = [cxx, "-std=c++17", "-O3", "-march=native", *flags, "-o", tmp, source, *libs]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed to compile ({' '.join(cmd)}): {proc.stderr[-2000:]}")

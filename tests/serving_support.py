@@ -44,6 +44,38 @@ def serve_without_plugin(export_dir: str, feed: dict, cwd: str, string_inputs: t
     return np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
 
 
+# The same for several exports in one interpreter: prints the list of their output_0s.
+_SERVE_MANY_CODE = """
+import json, sys
+sys.modules["tf_embed_ops"] = None  # from here on `import tf_embed_ops` raises ImportError
+import tensorflow as tf
+feed = json.loads(sys.stdin.read())
+outs = []
+for path in json.loads(sys.argv[1]):
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    outs.append(fn(**{k: tf.constant(v, tf.int64) for k, v in feed.items()})["output_0"].numpy().tolist())
+assert not [m for m, v in sys.modules.items() if m.startswith("tf_embed_ops") and v is not None], "imported"
+print(json.dumps(outs))
+"""
+
+
+def serve_many_without_plugin(export_dirs: list, feed: dict, cwd: str) -> list:
+    """output_0 of each export's serving_default on the int64 `feed`, computed by one fresh interpreter in which
+    `tf_embed_ops` cannot be imported (as `serve_without_plugin`)."""
+    plain = {k: v.numpy().tolist() for k, v in feed.items()}
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVE_MANY_CODE, json.dumps([str(d) for d in export_dirs])],
+        input=json.dumps(plain),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [np.array(x, np.float32) for x in json.loads(result.stdout.strip().splitlines()[-1])]
+
+
 def fbgemm_available() -> bool:
     """Whether FBGEMM_PYTHON runs and imports torch and fbgemm_gpu."""
     if not os.access(FBGEMM_PYTHON, os.X_OK):

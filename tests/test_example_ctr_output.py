@@ -7,6 +7,8 @@ import argparse
 import os
 import re
 
+import pytest
+
 from tf_embed_ops.examples import ctr
 
 
@@ -24,6 +26,7 @@ def test_summary_names_the_comparison_the_better_model_and_what_was_written():
     assert "baseline generalises better: test AUC 0.7800 vs 0.7500 for tpu_embedding" in ctr.summary(results, 1, 1)
 
 
+@pytest.mark.slow  # trains the example's two models (about 9 s)
 def test_smoke_run_prints_the_verdict_writes_nothing_and_shows_no_eta(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(

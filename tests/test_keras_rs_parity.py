@@ -92,6 +92,7 @@ def _dlrm_data(n=256, seed=0):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
 
 
+@pytest.mark.slow  # a whole DLRM fit (several seconds)
 def test_dlrm_written_for_keras_rs_trains_after_one_import_change():
     keras.utils.set_random_seed(0)
     from tf_embed_ops.keras import DistributedEmbedding  # the one changed import (was keras_rs.layers)

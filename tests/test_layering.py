@@ -37,6 +37,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops.serving.prune",
         "tf_embed_ops.serving.metadata",
         "tf_embed_ops.serving.tables",
+        # A tiered table's serving form and the writer of its rows into a SavedModel (stock TF; the tables it reads
+        # come from above, duck-typed).
+        "tf_embed_ops.serving.streamed",
         # The delta file (numpy + stock TF).
         "tf_embed_ops.serving.delta_format",
         # The tiered storage option (`te.Tiered`), which every table config takes.

@@ -65,6 +65,7 @@ def _train_round(model, table, round_):
     table.evict_keys(tf.constant([round_, 30 + round_], tf.int64))
 
 
+@pytest.mark.slow  # several publish rounds and exports (several seconds)
 def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
     model, _, table = util.dynamic_model()
     util.fit(model, seed=0)
@@ -130,6 +131,7 @@ def test_publish_delta_with_the_tracker_keeps_the_servable_bit_identical(tmp_pat
     assert [t["keys"].size for t in parsed["tables"]] == [0, 0]
 
 
+@pytest.mark.slow  # several publish rounds (several seconds)
 def test_dense_weights_follow_their_cadence(tmp_path):
     model, _, table = util.dynamic_model()
     pub = Publisher(model, str(tmp_path), util.SIGNATURE, dense_every=2)

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, record_bytes, run_json_child, step
+from tiered_support import (
+    DYNAMIC_BATCHES,
+    cache_bytes_for,
+    corrupt_every_record,
+    kill_child_after_lines,
+    record_bytes,
+    run_json_child,
+    step,
+)
 
 import tf_embed_ops as te
 from tf_embed_ops import config as te_config
@@ -256,14 +261,7 @@ def test_a_corrupted_record_stops_the_save_naming_the_key_and_writes_no_checkpoi
     _train(emb, BATCHES)
     table = emb.dynamic_tables[tiered]
     first = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "first" / "ckpt"))  # a good one first
-    path = str(tmp_path / "rows" / "t.rows")
-    size, record = os.path.getsize(path), record_bytes(te.optimizers.Adagrad(0.1), DIM)
-    with open(path, "r+b") as f:  # flip a byte of every record: the rows not cached fail their CRC when read
-        data = bytearray(f.read())
-        for at in range(4096 + 1, size, record):
-            data[at] ^= 0x5A
-        f.seek(0)
-        f.write(bytes(data))
+    corrupt_every_record(str(tmp_path / "rows" / "t.rows"), record_bytes(te.optimizers.Adagrad(0.1), DIM))
     before = {k: v.numpy() for k, v in table.stats().items()}
     directory = tmp_path / "ckpt"
     directory.mkdir()
@@ -324,24 +322,7 @@ def test_edge_tables_round_trip_bitwise(tmp_path, case):
 def test_a_save_killed_midway_leaves_the_last_checkpoint_to_restore(tmp_path):
     """A process SIGKILLed in the middle of a streamed save (chunks written, not merged): no checkpoint of that save
     exists, the manager still points at the previous one, and it restores bitwise into a new process's table."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, "tiered_dynamic_save_kill_child.py"), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "saved"
-        assert proc.stdout.readline().strip() == "mid-save"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_child_after_lines("tiered_dynamic_save_kill_child.py", [str(tmp_path)], ["saved", "mid-save"])
     directory = str(tmp_path / "ckpt")
     latest = tf.train.latest_checkpoint(directory)
     assert latest is not None and latest.endswith("ckpt-1"), latest

@@ -148,6 +148,42 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
     return out
 
 
+def kill_child_after_lines(script: str, args: list, lines: list) -> None:
+    """Runs tests/<script> with `args` in a new interpreter (the repository and tests/ importable), waits for it to
+    print `lines` in order, then SIGKILLs it wherever it is."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(here, script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
+    try:
+        for line in lines:
+            assert proc.stdout.readline().strip() == line
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def corrupt_every_record(path: str, record: int) -> None:
+    """Flips a byte of every record slot of the row file at `path` (slots of `record` bytes after the 4,096-byte
+    header; the bytes flipped past the slots are in the location map, which only reopening the file reads): the
+    rows not cached fail their CRC32C when read."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        for at in range(4096 + 1, size, record):
+            data[at] ^= 0x5A
+        f.seek(0)
+        f.write(bytes(data))
+
+
 def status_kib(field: str) -> int:
     """A field of this process's /proc/self/status (VmRSS, VmHWM), in KiB."""
     with open("/proc/self/status") as f:

@@ -25,6 +25,7 @@ below is resolved on first use.
 from __future__ import annotations
 
 import importlib
+import sys
 from importlib import metadata as _metadata
 from typing import Any
 
@@ -73,6 +74,9 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module_name, attribute = _LAZY[name]
         module = importlib.import_module(module_name)
+        if "tensorflow" in sys.modules:
+            # AutoGraph must see the package as library code before a user's tf.function reaches it (_tf_compat).
+            importlib.import_module("tf_embed_ops._tf_compat")
         value = module if attribute is None else getattr(module, attribute)
         globals()[name] = value  # resolve once
         return value

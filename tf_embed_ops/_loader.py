@@ -81,6 +81,11 @@ def load_ops() -> types.ModuleType:
             if _ops_module is None:
                 import tensorflow as tf
 
+                from tf_embed_ops import _tf_compat
+
+                # Before any of our functions can be traced: the package is library code to AutoGraph, as
+                # TensorFlow's own modules are (see _tf_compat).
+                _tf_compat.exclude_from_autograph()
                 path = get_library_path()
                 _ops_module = tf.load_op_library(path)
     return _ops_module

@@ -24,6 +24,16 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2, tpu_embedd
 # (TF 2.17 - 2.21: tensorflow/core/tpu/kernels/, tensorflow/python/tpu/tpu_embedding_v3.py, tpu_embedding_v3_utils.py.)
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
+# AutoGraph's conversion rules: which modules a `tf.function` converts when it reaches their functions. TensorFlow's
+# and Keras' own modules are listed as not converted, so their TPU embedding classes run in a `tf.function` as
+# written; ours were converted function by function instead (the first trace of a TPUEmbeddingV2 step converted
+# about 130 of them, some 6 s), and ran through AutoGraph's rewrites of Python control flow, which TensorFlow's
+# classes never see. `exclude_from_autograph` lists the package beside TensorFlow's. (TF 2.0 - 2.21:
+# tensorflow/python/autograph/core/config.py; `tf.autograph.experimental.do_not_convert` is the public form, one
+# function at a time, and it also stops the conversion of the user functions those functions call.)
+from tensorflow.python.autograph.core import config as autograph_config
+from tensorflow.python.autograph.core import config_lib as autograph_config_lib
+
 # Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
@@ -70,6 +80,7 @@ __all__ = [
     "add_tracked_variable",
     "create_slots",
     "escape_local_name",
+    "exclude_from_autograph",
     "init_ops_v2",
     "keras_learning_rate_as_given",
     "nest",
@@ -105,6 +116,27 @@ OptimizerBase = tpu_embedding_v2_utils._Optimizer
 # A restore that ran before the variables were built hands their creator this initializer; a 16-bit table casts
 # its value instead of losing it (tf_embed_ops/low_precision.py). (`tf.__internal__`, TF 2.5 - 2.21.)
 CheckpointInitialValueCallable = tf.__internal__.tracking.CheckpointInitialValueCallable
+
+
+# The package's examples are user code shipped with it: AutoGraph converts them as it converts a user's program.
+_AUTOGRAPH_RULES = (
+    autograph_config_lib.Convert("tf_embed_ops.examples"),
+    autograph_config_lib.DoNotConvert("tf_embed_ops"),
+)
+
+
+def exclude_from_autograph() -> None:
+    """Makes AutoGraph treat the package's modules as TensorFlow's own: called, not converted (idempotent).
+
+    A user's functions that our code calls are then called as written too, as TensorFlow's TPU embedding classes
+    call them; a user's `tf.function` itself is converted as before.
+    """
+    rules = autograph_config.CONVERSION_RULES
+    if not any(isinstance(r, type(_AUTOGRAPH_RULES[1])) and r._prefix == "tf_embed_ops" for r in rules):
+        autograph_config.CONVERSION_RULES = (*rules, *_AUTOGRAPH_RULES)
+
+
+exclude_from_autograph()
 
 
 def slot_names(optimizer: Any) -> list[str]:

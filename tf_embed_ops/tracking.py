@@ -131,13 +131,19 @@ def refuse_tiered(objects: list, who: str) -> None:
         objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
       who: the API refusing them, for the message.
     """
+    from tf_embed_ops.dynamic import table as dynamic_table  # pylint: disable=import-outside-toplevel
+    from tf_embed_ops.tiered import config as tiered_config  # pylint: disable=import-outside-toplevel
     from tf_embed_ops.tiered import table as tiered_table  # pylint: disable=import-outside-toplevel
 
     names: list = []
     for obj in objects:
         group = getattr(obj, "tiered_group", None)
         found = [t.name for t in group.table_configs] if group is not None else []
+        # Tiered dynamic tables (in the dynamic group) too: the rows they change are not tracked either.
+        dynamic = getattr(obj, "dynamic_group", None)
+        found += [t.name for t in dynamic.table_configs if tiered_config.is_tiered(t)] if dynamic is not None else []
         found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) else []
+        found += [obj.table_name] if isinstance(obj, dynamic_table.DynamicTable) and obj.tiered is not None else []
         names += [n for n in found if n not in names]
     if names:
         raise ValueError(

@@ -625,9 +625,9 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         (tf.float32; the table's; "stochastic"); docs/low_precision.md.
       storage: None (the rows in memory) or `te.Tiered(cache_bytes=..., directory=...)`: the rows and their
         slots in a row file `<directory>/<name>.rows` behind a DRAM cache of `cache_bytes`, the keys and their
-        metadata in memory (docs/tiered_tables.md, "Dynamic tables"). Trained by `te.TPUEmbedding` only; its
-        `mode` is "create" or "overwrite" (a row file without its keys cannot be reopened), and L2Norm eviction
-        (which reads every row) is refused.
+        metadata in memory (docs/tiered_tables.md, "Dynamic tables"). Trained by `te.TPUEmbedding` and
+        `te.keras.TPUEmbedding`; its `mode` is "create" or "overwrite" (a row file without its keys cannot be
+        reopened), and L2Norm eviction (which reads every row) is refused.
 
     Raises:
       ValueError: for any value out of range or of the wrong kind, naming the table and the value.

@@ -11,6 +11,10 @@ copies its content (sorted by key) into state that stock TensorFlow holds and ch
   (`tf_embed_ops.serving.quantization`: uint8 fused rows for int8/int4, float16/bfloat16) and decoded after the
   gather; the default row encodes zeros exactly in every mode.
 
+A tiered table (`storage=te.Tiered`, rows on disk, possibly larger than memory) is not frozen: `freeze` refuses it,
+and `freeze_streamed` (`streamed_serving.py`) makes the same servable with the rows written into the SavedModel's
+checkpoint chunk by chunk by `te.serving.save_streamed`.
+
 `freeze(table, quantization=..., prune=...)` may also drop rows (`tf_embed_ops.serving.Prune`: by update count,
 age, L2 norm, a per-shard cap) from the frozen copy; a dropped key then reads the default row, as an unknown key
 does. The training table is not changed.
@@ -38,8 +42,9 @@ import tensorflow as tf
 from tf_embed_ops.dynamic.ops import string_keys_to_int64 as string_keys
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib
-from tf_embed_ops.serving.tables import MetadataMixin, table_metadata
+from tf_embed_ops.serving.tables import MetadataMixin, module_name, table_metadata
 
+# (`StreamedDynamicTable` and `freeze_streamed` too, loaded on first use: see `__getattr__` below.)
 __all__ = ["FrozenDynamicTable", "freeze", "freeze_arrays", "string_keys", "to_keys"]
 
 
@@ -56,7 +61,7 @@ def to_keys(ids: Any, key_dtype: tf.DType = tf.int64) -> tf.Tensor:
     return string_keys(ids) if key_dtype == tf.string else ids
 
 
-class _KeysToRows(tf.lookup.KeyValueTensorInitializer):
+class KeysToRows(tf.lookup.KeyValueTensorInitializer):
     """Initialises a hash table with key -> position from a keys *variable*, read when the table is initialised.
 
     `KeyValueTensorInitializer` captures its tensors at construction, which a SavedModel then stores as graph
@@ -107,7 +112,7 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         name: str = "table",
         quantization: str | None = None,
     ):
-        super().__init__(name=_module_name(name))
+        super().__init__(name=module_name(name))
         keys, weights = _checked(keys, weights, name)
         self.table_name = name
         self.key_dtype = tf.as_dtype(key_dtype)
@@ -118,9 +123,7 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         default_row = np.zeros([1, self.dim], np.float32)
         encoded = quantization_lib.encode(np.concatenate([weights, default_row]), self.mode, name)
         self.values = tf.Variable(encoded, trainable=False, name="values")
-        self.index = tf.lookup.StaticHashTable(
-            _KeysToRows(self.keys, self.size == 0), default_value=np.int64(self.size)
-        )
+        self.index = tf.lookup.StaticHashTable(KeysToRows(self.keys, self.size == 0), default_value=np.int64(self.size))
         self.set_metadata(
             table_metadata(
                 "dynamic", self.dim, self.size, self.size, self.mode, None, encoded.nbytes + keys.nbytes, "float32"
@@ -131,15 +134,19 @@ class FrozenDynamicTable(MetadataMixin, tf.Module):
         """Row of each id in `values` (n for an id without a row), same shape as `ids`."""
         return self.index.lookup(to_keys(ids, self.key_dtype))
 
+    def _gather_values(self, rows: Any) -> tf.Tensor:
+        """The encoded rows at positions `rows`."""
+        return tf.gather(self.values, rows)
+
     def gather_rows(self, rows: Any) -> tf.Tensor:
         """Float32 rows at positions `rows` (what `rows(ids)` returns) -> rows.shape + [dim]."""
-        return quantization_lib.decode(tf.gather(self.values, rows), self.mode, self.dim)
+        return quantization_lib.decode(self._gather_values(rows), self.mode, self.dim)
 
     def gather_parts(self, rows: Any) -> tuple | None:
         """(codes, scale, bias) at positions `rows` for int8/int4 (`quantization.decode_parts`), else None."""
         if not quantization_lib.is_rowwise(self.mode):
             return None
-        return quantization_lib.decode_parts(tf.gather(self.values, rows), self.mode, self.dim)
+        return quantization_lib.decode_parts(self._gather_values(rows), self.mode, self.dim)
 
     def lookup(self, ids: Any) -> tf.Tensor:
         """Each id's row, shape ids.shape + [dim]; zeros for an id without a row (the training side's default)."""
@@ -156,11 +163,6 @@ def _checked(keys: Any, weights: Any, name: str) -> tuple[np.ndarray, np.ndarray
     if keys.shape[0] and np.unique(keys).shape[0] != keys.shape[0]:
         raise ValueError(f"table {name!r}: keys must be unique")
     return keys, weights
-
-
-def _module_name(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
-    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
 
 
 def freeze_arrays(
@@ -196,10 +198,18 @@ def freeze(table: Any, quantization: str | None = None, prune: Any = None) -> Fr
       The `FrozenDynamicTable`; its `metadata` records the rows trained and kept.
 
     Raises:
-      ValueError: an unknown quantization mode, a `prune` that is not a `Prune`, or rows the mode cannot encode
-        (naming the table).
+      ValueError: an unknown quantization mode, a `prune` that is not a `Prune`, rows the mode cannot encode
+        (naming the table), or a tiered table (`storage=te.Tiered`: its rows may not fit in memory; export it with
+        `freeze_streamed`).
     """
     name = table.table_name
+    if any(getattr(shard, "tiered", None) is not None for shard in _shards(table)):
+        raise ValueError(
+            f"DynamicTable {name!r} is tiered (storage=te.Tiered): freeze would read all its rows into memory. "
+            "Export it with te.dynamic.serving.freeze_streamed(table, quantization=..., prune=...), saved by "
+            "te.serving.save_streamed(root, export_dir, signatures=...): its rows are streamed from the tier into "
+            "the SavedModel chunk by chunk"
+        )
     quantization_lib.check_mode(quantization, name)
     if prune is not None:
         prune_lib.check_applicable(prune, name, dynamic=True)
@@ -238,3 +248,12 @@ def freeze(table: Any, quantization: str | None = None, prune: Any = None) -> Fr
     metadata["prune"] = prune.criteria() if prune is not None else None
     frozen.set_metadata(metadata)
     return frozen
+
+
+def __getattr__(name: str) -> Any:
+    # A tiered table's streamed serving form (tf_embed_ops/dynamic/streamed_serving.py), which builds on this module.
+    if name in ("StreamedDynamicTable", "freeze_streamed"):
+        import importlib  # pylint: disable=import-outside-toplevel
+
+        return getattr(importlib.import_module("tf_embed_ops.dynamic.streamed_serving"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,7 @@ from tf_embed_ops import _xla, embedding_ops, update_trigger
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
-from tf_embed_ops.keras import optimizer_mapping, serialization, serving, tiered_weights
+from tf_embed_ops.keras import dynamic_weights, optimizer_mapping, serialization, serving, tiered_weights
 
 __all__ = ["TPUEmbedding"]
 
@@ -37,9 +37,6 @@ class _KerasTableStore(mid_level.TPUEmbedding):
     Checkpoint structure below the layer is TensorFlow's (`_tpu_embedding/<table>`, `_tpu_embedding/<table>/<slot>`,
     as TensorFlow Recommenders' TPUEmbedding layer writes it).
     """
-
-    # Tiered dynamic tables train in te.TPUEmbedding only (docs/tiered_tables.md, "Dynamic tables").
-    _TIERED_DYNAMIC_UNSUPPORTED_BY = "te.keras.TPUEmbedding"
 
     def __init__(self, add_weight: Any, feature_config: Any, optimizer: Any, pipeline: bool, check_numerics: bool):
         super().__init__(feature_config, optimizer, pipeline, check_numerics=check_numerics)
@@ -297,41 +294,22 @@ class TPUEmbedding(keras.layers.Layer):
         return activation_specs(features, self.feature_config)
 
     # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; dynamic tables are
-    # resources, so their content (the checkpoint's tensors, sorted by key) is stored beside them under
-    # `dynamic.<table>.<tensor>` and read back before the variables. Tiered tables are stored chunk by chunk under
-    # `tiered.<table>.` (`tiered_weights`).
-    _DYNAMIC_PREFIX = "dynamic."
-
+    # resources, so their content (the checkpoint's tensors, sorted by key; a tiered one's rows chunk by chunk) is
+    # stored beside them under `dynamic.<table>.` (`dynamic_weights`). Tiered tables are stored chunk by chunk under
+    # `tiered.<table>.` (`tiered_weights`). Every entry of both is checked before any table is written.
     def save_own_variables(self, store: Any) -> None:
         super().save_own_variables(store)
         tiered_weights.save(store, self.tiered_tables)
-        for config, table in self.dynamic_tables.items():
-            contents = dict(table.export())
-            contents["step"] = table.step.read_value()
-            contents.update(table.export_policy_state())  # Bloom counters, decayed counts (lifecycle policies)
-            for name, value in contents.items():
-                store[f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}.{name}"] = value.numpy()
+        dynamic_weights.save(store, self.dynamic_tables)
 
     def load_own_variables(self, store: Any) -> None:
-        tiered = tiered_weights.check(store, self.tiered_tables)  # every tiered entry checked before any write
-        dynamic = {k: store[k] for k in store.keys() if str(k).startswith(self._DYNAMIC_PREFIX)}
-        for config, table in self.dynamic_tables.items():
-            prefix = f"{self._DYNAMIC_PREFIX}{_store_name(config.name)}."
-            contents = {
-                k[len(prefix) :]: tf.convert_to_tensor(v[...]) for k, v in dynamic.items() if k.startswith(prefix)
-            }
-            if not contents:
-                continue  # saved before the table existed: it stays empty
-            step = contents.pop("step")
-            table.check_contents(contents, "load_model")
-            table.check_fits(contents)
-            table.import_contents(contents)
-            table.import_policy_state(contents)
-            table.step.assign(tf.cast(step, tf.int64))
+        tiered = tiered_weights.check(store, self.tiered_tables)
+        dynamic = dynamic_weights.check(store, self.dynamic_tables)
+        for write in dynamic:
+            write()
         tiered_weights.write(store, tiered)
-        super().load_own_variables(
-            {k: store[k] for k in store.keys() if k not in dynamic and not str(k).startswith(tiered_weights.PREFIX)}
-        )
+        prefixes = (dynamic_weights.PREFIX, tiered_weights.PREFIX)
+        super().load_own_variables({k: store[k] for k in store.keys() if not str(k).startswith(prefixes)})
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -344,8 +322,3 @@ class TPUEmbedding(keras.layers.Layer):
             }
         )
         return config
-
-
-def _store_name(table_name: str) -> str:
-    # An h5 dataset name: "/" would make a group.
-    return table_name.replace("/", "|")

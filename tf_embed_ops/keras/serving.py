@@ -17,10 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,7 +163,11 @@ def _frozen(table: Any) -> Any:
             copy = _SERVING_MODE["freeze"](table)
         else:
             mode, prune = _SERVING_MODE["dynamic"].get(table.table_name, (None, None))
-            copy = dynamic_serving.freeze(table, mode, prune)
+            # A tiered table's rows are not read here: its serving form's rows are streamed into the SavedModel
+            # after it is saved (`tf_embed_ops.serving.streamed.write_rows` finds it among the frozen tables).
+            tiered = getattr(table, "tiered", None) is not None
+            freeze = dynamic_serving.freeze_streamed if tiered else dynamic_serving.freeze
+            copy = freeze(table, mode, prune)
         entry = (table, copy)  # the object is kept so that its id stays unique
         _SERVING_MODE["frozen"][id(table)] = entry
     return entry[1]
@@ -443,7 +444,7 @@ def export_for_serving(
             # Its serving form has no value yet: the rows are streamed into the SavedModel after it is saved.
             table = streamed_lib.StreamedTable(obj, mode)
             served[id(obj)] = (obj, table)
-            streamed.append((table, obj))
+            streamed.append(table)
             metadata[name] = table.metadata
             continue
         backing = getattr(obj, "value", obj)
@@ -465,40 +466,19 @@ def export_for_serving(
     # and the training-only state (optimizer slots, the replaced float32 tables) has no place in a servable.
     root = tf.Module()
     root.serving_variables = list(concrete.variables)
-    streamed_ids = {id(t) for t, _ in streamed}
+    streamed_ids = {id(t) for t in streamed}
     root.served_tables = [table for _, table in served.values() if id(table) not in streamed_ids]
     root.dynamic_tables = frozen  # frozen dynamic tables: StaticHashTable + dense rows, plain TensorFlow state
-    setattr(root, streamed_lib.ROOT_ATTRIBUTE, [table for table, _ in streamed])  # tiered: rows streamed below
-    _write_atomically(
+    setattr(root, streamed_lib.ROOT_ATTRIBUTE, streamed)  # tiered: rows streamed below
+    streamed_lib.write_atomically(
         filepath,
         lambda tmp: (
             tf.saved_model.save(root, tmp, signatures={"serving_default": concrete}),
-            streamed_lib.write_rows(tmp, streamed),
+            streamed_lib.write_rows(tmp, root),
             metadata_lib.write_export_metadata(tmp, metadata),
         ),
     )
     return inputs
-
-
-def _write_atomically(filepath: str, write: Any) -> None:
-    """Runs `write(tmp)` into a temporary sibling of `filepath`, then renames it into place (replacing an older
-    export there), so that a reader never sees a half-written export and a failed write leaves nothing."""
-    filepath = os.path.abspath(os.fspath(filepath)).rstrip(os.sep)
-    parent = os.path.dirname(filepath)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".tmp-", dir=parent)
-    try:
-        write(tmp)
-        if os.path.isdir(filepath):
-            old = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".old-", dir=parent)
-            os.rename(filepath, os.path.join(old, "export"))
-            os.rename(tmp, filepath)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, filepath)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _component_paths(structure: Any) -> list:

@@ -8,6 +8,8 @@ tables (docs/serving.md).
 - `quantization`: the row encodings (`"int8"`, `"int4"`, `"float16"`, `"bfloat16"`): numpy encoders and
   stock-TensorFlow decoders, shared by everything that writes rows for a servable.
 - `ServedTable`: a static table's serving form (encoded, possibly pruned rows).
+- `save_streamed`: `tf.saved_model.save` of a root holding tiered tables' serving forms
+  (`te.dynamic.serving.freeze_streamed`), their rows streamed into the SavedModel chunk by chunk.
 - `read_export_metadata`: what an export records about its tables (``python -m tf_embed_ops inspect-export``).
 
 Example:
@@ -24,7 +26,16 @@ from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving.metadata import read_export_metadata
 from tf_embed_ops.serving.prune import Prune
 
-__all__ = ["Prune", "Publisher", "ServedTable", "delta_format", "quantization", "read_export_metadata", "read_manifest"]
+__all__ = [
+    "Prune",
+    "Publisher",
+    "ServedTable",
+    "delta_format",
+    "quantization",
+    "read_export_metadata",
+    "read_manifest",
+    "save_streamed",
+]
 
 
 def __getattr__(name: str):
@@ -37,6 +48,8 @@ def __getattr__(name: str):
     # (import_module, not `from tf_embed_ops.serving import ...`: that form asks this very __getattr__ first.)
     if name in ("Publisher", "read_manifest"):
         return getattr(importlib.import_module("tf_embed_ops.serving.publisher"), name)
+    if name == "save_streamed":
+        return importlib.import_module("tf_embed_ops.serving.streamed").save
     if name == "delta_format":
         return importlib.import_module("tf_embed_ops.serving.delta_format")
     raise AttributeError(f"module 'tf_embed_ops.serving' has no attribute {name!r}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SCORES", "Prune", "check_applicable", "select"]
+__all__ = ["SCORES", "Prune", "check_applicable", "needs_norms", "row_norms", "select"]
 
 SCORES = ("l2_norm", "count", "recency")
 _NEEDS_STATS = ("min_count", "max_age_steps")
@@ -103,6 +103,18 @@ def check_applicable(prune: Any, table_name: str, dynamic: bool) -> Prune:
     return prune
 
 
+def needs_norms(prune: Prune) -> bool:
+    """Whether `prune` reads the rows' L2 norms (`min_l2_norm`, or `max_rows` ranked by ``"l2_norm"``)."""
+    return prune.min_l2_norm is not None or (prune.max_rows is not None and prune.score == "l2_norm")
+
+
+def row_norms(weights: np.ndarray) -> np.ndarray:
+    """The L2 norm of each row of `weights` [n, dim], float64 (row by row: a chunk's norms are the whole
+    table's norms of those rows)."""
+    # float64: the threshold comparison should not depend on float32 rounding of the sum.
+    return np.sqrt(np.sum(np.square(np.asarray(weights, np.float32).astype(np.float64)), axis=1))
+
+
 def select(
     prune: Prune,
     table_name: str,
@@ -111,6 +123,7 @@ def select(
     counts: np.ndarray | None = None,
     last_steps: np.ndarray | None = None,
     step: int | None = None,
+    norms: np.ndarray | None = None,
 ) -> np.ndarray:
     """The indices of the rows `prune` keeps, ascending.
 
@@ -122,6 +135,8 @@ def select(
       counts: [n] update counts (dynamic tables).
       last_steps: [n] step of each row's last update (dynamic tables).
       step: the table's current step (dynamic tables).
+      norms: [n] the rows' `row_norms`, given in place of the rows (`weights` then [n, 0]: a table whose rows are
+        read chunk by chunk, never whole).
 
     Returns:
       int64 indices into `weights`, ascending.
@@ -132,10 +147,8 @@ def select(
     weights = np.asarray(weights, np.float32)
     n = weights.shape[0]
     keep = np.ones([n], bool)
-    norms = None
-    if prune.min_l2_norm is not None or (prune.max_rows is not None and prune.score == "l2_norm"):
-        # float64: the threshold comparison should not depend on float32 rounding of the sum.
-        norms = np.sqrt(np.sum(np.square(weights.astype(np.float64)), axis=1))
+    if needs_norms(prune) and norms is None:
+        norms = row_norms(weights)
     if prune.min_l2_norm is not None:
         keep &= norms >= float(prune.min_l2_norm)
     ranked = prune.score if prune.max_rows is not None else None

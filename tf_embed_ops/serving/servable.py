@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tf_embed_ops.dynamic import serving as dynamic_serving
 from tf_embed_ops.serving import delta_format as fmt
+from tf_embed_ops.serving.tables import module_name
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
 
@@ -54,7 +55,7 @@ class MutableRowTable(tf.Module):
     """
 
     def __init__(self, keys: Any, weights: Any, capacity: int, key_dtype: Any = tf.int64, name: str = "table"):
-        super().__init__(name=dynamic_serving._module_name(name))  # noqa: SLF001 - same naming as the frozen table
+        super().__init__(name=module_name(name))
         keys = np.asarray(keys, np.int64).reshape([-1])
         weights = np.asarray(weights)
         n = keys.shape[0]

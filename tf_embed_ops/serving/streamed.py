@@ -10,6 +10,11 @@ and `MergeV2Checkpoints` merges the slices into the SavedModel's `variables/` ch
 Serving, `tf.saved_model.load`) restores the variable from its slices with stock `RestoreV2`: the SavedModel is a
 plain one, and `tf_embed_ops` is not needed to load it.
 
+Any serving form of this kind (`Streamed`: a static tiered table's `StreamedTable`, a tiered dynamic table's
+`tf_embed_ops.dynamic.streamed_serving.StreamedDynamicTable`) is found by walking the saved checkpoint's object
+graph beside the Python objects from the root, wherever the root holds it; `save` is `tf.saved_model.save` followed
+by `write_rows`, into a temporary directory renamed into place.
+
 Memory: one chunk of the tier's rows and slots (float32) and its encoded copy, whatever the table's size.
 
 float16 rows (the "float16" mode, or a float16 table exported as stored) are kept as their int16 bits and bitcast
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import tensorflow as tf
@@ -29,20 +36,31 @@ from tf_embed_ops import _tf_compat
 from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving import tables as tables_lib
 
-__all__ = ["StreamedTable", "write_rows"]
+__all__ = ["Streamed", "StreamedTable", "save", "write_atomically", "write_rows"]
 
-# Where an export keeps its streamed tables (the SavedModel root's attribute): their checkpoint keys are found by
-# this path in the checkpoint's object graph.
+# Where `te.keras.export_for_serving` keeps its static tiered tables' serving forms (an attribute of its root).
 ROOT_ATTRIBUTE = "tiered_tables"
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
-def _module_name(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
-    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
+class Streamed:
+    """A serving form whose variable `streamed_variable` ([num_rows, width]) is saved without a value and written
+    by `write_rows`, chunk by chunk, from `streamed_chunks()`: `(first row, encoded rows)` in row order."""
+
+    streamed_variable = "rows"
+    num_rows: int
+    width: int
+    table_name: str
+
+    def streamed_chunks(self) -> Any:
+        raise NotImplementedError
+
+    def _hold_source(self, table: Any) -> None:
+        """Keeps the training `table` for `streamed_chunks`, out of the servable (`_Source`)."""
+        self._source = _Source(table)
 
 
-class StreamedTable(tables_lib.ServedTable):
+class StreamedTable(Streamed, tables_lib.ServedTable):
     """A tiered table's serving form: `rows` [vocabulary_size, encoded width] with no value until `write_rows`.
 
     The lookups are `ServedTable`'s (gather, then decode), so a streamed table serves exactly what the same rows
@@ -55,7 +73,7 @@ class StreamedTable(tables_lib.ServedTable):
     """
 
     def __init__(self, table: Any, mode: str | None = None):
-        tf.Module.__init__(self, name=_module_name(table.table_name))  # pylint: disable=non-parent-init-called
+        tf.Module.__init__(self, name=tables_lib.module_name(table.table_name))  # pylint: disable=non-parent-init-called
         quantization.check_mode(mode, table.table_name)
         self.table_name, self.mode, self.dim = table.table_name, mode, int(table.dim)
         trained_dtype = tf.as_dtype(table.dtypes[0])
@@ -69,6 +87,7 @@ class StreamedTable(tables_lib.ServedTable):
                 shape=[self.num_rows, self.width], dtype=self.stored_dtype, trainable=False, name="rows"
             )
         self.remap = None
+        self._hold_source(table)
         nbytes = self.num_rows * self.width * self.dtype.size
         self.set_metadata(
             tables_lib.table_metadata(
@@ -92,6 +111,13 @@ class StreamedTable(tables_lib.ServedTable):
                 raise ValueError(f"{e} (row numbers counted from row {first_row}, the chunk being exported)") from None
         return tf.bitcast(encoded, self.stored_dtype) if self.stored_dtype != self.dtype else encoded
 
+    def streamed_chunks(self) -> Any:
+        """The table's rows encoded, chunk by chunk (`te.Tiered(chunk_bytes=...)`), read through its cache."""
+        table = self._source.table
+        for start, n in table.chunks():
+            values, _ = table.read_rows(start, n)
+            yield start, self.encode(values, start)
+
     def _gather(self, ids: Any) -> tf.Tensor:
         rows = tf.gather(self.rows, ids)
         return tf.bitcast(rows, self.dtype) if self.stored_dtype != self.dtype else rows
@@ -101,63 +127,174 @@ def _slice_spec(num_rows: int, width: int, start: int, n: int) -> str:
     return f"{num_rows} {width} {start},{n}:0,{width}"
 
 
-def _checkpoint_keys(prefix: str, count: int) -> list[str]:
-    """The checkpoint key of `<ROOT_ATTRIBUTE>/<i>/rows` for i < count, from the checkpoint's object graph."""
+class _Source:
+    """Holds a streamed form's training table out of TensorFlow's object tracking: the table is read by
+    `write_rows`, never saved with the servable (a tiered table refuses to be part of a SavedModel)."""
+
+    def __init__(self, table: Any):
+        self.table = table
+
+
+def streamed_forms_and_keys(prefix: str, root: Any) -> list[tuple[Any, str]]:
+    """[(streamed form, checkpoint key of its streamed variable)] of every streamed form reachable from `root`.
+
+    The checkpoint's object graph is walked beside the Python objects (a child is matched by its local name), so a
+    streamed form is found wherever the root holds it; each is listed once, in the order of the walk.
+    """
     from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=import-outside-toplevel
 
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor(_OBJECT_GRAPH_KEY))
-
-    def child(node: Any, name: str) -> Any:
+    found: list[tuple[Any, str]] = []
+    seen_nodes, seen_forms = {0}, set()
+    queue = [(root, 0)]
+    while queue:
+        obj, node_id = queue.pop(0)
+        node = graph.nodes[node_id]
+        children = _trackable_children(obj)
+        if isinstance(obj, Streamed) and id(obj) not in seen_forms:
+            seen_forms.add(id(obj))
+            variable = children.get(obj.streamed_variable)
+            ref = [r for r in node.children if r.local_name == obj.streamed_variable]
+            keys = [a.checkpoint_key for a in graph.nodes[ref[0].node_id].attributes] if ref else []
+            if variable is None or len(keys) != 1:
+                raise RuntimeError(
+                    f"streamed export: the SavedModel's checkpoint records no value for table {obj.table_name!r}'s "
+                    f"{obj.streamed_variable!r}"
+                )
+            found.append((obj, keys[0]))
         for ref in node.children:
-            if ref.local_name == name:
-                return graph.nodes[ref.node_id]
-        raise RuntimeError(f"streamed export: the SavedModel's object graph has no {name!r} below its root")
-
-    keys = []
-    holder = child(graph.nodes[0], ROOT_ATTRIBUTE)
-    for i in range(count):
-        rows = child(child(holder, str(i)), "rows")
-        found = [a.checkpoint_key for a in rows.attributes if a.name == "VARIABLE_VALUE"]
-        if not found:
-            raise RuntimeError(f"streamed export: the SavedModel's checkpoint records no value for table {i}'s rows")
-        keys.append(found[0])
-    return keys
+            child = children.get(ref.local_name)
+            if child is not None and ref.node_id not in seen_nodes:
+                seen_nodes.add(ref.node_id)
+                queue.append((child, ref.node_id))
+    return found
 
 
-def write_rows(export_dir: str, streamed: list[tuple[StreamedTable, Any]]) -> None:
-    """Completes the checkpoint of the SavedModel at `export_dir` with the rows of its streamed tables.
+def _trackable_children(obj: Any) -> dict:
+    """`obj`'s children as a SavedModel tracks them (its checkpoint's children are a subset)."""
+    try:
+        return dict(obj._trackable_children(save_type="savedmodel"))  # noqa: SLF001 - TensorFlow's tracking API
+    except Exception:  # an object that cannot list them here: follow its checkpoint children
+        try:
+            return dict(obj._trackable_children())  # noqa: SLF001
+        except Exception:
+            return {}
 
-    Call it after `tf.saved_model.save` of a root whose `ROOT_ATTRIBUTE` lists the `StreamedTable`s of `streamed`,
-    in that order.
+
+def write_rows(export_dir: str, root: Any) -> list:
+    """Completes the checkpoint of the SavedModel at `export_dir` (saved from `root`) with the rows of every
+    streamed form `root` holds (`StreamedTable`, `tf_embed_ops.dynamic.serving.StreamedDynamicTable`).
+
+    Each form's `streamed_chunks()` yields `(first row, encoded rows)`, the rows of its variable in order, one
+    chunk at a time; each chunk is saved by its own `SaveV2` as a slice of the variable, and `MergeV2Checkpoints`
+    merges them with the SavedModel's checkpoint. The merged checkpoint is then checked: every value its object
+    graph records must be in it (a streamed variable not reached here would leave the servable unloadable).
 
     Args:
       export_dir: the SavedModel directory (a temporary one: a failure leaves it incomplete).
-      streamed: `[(StreamedTable, TieredTable)]`.
+      root: the object `tf.saved_model.save` saved.
+
+    Returns:
+      The streamed forms written.
 
     Raises:
-      ValueError: a row the table's mode cannot encode (the export must then be discarded).
+      ValueError: a row a table's mode cannot encode (the export must then be discarded).
+      tf.errors.OpError: a row that cannot be read from the tier (the same).
+      RuntimeError: a streamed variable without a value in the merged checkpoint.
     """
-    if not streamed:
-        return
     variables = os.path.join(export_dir, "variables")
+    current = os.path.join(variables, "variables")
     base = os.path.join(variables, "tf_embed_ops_base")
-    for path in glob.glob(glob.escape(os.path.join(variables, "variables")) + ".*"):
-        os.rename(path, base + path[len(os.path.join(variables, "variables")) :])
-    keys = _checkpoint_keys(base, len(streamed))
+    if not tf.io.gfile.exists(current + ".index"):
+        return []  # nothing saved: no variable at all
+    forms = streamed_forms_and_keys(current, root)
+    if not forms:
+        return []
+    for path in glob.glob(glob.escape(current) + ".*"):
+        os.rename(path, base + path[len(current) :])
     prefixes = [base]
-    for i, ((served, table), key) in enumerate(zip(streamed, keys, strict=True)):
-        for k, (start, n) in enumerate(table.chunks()):
-            values, _ = table.read_rows(start, n)
+    for i, (served, key) in enumerate(forms):
+        for k, (start, encoded) in enumerate(served.streamed_chunks()):
             prefix = os.path.join(variables, f"tf_embed_ops_tiered_{i}_{k}")
+            n = int(encoded.shape[0])
             tf.raw_ops.SaveV2(
                 prefix=prefix,
                 tensor_names=[key],
                 shape_and_slices=[_slice_spec(served.num_rows, served.width, start, n)],
-                tensors=[served.encode(values, start)],
+                tensors=[encoded],
             )
             prefixes.append(prefix)
-    tf.raw_ops.MergeV2Checkpoints(
-        checkpoint_prefixes=prefixes, destination_prefix=os.path.join(variables, "variables"), delete_old_dirs=False
-    )
+    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=prefixes, destination_prefix=current, delete_old_dirs=False)
+    _check_complete(current)
     _tf_compat.write_saved_model_fingerprint(export_dir)
+    return [served for served, _ in forms]
+
+
+def _check_complete(prefix: str) -> None:
+    """Every value the checkpoint's object graph records is in the checkpoint."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=import-outside-toplevel
+
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+    missing = [a.checkpoint_key for n in graph.nodes for a in n.attributes if not reader.has_tensor(a.checkpoint_key)]
+    if missing:
+        raise RuntimeError(f"streamed export: the SavedModel's checkpoint has no value for {missing[:5]}")
+
+
+def save(root: Any, export_dir: str, signatures: Any = None, options: Any = None) -> list:
+    """`tf.saved_model.save(root, export_dir, signatures, options)` for a root holding streamed forms, atomically.
+
+    The SavedModel is written into a temporary sibling of `export_dir`; then every streamed form reachable from
+    `root` (`tf_embed_ops.dynamic.serving.freeze_streamed`, `StreamedTable`) gets its rows, read from its tiered
+    table chunk by chunk (`write_rows`); then the directory is renamed into `export_dir` (an export already there
+    is replaced). A failure (a row a mode cannot encode, a corrupted row in the tier) leaves `export_dir` as it
+    was, and no temporary directory.
+
+    Args:
+      root: the object to save (a `tf.Module` holding the streamed forms and whatever else the servable reads).
+      export_dir: the SavedModel directory.
+      signatures, options: as `tf.saved_model.save`.
+
+    Returns:
+      The streamed forms written.
+
+    Raises:
+      ValueError: a row a table's mode cannot encode, naming the table and the key or row.
+      tf.errors.OpError: a row that cannot be read from the tier, naming the table, the row, its key and the file.
+    """
+    written: list = []
+
+    def write(tmp: str) -> None:
+        tf.saved_model.save(root, tmp, signatures=signatures, options=options)
+        written.extend(write_rows(tmp, root))
+
+    try:
+        write_atomically(export_dir, write)
+    except tf.errors.OpError as e:
+        raise type(e)(e.node_def, e.op, f"save_streamed to {export_dir}: {e.message}; nothing was written") from None
+    except ValueError as e:
+        raise ValueError(f"save_streamed to {export_dir}: {e}; nothing was written") from None
+    return written
+
+
+def write_atomically(filepath: str, write: Any) -> None:
+    """Runs `write(tmp)` into a temporary sibling of `filepath`, then renames it into place (replacing an older
+    export there), so that a reader never sees a half-written export and a failed write leaves nothing."""
+    filepath = os.path.abspath(os.fspath(filepath)).rstrip(os.sep)
+    parent = os.path.dirname(filepath)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".tmp-", dir=parent)
+    try:
+        write(tmp)
+        if os.path.isdir(filepath):
+            old = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".old-", dir=parent)
+            os.rename(filepath, os.path.join(old, "export"))
+            os.rename(tmp, filepath)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, filepath)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization
 
-__all__ = ["MetadataMixin", "ServedTable", "table_metadata"]
+__all__ = ["MetadataMixin", "ServedTable", "module_name", "table_metadata"]
 
 
 def table_metadata(
@@ -56,7 +56,8 @@ class MetadataMixin:
         self._metadata_json = json.dumps(value)
 
 
-def _module_name(name: str) -> str:
+def module_name(name: str) -> str:
+    """A `tf.Module` name for a serving form of the table `name` (letters, digits, "_"; a letter first)."""
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
 
@@ -73,7 +74,7 @@ class ServedTable(MetadataMixin, tf.Module):
     def __init__(
         self, name: str, weights: np.ndarray, mode: str | None = None, prune: Any = None, trained_dtype: str = "float32"
     ):
-        super().__init__(name=_module_name(name))
+        super().__init__(name=module_name(name))
         weights = np.asarray(weights, np.float32)
         vocabulary_size, dim = weights.shape
         self.table_name, self.mode, self.dim = name, mode, int(dim)
