@@ -49,9 +49,11 @@ int64_t DynamicTableResource::MemoryUsed() const {
 }
 
 int64_t DynamicTableResource::memory_bytes() const {
-  // A tiered table's DRAM: the keys and metadata, and the cache (its records and bookkeeping).
-  const int64_t cache =
-      tiered_ == nullptr ? 0 : tiered_->cache().capacity() * TieredRowCache::RowBytes(tiered_->layout());
+  // A tiered table's DRAM: the keys and metadata, the cache (its records and bookkeeping) and the row file's
+  // location map.
+  const int64_t cache = tiered_ == nullptr ? 0
+                                           : tiered_->cache().capacity() * TieredRowCache::RowBytes(tiered_->layout()) +
+                                                 tiered_->cache().file_dram_bytes();
   return table_->MemoryBytes() + cache;
 }
 
