@@ -26,6 +26,8 @@
 namespace tf_embed_ops {
 namespace {
 
+using tiered_test::FileBytes;
+using tiered_test::PatchFile;
 using tiered_test::TempDir;
 
 TieredRowLayout Layout(int64_t num_rows) {
@@ -34,25 +36,6 @@ TieredRowLayout Layout(int64_t num_rows) {
   l.types = {StorageType::kFloat32, StorageType::kBfloat16};
   l.widths = {3, 2};
   return l;
-}
-
-std::vector<char> FileBytes(const std::string& path) {
-  std::vector<char> bytes;
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return bytes;
-  struct stat st;
-  fstat(fd, &st);
-  bytes.resize(st.st_size);
-  EXPECT_EQ(pread(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
-  close(fd);
-  return bytes;
-}
-
-void PatchFile(const std::string& path, int64_t offset, const std::vector<char>& bytes) {
-  const int fd = open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
-  close(fd);
 }
 
 // A record whose values come from (row, version).

@@ -3,7 +3,9 @@
 #ifndef TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
 #define TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 
 #include "cc/lib/optimizers/registry.h"
 #include "cc/lib/shard.h"
+#include "gtest/gtest.h"
 
 namespace tf_embed_ops {
 namespace tiered_test {
@@ -66,6 +69,27 @@ inline std::vector<OptimizerParams> EveryOptimizer() {
   all.push_back(non_lazy_adam);
   all.push_back(non_lazy_lion);
   return all;
+}
+
+// The bytes of the file at `path` (empty when it cannot be opened).
+inline std::vector<char> FileBytes(const std::string& path) {
+  std::vector<char> bytes;
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return bytes;
+  struct stat st;
+  fstat(fd, &st);
+  bytes.resize(st.st_size);
+  EXPECT_EQ(pread(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+  close(fd);
+  return bytes;
+}
+
+// Overwrites bytes of the file at `path` from `offset` (a corruption behind the table's back).
+inline void PatchFile(const std::string& path, int64_t offset, const std::vector<char>& bytes) {
+  const int fd = open(path.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), offset), static_cast<ssize_t>(bytes.size()));
+  close(fd);
 }
 
 }  // namespace tiered_test
