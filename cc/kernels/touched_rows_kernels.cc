@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/dynamic_table_kernel_util.h"
 #include "cc/kernels/dynamic_table_resource.h"
+#include "cc/kernels/tiered_table_resource.h"
 #include "cc/kernels/touched_rows_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -53,18 +54,27 @@ class TouchedRowsTrackOp : public tf::OpKernel {
   using OpKernel::OpKernel;
 
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<tf::Var> var;
-    OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, 0), &var));
-    int64_t rows = 0;
-    {
-      tf::tf_shared_lock lock(*var->mu());
-      OP_REQUIRES(ctx, var->is_initialized && var->tensor()->dims() == 2,
-                  absl::InvalidArgumentError(
-                      absl::StrCat("TouchedRowsTrack: the table variable must be initialised and of rank 2, got shape ",
-                                   var->tensor()->shape().DebugString())));
-      rows = var->tensor()->dim_size(0);
+    const tf::ResourceHandle& handle_in = tf::HandleFromInput(ctx, 0);
+    absl::StatusOr<TouchedRowsResource*> tracker;
+    if (handle_in.ValidateType<TieredTableResource>().ok()) {
+      // A tiered table: its fused update and its row writes mark the rows (docs/tracking.md).
+      TieredTableRef table;
+      OP_REQUIRES_OK(ctx, LookupTieredTable(ctx, 0, "table", &table));
+      tracker = TouchedRowsResource::Track(table.get(), table->num_rows());
+    } else {
+      tf::core::RefCountPtr<tf::Var> var;
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, handle_in, &var));
+      int64_t rows = 0;
+      {
+        tf::tf_shared_lock lock(*var->mu());
+        OP_REQUIRES(ctx, var->is_initialized && var->tensor()->dims() == 2,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "TouchedRowsTrack: the table variable must be initialised and of rank 2, got shape ",
+                        var->tensor()->shape().DebugString())));
+        rows = var->tensor()->dim_size(0);
+      }
+      tracker = TouchedRowsResource::Track(var.get(), rows);
     }
-    absl::StatusOr<TouchedRowsResource*> tracker = TouchedRowsResource::Track(var.get(), rows);
     OP_REQUIRES_OK(ctx, tracker.status());
     tf::Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &handle));

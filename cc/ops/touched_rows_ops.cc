@@ -28,11 +28,13 @@ REGISTER_OP("TfEmbed>TouchedRowsTrack")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Starts tracking the touched rows of a static table variable ([rows, dim], initialised); returns its tracker.
+Starts tracking the touched rows of a static table; returns its tracker.
 
-Tracking the same variable again returns the same tracker: every consumer shares its stamps and keeps its own
-version.  From now on, every SendTPUEmbeddingGradients(V2) that updates the variable marks the rows it wrote.
-The tracker lives as long as a handle to it does (it holds a reference to the variable).
+table: a table variable ([rows, dim], initialised) or a tiered table (TieredTableHandle).
+Tracking the same table again returns the same tracker: every consumer shares its stamps and keeps its own
+version.  From now on, every SendTPUEmbeddingGradients(V2) that updates the variable (TieredSendTPUEmbedding-
+Gradients and TieredTableWriteRows for a tiered table) marks the rows it wrote.  The tracker lives as long as a
+handle to it does (it holds a reference to the table).
 )doc");
 
 REGISTER_OP("TfEmbed>TouchedRowsSince")
