@@ -186,3 +186,109 @@ def test_a_rejected_step_marks_nothing(tmp_path):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         _train([emb_t], np.array([1, V + 5], np.int64))
     assert tracker.changed_since(cursor).tables["t"].rows.size == 0
+
+
+# Tiered dynamic tables: the DynamicTable behind a tiered one (keys, metadata, stamps in DRAM) is tracked as in
+# memory; the changed rows' values come from the tier.
+DYNAMIC_BATCHES = [
+    [3, 900, 900, 7, 1 << 40, 12],
+    [12, 13, 40, 41, 3, 66],
+    [70, 71, 72, 900, 7, 7, 5],
+    [5, 12, 40, 1 << 40, 3, 33, 34],
+]
+
+
+def _dynamic_pair(tmp_path, optimizer, **options):
+    """(in-memory embedding, tiered embedding) over the same DynamicTableConfig "t" (a cache of 8 rows)."""
+    from tiered_support import cache_bytes_for  # pylint: disable=import-outside-toplevel
+
+    common = dict(optimizer=optimizer, seed=11, **options)
+    storage = te.Tiered(cache_bytes=cache_bytes_for(CACHE_ROWS, optimizer, DIM), directory=str(tmp_path / "dyn"))
+    return (
+        embedding(te.DynamicTableConfig("t", DIM, **common)),
+        embedding(te.DynamicTableConfig("t", DIM, storage=storage, **common)),
+    )
+
+
+def _assert_same_changes(a, b, with_values=True):
+    assert a.kind == b.kind == "dynamic" and a.full == b.full
+    np.testing.assert_array_equal(a.rows, b.rows)
+    np.testing.assert_array_equal(a.evicted, b.evicted)
+    for key in a.contents:
+        if not with_values and key in ("weights", "slots"):
+            assert b.contents[key] is None, key
+            continue
+        np.testing.assert_array_equal(a.contents[key], b.contents[key], err_msg=key)
+
+
+@pytest.mark.parametrize("optimizer_name", ["adagrad", "adam"])
+def test_tiered_dynamic_changes_match_the_in_memory_table(tmp_path, optimizer_name):
+    optimizer = {"adagrad": te.optimizers.Adagrad(0.1), "adam": _emb.Adam(0.05, lazy_adam=False)}[optimizer_name]
+    emb_m, emb_t = _dynamic_pair(tmp_path, optimizer, eviction=te.dynamic.LRU(10))
+    tracker_m, tracker_t = te.tracking.Tracker(emb_m), te.tracking.Tracker(emb_t)
+    assert tracker_t.kind("t") == "dynamic"
+    cursor_m, cursor_t = tracker_m.cursor(), tracker_t.cursor()
+    seen_evictions = False
+    for ids in DYNAMIC_BATCHES:
+        _train([emb_m, emb_t], np.array(ids, np.int64))
+        changes_m, changes_t = tracker_m.changed_since(cursor_m), tracker_t.changed_since(cursor_t)
+        cm, ct = changes_m.tables["t"], changes_t.tables["t"]
+        # Non-lazy Adam writes every row: full, whose tiered contents carry keys and metadata only.
+        assert ct.full == (optimizer_name == "adam")
+        _assert_same_changes(cm, ct, with_values=not ct.full)
+        if not ct.full:
+            # Lazy: the batch's keys that have rows now (all of them: no admission policy).
+            np.testing.assert_array_equal(ct.rows, np.unique(ids))
+        seen_evictions = seen_evictions or ct.evicted.size > 0
+        # The rows by key, read from the tier in two chunks: the in-memory contents' values.
+        if cm.rows.size:
+            half = cm.rows.size // 2
+            parts = [tracker_t.read_rows("t", cm.rows[:half]), tracker_t.read_rows("t", cm.rows[half:])]
+            np.testing.assert_array_equal(np.concatenate([p["weights"] for p in parts]), cm.contents["weights"])
+            np.testing.assert_array_equal(np.concatenate([p["slots"] for p in parts]), cm.contents["slots"])
+        cursor_m, cursor_t = changes_m.cursor, changes_t.cursor
+    assert seen_evictions or optimizer_name == "adam"  # LRU(10) over 13 keys evicts
+
+
+def test_tiered_dynamic_restore_and_mark_all_read_full(tmp_path):
+    _, emb_t = _dynamic_pair(tmp_path, te.optimizers.Adagrad(0.1))
+    tracker = te.tracking.Tracker(emb_t)
+    cursor = tracker.cursor()
+    _train([emb_t], np.array(DYNAMIC_BATCHES[0], np.int64))
+    saved = tf.train.Checkpoint(embedding=emb_t).save(str(tmp_path / "ckpt" / "c"))
+    cursor = tracker.changed_since(cursor).cursor
+    _train([emb_t], np.array(DYNAMIC_BATCHES[1], np.int64))
+    cursor = tracker.changed_since(cursor).cursor
+    tf.train.Checkpoint(embedding=emb_t).restore(saved)
+    changes = tracker.changed_since(cursor).tables["t"]
+    assert changes.full and changes.contents["weights"] is None
+    table = next(iter(emb_t.dynamic_tables.values()))
+    exported = {k: v.numpy() for k, v in table.export().items()}
+    np.testing.assert_array_equal(changes.rows, exported["keys"])
+    values = tracker.read_rows("t", changes.rows)
+    np.testing.assert_array_equal(values["weights"], exported["weights"])
+    np.testing.assert_array_equal(values["slots"], exported["slots"])
+    cursor = tracker.changed_since(cursor).cursor
+    tracker.mark_all()
+    assert tracker.changed_since(cursor).tables["t"].full
+
+
+def test_tiered_dynamic_read_rows_refuses_a_key_without_a_row_and_changes_nothing(tmp_path):
+    _, emb_t = _dynamic_pair(tmp_path, te.optimizers.Adagrad(0.1))
+    tracker = te.tracking.Tracker(emb_t)
+    _train([emb_t], np.array(DYNAMIC_BATCHES[0], np.int64))
+    cursor = tracker.cursor()
+    table = next(iter(emb_t.dynamic_tables.values()))
+    before = {k: v.numpy() for k, v in table.export().items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'t'.*\b4242\b"):
+        tracker.read_rows("t", [3, 4242])
+    after = {k: v.numpy() for k, v in table.export().items()}
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    assert tracker.changed_since(cursor).tables["t"].rows.size == 0
+
+
+def test_in_memory_dynamic_read_rows_is_still_refused(tmp_path):
+    emb_m, _ = _dynamic_pair(tmp_path, te.optimizers.Adagrad(0.1))
+    with pytest.raises(ValueError, match=r"table 't' is dynamic: its rows come with changed_since"):
+        te.tracking.Tracker(emb_m).read_rows("t", [3])

@@ -122,18 +122,17 @@ def find_engines(obj: Any) -> list:
     return found
 
 
-def refuse_tiered(objects: list, who: str, static: bool = True) -> None:
-    """Raises a ValueError naming the tiered tables among `objects`, if any, that `who` does not handle.
+def refuse_tiered(objects: list, who: str) -> None:
+    """Raises a ValueError naming the tiered tables among `objects`, if any: `who` (a consumer that builds deltas
+    from the tracker: incremental checkpoints, serving deltas) does not handle them yet.
 
-    `te.tracking.Tracker` tracks static tiered tables (their fused update and their row writes mark rows) but not
-    tiered dynamic tables yet; the consumers that build deltas from the tracker (incremental checkpoints, serving
-    deltas) refuse both kinds.
+    `te.tracking.Tracker` tracks tiered tables; its consumers refuse them because their first (or any full) delta
+    would read the whole table into memory.
 
     Args:
       objects: embedding engines (`te.TPUEmbedding` objects, as `find_engines` returns them) and/or any other
         objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
       who: the API refusing them, for the message.
-      static: refuse static tiered tables too (False: tiered dynamic tables only).
     """
     from tf_embed_ops.dynamic import table as dynamic_table  # pylint: disable=import-outside-toplevel
     from tf_embed_ops.tiered import config as tiered_config  # pylint: disable=import-outside-toplevel
@@ -142,28 +141,21 @@ def refuse_tiered(objects: list, who: str, static: bool = True) -> None:
     names: list = []
     for obj in objects:
         group = getattr(obj, "tiered_group", None)
-        found = [t.name for t in group.table_configs] if group is not None and static else []
-        # Tiered dynamic tables (in the dynamic group): the rows they change are not tracked.
+        found = [t.name for t in group.table_configs] if group is not None else []
+        # Tiered dynamic tables (in the dynamic group) too.
         dynamic = getattr(obj, "dynamic_group", None)
         found += [t.name for t in dynamic.table_configs if tiered_config.is_tiered(t)] if dynamic is not None else []
-        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) and static else []
+        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) else []
         found += [obj.table_name] if isinstance(obj, dynamic_table.DynamicTable) and obj.tiered is not None else []
         names += [n for n in found if n not in names]
-    if not names:
-        return
-    if static:
+    if names:
         raise ValueError(
             f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): {who} does not "
-            "build deltas of tiered tables yet (te.tracking.Tracker tracks static tiered tables; a consumer's "
-            "first or full delta would read the whole table into memory), so it refuses them rather than miss "
-            "their changes. Checkpoint them with tf.train.Checkpoint (streamed from the tier) and export them with "
-            "te.keras.export_for_serving."
+            "build deltas of tiered tables yet (its first or a full delta would read the whole table into memory), "
+            "so it refuses them rather than leave their changes out. Checkpoint them with tf.train.Checkpoint "
+            "(streamed from the tier) and export them with te.keras.export_for_serving; te.tracking.Tracker tracks "
+            "them."
         )
-    raise ValueError(
-        f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered) dynamic tables: the "
-        "rows their steps change are not tracked yet, so they are refused rather than left out. Checkpoint them "
-        "with tf.train.Checkpoint (streamed from the tier) and export them with te.keras.export_for_serving."
-    )
 
 
 def _backing(var: Any) -> Any:
@@ -291,6 +283,9 @@ class _DynamicTable:
         self.name = name
         self.table = table
         self.shards = list(getattr(table, "shards", None) or [table])
+        # A tiered dynamic table (unsharded): changed rows' values are read through its cache by the query op; a
+        # full answer carries keys and metadata only (`read` gives the values by key).
+        self.tiered = getattr(table, "tiered", None) is not None
 
     def _query(self, shard: Any, since: tuple, mark_all: bool = False, version_only: bool = False) -> tuple:
         with tf.device(shard.resource_handle.device):
@@ -324,6 +319,8 @@ class _DynamicTable:
             n = int(r.keys.shape[0])
             part = {k: getattr(r, k).numpy() for k in _CONTENT if k != "slots"}
             part["slots"] = np.concatenate([s.numpy() for s in r.slots], 1) if r.slots else np.zeros([n, 0], np.float32)
+            if self.tiered and bool(r.full):  # keys and metadata only: the values are read by key (`read`)
+                part["weights"] = part["slots"] = None
             parts.append(part)
         if full and len(self.shards) > 1:
             # One shard's full answer means a restore or a non-lazy update: take every shard whole.
@@ -342,13 +339,31 @@ class _DynamicTable:
         for shard in self.shards:
             self._query(shard, (-1, -1), mark_all=True, version_only=True)
 
+    def read(self, keys: Any) -> dict:
+        if not self.tiered:
+            raise ValueError(
+                f"table {self.name!r} is dynamic: its rows come with changed_since(...).tables[name].contents"
+            )
+        from tf_embed_ops.dynamic import ops as dynamic_ops  # pylint: disable=import-outside-toplevel
+
+        keys = np.asarray(keys, np.int64).reshape([-1])
+        shard = self.shards[0]
+        with tf.device(shard.resource_handle.device):
+            weights, slots = dynamic_ops.dynamic_table_tiered_read_rows(
+                shard.resource_handle, keys, num_slots=shard.num_slots
+            )
+        n = int(keys.size)
+        out_slots = np.concatenate([x.numpy() for x in slots], 1) if slots else np.zeros([n, 0], np.float32)
+        return {"weights": weights.numpy(), "slots": out_slots}
+
 
 def _union(parts: list) -> dict:
     """Shard contents (disjoint keys) joined and sorted by key."""
-    out = {k: np.concatenate([p[k] for p in parts], 0) for k in _CONTENT}
+    # None: not read (a tiered table's full answer carries no values).
+    out = {k: None if any(p[k] is None for p in parts) else np.concatenate([p[k] for p in parts], 0) for k in _CONTENT}
     order = np.argsort(out["keys"], kind="stable")
     for k in ("keys", "weights", "slots", "counts", "last_steps"):
-        out[k] = out[k][order]
+        out[k] = None if out[k] is None else out[k][order]
     porder = np.argsort(out["pending_keys"], kind="stable")
     for k in ("pending_keys", "pending_counts", "pending_last_steps"):
         out[k] = out[k][porder]
@@ -366,8 +381,7 @@ class Tracker:
       obj: what `find_engines` accepts; it must be built (its variables exist).
 
     Raises:
-      ValueError: `obj` holds no embedding engine, two tables share a name, or a tiered dynamic table (its changed
-        rows are not tracked yet).  Static tiered tables are tracked.
+      ValueError: `obj` holds no embedding engine, or two tables share a name.
     """
 
     def __init__(self, obj: Any):
@@ -375,7 +389,6 @@ class Tracker:
 
         self._tables: dict = {}
         engines = find_engines(obj)
-        refuse_tiered(engines, "te.tracking.Tracker", static=False)
         for engine in engines:
             engine._maybe_build()  # noqa: SLF001 - the engine's own lazy build
             for t in engine.table_configs:
@@ -432,17 +445,18 @@ class Tracker:
         return Changes(out, Cursor(now))
 
     def read_rows(self, name: str, rows: Any) -> dict:
-        """A static table's rows (global ids): {"parameters": [n, dim], <slot>: [n, width]} in storage dtype.
+        """A static table's rows (global ids): {"parameters": [n, dim], <slot>: [n, width]} in storage dtype; or a
+        tiered dynamic table's rows by key: {"weights": [n, dim], "slots": [n, W]} float32, as `contents` holds
+        them.
 
-        A tiered table's rows are read from the tier (the cache's dirty rows included; the cache is not filled).
+        A tiered table's rows are read from the tier (the cache's dirty rows included; the cache is not filled):
+        read a tiered dynamic table's `full` answer (whose contents carry no values) a chunk of keys at a time.
 
         Raises:
-          ValueError: a dynamic table (its contents come with `changed_since`), or rows out of range.
+          ValueError: an in-memory dynamic table (its contents come with `changed_since`), or rows out of range.
+          tf.errors.InvalidArgumentError: a key without a row in a tiered dynamic table (naming it).
         """
-        table = self._table(name)
-        if not isinstance(table, _StaticTable):
-            raise ValueError(f"table {name!r} is dynamic: its rows come with changed_since(...).tables[name].contents")
-        return table.read(rows)
+        return self._table(name).read(rows)
 
     def mark_all(self) -> None:
         """Every consumer's next `changed_since` reads `full` for every table (call after restoring tables by

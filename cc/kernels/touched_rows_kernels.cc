@@ -7,6 +7,7 @@
 #include "cc/kernels/dynamic_table_resource.h"
 #include "cc/kernels/tiered_table_resource.h"
 #include "cc/kernels/touched_rows_resource.h"
+#include "cc/lib/tiered_dynamic_table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -120,6 +121,19 @@ class TouchedRowsMarkAllOp : public tf::OpKernel {
   }
 };
 
+// A tiered dynamic table's exported rows (keys and metadata, in key order) given their values: weights and slots
+// read by key through the cache.
+absl::Status ReadTieredValues(TieredDynamicTable* tiered, DynamicTableContents* c) {
+  const int64_t n = static_cast<int64_t>(c->keys.size());
+  c->weights.assign(n * c->dim, 0.0f);
+  std::vector<float*> out = {c->weights.data()};
+  for (size_t k = 0; k < c->slots.size(); ++k) {
+    c->slots[k].assign(n * c->slot_widths[k], 0.0f);
+    out.push_back(c->slots[k].data());
+  }
+  return tiered->ReadRowsOfKeys(c->keys.data(), n, out);
+}
+
 class DynamicTableChangedSinceOp : public tf::OpKernel {
  public:
   explicit DynamicTableChangedSinceOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -137,12 +151,11 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
     int64_t id = 0, since = 0;
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 1, "tracker_id", &id));
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "since", &since));
-    // A tiered table's rows are read through its cache by its own export (docs/tiered_tables.md); touched-row
-    // deltas of it are not built.
-    OP_REQUIRES(ctx, table->tiered() == nullptr,
-                absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
-                                                        "' is tiered (storage=te.Tiered): touched-row tracking and "
-                                                        "delta checkpoints of it are not supported")));
+    // A tiered table keeps its rows in the tier: its DynamicTable (external rows) exports keys and metadata only,
+    // and the changed rows' values are read through the cache (without filling it).  A full answer carries no
+    // values (they would be the whole table): the caller reads them by key, chunk by chunk
+    // (DynamicTableTieredReadRows).
+    TieredDynamicTable* tiered = table->tiered();
     TouchedRows::Changes changes;
     DynamicTableContents c;
     std::vector<int64_t> evicted;
@@ -181,6 +194,7 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
           if (probe[0] == r) live.push_back(r);
         }
         c = t->ExportRows(std::move(live));
+        if (tiered != nullptr) OP_REQUIRES_OK(ctx, ReadTieredValues(tiered, &c));
         std::sort(changes.evicted.begin(), changes.evicted.end());
         changes.evicted.erase(std::unique(changes.evicted.begin(), changes.evicted.end()), changes.evicted.end());
         std::vector<int64_t> rows(changes.evicted.size());
@@ -197,9 +211,11 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
     OutputScalar<bool>(ctx, 2, changes.full);
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, evicted));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, c.keys));
-    OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 5, c.weights, n, c.dim));
+    // A tiered table's full answer: keys and metadata, no values ([0, width]).
+    const int64_t with_values = tiered != nullptr && changes.full ? 0 : n;
+    OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 5, c.weights, with_values, c.dim));
     for (int k = 0; k < num_slots_; ++k) {
-      OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 6 + k, c.slots[k], n, c.slot_widths[k]));
+      OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 6 + k, c.slots[k], with_values, c.slot_widths[k]));
     }
     const int rest = 6 + num_slots_;
     OP_REQUIRES_OK(ctx, OutputVector(ctx, rest, c.counts));

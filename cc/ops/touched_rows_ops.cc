@@ -113,7 +113,9 @@ A dynamic table's changes after version `since` of its tracker `tracker_id`, wit
 The table is held exclusively; the first call enables tracking (4 bytes per row from then on).
 
 keys, weights, slots, counts, last_steps: the rows inserted or changed since (all live rows when full), in key
-  order, as DynamicTableExport gives them; pending_*: the whole admission table.
+  order, as DynamicTableExport gives them; pending_*: the whole admission table.  A tiered table's rows are read
+  through its cache (not filled); its full answer has weights and slots of 0 rows (read them by key with
+  DynamicTableTieredReadRows, a chunk at a time).
 evicted_keys: keys evicted since and not live now, ascending (empty when full).
 full: the consumer must replace its whole copy of the table (tracking started after `since`, another tracker,
   an import, a non-lazy update of every row, or the bounded eviction log dropped entries it needed).
