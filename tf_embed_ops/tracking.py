@@ -122,17 +122,18 @@ def find_engines(obj: Any) -> list:
     return found
 
 
-def refuse_tiered(objects: list, who: str) -> None:
+def refuse_tiered(objects: list, who: str, static: bool = True) -> None:
     """Raises a ValueError naming the tiered tables among `objects`, if any: `who` (a consumer that builds deltas
     from the tracker: incremental checkpoints, serving deltas) does not handle them yet.
 
-    `te.tracking.Tracker` tracks tiered tables; its consumers refuse them because their first (or any full) delta
-    would read the whole table into memory.
+    `te.tracking.Tracker` tracks tiered tables; its consumers refuse them where a delta would read the whole table
+    into memory.
 
     Args:
       objects: embedding engines (`te.TPUEmbedding` objects, as `find_engines` returns them) and/or any other
         objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
       who: the API refusing them, for the message.
+      static: refuse static tiered tables too (False: tiered dynamic tables only).
     """
     from tf_embed_ops.dynamic import table as dynamic_table  # pylint: disable=import-outside-toplevel
     from tf_embed_ops.tiered import config as tiered_config  # pylint: disable=import-outside-toplevel
@@ -141,17 +142,18 @@ def refuse_tiered(objects: list, who: str) -> None:
     names: list = []
     for obj in objects:
         group = getattr(obj, "tiered_group", None)
-        found = [t.name for t in group.table_configs] if group is not None else []
+        found = [t.name for t in group.table_configs] if group is not None and static else []
         # Tiered dynamic tables (in the dynamic group) too.
         dynamic = getattr(obj, "dynamic_group", None)
         found += [t.name for t in dynamic.table_configs if tiered_config.is_tiered(t)] if dynamic is not None else []
-        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) else []
+        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) and static else []
         found += [obj.table_name] if isinstance(obj, dynamic_table.DynamicTable) and obj.tiered is not None else []
         names += [n for n in found if n not in names]
     if names:
         raise ValueError(
             f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): {who} does not "
-            "build deltas of tiered tables yet (its first or a full delta would read the whole table into memory), "
+            f"build deltas of tiered {'' if static else 'dynamic '}tables yet (a full delta would read the whole "
+            "table into memory), "
             "so it refuses them rather than leave their changes out. Checkpoint them with tf.train.Checkpoint "
             "(streamed from the tier) and export them with te.keras.export_for_serving; te.tracking.Tracker tracks "
             "them."
