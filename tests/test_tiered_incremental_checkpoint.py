@@ -27,8 +27,8 @@ BATCHES = [
 ]
 
 
-def _chains(tmp_path, optimizer):
-    memory, tiered = table_pair(tmp_path / "rows", optimizer, V, DIM, CACHE_ROWS)
+def _chains(tmp_path, optimizer, **options):
+    memory, tiered = table_pair(tmp_path / "rows", optimizer, V, DIM, CACHE_ROWS, **options)
     emb_m, emb_t = embedding(memory), embedding(tiered)
     mgr_m = te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(embedding=emb_m), str(tmp_path / "m"))
     mgr_t = te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(embedding=emb_t), str(tmp_path / "t"))
@@ -40,10 +40,13 @@ def _train(embs, ids):
         step(emb, {"f": tf.constant(ids)})
 
 
-@pytest.mark.parametrize("optimizer_name", ["adagrad", "adam"])
-def test_a_chain_of_a_tiered_table_restores_like_the_in_memory_chain(tmp_path, optimizer_name):
+@pytest.mark.parametrize(
+    "optimizer_name, storage_dtype",
+    [("adagrad", tf.float32), ("adam", tf.float32), ("adagrad", tf.bfloat16)],  # bfloat16: stochastic rounding
+)
+def test_a_chain_of_a_tiered_table_restores_like_the_in_memory_chain(tmp_path, optimizer_name, storage_dtype):
     optimizer = {"adagrad": _emb.Adagrad(0.1), "adam": _emb.Adam(0.05, lazy_adam=False)}[optimizer_name]
-    (emb_m, memory, mgr_m), (emb_t, tiered, mgr_t) = _chains(tmp_path, optimizer)
+    (emb_m, memory, mgr_m), (emb_t, tiered, mgr_t) = _chains(tmp_path, optimizer, storage_dtype=storage_dtype)
     for ids in BATCHES[:3]:
         _train([emb_m, emb_t], ids)
         mgr_m.save()

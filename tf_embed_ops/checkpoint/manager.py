@@ -197,7 +197,8 @@ class IncrementalCheckpointManager:
 
     def _dense_variables(self) -> dict:
         """Every variable the checkpoint reaches other than the tables and slots, by object path (looked up at
-        each save and restore: a Keras optimizer creates its variables on its first step)."""
+        each save and restore: a Keras optimizer creates its variables on its first step), and each tiered table's
+        rounding step."""
         descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
         dense = {}
         for obj in descendants:
@@ -205,6 +206,11 @@ class IncrementalCheckpointManager:
             if var is None or id(var) in self._embedding_vars:
                 continue
             dense.setdefault("/".join(ref.name for ref in paths[obj]), var)
+        for name, state in self._tables.items():
+            if isinstance(state, _TieredState):
+                # A tiered table's rounding step is saved by its streamed saver, not as a checkpoint variable: each
+                # delta carries it, as it carries an in-memory embedding's `rounding_step`.
+                dense[f"tiered_table_step/{name}"] = state.table.table.step
         return dense
 
     # ------------------------------------------------------------------------------------------ properties
