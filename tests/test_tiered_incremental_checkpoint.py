@@ -98,3 +98,44 @@ def test_a_delta_of_a_tiered_table_holds_only_the_changed_rows(tmp_path):
     np.testing.assert_array_equal(arrays_t["static/t/rows"], np.unique(BATCHES[2]))
     for key in ("static/t/rows", "static/t/parameters", "static/t/accumulators"):
         np.testing.assert_array_equal(arrays_t[key], arrays_m[key], err_msg=key)
+
+
+def test_a_keras_model_with_a_tiered_table_in_fit(tmp_path):
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
+
+    def model_of(table):
+        layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
+        inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+        head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
+        model = keras.Model(inputs, head(layer(inputs)["f"]))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    rng = np.random.default_rng(1)
+    x = [{"f": rng.integers(0, V, size=16).astype(np.int64)} for _ in range(3)]
+    y = rng.normal(size=(16, 2)).astype(np.float32)
+    models, managers = [], []
+    for kind, table in zip("mt", table_pair(tmp_path / "rows", _emb.Adagrad(0.1), V, DIM, CACHE_ROWS), strict=True):
+        model = model_of(table)
+        models.append(model)
+        managers.append(
+            te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(model=model), str(tmp_path / kind))
+        )
+    for batch in x[:2]:
+        for model, mgr in zip(models, managers, strict=True):
+            model.fit(batch, y, batch_size=8, shuffle=False, verbose=0)
+            mgr.save()
+    assert [e["kind"] for e in managers[1].chain] == ["full", "delta"]
+    layer_t = models[1].get_layer("embedding")
+    tiered_table = next(iter(layer_t.tiered_tables.values()))
+    saved = tiered_table.read_all()
+    np.testing.assert_array_equal(
+        saved[0], next(iter(models[0].get_layer("embedding").embedding_tables.values())).numpy()
+    )
+    models[1].fit(x[2], y, batch_size=8, shuffle=False, verbose=0)
+    managers[1].restore()
+    assert_same_state(tiered_table.read_all(), saved)
+    for a, b in zip(models[0].get_layer("head").weights, models[1].get_layer("head").weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
