@@ -122,14 +122,18 @@ def find_engines(obj: Any) -> list:
     return found
 
 
-def refuse_tiered(objects: list, who: str) -> None:
-    """Raises a ValueError naming the tiered tables among `objects`, if any: their updated rows are not tracked
-    yet, so nothing that reads the tracker (incremental checkpoints, serving deltas) would see their changes.
+def refuse_tiered(objects: list, who: str, static: bool = True) -> None:
+    """Raises a ValueError naming the tiered tables among `objects`, if any: `who` (a consumer that builds deltas
+    from the tracker: incremental checkpoints, serving deltas) does not handle them yet.
+
+    `te.tracking.Tracker` tracks tiered tables; its consumers refuse them where a delta would read the whole table
+    into memory.
 
     Args:
       objects: embedding engines (`te.TPUEmbedding` objects, as `find_engines` returns them) and/or any other
         objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
       who: the API refusing them, for the message.
+      static: refuse static tiered tables too (False: tiered dynamic tables only).
     """
     from tf_embed_ops.dynamic import table as dynamic_table  # pylint: disable=import-outside-toplevel
     from tf_embed_ops.tiered import config as tiered_config  # pylint: disable=import-outside-toplevel
@@ -138,19 +142,21 @@ def refuse_tiered(objects: list, who: str) -> None:
     names: list = []
     for obj in objects:
         group = getattr(obj, "tiered_group", None)
-        found = [t.name for t in group.table_configs] if group is not None else []
-        # Tiered dynamic tables (in the dynamic group) too: the rows they change are not tracked either.
+        found = [t.name for t in group.table_configs] if group is not None and static else []
+        # Tiered dynamic tables (in the dynamic group) too.
         dynamic = getattr(obj, "dynamic_group", None)
         found += [t.name for t in dynamic.table_configs if tiered_config.is_tiered(t)] if dynamic is not None else []
-        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) else []
+        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) and static else []
         found += [obj.table_name] if isinstance(obj, dynamic_table.DynamicTable) and obj.tiered is not None else []
         names += [n for n in found if n not in names]
     if names:
         raise ValueError(
-            f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): the rows their "
-            "updates change are not tracked yet, so te.tracking.Tracker, te.checkpoint.IncrementalCheckpointManager "
-            "and te.serving.Publisher refuse them rather than miss their changes. Checkpoint them with "
-            "tf.train.Checkpoint (streamed from the tier) and export them with te.keras.export_for_serving."
+            f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): {who} does not "
+            f"build deltas of tiered {'' if static else 'dynamic '}tables yet (a full delta would read the whole "
+            "table into memory), "
+            "so it refuses them rather than leave their changes out. Checkpoint them with tf.train.Checkpoint "
+            "(streamed from the tier) and export them with te.keras.export_for_serving; te.tracking.Tracker tracks "
+            "them."
         )
 
 
@@ -176,6 +182,7 @@ class _StaticTable:
         sizes = [int(v.shape[0]) for v in self.parameters]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.num_rows = int(self.offsets[-1])
+        self.devices = [v.device for v in self.parameters]
         self.trackers = []
         for v in self.parameters:
             with tf.init_scope(), tf.device(v.device):
@@ -183,8 +190,8 @@ class _StaticTable:
 
     def versions(self) -> tuple:
         out = []
-        for tracker, v in zip(self.trackers, self.parameters, strict=True):
-            with tf.device(v.device):
+        for tracker, device in zip(self.trackers, self.devices, strict=True):
+            with tf.device(device):
                 tid, version, _, _ = _ops().tf_embed_touched_rows_since(tracker, tf.constant(-1, tf.int64), -1)
             out.append((int(tid), int(version)))
         return tuple(out)
@@ -195,8 +202,8 @@ class _StaticTable:
             since = ((-1, -1),) * len(self.trackers)  # another shard count: everything
         full = False
         parts, now = [], []
-        for p, (tracker, v) in enumerate(zip(self.trackers, self.parameters, strict=True)):
-            with tf.device(v.device):
+        for p, (tracker, device) in enumerate(zip(self.trackers, self.devices, strict=True)):
+            with tf.device(device):
                 tid, version, shard_full, rows = _ops().tf_embed_touched_rows_since(
                     tracker, tf.constant(since[p][0], tf.int64), tf.constant(since[p][1], tf.int64)
                 )
@@ -235,9 +242,39 @@ class _StaticTable:
         return out
 
     def mark_all(self) -> None:
-        for tracker, v in zip(self.trackers, self.parameters, strict=True):
-            with tf.device(v.device):
+        for tracker, device in zip(self.trackers, self.devices, strict=True):
+            with tf.device(device):
                 _ops().tf_embed_touched_rows_mark_all(tracker)
+
+
+class _TieredTable(_StaticTable):
+    """A static tiered table (`storage=te.Tiered`): one tracker on its TieredTableResource, which its fused
+    update (TieredSendTPUEmbeddingGradients) and its row writes (initialisation, restore) mark; rows are read
+    from the tier through the cache's dirty rows, without filling the cache."""
+
+    def __init__(self, name: str, table: Any):  # pylint: disable=super-init-not-called
+        self.name = name
+        self.table = table
+        self.devices = [table.handle.device]  # one "shard"
+        self.offsets = np.array([0, table.num_rows], np.int64)
+        self.num_rows = int(table.num_rows)
+        with tf.init_scope(), tf.device(table.handle.device):
+            self.trackers = [_ops().tf_embed_touched_rows_track(table.handle)]
+
+    def read(self, rows: np.ndarray) -> dict:
+        rows = np.asarray(rows, np.int64).reshape([-1])
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise ValueError(
+                f"table {self.name!r}: rows must be in [0, {self.num_rows}), got {rows.min()}..{rows.max()}"
+            )
+        with tf.device(self.table.handle.device):
+            values, slots = self.table.gather_rows(rows)
+        # The storage dtype, as the in-memory table's variables give it (float32 -> 16-bit is exact here).
+        dtypes = self.table.dtypes
+        out = {"parameters": tf.cast(values, dtypes[0]).numpy()}
+        for k, slot in enumerate(self.table.slot_names):
+            out[slot] = tf.cast(slots[slot], dtypes[1 + k]).numpy()
+        return out
 
 
 _CONTENT = ("keys", "weights", "slots", "counts", "last_steps", "pending_keys", "pending_counts", "pending_last_steps")
@@ -248,6 +285,9 @@ class _DynamicTable:
         self.name = name
         self.table = table
         self.shards = list(getattr(table, "shards", None) or [table])
+        # A tiered dynamic table (unsharded): changed rows' values are read through its cache by the query op; a
+        # full answer carries keys and metadata only (`read` gives the values by key).
+        self.tiered = getattr(table, "tiered", None) is not None
 
     def _query(self, shard: Any, since: tuple, mark_all: bool = False, version_only: bool = False) -> tuple:
         with tf.device(shard.resource_handle.device):
@@ -281,6 +321,8 @@ class _DynamicTable:
             n = int(r.keys.shape[0])
             part = {k: getattr(r, k).numpy() for k in _CONTENT if k != "slots"}
             part["slots"] = np.concatenate([s.numpy() for s in r.slots], 1) if r.slots else np.zeros([n, 0], np.float32)
+            if self.tiered and bool(r.full):  # keys and metadata only: the values are read by key (`read`)
+                part["weights"] = part["slots"] = None
             parts.append(part)
         if full and len(self.shards) > 1:
             # One shard's full answer means a restore or a non-lazy update: take every shard whole.
@@ -299,13 +341,31 @@ class _DynamicTable:
         for shard in self.shards:
             self._query(shard, (-1, -1), mark_all=True, version_only=True)
 
+    def read(self, keys: Any) -> dict:
+        if not self.tiered:
+            raise ValueError(
+                f"table {self.name!r} is dynamic: its rows come with changed_since(...).tables[name].contents"
+            )
+        from tf_embed_ops.dynamic import ops as dynamic_ops  # pylint: disable=import-outside-toplevel
+
+        keys = np.asarray(keys, np.int64).reshape([-1])
+        shard = self.shards[0]
+        with tf.device(shard.resource_handle.device):
+            weights, slots = dynamic_ops.dynamic_table_tiered_read_rows(
+                shard.resource_handle, keys, num_slots=shard.num_slots
+            )
+        n = int(keys.size)
+        out_slots = np.concatenate([x.numpy() for x in slots], 1) if slots else np.zeros([n, 0], np.float32)
+        return {"weights": weights.numpy(), "slots": out_slots}
+
 
 def _union(parts: list) -> dict:
     """Shard contents (disjoint keys) joined and sorted by key."""
-    out = {k: np.concatenate([p[k] for p in parts], 0) for k in _CONTENT}
+    # None: not read (a tiered table's full answer carries no values).
+    out = {k: None if any(p[k] is None for p in parts) else np.concatenate([p[k] for p in parts], 0) for k in _CONTENT}
     order = np.argsort(out["keys"], kind="stable")
     for k in ("keys", "weights", "slots", "counts", "last_steps"):
-        out[k] = out[k][order]
+        out[k] = None if out[k] is None else out[k][order]
     porder = np.argsort(out["pending_keys"], kind="stable")
     for k in ("pending_keys", "pending_counts", "pending_last_steps"):
         out[k] = out[k][porder]
@@ -323,8 +383,7 @@ class Tracker:
       obj: what `find_engines` accepts; it must be built (its variables exist).
 
     Raises:
-      ValueError: `obj` holds no embedding engine, two tables share a name, or a table is tiered (its updated rows
-        are not tracked yet).
+      ValueError: `obj` holds no embedding engine, or two tables share a name.
     """
 
     def __init__(self, obj: Any):
@@ -332,12 +391,13 @@ class Tracker:
 
         self._tables: dict = {}
         engines = find_engines(obj)
-        refuse_tiered(engines, "te.tracking.Tracker")
         for engine in engines:
             engine._maybe_build()  # noqa: SLF001 - the engine's own lazy build
             for t in engine.table_configs:
                 names = _tf_compat.slot_names(t.optimizer) if t.optimizer is not None else []
                 self._add(t.name, _StaticTable(t.name, engine.variables[t.name], names))
+            for t, table in getattr(engine, "tiered_tables", {}).items():
+                self._add(t.name, _TieredTable(t.name, table))
             group = getattr(engine, "_dynamic", None)
             if group is not None:
                 for cfg, table in group.tables.items():
@@ -387,15 +447,18 @@ class Tracker:
         return Changes(out, Cursor(now))
 
     def read_rows(self, name: str, rows: Any) -> dict:
-        """A static table's rows (global ids): {"parameters": [n, dim], <slot>: [n, width]} in storage dtype.
+        """A static table's rows (global ids): {"parameters": [n, dim], <slot>: [n, width]} in storage dtype; or a
+        tiered dynamic table's rows by key: {"weights": [n, dim], "slots": [n, W]} float32, as `contents` holds
+        them.
+
+        A tiered table's rows are read from the tier (the cache's dirty rows included; the cache is not filled):
+        read a tiered dynamic table's `full` answer (whose contents carry no values) a chunk of keys at a time.
 
         Raises:
-          ValueError: a dynamic table (its contents come with `changed_since`), or rows out of range.
+          ValueError: an in-memory dynamic table (its contents come with `changed_since`), or rows out of range.
+          tf.errors.InvalidArgumentError: a key without a row in a tiered dynamic table (naming it).
         """
-        table = self._table(name)
-        if not isinstance(table, _StaticTable):
-            raise ValueError(f"table {name!r} is dynamic: its rows come with changed_since(...).tables[name].contents")
-        return table.read(rows)
+        return self._table(name).read(rows)
 
     def mark_all(self) -> None:
         """Every consumer's next `changed_since` reads `full` for every table (call after restoring tables by

@@ -6,7 +6,8 @@
 //   Check:    with check_numerics, a dry run of every table's update (rows made resident, none written).
 //   Update:   under every table's exclusive lock, the rows of all lazy tables pinned first (a failure pins
 //             nothing and writes no row), then the one row walk of each (cc/lib/tiered_row_storage.h), released
-//             dirty; then tables whose optimizer updates every row, window by window.
+//             dirty; then tables whose optimizer updates every row, window by window.  Each table's tracker
+//             (if any) marks the rows written.
 #define EIGEN_USE_THREADS
 
 #include <string>
@@ -17,6 +18,7 @@
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/kernels/tiered_table_kernel_util.h"
 #include "cc/kernels/tiered_table_resource.h"
+#include "cc/kernels/touched_rows_resource.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
 #include "cc/lib/tiered_row_storage.h"
@@ -163,12 +165,21 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
                        pins[t], Rounding(t, step), shard);
     }
     release_all(/*dirty=*/true);
-    // 5. Tables whose optimizer updates every row, window by window.
+    // Touched-row tracking (docs/tracking.md): the rows written, still under the tables' exclusive locks.
+    for (int t = 0; t < num_tables; ++t) {
+      if (!OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer)) {
+        MarkTouchedRows(tables[t].get(), ws->plans[t], /*all_rows=*/false);
+      }
+    }
+    // 5. Tables whose optimizer updates every row, window by window.  Marked whole even when a window failed:
+    //    the windows before it were written.
     for (int t = 0; t < num_tables; ++t) {
       const TableSpec& spec = config.tables[t];
       if (!OptimizerUpdatesAllRows(spec.optimization.optimizer)) continue;
-      OP_REQUIRES_OK(ctx, UpdateTieredTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t],
-                                            tables[t]->cache(), Rounding(t, step), shard, What(t)));
+      const absl::Status s = UpdateTieredTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t],
+                                               tables[t]->cache(), Rounding(t, step), shard, What(t));
+      MarkTouchedRows(tables[t].get(), ws->plans[t], /*all_rows=*/true);
+      OP_REQUIRES_OK(ctx, s);
     }
   }
 

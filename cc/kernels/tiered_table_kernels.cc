@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/kernels/tiered_table_resource.h"
+#include "cc/kernels/touched_rows_resource.h"
 #include "cc/lib/distinct_rows.h"
 #include "cc/lib/tiered_row_cache.h"
 #include "cc/lib/tiered_row_file.h"
@@ -207,7 +208,11 @@ class TieredTableWriteRowsOp : public TieredRowsOp {
       EncodeRecord(layout, buffers.data(), records.get() + i * record_bytes);
     }
     tf::mutex_lock lock(*table->mu());
-    OP_REQUIRES_OK(ctx, table->cache()->WriteRecords(first, n, records.get()));
+    const absl::Status written = table->cache()->WriteRecords(first, n, records.get());
+    // Touched-row tracking (a restore, docs/tracking.md): the range is marked even when the write failed part
+    // way (some rows may hold their new value).
+    MarkTouchedRowRange(table, first, n);
+    OP_REQUIRES_OK(ctx, written);
   }
 };
 

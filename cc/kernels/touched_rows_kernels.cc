@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/dynamic_table_kernel_util.h"
 #include "cc/kernels/dynamic_table_resource.h"
+#include "cc/kernels/tiered_table_resource.h"
 #include "cc/kernels/touched_rows_resource.h"
+#include "cc/lib/tiered_dynamic_table.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -53,18 +55,27 @@ class TouchedRowsTrackOp : public tf::OpKernel {
   using OpKernel::OpKernel;
 
   void Compute(tf::OpKernelContext* ctx) override {
-    tf::core::RefCountPtr<tf::Var> var;
-    OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, 0), &var));
-    int64_t rows = 0;
-    {
-      tf::tf_shared_lock lock(*var->mu());
-      OP_REQUIRES(ctx, var->is_initialized && var->tensor()->dims() == 2,
-                  absl::InvalidArgumentError(
-                      absl::StrCat("TouchedRowsTrack: the table variable must be initialised and of rank 2, got shape ",
-                                   var->tensor()->shape().DebugString())));
-      rows = var->tensor()->dim_size(0);
+    const tf::ResourceHandle& handle_in = tf::HandleFromInput(ctx, 0);
+    absl::StatusOr<TouchedRowsResource*> tracker;
+    if (handle_in.ValidateType<TieredTableResource>().ok()) {
+      // A tiered table: its fused update and its row writes mark the rows (docs/tracking.md).
+      TieredTableRef table;
+      OP_REQUIRES_OK(ctx, LookupTieredTable(ctx, 0, "table", &table));
+      tracker = TouchedRowsResource::Track(table.get(), table->num_rows());
+    } else {
+      tf::core::RefCountPtr<tf::Var> var;
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, handle_in, &var));
+      int64_t rows = 0;
+      {
+        tf::tf_shared_lock lock(*var->mu());
+        OP_REQUIRES(ctx, var->is_initialized && var->tensor()->dims() == 2,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "TouchedRowsTrack: the table variable must be initialised and of rank 2, got shape ",
+                        var->tensor()->shape().DebugString())));
+        rows = var->tensor()->dim_size(0);
+      }
+      tracker = TouchedRowsResource::Track(var.get(), rows);
     }
-    absl::StatusOr<TouchedRowsResource*> tracker = TouchedRowsResource::Track(var.get(), rows);
     OP_REQUIRES_OK(ctx, tracker.status());
     tf::Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &handle));
@@ -110,6 +121,19 @@ class TouchedRowsMarkAllOp : public tf::OpKernel {
   }
 };
 
+// A tiered dynamic table's exported rows (keys and metadata, in key order) given their values: weights and slots
+// read by key through the cache.
+absl::Status ReadTieredValues(TieredDynamicTable* tiered, DynamicTableContents* c) {
+  const int64_t n = static_cast<int64_t>(c->keys.size());
+  c->weights.assign(n * c->dim, 0.0f);
+  std::vector<float*> out = {c->weights.data()};
+  for (size_t k = 0; k < c->slots.size(); ++k) {
+    c->slots[k].assign(n * c->slot_widths[k], 0.0f);
+    out.push_back(c->slots[k].data());
+  }
+  return tiered->ReadRowsOfKeys(c->keys.data(), n, out);
+}
+
 class DynamicTableChangedSinceOp : public tf::OpKernel {
  public:
   explicit DynamicTableChangedSinceOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -127,12 +151,11 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
     int64_t id = 0, since = 0;
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 1, "tracker_id", &id));
     OP_REQUIRES_OK(ctx, ReadScalar(ctx, 2, "since", &since));
-    // A tiered table's rows are read through its cache by its own export (docs/tiered_tables.md); touched-row
-    // deltas of it are not built.
-    OP_REQUIRES(ctx, table->tiered() == nullptr,
-                absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
-                                                        "' is tiered (storage=te.Tiered): touched-row tracking and "
-                                                        "delta checkpoints of it are not supported")));
+    // A tiered table keeps its rows in the tier: its DynamicTable (external rows) exports keys and metadata only,
+    // and the changed rows' values are read through the cache (without filling it).  A full answer carries no
+    // values (they would be the whole table): the caller reads them by key, chunk by chunk
+    // (DynamicTableTieredReadRows).
+    TieredDynamicTable* tiered = table->tiered();
     TouchedRows::Changes changes;
     DynamicTableContents c;
     std::vector<int64_t> evicted;
@@ -171,6 +194,7 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
           if (probe[0] == r) live.push_back(r);
         }
         c = t->ExportRows(std::move(live));
+        if (tiered != nullptr) OP_REQUIRES_OK(ctx, ReadTieredValues(tiered, &c));
         std::sort(changes.evicted.begin(), changes.evicted.end());
         changes.evicted.erase(std::unique(changes.evicted.begin(), changes.evicted.end()), changes.evicted.end());
         std::vector<int64_t> rows(changes.evicted.size());
@@ -187,9 +211,11 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
     OutputScalar<bool>(ctx, 2, changes.full);
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, evicted));
     OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, c.keys));
-    OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 5, c.weights, n, c.dim));
+    // A tiered table's full answer: keys and metadata, no values ([0, width]).
+    const int64_t with_values = tiered != nullptr && changes.full ? 0 : n;
+    OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 5, c.weights, with_values, c.dim));
     for (int k = 0; k < num_slots_; ++k) {
-      OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 6 + k, c.slots[k], n, c.slot_widths[k]));
+      OP_REQUIRES_OK(ctx, OutputMatrix(ctx, 6 + k, c.slots[k], with_values, c.slot_widths[k]));
     }
     const int rest = 6 + num_slots_;
     OP_REQUIRES_OK(ctx, OutputVector(ctx, rest, c.counts));

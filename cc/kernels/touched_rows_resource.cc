@@ -11,7 +11,7 @@ namespace {
 
 struct Registry {
   tsl::mutex mu;
-  absl::flat_hash_map<const tensorflow::Var*, TouchedRowsResource*> tables TF_GUARDED_BY(mu);
+  absl::flat_hash_map<const tensorflow::ResourceBase*, TouchedRowsResource*> tables TF_GUARDED_BY(mu);
   std::atomic<int64_t> size{0};  // read without the lock by the fused update's fast path
 };
 
@@ -22,9 +22,9 @@ Registry& GetRegistry() {
 
 }  // namespace
 
-TouchedRowsResource::TouchedRowsResource(tensorflow::Var* var, int64_t num_rows)
-    : var_(var), num_rows_(num_rows), rows_(num_rows) {
-  var_->Ref();
+TouchedRowsResource::TouchedRowsResource(tensorflow::ResourceBase* table, int64_t num_rows)
+    : table_(table), num_rows_(num_rows), rows_(num_rows) {
+  table_->Ref();
   allocated_ = rows_.ok();
 }
 
@@ -32,13 +32,13 @@ TouchedRowsResource::~TouchedRowsResource() {
   Registry& registry = GetRegistry();
   {
     tsl::mutex_lock lock(registry.mu);
-    auto it = registry.tables.find(var_);
+    auto it = registry.tables.find(table_);
     if (it != registry.tables.end() && it->second == this) {
       registry.tables.erase(it);
       registry.size.store(static_cast<int64_t>(registry.tables.size()));
     }
   }
-  var_->Unref();
+  table_->Unref();
 }
 
 std::string TouchedRowsResource::DebugString() const {
@@ -51,42 +51,63 @@ int64_t TouchedRowsResource::MemoryUsed() const {
   return rows_.MemoryBytes();
 }
 
-absl::StatusOr<TouchedRowsResource*> TouchedRowsResource::Track(tensorflow::Var* var, int64_t num_rows) {
+absl::StatusOr<TouchedRowsResource*> TouchedRowsResource::Track(tensorflow::ResourceBase* table, int64_t num_rows) {
   Registry& registry = GetRegistry();
   tsl::mutex_lock lock(registry.mu);
-  auto it = registry.tables.find(var);
+  auto it = registry.tables.find(table);
   // TryRef fails for a resource whose last handle is going away: it is replaced.
   if (it != registry.tables.end() && it->second->TryRef()) {
     if (it->second->num_rows() != num_rows) {
       const int64_t had = it->second->num_rows();
       it->second->Unref();
-      return absl::InvalidArgumentError(absl::StrCat("the variable is tracked with ", had, " rows but now has ",
-                                                     num_rows, "; a tracked table cannot change its number of rows"));
+      return absl::InvalidArgumentError(absl::StrCat("the table is tracked with ", had, " rows but now has ", num_rows,
+                                                     "; a tracked table cannot change its number of rows"));
     }
     return it->second;
   }
-  auto* resource = new TouchedRowsResource(var, num_rows);
+  auto* resource = new TouchedRowsResource(table, num_rows);
   if (!resource->allocated_) {
     resource->Unref();
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate touched-row stamps for ", num_rows, " rows"));
   }
-  registry.tables[var] = resource;
+  registry.tables[table] = resource;
   registry.size.store(static_cast<int64_t>(registry.tables.size()));
   return resource;
 }
 
-void MarkTouchedRows(const tensorflow::Var* var, const RowGradientPlan& plan, bool all_rows) {
-  Registry& registry = GetRegistry();
-  if (registry.size.load(std::memory_order_relaxed) == 0) return;
+namespace {
+
+// The tracker of `table` (a new reference), or null when it is not tracked.
+tensorflow::core::RefCountPtr<TouchedRowsResource> FindTracker(const tensorflow::ResourceBase* table) {
   tensorflow::core::RefCountPtr<TouchedRowsResource> resource;
-  {
-    tsl::mutex_lock lock(registry.mu);
-    auto it = registry.tables.find(var);
-    if (it == registry.tables.end() || !it->second->TryAcquire()) return;
-    resource.reset(it->second);
-  }
+  Registry& registry = GetRegistry();
+  if (registry.size.load(std::memory_order_relaxed) == 0) return resource;
+  tsl::mutex_lock lock(registry.mu);
+  auto it = registry.tables.find(table);
+  if (it != registry.tables.end() && it->second->TryAcquire()) resource.reset(it->second);
+  return resource;
+}
+
+}  // namespace
+
+void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPlan& plan, bool all_rows) {
+  tensorflow::core::RefCountPtr<TouchedRowsResource> resource = FindTracker(table);
+  if (resource == nullptr) return;
   tsl::mutex_lock lock(*resource->mu());
   MarkUpdatedRows(plan, all_rows, resource->rows());
+}
+
+void MarkTouchedRowRange(const tensorflow::ResourceBase* table, int64_t first, int64_t n) {
+  tensorflow::core::RefCountPtr<TouchedRowsResource> resource = FindTracker(table);
+  if (resource == nullptr || n <= 0) return;
+  tsl::mutex_lock lock(*resource->mu());
+  TouchedRows* rows = resource->rows();
+  rows->BeginUpdate();
+  if (first == 0 && n >= resource->num_rows()) {
+    rows->MarkAll();
+    return;
+  }
+  for (int64_t r = first; r < first + n; ++r) rows->Mark(r);
 }
 
 }  // namespace tf_embed_ops

@@ -1,10 +1,11 @@
-// Touched-row tracking of static tables (docs/tracking.md): a TouchedRows per tracked table variable, found by
-// the fused update through a process-wide registry keyed by the variable (so enabling tracking needs no new
-// input on the training op, and a step function traced before tracking was enabled marks rows too).
+// Touched-row tracking of static tables (docs/tracking.md): a TouchedRows per tracked table, found by the fused
+// update through a process-wide registry keyed by the table's resource: the variable of an in-memory table, the
+// TieredTableResource of a tiered one (so enabling tracking needs no new input on the training op, and a step
+// function traced before tracking was enabled marks rows too).
 //
-// Lifetime: a TouchedRowsResource holds a reference to its variable (the registry key cannot be reused while
-// the entry exists) and is owned by the reference-counting handles TfEmbed>TouchedRowsTrack returns; tracking
-// a variable twice returns the same resource, so every consumer shares one set of stamps and keeps its own
+// Lifetime: a TouchedRowsResource holds a reference to its table resource (the registry key cannot be reused
+// while the entry exists) and is owned by the reference-counting handles TfEmbed>TouchedRowsTrack returns;
+// tracking a table twice returns the same resource, so every consumer shares one set of stamps and keeps its own
 // version.  The last handle gone, the entry leaves the registry.
 #ifndef TF_EMBED_OPS_CC_KERNELS_TOUCHED_ROWS_RESOURCE_H_
 #define TF_EMBED_OPS_CC_KERNELS_TOUCHED_ROWS_RESOURCE_H_
@@ -34,24 +35,29 @@ class TouchedRowsResource : public tensorflow::ResourceBase {
   tsl::mutex* mu() const TF_LOCK_RETURNED(mu_) { return &mu_; }
   TouchedRows* rows() TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return &rows_; }
 
-  // The tracker of `var` (rows = its first dimension), created on first use; the caller owns one reference.
-  static absl::StatusOr<TouchedRowsResource*> Track(tensorflow::Var* var, int64_t num_rows);
+  // The tracker of `table` (a tf Var: rows = its first dimension; a TieredTableResource: its rows), created on
+  // first use; the caller owns one reference.
+  static absl::StatusOr<TouchedRowsResource*> Track(tensorflow::ResourceBase* table, int64_t num_rows);
 
  private:
-  TouchedRowsResource(tensorflow::Var* var, int64_t num_rows);
+  TouchedRowsResource(tensorflow::ResourceBase* table, int64_t num_rows);
   ~TouchedRowsResource() override;
 
-  tensorflow::Var* const var_;  // one reference held
+  tensorflow::ResourceBase* const table_;  // one reference held
   const int64_t num_rows_;
   bool allocated_ = false;  // set once by the constructor
   mutable tsl::mutex mu_;
   TouchedRows rows_ TF_GUARDED_BY(mu_);
 };
 
-// The fused update's hook, after the table's rows were written (under the variable's exclusive lock): marks
-// the plan's unique rows, or every row when the optimizer updated them all.  A no-op (one atomic load) when
-// no table is tracked.
-void MarkTouchedRows(const tensorflow::Var* var, const RowGradientPlan& plan, bool all_rows);
+// The fused update's hook, after the table's rows were written (under the table's exclusive lock): marks the
+// plan's unique rows, or every row when the optimizer updated them all.  A no-op (one atomic load) when no
+// table is tracked.  `table`: the variable (in-memory tables) or the TieredTableResource (tiered ones).
+void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPlan& plan, bool all_rows);
+
+// Rows [first, first + n) of `table` written by other means than the fused update (a tiered table's
+// TieredTableWriteRows: initialisation, restore); every row when the range is the whole table.
+void MarkTouchedRowRange(const tensorflow::ResourceBase* table, int64_t first, int64_t n);
 
 }  // namespace tf_embed_ops
 

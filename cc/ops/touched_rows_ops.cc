@@ -28,11 +28,13 @@ REGISTER_OP("TfEmbed>TouchedRowsTrack")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Starts tracking the touched rows of a static table variable ([rows, dim], initialised); returns its tracker.
+Starts tracking the touched rows of a static table; returns its tracker.
 
-Tracking the same variable again returns the same tracker: every consumer shares its stamps and keeps its own
-version.  From now on, every SendTPUEmbeddingGradients(V2) that updates the variable marks the rows it wrote.
-The tracker lives as long as a handle to it does (it holds a reference to the variable).
+table: a table variable ([rows, dim], initialised) or a tiered table (TieredTableHandle).
+Tracking the same table again returns the same tracker: every consumer shares its stamps and keeps its own
+version.  From now on, every SendTPUEmbeddingGradients(V2) that updates the variable (TieredSendTPUEmbedding-
+Gradients and TieredTableWriteRows for a tiered table) marks the rows it wrote.  The tracker lives as long as a
+handle to it does (it holds a reference to the table).
 )doc");
 
 REGISTER_OP("TfEmbed>TouchedRowsSince")
@@ -111,7 +113,9 @@ A dynamic table's changes after version `since` of its tracker `tracker_id`, wit
 The table is held exclusively; the first call enables tracking (4 bytes per row from then on).
 
 keys, weights, slots, counts, last_steps: the rows inserted or changed since (all live rows when full), in key
-  order, as DynamicTableExport gives them; pending_*: the whole admission table.
+  order, as DynamicTableExport gives them; pending_*: the whole admission table.  A tiered table's rows are read
+  through its cache (not filled); its full answer has weights and slots of 0 rows (read them by key with
+  DynamicTableTieredReadRows, a chunk at a time).
 evicted_keys: keys evicted since and not live now, ascending (empty when full).
 full: the consumer must replace its whole copy of the table (tracking started after `since`, another tracker,
   an import, a non-lazy update of every row, or the bounded eviction log dropped entries it needed).

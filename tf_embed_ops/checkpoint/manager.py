@@ -18,6 +18,7 @@ import tensorflow as tf
 from tf_embed_ops import tracking
 from tf_embed_ops.checkpoint import _format
 from tf_embed_ops.checkpoint._format import CheckpointError
+from tf_embed_ops.tiered.table import TieredTable
 
 __all__ = ["CheckpointError", "IncrementalCheckpointManager"]
 
@@ -88,6 +89,30 @@ class _StaticState:
                         )
 
 
+class _TieredState(_StaticState):
+    """A static tiered table: described like the same table in memory (a chain moves between the two kinds through
+    its full checkpoint), its delta rows written into the tier one run of consecutive rows at a time."""
+
+    def describe(self) -> dict:
+        table = self.table.table  # te.tiered.TieredTable
+        widths = [table.dim, *table.slot_widths]
+        names = ["parameters", *table.slot_names]
+        return {
+            "kind": "static",
+            "rows": table.num_rows,
+            "variables": {n: [int(w), d.name] for n, w, d in zip(names, widths, table.dtypes, strict=True)},
+        }
+
+    def restore_rows(self, rows: np.ndarray, values: dict) -> None:
+        table = self.table.table
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        values = {k: np.asarray(v)[order].astype(np.float32) for k, v in values.items()}  # 16-bit: exact
+        starts = np.concatenate([[0], np.nonzero(np.diff(rows) != 1)[0] + 1, [rows.size]])
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            table.write_rows(int(rows[a]), values["parameters"][a:b], [values[slot][a:b] for slot in table.slot_names])
+
+
 class IncrementalCheckpointManager:
     """Saves a full checkpoint, then deltas holding only the embedding rows changed since the previous save.
 
@@ -107,9 +132,9 @@ class IncrementalCheckpointManager:
       embeddings: the embedding objects to track (default: every one reachable from `checkpoint`).
 
     Raises:
-      ValueError: `checkpoint` tracks no embedding object, one with a tiered table (its updated rows are not
-        tracked yet: checkpoint it with `tf.train.Checkpoint`, which streams it), or a bad `full_every` /
-        `max_chains`.
+      ValueError: `checkpoint` tracks no embedding object, reaches a tiered dynamic table (its deltas are not
+        built: checkpoint it with `tf.train.Checkpoint`, which streams it) or a static tiered table that
+        `embeddings` leaves out, or a bad `full_every` / `max_chains`.
 
     Example:
         >>> ckpt = tf.train.Checkpoint(model=model)
@@ -135,21 +160,36 @@ class IncrementalCheckpointManager:
         self._full_every = int(full_every or 0)
         self._max_chains = int(max_chains)
         descendants = tf.train.TrackableView(checkpoint).descendants()
-        # Every tiered table the checkpoint reaches, tracked or not: a delta would silently lack its changes.
-        tracking.refuse_tiered(descendants, "te.checkpoint.IncrementalCheckpointManager")
+        # Every tiered dynamic table the checkpoint reaches, tracked or not: its deltas are not built (a full one
+        # would read the whole table into memory).
+        who = "te.checkpoint.IncrementalCheckpointManager"
+        tracking.refuse_tiered(descendants, who, static=False)
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
-        os.makedirs(self._directory, exist_ok=True)
         self._tables = {}
         embedding_vars = set()
+        tiered: list = []
         for name in self._tracker.table_names:
             table = self._tracker._table(name)  # noqa: SLF001 - the tracker's own per-table view
-            if self._tracker.kind(name) == "static":
+            if isinstance(table, tracking._TieredTable):  # noqa: SLF001 - the tracker's own per-table view
+                self._tables[name] = _TieredState(name, table)
+                tiered.append(table.table)
+            elif self._tracker.kind(name) == "static":
                 self._tables[name] = _StaticState(name, table)
                 for shards in [table.parameters, *table.slots.values()]:
                     embedding_vars.update(id(v) for v in shards)
             else:
                 self._tables[name] = table
         self._embedding_vars = embedding_vars
+        # A static tiered table the checkpoint reaches but the tracker does not: a delta would lack its changes.
+        untracked = [
+            d.table_name for d in descendants if isinstance(d, TieredTable) and all(d is not t for t in tiered)
+        ]
+        if untracked:
+            raise ValueError(
+                f"{who}: table(s) {', '.join(map(repr, untracked))} are tiered (storage=te.Tiered) and in the "
+                "checkpoint but not in `embeddings`: a delta would lack their changes; track their embedding too"
+            )
+        os.makedirs(self._directory, exist_ok=True)
         self._model_id = self._fingerprint()
         self._dense = self._dense_variables()
         self._cursor = None
@@ -157,7 +197,8 @@ class IncrementalCheckpointManager:
 
     def _dense_variables(self) -> dict:
         """Every variable the checkpoint reaches other than the tables and slots, by object path (looked up at
-        each save and restore: a Keras optimizer creates its variables on its first step)."""
+        each save and restore: a Keras optimizer creates its variables on its first step), and each tiered table's
+        rounding step."""
         descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
         dense = {}
         for obj in descendants:
@@ -165,6 +206,11 @@ class IncrementalCheckpointManager:
             if var is None or id(var) in self._embedding_vars:
                 continue
             dense.setdefault("/".join(ref.name for ref in paths[obj]), var)
+        for name, state in self._tables.items():
+            if isinstance(state, _TieredState):
+                # A tiered table's rounding step is saved by its streamed saver, not as a checkpoint variable: each
+                # delta carries it, as it carries an in-memory embedding's `rounding_step`.
+                dense[f"tiered_table_step/{name}"] = state.table.table.step
         return dense
 
     # ------------------------------------------------------------------------------------------ properties
@@ -214,10 +260,16 @@ class IncrementalCheckpointManager:
         if any(e["name"] == name for e in chain):
             raise ValueError(f"checkpoint number {number} is already in the chain of {self._directory}")
         self._clean_orphans()
+        changes = None
+        if not want_full:
+            changes = self._tracker.changed_since(self._cursor)
+            # A tiered table changed whole (non-lazy optimizer, restore): a full checkpoint streams it from the
+            # tier, where a delta would hold every row in memory.
+            want_full = any(ch.full and isinstance(self._tables[n], _TieredState) for n, ch in changes.tables.items())
         if want_full:
             entry = self._save_full(name, number)
         else:
-            entry = self._save_delta(name, number, chain[-1]["name"])
+            entry = self._save_delta(name, number, chain[-1]["name"], changes)
         chain = [*chain, entry]
         if want_full:
             chain = self._drop_old_chains(chain)
@@ -246,8 +298,7 @@ class IncrementalCheckpointManager:
         size = sum(os.path.getsize(os.path.join(final, f)) for f in files)
         return {"name": name, "kind": "full", "step": number, "files": files, "bytes": size}
 
-    def _save_delta(self, name: str, number: int, parent: str) -> dict:
-        changes = self._tracker.changed_since(self._cursor)
+    def _save_delta(self, name: str, number: int, parent: str, changes: Any) -> dict:
         arrays: dict = {}
         tables: dict = {}
         for table_name, ch in changes.tables.items():

@@ -105,8 +105,9 @@ class Publisher:
       min_free_slots: see `dynamic_headroom`.
 
     Raises:
-      ValueError: for a bad argument (named), a model without embedding layers, or one with tiered tables (their
-        updated rows are not tracked yet: export them with `te.keras.export_for_serving`).
+      ValueError: for a bad argument (named), a model without embedding layers, or one with tiered tables (the
+        first publish or a full delta would read the whole table into memory: export them with
+        `te.keras.export_for_serving`, which streams them).
     """
 
     def __init__(

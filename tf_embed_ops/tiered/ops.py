@@ -29,6 +29,7 @@ __all__ = [
     "tiered_embedding_activations",
     "tiered_send_tpu_embedding_gradients",
     "tiered_table_flush",
+    "tiered_table_gather_rows",
     "tiered_table_handle",
     "tiered_table_prefetch",
     "tiered_table_read_rows",
@@ -184,6 +185,39 @@ def tiered_table_read_rows(table, first_row, num_rows, num_slots: int, name=None
         table=_handle(table, "table"),
         first_row=_row(first_row, "first_row"),
         num_rows=_row(num_rows, "num_rows"),
+        S=checked_int(num_slots, "num_slots", 0),
+        name=name,
+    )
+    return values, list(slots)
+
+
+def tiered_table_gather_rows(table, rows, num_slots: int, name=None) -> tuple[tf.Tensor, list]:
+    """The given rows (any order, duplicates allowed) and their slots as float32, read through the cache's dirty
+    rows without filling the cache (touched-row deltas, docs/tracking.md).
+
+    Args:
+      table: a tiered table handle (or an object with `.handle`).
+      rows: int vector of row ids, each in [0, num_rows) (checked by the op before anything is read).
+      num_slots: the table's slot count.
+
+    Returns:
+      (values [n, dim], [slot k: [n, width_k]]).
+
+    Raises:
+      ValueError: rows is not an integer vector.
+      tf.errors.InvalidArgumentError: a row id outside the table (naming the table and the id).
+
+    Example:
+      >>> values, slots = tiered_table_gather_rows(h, [3, 7, 42], num_slots=1)
+    """
+    rows = tf.convert_to_tensor(rows)
+    if not rows.dtype.is_integer:
+        raise ValueError(f"rows: must be integers, got {rows.dtype.name}")
+    if rows.shape.rank not in (None, 1):
+        raise ValueError(f"rows: must be a vector, got shape {rows.shape}")
+    values, slots = _ops().tf_embed_tiered_table_gather_rows(
+        table=_handle(table, "table"),
+        rows=tf.cast(rows, tf.int64),
         S=checked_int(num_slots, "num_slots", 0),
         name=name,
     )

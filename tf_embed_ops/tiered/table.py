@@ -293,6 +293,18 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
         )
         return values, dict(zip(self._slot_names, slots, strict=True))
 
+    def gather_rows(self, rows: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """The given rows (any order) and their slots as float32, read like `read_rows` (the cache is not filled).
+
+        Returns:
+          (values [n, dim], {slot name: [n, width]}).
+
+        Raises:
+          tf.errors.InvalidArgumentError: a row outside [0, num_rows).
+        """
+        values, slots = tiered_ops.tiered_table_gather_rows(self.resource_handle, rows, num_slots=len(self._slot_names))
+        return values, dict(zip(self._slot_names, slots, strict=True))
+
     def read_all(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The whole table as numpy arrays (eagerly; for tests and small tables: it holds the table in memory)."""
         values, slots = self.read_rows(0, self.num_rows)
