@@ -188,10 +188,11 @@ void Initialise(int64_t num_rows, int64_t record_bytes, const Put& put) {
   }
 }
 
-class RowFile : public Store {
- public:
-  RowFile(const std::string& dir, int64_t num_rows, int64_t record_bytes) : rb_(record_bytes) {
-    path_ = dir + "/rows.bin";
+// A file of records, initialised in row order in large writes whose pages are then written and dropped from the
+// page cache, opened for random access (what the tiered table does with its row file).
+class FileStore : public Store {
+ protected:
+  FileStore(const std::string& path, int64_t num_rows, int64_t record_bytes) : path_(path), rb_(record_bytes) {
     fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd_ < 0) Die("open " + path_);
     if (posix_fallocate(fd_, 0, num_rows * rb_) != 0) Die("fallocate");
@@ -201,20 +202,31 @@ class RowFile : public Store {
     posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
     posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
   }
-  ~RowFile() override {
+  ~FileStore() override {
     close(fd_);
     unlink(path_.c_str());
-  }
-  void Write(const std::vector<int64_t>& rows, const std::vector<char>& records) override {
-    Runs(rows, [&](size_t i, size_t n) { FullPwrite(fd_, records.data() + i * rb_, n * rb_, rows[i] * rb_); });
-  }
-  void Read(const std::vector<int64_t>& rows, std::vector<char>* records) override {
-    Runs(rows, [&](size_t i, size_t n) { FullPread(fd_, records->data() + i * rb_, n * rb_, rows[i] * rb_); });
   }
   int64_t DiskBytes() override {
     struct stat st;
     fstat(fd_, &st);
     return st.st_blocks * 512;
+  }
+
+  const std::string path_;
+  const int64_t rb_;
+  int fd_;
+};
+
+// Record r at r * record_bytes, written in place.
+class RowFile : public FileStore {
+ public:
+  RowFile(const std::string& dir, int64_t num_rows, int64_t record_bytes)
+      : FileStore(dir + "/rows.bin", num_rows, record_bytes) {}
+  void Write(const std::vector<int64_t>& rows, const std::vector<char>& records) override {
+    Runs(rows, [&](size_t i, size_t n) { FullPwrite(fd_, records.data() + i * rb_, n * rb_, rows[i] * rb_); });
+  }
+  void Read(const std::vector<int64_t>& rows, std::vector<char>* records) override {
+    Runs(rows, [&](size_t i, size_t n) { FullPread(fd_, records->data() + i * rb_, n * rb_, rows[i] * rb_); });
   }
 
  private:
@@ -228,28 +240,14 @@ class RowFile : public Store {
       i = j;
     }
   }
-  std::string path_;
-  int fd_;
-  const int64_t rb_;
 };
 
-class Log : public Store {
+// Every write appended at the end of the file, each row's current offset in a DRAM map (no cleaning).
+class Log : public FileStore {
  public:
-  Log(const std::string& dir, int64_t num_rows, int64_t record_bytes) : rb_(record_bytes), where_(num_rows) {
-    path_ = dir + "/log.bin";
-    fd_ = open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    if (fd_ < 0) Die("open " + path_);
-    Initialise(num_rows, rb_,
-               [&](int64_t first, int64_t n, const char* p) { FullPwrite(fd_, p, n * rb_, first * rb_); });
+  Log(const std::string& dir, int64_t num_rows, int64_t record_bytes)
+      : FileStore(dir + "/log.bin", num_rows, record_bytes), where_(num_rows), tail_(num_rows * record_bytes) {
     for (int64_t r = 0; r < num_rows; ++r) where_[r] = r * rb_;
-    tail_ = num_rows * rb_;
-    sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-    posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
-    posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
-  }
-  ~Log() override {
-    close(fd_);
-    unlink(path_.c_str());
   }
   void Write(const std::vector<int64_t>& rows, const std::vector<char>& records) override {
     if (rows.empty()) return;
@@ -260,18 +258,10 @@ class Log : public Store {
   void Read(const std::vector<int64_t>& rows, std::vector<char>* records) override {
     for (size_t i = 0; i < rows.size(); ++i) FullPread(fd_, records->data() + i * rb_, rb_, where_[rows[i]]);
   }
-  int64_t DiskBytes() override {
-    struct stat st;
-    fstat(fd_, &st);
-    return st.st_blocks * 512;
-  }
 
  private:
-  std::string path_;
-  int fd_;
-  const int64_t rb_;
   std::vector<int64_t> where_;
-  int64_t tail_ = 0;
+  int64_t tail_;
 };
 
 #ifdef TIERED_STORE_PROBE_ROCKSDB
