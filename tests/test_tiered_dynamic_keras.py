@@ -193,14 +193,11 @@ def test_the_keras_export_serves_bitwise_in_plain_tensorflow(tmp_path):
         np.testing.assert_array_equal(served[i], _serve_here(dirs[i]), err_msg=dirs[i])
 
 
-def test_the_tracker_consumers_refuse_tiered_dynamic_tables_and_create_nothing(tmp_path):
-    tiered = _model(tmp_path / "rows")
-    directory = str(tmp_path / "live")
-    with pytest.raises(ValueError, match=r"te\.serving\.Publisher: table\(s\) 't' are tiered"):
-        te.serving.Publisher(tiered, directory, SIGNATURE)
+def test_incremental_checkpoints_refuse_tiered_dynamic_tables_and_create_nothing(tmp_path):
+    # (te.serving.Publisher publishes them: tests/test_tiered_publisher.py.)
     emb = te.TPUEmbedding({"f": _emb.FeatureConfig(_config(tmp_path / "rows2"), name="f")})
     emb.build()
     te.tracking.Tracker(emb)  # tracks it (tests/test_tiered_tracking.py); its consumers refuse it
     with pytest.raises(ValueError, match=r"IncrementalCheckpointManager: table\(s\) 't' are tiered"):
         te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(embedding=emb), str(tmp_path / "chain"))
-    assert not os.path.exists(directory) and not os.path.exists(str(tmp_path / "chain"))
+    assert not os.path.exists(str(tmp_path / "chain"))

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import corrupt_every_record, record_bytes, run_json_child, table_pair
+from tiered_support import cache_bytes_for, corrupt_every_record, record_bytes, run_json_child, table_pair
 
 import tf_embed_ops as te
 from tests import serving_delta_util as util
@@ -199,16 +199,154 @@ def test_a_corrupted_row_stops_the_full_version_and_leaves_the_chain(tmp_path):
     assert sorted(os.listdir(pub.directory)) == ["1", "MANIFEST.json", "deltas"]  # no temporary left
 
 
-def test_tiered_dynamic_tables_are_still_refused_by_name(tmp_path):
+# ------------------------------------------------------------------------ tiered dynamic tables
+
+DYN_CACHE_ROWS, DYN_CHUNK_ROWS = 16, 5
+_RNG = np.random.default_rng(1)
+DYN_KEYS = (np.arange(60, dtype=np.int64) * 7919) - 100  # negative keys too
+DYN_IDS = np.concatenate([DYN_KEYS, [0, 5, 1 << 45]]).astype(np.int64)  # then keys never trained
+
+
+def _dynamic_model(directory, storage_dtype=tf.float32) -> keras.Model:
+    """Feature "f" over the dynamic table "d", tiered in `directory` (a cache of 16 rows, chunks of 5 rows) or, with
+    `directory=None`, in memory."""
+    optimizer = te.optimizers.Adagrad(0.1)
+    storage = None
+    if directory is not None:
+        cache = cache_bytes_for(DYN_CACHE_ROWS, optimizer, DIM, storage_dtype)
+        storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=DYN_CHUNK_ROWS * 4 * 2 * DIM)
     config = te.DynamicTableConfig(
-        "users", DIM, optimizer=te.optimizers.Adagrad(0.1), storage=te.Tiered(1 << 16, str(tmp_path / "rows"))
+        "d", DIM, optimizer=optimizer, seed=11, storage=storage, storage_dtype=storage_dtype, combiner="sum"
     )
-    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(config, name="f")})
+    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(config, name="f")}, name="embedding")
     inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
-    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)["f"]))
-    with pytest.raises(ValueError, match=r"te\.serving\.Publisher: table\(s\) 'users' are tiered"):
-        Publisher(model, str(tmp_path / "chain"), SIGNATURE)
-    assert not os.path.exists(tmp_path / "chain")
+    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
+    model = keras.Model(inputs, head(layer(inputs)["f"]))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def _dynamic_table(model):
+    return next(iter(model.get_layer("embedding").dynamic_tables.values()))
+
+
+def _dynamic_fit(models, seed, keys):
+    rng = np.random.default_rng(seed)
+    x = {"f": rng.choice(keys, size=24)}
+    y = rng.normal(size=(24, 2)).astype(np.float32)
+    for model in models:
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+
+
+def _dynamic_state(loaded) -> list:
+    """The servable's dynamic table (key -> slot map sorted by key, rows, slot states), dense weights, version."""
+    t = loaded.tables[0]
+    keys, slots = tf.raw_ops.LookupTableExportV2(table_handle=t.index.resource_handle, Tkeys=tf.int64, Tvalues=tf.int64)
+    order = np.argsort(keys.numpy())
+    out = [int(loaded.signatures["served_version"]()["version"]), keys.numpy()[order], slots.numpy()[order]]
+    return out + [t.values.numpy(), t.state.numpy()] + [v.numpy() for v in loaded.dense]
+
+
+def _serve_dynamic(loaded) -> np.ndarray:
+    return loaded.signatures["serving_default"](f=tf.constant(DYN_IDS))["output_0"].numpy()
+
+
+@pytest.mark.parametrize(
+    "storage_dtype", [tf.float32, pytest.param(tf.bfloat16, marks=pytest.mark.slow)], ids=["fp32", "bf16"]
+)
+def test_a_tiered_dynamic_chain_is_the_in_memory_chain_bitwise(tmp_path, storage_dtype):
+    memory, tiered = _dynamic_model(None, storage_dtype), _dynamic_model(tmp_path / "rows", storage_dtype)
+    _dynamic_fit([memory, tiered], seed=0, keys=DYN_KEYS[:30])
+    assert int(_dynamic_table(tiered).cache_stats()["evictions"]) > 0  # the rows went through the row file
+    pub_m = Publisher(memory, str(tmp_path / "chain_m"), SIGNATURE, model_id=MODEL_ID, min_free_slots=40)
+    pub_t = Publisher(tiered, str(tmp_path / "chain_t"), SIGNATURE, model_id=MODEL_ID, min_free_slots=40)
+    assert pub_m.publish_full() == pub_t.publish_full() == 1
+    assert pub_t._served.layout == pub_m._served.layout
+    served = {k: tf.saved_model.load(os.path.join(p.directory, "1")) for k, p in (("m", pub_m), ("t", pub_t))}
+    _assert_same_state(_dynamic_state(served["t"]), _dynamic_state(served["m"]))
+    capacity = pub_t._served.layout["tables"][0]["capacity"]
+    data_files = [f for f in os.listdir(os.path.join(pub_t.directory, "1", "variables")) if ".data-" in f]
+    n = int(_dynamic_table(tiered).size())
+    # The keys' rows a chunk at a time, then the free slots and the default row a chunk at a time.
+    assert len(data_files) == 1 + -(-n // DYN_CHUNK_ROWS) + -(-(capacity + 1 - n) // DYN_CHUNK_ROWS)
+    np.testing.assert_array_equal(_serve_dynamic(served["t"]), _serve_dynamic(served["m"]))
+    for round_ in range(1, 3):
+        _dynamic_fit([memory, tiered], seed=round_, keys=DYN_KEYS[: 30 + 15 * round_])  # new keys every round
+        for model in (memory, tiered):
+            _dynamic_table(model).evict_keys(tf.constant([DYN_KEYS[round_], DYN_KEYS[-1]], tf.int64))
+        version = pub_t.publish_delta()
+        assert pub_m.publish_delta() == version == round_ + 1
+        assert read_manifest(pub_t.directory)["chain"][-1]["kind"] == "delta"
+        with open(_delta_path(pub_t, version), "rb") as a, open(_delta_path(pub_m, version), "rb") as b:
+            assert a.read() == b.read()  # keys, rows, evicted keys, dense weights, header: byte for byte
+        parsed = delta_format.read_delta(_delta_path(pub_t, version))["tables"][0]
+        evicted = set(parsed["evicted"].tolist())  # the last key only once it was trained (round 2)
+        assert DYN_KEYS[round_] in evicted and evicted <= {int(DYN_KEYS[round_]), int(DYN_KEYS[-1])}
+        assert 0 < parsed["keys"].size < len(_dynamic_table(tiered).export()["keys"])  # the changed keys only
+        for k, pub in (("m", pub_m), ("t", pub_t)):
+            served[k].signatures["apply_delta"](path=tf.constant(_delta_path(pub, version)))
+        _assert_same_state(_dynamic_state(served["t"]), _dynamic_state(served["m"]))
+        # The servable serves what a full export of the trained model serves.
+        te_keras.export_for_serving(tiered, str(tmp_path / f"export{round_}"), SIGNATURE)
+        export = tf.saved_model.load(str(tmp_path / f"export{round_}"))
+        np.testing.assert_array_equal(_serve_dynamic(served["t"]), _serve_dynamic(export))
+
+
+def test_a_tiered_dynamic_table_restored_or_outgrowing_its_slots_gets_a_full_version(tmp_path):
+    tiered = _dynamic_model(tmp_path / "rows")
+    _dynamic_fit([tiered], seed=0, keys=DYN_KEYS[:20])
+    pub = Publisher(tiered, str(tmp_path / "chain"), SIGNATURE, dynamic_headroom=0.0, min_free_slots=4)
+    pub.publish_full()
+    _dynamic_fit([tiered], seed=1, keys=DYN_KEYS)  # about 40 new keys: more than the 4 free slots
+    version = pub.publish_delta()
+    assert read_manifest(pub.directory)["chain"][-1]["kind"] == "full"
+    assert os.listdir(os.path.join(pub.directory, "deltas")) == []
+    served = tf.saved_model.load(os.path.join(pub.directory, str(version)))
+    te_keras.export_for_serving(tiered, str(tmp_path / "export"), SIGNATURE)
+    np.testing.assert_array_equal(_serve_dynamic(served), _serve_dynamic(tf.saved_model.load(str(tmp_path / "export"))))
+    te.tracking.Tracker(tiered).mark_all()  # as after a restore by other means: taken whole
+    pub.publish_delta()
+    assert [e["kind"] for e in read_manifest(pub.directory)["chain"]] == ["full", "full", "full"]
+
+
+def test_a_corrupted_record_stops_a_tiered_dynamic_full_version_and_leaves_the_chain(tmp_path):
+    tiered = _dynamic_model(tmp_path / "rows")
+    _dynamic_fit([tiered], seed=0, keys=DYN_KEYS[:40])
+    pub = Publisher(tiered, str(tmp_path / "chain"), SIGNATURE)
+    pub.publish_full()
+    manifest = read_manifest(pub.directory)
+    table = _dynamic_table(tiered)
+    before = {k: v.numpy() for k, v in dynamic_ops_export_keys(table).items()}
+    corrupt_every_record(table.tiered.path(table.table_name), record_bytes(te.optimizers.Adagrad(0.1), DIM))
+    with pytest.raises(tf.errors.DataLossError, match=r"'d'.*corrupted"):
+        pub.publish_full()
+    assert read_manifest(pub.directory) == manifest
+    assert sorted(os.listdir(pub.directory)) == ["1", "MANIFEST.json", "deltas"]  # no temporary left
+    after = {k: v.numpy() for k, v in dynamic_ops_export_keys(table).items()}
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k])
+
+
+def test_write_delta_reads_given_keys_from_the_tier(tmp_path):
+    tiered = _dynamic_model(tmp_path / "rows")
+    _dynamic_fit([tiered], seed=0, keys=DYN_KEYS[:30])
+    pub = Publisher(tiered, str(tmp_path / "chain"), SIGNATURE)
+    pub.publish_full()
+    table = _dynamic_table(tiered)
+    content = {k: v.numpy() for k, v in table.export().items()}
+    keys = np.array([content["keys"][3], 123456789, content["keys"][0], content["keys"][-1]], np.int64)
+    version = pub.write_delta({"d": (keys, np.zeros([0], np.int64))}, dense=False)
+    parsed = delta_format.read_delta(_delta_path(pub, version))["tables"][0]
+    want = np.sort(keys[keys != 123456789])  # a key without a row is left out
+    np.testing.assert_array_equal(parsed["keys"], want)
+    np.testing.assert_array_equal(parsed["rows"], content["weights"][np.searchsorted(content["keys"], want)])
+
+
+def dynamic_ops_export_keys(table) -> dict:
+    from tf_embed_ops.dynamic import ops as dynamic_ops
+
+    names = ("keys", "counts", "last_steps", "pending_keys", "pending_counts", "pending_last_steps")
+    return dict(zip(names, dynamic_ops.dynamic_table_tiered_export_keys(table.handle), strict=True))
 
 
 # ------------------------------------------------------------------------ slow: as TensorFlow Serving applies it
@@ -249,6 +387,37 @@ def test_a_server_without_tf_embed_ops_applies_the_tiered_chain_as_the_in_memory
     np.testing.assert_array_equal(np.array(out[6]["output_0"], np.float32), _serve_model(memory))
 
 
+@pytest.mark.slow
+def test_a_server_without_tf_embed_ops_applies_the_tiered_dynamic_chain_as_the_in_memory_one(tmp_path):
+    memory, tiered = _dynamic_model(None), _dynamic_model(tmp_path / "rows")
+    _dynamic_fit([memory, tiered], seed=0, keys=DYN_KEYS[:30])
+    pubs = {
+        name: Publisher(model, str(tmp_path / f"chain_{name}"), SIGNATURE, model_id=MODEL_ID, min_free_slots=40)
+        for name, model in (("m", memory), ("t", tiered))
+    }
+    for pub in pubs.values():
+        pub.publish_full()
+    for round_ in range(1, 3):
+        _dynamic_fit([memory, tiered], seed=round_, keys=DYN_KEYS[: 30 + 15 * round_])
+        for model in (memory, tiered):
+            _dynamic_table(model).evict_keys(tf.constant([DYN_KEYS[round_]], tf.int64))
+        for pub in pubs.values():
+            pub.publish_delta()
+    results = {}
+    for name, pub in pubs.items():
+        chain = read_manifest(pub.directory)["chain"]
+        assert [e["kind"] for e in chain] == ["full", "delta", "delta"]
+        steps = [{"load": os.path.join(pub.directory, "1")}, {"serve": {"f": DYN_IDS.tolist()}}]
+        steps += [{"apply": os.path.join(pub.directory, e["path"])} for e in chain[1:]]
+        steps += [{"serve": {"f": DYN_IDS.tolist()}}, {"version": True}]
+        results[name] = util.run_server(steps)
+    assert results["t"][1:] == results["m"][1:]  # (the first result names the path loaded)
+    assert all(r["ok"] for r in results["t"]) and results["t"][-1]["version"] == 3
+    te_keras.export_for_serving(tiered, str(tmp_path / "export"), SIGNATURE)
+    export = _serve_dynamic(tf.saved_model.load(str(tmp_path / "export")))
+    np.testing.assert_array_equal(np.array(results["t"][-2]["output_0"], np.float32), export)
+
+
 def _serve_model(model) -> np.ndarray:
     """The model's outputs for IDS (a model with its tables in memory: one batch of every row)."""
     return model.predict({"f": IDS}, batch_size=len(IDS), verbose=0)
@@ -269,3 +438,19 @@ def test_a_full_version_holds_one_chunk_not_the_table(tmp_path):
     assert grown["memory"] > table, memory  # the measure sees the table
     assert grown["memory"] - grown["tiered"] > 0.75 * table, (tiered, memory)
     assert tiered["tiered_delta_rows"] == memory["memory_delta_rows"] > 0
+
+
+@pytest.mark.slow
+def test_a_tiered_dynamic_full_version_holds_the_keys_and_one_chunk(tmp_path):
+    """65,536 keys x 256 (64 MiB of rows) published in chunks of 2 MiB: a full version raises the publishing
+    process's peak RSS by the keys' share and a chunk, where the same table in memory reads its whole export and
+    builds the servable's rows from it."""
+    tiered = run_json_child("tiered_publish_memory_child.py", str(tmp_path), "tiered_dynamic")
+    memory = run_json_child("tiered_publish_memory_child.py", str(tmp_path), "memory_dynamic")
+    print(tiered, memory)
+    table = tiered["table_bytes"]
+    assert table == 65536 * 256 * 4
+    assert tiered["tiered_dynamic_full_2"] < table / 3 and tiered["tiered_dynamic_delta"] < table / 8, tiered
+    assert memory["memory_dynamic_full_2"] > 2 * table, memory  # the measure sees the copies
+    assert tiered["tiered_dynamic_delta_kind"] == memory["memory_dynamic_delta_kind"] == "delta"
+    assert tiered["tiered_dynamic_delta_rows"] == memory["memory_dynamic_delta_rows"] == 256

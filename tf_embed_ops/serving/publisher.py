@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import servable as servable_lib
 from tf_embed_ops.serving import streamed as streamed_lib
@@ -85,11 +86,6 @@ def _embedding_layers(model: Any) -> list:
         )
     if not found:
         raise ValueError(f"model_or_layer: {type(model).__name__} holds no tf_embed_ops.keras.TPUEmbedding layer")
-    from tf_embed_ops import tracking  # pylint: disable=import-outside-toplevel
-
-    # Static tiered tables are published (full versions streamed from the tier, deltas of the touched rows);
-    # tiered dynamic tables are not yet.
-    tracking.refuse_tiered(tracking.find_engines(found), "te.serving.Publisher", static=False)
     return found
 
 
@@ -111,12 +107,16 @@ class Publisher:
     full version's table variable is saved without a value and its rows are streamed from the tier into the
     SavedModel's checkpoint one chunk at a time (`tf_embed_ops.serving.streamed`); a delta reads the touched rows
     from the tier through its cache (without filling it). A tiered table the tracker reports changed whole (a
-    restore, a non-lazy optimizer) makes `publish_delta` write a full version instead of a delta of every row. The
-    chain is bitwise the one the same model with its tables in memory publishes (same layout, same deltas).
+    restore, a non-lazy optimizer, every row written) makes `publish_delta` write a full version instead of a delta
+    of every row. The chain is bitwise the one the same model with its tables in memory publishes (same layout, same
+    deltas).
+
+    A tiered dynamic table's full version holds its keys (read whole: they are in DRAM anyway) with the free slots
+    `dynamic_headroom` gives, and its rows streamed from the tier (`streamed_row_table.StreamedRowTable`); a delta
+    holds the changed keys' rows as the tracker reads them from the tier.
 
     Raises:
-      ValueError: for a bad argument (named), a model without embedding layers, or one with tiered dynamic tables
-        (not published yet: export them with `te.keras.export_for_serving`, which streams them).
+      ValueError: for a bad argument (named), or a model without embedding layers.
     """
 
     def __init__(
@@ -207,6 +207,13 @@ class Publisher:
         return max(int(math.ceil(n * (1.0 + self._headroom))), n + self._min_free)
 
     def _make_mutable(self, table: Any) -> servable_lib.MutableRowTable:
+        if getattr(table, "tiered", None) is not None:
+            # Its keys now, its rows streamed from the tier when the servable is saved (`publish_full`).
+            from tf_embed_ops.serving import streamed_row_table  # pylint: disable=import-outside-toplevel
+
+            with tf.init_scope():
+                size = int(dynamic_ops.dynamic_table_tiered_export_keys(table.handle)[0].shape[0])
+            return streamed_row_table.StreamedRowTable(table, self._capacity(size))
         with tf.init_scope():
             contents = table.export()
             keys, weights = contents["keys"].numpy(), contents["weights"].numpy()
@@ -477,6 +484,11 @@ def _dynamic_rows(table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         raise NotImplementedError("deltas of string-keyed dynamic tables come through the tracker's read_dynamic")
     found = table.find(ids).numpy()
     present = found >= 0
+    if getattr(table, "tiered", None) is not None:  # read from the tier through its cache, without filling it
+        rows, _ = dynamic_ops.dynamic_table_tiered_read_rows(
+            table.handle, tf.constant(keys[present]), num_slots=table.num_slots
+        )
+        return keys[present], rows.numpy()
     rows = table.lookup(tf.constant(keys[present])).numpy()
     return keys[present], rows
 

@@ -40,6 +40,7 @@ __all__ = ["MutableRowTable", "Servable", "layout_id"]
 APPLY_CHUNK_BYTES = 1 << 20
 # Slot states of a MutableRowTable.
 _FREE, _USED, _RELEASED = 0, 1, 2
+SLOT_USED = _USED  # what a streamed table (`streamed_row_table`) marks its keys' slots with
 
 
 class MutableRowTable(tf.Module):
