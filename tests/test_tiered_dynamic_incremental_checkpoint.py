@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, step
+from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, run_json_child, step
 
 import tf_embed_ops as te
 from tf_embed_ops import config as te_config
@@ -209,3 +209,20 @@ def test_a_tiered_dynamic_table_left_out_of_embeddings_is_refused(tmp_path):
             tf.train.Checkpoint(embedding=emb, other=other), str(tmp_path / "chain"), embeddings=[other]
         )
     assert not os.path.exists(tmp_path / "chain")
+
+
+@pytest.mark.slow
+def test_a_chain_of_a_large_tiered_dynamic_table_saves_and_restores_a_chunk_at_a_time(tmp_path):
+    """65,536 keys x 256 (64 MiB of rows) in chunks of 2 MiB: the full save, the delta and the restore of the chain
+    raise the process's peak RSS by a small fraction of the table, where the same table in memory is exported
+    (the full save) and merged whole (the restore)."""
+    tiered = run_json_child("tiered_dynamic_incremental_memory_child.py", str(tmp_path), "tiered")
+    memory = run_json_child("tiered_dynamic_incremental_memory_child.py", str(tmp_path), "memory")
+    print(tiered, memory)
+    table = tiered["table_bytes"]
+    assert table == 65536 * 256 * 4
+    assert tiered["kinds"] == memory["kinds"] == ["full", "delta"]
+    assert tiered["restored_equal"] and memory["restored_equal"]
+    for what in ("save_full", "save_delta", "restore"):
+        assert tiered[what] < table / 4, (what, tiered)
+    assert memory["restore"] > 2 * table, memory  # the measure sees the whole merge
