@@ -418,6 +418,63 @@ def test_a_server_without_tf_embed_ops_applies_the_tiered_dynamic_chain_as_the_i
     np.testing.assert_array_equal(np.array(results["t"][-2]["output_0"], np.float32), export)
 
 
+@pytest.mark.slow
+def test_a_tiered_publish_killed_at_random_points_leaves_a_chain_a_plain_server_applies(tmp_path):
+    """SIGKILL while full versions stream their rows and deltas are written: the manifest lists complete versions
+    only, each delta builds on the previous version, and a server without tf_embed_ops loads the last full version
+    and applies the deltas after it; a new Publisher removes the temporaries and continues past every number."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
+    rng = random.Random(11)
+    for _ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, os.path.join(here, "tiered_publish_kill_child.py"), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        try:
+            assert child.stdout.readline().startswith("full")  # up, and published once
+            time.sleep(rng.uniform(0.0, 3.0))
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            child.stdout.close()
+    directory = str(tmp_path / "chain")
+    chain = read_manifest(directory)["chain"]
+    assert chain[0]["kind"] == "full"
+    for previous, entry in zip(chain, chain[1:], strict=False):
+        assert entry["version"] > previous["version"]
+        if entry["kind"] == "delta":
+            assert entry["base"] == previous["version"]
+            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksum verified
+            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    last_full = [e for e in chain if e["kind"] == "full"][-1]
+    steps = [{"load": os.path.join(directory, last_full["path"])}]
+    steps += [{"apply": os.path.join(directory, e["path"])} for e in chain[chain.index(last_full) + 1 :]]
+    steps += [{"version": True}, {"serve": {"f": [0, 5, 19999, 123]}}]
+    results = util.run_server(steps)
+    assert all(r["ok"] for r in results), results
+    assert results[-2]["version"] == chain[-1]["version"]
+    # A new publisher (a restarted job) removes the temporaries and continues past every number used.
+    from tiered_publish_kill_child import build_model  # pylint: disable=import-outside-toplevel
+
+    pub = Publisher(build_model(str(tmp_path)), directory, SIGNATURE)
+    assert not [e for e in os.listdir(directory) if ".tmp-" in e]
+    used = [int(e) for e in os.listdir(directory) if e.isdigit()]
+    assert pub.publish_full() > max(used + [chain[-1]["version"]])
+
+
 def _serve_model(model) -> np.ndarray:
     """The model's outputs for IDS (a model with its tables in memory: one batch of every row)."""
     return model.predict({"f": IDS}, batch_size=len(IDS), verbose=0)
