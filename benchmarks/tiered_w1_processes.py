@@ -1,7 +1,8 @@
 """W1 in memory against tiered, one engine per process (docs/tiered_tables.md, "Measured").
 
 `python -m benchmarks.tiered_w1_processes --rounds 2` runs, per round, a process training W1's table in memory,
-then one training it tiered (a cache of a tenth of the rows), each with one TensorFlow thread: warm-up steps (the
+then one training it tiered (a cache of a tenth of the rows), then one tiered prefetching the next batch, each
+with one TensorFlow thread: warm-up steps (the
 tiered cache filled first), then timed blocks; a process reports its best block (ms/step), its CPU time per step
 (user + system, every thread of the process) over the timed blocks and the load average beside it.  Processes
 alternate so that both engines see the same load; the row file lives in a scratch directory that is removed.
@@ -18,6 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# tiered_prefetch: the step prefetches the next batch between its lookup and its update (the cache's thread reads
+# it while the step goes on).
+ENGINES = ("memory", "tiered", "tiered_prefetch")
 
 
 def _io_chars() -> dict:
@@ -41,10 +46,10 @@ def _child(args) -> dict:
     batches = tb._batches(wl, tb.POOL)  # noqa: SLF001 (the benchmark's own W1 set-up)
     sizes = tb._sizes(wl, batches)  # noqa: SLF001
     storage = None
-    if args.engine == "tiered":
+    if args.engine != "memory":
         storage = te.Tiered(cache_bytes=sizes["cache_bytes"], directory=args.directory, chunk_bytes=8 << 20)
     emb, config = tb._embedding(wl, storage)  # noqa: SLF001
-    step = tb._stepper(emb, batches, prefetch=False)  # noqa: SLF001
+    step = tb._stepper(emb, batches, prefetch=args.engine == "tiered_prefetch")  # noqa: SLF001
     table = emb.tiered_tables[config] if storage is not None else None
     if table is not None:  # the cache full and evicting, as in a long run
         for _ in range(400):
@@ -89,7 +94,8 @@ def _child(args) -> dict:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tiered_w1_processes", description=__doc__.splitlines()[0])
-    p.add_argument("--engine", choices=("memory", "tiered"), help="(one child process)")
+    p.add_argument("--engine", choices=ENGINES, help="(one child process)")
+    p.add_argument("--engines", default="memory,tiered,tiered_prefetch", help="comma-separated, run in this order")
     p.add_argument("--directory", help="(child) the row file's directory")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup", type=int, default=150)
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     results = []
     for r in range(args.rounds):
-        for engine in ("memory", "tiered"):
+        for engine in args.engines.split(","):
             with tempfile.TemporaryDirectory(prefix="tf_embed_ops_w1_") as directory:
                 cmd = [sys.executable, "-m", "benchmarks.tiered_w1_processes", "--engine", engine]
                 cmd += ["--directory", directory, "--warmup", str(args.warmup), "--blocks", str(args.blocks)]

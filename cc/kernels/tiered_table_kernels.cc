@@ -262,8 +262,9 @@ class TieredTablePrefetchOp : public TieredTableOp {
     }
     std::vector<int64_t> rows(ids.data(), ids.data() + ids.size());
     SortDistinctRows(&rows, table->num_rows());
-    // No table lock: the cache only moves unpinned rows (see tiered_table_resource.h).
-    OP_REQUIRES_OK(ctx, table->cache()->Prefetch(rows));
+    // No table lock: the cache only moves unpinned rows (see tiered_table_resource.h).  The reads run on the
+    // cache's prefetch thread; the op returns at once.
+    OP_REQUIRES_OK(ctx, table->cache()->StartPrefetch(std::move(rows)));
   }
 };
 

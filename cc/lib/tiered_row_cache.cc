@@ -40,6 +40,7 @@ TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capa
       pins_(capacity, 0),
       referenced_(capacity, 0),
       dirty_(capacity, 0),
+      loading_(capacity, 0),
       writing_(capacity, 0) {
   free_.reserve(capacity);
   for (int64_t s = capacity - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
@@ -55,13 +56,14 @@ TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capa
 }
 
 TieredRowCache::~TieredRowCache() {
-  if (!writer_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
-  writer_.join();
+  prefetch_wake_.notify_all();
+  if (prefetcher_.joinable()) prefetcher_.join();  // after its prefetch in progress (a queued one is dropped)
+  if (writer_.joinable()) writer_.join();
 }
 
 // ---------------------------------------------------------------------------------------------- index
@@ -138,16 +140,18 @@ absl::Status TieredRowCache::WriteBack(std::vector<int32_t> slots) {
   return absl::OkStatus();
 }
 
-absl::Status TieredRowCache::ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records) {
+absl::Status TieredRowCache::ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records) const {
   std::vector<RecordRun> runs;
   (void)ForEachRun(rows, [&](size_t begin, size_t end) {
     runs.push_back(RecordRun{rows[begin], static_cast<int64_t>(end - begin), records.data() + begin});
     return absl::OkStatus();
   });
-  if (const absl::Status s = file_->ReadRuns(runs); !s.ok()) return s;
-  stats_.rows_read += static_cast<int64_t>(rows.size());
-  stats_.bytes_read += static_cast<int64_t>(rows.size()) * record_bytes_;
-  return absl::OkStatus();
+  return file_->ReadRuns(runs);
+}
+
+void TieredRowCache::CountRead(int64_t rows) {
+  stats_.rows_read += rows;
+  stats_.bytes_read += rows * record_bytes_;
 }
 
 void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
@@ -171,32 +175,37 @@ void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
   }
 }
 
-absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out,
-                                  std::unique_lock<std::mutex>* lock, bool read) {
+absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int32_t>* out,
+                                  std::unique_lock<std::mutex>* lock, bool read, bool partial) {
   out->clear();
-  if (misses.empty()) return absl::OkStatus();
+  if (misses->empty()) return absl::OkStatus();
   // 1. Slots: free ones first, then CLOCK victims (unpinned; a chosen victim is pinned for the moment so the hand
-  //    skips it).  Rows being written in the background are not taken: wait for their writes when only they are
-  //    left.
+  //    skips it).  Rows being written in the background, or loaded by another call, are not taken: wait for those
+  //    transfers when only such rows are left.
   std::vector<int32_t> victims;
-  const size_t from_free = std::min(misses.size(), free_.size());
+  const size_t from_free = std::min(misses->size(), free_.size());
   for (size_t i = 0; i < from_free; ++i) {
     out->push_back(free_.back());
     free_.pop_back();
   }
-  TakeVictims(misses.size() - out->size(), &victims);
-  while (out->size() + victims.size() < misses.size() && writing_slots_ > 0) {
-    written_.wait(*lock, [this] { return writing_slots_ == 0; });
-    TakeVictims(misses.size() - out->size() - victims.size(), &victims);
+  TakeVictims(misses->size() - out->size(), &victims);
+  while (out->size() + victims.size() < misses->size() && (writing_slots_ > 0 || loading_slots_ > 0)) {
+    const int64_t writing = writing_slots_, loading = loading_slots_;
+    io_done_.wait(*lock, [&] { return writing_slots_ < writing || loading_slots_ < loading; });
+    TakeVictims(misses->size() - out->size() - victims.size(), &victims);
   }
   auto give_back = [&] {
     for (int32_t s : victims) pins_[s] = 0;
     for (int32_t s : *out) free_.push_back(s);
     out->clear();
   };
-  if (out->size() + victims.size() < misses.size()) {
-    give_back();
-    return absl::InternalError(absl::StrCat("table '", table(), "': no evictable row in the cache"));
+  if (out->size() + victims.size() < misses->size()) {
+    if (!partial) {
+      give_back();
+      return absl::InternalError(absl::StrCat("table '", table(), "': no evictable row in the cache"));
+    }
+    misses->resize(out->size() + victims.size());  // a prefetch loads what fits
+    if (misses->empty()) return absl::OkStatus();
   }
   // 2. Victims' dirty records reach the file before their slots are reused; a victim not written stays resident
   //    and dirty.
@@ -215,21 +224,46 @@ absl::Status TieredRowCache::Load(const std::vector<int64_t>& misses, std::vecto
     out->push_back(v);
   }
   victims.clear();
-  // 3. Read the misses straight into their slots: one batch of runs of consecutive rows (TieredRowFile::ReadRuns).
-  std::vector<char*> records(misses.size());
-  for (size_t i = 0; i < misses.size(); ++i) records[i] = Record((*out)[i]);
-  s = read ? ReadRunsOf(misses, records) : absl::OkStatus();  // read = false: see Acquire
-  if (!s.ok()) {
-    give_back();  // the victims are gone (they were clean or written): only residency changed
-    return s;
-  }
-  for (size_t i = 0; i < misses.size(); ++i) {
+  // 3. The misses are resident from here on, pinned and marked loading (another call that needs one waits; a
+  //    prefetch skips it), and read straight into their slots with mu_ RELEASED, so that a prefetch's reads run
+  //    beside a step's calls: one batch of runs of consecutive rows (TieredRowFile::ReadRuns, which reads beside
+  //    appends).
+  const int64_t n = static_cast<int64_t>(misses->size());
+  std::vector<char*> records(n);
+  for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = (*out)[i];
-    slot_row_[slot] = misses[i];
+    slot_row_[slot] = (*misses)[i];
+    IndexInsert((*misses)[i], slot);
+    pins_[slot] = 1;
     referenced_[slot] = 1;
     dirty_[slot] = 0;
-    IndexInsert(misses[i], slot);
+    records[i] = Record(slot);
   }
+  pinned_slots_ += n;
+  if (read) {  // read = false: see Acquire
+    for (const int32_t slot : *out) loading_[slot] = 1;
+    loading_slots_ += n;
+    lock->unlock();
+    s = ReadRunsOf(*misses, records);
+    lock->lock();
+    for (const int32_t slot : *out) loading_[slot] = 0;
+    loading_slots_ -= n;
+    io_done_.notify_all();
+  }
+  if (!s.ok()) {  // the victims are gone (they were clean or written): only residency changed
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t slot = (*out)[i];
+      IndexErase((*misses)[i]);
+      slot_row_[slot] = -1;
+      pins_[slot] = 0;
+      referenced_[slot] = 0;
+      free_.push_back(slot);
+    }
+    pinned_slots_ -= n;
+    out->clear();
+    return s;
+  }
+  if (read) CountRead(n);
   if (evicted > 0 && writer_.joinable()) {  // the next call will evict about as many: clean them now
     writeback_wanted_ = std::min(evicted, kMaxBackgroundRows);
     wake_.notify_one();
@@ -258,7 +292,7 @@ void TieredRowCache::WritebackLoop() {
       if (dirty_[s]) picked.push_back(static_cast<int32_t>(s));
     }
     if (picked.empty()) {
-      written_.notify_all();  // (idle again)
+      io_done_.notify_all();  // (idle again)
       continue;
     }
     std::sort(picked.begin(), picked.end(), [this](int32_t a, int32_t b) { return slot_row_[a] < slot_row_[b]; });
@@ -292,17 +326,42 @@ void TieredRowCache::WritebackLoop() {
     writing_slots_ -= static_cast<int64_t>(n);
     stats_.rows_written += done;
     stats_.bytes_written += done * record_bytes_;
-    written_.notify_all();
+    io_done_.notify_all();
   }
 }
 
 void TieredRowCache::WaitForWritebackLocked(std::unique_lock<std::mutex>* lock) const {
-  written_.wait(*lock, [this] { return writing_slots_ == 0 && (writeback_wanted_ == 0 || stop_); });
+  io_done_.wait(*lock, [this] { return writing_slots_ == 0 && (writeback_wanted_ == 0 || stop_); });
+}
+
+void TieredRowCache::WaitForIoLocked(std::unique_lock<std::mutex>* lock) const {
+  io_done_.wait(*lock,
+                [this] { return loading_slots_ == 0 && writing_slots_ == 0 && (writeback_wanted_ == 0 || stop_); });
+}
+
+void TieredRowCache::WaitForPrefetchLocked(std::unique_lock<std::mutex>* lock) const {
+  io_done_.wait(*lock, [this] { return !PrefetchBusy(); });
 }
 
 void TieredRowCache::WaitForWriteback() {
   std::unique_lock<std::mutex> lock(mu_);
   WaitForWritebackLocked(&lock);
+}
+
+void TieredRowCache::PrefetchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    prefetch_wake_.wait(lock, [this] { return stop_ || prefetch_queued_; });
+    if (stop_) return;
+    std::vector<int64_t> rows = std::move(prefetch_rows_);
+    prefetch_rows_.clear();
+    prefetch_queued_ = false;
+    prefetch_running_ = true;
+    const absl::Status s = PrefetchLocked(rows, &lock);
+    prefetch_running_ = false;
+    if (!s.ok() && prefetch_status_.ok()) prefetch_status_ = s;
+    io_done_.notify_all();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------- public
@@ -320,23 +379,55 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
   if (n > capacity_) return TooManyRows(n, absl::StrCat("table '", table(), "'"));
   if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu_);
-  // One index probe per row: its slot (or kEmpty), and how many slots this call would newly pin.  Refuse before
-  // changing anything when the rows and the rows other calls hold pinned do not fit together.
+  // One index probe per row: its slot (or kEmpty), and how many slots this call would newly pin.
   std::vector<int32_t> slots(n);
   std::vector<int64_t> misses;
   std::vector<size_t> miss_at;
   int64_t newly_pinned = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t slot = Find(rows[i]);
-    slots[i] = slot;
-    if (slot == kEmpty) {
-      misses.push_back(rows[i]);
-      miss_at.push_back(static_cast<size_t>(i));
-      ++newly_pinned;
-    } else if (pins_[slot] == 0) {
-      ++newly_pinned;
+  while (true) {
+    misses.clear();
+    miss_at.clear();
+    newly_pinned = 0;
+    bool loading = false;
+    for (int64_t i = 0; i < n; ++i) {
+      // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index
+      // entry of the row kAhead on, and the slot state of the row kAhead / 2 on (its entry fetched by then).
+      constexpr int64_t kAhead = 16;
+      if (i + kAhead < n) __builtin_prefetch(&index_[Home(rows[i + kAhead])]);
+      if (i + kAhead / 2 < n) {
+        const int32_t ahead = index_[Home(rows[i + kAhead / 2])];
+        if (ahead != kEmpty) {
+          __builtin_prefetch(&slot_row_[ahead]);
+          __builtin_prefetch(&pins_[ahead], 1);
+        }
+      }
+      const int32_t slot = Find(rows[i]);
+      slots[i] = slot;
+      if (slot == kEmpty) {
+        misses.push_back(rows[i]);
+        miss_at.push_back(static_cast<size_t>(i));
+        ++newly_pinned;
+      } else {
+        loading = loading || loading_[slot];
+        if (pins_[slot] == 0) ++newly_pinned;
+      }
     }
+    const bool too_many = pinned_slots_ + newly_pinned > capacity_;
+    // A prefetch asked for before this call completes before this call reads anything (so the rows it brings are
+    // hits, as if it had run synchronously); a row another call is loading is waited for; the pins of loads in
+    // progress are transient, so they refuse nothing.
+    if (PrefetchBusy() && (!misses.empty() || loading || too_many)) {
+      WaitForPrefetchLocked(&lock);
+      continue;
+    }
+    if (loading || (too_many && loading_slots_ > 0)) {
+      const int64_t in_progress = loading_slots_;
+      io_done_.wait(lock, [&] { return loading_slots_ < in_progress; });
+      continue;
+    }
+    break;
   }
+  // Refuse before changing anything when the rows and the rows other calls hold pinned do not fit together.
   if (pinned_slots_ + newly_pinned > capacity_) {
     return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': needs ", n, " rows resident but ",
                                                    pinned_slots_, " of the cache's ", capacity_,
@@ -347,21 +438,18 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
     if (pins_[slot]++ == 0) ++pinned_slots_;
     referenced_[slot] = 1;
   }
-  std::vector<int32_t> loaded;
-  if (const absl::Status s = Load(misses, &loaded, &lock, read); !s.ok()) {
+  std::vector<int32_t> loaded;  // pinned by Load
+  const int64_t num_misses = static_cast<int64_t>(misses.size());
+  if (const absl::Status s = Load(&misses, &loaded, &lock, read, /*partial=*/false); !s.ok()) {
     for (int32_t slot : slots) {
       if (slot != kEmpty && --pins_[slot] == 0) --pinned_slots_;
     }
     return s;
   }
-  for (size_t k = 0; k < loaded.size(); ++k) {
-    slots[miss_at[k]] = loaded[k];
-    pins_[loaded[k]] = 1;
-    ++pinned_slots_;
-  }
+  for (size_t k = 0; k < loaded.size(); ++k) slots[miss_at[k]] = loaded[k];
   if (read) {
-    stats_.hits += n - static_cast<int64_t>(misses.size());
-    stats_.misses += static_cast<int64_t>(misses.size());
+    stats_.hits += n - num_misses;
+    stats_.misses += num_misses;
   }
   pin->records.resize(n);
   for (int64_t i = 0; i < n; ++i) pin->records[i] = Record(slots[i]);
@@ -384,7 +472,12 @@ void TieredRowCache::Release(TieredPin* pin, bool dirty) {
 absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
   if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu_);
-  // The resident ones are pinned for the call so that loading the others does not evict them.
+  return PrefetchLocked(rows, &lock);
+}
+
+absl::Status TieredRowCache::PrefetchLocked(const std::vector<int64_t>& rows, std::unique_lock<std::mutex>* lock) {
+  // The resident ones are pinned for the call so that loading the others does not evict them; rows another call
+  // is loading are left to it.
   std::vector<int32_t> held;
   std::vector<int64_t> misses;
   for (int64_t row : rows) {
@@ -393,6 +486,7 @@ absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
       misses.push_back(row);
       continue;
     }
+    if (loading_[slot]) continue;
     referenced_[slot] = 1;
     if (pins_[slot]++ == 0) ++pinned_slots_;
     held.push_back(slot);
@@ -400,16 +494,43 @@ absl::Status TieredRowCache::Prefetch(const std::vector<int64_t>& rows) {
   const int64_t room = capacity_ - pinned_slots_;
   if (static_cast<int64_t>(misses.size()) > room) misses.resize(std::max<int64_t>(room, 0));
   std::vector<int32_t> loaded;
-  const absl::Status s = Load(misses, &loaded, &lock);
+  const absl::Status s = Load(&misses, &loaded, lock, /*read=*/true, /*partial=*/true);
   for (int32_t slot : held) {
+    if (--pins_[slot] == 0) --pinned_slots_;
+  }
+  for (int32_t slot : loaded) {
     if (--pins_[slot] == 0) --pinned_slots_;
   }
   return s;
 }
 
+absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> rows) {
+  if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!prefetch_status_.ok()) {  // reported once, by the next prefetch; its rows were not made resident
+    const absl::Status failed = std::move(prefetch_status_);
+    prefetch_status_ = absl::OkStatus();
+    return absl::Status(failed.code(), absl::StrCat("an earlier prefetch failed: ", failed.message()));
+  }
+  // A prefetch not started yet is replaced: its batch is the one being trained now.
+  prefetch_rows_ = std::move(rows);
+  prefetch_queued_ = true;
+  if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
+  prefetch_wake_.notify_one();
+  return absl::OkStatus();
+}
+
+absl::Status TieredRowCache::WaitForPrefetch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitForPrefetchLocked(&lock);
+  absl::Status s = std::move(prefetch_status_);
+  prefetch_status_ = absl::OkStatus();
+  return s;
+}
+
 absl::Status TieredRowCache::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
-  WaitForWritebackLocked(&lock);
+  WaitForIoLocked(&lock);  // (TieredRowFile::Sync runs beside no read)
   std::vector<int32_t> dirty;
   for (int64_t s = 0; s < capacity_; ++s) {
     if (dirty_[s]) dirty.push_back(static_cast<int32_t>(s));
@@ -420,14 +541,15 @@ absl::Status TieredRowCache::Flush() {
 
 absl::Status TieredRowCache::Grow(int64_t num_rows) {
   std::unique_lock<std::mutex> lock(mu_);
-  WaitForWritebackLocked(&lock);  // TieredRowFile::Grow must not run beside the write-back thread's writes
+  WaitForIoLocked(&lock);  // TieredRowFile::Grow must run beside no other transfer
   return file_->Grow(num_rows);
 }
 
 absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
   if (const absl::Status s = CheckRange(first, n); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int64_t> cold;  // rows not resident, read from the file in runs
+  std::unique_lock<std::mutex> lock(mu_);
+  io_done_.wait(lock, [this] { return loading_slots_ == 0; });  // a record being loaded holds no value yet
+  std::vector<int64_t> cold;                                    // rows not resident, read from the file in runs
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = Find(first + i);
     if (slot == kEmpty) {
@@ -438,7 +560,9 @@ absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {
   }
   std::vector<char*> records(cold.size());
   for (size_t i = 0; i < cold.size(); ++i) records[i] = out + (cold[i] - first) * record_bytes_;
-  return ReadRunsOf(cold, records);
+  if (const absl::Status s = ReadRunsOf(cold, records); !s.ok()) return s;
+  CountRead(static_cast<int64_t>(cold.size()));
+  return absl::OkStatus();
 }
 
 absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* records) {
@@ -446,7 +570,7 @@ absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* record
   std::vector<char*> pointers(n);
   for (int64_t i = 0; i < n; ++i) pointers[i] = records + i * record_bytes_;
   std::unique_lock<std::mutex> lock(mu_);
-  WaitForWritebackLocked(&lock);  // an older copy of a row must not land after this write
+  WaitForIoLocked(&lock);  // an older copy of a row must not land after this write, nor a load read half of it
   const absl::Status s = file_->WriteRecords(first, n, pointers.data());
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = Find(first + i);
@@ -468,7 +592,9 @@ absl::Status TieredRowCache::WriteRecords(int64_t first, int64_t n, char* record
 
 TieredCacheStats TieredRowCache::stats() const {
   std::unique_lock<std::mutex> lock(mu_);
-  // Counters that do not move behind the caller's back: the background write-back asked for is counted first.
+  // Counters that do not move behind the caller's back: a prefetch asked for, and the background write-back asked
+  // for, are counted first.
+  WaitForPrefetchLocked(&lock);
   WaitForWritebackLocked(&lock);
   TieredCacheStats out = stats_;
   out.resident_rows = capacity_ - static_cast<int64_t>(free_.size());

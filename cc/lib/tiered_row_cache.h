@@ -15,11 +15,17 @@
 // not evicted until its write is done (a miss of it must not read the file first); a failed write leaves it dirty
 // (the call that evicts it writes it, and reports the error).  Flush and WriteRecords wait for those writes.
 //
-// Thread safety: every member takes the cache's one mutex for its whole call (I/O included), so a Prefetch of
-// the next batch runs beside the current step's row walk (which holds no lock) and only waits for another cache
-// call.  Callers serialise what the cache cannot know about: no Release(dirty) may race a reader of the same rows,
-// and WriteRecords / Flush must not run while pinned rows are being updated (the kernels hold the table's
-// reader/writer lock for that).
+// Thread safety: every member takes the cache's one mutex, and holds it for its whole call except while a miss's
+// record is read: the misses are then resident, pinned and marked loading (a call that needs one of them waits
+// for it), so reads run beside the other calls.  Callers serialise what the cache cannot know about: no
+// Release(dirty) may race a reader of the same rows, and WriteRecords / Flush must not run while pinned rows are
+// being updated (the kernels hold the table's reader/writer lock for that).
+//
+// Asynchronous prefetch (StartPrefetch): a thread of the cache makes the next batch's rows resident while the
+// caller goes on (as FBGEMM's SSD tables read the next batch's rows beside the current step).  An Acquire that
+// has rows to read waits for a prefetch asked for before it, so what a prefetch brings is a hit, as if it had run
+// synchronously; an Acquire whose rows are all resident does not wait.  A failed prefetch leaves its rows not
+// resident (the call that needs them reads them and reports the error) and is reported by the next StartPrefetch.
 //
 // Faults: an I/O error or a CRC mismatch is returned as a Status naming the table, the row and the path, and the
 // cache stays consistent: a victim that could not be written back stays resident and dirty, rows that could not
@@ -95,7 +101,8 @@ class TieredRowCache {
   TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity)
       : TieredRowCache(std::move(file), capacity, {}) {}
   TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capacity, Options options);
-  // Stops the write-back thread (after its batch in progress); dirty rows are NOT written: Flush first.
+  // Stops the write-back and prefetch threads (after their batch in progress; a queued prefetch is dropped); dirty
+  // rows are NOT written: Flush first.
   ~TieredRowCache();
   TieredRowCache(const TieredRowCache&) = delete;
   TieredRowCache& operator=(const TieredRowCache&) = delete;
@@ -113,6 +120,12 @@ class TieredRowCache {
   // Makes as many of `rows` (ascending, distinct, in range) resident as the unpinned slots allow, without
   // pinning them.  Rows already resident are marked recently used.
   absl::Status Prefetch(const std::vector<int64_t>& rows);
+  // The same on the cache's prefetch thread (see the protocol above): checks `rows`, queues them (replacing a
+  // queued prefetch that has not started) and returns.  Errors: InvalidArgument for bad rows; the error of an
+  // earlier asynchronous prefetch, once (nothing is queued then).
+  absl::Status StartPrefetch(std::vector<int64_t> rows);
+  // Until no asynchronous prefetch is queued or running; returns (and clears) the error of one that failed.
+  absl::Status WaitForPrefetch();
   // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
   absl::Status Flush();
   // Makes the file hold at least `num_rows` records (TieredRowFile::Grow): a dynamic table's rows grow.  The
@@ -130,7 +143,7 @@ class TieredRowCache {
   // Waits until the background write-back asked for so far is done (tests; Flush and WriteRecords do it).
   void WaitForWriteback();
 
-  // (Waits for a background write-back in progress, so that the counters include it.)
+  // (Waits for a prefetch and a background write-back in progress, so that the counters include them.)
   TieredCacheStats stats() const;
   const TieredRowLayout& layout() const { return file_->layout(); }
   const std::string& table() const { return file_->table(); }
@@ -157,12 +170,19 @@ class TieredRowCache {
   void IndexErase(int64_t row);
   absl::Status CheckRows(const std::vector<int64_t>& rows) const;
   absl::Status CheckRange(int64_t first, int64_t n) const;
-  // Makes `misses` (ascending, not resident) resident (unpinned, referenced) in slots it returns in `out`; the
-  // caller has checked that free plus evictable slots suffice (`lock` holds mu_; it is released only to wait for
-  // background writes).  On an error no miss is resident.  read = false: the misses' records are not read (see
-  // Acquire).
-  absl::Status Load(const std::vector<int64_t>& misses, std::vector<int32_t>* out, std::unique_lock<std::mutex>* lock,
-                    bool read = true);
+  // Makes `misses` (ascending, not resident) resident (pinned once each, referenced) in slots it returns in `out`;
+  // the caller has checked that free plus evictable slots suffice (`lock` holds mu_; it is released to wait for
+  // background writes and other loads, and while the misses are read).  partial: load only as many as the slots
+  // that can be had (`misses` is shortened).  On an error no miss is resident.  read = false: the misses' records
+  // are not read (see Acquire).
+  absl::Status Load(std::vector<int64_t>* misses, std::vector<int32_t>* out, std::unique_lock<std::mutex>* lock,
+                    bool read, bool partial);
+  // Prefetch with mu_ held (`lock`; released while reading).
+  absl::Status PrefetchLocked(const std::vector<int64_t>& rows, std::unique_lock<std::mutex>* lock);
+  // The prefetch thread: runs the queued prefetch.
+  void PrefetchLoop();
+  bool PrefetchBusy() const { return prefetch_queued_ || prefetch_running_; }
+  void WaitForPrefetchLocked(std::unique_lock<std::mutex>* lock) const;
   // Up to `count` CLOCK victims (unpinned, not being written back), each pinned for the moment so the hand skips
   // it; appended to `victims`.
   void TakeVictims(size_t count, std::vector<int32_t>* victims);
@@ -170,8 +190,12 @@ class TieredRowCache {
   void WritebackLoop();
   // Until the thread has done what was asked of it (no batch pending or in progress).
   void WaitForWritebackLocked(std::unique_lock<std::mutex>* lock) const;
-  // Reads `rows` (ascending, distinct) into records[i] as one batch of runs of consecutive rows; counts them.
-  absl::Status ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records);
+  // Until no transfer runs outside mu_ (loads, background writes) and none is asked for.
+  void WaitForIoLocked(std::unique_lock<std::mutex>* lock) const;
+  // Reads `rows` (ascending, distinct) into records[i] as one batch of runs of consecutive rows (no counters: it
+  // may run without mu_); CountRead counts them.
+  absl::Status ReadRunsOf(const std::vector<int64_t>& rows, const std::vector<char*>& records) const;
+  void CountRead(int64_t rows);
   // Writes the dirty records of `slots` (any order) back as one append (TieredRowFile::WriteRows); clears their
   // dirty bits when it succeeded (on an error every one stays dirty).
   absl::Status WriteBack(std::vector<int32_t> slots);
@@ -191,15 +215,29 @@ class TieredRowCache {
   int64_t pinned_slots_ = 0;  // slots with pins_ > 0
   TieredCacheStats stats_;    // counters only; the state fields are filled by stats()
 
+  std::vector<uint8_t> loading_;  // per slot: its record is being read by Load with mu_ released
+  int64_t loading_slots_ = 0;     // slots with loading_ set
+  // Transfers outside mu_ finished (loads, a background write-back batch, a prefetch): waiters re-check.
+  mutable std::condition_variable io_done_;
+
   // Background write-back (all under mu_ but the buffer, which only the thread touches while it writes).
   std::vector<uint8_t> writing_;  // per slot: a copy of its record is being written by the thread
   int64_t writing_slots_ = 0;     // slots with writing_ set
   int64_t writeback_wanted_ = 0;  // victims the next batch should clean
   bool stop_ = false;
-  std::condition_variable wake_;             // the thread: work or stop
-  mutable std::condition_variable written_;  // waiters: a batch finished
-  std::unique_ptr<char[]> staged_;           // kMaxBackgroundRows records
-  std::thread writer_;                       // last member: started when the rest is built
+  std::condition_variable wake_;    // the write-back thread: work or stop
+  std::unique_ptr<char[]> staged_;  // kMaxBackgroundRows records
+
+  // Asynchronous prefetch (under mu_).
+  std::vector<int64_t> prefetch_rows_;  // the queued prefetch
+  bool prefetch_queued_ = false;
+  bool prefetch_running_ = false;
+  absl::Status prefetch_status_;  // the first error of an asynchronous prefetch not reported yet
+  std::condition_variable prefetch_wake_;
+
+  // Threads last: started when the rest is built (the prefetch thread on the first StartPrefetch).
+  std::thread writer_;
+  std::thread prefetcher_;
 };
 
 }  // namespace tf_embed_ops

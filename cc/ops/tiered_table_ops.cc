@@ -132,9 +132,11 @@ REGISTER_OP("TfEmbed>TieredTablePrefetch")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return Scalar(c, 0); })
     .Doc(R"doc(
-Makes the rows of `ids` (any shape; duplicates allowed) resident in the table's cache, without pinning them, as
-far as unpinned cache slots allow.  Issued with the next batch's ids beside the current step, it overlaps the
-next step's reads with this step's compute.  An id outside [0, num_rows) is an InvalidArgument.
+Starts making the rows of `ids` (any shape; duplicates allowed) resident in the table's cache, without pinning
+them, as far as unpinned cache slots allow, and returns: a thread of the table's cache reads them while the
+caller goes on, so that, issued with the next batch's ids during the current step, the next step's reads overlap
+this step.  A lookup or update that has rows to read waits for it first.  An id outside [0, num_rows) is an
+InvalidArgument; a prefetch that failed (an I/O error) is reported by the table's next prefetch.
 )doc");
 
 REGISTER_OP("TfEmbed>TieredTableFlush")

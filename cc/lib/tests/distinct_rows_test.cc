@@ -31,6 +31,8 @@ TEST(SortDistinctRowsTest, MatchesSortAndUniqueOnBothPaths) {
                                                                             {1000, 63},
                                                                             {1000, 64000},
                                                                             {1000, 64001},
+                                                                            {1000, 1024000},
+                                                                            {1000, 1025024},
                                                                             {16384, 1000000},
                                                                             {5000, 1 << 30}}) {
     std::vector<int64_t> rows(n);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -911,6 +912,131 @@ TEST(TieredTableUpdateTest, PrefetchesBesideTheWalkChangeNoResult) {
   EXPECT_EQ(ReadAll(cache.get()), dense_rows);
   ASSERT_TRUE(cache->Flush().ok());
   EXPECT_EQ(ReadAll(Reopen(path, layout, 4).get()), dense_rows);
+}
+
+TEST(TieredTableUpdateTest, AsynchronousPrefetchOfTheNextStepChangesNoResultAndItsRowsHit) {
+  // Each step pins its rows, asks the cache's thread to prefetch the next step's rows (StartPrefetch returns at
+  // once), updates its own rows meanwhile and releases them; a cache of 40 of 300 rows with the write-back thread
+  // on.  Every row ends bitwise as the in-memory table's, and each next step reads nothing itself: what it needs
+  // was prefetched (its rows fit beside the pinned ones), so its Acquire waited for the prefetch and hit.
+  constexpr int64_t kRows = 300, kDim = 8, kCapacity = 40;
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  const TieredRowLayout layout = Layout(kRows, {StorageType::kFloat32, StorageType::kFloat32}, {kDim, kDim});
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  auto cache = NewCache(path, layout, kCapacity, RowFileIo::Posix(), /*background_writeback=*/true);
+  std::vector<std::vector<float>> dense_rows = ReadAll(cache.get());
+  const TableBuffers dense{dense_rows[0].data(), {dense_rows[1].data()}, kRows, kDim};
+  std::mt19937_64 rng(31);
+  std::vector<std::unique_ptr<Step>> steps;  // (a Step points into itself: never moved)
+  for (int s = 0; s < 30; ++s) {
+    steps.push_back(std::make_unique<Step>(SkewedIds(16, kRows, &rng), kDim, &rng));
+    steps.back()->Build(kRows);
+  }
+  int64_t prefetched_steps_missing = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    UpdateTable(o, 0.1f, steps[s]->plan, dense, Serial());
+    const int64_t misses_before = cache->stats().misses;
+    TieredPin pin;
+    ASSERT_TRUE(AcquirePlanRows(steps[s]->plan, cache.get(), "t", &pin).ok());
+    if (s > 0) prefetched_steps_missing += cache->stats().misses - misses_before;
+    if (s + 1 < steps.size()) {
+      ASSERT_TRUE(cache->StartPrefetch(PlanRows(steps[s + 1]->plan, kRows)).ok());
+    }
+    UpdatePinnedRows(o, 0.1f, steps[s]->plan, layout, pin, RoundingSpec(), Threads(2));
+    cache->Release(&pin, /*dirty=*/true);
+  }
+  EXPECT_EQ(prefetched_steps_missing, 0);
+  EXPECT_GT(cache->stats().evictions, 0);
+  EXPECT_TRUE(cache->WaitForPrefetch().ok());
+  EXPECT_EQ(ReadAll(cache.get()), dense_rows);
+  ASSERT_TRUE(cache->Flush().ok());
+  EXPECT_EQ(ReadAll(Reopen(path, layout, 4).get()), dense_rows);
+}
+
+// Injected reads: while g_hold_reads is set, a read from any thread but the test's waits until it is cleared
+// (g_held_reads counts the reads waiting), so a test can look at the cache while a prefetch is inside its read.
+std::atomic<bool> g_hold_reads{false};
+std::atomic<int> g_held_reads{0};
+void HoldIfAsked() {
+  if (!g_hold_reads || std::this_thread::get_id() == g_test_thread) return;
+  ++g_held_reads;
+  while (g_hold_reads) std::this_thread::yield();
+  --g_held_reads;
+}
+ssize_t HoldingPreadv(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  HoldIfAsked();
+  return ::preadv(fd, iov, iovcnt, offset);
+}
+ssize_t HoldingPreadv2(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
+  HoldIfAsked();
+  return ::preadv2(fd, iov, iovcnt, offset, flags);
+}
+
+TEST(TieredRowCacheTest, APrefetchReadsWithoutTheLockAndARowItLoadsIsWaitedFor) {
+  TempDir dir;
+  const TieredRowLayout layout = Layout(64, {StorageType::kFloat32}, {2});
+  RowFileIo io = RowFileIo::Posix();
+  io.preadv = HoldingPreadv;
+  io.preadv2 = HoldingPreadv2;
+  g_test_thread = std::this_thread::get_id();
+  g_hold_reads = false;
+  auto cache = NewCache(dir.File("t.rows"), layout, 16, io);
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire({1, 2}, &pin).ok());
+  cache->Release(&pin, false);
+
+  g_hold_reads = true;
+  ASSERT_TRUE(cache->StartPrefetch({10, 11, 12}).ok());
+  while (g_held_reads == 0) std::this_thread::yield();  // the prefetch thread is inside its read
+  // The cache's lock is free: resident rows are acquired and released, the counters stay readable from here
+  // without waiting (stats() would wait for the prefetch, so this thread uses a step instead).
+  ASSERT_TRUE(cache->Acquire({1, 2}, &pin).ok());
+  cache->Release(&pin, false);
+  // A step that needs a row being loaded waits for the prefetch, then hits it.
+  std::atomic<bool> acquired{false};
+  std::thread step([&] {
+    TieredPin p;
+    EXPECT_TRUE(cache->Acquire({2, 11}, &p).ok());
+    acquired = true;
+    cache->Release(&p, false);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(acquired.load());
+  g_hold_reads = false;
+  step.join();
+  EXPECT_TRUE(acquired.load());
+  const TieredCacheStats s = cache->stats();
+  EXPECT_EQ(s.rows_read, 5);  // 1 and 2, then 10-12 by the prefetch; the step read nothing
+  EXPECT_EQ(s.misses, 2);
+  EXPECT_EQ(s.hits, 4);
+  EXPECT_EQ(s.pinned_rows, 0);
+  EXPECT_EQ(s.resident_rows, 5);
+}
+
+TEST(TieredRowCacheTest, AFailedAsynchronousPrefetchLoadsNothingAndIsReportedOnce) {
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  const TieredRowLayout layout = Layout(16, {StorageType::kFloat32}, {4});
+  auto cache = NewCache(path, layout, 6);
+  PatchFile(path, TieredRowFile::kHeaderBytes + 9 * layout.record_bytes() + 3, {'\x11'});
+  ASSERT_TRUE(cache->StartPrefetch({8, 9}).ok());  // returns before the read fails
+  TieredCacheStats s = cache->stats();             // (waits for the prefetch)
+  EXPECT_EQ(s.resident_rows, 0);
+  EXPECT_EQ(s.pinned_rows, 0);
+  EXPECT_EQ(s.rows_read, 0);
+  const absl::Status failed = cache->StartPrefetch({1});
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(failed.message().find("an earlier prefetch failed"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("row 9 is corrupted"), std::string::npos) << failed;
+  EXPECT_TRUE(cache->StartPrefetch({1, 8}).ok());  // reported once; the good rows load
+  EXPECT_TRUE(cache->WaitForPrefetch().ok());
+  EXPECT_EQ(cache->stats().resident_rows, 2);
+  EXPECT_EQ(cache->StartPrefetch({1, 16}).code(), absl::StatusCode::kInvalidArgument);  // checked at once
+  // A cache destroyed with a prefetch queued or running stops its thread cleanly.
+  ASSERT_TRUE(cache->StartPrefetch({2, 3, 4, 5}).ok());
+  cache.reset();
 }
 
 TEST(TieredTableUpdateTest, NumericsCheckFindsTheSameRowAndWritesNothing) {
