@@ -101,7 +101,11 @@ def _table_as_stored(table) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "options",
-    [{}, pytest.param({"storage_dtype": tf.bfloat16}, marks=pytest.mark.slow), {"storage_dtype": tf.float16}],
+    [
+        {},
+        pytest.param({"storage_dtype": tf.bfloat16}, marks=pytest.mark.slow),
+        pytest.param({"storage_dtype": tf.float16}, marks=pytest.mark.slow),  # float16 rows as their int16 bits
+    ],
     ids=["fp32", "bf16", "fp16"],
 )
 def test_the_tiered_chain_is_the_in_memory_chain_bitwise(tmp_path, options):
@@ -207,7 +211,7 @@ DYN_KEYS = (np.arange(60, dtype=np.int64) * 7919) - 100  # negative keys too
 DYN_IDS = np.concatenate([DYN_KEYS, [0, 5, 1 << 45]]).astype(np.int64)  # then keys never trained
 
 
-def _dynamic_model(directory, storage_dtype=tf.float32) -> keras.Model:
+def _dynamic_model(directory, storage_dtype=tf.float32, key_dtype=tf.int64) -> keras.Model:
     """Feature "f" over the dynamic table "d", tiered in `directory` (a cache of 16 rows, chunks of 5 rows) or, with
     `directory=None`, in memory."""
     optimizer = te.optimizers.Adagrad(0.1)
@@ -216,10 +220,17 @@ def _dynamic_model(directory, storage_dtype=tf.float32) -> keras.Model:
         cache = cache_bytes_for(DYN_CACHE_ROWS, optimizer, DIM, storage_dtype)
         storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=DYN_CHUNK_ROWS * 4 * 2 * DIM)
     config = te.DynamicTableConfig(
-        "d", DIM, optimizer=optimizer, seed=11, storage=storage, storage_dtype=storage_dtype, combiner="sum"
+        "d",
+        DIM,
+        optimizer=optimizer,
+        seed=11,
+        storage=storage,
+        storage_dtype=storage_dtype,
+        combiner="sum",
+        key_dtype=key_dtype,
     )
     layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(config, name="f")}, name="embedding")
-    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+    inputs = {"f": keras.Input(shape=(), dtype=key_dtype.name, name="f")}
     head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
     model = keras.Model(inputs, head(layer(inputs)["f"]))
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
@@ -290,6 +301,32 @@ def test_a_tiered_dynamic_chain_is_the_in_memory_chain_bitwise(tmp_path, storage
         te_keras.export_for_serving(tiered, str(tmp_path / f"export{round_}"), SIGNATURE)
         export = tf.saved_model.load(str(tmp_path / f"export{round_}"))
         np.testing.assert_array_equal(_serve_dynamic(served["t"]), _serve_dynamic(export))
+
+
+@pytest.mark.slow
+def test_a_string_keyed_tiered_dynamic_chain_is_the_in_memory_chain(tmp_path):
+    memory, tiered = (_dynamic_model(d, key_dtype=tf.string) for d in (None, tmp_path / "rows"))
+    words = np.array([f"w{i}" for i in range(40)], object)
+    signature = {"f": tf.TensorSpec([None], tf.string)}
+    pubs = [
+        Publisher(m, str(tmp_path / k), signature, model_id=MODEL_ID, min_free_slots=40)
+        for m, k in ((memory, "m"), (tiered, "t"))
+    ]
+    _dynamic_fit([memory, tiered], seed=0, keys=words[:20])
+    for pub in pubs:
+        pub.publish_full()
+    _dynamic_fit([memory, tiered], seed=1, keys=words)
+    versions = [pub.publish_delta() for pub in pubs]
+    assert versions == [2, 2]
+    with open(_delta_path(pubs[1], 2), "rb") as a, open(_delta_path(pubs[0], 2), "rb") as b:
+        assert a.read() == b.read()
+    served = []
+    for pub in pubs:
+        loaded = tf.saved_model.load(os.path.join(pub.directory, "1"))
+        loaded.signatures["apply_delta"](path=tf.constant(_delta_path(pub, 2)))
+        probe = tf.constant([*words[::3].tolist(), "never-seen"])
+        served.append(loaded.signatures["serving_default"](f=probe)["output_0"].numpy())
+    np.testing.assert_array_equal(served[1], served[0])
 
 
 def test_a_tiered_dynamic_table_restored_or_outgrowing_its_slots_gets_a_full_version(tmp_path):

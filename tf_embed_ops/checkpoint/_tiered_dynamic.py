@@ -14,8 +14,8 @@ delta (the deltas are in memory already: they were read and checksummed whole). 
 4. the lifecycle policies' state and the step of the last delta.
 
 The result is what the in-memory merge imports, key for key and bit for bit. Everything (the full checkpoint's
-part, every delta's arrays, the merged content) is checked before the first write (`plan`); the full checkpoint's
-files were checksummed by the manager before.
+part, every delta's arrays, the merged content) is checked by the constructor, before the manager changes any
+state; the full checkpoint's files were checksummed by the manager before.
 """
 
 from __future__ import annotations

@@ -211,9 +211,7 @@ class Publisher:
             # Its keys now, its rows streamed from the tier when the servable is saved (`publish_full`).
             from tf_embed_ops.serving import streamed_row_table  # pylint: disable=import-outside-toplevel
 
-            with tf.init_scope():
-                size = int(dynamic_ops.dynamic_table_tiered_export_keys(table.handle)[0].shape[0])
-            return streamed_row_table.StreamedRowTable(table, self._capacity(size))
+            return streamed_row_table.StreamedRowTable(table, self._capacity)
         with tf.init_scope():
             contents = table.export()
             keys, weights = contents["keys"].numpy(), contents["weights"].numpy()

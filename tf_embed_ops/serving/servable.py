@@ -124,10 +124,11 @@ class Servable(tf.Module):
 
     Args:
       serving_fn: the traced `serving_default` concrete function.
-      tables: [(name, variable, MutableRowTable or StreamedTable)] in layout order. A `StreamedTable` (a tiered
-        table's serving form without quantization, `streamed.StreamedTable`) serves as its `rows` variable, which
-        deltas scatter into; it is kept reachable from the root (`streamed`) so that `streamed.write_rows` finds it
-        after `tf.saved_model.save`. A `MutableRowTable` may be streamed too (`StreamedRowTable`).
+      tables: [(name, table)] in layout order, a table being a variable, a MutableRowTable or a StreamedTable. A
+        `StreamedTable` (a tiered table's serving form without quantization, `streamed.StreamedTable`) serves as its
+        `rows` variable, which deltas scatter into; it is kept reachable from the root (`streamed`) so that
+        `streamed.write_rows` finds it after `tf.saved_model.save`. A `MutableRowTable` may be streamed too
+        (`streamed_row_table.StreamedRowTable`).
       dense: [(name, tf.Variable)] in layout order.
       model_id: the chain's model id (a string).
       version: the version this full export is.

@@ -41,7 +41,8 @@ class StreamedRowTable(streamed_lib.Streamed, servable_lib.MutableRowTable):
 
     Args:
       table: the tiered `DynamicTable` (read only: its keys now, its rows when the servable is saved).
-      capacity: slots (>= the table's keys); deltas insert into the free ones.
+      capacity: slots (>= the table's keys; deltas insert into the free ones), or a callable of the number of keys
+        that returns them.
 
     Raises:
       ValueError: a table kept in memory, or a capacity below the table's keys (naming the table).
@@ -49,7 +50,7 @@ class StreamedRowTable(streamed_lib.Streamed, servable_lib.MutableRowTable):
 
     streamed_variable = "values"
 
-    def __init__(self, table: Any, capacity: int):
+    def __init__(self, table: Any, capacity: Any):
         # Not MutableRowTable's constructor: it takes the rows.
         tf.Module.__init__(self, name=module_name(table.table_name))  # pylint: disable=non-parent-init-called
         name = table.table_name
@@ -59,6 +60,7 @@ class StreamedRowTable(streamed_lib.Streamed, servable_lib.MutableRowTable):
             keys = dynamic_ops.dynamic_table_tiered_export_keys(table.handle)[0].numpy()
             keys = np.sort(keys, kind="stable")  # the in-memory export's order (it is sorted already)
             n = int(keys.shape[0])
+            capacity = int(capacity(n)) if callable(capacity) else int(capacity)
             if capacity < n:
                 raise ValueError(f"table {name}: capacity {capacity} is below its {n} rows")
             self.table_name = name
