@@ -193,14 +193,33 @@ def test_the_keras_export_serves_bitwise_in_plain_tensorflow(tmp_path):
         np.testing.assert_array_equal(served[i], _serve_here(dirs[i]), err_msg=dirs[i])
 
 
-def test_the_tracker_consumers_refuse_tiered_dynamic_tables_and_create_nothing(tmp_path):
-    tiered = _model(tmp_path / "rows")
-    directory = str(tmp_path / "live")
-    with pytest.raises(ValueError, match=r"te\.serving\.Publisher: table\(s\) 't' are tiered"):
-        te.serving.Publisher(tiered, directory, SIGNATURE)
-    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(_config(tmp_path / "rows2"), name="f")})
-    emb.build()
-    te.tracking.Tracker(emb)  # tracks it (tests/test_tiered_tracking.py); its consumers refuse it
-    with pytest.raises(ValueError, match=r"IncrementalCheckpointManager: table\(s\) 't' are tiered"):
-        te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(embedding=emb), str(tmp_path / "chain"))
-    assert not os.path.exists(directory) and not os.path.exists(str(tmp_path / "chain"))
+def test_an_incremental_checkpoint_chain_of_a_keras_model_restores_bitwise(tmp_path, monkeypatch):
+    """The tiered table inside a Keras model: the manager finds its streamed full checkpoint by the model's object
+    path and applies the deltas chunk by chunk (never through the table's whole export)."""
+    from tf_embed_ops.checkpoint import _tiered_dynamic
+
+    memory, tiered = _pair(tmp_path)
+    managers = [
+        te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(model=m), str(tmp_path / k))
+        for m, k in ((memory, "m"), (tiered, "t"))
+    ]
+    for manager in managers:
+        manager.save()
+    for model in (memory, tiered):
+        model.fit({"f": X["f"][:32] + 1}, Y[:32], batch_size=8, shuffle=False, verbose=0)  # new keys too
+    for manager in managers:
+        manager.save()
+    assert [e["kind"] for e in managers[1].chain] == ["full", "delta"]
+    want = _content(memory)
+    for model in (memory, tiered):
+        model.fit(X, Y, batch_size=8, shuffle=False, verbose=0)
+    applied = []
+    apply = _tiered_dynamic.TieredDynamicRestore.apply
+    monkeypatch.setattr(_tiered_dynamic.TieredDynamicRestore, "apply", lambda self: applied.append(apply(self)))
+    monkeypatch.setattr(_table(tiered), "export", lambda: pytest.fail("the whole table was read"))
+    assert [manager.restore() for manager in managers] == [2, 2]
+    assert len(applied) == 1
+    monkeypatch.undo()
+    _assert_same(_content(tiered), want)
+    _assert_same(_content(memory), want)
+    np.testing.assert_array_equal(_predict(tiered), _predict(memory))

@@ -100,6 +100,20 @@ def test_a_delta_of_a_tiered_table_holds_only_the_changed_rows(tmp_path):
         np.testing.assert_array_equal(arrays_t[key], arrays_m[key], err_msg=key)
 
 
+def test_every_row_written_makes_the_save_a_full_checkpoint(tmp_path):
+    """Rows written over the whole table (what a restore by other means does, without marking the tracker full):
+    a full (streamed) checkpoint, not a delta holding every row in memory."""
+    _, (emb_t, tiered, mgr_t) = _chains(tmp_path, _emb.Adagrad(0.1))
+    mgr_t.save()
+    _train([emb_t], BATCHES[0])
+    mgr_t.save()
+    table = emb_t.tiered_tables[tiered]
+    values, slots = table.read_all()
+    table.write_rows(0, values, slots)
+    mgr_t.save()
+    assert [e["kind"] for e in mgr_t.chain] == ["full", "delta", "full"]
+
+
 def test_a_keras_model_with_a_tiered_table_in_fit(tmp_path):
     import keras  # pylint: disable=import-outside-toplevel
 

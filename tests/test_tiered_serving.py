@@ -146,14 +146,6 @@ def test_incremental_checkpoints_refuse_an_untracked_tiered_table_and_create_not
     assert not os.path.exists(directory)
 
 
-def test_the_publisher_refuses_tiered_tables_and_creates_nothing(tmp_path):
-    model_t = _keras_model(_configs(tmp_path)[1])
-    directory = str(tmp_path / "live")
-    with pytest.raises(ValueError, match=r"te\.serving\.Publisher: table\(s\) 't' are tiered.*export_for_serving"):
-        te.serving.Publisher(model_t, directory, SIGNATURE)
-    assert not os.path.exists(directory)
-
-
 def test_the_sharded_classes_refuse_tiered_tables_by_name(tmp_path):
     _, tiered = table_pair(tmp_path, te.optimizers.Adagrad(0.1), V, DIM, CACHE_ROWS, name="big")
     features = {"f": _emb.FeatureConfig(tiered, name="f")}

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _loader
 
-__all__ = ["Changes", "Cursor", "TableChanges", "Tracker", "find_engines", "refuse_tiered"]
+__all__ = ["Changes", "Cursor", "TableChanges", "Tracker", "find_engines"]
 
 
 def _ops():
@@ -120,44 +120,6 @@ def find_engines(obj: Any) -> list:
     if not found:
         raise ValueError(f"{type(obj).__name__}: holds no tf_embed_ops embedding (te.TPUEmbedding or its layers)")
     return found
-
-
-def refuse_tiered(objects: list, who: str, static: bool = True) -> None:
-    """Raises a ValueError naming the tiered tables among `objects`, if any: `who` (a consumer that builds deltas
-    from the tracker: incremental checkpoints, serving deltas) does not handle them yet.
-
-    `te.tracking.Tracker` tracks tiered tables; its consumers refuse them where a delta would read the whole table
-    into memory.
-
-    Args:
-      objects: embedding engines (`te.TPUEmbedding` objects, as `find_engines` returns them) and/or any other
-        objects (a checkpoint's descendants): engines with tiered tables and `TieredTable`s are refused.
-      who: the API refusing them, for the message.
-      static: refuse static tiered tables too (False: tiered dynamic tables only).
-    """
-    from tf_embed_ops.dynamic import table as dynamic_table  # pylint: disable=import-outside-toplevel
-    from tf_embed_ops.tiered import config as tiered_config  # pylint: disable=import-outside-toplevel
-    from tf_embed_ops.tiered import table as tiered_table  # pylint: disable=import-outside-toplevel
-
-    names: list = []
-    for obj in objects:
-        group = getattr(obj, "tiered_group", None)
-        found = [t.name for t in group.table_configs] if group is not None and static else []
-        # Tiered dynamic tables (in the dynamic group) too.
-        dynamic = getattr(obj, "dynamic_group", None)
-        found += [t.name for t in dynamic.table_configs if tiered_config.is_tiered(t)] if dynamic is not None else []
-        found += [obj.table_name] if isinstance(obj, tiered_table.TieredTable) and static else []
-        found += [obj.table_name] if isinstance(obj, dynamic_table.DynamicTable) and obj.tiered is not None else []
-        names += [n for n in found if n not in names]
-    if names:
-        raise ValueError(
-            f"{who}: table(s) {', '.join(repr(n) for n in names)} are tiered (storage=te.Tiered): {who} does not "
-            f"build deltas of tiered {'' if static else 'dynamic '}tables yet (a full delta would read the whole "
-            "table into memory), "
-            "so it refuses them rather than leave their changes out. Checkpoint them with tf.train.Checkpoint "
-            "(streamed from the tier) and export them with te.keras.export_for_serving; te.tracking.Tracker tracks "
-            "them."
-        )
 
 
 def _backing(var: Any) -> Any:

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import tracking
-from tf_embed_ops.checkpoint import _format
+from tf_embed_ops.checkpoint import _format, _tiered_dynamic
 from tf_embed_ops.checkpoint._format import CheckpointError
 from tf_embed_ops.tiered.table import TieredTable
 
@@ -55,8 +55,16 @@ def _policy_state(table: Any) -> dict:
     names = table_lib.policy_tensor_names(table.config)
     if not names:
         return {}
+    if getattr(table, "tiered", None) is not None:  # its checkpoint tensors would hold every row: the policies' only
+        return {k: v.numpy() for k, v in table.export_policy_state().items()}
     tensors = table._serialize_to_tensors()  # noqa: SLF001 - the table's own checkpoint tensors
     return {k: tensors[k].numpy() for k in names}
+
+
+def _is_tiered_dynamic(obj: Any) -> bool:
+    from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
+
+    return isinstance(obj, table_lib.DynamicTable) and obj.tiered is not None
 
 
 class _StaticState:
@@ -131,9 +139,14 @@ class IncrementalCheckpointManager:
       max_chains: complete chains kept (older ones are deleted after a new full checkpoint is recorded).
       embeddings: the embedding objects to track (default: every one reachable from `checkpoint`).
 
+    Tiered tables (`storage=te.Tiered`, docs/tiered_tables.md) are never whole in memory: a full checkpoint streams
+    them (`checkpoint.write`), a delta holds the rows the tracker reports changed, read from the tier, and a tiered
+    table changed whole makes the save a full checkpoint. A tiered dynamic table's deltas are applied at restore
+    with its keys and metadata merged in memory and its rows written from the full checkpoint one chunk at a time
+    and from the deltas (`_tiered_dynamic`).
+
     Raises:
-      ValueError: `checkpoint` tracks no embedding object, reaches a tiered dynamic table (its deltas are not
-        built: checkpoint it with `tf.train.Checkpoint`, which streams it) or a static tiered table that
+      ValueError: `checkpoint` tracks no embedding object, reaches a tiered table (static or dynamic) that
         `embeddings` leaves out, or a bad `full_every` / `max_chains`.
 
     Example:
@@ -160,10 +173,7 @@ class IncrementalCheckpointManager:
         self._full_every = int(full_every or 0)
         self._max_chains = int(max_chains)
         descendants = tf.train.TrackableView(checkpoint).descendants()
-        # Every tiered dynamic table the checkpoint reaches, tracked or not: its deltas are not built (a full one
-        # would read the whole table into memory).
         who = "te.checkpoint.IncrementalCheckpointManager"
-        tracking.refuse_tiered(descendants, who, static=False)
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
         self._tables = {}
         embedding_vars = set()
@@ -179,11 +189,12 @@ class IncrementalCheckpointManager:
                     embedding_vars.update(id(v) for v in shards)
             else:
                 self._tables[name] = table
+                if table.tiered:
+                    tiered.append(table.table)
         self._embedding_vars = embedding_vars
-        # A static tiered table the checkpoint reaches but the tracker does not: a delta would lack its changes.
-        untracked = [
-            d.table_name for d in descendants if isinstance(d, TieredTable) and all(d is not t for t in tiered)
-        ]
+        # A tiered table the checkpoint reaches but the tracker does not: a delta would lack its changes.
+        tiered_objects = [d for d in descendants if isinstance(d, TieredTable) or _is_tiered_dynamic(d)]
+        untracked = [d.table_name for d in tiered_objects if all(d is not t for t in tiered)]
         if untracked:
             raise ValueError(
                 f"{who}: table(s) {', '.join(map(repr, untracked))} are tiered (storage=te.Tiered) and in the "
@@ -265,7 +276,7 @@ class IncrementalCheckpointManager:
             changes = self._tracker.changed_since(self._cursor)
             # A tiered table changed whole (non-lazy optimizer, restore): a full checkpoint streams it from the
             # tier, where a delta would hold every row in memory.
-            want_full = any(ch.full and isinstance(self._tables[n], _TieredState) for n, ch in changes.tables.items())
+            want_full = any(self._is_tiered(n) and self._whole(n, ch) for n, ch in changes.tables.items())
         if want_full:
             entry = self._save_full(name, number)
         else:
@@ -277,6 +288,16 @@ class IncrementalCheckpointManager:
         _format.write_manifest(self._directory, self._manifest)
         self._delete_unlisted()
         return os.path.join(self._directory, name)
+
+    def _is_tiered(self, name: str) -> bool:
+        state = self._tables[name]
+        return isinstance(state, _TieredState) or bool(getattr(state, "tiered", False))
+
+    def _whole(self, name: str, changes: Any) -> bool:
+        """The table changed whole: `full`, or every row of a static table listed (a restore by other means that
+        wrote every row)."""
+        state = self._tables[name]
+        return bool(changes.full) or (isinstance(state, _StaticState) and changes.rows.size >= state.table.num_rows)
 
     def compact(self) -> str:
         """Folds the chain into a new full checkpoint of the current state (training may continue afterwards);
@@ -417,10 +438,11 @@ class IncrementalCheckpointManager:
                 break
             deltas.append((header, arrays))
             restored.append(entry)
+        tiered = self._tiered_dynamic_restores(os.path.join(full_dir, "ckpt"), deltas)
         # Validated: now change state.
         status = self._checkpoint.read(os.path.join(full_dir, "ckpt"))
         status.expect_partial()
-        self._apply_deltas(deltas)
+        self._apply_deltas(deltas, tiered)
         self._tracker.mark_all()  # every consumer (publishers too) must take the restored tables whole
         self._cursor = self._tracker.cursor()
         self._manifest = {"chain": chain[: base + len(restored)], "model_id": self._model_id}
@@ -456,9 +478,28 @@ class IncrementalCheckpointManager:
                     f"{path}: dense variable {path_name!r} has shape {value.shape}, the model's is {tuple(var.shape)}"
                 )
 
-    def _apply_deltas(self, deltas: list) -> None:
+    def _tiered_dynamic_restores(self, prefix: str, deltas: list) -> dict:
+        """{table name: `_tiered_dynamic.TieredDynamicRestore`} of the tiered dynamic tables whose full checkpoint
+        is streamed (one saved from the table in memory is merged as in memory: it fit), checked; {} without
+        deltas."""
+        names = [n for n, s in self._tables.items() if not isinstance(s, _StaticState) and s.tiered]
+        if not deltas or not names:
+            return {}
+        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
+        reader = tf.train.load_checkpoint(prefix)
+        out = {}
+        for name in names:
+            table = self._tables[name].table
+            found = [d for d in descendants if d is table]
+            object_name = "/".join(ref.name for ref in paths[found[0]]) if found else None
+            if object_name is not None and _tiered_dynamic.is_streamed(reader, object_name):
+                out[name] = _tiered_dynamic.TieredDynamicRestore(name, table, object_name, prefix, reader, deltas)
+        return out
+
+    def _apply_deltas(self, deltas: list, tiered: dict | None = None) -> None:
         if not deltas:
             return
+        tiered = tiered or {}
         for name, state in self._tables.items():
             if isinstance(state, _StaticState):
                 rows, values = None, {}
@@ -474,6 +515,8 @@ class IncrementalCheckpointManager:
                         values = {k: np.concatenate([values[k][keep], v[k]]) for k in values}
                 if rows is not None and rows.size:
                     state.restore_rows(rows, values)
+            elif name in tiered:
+                tiered[name].apply()  # a tiered dynamic table: its rows a chunk at a time
             else:
                 self._apply_dynamic(name, state, deltas)
         header, arrays = deltas[-1]

@@ -191,8 +191,8 @@ class ServedTieredGroup:
             if _served_form(table) is table:
                 raise ValueError(
                     f"Tiered table {feature.table.name!r}: its rows live in a row file a serving graph cannot read; "
-                    "export the model with te.keras.export_for_serving, which writes the rows into the SavedModel "
-                    "chunk by chunk (te.serving.Publisher does not publish tiered tables yet)"
+                    "export the model with te.keras.export_for_serving or publish it with te.serving.Publisher, "
+                    "which write the rows into the SavedModel chunk by chunk"
                 )
             dense = inp.sample_indices_or_row_splits.shape.as_list() == [0]
             table_config = feature.table

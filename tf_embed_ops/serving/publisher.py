@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import servable as servable_lib
+from tf_embed_ops.serving import streamed as streamed_lib
 
 __all__ = ["MANIFEST", "Publisher", "read_manifest"]
 
@@ -84,9 +86,6 @@ def _embedding_layers(model: Any) -> list:
         )
     if not found:
         raise ValueError(f"model_or_layer: {type(model).__name__} holds no tf_embed_ops.keras.TPUEmbedding layer")
-    from tf_embed_ops import tracking  # pylint: disable=import-outside-toplevel
-
-    tracking.refuse_tiered(tracking.find_engines(found), "te.serving.Publisher")
     return found
 
 
@@ -104,10 +103,20 @@ class Publisher:
         (at least `min_free_slots`); a delta that needs more makes `publish_delta` write a full version instead.
       min_free_slots: see `dynamic_headroom`.
 
+    Tiered tables (`storage=te.Tiered`, docs/tiered_tables.md) are published without holding them in memory: a
+    full version's table variable is saved without a value and its rows are streamed from the tier into the
+    SavedModel's checkpoint one chunk at a time (`tf_embed_ops.serving.streamed`); a delta reads the touched rows
+    from the tier through its cache (without filling it). A tiered table the tracker reports changed whole (a
+    restore, a non-lazy optimizer, every row written) makes `publish_delta` write a full version instead of a delta
+    of every row. The chain is bitwise the one the same model with its tables in memory publishes (same layout, same
+    deltas).
+
+    A tiered dynamic table's full version holds its keys (read whole: they are in DRAM anyway) with the free slots
+    `dynamic_headroom` gives, and its rows streamed from the tier (`streamed_row_table.StreamedRowTable`); a delta
+    holds the changed keys' rows as the tracker reads them from the tier.
+
     Raises:
-      ValueError: for a bad argument (named), a model without embedding layers, or one with tiered tables (the
-        first publish or a full delta would read the whole table into memory: export them with
-        `te.keras.export_for_serving`, which streams them).
+      ValueError: for a bad argument (named), or a model without embedding layers.
     """
 
     def __init__(
@@ -159,6 +168,7 @@ class Publisher:
 
     # ------------------------------------------------------------------------------------------ the tables
     def _static_tables(self) -> list:
+        """[(name, variable)] of the static tables kept in memory."""
         out = []
         for layer in self._layers:
             store = layer._tpu_embedding  # noqa: SLF001 - the layer's table store (same package)
@@ -166,6 +176,25 @@ class Publisher:
                 var = slots["parameters"]
                 out.append((name, getattr(var, "value", var)))
         return out
+
+    def _tiered_tables(self) -> dict:
+        """{name: te.tiered.TieredTable} of the static tiered tables (storage=te.Tiered)."""
+        return {config.name: table for layer in self._layers for config, table in layer.tiered_tables.items()}
+
+    def _static_order(self) -> list:
+        """Every static table's name (in memory or tiered), in the order the engines number their tables (first
+        appearance among the features): a tiered table takes the place the same table in memory takes, so that both
+        publish the same layout and the same deltas."""
+        from tf_embed_ops.dynamic import config as dynamic_config  # pylint: disable=import-outside-toplevel
+
+        names: list = []
+        for layer in self._layers:
+            store = layer._tpu_embedding  # noqa: SLF001 - the layer's table store (same package)
+            for feature in tf.nest.flatten(store._feature_config):  # noqa: SLF001 - its features, as configured
+                table = feature.table
+                if not dynamic_config.is_dynamic(table) and table.name not in names:
+                    names.append(table.name)
+        return names
 
     def _dynamic_tables(self) -> dict:
         out = {}
@@ -178,6 +207,11 @@ class Publisher:
         return max(int(math.ceil(n * (1.0 + self._headroom))), n + self._min_free)
 
     def _make_mutable(self, table: Any) -> servable_lib.MutableRowTable:
+        if getattr(table, "tiered", None) is not None:
+            # Its keys now, its rows streamed from the tier when the servable is saved (`publish_full`).
+            from tf_embed_ops.serving import streamed_row_table  # pylint: disable=import-outside-toplevel
+
+            return streamed_row_table.StreamedRowTable(table, self._capacity)
         with tf.init_scope():
             contents = table.export()
             keys, weights = contents["keys"].numpy(), contents["weights"].numpy()
@@ -189,9 +223,17 @@ class Publisher:
         """The `Servable` of the model as it is now, as `publish_full` saves it."""
         from tf_embed_ops.keras import serving as keras_serving  # pylint: disable=import-outside-toplevel
 
-        concrete, _, frozen = keras_serving.trace_serving_function(self._model, self._signature, self._make_mutable)
-        tables = list(self._static_tables())
-        table_ids = {id(v.handle) for _, v in tables}
+        # A static tiered table's serving form: its variable has no value until `publish_full` streams its rows.
+        tiered = self._tiered_tables()
+        streamed = {name: streamed_lib.StreamedTable(table) for name, table in tiered.items()}
+        served = {id(table): (table, streamed[name]) for name, table in tiered.items()}
+        concrete, _, frozen = keras_serving.trace_serving_function(
+            self._model, self._signature, self._make_mutable, served=served
+        )
+        in_memory = self._static_tables()
+        table_ids = {id(v.handle) for _, v in in_memory}
+        static = {**dict(in_memory), **streamed}
+        tables = [(name, static[name]) for name in self._static_order() if name in static]
         tables += [(t.table_name, t) for t in frozen]
         captured = {id(t) for t in concrete.captured_inputs}
         dense, seen = [], set()
@@ -256,7 +298,14 @@ class Publisher:
         started = time.time()
         servable = self.build_servable(version)
         tmp = os.path.join(self._directory, f".tmp-full-{version}-{os.getpid()}")
-        tf.saved_model.save(servable, tmp, signatures=servable.signatures())
+        try:
+            tf.saved_model.save(servable, tmp, signatures=servable.signatures())
+            if servable.streamed:
+                # Tiered tables: their rows, read from the tier one chunk at a time, complete the checkpoint.
+                streamed_lib.write_rows(tmp, servable)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         with open(os.path.join(tmp, "servable.json"), "w") as f:
             json.dump({"version": version, **servable.metadata()}, f, indent=1)
         _sync_tree(tmp)
@@ -301,8 +350,12 @@ class Publisher:
             raise RuntimeError("publish_delta: this build has no touched-row tracker (tf_embed_ops.tracking)")
         changes = self._tracker.changed_since(self._cursor)
         touched = {}
+        tiered = self._tiered_tables()
         for name, tc in changes.tables.items():
-            if tc.kind == "dynamic" and tc.full:
+            whole = name in tiered and (tc.full or np.asarray(tc.rows).size >= tiered[name].num_rows)
+            if whole or (tc.kind == "dynamic" and tc.full):
+                # A tiered table changed whole (a restore, a non-lazy optimizer, every row written): a full version
+                # streams it from the tier, where a delta would hold every row in memory.
                 return self.publish_full()
             contents = getattr(tc, "contents", None)
             weights = contents["weights"] if tc.kind == "dynamic" and contents is not None else None
@@ -328,6 +381,7 @@ class Publisher:
         """
         layout = self._served.layout
         static = dict(self._static_tables())
+        tiered = self._tiered_tables()
         dynamic = self._dynamic_tables()
         tables = []
         for entry in layout["tables"]:
@@ -341,7 +395,12 @@ class Publisher:
             else:
                 keys = _sorted_unique(keys)
             if entry["kind"] == "static":
-                rows = tf.gather(static[name], keys).numpy() if keys.size else np.zeros([0, entry["dim"]])
+                if not keys.size:
+                    rows = np.zeros([0, entry["dim"]])
+                elif name in tiered:
+                    rows = _tiered_rows(tiered[name], keys)
+                else:
+                    rows = tf.gather(static[name], keys).numpy()
                 tables.append(fmt.TableDelta(keys, rows, encoding=entry["encoding"], dim=entry["dim"]))
                 continue
             table = dynamic[name]
@@ -405,6 +464,14 @@ def _sorted_unique(values: Any) -> np.ndarray:
     return np.unique(values)
 
 
+def _tiered_rows(table: Any, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` of a static tiered table in its storage dtype (as the same table in memory gathers them), read
+    from the tier through its cache without filling it; the op checks every row id before it reads one."""
+    with tf.init_scope():
+        values, _ = table.gather_rows(tf.constant(rows, tf.int64))
+        return tf.cast(values, table.dtypes[0]).numpy()  # float32 -> the 16-bit storage dtype is exact here
+
+
 def _dynamic_rows(table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The keys among `keys` that have a row now, and their rows."""
     if keys.size == 0:
@@ -415,6 +482,11 @@ def _dynamic_rows(table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         raise NotImplementedError("deltas of string-keyed dynamic tables come through the tracker's read_dynamic")
     found = table.find(ids).numpy()
     present = found >= 0
+    if getattr(table, "tiered", None) is not None:  # read from the tier through its cache, without filling it
+        rows, _ = dynamic_ops.dynamic_table_tiered_read_rows(
+            table.handle, tf.constant(keys[present]), num_slots=table.num_slots
+        )
+        return keys[present], rows.numpy()
     rows = table.lookup(tf.constant(keys[present])).numpy()
     return keys[present], rows
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tf_embed_ops.dynamic import serving as dynamic_serving
 from tf_embed_ops.serving import delta_format as fmt
+from tf_embed_ops.serving import streamed as streamed_lib
 from tf_embed_ops.serving.tables import module_name
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
@@ -39,6 +40,7 @@ __all__ = ["MutableRowTable", "Servable", "layout_id"]
 APPLY_CHUNK_BYTES = 1 << 20
 # Slot states of a MutableRowTable.
 _FREE, _USED, _RELEASED = 0, 1, 2
+SLOT_USED = _USED  # what a streamed table (`streamed_row_table`) marks its keys' slots with
 
 
 class MutableRowTable(tf.Module):
@@ -122,7 +124,11 @@ class Servable(tf.Module):
 
     Args:
       serving_fn: the traced `serving_default` concrete function.
-      tables: [(name, variable or MutableRowTable)] in layout order.
+      tables: [(name, table)] in layout order, a table being a variable, a MutableRowTable or a StreamedTable. A
+        `StreamedTable` (a tiered table's serving form without quantization, `streamed.StreamedTable`) serves as its
+        `rows` variable, which deltas scatter into; it is kept reachable from the root (`streamed`) so that
+        `streamed.write_rows` finds it after `tf.saved_model.save`. A `MutableRowTable` may be streamed too
+        (`streamed_row_table.StreamedRowTable`).
       dense: [(name, tf.Variable)] in layout order.
       model_id: the chain's model id (a string).
       version: the version this full export is.
@@ -130,7 +136,12 @@ class Servable(tf.Module):
 
     def __init__(self, serving_fn: Any, tables: list, dense: list, model_id: str, version: int):
         super().__init__(name="servable")
-        self.tables = [t for _, t in tables]
+        for name, t in tables:
+            if isinstance(t, streamed_lib.StreamedTable) and t.mode is not None:
+                raise ValueError(f"table {name!r}: a published table is stored as trained, not quantized ({t.mode})")
+        # A static tiered table's serving form: its variable is the servable's table (rows written after the save).
+        self.tables = [t.rows if isinstance(t, streamed_lib.StreamedTable) else t for _, t in tables]
+        self.streamed = [t for _, t in tables if isinstance(t, streamed_lib.Streamed)]
         self.dense = [v for _, v in dense]
         self.version = tf.Variable(np.int64(version), trainable=False, name="version")
         layout = {
@@ -306,6 +317,9 @@ class Servable(tf.Module):
 
 
 def _table_layout(name: str, table: Any) -> dict:
+    if isinstance(table, streamed_lib.StreamedTable):
+        # Its variable may hold float16 rows as their int16 bits: the layout (and the deltas) name the rows' dtype.
+        return {"name": name, "kind": "static", "encoding": table.dtype.name, "dim": table.dim, "rows": table.num_rows}
     if isinstance(table, MutableRowTable):
         return {
             "name": name,
@@ -392,7 +406,10 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     ]
     keys, evicted = _gate(checks, _int64s(data, payload + k_off, n), _int64s(data, payload + e_off, m))
     rows_at = payload + r_off
-    dtype = tf.as_dtype(entry["encoding"])
+    # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
+    # same bytes); otherwise the variable's dtype is the encoding.
+    values = table if entry["kind"] == "static" else table.values
+    dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
     chunk_rows = max(1, APPLY_CHUNK_BYTES // row_bytes)
     if entry["kind"] == "static":

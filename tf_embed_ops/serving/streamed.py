@@ -238,7 +238,11 @@ def _check_complete(prefix: str) -> None:
     reader = tf.train.load_checkpoint(prefix)
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
-    missing = [a.checkpoint_key for n in graph.nodes for a in n.attributes if not reader.has_tensor(a.checkpoint_key)]
+    # A saveable of several tensors (a MutableHashTable's "-keys" and "-values") records its key as their prefix.
+    names = reader.get_variable_to_shape_map()
+    parts = {name.rsplit("-", 1)[0] for name in names if "-" in name}
+    missing = [a.checkpoint_key for n in graph.nodes for a in n.attributes if a.checkpoint_key not in names]
+    missing = [key for key in missing if key not in parts]
     if missing:
         raise RuntimeError(f"streamed export: the SavedModel's checkpoint has no value for {missing[:5]}")
 
