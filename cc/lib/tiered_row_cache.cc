@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/lib/prefetch.h"
 
 namespace tf_embed_ops {
 namespace {
@@ -393,12 +394,12 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
       // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index
       // entry of the row kAhead on, and the slot state of the row kAhead / 2 on (its entry fetched by then).
       constexpr int64_t kAhead = 16;
-      if (i + kAhead < n) __builtin_prefetch(&index_[Home(rows[i + kAhead])]);
+      if (i + kAhead < n) PrefetchLine(&index_[Home(rows[i + kAhead])]);
       if (i + kAhead / 2 < n) {
         const int32_t ahead = index_[Home(rows[i + kAhead / 2])];
         if (ahead != kEmpty) {
-          __builtin_prefetch(&slot_row_[ahead]);
-          __builtin_prefetch(&pins_[ahead], 1);
+          PrefetchLine(&slot_row_[ahead]);
+          PrefetchLine(&pins_[ahead]);
         }
       }
       const int32_t slot = Find(rows[i]);
