@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/lib/distinct_rows.h"
 #include "cc/lib/prefetch.h"
 
 namespace tf_embed_ops {
@@ -358,6 +359,9 @@ void TieredRowCache::PrefetchLoop() {
     prefetch_rows_.clear();
     prefetch_queued_ = false;
     prefetch_running_ = true;
+    lock.unlock();  // the batch's distinct rows, off the step's thread and outside the lock
+    SortDistinctRows(&rows, num_rows());
+    lock.lock();
     const absl::Status s = PrefetchLocked(rows, &lock);
     prefetch_running_ = false;
     if (!s.ok() && prefetch_status_.ok()) prefetch_status_ = s;
@@ -505,8 +509,13 @@ absl::Status TieredRowCache::PrefetchLocked(const std::vector<int64_t>& rows, st
   return s;
 }
 
-absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> rows) {
-  if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
+absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= num_rows()) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': prefetch id ", ids[i], " at position ", i,
+                                                     " is out of [0, ", num_rows(), ")"));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!prefetch_status_.ok()) {  // reported once, by the next prefetch; its rows were not made resident
     const absl::Status failed = std::move(prefetch_status_);
@@ -514,7 +523,7 @@ absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> rows) {
     return absl::Status(failed.code(), absl::StrCat("an earlier prefetch failed: ", failed.message()));
   }
   // A prefetch not started yet is replaced: its batch is the one being trained now.
-  prefetch_rows_ = std::move(rows);
+  prefetch_rows_ = std::move(ids);
   prefetch_queued_ = true;
   if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
   prefetch_wake_.notify_one();
