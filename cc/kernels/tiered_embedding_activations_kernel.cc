@@ -14,7 +14,6 @@
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/kernels/tiered_table_kernel_util.h"
 #include "cc/kernels/tiered_table_resource.h"
-#include "cc/lib/distinct_rows.h"
 #include "cc/lib/embedding_forward.h"
 #include "cc/lib/tiered_row_storage.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -51,7 +50,7 @@ class TieredEmbeddingActivationsOp : public tensorflow::OpKernel {
     }
     for (int t = 0; t < attrs_.num_tables; ++t) {
       TieredRowCache* cache = tables[t]->cache();
-      SortDistinctRows(&rows[t], cache->num_rows());
+      rows[t] = cache->DistinctRows(std::move(rows[t]));  // (found once per batch: a prefetch may have)
       const int64_t needed = static_cast<int64_t>(rows[t].size());
       OP_REQUIRES(ctx, needed <= cache->capacity(),
                   cache->TooManyRows(needed, absl::StrCat("the lookup of table '", config.tables[t].name, "'")));

@@ -154,7 +154,18 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     };
     for (int t = 0; t < num_tables; ++t) {
       if (OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer)) continue;
-      const absl::Status s = AcquirePlanRows(ws->plans[t], tables[t]->cache(), What(t), &pins[t]);
+      // The table's ids in the lookup's order: their distinct rows are the plan's rows, usually remembered from
+      // the batch's lookup (TieredRowCache::DistinctRows); the counts agree unless the plan dropped ids.
+      TieredRowCache* cache = tables[t]->cache();
+      std::vector<int64_t> ids;
+      for (int f = 0; f < n; ++f) {
+        if (config.features[f].table_id == t)
+          ids.insert(ids.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
+      }
+      std::vector<int64_t> rows = cache->DistinctRows(std::move(ids));
+      const absl::Status s = static_cast<int64_t>(rows.size()) == ws->plans[t].num_rows()
+                                 ? cache->Acquire(std::move(rows), &pins[t])
+                                 : AcquirePlanRows(ws->plans[t], cache, What(t), &pins[t]);
       if (!s.ok()) release_all(/*dirty=*/false);
       OP_REQUIRES_OK(ctx, s);
     }

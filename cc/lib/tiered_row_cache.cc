@@ -360,7 +360,7 @@ void TieredRowCache::PrefetchLoop() {
     prefetch_queued_ = false;
     prefetch_running_ = true;
     lock.unlock();  // the batch's distinct rows, off the step's thread and outside the lock
-    SortDistinctRows(&rows, num_rows());
+    rows = DistinctRows(std::move(rows));
     lock.lock();
     const absl::Status s = PrefetchLocked(rows, &lock);
     prefetch_running_ = false;
@@ -528,6 +528,21 @@ absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> ids) {
   if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
   prefetch_wake_.notify_one();
   return absl::OkStatus();
+}
+
+std::vector<int64_t> TieredRowCache::DistinctRows(std::vector<int64_t> ids) {
+  {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    for (const DistinctMemo& m : memo_) {
+      if (!m.ids.empty() && m.ids == ids) return m.rows;
+    }
+  }
+  std::vector<int64_t> key = ids;
+  SortDistinctRows(&ids, num_rows());
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  memo_[memo_next_] = DistinctMemo{std::move(key), ids};
+  memo_next_ = (memo_next_ + 1) % kDistinctMemo;
+  return ids;
 }
 
 absl::Status TieredRowCache::WaitForPrefetch() {

@@ -127,6 +127,12 @@ class TieredRowCache {
   absl::Status StartPrefetch(std::vector<int64_t> ids);
   // Until no asynchronous prefetch is queued or running; returns (and clears) the error of one that failed.
   absl::Status WaitForPrefetch();
+  // The distinct rows of a batch's `ids` (each in [0, num_rows): the caller checked them), ascending, as
+  // SortDistinctRows gives them.  The last kDistinctMemo batches' are remembered and compared id by id (a hit is
+  // exact), so that one batch's prefetch, lookup and update find them once.
+  std::vector<int64_t> DistinctRows(std::vector<int64_t> ids);
+  static constexpr int kDistinctMemo = 2;
+
   // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
   absl::Status Flush();
   // Makes the file hold at least `num_rows` records (TieredRowFile::Grow): a dynamic table's rows grow.  The
@@ -235,6 +241,15 @@ class TieredRowCache {
   bool prefetch_running_ = false;
   absl::Status prefetch_status_;  // the first error of an asynchronous prefetch not reported yet
   std::condition_variable prefetch_wake_;
+
+  // DistinctRows' memo (its own mutex: a step's lookup does not wait for the cache's calls to compare ids).
+  struct DistinctMemo {
+    std::vector<int64_t> ids;
+    std::vector<int64_t> rows;
+  };
+  std::mutex memo_mu_;
+  std::array<DistinctMemo, kDistinctMemo> memo_;
+  int memo_next_ = 0;  // the entry the next miss replaces
 
   // Threads last: started when the rest is built (the prefetch thread on the first StartPrefetch).
   std::thread writer_;

@@ -404,6 +404,28 @@ TEST(TieredRowCacheTest, PrefetchLoadsWithoutPinningAndTheStepHits) {
   EXPECT_EQ(cache->Prefetch({70}).code(), absl::StatusCode::kInvalidArgument);  // out of range
 }
 
+TEST(TieredRowCacheTest, DistinctRowsRemembersTheLastBatchesExactly) {
+  TempDir dir;
+  const TieredRowLayout layout = Layout(5000, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 8);
+  std::mt19937_64 rng(4);
+  auto reference = [](std::vector<int64_t> ids) {
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+  };
+  const std::vector<int64_t> a = SkewedIds(3000, 5000, &rng);
+  const std::vector<int64_t> b = SkewedIds(3000, 5000, &rng);
+  std::vector<int64_t> changed = a;  // one id different, same length: must not be taken for `a`
+  changed[1234] = (changed[1234] + 1) % 5000;
+  const std::vector<int64_t>& a_changed = changed;
+  // Batches in the order a prefetch, lookup and update of consecutive steps ask for them, and a stranger.
+  for (const std::vector<int64_t>* batch : {&a, &a, &b, &a, &b, &b, &a_changed, &a, &b, &a_changed}) {
+    EXPECT_EQ(cache->DistinctRows(*batch), reference(*batch));
+  }
+  EXPECT_TRUE(cache->DistinctRows({}).empty());
+}
+
 TEST(TieredRowCacheTest, AStepLargerThanTheCacheIsRefusedBeforeAnythingChanges) {
   TempDir dir;
   const std::string path = dir.File("t.rows");
