@@ -2,7 +2,7 @@
 
 `python -m benchmarks.tiered_w1_processes --rounds 2` runs, per round, a process training W1's table in memory,
 then one training it tiered (a cache of a tenth of the rows), then one tiered prefetching the next batch, each
-with one TensorFlow thread: warm-up steps (the
+with one TensorFlow thread (`--tf-threads 0`: TensorFlow's defaults): warm-up steps (the
 tiered cache filled first), then timed blocks; a process reports its best block (ms/step), its CPU time per step
 (user + system, every thread of the process) over the timed blocks and the load average beside it.  Processes
 alternate so that both engines see the same load; the row file lives in a scratch directory that is removed.
@@ -36,8 +36,9 @@ def _io_chars() -> dict:
 def _child(args) -> dict:
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if args.tf_threads:  # 0: TensorFlow's defaults (a thread per core in each pool)
+        tf.config.threading.set_intra_op_parallelism_threads(args.tf_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.tf_threads)
     import tf_embed_ops as te
     from benchmarks import tiered_benchmark as tb
     from benchmarks import workloads as wls
@@ -79,6 +80,7 @@ def _child(args) -> dict:
         "user_ms_per_step": (cpu1.ru_utime - cpu0.ru_utime) * 1e3 / steps_total,
         "system_ms_per_step": (cpu1.ru_stime - cpu0.ru_stime) * 1e3 / steps_total,
         "load_avg": os.getloadavg()[0],
+        "tf_threads": args.tf_threads,
         "gc_freeze": args.gc_freeze,
         "max_rss_mb": cpu1.ru_maxrss / 1024,
     }
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--engines", default="memory,tiered,tiered_prefetch", help="comma-separated, run in this order")
     p.add_argument("--directory", help="(child) the row file's directory")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tf-threads", type=int, default=1, help="TensorFlow's intra- and inter-op threads (0: default)")
     p.add_argument("--warmup", type=int, default=150)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--block-s", type=float, default=3.0)
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix="tf_embed_ops_w1_") as directory:
                 cmd = [sys.executable, "-m", "benchmarks.tiered_w1_processes", "--engine", engine]
                 cmd += ["--directory", directory, "--warmup", str(args.warmup), "--blocks", str(args.blocks)]
-                cmd += ["--block-s", str(args.block_s)] + (["--gc-freeze"] if args.gc_freeze else [])
+                cmd += ["--block-s", str(args.block_s), "--tf-threads", str(args.tf_threads)]
+                cmd += ["--gc-freeze"] if args.gc_freeze else []
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -588,9 +588,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """Makes the rows the tiered tables will need for `features` resident in their caches (not pinned).
 
         Call it with the next batch in the same `tf.function` as the current step, between `dequeue` and
-        `apply_gradients` (a function runs the ops of one table in program order): the rows are read from disk
-        while the model computes, and the next step then hits the cache (docs/tiered_tables.md). Ids of in-memory
-        tables are ignored. Without tiered tables this does nothing.
+        `apply_gradients` (a function runs the ops of one table in program order). It returns at once: a thread of
+        each table's cache reads the rows while the rest of the step runs, and the next step's lookup waits for it
+        only if it has rows to read, so the rows it brought are hits (docs/tiered_tables.md). A failed prefetch is
+        reported by the table's next one. Ids of in-memory tables are ignored. Without tiered tables this does
+        nothing.
 
         Args:
           features, weights: a batch, as `enqueue` takes it.

@@ -11,7 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "cc/kernels/tiered_table_resource.h"
 #include "cc/kernels/touched_rows_resource.h"
-#include "cc/lib/distinct_rows.h"
 #include "cc/lib/tiered_row_cache.h"
 #include "cc/lib/tiered_row_file.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -260,8 +259,7 @@ class TieredTablePrefetchOp : public TieredTableOp {
                   absl::InvalidArgumentError(absl::StrCat(what, ": ids[", i, "] (flat position) = ", ids(i),
                                                           " is outside [0, ", table->num_rows(), ")")));
     }
-    std::vector<int64_t> rows(ids.data(), ids.data() + ids.size());
-    SortDistinctRows(&rows, table->num_rows());
+    std::vector<int64_t> rows(ids.data(), ids.data() + ids.size());  // (made distinct on the cache's thread)
     // No table lock: the cache only moves unpinned rows (see tiered_table_resource.h).  The reads run on the
     // cache's prefetch thread; the op returns at once.
     OP_REQUIRES_OK(ctx, table->cache()->StartPrefetch(std::move(rows)));

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cc/lib/distinct_rows.h"
+#include "cc/lib/prefetch.h"
 
 namespace tf_embed_ops {
 namespace {
@@ -357,6 +359,9 @@ void TieredRowCache::PrefetchLoop() {
     prefetch_rows_.clear();
     prefetch_queued_ = false;
     prefetch_running_ = true;
+    lock.unlock();  // the batch's distinct rows, off the step's thread and outside the lock
+    SortDistinctRows(&rows, num_rows());
+    lock.lock();
     const absl::Status s = PrefetchLocked(rows, &lock);
     prefetch_running_ = false;
     if (!s.ok() && prefetch_status_.ok()) prefetch_status_ = s;
@@ -393,12 +398,12 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
       // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index
       // entry of the row kAhead on, and the slot state of the row kAhead / 2 on (its entry fetched by then).
       constexpr int64_t kAhead = 16;
-      if (i + kAhead < n) __builtin_prefetch(&index_[Home(rows[i + kAhead])]);
+      if (i + kAhead < n) PrefetchLine(&index_[Home(rows[i + kAhead])]);
       if (i + kAhead / 2 < n) {
         const int32_t ahead = index_[Home(rows[i + kAhead / 2])];
         if (ahead != kEmpty) {
-          __builtin_prefetch(&slot_row_[ahead]);
-          __builtin_prefetch(&pins_[ahead], 1);
+          PrefetchLine(&slot_row_[ahead]);
+          PrefetchLine(&pins_[ahead]);
         }
       }
       const int32_t slot = Find(rows[i]);
@@ -504,8 +509,13 @@ absl::Status TieredRowCache::PrefetchLocked(const std::vector<int64_t>& rows, st
   return s;
 }
 
-absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> rows) {
-  if (const absl::Status s = CheckRows(rows); !s.ok()) return s;
+absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= num_rows()) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", table(), "': prefetch id ", ids[i], " at position ", i,
+                                                     " is out of [0, ", num_rows(), ")"));
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!prefetch_status_.ok()) {  // reported once, by the next prefetch; its rows were not made resident
     const absl::Status failed = std::move(prefetch_status_);
@@ -513,7 +523,7 @@ absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> rows) {
     return absl::Status(failed.code(), absl::StrCat("an earlier prefetch failed: ", failed.message()));
   }
   // A prefetch not started yet is replaced: its batch is the one being trained now.
-  prefetch_rows_ = std::move(rows);
+  prefetch_rows_ = std::move(ids);
   prefetch_queued_ = true;
   if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
   prefetch_wake_.notify_one();

@@ -120,10 +120,11 @@ class TieredRowCache {
   // Makes as many of `rows` (ascending, distinct, in range) resident as the unpinned slots allow, without
   // pinning them.  Rows already resident are marked recently used.
   absl::Status Prefetch(const std::vector<int64_t>& rows);
-  // The same on the cache's prefetch thread (see the protocol above): checks `rows`, queues them (replacing a
-  // queued prefetch that has not started) and returns.  Errors: InvalidArgument for bad rows; the error of an
-  // earlier asynchronous prefetch, once (nothing is queued then).
-  absl::Status StartPrefetch(std::vector<int64_t> rows);
+  // The same on the cache's prefetch thread (see the protocol above) for a batch's `ids` (any order, repeats
+  // allowed): checks that they are rows, queues them (replacing a queued prefetch that has not started) and
+  // returns; the thread finds their distinct rows.  Errors: InvalidArgument for an id outside [0, num_rows); the
+  // error of an earlier asynchronous prefetch, once (nothing is queued then).
+  absl::Status StartPrefetch(std::vector<int64_t> ids);
   // Until no asynchronous prefetch is queued or running; returns (and clears) the error of one that failed.
   absl::Status WaitForPrefetch();
   // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
@@ -229,7 +230,7 @@ class TieredRowCache {
   std::unique_ptr<char[]> staged_;  // kMaxBackgroundRows records
 
   // Asynchronous prefetch (under mu_).
-  std::vector<int64_t> prefetch_rows_;  // the queued prefetch
+  std::vector<int64_t> prefetch_rows_;  // the queued prefetch's ids
   bool prefetch_queued_ = false;
   bool prefetch_running_ = false;
   absl::Status prefetch_status_;  // the first error of an asynchronous prefetch not reported yet

@@ -311,8 +311,10 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
         return values.numpy(), {k: v.numpy() for k, v in slots.items()}
 
     def prefetch(self, ids: Any) -> Any:
-        """Makes the rows of `ids` resident (not pinned), so the step that uses them hits the cache; run it with
-        the current step (same `tf.function`) and the reads overlap the current step's compute.
+        """Starts making the rows of `ids` resident (not pinned) on the cache's thread and returns, so the step
+        that uses them hits the cache; run it with the current step (same `tf.function`) and the reads overlap the
+        rest of the current step. The next lookup or update with rows to read waits for it; an I/O error of the
+        prefetch is raised by the next prefetch.
 
         Returns:
           The op (eagerly: None).
