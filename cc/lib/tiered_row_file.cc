@@ -749,18 +749,33 @@ absl::Status TieredRowFile::CleanOneLocked() {
 absl::Status TieredRowFile::AppendLocked(const int64_t* rows, int64_t n, char* const* records) {
   std::vector<struct iovec> iov;
   for (int64_t i = 0; i < n;) {
+    const int64_t full_segment = current_;  // (full when EnsureRoomLocked takes another)
+    const int64_t full_next = next_slot_;
     RETURN_IF_ERROR_(EnsureRoomLocked());
     const int64_t k = std::min(n - i, (current_ + 1) * segment_slots_ - next_slot_);
     const int64_t slot = next_slot_;
     for (int64_t begin = 0; begin < k; begin += kMaxIov) {
       const int64_t count = std::min<int64_t>(kMaxIov, k - begin);
       RecordIovecs(records + i + begin, count, record_bytes_, &iov);
-      RETURN_IF_ERROR_(Transfer(/*write=*/true, iov.data(), static_cast<int>(iov.size()),
-                                kHeaderBytes + (slot + begin) * record_bytes_, [&] {
-                                  std::vector<Piece> named(count);
-                                  for (int64_t j = 0; j < count; ++j) named[j].row = rows[i + begin + j];
-                                  return RowsOf(named.data(), count);
-                                }));
+      const absl::Status written = Transfer(/*write=*/true, iov.data(), static_cast<int>(iov.size()),
+                                            kHeaderBytes + (slot + begin) * record_bytes_, [&] {
+                                              std::vector<Piece> named(count);
+                                              for (int64_t j = 0; j < count; ++j) named[j].row = rows[i + begin + j];
+                                              return RowsOf(named.data(), count);
+                                            });
+      if (!written.ok()) {
+        // A segment taken for this write and still empty goes back on top of the free stack.  Kept as the current
+        // segment, it would be filled by the next appends without cleaning; when it is cleaning's reserve (taken
+        // by a cleaning whose write failed: a full disk), the next cleaning would then find no free segment, and
+        // every later write would fail after the disk has room again.
+        if (current_ != full_segment && next_slot_ == current_ * segment_slots_) {
+          is_free_[current_] = 1;
+          free_segments_.push_back(static_cast<uint32_t>(current_));
+          current_ = full_segment;
+          next_slot_ = full_next;
+        }
+        return written;
+      }
     }
     {
       // Publish: the rows' old slots are free from now on.

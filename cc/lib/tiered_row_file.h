@@ -229,7 +229,8 @@ class TieredRowFile {
   // The CRC of a record read for `row`: a corrupted record is an error naming the row.
   absl::Status CheckRecord(int64_t row, const char* record) const;
   // Appends (append_mu_ held; CRCs already stamped): one pwritev per segment the records span, each piece's new
-  // locations published after its write.
+  // locations published after its write.  A write that fails gives back the segment it took if it is still empty,
+  // so a failed write (a full disk) never keeps cleaning's reserve as the segment being appended to.
   absl::Status AppendLocked(const int64_t* rows, int64_t n, char* const* records);
   // The current segment has a free slot after this (cleans when free segments run low).
   absl::Status EnsureRoomLocked();

@@ -1,7 +1,9 @@
 // The log-structured row file (docs/tiered_tables.md, "The row file"): appends to free segments, greedy cleaning,
 // the location map written by Sync and checked by Open (a file not closed cleanly, a corrupted map and an old
 // format version are refused), and a failing device while cleaning, which leaves every row readable with its old
-// or its new record.  The reference is a plain vector of each row's latest record.
+// or its new record; a full disk (injected ENOSPC) at every point of an append, in the middle of one spanning
+// several segments and in cleaning, after which writing goes on once there is room (the cleaning reserve is never
+// lost).  The reference is a plain vector of each row's latest record.
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -241,6 +243,227 @@ TEST(TieredRowLogTest, AFailingDeviceWhileCleaningLeavesEveryRowOldOrNew) {
   WriteRandomBatches(file->get(), 60, &rng, &version, &want);
   ExpectRows(**file, want, "after the device came back");
   EXPECT_GT((*file)->log_stats().segments_cleaned, 0);
+}
+
+// Injected writes (a full disk): while `g_writes_left` is 0 every pwritev fails with ENOSPC; while it is positive
+// it counts the writes that still succeed; -1: no limit.  With `g_fail_after_read`, a write fails once a read has
+// been made since it was set (the only reads of a write are cleaning's: the write that fails is cleaning's).
+// `g_reads` counts the reads.
+std::atomic<int> g_writes_left{-1};
+std::atomic<bool> g_fail_after_read{false};
+std::atomic<bool> g_read_seen{false};
+std::atomic<int> g_reads{0};
+ssize_t CountingPreadv(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  ++g_reads;
+  g_read_seen = true;
+  return ::preadv(fd, iov, iovcnt, offset);
+}
+ssize_t FullDiskPwritev(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  if (g_writes_left == 0 || (g_fail_after_read && g_read_seen)) {
+    errno = ENOSPC;
+    return -1;
+  }
+  if (g_writes_left > 0) --g_writes_left;
+  return ::pwritev(fd, iov, iovcnt, offset);
+}
+void ResetFullDisk() {
+  g_writes_left = -1;
+  g_fail_after_read = false;
+  g_read_seen = false;
+  g_reads = 0;
+}
+
+// A batch of `k` distinct random rows with new records.
+struct Batch {
+  std::vector<int64_t> rows;
+  std::vector<std::vector<char>> records;
+  std::vector<char*> pointers;
+  Batch(const TieredRowLayout& layout, int64_t k, std::mt19937* rng, int64_t* version) {
+    std::vector<int64_t> all(layout.num_rows);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), *rng);
+    rows.assign(all.begin(), all.begin() + k);
+    for (int64_t r : rows) records.push_back(Record(layout, r, ++*version));
+    for (auto& r : records) pointers.push_back(r.data());
+  }
+  absl::Status Write(TieredRowFile* file) { return file->WriteRows(rows.data(), rows.size(), pointers.data()); }
+  void Apply(std::vector<std::vector<char>>* want) const {
+    for (size_t i = 0; i < rows.size(); ++i) (*want)[rows[i]] = records[i];
+  }
+};
+
+// A file of 64 rows (8-slot segments, 11 segments) with every row written, its I/O through the injectors above.
+std::unique_ptr<TieredRowFile> FullFile(const std::string& path, std::vector<std::vector<char>>* want) {
+  ResetFullDisk();
+  RowFileIo io = RowFileIo::Posix();
+  io.preadv = CountingPreadv;
+  io.preadv2 = nullptr;  // every read through preadv
+  io.pwritev = FullDiskPwritev;
+  const TieredRowLayout layout = Layout(64);
+  auto file = TieredRowFile::Create(path, "items", layout, io);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return nullptr;
+  want->assign(64, {});
+  std::vector<char*> pointers;
+  for (int64_t r = 0; r < 64; ++r) (*want)[r] = Record(layout, r, 0);
+  for (auto& r : *want) pointers.push_back(r.data());
+  EXPECT_TRUE((*file)->WriteRecords(0, 64, pointers.data()).ok());
+  return std::move(*file);
+}
+
+// A write refused by a full disk: ResourceExhausted naming the table, the rows and the path.
+void ExpectFullDiskError(const absl::Status& s, const std::string& path) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("table 'items'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("cannot write row"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(path), std::string::npos) << s;
+  EXPECT_NE(s.message().find("No space left"), std::string::npos) << s;
+}
+
+// After a refused write of `batch`: each of its rows holds its old or its new record (`want` takes what it holds),
+// every other row its old one.  Returns how many hold the new one.
+int64_t TakeOldOrNew(const TieredRowFile& file, const Batch& batch, std::vector<std::vector<char>>* want,
+                     const std::string& where) {
+  int64_t new_rows = 0;
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    std::vector<char> got(file.record_bytes());
+    char* p = got.data();
+    const absl::Status s = file.ReadRecords(batch.rows[i], 1, &p);
+    EXPECT_TRUE(s.ok()) << s << " " << where;
+    EXPECT_TRUE(got == (*want)[batch.rows[i]] || got == batch.records[i]) << "row " << batch.rows[i] << " " << where;
+    if (got == batch.records[i]) ++new_rows;
+    (*want)[batch.rows[i]] = got;
+  }
+  ExpectRows(file, *want, where);
+  return new_rows;
+}
+
+// Flushed and reopened (without the injectors): the same rows.
+void ExpectReopens(std::unique_ptr<TieredRowFile> file, const std::vector<std::vector<char>>& want) {
+  const std::string path = file->path();
+  ASSERT_TRUE(file->Sync().ok());
+  file.reset();
+  auto reopened = TieredRowFile::Open(path, "items", Layout(64));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  ExpectRows(**reopened, want, "reopened");
+}
+
+TEST(TieredRowLogTest, WritesRefusedByAFullDiskChangeNothingAndWritingGoesOnOnceThereIsRoom) {
+  // Each batch is first written on a full disk (refused: every row, the segments and the cleaning counters as
+  // they were; the free segments never fewer), then with room (written).  Batches of 1 to 6 rows fill segments
+  // at every offset, so some refused writes needed a cleaning first: its write failed too.
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  std::vector<std::vector<char>> want;
+  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
+  ASSERT_NE(file, nullptr);
+  std::mt19937 rng(5);
+  int64_t version = 0;
+  int cleanings_refused = 0;
+  for (int b = 0; b < 300; ++b) {
+    Batch batch(file->layout(), 1 + static_cast<int64_t>(rng() % 6), &rng, &version);
+    const TieredLogStats before = file->log_stats();
+    std::vector<int64_t> offsets;
+    for (int64_t r = 0; r < 64; ++r) offsets.push_back(file->RecordOffset(r));
+    const int reads = g_reads;
+    g_writes_left = 0;
+    const absl::Status refused = batch.Write(file.get());
+    g_writes_left = -1;
+    ExpectFullDiskError(refused, path);
+    if (g_reads > reads) ++cleanings_refused;
+    const TieredLogStats after = file->log_stats();
+    EXPECT_EQ(after.segments_cleaned, before.segments_cleaned) << "batch " << b;
+    EXPECT_EQ(after.records_moved, before.records_moved) << "batch " << b;
+    // (A cleaning of a segment with no live record writes nothing: it may free one.)
+    EXPECT_GE(after.free_segments, before.free_segments) << "batch " << b;
+    for (int64_t r = 0; r < 64; ++r) EXPECT_EQ(file->RecordOffset(r), offsets[r]) << "row " << r << " batch " << b;
+    const absl::Status written = batch.Write(file.get());
+    ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
+    batch.Apply(&want);
+    ASSERT_GE(file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
+  }
+  ExpectRows(*file, want, "after 300 refused and 300 written batches");
+  EXPECT_GT(cleanings_refused, 10);
+  EXPECT_GT(file->log_stats().segments_cleaned, 10);
+  ExpectReopens(std::move(file), want);
+}
+
+TEST(TieredRowLogTest, AFullDiskInTheMiddleOfAnAppendLeavesEachRowOldOrNew) {
+  // Batches of 20 rows span three or four segments (one pwritev each, and cleaning's): the disk fills after 0 to
+  // 3 more writes.  The rows of the pieces written before are new, the others old; the next writes succeed.
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  std::vector<std::vector<char>> want;
+  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
+  ASSERT_NE(file, nullptr);
+  std::mt19937 rng(13);
+  int64_t version = 0;
+  int partly_written = 0;
+  for (int b = 0; b < 120; ++b) {
+    Batch batch(file->layout(), 20, &rng, &version);
+    g_writes_left = b % 4;
+    const absl::Status refused = batch.Write(file.get());
+    g_writes_left = -1;
+    if (refused.ok()) {  // (cleaning needed no write, and the batch fit in the writes left)
+      batch.Apply(&want);
+      continue;
+    }
+    ExpectFullDiskError(refused, path);
+    const int64_t new_rows = TakeOldOrNew(*file, batch, &want, "after batch " + std::to_string(b) + " was refused");
+    if (new_rows > 0) ++partly_written;
+    EXPECT_LT(new_rows, 20);
+    ASSERT_GE(file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
+    Batch again(file->layout(), 20, &rng, &version);
+    const absl::Status written = again.Write(file.get());
+    ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
+    again.Apply(&want);
+  }
+  EXPECT_GT(partly_written, 10);
+  ExpectRows(*file, want, "at the end");
+  ExpectReopens(std::move(file), want);
+}
+
+TEST(TieredRowLogTest, AFullDiskWhileCleaningKeepsTheReserveAndCleaningGoesOn) {
+  // Only cleaning's writes fail (a write after cleaning's read): the refused write leaves the free segments as
+  // they were (the reserve cleaning took for the failed write is free again), and cleaning works once there is room.
+  TempDir dir;
+  const std::string path = dir.File("t.rows");
+  std::vector<std::vector<char>> want;
+  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
+  ASSERT_NE(file, nullptr);
+  std::mt19937 rng(17);
+  int64_t version = 0;
+  int refusals = 0;
+  for (int b = 0; b < 200 && refusals < 20; ++b) {
+    Batch batch(file->layout(), 1 + static_cast<int64_t>(rng() % 6), &rng, &version);
+    const TieredLogStats before = file->log_stats();
+    g_read_seen = false;
+    g_fail_after_read = true;
+    const absl::Status s = batch.Write(file.get());
+    g_fail_after_read = false;
+    if (s.ok()) {
+      batch.Apply(&want);
+      continue;
+    }
+    ++refusals;
+    ExpectFullDiskError(s, path);
+    EXPECT_NE(s.message().find("rows"), std::string::npos) << s;
+    // (The rows of a piece appended before the cleaning was needed are new.)
+    const int64_t new_rows = TakeOldOrNew(*file, batch, &want, "after batch " + std::to_string(b) + " was refused");
+    const TieredLogStats after = file->log_stats();
+    EXPECT_EQ(after.segments_cleaned, before.segments_cleaned);
+    EXPECT_GE(after.free_segments, 1) << "the cleaning reserve, batch " << b;
+    if (new_rows == 0) EXPECT_EQ(after.free_segments, before.free_segments) << "batch " << b;
+    // With room: this batch (it needs a cleaning again), then more.
+    const absl::Status written = batch.Write(file.get());
+    ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
+    batch.Apply(&want);
+    EXPECT_GT(file->log_stats().segments_cleaned, before.segments_cleaned);
+  }
+  EXPECT_EQ(refusals, 20);
+  WriteRandomBatches(file.get(), 40, &rng, &version, &want);
+  ExpectRows(*file, want, "at the end");
+  ExpectReopens(std::move(file), want);
 }
 
 }  // namespace
