@@ -141,6 +141,172 @@ def test_mark_all_and_a_restore_make_every_consumer_read_full(tmp_path):
     np.testing.assert_array_equal(after["parameters"], table.read_all()[0])
 
 
+CHUNK_ROWS = 7  # 64 rows in 10 chunks: no chunk write covers the whole table
+
+
+def _chunked(table: te.TableConfig) -> te.TableConfig:
+    """`table` (Adagrad: one slot of dim floats) with restores and saves moving CHUNK_ROWS rows at a time."""
+    table.storage = te.Tiered(**{**table.storage.get_config(), "chunk_bytes": CHUNK_ROWS * 4 * 2 * DIM})
+    return table
+
+
+def _keras_model(table: te.TableConfig):
+    """(model, layer): feature "f" over `table`, a Dense head."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
+
+    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
+    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.RandomNormal(seed=7), name="head")
+    model = keras.Model(inputs, head(layer(inputs)["f"]))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model, layer
+
+
+class _Front:
+    """One front end over a tiered table (or the same table in memory): train, checkpoint object, tracker, state."""
+
+    def __init__(self, tmp_path, via: str, tiered: bool = True, vocab: int = V):
+        memory, config = table_pair(tmp_path / "rows", _emb.Adagrad(0.1), vocab, DIM, CACHE_ROWS)
+        config = _chunked(config) if tiered else memory
+        if via == "keras":
+            self.model, layer = _keras_model(config)
+            self.root = self.model
+            engine = layer
+        else:
+            self.model = None
+            self.root = engine = embedding(config)
+        self.tracker = te.tracking.Tracker(self.root)
+        self.table = engine.tiered_tables[config] if tiered else None
+        self.engine, self._config = engine, config
+
+    def train(self, ids) -> None:
+        if self.model is None:
+            _train([self.root], ids)
+        else:
+            self.model.fit({"f": ids}, np.ones([ids.size, 1], np.float32), batch_size=ids.size, verbose=0)
+
+    def state(self) -> list:
+        if self.table is not None:
+            values, slots = self.table.read_all()
+            return [values, *(slots[k] for k in sorted(slots))]
+        slots = self.engine.slot_variables[self._config]
+        return [self.engine.embedding_tables[self._config].numpy(), *(slots[k].numpy() for k in sorted(slots))]
+
+
+def _assert_state(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("via", ["embedding", "keras"])
+def test_a_chunked_restore_makes_every_consumer_read_full(tmp_path, via):
+    front = _Front(tmp_path, via)
+    assert front.table.chunk_rows == CHUNK_ROWS and len(front.table.chunks()) == 10
+    first = front.tracker.cursor()  # a consumer from before training
+    front.train(BATCHES[0])
+    saved_state = front.state()
+    saved = tf.train.Checkpoint(root=front.root).write(str(tmp_path / "ckpt" / "c"))
+    front.train(BATCHES[1])
+    assert not np.array_equal(front.state()[0], saved_state[0])
+    cursor = front.tracker.changed_since(first).cursor  # a consumer up to date before the restore
+    assert front.tracker.changed_since(cursor).tables["t"].rows.size == 0
+    tf.train.Checkpoint(root=front.root).read(saved).assert_existing_objects_matched()
+    _assert_state(front.state(), saved_state)
+    for since in (cursor, first):
+        changes = front.tracker.changed_since(since).tables["t"]
+        assert changes.full, "a restore streamed in 10 chunks must read full, not every row listed"
+        np.testing.assert_array_equal(changes.rows, np.arange(V))
+    # After it, the rows of the next step only.
+    cursor = front.tracker.changed_since(cursor).cursor
+    front.train(BATCHES[2])
+    changes = front.tracker.changed_since(cursor).tables["t"]
+    assert not changes.full
+    np.testing.assert_array_equal(changes.rows, np.unique(BATCHES[2]))
+
+
+def test_the_in_memory_table_reads_full_after_the_restore_and_mark_all(tmp_path):
+    """The comparison: the same table in memory, restored by tf.train.Checkpoint (TensorFlow assigns the variables;
+    docs/tracking.md), reads full once `mark_all` is called, as te.checkpoint does; the tiered one needs no call."""
+    fronts = [_Front(tmp_path / "m", "embedding", tiered=False), _Front(tmp_path / "t", "embedding")]
+    answers = []
+    for k, front in enumerate(fronts):
+        front.train(BATCHES[0])
+        saved = tf.train.Checkpoint(root=front.root).write(str(tmp_path / "ckpt" / str(k)))
+        front.train(BATCHES[1])
+        cursor = front.tracker.changed_since(front.tracker.cursor()).cursor
+        tf.train.Checkpoint(root=front.root).read(saved).assert_existing_objects_matched()
+        if front.table is None:
+            front.tracker.mark_all()
+        answers.append(front.tracker.changed_since(cursor).tables["t"])
+    for changes in answers:
+        assert changes.full
+        np.testing.assert_array_equal(changes.rows, np.arange(V))
+    _assert_state(fronts[0].state(), fronts[1].state())  # the same rows restored, bitwise
+
+
+def test_a_keras_weights_load_makes_every_consumer_read_full(tmp_path):
+    front = _Front(tmp_path, "keras")
+    front.train(BATCHES[0])
+    store: dict = {}
+    front.engine.save_own_variables(store)
+    saved_state = front.state()
+    front.train(BATCHES[1])
+    cursor = front.tracker.changed_since(front.tracker.cursor()).cursor
+    front.engine.load_own_variables(store)
+    _assert_state(front.state(), saved_state)
+    changes = front.tracker.changed_since(cursor).tables["t"]
+    assert changes.full
+    np.testing.assert_array_equal(changes.rows, np.arange(V))
+
+
+@pytest.mark.parametrize("via", ["embedding", "keras"])
+def test_a_refused_restore_marks_nothing_and_changes_nothing(tmp_path, via):
+    larger = _Front(tmp_path / "larger", via, vocab=V + 8)  # the same head: only the table differs
+    larger.train(BATCHES[0])
+    saved = tf.train.Checkpoint(root=larger.root).write(str(tmp_path / "ckpt" / "larger"))
+    front = _Front(tmp_path / "t", via)
+    front.train(BATCHES[1])
+    cursor = front.tracker.changed_since(front.tracker.cursor()).cursor
+    state, step = front.state(), int(front.table.step.numpy())
+    with pytest.raises(ValueError, match=r"'t'.*72 rows.*64 rows"):
+        tf.train.Checkpoint(root=front.root).read(saved)
+    _assert_state(front.state(), state)
+    assert int(front.table.step.numpy()) == step
+    changes = front.tracker.changed_since(cursor).tables["t"]
+    assert not changes.full and changes.rows.size == 0
+    if via == "keras":  # the Keras weights of the larger table: refused the same way
+        store: dict = {}
+        larger.engine.save_own_variables(store)
+        with pytest.raises(ValueError, match=r"tiered table 't'.*72 rows.*64 rows"):
+            front.engine.load_own_variables(store)
+        _assert_state(front.state(), state)
+        changes = front.tracker.changed_since(cursor).tables["t"]
+        assert not changes.full and changes.rows.size == 0
+
+
+def test_the_mark_all_op_changes_no_row_and_is_a_no_op_untracked(tmp_path):
+    _, emb_t, table = _pair(tmp_path)
+    _train([emb_t], BATCHES[0])
+    rows, slots = table.read_all()
+    stats = {k: int(v) for k, v in table.stats().items() if k != "hit_rate"}
+    table.mark_all_touched()  # no tracker yet: nothing to mark
+    tracker = te.tracking.Tracker(emb_t)
+    cursor = tracker.changed_since(None).cursor
+    assert tracker.changed_since(cursor).tables["t"].rows.size == 0
+    tiered_ops.tiered_table_mark_all_touched(table.handle)
+    assert {k: int(v) for k, v in table.stats().items() if k != "hit_rate"} == stats  # no row read or written
+    changes = tracker.changed_since(cursor).tables["t"]
+    assert changes.full
+    np.testing.assert_array_equal(changes.rows, np.arange(V))
+    after_rows, after_slots = table.read_all()
+    _assert_state([after_rows, *after_slots.values()], [rows, *slots.values()])
+    with pytest.raises(ValueError, match=r"table: expected a tiered table handle"):
+        tiered_ops.tiered_table_mark_all_touched(tf.constant(1))
+
+
 def test_row_writes_of_part_of_the_table_mark_those_rows(tmp_path):
     _, emb_t, table = _pair(tmp_path)
     tracker = te.tracking.Tracker(emb_t)
@@ -198,12 +364,14 @@ DYNAMIC_BATCHES = [
 ]
 
 
-def _dynamic_pair(tmp_path, optimizer, **options):
+def _dynamic_pair(tmp_path, optimizer, chunk_bytes=None, **options):
     """(in-memory embedding, tiered embedding) over the same DynamicTableConfig "t" (a cache of 8 rows)."""
     from tiered_support import cache_bytes_for  # pylint: disable=import-outside-toplevel
 
     common = dict(optimizer=optimizer, seed=11, **options)
-    storage = te.Tiered(cache_bytes=cache_bytes_for(CACHE_ROWS, optimizer, DIM), directory=str(tmp_path / "dyn"))
+    chunks = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    cache = cache_bytes_for(CACHE_ROWS, optimizer, DIM)
+    storage = te.Tiered(cache_bytes=cache, directory=str(tmp_path / "dyn"), **chunks)
     return (
         embedding(te.DynamicTableConfig("t", DIM, **common)),
         embedding(te.DynamicTableConfig("t", DIM, storage=storage, **common)),
@@ -250,8 +418,11 @@ def test_tiered_dynamic_changes_match_the_in_memory_table(tmp_path, optimizer_na
     assert seen_evictions or optimizer_name == "adam"  # LRU(10) over 13 keys evicts
 
 
-def test_tiered_dynamic_restore_and_mark_all_read_full(tmp_path):
-    _, emb_t = _dynamic_pair(tmp_path, te.optimizers.Adagrad(0.1))
+@pytest.mark.parametrize("chunk_bytes", [None, 3 * 4 * 2 * DIM], ids=["one-chunk", "rows-3-at-a-time"])
+def test_tiered_dynamic_restore_and_mark_all_read_full(tmp_path, chunk_bytes):
+    # The streamed restore imports the keys first (the import marks the table full), then writes the rows chunk
+    # by chunk: full however many chunks.
+    _, emb_t = _dynamic_pair(tmp_path, te.optimizers.Adagrad(0.1), chunk_bytes)
     tracker = te.tracking.Tracker(emb_t)
     cursor = tracker.cursor()
     _train([emb_t], np.array(DYNAMIC_BATCHES[0], np.int64))

@@ -215,6 +215,18 @@ class TieredTableWriteRowsOp : public TieredRowsOp {
   }
 };
 
+// A completed restore (chunk by chunk through WriteRows, which marks each chunk's rows): every tracker reads full.
+class TieredTableMarkAllTouchedOp : public TieredTableOp {
+ public:
+  using TieredTableOp::TieredTableOp;
+
+ protected:
+  void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
+    tf::mutex_lock lock(*table->mu());  // as WriteRows marks: after any update in flight
+    MarkTouchedRowRange(table, 0, table->num_rows());
+  }
+};
+
 class TieredTableReadRowsOp : public TieredRowsOp {
  public:
   using TieredRowsOp::TieredRowsOp;
@@ -292,6 +304,7 @@ class TieredTableStatsOp : public TieredTableOp {
 
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTableHandle").Device(tf::DEVICE_CPU), TieredTableHandleOp);
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTableWriteRows").Device(tf::DEVICE_CPU), TieredTableWriteRowsOp);
+REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTableMarkAllTouched").Device(tf::DEVICE_CPU), TieredTableMarkAllTouchedOp);
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTableReadRows").Device(tf::DEVICE_CPU), TieredTableReadRowsOp);
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTablePrefetch").Device(tf::DEVICE_CPU), TieredTablePrefetchOp);
 REGISTER_KERNEL_BUILDER(Name("TfEmbed>TieredTableFlush").Device(tf::DEVICE_CPU), TieredTableFlushOp);

@@ -110,6 +110,16 @@ rounded to nearest.  The rows go to the row file and replace cached copies.  Eve
 validated before anything is written.
 )doc");
 
+REGISTER_OP("TfEmbed>TieredTableMarkAllTouched")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return Scalar(c, 0); })
+    .Doc(R"doc(
+Marks every row of a tiered table changed for its touched-row trackers (docs/tracking.md): each consumer's next
+query reads full.  A streamed restore runs it after its last chunk (TieredTableWriteRows marks only the rows of
+each chunk).  A no-op when the table is not tracked; it changes no row.
+)doc");
+
 REGISTER_OP("TfEmbed>TieredTableReadRows")
     .Input("table: resource")
     .Input("first_row: int64")

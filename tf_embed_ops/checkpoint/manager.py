@@ -274,8 +274,8 @@ class IncrementalCheckpointManager:
         changes = None
         if not want_full:
             changes = self._tracker.changed_since(self._cursor)
-            # A tiered table changed whole (non-lazy optimizer, restore): a full checkpoint streams it from the
-            # tier, where a delta would hold every row in memory.
+            # A tiered table changed whole (non-lazy optimizer, restore) or every row of it changed one by one: a
+            # full checkpoint streams it from the tier, where a delta would hold every row in memory.
             want_full = any(self._is_tiered(n) and self._whole(n, ch) for n, ch in changes.tables.items())
         if want_full:
             entry = self._save_full(name, number)
@@ -294,8 +294,8 @@ class IncrementalCheckpointManager:
         return isinstance(state, _TieredState) or bool(getattr(state, "tiered", False))
 
     def _whole(self, name: str, changes: Any) -> bool:
-        """The table changed whole: `full`, or every row of a static table listed (a restore by other means that
-        wrote every row)."""
+        """The table changed whole: `full` (a restore, non-lazy Adam, `mark_all`), or every row of a static table
+        listed (training or row writes reached them all; a delta of them would be the table)."""
         state = self._tables[name]
         return bool(changes.full) or (isinstance(state, _StaticState) and changes.rows.size >= state.table.num_rows)
 

@@ -107,3 +107,4 @@ def write(store: Any, plans: list) -> None:
             ]
             table.write_rows(start, values, slots)
         table.step.assign(step)
+        table.mark_all_touched()  # replaced whole: every touched-row tracker reads `full` (docs/tracking.md)

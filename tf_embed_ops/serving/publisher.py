@@ -106,10 +106,10 @@ class Publisher:
     Tiered tables (`storage=te.Tiered`, docs/tiered_tables.md) are published without holding them in memory: a
     full version's table variable is saved without a value and its rows are streamed from the tier into the
     SavedModel's checkpoint one chunk at a time (`tf_embed_ops.serving.streamed`); a delta reads the touched rows
-    from the tier through its cache (without filling it). A tiered table the tracker reports changed whole (a
-    restore, a non-lazy optimizer, every row written) makes `publish_delta` write a full version instead of a delta
-    of every row. The chain is bitwise the one the same model with its tables in memory publishes (same layout, same
-    deltas).
+    from the tier through its cache (without filling it). A tiered table the tracker reports changed whole (`full`:
+    a restore, a non-lazy optimizer, `mark_all`), or whose every row is listed changed (training or `write_rows`
+    reached them all), makes `publish_delta` write a full version instead of a delta of every row. The chain is
+    bitwise the one the same model with its tables in memory publishes (same layout, same deltas).
 
     A tiered dynamic table's full version holds its keys (read whole: they are in DRAM anyway) with the free slots
     `dynamic_headroom` gives, and its rows streamed from the tier (`streamed_row_table.StreamedRowTable`); a delta
@@ -354,8 +354,9 @@ class Publisher:
         for name, tc in changes.tables.items():
             whole = name in tiered and (tc.full or np.asarray(tc.rows).size >= tiered[name].num_rows)
             if whole or (tc.kind == "dynamic" and tc.full):
-                # A tiered table changed whole (a restore, a non-lazy optimizer, every row written): a full version
-                # streams it from the tier, where a delta would hold every row in memory.
+                # A tiered table changed whole (`full`: a restore, a non-lazy optimizer, mark_all), or every row
+                # of it changed one by one: a full version streams it from the tier, where a delta would hold every
+                # row in memory.
                 return self.publish_full()
             contents = getattr(tc, "contents", None)
             weights = contents["weights"] if tc.kind == "dynamic" and contents is not None else None

@@ -26,7 +26,9 @@ checkpoint of the same table kept in memory (`te.TPUEmbedding` without `storage`
 saver the in-memory table's checkpoint key, and its rows and slots (`<table>`, `<table>/<slot>`, and the
 embedding's `rounding_step`) are read as row slices of those tensors, one chunk at a time.
 
-Restores run eagerly (`tf.train.Checkpoint.restore` / `read` outside a `tf.function`).
+Restores run eagerly (`tf.train.Checkpoint.restore` / `read` outside a `tf.function`). A completed restore marks
+every row of the table changed for its touched-row trackers (`TfEmbed>TieredTableMarkAllTouched`): their consumers
+read `full` (docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -123,6 +125,12 @@ class _Checked:
             values, slots = self.read_chunk(k, start, n)
             self.table.write_rows(start, values, slots)
         self.table.step.assign(self.step)
+        # Each chunk's write marked its own rows; the table was replaced whole, so every tracker reads `full`, as
+        # after an in-memory table's restore through the tracker. (An in-memory target, `engine.tiered_restore`,
+        # has no such call: its variables are restored like any variable, see docs/tracking.md.)
+        mark_all = getattr(self.table, "mark_all_touched", None)
+        if mark_all is not None:
+            mark_all()
 
 
 def restore_tables(trackables: dict, merged_prefix: Any) -> None:

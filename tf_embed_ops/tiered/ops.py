@@ -31,6 +31,7 @@ __all__ = [
     "tiered_table_flush",
     "tiered_table_gather_rows",
     "tiered_table_handle",
+    "tiered_table_mark_all_touched",
     "tiered_table_prefetch",
     "tiered_table_read_rows",
     "tiered_table_stats",
@@ -169,6 +170,23 @@ def tiered_table_write_rows(table, first_row, values, slots: Sequence = (), name
         slots=[tf.convert_to_tensor(s, tf.float32) for s in slots],
         name=name,
     )
+
+
+def tiered_table_mark_all_touched(table, name=None):
+    """Marks every row of the table changed for its touched-row trackers (docs/tracking.md): each consumer's next
+    `changed_since` reads `full`. A streamed restore calls it after its last chunk; a no-op for an untracked table.
+
+    Args:
+      table: the handle (or an object with `.handle`).
+      name: op name.
+
+    Returns:
+      The op (eagerly: None).
+
+    Example:
+      >>> tiered_table_mark_all_touched(h)
+    """
+    return _ops().tf_embed_tiered_table_mark_all_touched(table=_handle(table, "table"), name=name)
 
 
 def tiered_table_read_rows(table, first_row, num_rows, num_slots: int, name=None) -> tuple[tf.Tensor, list]:
@@ -349,6 +367,7 @@ def tiered_send_tpu_embedding_gradients(
 for _op in (
     "TieredTableHandle",
     "TieredTableWriteRows",
+    "TieredTableMarkAllTouched",
     "TieredTableReadRows",
     "TieredTablePrefetch",
     "TieredTableFlush",

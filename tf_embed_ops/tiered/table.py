@@ -281,6 +281,15 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
                 raise ValueError(f"{where}: {len(slot_values)} slots given; the table's are {self._slot_names}")
         return tiered_ops.tiered_table_write_rows(self.resource_handle, first_row, values, slot_values)
 
+    def mark_all_touched(self) -> Any:
+        """Marks every row changed for the table's touched-row trackers (docs/tracking.md): what a completed
+        restore calls after its last chunk (`write_rows` marks only the rows it writes). No row changes.
+
+        Returns:
+          The op (eagerly: None).
+        """
+        return tiered_ops.tiered_table_mark_all_touched(self.resource_handle)
+
     def read_rows(self, first_row: Any, num_rows: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """Rows `[first_row, first_row + num_rows)` and their slots as float32 (the cache's dirty rows included;
         the cache is not filled).
