@@ -241,6 +241,16 @@ def test_the_row_file_is_checked_when_opened_and_read(tmp_path):
         ops.tf_embed_tiered_table_read_rows(reopened, 0, 20, S=1)
     assert os.fspath(path) in str(error.value)
     np.testing.assert_array_equal(ops.tf_embed_tiered_table_read_rows(reopened, 8, 12, S=1)[0].numpy(), 1.0)
+    # A prefetch reads on the cache's thread: its op returns, the batch with the corrupted row is not made resident,
+    # and the table's next prefetch reports the error, once.
+    before = _stats(reopened)
+    ops.tf_embed_tiered_table_prefetch(reopened, tf.constant([9, 7, 9], tf.int64))
+    assert _stats(reopened) == before  # (the counters wait for the prefetch)
+    with pytest.raises(tf.errors.DataLossError, match="an earlier prefetch failed: .*row 7 is corrupted"):
+        ops.tf_embed_tiered_table_prefetch(reopened, tf.constant([9], tf.int64))
+    ops.tf_embed_tiered_table_prefetch(reopened, tf.constant([9], tf.int64))
+    after = _stats(reopened)
+    assert after["resident"] == before["resident"] + 1 and after["rows_read"] == before["rows_read"] + 1
 
 
 def test_handle_attrs_are_validated(tmp_path):
