@@ -353,12 +353,16 @@ def test_tiered_option_checks():
     assert te.TableConfig(10, 4, name="t").storage is None
 
 
-def test_front_ends_without_tiered_tables_refuse_them_naming_the_table(tmp_path):
+def test_tpu_embedding_v2_creates_the_row_file_when_built(tmp_path):
+    # TPUEmbeddingV2 trains static tiered tables (tests/test_tiered_v2.py); the sharded classes refuse them
+    # (tests/test_tiered_serving.py). The row file is made by build, not by the constructor.
     table = _tiered_config(tmp_path, name="big")
-    features = {"f": _emb.FeatureConfig(table, output_shape=[2])}
-    with pytest.raises(ValueError, match=r"TPUEmbeddingV2.*'big'"):
-        te.TPUEmbeddingV2(features, te.optimizers.SGD(0.1))
+    features = {"f": _emb.FeatureConfig(table, output_shape=[4])}
+    emb = te.TPUEmbeddingV2(features, te.optimizers.SGD(0.1))
     assert not os.path.exists(os.path.join(str(tmp_path), "big.rows"))
+    emb.build()
+    assert os.path.exists(os.path.join(str(tmp_path), "big.rows"))
+    assert [t.name for t in emb.tiered_tables] == ["big"]
 
 
 def test_the_storage_option_survives_a_saved_config(tmp_path):

@@ -41,14 +41,16 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, embedding_ops
+from tf_embed_ops import _tf_compat, _xla, embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
+from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.engine import checkpoint as engine_checkpoint
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
-from tf_embed_ops.sparse_core import stacked_variable
+from tf_embed_ops.sparse_core import stacked_variable, tiered_checkpoint
 from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
@@ -235,17 +237,26 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             if table.name in names:
                 raise ValueError(f"Tables must have a unique name. Multiple tables with name {table.name} found.")
             names.append(table.name)
-            if tiered_config.is_tiered(table):
+            if dynamic_config.is_dynamic(table):
+                kind = "a tiered dynamic table" if tiered_config.is_tiered(table) else "a dynamic table"
                 raise ValueError(
-                    f"TPUEmbeddingV2 does not train tiered tables yet: table {table.name!r} has "
-                    "storage=te.Tiered(...). Train it with te.TPUEmbedding, or leave storage=None (in memory)."
+                    f"TPUEmbeddingV2 does not train dynamic tables: table {table.name!r} is {kind} "
+                    "(te.DynamicTableConfig); SparseCore's layouts need a fixed vocabulary_size. Train it with "
+                    "te.TPUEmbedding or te.keras.TPUEmbedding."
                 )
             self._check_table(table)
         for path, feature in self._flat_features:
             self._check_feature(path, feature)
 
+        # A tiered table keeps its rows in its own row file: it is never stacked with another table (its own
+        # stacked table, named after it, sets its SparseCore limits and its ids' order; docs/tiered_tables.md).
+        self._tiered_names = frozenset(t.name for t in self._table_config if tiered_config.is_tiered(t))
         self._stacking = layout_lib.compute_stacking(
-            self._feature_config, num_replicas, num_sc_per_chip, sparse_core_embedding_config
+            self._feature_config,
+            num_replicas,
+            num_sc_per_chip,
+            sparse_core_embedding_config,
+            apart=self._tiered_names,
         )
         self._max_ids, self._max_unique_ids = self._capacity_limits()
         self._engine = mid_level.TPUEmbedding(self._engine_feature_config(), None, self._pipelining)
@@ -351,23 +362,61 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     def _engine_table(self, table: Any) -> Any:
         return next(t for t in self._engine.table_configs if t.name == table.name)
 
+    def _memory_stacks(self) -> list[str]:
+        """The stacked tables of the in-memory tables (a tiered table's own stack has no stacked variable)."""
+        return [
+            stack
+            for stack, names in self._stacking.stacked_table_to_tables.items()
+            if not self._tiered_names.intersection(names)
+        ]
+
+    def _memory_layouts(self) -> dict:
+        return {n: lay for n, lay in self._stacking.layouts.items() if n not in self._tiered_names}
+
+    @property
+    def tiered_tables(self) -> dict:
+        """`{TableConfig: te.tiered.TieredTable}` of the tables with `storage=te.Tiered(...)` (keyed as
+        `table_variables`); empty without any. A tiered table is never stacked: it is in neither `embedding_tables`
+        nor `table_variables`; its rows are read with `TieredTable.read_rows` (docs/tiered_tables.md)."""
+        if not self._tiered_names:
+            return {}
+        self._maybe_build()
+        by_name = self._tiered_by_name()
+        return {t: by_name[t.name] for t in self._table_config if t.name in self._tiered_names}
+
+    def _tiered_by_name(self) -> dict:
+        """`{table name: TieredTable}` (empty before the engine is built)."""
+        group = self._engine.tiered_group
+        return {} if group is None else {config.name: table for config, table in group.tables.items()}
+
+    def _refuse_tiered_under_xla(self, what: str) -> None:
+        if self._tiered_names and _xla.in_xla_context():
+            raise ValueError(
+                f"TPUEmbeddingV2.{what}: tiered tables {sorted(self._tiered_names)} cannot be looked up or trained "
+                "under XLA (jit_compile=True): their rows live in a row cache XLA cannot read. Run the embedding "
+                "outside jit_compile (the model after it may be compiled)."
+            )
+
     @property
     def embedding_tables(self) -> dict:
         """`{stacked table name: StackedVariable}`, as TensorFlow's class: one variable per stack, holding the
         stacked (row-sharded) values of its tables; reading stacks the per-table variables, `assign` splits into
-        them (`tf_embed_ops.sparse_core.stacked_variable`). The per-table variables: `table_variables`."""
+        them (`tf_embed_ops.sparse_core.stacked_variable`). The per-table variables: `table_variables`. Tiered
+        tables are never stacked and have no variable: see `tiered_tables`."""
         self._maybe_build()
         return dict(self.__dict__["_stacked_variables"])
 
     @property
     def table_variables(self) -> dict:
-        """`{TableConfig: tf.Variable}`: each table's own variable, the one the kernels train."""
+        """`{TableConfig: tf.Variable}`: each in-memory table's own variable, the one the kernels train (tiered
+        tables: `tiered_tables`)."""
         self._maybe_build()
-        return {t: self._engine.variables[t.name]["parameters"] for t in self._table_config}
+        variables = self._engine.variables
+        return {t: variables[t.name]["parameters"] for t in self._table_config if t.name not in self._tiered_names}
 
     def _make_stacked_variables(self) -> dict:
         out = {}
-        for stack in self._stacking.stacked_table_to_tables:
+        for stack in self._memory_stacks():
             value = self._stacked_value(stack, "parameters")
             out[stack] = stacked_variable.StackedVariable(
                 stack,
@@ -396,13 +445,20 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     @property
     def embedding_layouts(self) -> dict:
-        """`{table name: SparseCoreTableLayout}`: where each table lives in its stacked variable (TensorFlow's)."""
+        """`{table name: SparseCoreTableLayout}`: where each in-memory table lives in its stacked variable
+        (TensorFlow's). A tiered table has no stacked variable; its own stack's layout (what its ids' order and
+        SparseCore limits follow) is `sparse_core_layouts[name]`."""
+        return self._memory_layouts()
+
+    @property
+    def sparse_core_layouts(self) -> dict:
+        """`{table name: SparseCoreTableLayout}` of every table, tiered ones included (each alone in its stack)."""
         return dict(self._stacking.layouts)
 
     def stacked_tables(self, slot: str = "parameters") -> dict:
         """`{stacked table name: tf.Tensor}`: the values TensorFlow's stacked variables would hold."""
         self._maybe_build()
-        return {name: self._stacked_value(name, slot) for name in self._stacking.stacked_table_to_tables}
+        return {name: self._stacked_value(name, slot) for name in self._memory_stacks()}
 
     @property
     def embedding_table_shards(self) -> dict:
@@ -452,10 +508,29 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         (`_lookup_dependency`). A stacked one of another topology but the same stacks is split with its own
         layouts; another stacking raises (see `sparse_core.checkpoint.layouts_for_restore`).
         """
-        theirs = checkpoint_lib.layouts_for_restore(path, self._stacking.layouts)
+        theirs = checkpoint_lib.read_layouts(path)
+        if self._tiered_names or self._has_tiered_saver_child():
+            # Tiered tables are restored through their saver or here (`sparse_core.tiered_checkpoint`); every table
+            # is checked before the first write.
+            plan = tiered_checkpoint.plan_restore(
+                path,
+                engine_checkpoint.calling_position(self),
+                theirs,
+                self._memory_layouts(),
+                self._tiered_by_name(),
+                self._engine,
+            )
+            plan.write()
+            theirs = plan.layouts
+        elif theirs is not None:
+            checkpoint_lib.check_same_stacks(path, theirs, self._memory_layouts())
         self.__dict__["_restore_per_table"] = theirs is None
         self.__dict__["_restore_layouts"] = theirs
         return None
+
+    def _has_tiered_saver_child(self) -> bool:
+        """Whether the checkpoint being restored holds a table streamed, as a tiered table."""
+        return tiered_checkpoint.holds_streamed(engine_checkpoint.calling_position(self))
 
     def _lookup_dependency(self, name, cached_dependencies=None):
         """During the restore of a per-table checkpoint, `<table>` / `<table>/<slot>` are our own variables."""
@@ -469,14 +544,17 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     def _make_checkpoint_children(self) -> dict:
         """Created once: the checkpoint machinery identifies children by object."""
         children = {}
-        for stack in self._stacking.stacked_table_to_tables:
+        for stack in self._memory_stacks():
             for slot in ["parameters"] + self._slot_names(stack):
                 key = stack if slot == "parameters" else f"{stack}/{slot}"
                 children[key] = checkpoint_lib.StackedSlot(
                     functools.partial(self._stacked_value, stack, slot),
                     functools.partial(self._restore_stacked_value, stack, slot),
                 )
-        children[checkpoint_lib.LAYOUTS_KEY] = checkpoint_lib.layouts_trackable(self._stacking.layouts)
+        if self._memory_stacks():
+            children[checkpoint_lib.LAYOUTS_KEY] = checkpoint_lib.layouts_trackable(self._memory_layouts())
+        # Tiered tables under their names, streamed by their registered saver (as in te.TPUEmbedding).
+        children.update(self._tiered_by_name())
         return children
 
     # ------------------------------------------------------------------ lookups and training
@@ -641,7 +719,13 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         if not isinstance(partitioned_tensors, SparseCoreBatch):
             raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
         self._maybe_build()
-        acts = self._engine.lookup(list(partitioned_tensors.inputs))
+        self._refuse_tiered_under_xla("dequeue")
+        if self._tiered_names:
+            # The engine's split: in-memory tables through the fused lookup, tiered ones through their group, the
+            # activations back in feature order.
+            acts = self._engine.lookup_all(list(partitioned_tensors.inputs), training=True)
+        else:
+            acts = self._engine.lookup(list(partitioned_tensors.inputs))
         out = lookup_lib.reshape_activations(acts, [feature for _, feature in self._flat_features])
         return tf.nest.pack_sequence_as(self._feature_config, out), partitioned_tensors
 
@@ -689,8 +773,42 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             elif not gradient.shape.is_compatible_with(shape):
                 raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
             flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
+        if self._tiered_names:
+            self._refuse_tiered_under_xla("apply_gradients")
+            # The tiered update's checks first (writing nothing), then the in-memory tables', then the tiered one:
+            # a step any of them refuses changes no table (`tiered.engine.split_send`).
+            self._engine.send_all(flat, list(preserved_outputs.inputs))
+            return
         learning_rates = [tf.cast(fn(), tf.float32) for fn in self._engine.dynamic_learning_rates]
         self._engine.send_gradients(flat, learning_rates, list(preserved_outputs.inputs))
+
+    def prefetch(self, partitioned_tensors: Any, weights: Any = None) -> list:
+        """Makes the rows the tiered tables need for the next batch resident in their caches (not pinned).
+
+        Call it with the next batch between this step's lookup and its `apply_gradients`, in the same
+        `tf.function`: it returns at once, each table's cache thread reads the rows while the rest of the step
+        runs, and the next lookup waits for it only if it has rows to read (docs/tiered_tables.md, "How a step
+        runs"). Ids of in-memory tables are ignored; without tiered tables this does nothing.
+
+        Args:
+          partitioned_tensors: the next batch as `enqueue` returns it (a `SparseCoreBatch`), or its features (a
+            nest as `enqueue` takes; preprocessed here).
+          weights: the features' weights, when `partitioned_tensors` is features.
+
+        Returns:
+          The prefetch ops (eagerly: [], they have run).
+
+        Raises:
+          ValueError: as `enqueue`, for features that do not match `feature_config`.
+        """
+        if not self._tiered_names:
+            return []
+        batch = partitioned_tensors
+        if not isinstance(batch, SparseCoreBatch):
+            batch = self.enqueue(partitioned_tensors, weights)
+        self._maybe_build()
+        group = self._engine.tiered_group
+        return group.prefetch([batch.inputs[i] for i in group.positions])
 
     # ------------------------------------------------------------------ statistics
 

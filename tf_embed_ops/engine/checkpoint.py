@@ -41,7 +41,7 @@ from tf_embed_ops.tiered import checkpoint as tiered_checkpoint
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import table as tiered_table
 
-__all__ = ["validate"]
+__all__ = ["calling_position", "validate"]
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VALUE = ".ATTRIBUTES/VARIABLE_VALUE"
@@ -85,10 +85,11 @@ def _expected(embedding: Any) -> dict[str, Any]:
     return out
 
 
-def _calling_position(trackable: Any) -> Any:
+def calling_position(trackable: Any) -> Any:
     """The `CheckpointPosition` TensorFlow is restoring `trackable` from: a local of the frame that called
     `_checkpoint_adapter` (`restore._maybe_get_adapter`, TF 2.16 - 2.21), which the hook is not given. None when
-    not found; `validate` then looks the object up in the checkpoint by its children's names."""
+    not found; `validate` then looks the object up in the checkpoint by its children's names. Call it from the
+    hook, or from a function the hook calls (it looks up to four frames above its caller)."""
     frame = sys._getframe(1)  # noqa: SLF001 - see the docstring
     for _ in range(4):
         frame = frame.f_back
@@ -152,7 +153,7 @@ def validate(embedding: Any, path: str) -> None:
     expected = _expected(embedding)
     if not expected:
         return
-    position = _calling_position(embedding)
+    position = calling_position(embedding)
     reader = tf.train.load_checkpoint(path)
     if position is not None:
         graph, node = position.checkpoint.object_graph_proto, position.object_proto

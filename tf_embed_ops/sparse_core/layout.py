@@ -33,29 +33,62 @@ class Stacking:
 
 
 def compute_stacking(
-    feature_config: Any, num_replicas: int, num_sc_per_chip: int, sparse_core_embedding_config: Any
+    feature_config: Any,
+    num_replicas: int,
+    num_sc_per_chip: int,
+    sparse_core_embedding_config: Any,
+    apart: frozenset[str] | set[str] = frozenset(),
 ) -> Stacking:
-    """Runs TensorFlow's table stacker on a private copy of `feature_config` (which it mutates)."""
+    """Runs TensorFlow's table stacker on a private copy of `feature_config` (which it mutates).
+
+    Args:
+      feature_config: the nest of `FeatureConfig`s (tables named).
+      num_replicas, num_sc_per_chip: the SparseCore topology.
+      sparse_core_embedding_config: its `disable_table_stacking` is the stacker's.
+      apart: names of tables that are never stacked with another: each is laid out by a stacker run of its own
+        (its own stacked table, named after it, with the layout TensorFlow gives a table alone). The other tables
+        are stacked together exactly as if the `apart` tables were not configured. `TPUEmbeddingV2` keeps its
+        tiered tables apart: their rows live in their own row files, not in a stacked variable.
+
+    Raises:
+      ValueError: a table kept apart is named like a stacked table of the others (the stack names would clash).
+    """
     clone = _tf_compat.clone_feature_config(feature_config)
     tables = []
     for feature in nest.flatten(clone):
         if not any(feature.table is t for t in tables):
             tables.append(feature.table)
     flat_features = nest.flatten_with_joined_string_paths(clone)
-    s = _tf_compat.stack_sparse_core_tables(
-        tables, flat_features, num_replicas, num_sc_per_chip, sparse_core_embedding_config
-    )
-    stacked = {
-        name: [t.name for t in sorted(ts, key=lambda t: s.table_to_layout[t.name].sparse_core_shard_row_offset)]
-        for name, ts in s.stacked_table_to_tables.items()
-    }
-    return Stacking(
-        layouts=dict(s.table_to_layout),
-        stacked_table_to_tables=stacked,
-        table_to_stacked_table_offset=dict(s.table_to_stacked_table_offset),
-        feature_to_sample_offset=dict(s.feature_to_sample_offset),
-        table_to_sample_count=dict(s.table_to_sample_count),
-    )
+    groups = [[t for t in tables if t.name not in apart]] + [[t] for t in tables if t.name in apart]
+    out = Stacking({}, {}, {}, {}, {})
+    for group in groups:
+        if not group:
+            continue
+        names = {t.name for t in group}
+        s = _tf_compat.stack_sparse_core_tables(
+            group,
+            [(path, f) for path, f in flat_features if f.table.name in names],
+            num_replicas,
+            num_sc_per_chip,
+            sparse_core_embedding_config,
+        )
+        for name in s.stacked_table_to_tables:
+            if name in out.stacked_table_to_tables:
+                raise ValueError(
+                    f"Table {name!r} is kept apart from the stacking (a tiered table) but the other tables' stacking "
+                    f"also makes a stacked table named {name!r}; rename the table."
+                )
+        out.stacked_table_to_tables.update(
+            {
+                name: [t.name for t in sorted(ts, key=lambda t: s.table_to_layout[t.name].sparse_core_shard_row_offset)]
+                for name, ts in s.stacked_table_to_tables.items()
+            }
+        )
+        out.layouts.update(s.table_to_layout)
+        out.table_to_stacked_table_offset.update(s.table_to_stacked_table_offset)
+        out.feature_to_sample_offset.update(s.feature_to_sample_offset)
+        out.table_to_sample_count.update(s.table_to_sample_count)
+    return out
 
 
 def stack_values(values: list, layouts: list) -> tf.Tensor:
