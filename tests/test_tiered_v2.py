@@ -320,6 +320,31 @@ def test_restores_a_per_table_checkpoint_of_te_tpu_embedding(tmp_path):
     np.testing.assert_array_equal(state["accumulators"], np.full((V, DIM), 0.5, np.float32))
 
 
+def test_restores_a_checkpoint_of_te_tpu_embedding_with_the_table_in_memory(tmp_path):
+    config = _feature_config(tmp_path, OPTIMIZERS["adagrad"](), False)
+    source = te.TPUEmbedding({"a": config["a"], "f": config["f"]})
+    source.build()
+    rows = np.random.default_rng(6).normal(size=(V, DIM)).astype(np.float32)
+    source.variables["t"]["parameters"].assign(rows)
+    path = _write(source, tmp_path / "ckpt")
+    target = _embedding(tmp_path / "b", OPTIMIZERS["adagrad"](), True)
+    _read(target, path)  # per table: the tiered table's saver reads the variable's rows, chunk by chunk
+    np.testing.assert_array_equal(_state(target, "t")["parameters"], rows)
+    _assert_same(_state(target, "u"), {k: v.numpy() for k, v in source.variables["u"].items()})
+
+
+def test_the_tracker_tracks_the_tiered_table_of_a_v2(tmp_path):
+    emb = _embedding(tmp_path, OPTIMIZERS["sgd"](), True)
+    tracker = te.tracking.Tracker(emb)
+    cursor = tracker.cursor()
+    features = _batches(1)[0]
+    _step(emb, features)
+    changes = tracker.changed_since(cursor)
+    want = np.unique(np.concatenate([features["f"].flat_values.numpy(), features["h"].numpy()]))
+    np.testing.assert_array_equal(changes.tables["t"].rows, want)
+    np.testing.assert_array_equal(changes.tables["u"].rows, np.unique(features["a"].numpy()))
+
+
 def _changes_nothing(emb, restore, match: str) -> None:
     before = {name: _state(emb, name) for name in ("t", "u")}
     with pytest.raises(ValueError, match=match):

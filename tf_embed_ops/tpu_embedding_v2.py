@@ -19,6 +19,11 @@ them stacked, keyed by stacked table name, as TensorFlow's does, and checkpoints
 stacked SparseCore layout of `TPUEmbeddingV2`, with its `_sparse_core_table_layouts` entry, so checkpoints move
 both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TPUEmbeddingForServing`.
 
+Tiered tables (`te.TableConfig(storage=te.Tiered(...))`) train on the engine's tiered group as in
+`te.TPUEmbedding`. A tiered table is never stacked (its rows live in its own row file): it is laid out in a stack
+of its own, and checkpoints hold it streamed under its table name beside the stacked entries
+(`sparse_core.tiered_checkpoint`; docs/tiered_tables.md, "TPUEmbeddingV2").
+
 Example:
     >>> api = tf.tpu.experimental.embedding
     >>> table = api.TableConfig(64, 8, name="video", optimizer=api.Adagrad(0.1))
@@ -166,7 +171,8 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     it from the strategy) and a batch is one replica's; `embedding_tables` is keyed by stacked table name as
     TensorFlow's, its values are `StackedVariable` views over the per-table variables that train here
     (`table_variables`: `{TableConfig: tf.Variable}`; `variables` is per table name); ids outside a table are an
-    error (SparseCore would read a neighbouring table of the stack).
+    error (SparseCore would read a neighbouring table of the stack). Tiered tables are never stacked: they are in
+    `tiered_tables`, not in those views, and `prefetch` reads the next batch's rows beside the current step.
     """
 
     DEFAULT_MAX_IDS_PER_TABLE = 256
@@ -199,7 +205,8 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         Raises:
           NotImplementedError: a table's optimizer sets weight decay (as TensorFlow's class).
           ValueError: a feature without `output_shape`, a sample count not divisible by `num_sc_per_chip`, an
-            unsupported optimizer, combiner or table dtype, a non-power-of-two SparseCore count, or a bad config.
+            unsupported optimizer, combiner or table dtype, a non-power-of-two SparseCore count, a dynamic table
+            (tiered or not), a tiered table named like a stacked table of the others, or a bad config.
         """
         self._feature_config = _tf_compat.clone_feature_config(feature_config)
         if not isinstance(num_replicas, int) or num_replicas < 1:
@@ -715,7 +722,12 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         return SparseCoreBatch(tuple(inputs), dropped)
 
     def dequeue(self, partitioned_tensors: SparseCoreBatch) -> tuple[Any, SparseCoreBatch]:
-        """Looks up an enqueued batch: `(activations in the nest of feature_config, the batch)`."""
+        """Looks up an enqueued batch: `(activations in the nest of feature_config, the batch)`.
+
+        Raises:
+          ValueError: not a `SparseCoreBatch`; tiered tables under XLA (`jit_compile=True`), naming them.
+          InvalidArgumentError: (when it runs) a tiered table's distinct rows of the batch exceed its cache.
+        """
         if not isinstance(partitioned_tensors, SparseCoreBatch):
             raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
         self._maybe_build()
@@ -744,7 +756,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
         Raises:
           RuntimeError: not built, or a table has no optimizer.
-          ValueError: a non-Tensor gradient or one of the wrong shape.
+          ValueError: a non-Tensor gradient or one of the wrong shape; tiered tables under XLA, naming them.
         """
         if not self._built:
             raise RuntimeError(
