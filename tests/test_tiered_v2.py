@@ -235,6 +235,16 @@ def test_a_lookup_over_the_cache_is_refused_and_changes_nothing(tmp_path):
         _assert_same(_state(emb, name), before[name])
 
 
+def test_an_update_the_tiered_op_refuses_changes_no_table_of_either_kind(tmp_path):
+    # The tiered update's checks run first, writing nothing; the in-memory update runs only after them.
+    emb = _embedding(tmp_path, _emb.Adagrad(learning_rate=lambda: -1.0), True)
+    before = {name: _state(emb, name) for name in ("t", "u")}
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 't'.*learning rate must be finite and >= 0"):
+        _step(emb, _batches(1)[0])
+    for name in ("t", "u"):
+        _assert_same(_state(emb, name), before[name])
+
+
 def _write(emb, path) -> str:
     return tf.train.Checkpoint(embedding=emb).write(str(path))
 
@@ -275,14 +285,16 @@ def _apart(tmp_path, sub: str, tiered: bool, **kwargs) -> te.TPUEmbeddingV2:
     return _embedding(tmp_path / sub, OPTIMIZERS["adagrad"](), tiered, u_dim=16, **kwargs)
 
 
-def test_restores_across_the_tiered_and_in_memory_kinds(tmp_path):
-    tiered = _apart(tmp_path, "a", True)
+@pytest.mark.parametrize("storage_dtype", [tf.float32, tf.bfloat16], ids=["fp32", "bf16"])
+def test_restores_across_the_tiered_and_in_memory_kinds(tmp_path, storage_dtype):
+    options = {"storage_dtype": storage_dtype}
+    tiered = _apart(tmp_path, "a", True, **options)
     for features in _batches(2):
         _step(tiered, features)
     saved = {name: _state(tiered, name) for name in ("t", "u")}
     streamed = _write(tiered, tmp_path / "from_tiered")
 
-    memory = _apart(tmp_path, "b", False)
+    memory = _apart(tmp_path, "b", False, **options)
     _read(memory, streamed)
     for name in ("t", "u"):
         _assert_same(_state(memory, name), saved[name])
@@ -293,7 +305,7 @@ def test_restores_across_the_tiered_and_in_memory_kinds(tmp_path):
     saved = {name: _state(memory, name) for name in ("t", "u")}
     stacked = _write(memory, tmp_path / "from_memory")
     assert "embedding/t/.ATTRIBUTES/VARIABLE_VALUE" in {k for k, _ in tf.train.list_variables(stacked)}
-    fresh = _apart(tmp_path, "c", True)
+    fresh = _apart(tmp_path, "c", True, **options)
     _read(fresh, stacked)
     for name in ("t", "u"):
         _assert_same(_state(fresh, name), saved[name])
@@ -302,6 +314,24 @@ def test_restores_across_the_tiered_and_in_memory_kinds(tmp_path):
         acts_f, acts_m = _step(fresh, features), _step(memory, features)
         np.testing.assert_array_equal(acts_f["f"].numpy(), acts_m["f"].numpy())
     _assert_same(_state(fresh, "t"), _state(memory, "t"))
+
+
+def test_an_in_memory_16_bit_v2_restores_its_rounding_step(tmp_path):
+    def make():
+        return _embedding(tmp_path, OPTIMIZERS["adam"](), False, storage_dtype=tf.bfloat16)
+
+    saved_run, batches = make(), _batches(4, seed=11)
+    for features in batches[:2]:
+        _step(saved_run, features)
+    path = _write(saved_run, tmp_path / "ckpt")
+    assert "embedding/rounding_step/.ATTRIBUTES/VARIABLE_VALUE" in {k for k, _ in tf.train.list_variables(path)}
+    restored = make()
+    _read(restored, path)
+    assert restored.variables["t"]["parameters"].dtype == tf.bfloat16
+    for features in batches[2:]:
+        _step(saved_run, features), _step(restored, features)
+    for name in ("t", "u"):
+        _assert_same(_state(restored, name), _state(saved_run, name))
 
 
 def test_restores_a_per_table_checkpoint_of_te_tpu_embedding(tmp_path):
@@ -382,6 +412,26 @@ def test_xla_and_dynamic_tables_are_refused(tmp_path):
 
     with pytest.raises(ValueError, match=r"TPUEmbeddingV2.dequeue: tiered tables \['t'\].*jit_compile"):
         lookup(batch)
+    acts, _ = emb.dequeue(batch)
+
+    @tf.function(jit_compile=True)
+    def update(gradients, batch):
+        emb.apply_gradients(gradients, batch)
+
+    before = _state(emb, "t")
+    with pytest.raises(ValueError, match=r"TPUEmbeddingV2.apply_gradients: tiered tables \['t'\].*jit_compile"):
+        update(tf.nest.map_structure(tf.ones_like, acts), batch)
+    _assert_same(_state(emb, "t"), before)
+
+    # A tiered table may not take the name of a stacked table of the others (the stacks would clash).
+    a = te.TableConfig(16, 4, name="a", optimizer=_emb.SGD(0.1))
+    b = te.TableConfig(16, 4, name="b", optimizer=_emb.SGD(0.1))
+    clash = te.TableConfig(
+        16, 4, name="a_b", optimizer=_emb.SGD(0.1), storage=te.Tiered(cache_bytes=1 << 16, directory=str(tmp_path))
+    )
+    features = {k: _emb.FeatureConfig(t, output_shape=[4]) for k, t in zip("xyz", (a, b, clash), strict=True)}
+    with pytest.raises(ValueError, match=r"Table 'a_b' is kept apart.*stacked table named 'a_b'"):
+        te.TPUEmbeddingV2(features)
 
     for storage in (te.Tiered(cache_bytes=1 << 16, directory=str(tmp_path / "d")), None):
         table = te.DynamicTableConfig(dim=4, name="d", optimizer=_emb.SGD(0.1), storage=storage)

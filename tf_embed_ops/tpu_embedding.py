@@ -690,6 +690,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             step = step.value  # a keras.Variable's backing tf.Variable
         return step
 
+    @property
+    def rounding_step_variable(self) -> tf.Variable | None:
+        """The step counter keying the stochastic rounding of the in-memory 16-bit tables (the checkpoint's
+        `rounding_step`), or None without such tables (or before `build`)."""
+        return self._rounding_step_variable()
+
     def rounding_arguments(self) -> dict:
         """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
         rounding per table and, with stochastic rounding, the current value of the step counter."""

@@ -562,6 +562,11 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             children[checkpoint_lib.LAYOUTS_KEY] = checkpoint_lib.layouts_trackable(self._memory_layouts())
         # Tiered tables under their names, streamed by their registered saver (as in te.TPUEmbedding).
         children.update(self._tiered_by_name())
+        # The 16-bit in-memory tables' rounding step (te.TPUEmbedding's key; TensorFlow's classes have no 16-bit
+        # tables), so a restored run rounds on as the saved one would have.
+        step = self._engine.rounding_step_variable
+        if step is not None:
+            children["rounding_step"] = step
         return children
 
     # ------------------------------------------------------------------ lookups and training

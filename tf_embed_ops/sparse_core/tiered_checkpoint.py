@@ -12,7 +12,8 @@ case below, then `RestorePlan.write()` writes what TensorFlow cannot restore its
   TensorFlow through the registered saver afterwards;
 - a tiered table held in the stacked layout (a checkpoint of the same `TPUEmbeddingV2` with the table in memory,
   where it was alone in its stack): its stacked entries are checked here, then unstacked with the checkpoint's
-  layout and written chunk by chunk, and TensorFlow is told the entries hold nothing more;
+  layout and written chunk by chunk (its rounding step from the checkpoint's `rounding_step`, when it has one),
+  and TensorFlow is told the entries hold nothing more;
 - a tiered table held per table (a `te.TPUEmbedding` checkpoint of the table in memory): checked here, restored by
   the saver from the variable's key (`tiered.checkpoint`, variable format);
 - an in-memory table held streamed (a checkpoint of a tiered table): the table must be alone in its stack here; it
@@ -30,6 +31,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops.engine import tiered_restore
@@ -81,6 +83,18 @@ def _refuse(path: str, what: str) -> ValueError:
     return ValueError(f"TPUEmbeddingV2 restore from {path}: {what}; no table was changed")
 
 
+def _rounding_step(children: dict, path: str, reader: Any) -> int | None:
+    """The checkpoint's `rounding_step` (its in-memory 16-bit tables' step), None when it has none."""
+    node = children.get("rounding_step")
+    key = None if node is None else _variable_key(node)
+    if key is None or key not in reader.get_variable_to_shape_map():
+        return None
+    value = reader.get_tensor(key)
+    if np.shape(value) != () or int(value) < 0:
+        raise _refuse(path, f"the checkpoint's 'rounding_step' is {value!r}; it must be a scalar >= 0")
+    return int(value)
+
+
 def _check_stacked(table: Any, layout: Any, children: dict, path: str, reader: Any) -> Callable[[], None]:
     """Checks tiered `table`'s stacked entries (its stack holds it alone); returns the write."""
     stack = layout.stacked_table_name
@@ -109,6 +123,8 @@ def _check_stacked(table: Any, layout: Any, children: dict, path: str, reader: A
             )
         keys.append((key, width, node))
 
+    step = _rounding_step(children, path, reader)
+
     def write() -> None:
         parts = []
         for key, width, _ in keys:
@@ -116,6 +132,8 @@ def _check_stacked(table: Any, layout: Any, children: dict, path: str, reader: A
             parts.append(tf.cast(value[:, :width], tf.float32))
         for start, n in table.chunks():
             table.write_rows(start, parts[0][start : start + n], [p[start : start + n] for p in parts[1:]])
+        if step is not None:
+            table.step.assign(step)
         table.mark_all_touched()
         for _, _, node in keys:  # TensorFlow would hand the stacked value to the tiered table's saver
             del node.attributes[:]
