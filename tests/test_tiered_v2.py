@@ -155,6 +155,26 @@ def test_trains_bitwise_as_in_memory(tmp_path, name):
     _check_trained_bitwise(tmp_path, name, steps=3)
 
 
+def test_a_tiered_table_has_its_own_stack_and_limits(tmp_path):
+    features = _batches(1)[0]
+    tiered_config = _feature_config(tmp_path, OPTIMIZERS["sgd"](), True)
+    max_ids, max_unique = te.TPUEmbeddingV2.compute_sparse_core_stats(features, tiered_config, num_tpu_chips=1)
+    memory_ids, _ = te.TPUEmbeddingV2.compute_sparse_core_stats(
+        features, _feature_config(tmp_path, OPTIMIZERS["sgd"](), False), num_tpu_chips=1
+    )
+    assert sorted(max_ids) == sorted(max_unique) == ["t", "u"] and sorted(memory_ids) == ["t_u"]
+    # Its limit is keyed by its own name: one too few of its ids on a SparseCore is refused, naming it.
+    limit = int(max_ids["t"]) - 1
+    config = _emb.SparseCoreEmbeddingConfig(max_ids_per_table={"t": limit})
+    emb = _embedding(tmp_path, OPTIMIZERS["sgd"](), True, sc_config=config)
+    before = _state(emb, "t")
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=rf"max ids per sparse core is set to be {limit} for table t"
+    ):
+        _step(emb, features)
+    _assert_same(_state(emb, "t"), before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("storage_dtype", [tf.float32, tf.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
