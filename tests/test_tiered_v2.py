@@ -464,3 +464,61 @@ def test_saved_model_of_a_tiered_v2_is_refused_naming_the_table(tmp_path):
     emb = _embedding(tmp_path / "rows", OPTIMIZERS["sgd"](), True)
     with pytest.raises((ValueError, NotImplementedError), match="'t'"):
         tf.saved_model.save(emb, str(tmp_path / "model"))
+
+
+@pytest.mark.slow
+def test_a_longer_skewed_run_with_prefetch_trains_bitwise(tmp_path):
+    # 2,048 rows, a cache of 300 (15%), Zipf-distributed ids over 64 samples a step, 16 steps in a tf.function
+    # with the next batch prefetched: most rows are missed at first, then the hot ones stay resident.
+    vocab, dim, samples, cache_rows = 2048, 16, 64, 300
+    rng = np.random.default_rng(21)
+    initial = rng.normal(size=(vocab, dim)).astype(np.float32)
+
+    def make(tiered: bool) -> te.TPUEmbeddingV2:
+        opt = _emb.Adam(0.01)
+        storage = None
+        if tiered:
+            storage = te.Tiered(cache_bytes=cache_bytes_for(cache_rows, opt, dim), directory=str(tmp_path))
+        t = te.TableConfig(
+            vocab, dim, name="t", optimizer=opt, initializer=tf.constant_initializer(initial), storage=storage
+        )
+        u = te.TableConfig(64, dim, name="u", optimizer=opt, initializer=tf.constant_initializer(initial[:64]))
+        config = {
+            "a": _emb.FeatureConfig(u, output_shape=[samples]),
+            "f": _emb.FeatureConfig(t, output_shape=[samples]),
+        }
+        big = {name: 1024 for name in (["t", "u"] if tiered else ["t_u"])}  # keyed by stacked table
+        limits = _emb.SparseCoreEmbeddingConfig(max_ids_per_table=big, max_unique_ids_per_table=big)
+        return te.TPUEmbeddingV2(config, sparse_core_embedding_config=limits)
+
+    def batch() -> dict:
+        ids = [list(np.minimum(rng.zipf(1.1, rng.integers(1, 5)) - 1, vocab - 1)) for _ in range(samples)]
+        return {
+            "a": tf.constant(rng.integers(0, 64, samples), tf.int64),
+            "f": tf.ragged.constant(ids, dtype=tf.int64),
+        }
+
+    batches = [batch() for _ in range(17)]
+    runs = []
+    for tiered in (True, False):
+        emb = make(tiered)
+
+        @tf.function
+        def step(features, next_features, emb=emb):
+            with tf.GradientTape() as tape:
+                acts, preserved = emb(features)
+                tape.watch(acts)
+                emb.prefetch(emb.enqueue(next_features))
+                loss = _loss(acts)
+            emb.apply_gradients(tape.gradient(loss, acts), preserved)
+            return acts
+
+        runs.append((emb, [step(b, n) for b, n in zip(batches[:-1], batches[1:], strict=True)]))
+    (tiered_emb, tiered_acts), (memory_emb, memory_acts) = runs
+    for a, m in zip(tiered_acts, memory_acts, strict=True):
+        for key in m:
+            np.testing.assert_array_equal(a[key].numpy(), m[key].numpy(), err_msg=key)
+    for name in ("t", "u"):
+        _assert_same(_state(tiered_emb, name), _state(memory_emb, name))
+    stats = _stats(tiered_emb)
+    assert stats["misses"] > 0 and stats["evictions"] > 0 and stats["hits"] > stats["misses"]
