@@ -155,6 +155,38 @@ def test_trains_bitwise_as_in_memory(tmp_path, name):
     _check_trained_bitwise(tmp_path, name, steps=3)
 
 
+def test_empty_samples_duplicates_and_the_first_and_last_rows_train_bitwise(tmp_path):
+    tiered = _embedding(tmp_path, OPTIMIZERS["adagrad"](), True)
+    memory = _embedding(tmp_path, OPTIMIZERS["adagrad"](), False)
+    last = V - 1
+    batches = [
+        {  # empty samples, an id repeated in a sample (merged), the first and last rows
+            "a": tf.constant([0, 1, 2, 3, 4, 5, 6, U - 1], tf.int64),
+            "f": tf.ragged.constant([[], [0, last], [last, last], [], [3], [], [0, 0, 5], []], dtype=tf.int64),
+            "h": tf.constant([last, 0, 1, 2, last, 0, 7, 9], tf.int64),
+        },
+        {  # no id at all for "f"
+            "a": tf.constant([1] * SAMPLES, tf.int64),
+            "f": tf.ragged.constant([[]] * SAMPLES, dtype=tf.int64, ragged_rank=1),
+            "h": tf.constant([last] * SAMPLES, tf.int64),
+        },
+    ]
+    for features in batches:
+        acts_t, acts_m = _step(tiered, features), _step(memory, features)
+        for key in acts_m:
+            np.testing.assert_array_equal(acts_t[key].numpy(), acts_m[key].numpy(), err_msg=key)
+    assert not np.any(acts_t["f"].numpy())  # an empty sample's activation is zero
+    for table in ("t", "u"):
+        _assert_same(_state(tiered, table), _state(memory, table))
+    # An id one past the table is refused (naming the feature and the table), changing nothing.
+    before = {name: _state(tiered, name) for name in ("t", "u")}
+    bad = dict(batches[0], h=tf.constant([V] + [0] * (SAMPLES - 1), tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"Feature h: id {V} is outside table 't'"):
+        _step(tiered, bad)
+    for name in ("t", "u"):
+        _assert_same(_state(tiered, name), before[name])
+
+
 def test_a_tiered_table_has_its_own_stack_and_limits(tmp_path):
     features = _batches(1)[0]
     tiered_config = _feature_config(tmp_path, OPTIMIZERS["sgd"](), True)
@@ -368,6 +400,22 @@ def test_restores_a_per_table_checkpoint_of_te_tpu_embedding(tmp_path):
     state = _state(target, "t")
     np.testing.assert_array_equal(state["parameters"], rows)
     np.testing.assert_array_equal(state["accumulators"], np.full((V, DIM), 0.5, np.float32))
+
+
+def test_a_tiered_checkpoint_of_te_tpu_embedding_restores_into_the_table_in_memory(tmp_path):
+    config = _feature_config(tmp_path / "a", OPTIMIZERS["adagrad"](), True, u_dim=16)
+    source = te.TPUEmbedding({"a": config["a"], "f": config["f"]})
+    source.build()
+    [table] = source.tiered_tables.values()
+    rows = np.random.default_rng(8).normal(size=(V, DIM)).astype(np.float32)
+    table.write_rows(0, rows, {"accumulators": np.full((V, DIM), 0.25, np.float32)})
+    path = _write(source, tmp_path / "ckpt")
+    target = _apart(tmp_path, "b", False)  # "t" in memory, alone in its stack
+    _read(target, path)
+    state = _state(target, "t")
+    np.testing.assert_array_equal(state["parameters"], rows)
+    np.testing.assert_array_equal(state["accumulators"], np.full((V, DIM), 0.25, np.float32))
+    _assert_same(_state(target, "u"), {k: v.numpy() for k, v in source.variables["u"].items()})
 
 
 def test_restores_a_checkpoint_of_te_tpu_embedding_with_the_table_in_memory(tmp_path):
