@@ -22,7 +22,7 @@ both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TP
 Tiered tables (`te.TableConfig(storage=te.Tiered(...))`) train on the engine's tiered group as in
 `te.TPUEmbedding`. A tiered table is never stacked (its rows live in its own row file): it is laid out in a stack
 of its own, and checkpoints hold it streamed under its table name beside the stacked entries
-(`sparse_core.tiered_checkpoint`; docs/tiered_tables.md, "TPUEmbeddingV2").
+(`engine.stacked_tiered_restore`; docs/tiered_tables.md, "TPUEmbeddingV2").
 
 Example:
     >>> api = tf.tpu.experimental.embedding
@@ -52,10 +52,11 @@ from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.engine import checkpoint as engine_checkpoint
 from tf_embed_ops.engine import lookup as lookup_lib
+from tf_embed_ops.engine import stacked_tiered_restore
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
-from tf_embed_ops.sparse_core import stacked_variable, tiered_checkpoint
+from tf_embed_ops.sparse_core import stacked_variable
 from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
@@ -517,9 +518,9 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         """
         theirs = checkpoint_lib.read_layouts(path)
         if self._tiered_names or self._has_tiered_saver_child():
-            # Tiered tables are restored through their saver or here (`sparse_core.tiered_checkpoint`); every table
+            # Tiered tables are restored through their saver or here (`engine.stacked_tiered_restore`); every table
             # is checked before the first write.
-            plan = tiered_checkpoint.plan_restore(
+            plan = stacked_tiered_restore.plan_restore(
                 path,
                 engine_checkpoint.calling_position(self),
                 theirs,
@@ -537,7 +538,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
 
     def _has_tiered_saver_child(self) -> bool:
         """Whether the checkpoint being restored holds a table streamed, as a tiered table."""
-        return tiered_checkpoint.holds_streamed(engine_checkpoint.calling_position(self))
+        return stacked_tiered_restore.holds_streamed(engine_checkpoint.calling_position(self))
 
     def _lookup_dependency(self, name, cached_dependencies=None):
         """During the restore of a per-table checkpoint, `<table>` / `<table>/<slot>` are our own variables."""

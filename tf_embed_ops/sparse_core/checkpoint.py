@@ -2,7 +2,7 @@
 
 A `TPUEmbeddingV2` checkpoint holds one entry per stacked table and slot (`<stack>`, `<stack>/<slot>`) and the
 `SparseCoreTableLayouts` proto under `_sparse_core_table_layouts` (tiered tables, never stacked, are held by their
-own saver: `sparse_core.tiered_checkpoint`). `StackedSlot` writes the stacked value from the
+own saver: `engine.stacked_tiered_restore`). `StackedSlot` writes the stacked value from the
 per-table variables and splits a restored value back (with the layouts `layouts_for_restore` chose);
 `layouts_for_restore` reads a checkpoint's layouts before anything is restored.
 """
