@@ -187,6 +187,21 @@ def test_empty_samples_duplicates_and_the_first_and_last_rows_train_bitwise(tmp_
         _assert_same(_state(tiered, name), before[name])
 
 
+def test_a_tiered_table_without_an_optimizer_is_looked_up_but_not_trained(tmp_path):
+    tiered = _embedding(tmp_path, None, True)
+    memory = _embedding(tmp_path, None, False)
+    features = _batches(1)[0]
+    acts_t, batch = tiered(features)
+    acts_m, _ = memory(features)
+    for key in acts_m:
+        np.testing.assert_array_equal(acts_t[key].numpy(), acts_m[key].numpy(), err_msg=key)
+    assert _state(tiered, "t").keys() == {"parameters"}  # no slots in its records
+    before = _state(tiered, "t")
+    with pytest.raises(RuntimeError, match="Table 'u' has no optimizer"):
+        tiered.apply_gradients(tf.nest.map_structure(tf.ones_like, acts_t), batch)
+    _assert_same(_state(tiered, "t"), before)
+
+
 def test_a_tiered_table_has_its_own_stack_and_limits(tmp_path):
     features = _batches(1)[0]
     tiered_config = _feature_config(tmp_path, OPTIMIZERS["sgd"](), True)
