@@ -210,6 +210,25 @@ def test_a_tiered_table_has_its_own_stack_and_limits(tmp_path):
         features, _feature_config(tmp_path, OPTIMIZERS["sgd"](), False), num_tpu_chips=1
     )
     assert sorted(max_ids) == sorted(max_unique) == ["t", "u"] and sorted(memory_ids) == ["t_u"]
+    # The in-memory tables are stacked as if the tiered one were not configured (here its feature comes first).
+    t, u = tiered_config["f"].table, tiered_config["a"].table
+    extra = te.TableConfig(16, DIM, name="w", optimizer=u.optimizer)
+    with_tiered = te.TPUEmbeddingV2(
+        {
+            "b": _emb.FeatureConfig(t, output_shape=[SAMPLES]),
+            "c": _emb.FeatureConfig(u, output_shape=[SAMPLES]),
+            "d": _emb.FeatureConfig(extra, output_shape=[SAMPLES]),
+        }
+    )
+    without = te.TPUEmbeddingV2(
+        {
+            "c": _emb.FeatureConfig(u, output_shape=[SAMPLES]),
+            "d": _emb.FeatureConfig(extra, output_shape=[SAMPLES]),
+        }
+    )
+    assert with_tiered.embedding_layouts == without.embedding_layouts
+    assert with_tiered.embedding_layouts["w"].stacked_table_name == "u_w"
+    assert with_tiered.sparse_core_layouts["t"].stacked_table_name == "t"
     # Its limit is keyed by its own name: one too few of its ids on a SparseCore is refused, naming it.
     limit = int(max_ids["t"]) - 1
     config = _emb.SparseCoreEmbeddingConfig(max_ids_per_table={"t": limit})
