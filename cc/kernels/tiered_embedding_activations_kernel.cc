@@ -2,7 +2,8 @@
 //   Validate: every feature's structure (FeatureLayout) and ids against its table's rows, the tables against the
 //             config; each table's distinct ids against its cache's capacity.
 //   Rows:     per table (shared lock), its distinct ids made resident and pinned (TieredRowCache::Acquire).
-//   Combine:  the static forward pass (cc/lib/embedding_forward.h) over the pinned records, then release them.
+//   Combine:  the static forward pass (cc/lib/embedding_forward.h) over the pinned records, each id's record found
+//             by its position among the distinct rows (TieredRowCache::DistinctRows), then release them.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -42,16 +43,18 @@ class TieredEmbeddingActivationsOp : public tensorflow::OpKernel {
       const TableSpec& spec = config.tables[config.features[f].table_id];
       OP_REQUIRES_OK(ctx, ActivationShape(batches[f], spec, attrs_.FeatureLabel(f), &output_shapes[f]));
     }
-    // Each table's distinct ids, checked against its capacity before any row is read.
-    std::vector<std::vector<int64_t>> rows(attrs_.num_tables);
-    for (int f = 0; f < n; ++f) {
-      std::vector<int64_t>& r = rows[config.features[f].table_id];
-      r.insert(r.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
-    }
+    // Each table's distinct ids (its features' ids in feature order, found once per batch: a prefetch may have),
+    // checked against its capacity before any row is read.
+    std::vector<std::shared_ptr<const DistinctBatch>> distinct(attrs_.num_tables);
     for (int t = 0; t < attrs_.num_tables; ++t) {
+      std::vector<int64_t> ids;
+      for (int f = 0; f < n; ++f) {
+        if (config.features[f].table_id == t)
+          ids.insert(ids.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
+      }
       TieredRowCache* cache = tables[t]->cache();
-      rows[t] = cache->DistinctRows(std::move(rows[t]));  // (found once per batch: a prefetch may have)
-      const int64_t needed = static_cast<int64_t>(rows[t].size());
+      distinct[t] = cache->DistinctRows(std::move(ids));
+      const int64_t needed = static_cast<int64_t>(distinct[t]->rows.size());
       OP_REQUIRES(ctx, needed <= cache->capacity(),
                   cache->TooManyRows(needed, absl::StrCat("the lookup of table '", config.tables[t].name, "'")));
     }
@@ -69,24 +72,28 @@ class TieredEmbeddingActivationsOp : public tensorflow::OpKernel {
     for (int t = 0; t < attrs_.num_tables; ++t) {
       TieredRowCache* cache = tables[t]->cache();
       TieredPin pin;
-      OP_REQUIRES_OK(ctx, cache->Acquire(std::move(rows[t]), &pin));
-      const TieredRowStorage storage(cache->layout(), pin, /*window=*/false);
+      OP_REQUIRES_OK(ctx, cache->Acquire(distinct[t]->rows, &pin));
+      const TieredRowStorage storage = TieredRowStorage::ByPosition(cache->layout(), pin);
+      const int64_t* positions = distinct[t]->positions.data();  // the table's features' ids, in feature order
       for (int f = 0; f < n; ++f) {
         if (config.features[f].table_id != t) continue;
-        Combine(config.tables[t], layouts[f], batches[f], storage, shard, outputs[f]->flat<float>().data());
+        Combine(config.tables[t], layouts[f], batches[f].num_ids, positions, storage, shard,
+                outputs[f]->flat<float>().data());
+        positions += batches[f].num_ids;
       }
       cache->Release(&pin, /*dirty=*/false);
     }
   }
 
  private:
-  static void Combine(const TableSpec& spec, const FeatureLayout& layout, const FeatureBatch& batch,
+  // One feature's activations; `positions[i]`: where id i's row is among the pinned rows (storage ByPosition).
+  static void Combine(const TableSpec& spec, const FeatureLayout& layout, int64_t num_ids, const int64_t* positions,
                       const TieredRowStorage& storage, const ShardFn& shard, float* dst) {
     const SimulatedQuantization& q = spec.optimization.simulated_quantization;
     std::unique_ptr<Quantizer> quantizer = q.enabled ? std::make_unique<Quantizer>(q) : nullptr;
     const int64_t dim = spec.dimension;
-    const int64_t* ids = batch.ids;
-    const int64_t ids_per_sample = layout.num_samples ? batch.num_ids / layout.num_samples + 1 : 1;
+    const int64_t* ids = positions;
+    const int64_t ids_per_sample = layout.num_samples ? num_ids / layout.num_samples + 1 : 1;
     const StorageType type = storage.type(0);
     if (type == StorageType::kFloat32) {
       const auto row_of = [&storage, ids](int64_t i) { return static_cast<const float*>(storage.Row(0, ids[i])); };

@@ -1,15 +1,20 @@
 // Kernel of TfEmbed>TieredSendTPUEmbeddingGradients: SendTPUEmbeddingGradients over tiered tables.
 //   Validate: features and ids (in [0, num_rows)), gradients (and their values with check_numerics), learning
 //             rates, the tables against the config (rows, dimension, slots), the step, the rounding attrs.
-//   Plan:     per table its accumulation plan; a lazy table's distinct rows against its cache's capacity, before
-//             any row is made resident, evicted or written.
-//   Check:    with check_numerics, a dry run of every table's update (rows made resident, none written).
-//   Update:   under every table's exclusive lock, the rows of all lazy tables pinned first (a failure pins
-//             nothing and writes no row), then the one row walk of each (cc/lib/tiered_row_storage.h), released
-//             dirty; then tables whose optimizer updates every row, window by window.  Each table's tracker
-//             (if any) marks the rows written.
+//   Plan:     per table its accumulation plan; a lazy table's distinct rows (TieredRowCache::DistinctRows,
+//             usually found by the batch's prefetch or lookup) against its cache's capacity, before any row is
+//             made resident, evicted or written, and its plan built over the ids' positions among them (so the
+//             walk reads each pinned record with one load: TieredRowStorage::ByPosition).
+//   Pin:      under every table's exclusive lock, the rows of all lazy tables pinned first (a failure pins
+//             nothing and writes no row).
+//   Check:    with check_numerics, every table's update computed without writing (lazy tables over their pinned
+//             rows, the others window by window); a rejected step releases the pins clean.
+//   Update:   the one row walk of each lazy table (cc/lib/tiered_row_storage.h), released dirty; then tables whose
+//             optimizer updates every row, window by window.  Each table's tracker (if any) marks the rows
+//             written.
 #define EIGEN_USE_THREADS
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -110,30 +115,65 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     }
     ws->sources.resize(num_tables);
     ws->plans.resize(num_tables);
+    std::vector<std::shared_ptr<const DistinctBatch>> distinct(num_tables);  // lazy tables'
     for (int t = 0; t < num_tables; ++t) {
+      TieredRowCache* cache = tables[t]->cache();
+      const bool lazy = !OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer);
+      if (lazy) {
+        // The table's ids in the lookup's order, so that the batch's distinct rows are usually remembered.
+        std::vector<int64_t> ids;
+        for (int f = 0; f < n; ++f) {
+          if (config.features[f].table_id == t)
+            ids.insert(ids.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
+        }
+        distinct[t] = cache->DistinctRows(std::move(ids));
+        const int64_t needed = static_cast<int64_t>(distinct[t]->rows.size());
+        OP_REQUIRES(ctx, needed <= cache->capacity(), cache->TooManyRows(needed, What(t)));
+      }
       std::vector<GradientSource>& sources = ws->sources[t];
       sources.clear();
+      const int64_t* positions = lazy ? distinct[t]->positions.data() : nullptr;
       for (int f = 0; f < n; ++f) {
         if (config.features[f].table_id != t) continue;
-        sources.push_back(
-            GradientSource{batches[f].ids, batches[f].num_ids, &ws->layouts[f], ctx->input(f).flat<float>().data()});
+        const int64_t* ids = batches[f].ids;
+        if (lazy) {
+          ids = positions;
+          positions += batches[f].num_ids;
+        }
+        sources.push_back(GradientSource{ids, batches[f].num_ids, &ws->layouts[f], ctx->input(f).flat<float>().data()});
       }
-      ws->plans[t].Build(&sources, config.tables[t].vocabulary_size);
-      TieredRowCache* cache = tables[t]->cache();
-      const int64_t needed = ws->plans[t].num_rows();
-      OP_REQUIRES(ctx, OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer) || needed <= cache->capacity(),
-                  cache->TooManyRows(needed, What(t)));
+      // A lazy table's plan is over positions in [0, its distinct rows); the other tables' over their rows.
+      ws->plans[t].Build(&sources,
+                         lazy ? static_cast<int64_t>(distinct[t]->rows.size()) : config.tables[t].vocabulary_size);
     }
 
+    if (validate_only_ && !check_numerics_) return;
     TieredTableLocks locks(tables, /*exclusive=*/!validate_only_);
     const ShardFn shard = IntraOpShardFn(ctx);
-    // 3. check_numerics: every table's update computed once without writing before any is written.
+    // 3. Pin every lazy table's rows before anything is checked or written: an I/O error or a CRC mismatch then
+    //    changes no row.
+    std::vector<TieredPin> pins(num_tables);
+    auto release_all = [&](bool dirty) {
+      for (int t = 0; t < num_tables; ++t) tables[t]->cache()->Release(&pins[t], dirty);
+    };
+    for (int t = 0; t < num_tables; ++t) {
+      if (distinct[t] == nullptr) continue;
+      const absl::Status s = tables[t]->cache()->Acquire(distinct[t]->rows, &pins[t]);
+      if (!s.ok()) release_all(/*dirty=*/false);
+      OP_REQUIRES_OK(ctx, s);
+    }
+    // 4. check_numerics: every table's update computed once without writing before any is written.
     if (check_numerics_) {
       for (int t = 0; t < num_tables; ++t) {
         const TableSpec& spec = config.tables[t];
+        const float lr = TableLearningRate(spec, learning_rates);
         absl::StatusOr<NonFiniteUpdate> bad =
-            FindNonFiniteTieredUpdate(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t],
-                                      tables[t]->cache(), Rounding(t, step), shard, What(t));
+            distinct[t] != nullptr
+                ? FindNonFinitePinnedPositions(spec.optimization, lr, ws->plans[t], tables[t]->layout(), pins[t],
+                                               Rounding(t, step), shard)
+                : FindNonFiniteTieredUpdate(spec.optimization, lr, ws->plans[t], tables[t]->cache(), Rounding(t, step),
+                                            shard, What(t));
+        if (!bad.ok() || bad->found) release_all(/*dirty=*/false);
         OP_REQUIRES_OK(ctx, bad.status());
         if (!bad->found) continue;
         std::vector<const int64_t*> ids;
@@ -145,48 +185,28 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
         OP_REQUIRES_OK(ctx, NonFiniteUpdateError(attrs_, t, *bad, ids, num_ids, absl::StrCat("row ", bad->row)));
       }
     }
-    if (validate_only_) return;
-
-    // 4. Pin every lazy table's rows before the first update: an I/O error or a CRC mismatch then changes no row.
-    std::vector<TieredPin> pins(num_tables);
-    auto release_all = [&](bool dirty) {
-      for (int t = 0; t < num_tables; ++t) tables[t]->cache()->Release(&pins[t], dirty);
-    };
-    for (int t = 0; t < num_tables; ++t) {
-      if (OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer)) continue;
-      // The table's ids in the lookup's order: their distinct rows are the plan's rows, usually remembered from
-      // the batch's lookup (TieredRowCache::DistinctRows); the counts agree unless the plan dropped ids.
-      TieredRowCache* cache = tables[t]->cache();
-      std::vector<int64_t> ids;
-      for (int f = 0; f < n; ++f) {
-        if (config.features[f].table_id == t)
-          ids.insert(ids.end(), batches[f].ids, batches[f].ids + batches[f].num_ids);
-      }
-      std::vector<int64_t> rows = cache->DistinctRows(std::move(ids));
-      const absl::Status s = static_cast<int64_t>(rows.size()) == ws->plans[t].num_rows()
-                                 ? cache->Acquire(std::move(rows), &pins[t])
-                                 : AcquirePlanRows(ws->plans[t], cache, What(t), &pins[t]);
-      if (!s.ok()) release_all(/*dirty=*/false);
-      OP_REQUIRES_OK(ctx, s);
+    if (validate_only_) {
+      release_all(/*dirty=*/false);
+      return;
     }
+
+    // 5. The lazy tables' walks over their pinned rows.
     for (int t = 0; t < num_tables; ++t) {
-      if (OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer)) continue;
+      if (distinct[t] == nullptr) continue;
       const TableSpec& spec = config.tables[t];
-      UpdatePinnedRows(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t], tables[t]->layout(),
-                       pins[t], Rounding(t, step), shard);
+      UpdatePinnedPositions(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t],
+                            tables[t]->layout(), pins[t], Rounding(t, step), shard);
     }
     release_all(/*dirty=*/true);
     // Touched-row tracking (docs/tracking.md): the rows written, still under the tables' exclusive locks.
     for (int t = 0; t < num_tables; ++t) {
-      if (!OptimizerUpdatesAllRows(config.tables[t].optimization.optimizer)) {
-        MarkTouchedRows(tables[t].get(), ws->plans[t], /*all_rows=*/false);
-      }
+      if (distinct[t] != nullptr) MarkTouchedRowList(tables[t].get(), distinct[t]->rows);
     }
-    // 5. Tables whose optimizer updates every row, window by window.  Marked whole even when a window failed:
+    // 6. Tables whose optimizer updates every row, window by window.  Marked whole even when a window failed:
     //    the windows before it were written.
     for (int t = 0; t < num_tables; ++t) {
       const TableSpec& spec = config.tables[t];
-      if (!OptimizerUpdatesAllRows(spec.optimization.optimizer)) continue;
+      if (distinct[t] != nullptr) continue;
       const absl::Status s = UpdateTieredTable(spec.optimization, TableLearningRate(spec, learning_rates), ws->plans[t],
                                                tables[t]->cache(), Rounding(t, step), shard, What(t));
       MarkTouchedRows(tables[t].get(), ws->plans[t], /*all_rows=*/true);

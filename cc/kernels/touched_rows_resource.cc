@@ -97,6 +97,14 @@ void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPla
   MarkUpdatedRows(plan, all_rows, resource->rows());
 }
 
+void MarkTouchedRowList(const tensorflow::ResourceBase* table, const std::vector<int64_t>& rows) {
+  tensorflow::core::RefCountPtr<TouchedRowsResource> resource = FindTracker(table);
+  if (resource == nullptr) return;
+  tsl::mutex_lock lock(*resource->mu());
+  resource->rows()->BeginUpdate();
+  resource->rows()->MarkRows(rows.data(), static_cast<int64_t>(rows.size()));
+}
+
 void MarkTouchedRowRange(const tensorflow::ResourceBase* table, int64_t first, int64_t n) {
   tensorflow::core::RefCountPtr<TouchedRowsResource> resource = FindTracker(table);
   if (resource == nullptr || n <= 0) return;

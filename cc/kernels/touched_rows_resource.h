@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cc/lib/gradient_accumulation.h"
@@ -54,6 +55,10 @@ class TouchedRowsResource : public tensorflow::ResourceBase {
 // plan's unique rows, or every row when the optimizer updated them all.  A no-op (one atomic load) when no
 // table is tracked.  `table`: the variable (in-memory tables) or the TieredTableResource (tiered ones).
 void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPlan& plan, bool all_rows);
+
+// The same for a lazy step whose rows are listed (a tiered table's pinned rows, its plan being over their
+// positions): marks `rows`.
+void MarkTouchedRowList(const tensorflow::ResourceBase* table, const std::vector<int64_t>& rows);
 
 // Rows [first, first + n) of `table` written by other means than the fused update (a tiered table's
 // TieredTableWriteRows: initialisation, restore); every row when the range is the whole table.

@@ -360,9 +360,9 @@ void TieredRowCache::PrefetchLoop() {
     prefetch_queued_ = false;
     prefetch_running_ = true;
     lock.unlock();  // the batch's distinct rows, off the step's thread and outside the lock
-    rows = DistinctRows(std::move(rows));
+    const std::shared_ptr<const DistinctBatch> batch = DistinctRows(std::move(rows));
     lock.lock();
-    const absl::Status s = PrefetchLocked(rows, &lock);
+    const absl::Status s = PrefetchLocked(batch->rows, &lock);
     prefetch_running_ = false;
     if (!s.ok() && prefetch_status_.ok()) prefetch_status_ = s;
     io_done_.notify_all();
@@ -530,19 +530,18 @@ absl::Status TieredRowCache::StartPrefetch(std::vector<int64_t> ids) {
   return absl::OkStatus();
 }
 
-std::vector<int64_t> TieredRowCache::DistinctRows(std::vector<int64_t> ids) {
+std::shared_ptr<const DistinctBatch> TieredRowCache::DistinctRows(std::vector<int64_t> ids) {
   {
     std::lock_guard<std::mutex> lock(memo_mu_);
     for (const DistinctMemo& m : memo_) {
-      if (!m.ids.empty() && m.ids == ids) return m.rows;
+      if (!m.ids.empty() && m.ids == ids) return m.batch;
     }
   }
-  std::vector<int64_t> key = ids;
-  SortDistinctRows(&ids, num_rows());
+  auto batch = std::make_shared<const DistinctBatch>(FindDistinctRows(ids, num_rows()));
   std::lock_guard<std::mutex> lock(memo_mu_);
-  memo_[memo_next_] = DistinctMemo{std::move(key), ids};
+  memo_[memo_next_] = DistinctMemo{std::move(ids), batch};
   memo_next_ = (memo_next_ + 1) % kDistinctMemo;
-  return ids;
+  return batch;
 }
 
 absl::Status TieredRowCache::WaitForPrefetch() {

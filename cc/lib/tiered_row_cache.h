@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cc/lib/distinct_rows.h"
 #include "cc/lib/tiered_row_file.h"
 
 namespace tf_embed_ops {
@@ -127,10 +128,10 @@ class TieredRowCache {
   absl::Status StartPrefetch(std::vector<int64_t> ids);
   // Until no asynchronous prefetch is queued or running; returns (and clears) the error of one that failed.
   absl::Status WaitForPrefetch();
-  // The distinct rows of a batch's `ids` (each in [0, num_rows): the caller checked them), ascending, as
-  // SortDistinctRows gives them.  The last kDistinctMemo batches' are remembered and compared id by id (a hit is
-  // exact), so that one batch's prefetch, lookup and update find them once.
-  std::vector<int64_t> DistinctRows(std::vector<int64_t> ids);
+  // The distinct rows of a batch's `ids` (each in [0, num_rows): the caller checked them), ascending, and each
+  // id's position among them (FindDistinctRows).  The last kDistinctMemo batches' are remembered and compared id
+  // by id (a hit is exact), so that one batch's prefetch, lookup and update find them once.
+  std::shared_ptr<const DistinctBatch> DistinctRows(std::vector<int64_t> ids);
   static constexpr int kDistinctMemo = 2;
 
   // Writes every dirty row back, then fsyncs the file.  On an error the rows not written stay dirty.
@@ -245,7 +246,7 @@ class TieredRowCache {
   // DistinctRows' memo (its own mutex: a step's lookup does not wait for the cache's calls to compare ids).
   struct DistinctMemo {
     std::vector<int64_t> ids;
-    std::vector<int64_t> rows;
+    std::shared_ptr<const DistinctBatch> batch;
   };
   std::mutex memo_mu_;
   std::array<DistinctMemo, kDistinctMemo> memo_;

@@ -35,16 +35,51 @@
 
 namespace tf_embed_ops {
 
-// Row storage (row_storage.h) over pinned records.  Row(b, row) is the address of buffer b inside row's
-// resident record, found through a map built here once per step (immutable, so the walk's threads read it
-// without a lock).  A window (consecutive rows) is indexed directly and is what a non-lazy walk walks.
+// Row storage (row_storage.h) over pinned records, addressed one of three ways:
+//  - by row: Row(b, row) is the address of buffer b inside row's resident record, found through a map built here
+//    once per step (immutable, so the walk's threads read it without a lock);
+//  - a window (consecutive rows, indexed directly): what a non-lazy walk walks;
+//  - by position (ByPosition): the walk's "rows" are positions in pin.rows (a plan built over a DistinctBatch's
+//    positions), so Row(b, p) is records[p] + offset, one load, and rounding_id(p) = pin.rows[p] keys stochastic
+//    rounding by the table's row, as the in-memory table does.  A lazy step of a static table walks this way.
 class TieredRowStorage {
  public:
   // `pin` must stay pinned while the storage is used.  window: pin.rows are consecutive and are the walk rows.
   TieredRowStorage(const TieredRowLayout& layout, const TieredPin& pin, bool window)
-      : layout_(layout), records_(pin.records), window_(window), first_(pin.rows.empty() ? 0 : pin.rows[0]) {
+      : TieredRowStorage(layout, pin, window ? Index::kWindow : Index::kRow) {}
+  static TieredRowStorage ByPosition(const TieredRowLayout& layout, const TieredPin& pin) {
+    return TieredRowStorage(layout, pin, Index::kPosition);
+  }
+
+  int64_t num_buffers() const { return layout_.num_buffers(); }
+  StorageType type(size_t b) const { return layout_.types[b]; }
+  int64_t width(size_t b) const { return layout_.widths[b]; }
+  void* Row(size_t b, int64_t row) const { return RecordOf(row) + offsets_[b]; }
+  int64_t num_walk_rows() const { return index_ == Index::kWindow ? static_cast<int64_t>(records_.size()) : 0; }
+  int64_t walk_row(int64_t i) const { return first_ + i; }
+  uint64_t rounding_id(int64_t row) const {
+    return static_cast<uint64_t>(index_ == Index::kPosition ? (*rows_)[row] : row);
+  }
+
+  // The record of a pinned row (or position) (the lookup reads buffer 0 through it).
+  char* RecordOf(int64_t row) const {
+    if (index_ == Index::kPosition) return records_[row];
+    if (index_ == Index::kWindow) return records_[row - first_];
+    size_t h = Home(row);
+    while (map_[h].row != row) h = (h + 1) & mask_;
+    return map_[h].record;
+  }
+
+ private:
+  enum class Index { kRow, kWindow, kPosition };
+  TieredRowStorage(const TieredRowLayout& layout, const TieredPin& pin, Index index)
+      : layout_(layout),
+        records_(pin.records),
+        rows_(&pin.rows),
+        index_(index),
+        first_(pin.rows.empty() ? 0 : pin.rows[0]) {
     for (int64_t b = 0; b < layout.num_buffers(); ++b) offsets_.push_back(layout.offset(b));
-    if (window_) return;
+    if (index_ != Index::kRow) return;
     size_t size = 2;
     while (size < 2 * pin.rows.size()) size <<= 1;
     mask_ = size - 1;
@@ -56,23 +91,6 @@ class TieredRowStorage {
     }
   }
 
-  int64_t num_buffers() const { return layout_.num_buffers(); }
-  StorageType type(size_t b) const { return layout_.types[b]; }
-  int64_t width(size_t b) const { return layout_.widths[b]; }
-  void* Row(size_t b, int64_t row) const { return RecordOf(row) + offsets_[b]; }
-  int64_t num_walk_rows() const { return window_ ? static_cast<int64_t>(records_.size()) : 0; }
-  int64_t walk_row(int64_t i) const { return first_ + i; }
-  uint64_t rounding_id(int64_t row) const { return static_cast<uint64_t>(row); }
-
-  // The record of a pinned row (the lookup reads buffer 0 through it).
-  char* RecordOf(int64_t row) const {
-    if (window_) return records_[row - first_];
-    size_t h = Home(row);
-    while (map_[h].row != row) h = (h + 1) & mask_;
-    return map_[h].record;
-  }
-
- private:
   struct Entry {
     int64_t row;
     char* record;
@@ -83,8 +101,9 @@ class TieredRowStorage {
 
   const TieredRowLayout& layout_;
   const std::vector<char*>& records_;
-  const bool window_;
-  const int64_t first_;
+  const std::vector<int64_t>* rows_;
+  Index index_;
+  int64_t first_;
   std::vector<int64_t> offsets_;
   std::vector<Entry> map_;
   size_t mask_ = 0;
@@ -110,6 +129,26 @@ inline void UpdatePinnedRows(const TableOptimization& o, float lr, const RowGrad
                              const TieredRowLayout& layout, const TieredPin& pin, const RoundingSpec& rounding,
                              const ShardFn& shard) {
   UpdateRows(o, lr, plan, TieredRowStorage(layout, pin, /*window=*/false), layout.widths[0], rounding, shard);
+}
+
+// A lazy step by position: `plan` was built over positions in pin.rows (a DistinctBatch's positions, pin.rows its
+// rows), so the walk reads each record with one load (TieredRowStorage::ByPosition).  Same numbers as
+// UpdatePinnedRows over the rows themselves: the plan lists the same rows in the same order (positions are a
+// bijection that keeps the rows' order) and rounding is keyed by the row.  Cannot fail; the caller releases dirty.
+inline void UpdatePinnedPositions(const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                                  const TieredRowLayout& layout, const TieredPin& pin, const RoundingSpec& rounding,
+                                  const ShardFn& shard) {
+  UpdateRows(o, lr, plan, TieredRowStorage::ByPosition(layout, pin), layout.widths[0], rounding, shard);
+}
+
+// The numerics check of that step (writes nothing); a found row is returned as the table's row.
+inline NonFiniteUpdate FindNonFinitePinnedPositions(const TableOptimization& o, float lr, const RowGradientPlan& plan,
+                                                    const TieredRowLayout& layout, const TieredPin& pin,
+                                                    const RoundingSpec& rounding, const ShardFn& shard) {
+  NonFiniteUpdate found =
+      FindNonFiniteUpdate(o, lr, plan, TieredRowStorage::ByPosition(layout, pin), layout.widths[0], rounding, shard);
+  if (found.found) found.row = pin.rows[found.row];
+  return found;
 }
 
 namespace internal {

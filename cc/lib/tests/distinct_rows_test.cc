@@ -1,4 +1,5 @@
-// SortDistinctRows (cc/lib/distinct_rows.h) against sort + unique, on both of its paths (sort, bitmap).
+// SortDistinctRows and FindDistinctRows (cc/lib/distinct_rows.h) against sort + unique (and each id's position by
+// binary search), on both of their paths (sort, bitmap).
 #include "cc/lib/distinct_rows.h"
 
 #include <algorithm>
@@ -43,6 +44,13 @@ TEST(SortDistinctRowsTest, MatchesSortAndUniqueOnBothPaths) {
       rows[n - 1] = num_rows - 1;  // the first and the last row of the table
     }
     const std::vector<int64_t> want = Reference(rows);
+    const DistinctBatch batch = FindDistinctRows(rows, num_rows);
+    EXPECT_EQ(batch.rows, want) << n << " ids over " << num_rows << " rows";
+    ASSERT_EQ(batch.positions.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ASSERT_EQ(batch.positions[i], std::lower_bound(want.begin(), want.end(), rows[i]) - want.begin())
+          << "id " << i << " of " << n << " ids over " << num_rows << " rows";
+    }
     SortDistinctRows(&rows, num_rows);
     EXPECT_EQ(rows, want) << n << " ids over " << num_rows << " rows";
   }
@@ -50,6 +58,9 @@ TEST(SortDistinctRowsTest, MatchesSortAndUniqueOnBothPaths) {
 
 TEST(SortDistinctRowsTest, AllRepeatsOfOneRow) {
   std::vector<int64_t> rows(4096, 77);
+  const DistinctBatch batch = FindDistinctRows(rows, 100);
+  EXPECT_EQ(batch.rows, std::vector<int64_t>{77});
+  EXPECT_EQ(batch.positions, std::vector<int64_t>(4096, 0));
   SortDistinctRows(&rows, 100);
   EXPECT_EQ(rows, std::vector<int64_t>{77});
 }

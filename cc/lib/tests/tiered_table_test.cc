@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cc/lib/distinct_rows.h"
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/gradient_accumulation.h"
@@ -421,9 +422,12 @@ TEST(TieredRowCacheTest, DistinctRowsRemembersTheLastBatchesExactly) {
   const std::vector<int64_t>& a_changed = changed;
   // Batches in the order a prefetch, lookup and update of consecutive steps ask for them, and a stranger.
   for (const std::vector<int64_t>* batch : {&a, &a, &b, &a, &b, &b, &a_changed, &a, &b, &a_changed}) {
-    EXPECT_EQ(cache->DistinctRows(*batch), reference(*batch));
+    const std::shared_ptr<const DistinctBatch> found = cache->DistinctRows(*batch);
+    EXPECT_EQ(found->rows, reference(*batch));
+    ASSERT_EQ(found->positions.size(), batch->size());
+    for (size_t i = 0; i < batch->size(); ++i) ASSERT_EQ(found->rows[found->positions[i]], (*batch)[i]) << i;
   }
-  EXPECT_TRUE(cache->DistinctRows({}).empty());
+  EXPECT_TRUE(cache->DistinctRows({})->rows.empty());
 }
 
 TEST(TieredRowCacheTest, AStepLargerThanTheCacheIsRefusedBeforeAnythingChanges) {
@@ -775,6 +779,11 @@ void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType stor
   const std::string path = dir.File("t.rows");
   auto cache = NewCache(path, layout, kCapacity, RowFileIo::Posix(), background_writeback);
   ASSERT_NE(cache, nullptr);
+  // A lazy step as the kernel runs it: the plan over the ids' positions among the batch's distinct rows, the walk
+  // by position (UpdatePinnedPositions).
+  const bool lazy = !OptimizerUpdatesAllRows(o.optimizer);
+  auto by_position = NewCache(dir.File("p.rows"), layout, kCapacity, RowFileIo::Posix(), background_writeback);
+  ASSERT_NE(by_position, nullptr);
 
   // The in-memory table holds exactly what the file was initialised with (decoded, re-encoded bitwise).
   const std::vector<std::vector<float>> initial = ReadAll(cache.get());
@@ -809,6 +818,17 @@ void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType stor
     const absl::Status status = UpdateTieredTable(o, lr, step.plan, cache.get(), rounding, shard, "t");
     ASSERT_TRUE(status.ok()) << status;
     if (s % 2 == 1) ASSERT_TRUE(cache->Prefetch(SkewedIds(1, kRows, &rng)).ok());
+    if (lazy) {
+      const DistinctBatch batch = FindDistinctRows(step.ids, kRows);
+      std::vector<GradientSource> sources = step.sources;
+      sources[0].ids = batch.positions.data();
+      RowGradientPlan plan;
+      plan.Build(&sources, static_cast<int64_t>(batch.rows.size()));
+      TieredPin pin;
+      ASSERT_TRUE(by_position->Acquire(batch.rows, &pin).ok());
+      UpdatePinnedPositions(o, lr, plan, layout, pin, rounding, shard);
+      by_position->Release(&pin, /*dirty=*/true);
+    }
   }
   auto expect_equal = [&](const std::vector<std::vector<float>>& tiered, const char* where) {
     for (int64_t b = 0; b < layout.num_buffers(); ++b) {
@@ -822,6 +842,10 @@ void ExpectTieredTrainsLikeInMemory(const TableOptimization& o, StorageType stor
   };
   expect_equal(ReadAll(cache.get()), "through the cache");
   EXPECT_GT(cache->stats().evictions, 0);  // the cache was too small to hold the rows the steps touched
+  if (lazy) {
+    expect_equal(ReadAll(by_position.get()), "by position");
+    EXPECT_GT(by_position->stats().evictions, 0);
+  }
   ASSERT_TRUE(cache->Flush().ok());
   auto reopened = Reopen(path, layout, kCapacity);
   expect_equal(ReadAll(reopened.get()), "in the file");
@@ -1079,6 +1103,19 @@ TEST(TieredTableUpdateTest, NumericsCheckFindsTheSameRowAndWritesNothing) {
   ASSERT_TRUE(bad.ok()) << bad.status();
   EXPECT_TRUE(bad->found);
   EXPECT_EQ(bad->row, 7);
+  // By position (as the kernel checks a lazy step): the same row, as the table's row.
+  const DistinctBatch batch = FindDistinctRows(step.ids, 50);
+  std::vector<GradientSource> sources = step.sources;
+  sources[0].ids = batch.positions.data();
+  RowGradientPlan plan;
+  plan.Build(&sources, static_cast<int64_t>(batch.rows.size()));
+  TieredPin pin;
+  ASSERT_TRUE(cache->Acquire(batch.rows, &pin).ok());
+  const NonFiniteUpdate by_position =
+      FindNonFinitePinnedPositions(o, -4.0f, plan, layout, pin, RoundingSpec(), Serial());
+  cache->Release(&pin, /*dirty=*/false);
+  EXPECT_TRUE(by_position.found);
+  EXPECT_EQ(by_position.row, 7);
   EXPECT_EQ(FileBytes(path), file);
   EXPECT_EQ(ReadAll(cache.get()), rows);
   // Non-lazy: the walk covers every row in windows; the first window with a bad row reports it.
