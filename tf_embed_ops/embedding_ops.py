@@ -355,6 +355,7 @@ def send_tpu_embedding_gradients(
     rounding_step=None,
     rounding=None,
     rounding_seed=0,
+    rounding_table_ids=None,
 ) -> tf.Operation:
     """Applies one training step to the tables and their slots in place (our SendTPUEmbeddingGradients).
 
@@ -382,6 +383,10 @@ def send_tpu_embedding_gradients(
         when a 16-bit table or slot rounds stochastically, ignored otherwise.
       rounding: per table, "stochastic" (default) or "nearest": how its 16-bit table and slots are rounded.
       rounding_seed: the seed of stochastic rounding's generator (an int64; checked before any op runs).
+      rounding_table_ids: per table, the table index that keys its stochastic rounding, each >= 0 and distinct
+        (None: its position in `config`). The front ends pass each table its index among all the static tables
+        of its embedding (`tf_embed_ops.engine.update.rounding_table_ids`), so a table rounds the same whether
+        or not other tables of the embedding are tiered (docs/low_precision.md).
 
     Returns:
       The update op (eagerly: None after it ran).
@@ -408,6 +413,9 @@ def send_tpu_embedding_gradients(
         slot_handles = []
         for t, table_slots in enumerate(slots):
             slot_handles.extend(_handles(table_slots, f"slots[{t}]"))
+        table_ids = [checked_int(t, "rounding_table_ids", 0) for t in (rounding_table_ids or [])]
+        if table_ids and len(table_ids) != len(table_handles):
+            raise ValueError(f"rounding_table_ids: expected one per table ({len(table_handles)}), got {len(table_ids)}")
         args = dict(
             inputs=grads,
             learning_rates=learning_rate_values(learning_rates),
@@ -422,6 +430,7 @@ def send_tpu_embedding_gradients(
             check_numerics=bool(check_numerics),
             rounding=list(rounding or []),
             rounding_seed=rounding_seed,
+            rounding_table_ids=table_ids,
         )
         if rounding_step is None:
             return _ops().tf_embed_send_tpu_embedding_gradients(**args)
@@ -465,8 +474,8 @@ def embedding_lookup_and_update(
         the caller differentiates with respect to the returned activations' producer itself (rarely useful).
       check_numerics: as for :func:`send_tpu_embedding_gradients`.
       rounding_arguments: None, or a zero-argument callable returning the `rounding_step` / `rounding` /
-        `rounding_seed` keyword arguments of :func:`send_tpu_embedding_gradients` (called when the gradient
-        runs, once per step: 16-bit tables, docs/low_precision.md).
+        `rounding_seed` / `rounding_table_ids` keyword arguments of :func:`send_tpu_embedding_gradients` (called
+        when the gradient runs, once per step: 16-bit tables, docs/low_precision.md).
       after_update: None, or a callable given ``[update op]`` once the update is built (e.g. to count the step
         after it, ``TPUEmbedding.advance_rounding_step``).
 

@@ -24,6 +24,7 @@
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/huge_pages.h"
 #include "cc/lib/numerics.h"
+#include "cc/lib/rounding_table_ids.h"
 #include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -73,6 +74,10 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
                                                             "\"; expected \"stochastic\" or \"nearest\"")));
       }
     }
+    std::vector<int64_t> rounding_table_ids;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounding_table_ids", &rounding_table_ids));
+    OP_REQUIRES_OK(ctx, ResolveRoundingTableIds(rounding_table_ids, attrs_.num_tables, "rounding_table_ids",
+                                                &rounding_table_ids_));
     OP_REQUIRES(ctx, num_learning_rates_ == attrs_.config.num_learning_rate_tags,
                 absl::InvalidArgumentError(absl::StrCat(
                     "learning_rates has ", num_learning_rates_, " entries but the config has ",
@@ -260,7 +265,8 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     StoredTableBuffers buffers;
     buffers.vocabulary_size = table.vocabulary_size;
     buffers.dim = table.dimension;
-    buffers.rounding = RoundingSpec{rounding_[t], static_cast<uint64_t>(rounding_seed_), step.rounding_step, t};
+    buffers.rounding =
+        RoundingSpec{rounding_[t], static_cast<uint64_t>(rounding_seed_), step.rounding_step, rounding_table_ids_[t]};
     // The variables' buffers: float, or the bits of Eigen::bfloat16 / Eigen::half (StoredBuffer's uint16_t).
     auto buffer = [&](size_t i) {
       return StoredBuffer{const_cast<char*>(step.values[i].tensor_data().data()), step.var_storage[i]};
@@ -316,6 +322,7 @@ class SendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
   int num_rounding_steps_ = 0;
   int64_t rounding_seed_ = 0;
   std::vector<Rounding> rounding_;                    // per table, for its 16-bit table and slots
+  std::vector<int64_t> rounding_table_ids_;           // per table, the index keying its stochastic rounding
   std::vector<int> first_slot_;                       // per table: index of its first slot in the slots list
   std::vector<std::vector<std::string>> tag_tables_;  // per dynamic tag: the tables that use it
 };

@@ -65,6 +65,7 @@ tables: resource variables of shape [vocabulary_size, dim], in table order: floa
       .Attr("S: int >= 0 = 0")                          \
       .Attr("rounding: list(string) = []")              \
       .Attr("rounding_seed: int = 0")                   \
+      .Attr("rounding_table_ids: list(int) = []")       \
       .Attr("check_numerics: bool = false")             \
       .SetIsStateful()
 
@@ -90,6 +91,10 @@ rounding: how 16-bit tables and slots are rounded, per table: "stochastic" or "n
   "stochastic").  Ignored for float32 variables.  Stochastic rounding needs a step: use
   SendTPUEmbeddingGradientsV2.
 rounding_seed: the seed of stochastic rounding's counter-based generator.
+rounding_table_ids: per table, the table index that keys its stochastic rounding (none = its position in the
+  config, the numbering before this attr existed).  Each >= 0 and distinct.  A front end whose tables are split
+  over several update ops passes each table its index in the whole embedding, so it rounds as it would with
+  every table in this op (docs/low_precision.md).
 )doc");
 
 REGISTER_OP("TfEmbed>SendTPUEmbeddingGradientsV2")
