@@ -58,8 +58,8 @@ def _feature_config(
     u = te.TableConfig(
         U, u_dim, name="u", optimizer=optimizer, initializer=tf.constant_initializer(_rows(U, 1, u_dim)), **options
     )
-    # "u" first in the table order: a 16-bit in-memory table after a tiered one would round with other bits than
-    # in the all-in-memory embedding (docs/tiered_tables.md, "TPUEmbeddingV2").
+    # "u" first in the table order (tests/test_rounding_table_ids.py trains a 16-bit in-memory table after a tiered
+    # one: bitwise too, every table being keyed by its index among the embedding's static tables).
     return {
         "a": _emb.FeatureConfig(u, output_shape=[SAMPLES]),
         "f": _emb.FeatureConfig(t, output_shape=[SAMPLES]),

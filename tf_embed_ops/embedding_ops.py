@@ -385,7 +385,7 @@ def send_tpu_embedding_gradients(
       rounding_seed: the seed of stochastic rounding's generator (an int64; checked before any op runs).
       rounding_table_ids: per table, the table index that keys its stochastic rounding, each >= 0 and distinct
         (None: its position in `config`). The front ends pass each table its index among all the static tables
-        of its embedding (`tf_embed_ops.engine.update.rounding_table_ids`), so a table rounds the same whether
+        of its embedding (`tf_embed_ops.tiered.engine.rounding_table_ids`), so a table rounds the same whether
         or not other tables of the embedding are tiered (docs/low_precision.md).
 
     Returns:

@@ -144,6 +144,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # Table order, names and learning-rate tags as TensorFlow numbers them (one resolver for every front end).
         resolved = config_lib.resolve_tables(flat_features, optimizer)
         self._table_config = list(resolved.tables)
+        # Every table, before the tiered and dynamic ones are split off: the numbering that keys stochastic
+        # rounding (`tiered_engine.rounding_table_ids`).
+        self._every_table = list(resolved.tables)
         for i, (table, name) in enumerate(zip(self._table_config, resolved.names, strict=True)):
             # TensorFlow writes the global optimizer and the `table_{i}` name into the TableConfig itself; so do
             # we (same objects, same config proto from tf_embed_ops.config.from_feature_config).
@@ -698,8 +701,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     def rounding_arguments(self) -> dict:
         """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
-        rounding per table and, with stochastic rounding, the current value of the step counter."""
-        return update_lib.rounding_arguments(self._table_config, self._rounding_step_variable())
+        rounding per table, with stochastic rounding the current value of the step counter, and each table's
+        index among the embedding's static tables (`rounding_table_ids`: tiered tables count, so an in-memory
+        table rounds as it does with every table in memory)."""
+        return update_lib.rounding_arguments(
+            self._table_config,
+            self._rounding_step_variable(),
+            tiered_engine.rounding_table_ids(self._every_table, self._table_config),
+        )
 
     def advance_rounding_step(self, updates: list) -> None:
         """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a

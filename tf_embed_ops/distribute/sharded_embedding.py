@@ -95,10 +95,14 @@ class _SyncState:
 
 
 def rounding_for_plan(plan: Any, rounding: dict) -> dict:
-    """`TPUEmbedding.rounding_arguments()` restricted to a server's tables (its local table order)."""
+    """`TPUEmbedding.rounding_arguments()` restricted to a server's tables (its local table order). A server keys
+    its tables' rounding by their local positions (the op's default: a sharded run draws other bits than an
+    unsharded one anyway, its rows being shard-local; docs/low_precision.md), so the embedding-wide
+    `rounding_table_ids` are dropped."""
     if not rounding:
         return {}
-    return {**rounding, "rounding": [rounding["rounding"][t] for t in plan.tables]}
+    local = {k: v for k, v in rounding.items() if k != "rounding_table_ids"}
+    return {**local, "rounding": [rounding["rounding"][t] for t in plan.tables]}
 
 
 class ShardedTPUEmbedding(mid_level.TPUEmbedding):

@@ -61,14 +61,17 @@ def gradients_for_send(feature_config: Any, gradients: Any, inputs: Sequence[Any
     return flat
 
 
-def rounding_arguments(tables: Sequence[Any], step: tf.Variable | None) -> dict:
+def rounding_arguments(tables: Sequence[Any], step: tf.Variable | None, table_ids: Sequence[int] | None = None) -> dict:
     """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
-    rounding per table and, with stochastic rounding, the current value of the step counter `step`."""
+    rounding per table, with stochastic rounding the current value of the step counter `step`, and, when
+    `table_ids` is given (from `tiered.engine.rounding_table_ids`), the op's `rounding_table_ids`."""
     if not any(table_config.is_low_precision(t) for t in tables):
         return {}
     args = {"rounding": [table_config.rounding(t) for t in tables]}
     if step is not None:
         args["rounding_step"] = step.read_value()
+    if table_ids is not None:
+        args["rounding_table_ids"] = list(table_ids)
     return args
 
 

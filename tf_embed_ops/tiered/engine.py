@@ -24,13 +24,44 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
-__all__ = ["TieredGroup", "is_static_tiered", "split_send"]
+__all__ = ["TieredGroup", "is_static_tiered", "rounding_table_ids", "split_send"]
 
 
 def is_static_tiered(table: Any) -> bool:
     """Whether `table` is a static tiered table (this group's kind). A tiered dynamic table is the dynamic group's:
     its keys and metadata are a dynamic table's, only its rows live in a row file (docs/tiered_tables.md)."""
     return tiered_config.is_tiered(table) and not dynamic_config.is_dynamic(table)
+
+
+def rounding_table_ids(every_table: Sequence[Any], tables: Sequence[Any]) -> list[int]:
+    """The index that keys each of `tables`' stochastic rounding: its position among the embedding's static
+    (non-dynamic) tables, in-memory and tiered alike (docs/low_precision.md, "The random bits").
+
+    The update ops key a 16-bit table's random bits by a table index. An embedding splits its static tables over
+    two ops (in-memory tables: the fused send op; tiered tables: the tiered one), and each op's own positions skip
+    the other's tables; passing these ids to both makes every table draw the bits it draws when all the tables
+    are in memory, so a mixed embedding trains bit for bit like the all-in-memory one. Dynamic tables are not
+    numbered here: their op (in-memory and tiered dynamic tables alike) keys them by their position among the
+    embedding's dynamic tables, with their own seed.
+
+    Args:
+      every_table: all the embedding's resolved `TableConfig`s, in table order (names given).
+      tables: the static tables one update op trains, in its order (a subset of `every_table`, by name).
+
+    Returns:
+      One non-negative id per table of `tables`.
+
+    Raises:
+      ValueError: a table of `tables` that is not a static table of `every_table`.
+    """
+    numbering = {}
+    for t in every_table:
+        if not dynamic_config.is_dynamic(t):
+            numbering.setdefault(t.name, len(numbering))
+    missing = [t.name for t in tables if t.name not in numbering or dynamic_config.is_dynamic(t)]
+    if missing:
+        raise ValueError(f"rounding_table_ids: table(s) {missing} are not static tables of the embedding")
+    return [numbering[t.name] for t in tables]
 
 
 class TieredGroup:
@@ -49,15 +80,13 @@ class TieredGroup:
         self.positions = [i for i, f in enumerate(flat_features) if is_static_tiered(f.table)]
         self.static_positions = [i for i, f in enumerate(flat_features) if not is_static_tiered(f.table)]
         self.features = [flat_features[i] for i in self.positions]
-        # Stochastic rounding is keyed by a table's index in the static configuration; a tiered table takes the
-        # index it would have there in memory (among the embedding's non-dynamic tables), so it draws those bits.
-        every_table = [
-            t.name for t in te_config.resolve_tables(list(flat_features)).tables if not dynamic_config.is_dynamic(t)
-        ]
         resolved = te_config.resolve_tables(self.features)
         self.table_configs = list(resolved.tables)
         self.learning_rates = list(resolved.learning_rates)
-        self._rounding_table_ids = [every_table.index(t.name) for t in self.table_configs]
+        # A tiered table draws the rounding bits it draws in memory: its index among the embedding's static tables.
+        self._rounding_table_ids = rounding_table_ids(
+            te_config.resolve_tables(list(flat_features)).tables, self.table_configs
+        )
         self._check_numerics = bool(check_numerics)
         self._tables: list[Any] | None = None
         self._serialized = None
