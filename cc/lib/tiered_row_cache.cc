@@ -88,6 +88,19 @@ void TieredRowCache::IndexInsert(int64_t row, int32_t slot) {
   index_[i] = slot;
 }
 
+void TieredRowCache::PrefetchIndexAhead(const std::vector<int64_t>& rows, size_t i) const {
+  // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index entry
+  // of the row kIndexAhead on, and the slot state of the row kIndexAhead / 2 on (its entry fetched by then).
+  if (i + kIndexAhead < rows.size()) PrefetchLine(&index_[Home(rows[i + kIndexAhead])]);
+  if (i + kIndexAhead / 2 < rows.size()) {
+    const int32_t ahead = index_[Home(rows[i + kIndexAhead / 2])];
+    if (ahead != kEmpty) {
+      PrefetchLine(&slot_row_[ahead]);
+      PrefetchLine(&pins_[ahead]);
+    }
+  }
+}
+
 void TieredRowCache::IndexErase(int64_t row) {
   size_t i = Home(row);
   while (slot_row_[index_[i]] != row) i = (i + 1) & index_mask_;
@@ -217,7 +230,10 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
     return s;
   }
   const int64_t evicted = static_cast<int64_t>(victims.size());
-  for (int32_t v : victims) {
+  for (size_t i = 0; i < victims.size(); ++i) {
+    // The index entries are random in an index larger than the core's cache: fetch the one kIndexAhead on.
+    if (i + kIndexAhead < victims.size()) PrefetchLine(&index_[Home(slot_row_[victims[i + kIndexAhead]])]);
+    const int32_t v = victims[i];
     IndexErase(slot_row_[v]);
     slot_row_[v] = -1;
     pins_[v] = 0;
@@ -233,6 +249,7 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
   const int64_t n = static_cast<int64_t>(misses->size());
   std::vector<char*> records(n);
   for (int64_t i = 0; i < n; ++i) {
+    if (i + static_cast<int64_t>(kIndexAhead) < n) PrefetchLine(&index_[Home((*misses)[i + kIndexAhead])]);
     const int32_t slot = (*out)[i];
     slot_row_[slot] = (*misses)[i];
     IndexInsert((*misses)[i], slot);
@@ -395,17 +412,7 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
     newly_pinned = 0;
     bool loading = false;
     for (int64_t i = 0; i < n; ++i) {
-      // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index
-      // entry of the row kAhead on, and the slot state of the row kAhead / 2 on (its entry fetched by then).
-      constexpr int64_t kAhead = 16;
-      if (i + kAhead < n) PrefetchLine(&index_[Home(rows[i + kAhead])]);
-      if (i + kAhead / 2 < n) {
-        const int32_t ahead = index_[Home(rows[i + kAhead / 2])];
-        if (ahead != kEmpty) {
-          PrefetchLine(&slot_row_[ahead]);
-          PrefetchLine(&pins_[ahead]);
-        }
-      }
+      PrefetchIndexAhead(rows, static_cast<size_t>(i));
       const int32_t slot = Find(rows[i]);
       slots[i] = slot;
       if (slot == kEmpty) {
@@ -485,7 +492,10 @@ absl::Status TieredRowCache::PrefetchLocked(const std::vector<int64_t>& rows, st
   // is loading are left to it.
   std::vector<int32_t> held;
   std::vector<int64_t> misses;
-  for (int64_t row : rows) {
+  const size_t n = rows.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    PrefetchIndexAhead(rows, i);
     const int32_t slot = Find(row);
     if (slot == kEmpty) {
       misses.push_back(row);

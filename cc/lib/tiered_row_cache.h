@@ -174,6 +174,9 @@ class TieredRowCache {
   char* Record(int32_t slot) const { return slots_.get() + static_cast<int64_t>(slot) * record_bytes_; }
   size_t Home(int64_t row) const;
   int32_t Find(int64_t row) const;  // the slot of a resident row, or kEmpty
+  // Before Find(rows[i]) in a loop over `rows`: fetches the index entries and slot states of the rows ahead.
+  static constexpr size_t kIndexAhead = 16;
+  void PrefetchIndexAhead(const std::vector<int64_t>& rows, size_t i) const;
   void IndexInsert(int64_t row, int32_t slot);
   void IndexErase(int64_t row);
   absl::Status CheckRows(const std::vector<int64_t>& rows) const;

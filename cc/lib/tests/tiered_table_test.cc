@@ -186,10 +186,13 @@ TEST(TieredRowFileTest, Crc32cMatchesTheStandardCheckValueAndABitwiseReference) 
   EXPECT_EQ(Crc32c("123456789", 9), 0xe3069283u);
   EXPECT_EQ(Crc32c("", 0), 0u);
   std::mt19937_64 rng(3);
-  for (size_t n : {1, 7, 8, 9, 63, 64, 1000}) {
-    std::vector<unsigned char> bytes(n);
-    for (auto& b : bytes) b = static_cast<unsigned char>(rng());
-    EXPECT_EQ(Crc32c(bytes.data(), n), BitwiseCrc32c(bytes.data(), n)) << n;
+  // Around the three-lane blocks (3 x 128 bytes), a record of a 64-wide Adagrad table (516), and an odd start.
+  for (size_t n : {1, 7, 8, 9, 63, 64, 383, 384, 385, 391, 516, 767, 768, 1000, 1155, 4096}) {
+    for (size_t start : {0, 3}) {
+      std::vector<unsigned char> bytes(n + start);
+      for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+      EXPECT_EQ(Crc32c(bytes.data() + start, n), BitwiseCrc32c(bytes.data() + start, n)) << n << " " << start;
+    }
   }
 }
 
