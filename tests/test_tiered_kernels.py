@@ -194,6 +194,10 @@ def test_refused_steps_change_no_row_and_no_counter(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="check_numerics: table 't', row 1"):
         bad = [np.full((6, dim), 3e38, np.float32)]
         _send(config, [tiered], [[1, 1, 1, 1, 1, 1]], bad, 1, check_numerics=True)
+    # The rounding ids are checked as the in-memory op checks them (one helper, cc/lib/rounding_table_ids.h).
+    for ids, pattern in (([0, 1], r"rounding_table_ids has 2 entries"), ([-1], r"rounding_table_ids\[0\] is -1")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+            _send(config, [tiered], [[1, 2, 2, 3, 1, 1]], grads, 1, rounding_table_ids=ids)
     # Only the numerics dry run reached the cache: its one row was a hit.  Nothing was read, written or evicted.
     after = _stats(tiered)
     assert after == {**stats, "hits": stats["hits"] + 1}

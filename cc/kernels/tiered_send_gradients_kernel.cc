@@ -26,6 +26,7 @@
 #include "cc/kernels/touched_rows_resource.h"
 #include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
+#include "cc/lib/rounding_table_ids.h"
 #include "cc/lib/tiered_row_storage.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -55,9 +56,8 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
     OP_REQUIRES(ctx, rounding.empty() || static_cast<int>(rounding.size()) == num_tables,
                 absl::InvalidArgumentError(absl::StrCat("rounding has ", rounding.size(), " entries; give none (all \"",
                                                         "stochastic\") or one per table (", num_tables, ")")));
-    OP_REQUIRES(ctx, table_ids.empty() || static_cast<int>(table_ids.size()) == num_tables,
-                absl::InvalidArgumentError(absl::StrCat("rounding_table_ids has ", table_ids.size(),
-                                                        " entries; give none or one per table (", num_tables, ")")));
+    std::vector<int64_t> rounding_ids;
+    OP_REQUIRES_OK(ctx, ResolveRoundingTableIds(table_ids, num_tables, "rounding_table_ids", &rounding_ids));
     rounding_.resize(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       const std::string mode = rounding.empty() ? "stochastic" : rounding[t];
@@ -65,11 +65,8 @@ class TieredSendTPUEmbeddingGradientsOp : public tensorflow::OpKernel {
           ctx, mode == "stochastic" || mode == "nearest",
           absl::InvalidArgumentError(absl::StrCat("rounding[", t, "] (table '", attrs_.config.tables[t].name,
                                                   "') is \"", mode, "\"; expected \"stochastic\" or \"nearest\"")));
-      const int64_t id = table_ids.empty() ? t : table_ids[t];
-      OP_REQUIRES(ctx, id >= 0,
-                  absl::InvalidArgumentError(absl::StrCat("rounding_table_ids[", t, "] is ", id, "; must be >= 0")));
       rounding_[t] = RoundingSpec{mode == "nearest" ? Rounding::kNearest : Rounding::kStochastic,
-                                  static_cast<uint64_t>(seed), 0, id};
+                                  static_cast<uint64_t>(seed), 0, rounding_ids[t]};
     }
   }
 
