@@ -587,11 +587,15 @@ bool TieredRowFile::ReadPiecesIfCached(const Piece* pieces, int64_t n) const {
   return done == want;
 }
 
-absl::Status TieredRowFile::CheckRecord(int64_t row, const char* record) const {
+bool TieredRowFile::RecordCrcOk(const char* record) const {
   const int64_t payload = layout_.payload_bytes();
   uint32_t stored;
   std::memcpy(&stored, record + payload, 4);
-  if (stored == Crc32c(record, static_cast<size_t>(payload))) return absl::OkStatus();
+  return stored == Crc32c(record, static_cast<size_t>(payload));
+}
+
+absl::Status TieredRowFile::CheckRecord(int64_t row, const char* record) const {
+  if (RecordCrcOk(record)) return absl::OkStatus();
   return absl::DataLossError(
       absl::StrCat(What(), ": row ", row, " is corrupted (CRC32C mismatch); restore the table from a checkpoint"));
 }
@@ -621,7 +625,7 @@ absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
         if (never_written < 0) never_written = run.first + i;
         continue;
       }
-      pieces.push_back(Piece{slot, run.first + i, run.records[i]});
+      pieces.push_back(Piece{slot, run.first + i, run.records[i], static_cast<int64_t>(pieces.size())});
     }
   }
   // Read in slot order, consecutive slots together: 1. what the page cache holds, without blocking; 2. every
@@ -635,11 +639,21 @@ absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
     slot_runs.emplace_back(begin, end);
     begin = end;
   }
+  // A run's records are checked as soon as it is read, while they are in the core's cache (checked after the
+  // whole batch's reads, W1's 1.4 MB of misses came back from memory for it); errors are reported after the
+  // reads, in the runs' order.
+  std::vector<uint8_t> crc_ok(pieces.size(), 0);
+  auto check_run = [&](size_t k) {
+    for (int64_t j = slot_runs[k].first; j < slot_runs[k].second; ++j) {
+      crc_ok[by_slot[j].index] = RecordCrcOk(by_slot[j].record);
+    }
+  };
   std::vector<uint8_t> cached(slot_runs.size(), 0);
   bool probed = slot_runs.size() > 1 && io_.preadv2 != nullptr && nowait_reads_.load(std::memory_order_relaxed);
   if (probed) {
     for (size_t k = 0; k < slot_runs.size(); ++k) {
       cached[k] = ReadPiecesIfCached(by_slot.data() + slot_runs[k].first, slot_runs[k].second - slot_runs[k].first);
+      if (cached[k]) check_run(k);
     }
     probed = nowait_reads_.load(std::memory_order_relaxed);  // (not when the kernel refused RWF_NOWAIT)
   }
@@ -656,6 +670,7 @@ absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
   for (size_t k = 0; k < slot_runs.size(); ++k) {
     if (cached[k]) continue;
     RETURN_IF_ERROR_(ReadPieces(by_slot.data() + slot_runs[k].first, slot_runs[k].second - slot_runs[k].first));
+    check_run(k);
   }
   lock.unlock();
   size_t at = 0;
@@ -667,7 +682,7 @@ absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
             What(), ": row ", row, " was never written (a new row file must be initialised with every row)"));
       }
       if (at < pieces.size() && pieces[at].row == row) {
-        RETURN_IF_ERROR_(CheckRecord(row, pieces[at].record));
+        if (!crc_ok[at]) RETURN_IF_ERROR_(CheckRecord(row, pieces[at].record));
         ++at;
       }
     }

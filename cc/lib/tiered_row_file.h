@@ -205,6 +205,7 @@ class TieredRowFile {
     uint32_t slot;
     int64_t row;
     char* record;
+    int64_t index = 0;  // its position in the call's list (ReadRuns reads them in slot order)
   };
 
   TieredRowFile(int fd, std::string path, std::string table, TieredRowLayout layout, RowFileIo io,
@@ -228,6 +229,8 @@ class TieredRowFile {
   bool ReadPiecesIfCached(const Piece* pieces, int64_t n) const;
   // The CRC of a record read for `row`: a corrupted record is an error naming the row.
   absl::Status CheckRecord(int64_t row, const char* record) const;
+  // Whether a record's stored CRC matches its payload (CheckRecord without the error).
+  bool RecordCrcOk(const char* record) const;
   // Appends (append_mu_ held; CRCs already stamped): one pwritev per segment the records span, each piece's new
   // locations published after its write.  A write that fails gives back the segment it took if it is still empty,
   // so a failed write (a full disk) never keeps cleaning's reserve as the segment being appended to.
