@@ -57,6 +57,9 @@ def _stored(x, dtype):
 
 
 def _feature(ids):
+    """A feature from dense ids, or one already normalized (passed through)."""
+    if hasattr(ids, "sample_indices_or_row_splits"):
+        return ids
     return eo.normalize_feature(tf.constant(ids, tf.int64))
 
 
@@ -166,6 +169,36 @@ def test_training_is_bitwise_the_in_memory_tables(tmp_path, opt, dtype):
     reopened = _handle(tmp_path / "t.rows", "t2", vocab, dim, widths, dtype, cache_rows=3, mode="open")
     for got, want in zip(_read(reopened, vocab, len(widths)), variables, strict=True):
         np.testing.assert_array_equal(got, tf.cast(want, tf.float32).numpy())
+
+
+def test_ragged_and_empty_batches_train_bitwise_as_in_memory(tmp_path):
+    # Samples with repeated ids, empty samples, a feature without any id, a step without any id: the lookup and
+    # the update address the pinned records by each id's position among the step's distinct rows.
+    rng = np.random.default_rng(5)
+    vocab, dim, batch = 40, 4, 6
+    opt = {"name": "adagrad"}
+    config = make_config(
+        [{"name": "t", "vocab": vocab, "dim": dim, "opt": opt, "lr": 0.1}], [("a", 0, [batch]), ("b", 0, [batch])]
+    ).SerializeToString()
+    variables, tiered = _in_memory_and_tiered(tmp_path, opt, "float32", vocab, dim, cache_rows=24, rng=rng)
+    empty = [[] for _ in range(batch)]
+    steps = [
+        [[[3, 3, 7], [], [39, 0], [], [5], [3]], empty],
+        [empty, empty],
+        [[[1, 2, 3, 4], [5, 6, 7, 8], [9], [10, 11], [12], [13, 14, 15]], [[16], [17], [18], [19], [20], [3, 3]]],
+        [[[39], [39], [0], [0], [39], [0]], [[39, 0], [], [], [], [], [0]]],
+    ]
+    for step, ids in enumerate(steps):
+        feats = [eo.normalize_feature(tf.ragged.constant(i, dtype=tf.int64, ragged_rank=1)) for i in ids]
+        grads = [rng.normal(size=(batch, dim)).astype(np.float32) for _ in range(2)]
+        want = eo.embedding_activations(feats, [variables[0]], config)
+        for got, w in zip(_lookup(config, [tiered], feats), want, strict=True):
+            np.testing.assert_array_equal(got.numpy(), w.numpy())
+        eo.send_tpu_embedding_gradients(grads, [], feats, [variables[0]], [variables[1:]], config, rounding_step=step)
+        _send(config, [tiered], feats, grads, step)
+    for got, want in zip(_read(tiered, vocab, len(variables) - 1), variables, strict=True):
+        np.testing.assert_array_equal(got, want.numpy())
+    assert _stats(tiered)["pinned"] == 0
 
 
 def test_refused_steps_change_no_row_and_no_counter(tmp_path):
