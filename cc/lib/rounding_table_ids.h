@@ -9,9 +9,9 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -33,7 +33,9 @@ inline absl::Status ResolveRoundingTableIds(const std::vector<int64_t>& given, i
                                                    " entries; give none (each table's position in the config) or ",
                                                    "one per table (", num_tables, ")"));
   }
-  absl::flat_hash_map<int64_t, int> first;
+  // (A std container: absl's hash tables are compiled differently under the sanitizers than in TensorFlow's own
+  // absl, and this header is built into the op library, where the two meet.)
+  std::unordered_map<int64_t, int> first;
   for (int t = 0; t < num_tables; ++t) {
     if (given[t] < 0) {
       return absl::InvalidArgumentError(absl::StrCat(attr_name, "[", t, "] is ", given[t], "; must be >= 0"));
