@@ -20,13 +20,13 @@
 
 namespace tf_embed_ops {
 
-// Sorts `rows` ascending and drops repeats.  Every row must be in [0, num_rows) (the callers validated the ids).
 // Whether the bitmap (rather than a sort) finds the distinct rows of n ids over num_rows rows.
 inline bool UsesDistinctRowBitmap(int64_t n, int64_t num_rows) {
   constexpr int64_t kWordsPerId = 16;
   return n >= 128 && num_rows / 64 / kWordsPerId <= n;
 }
 
+// Sorts `rows` ascending and drops repeats.  Every row must be in [0, num_rows) (the callers validated the ids).
 inline void SortDistinctRows(std::vector<int64_t>* rows, int64_t num_rows) {
   const int64_t n = static_cast<int64_t>(rows->size());
   if (!UsesDistinctRowBitmap(n, num_rows)) {
