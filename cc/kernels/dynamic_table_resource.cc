@@ -53,7 +53,7 @@ int64_t DynamicTableResource::memory_bytes() const {
   // location map.
   const int64_t cache = tiered_ == nullptr ? 0
                                            : tiered_->cache().capacity() * TieredRowCache::RowBytes(tiered_->layout()) +
-                                                 tiered_->cache().file_dram_bytes();
+                                                 tiered_->cache().dram_bytes_beside_budget();
   return table_->MemoryBytes() + cache;
 }
 

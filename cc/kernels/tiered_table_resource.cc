@@ -24,7 +24,7 @@ std::string TieredTableResource::DebugString() const {
 }
 
 int64_t TieredTableResource::MemoryUsed() const {
-  return cache_->capacity() * TieredRowCache::RowBytes(cache_->layout()) + cache_->file_dram_bytes();
+  return cache_->capacity() * TieredRowCache::RowBytes(cache_->layout()) + cache_->dram_bytes_beside_budget();
 }
 
 absl::Status TieredTableResource::CheckSameAttrs(const std::string& attrs) const {

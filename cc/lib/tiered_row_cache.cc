@@ -40,10 +40,11 @@ TieredRowCache::TieredRowCache(std::unique_ptr<TieredRowFile> file, int64_t capa
       slots_(new char[capacity * record_bytes_]),
       slot_row_(capacity, -1),
       pins_(capacity, 0),
-      referenced_(capacity, 0),
+      touched_(capacity, 0),
       dirty_(capacity, 0),
       loading_(capacity, 0),
-      writing_(capacity, 0) {
+      writing_(capacity, 0),
+      history_(file_->layout().num_rows, 0) {
   free_.reserve(capacity);
   for (int64_t s = capacity - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
   size_t size = 1;
@@ -91,7 +92,10 @@ void TieredRowCache::IndexInsert(int64_t row, int32_t slot) {
 void TieredRowCache::PrefetchIndexAhead(const std::vector<int64_t>& rows, size_t i) const {
   // The index and the slot arrays are larger than the core's cache and the rows are random: fetch the index entry
   // of the row kIndexAhead on, and the slot state of the row kIndexAhead / 2 on (its entry fetched by then).
-  if (i + kIndexAhead < rows.size()) PrefetchLine(&index_[Home(rows[i + kIndexAhead])]);
+  if (i + kIndexAhead < rows.size()) {
+    PrefetchLine(&index_[Home(rows[i + kIndexAhead])]);
+    PrefetchLine(&history_[rows[i + kIndexAhead]]);
+  }
   if (i + kIndexAhead / 2 < rows.size()) {
     const int32_t ahead = index_[Home(rows[i + kIndexAhead / 2])];
     if (ahead != kEmpty) {
@@ -170,24 +174,43 @@ void TieredRowCache::CountRead(int64_t rows) {
 }
 
 void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
-  // Two sweeps clear every reference bit, so a victim is found if an unpinned slot not being written exists.
+  // kThresholdRun rows passed over for their history raise the threshold to the lowest of theirs, at most 256
+  // times; a second round takes recently touched rows too: a victim is found if an unpinned slot not being written
+  // exists.
+  const int64_t limit = capacity_ + 256 * kThresholdRun + 1;
   while (count > 0) {
     int32_t victim = kEmpty;
-    for (int64_t tries = 0; tries < 2 * capacity_ + 1 && victim == kEmpty; ++tries) {
-      const int32_t s = static_cast<int32_t>(hand_);
-      hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
-      if (pins_[s] > 0 || slot_row_[s] < 0 || writing_[s]) continue;
-      if (referenced_[s]) {
-        referenced_[s] = 0;
-        continue;
+    for (int round = 0; round < 2 && victim == kEmpty; ++round) {
+      int passed = 0;
+      uint8_t lowest = 0xff;
+      for (int64_t tries = 0; tries < limit && victim == kEmpty; ++tries) {
+        const int32_t s = static_cast<int32_t>(hand_);
+        hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
+        if (pins_[s] > 0 || slot_row_[s] < 0 || writing_[s] || (round == 0 && Recent(s))) continue;
+        const uint8_t history = history_[slot_row_[s]];
+        if (history > threshold_) {
+          lowest = std::min(lowest, history);
+          if (++passed == kThresholdRun) {
+            threshold_ = lowest;
+            passed = 0;
+            lowest = 0xff;
+          }
+          continue;
+        }
+        victim = s;
       }
-      victim = s;
     }
     if (victim == kEmpty) return;
     pins_[victim] = 1;
     victims->push_back(victim);
     --count;
   }
+}
+
+void TieredRowCache::AgeHistory() {
+  for (uint8_t& h : history_) h >>= 1;
+  threshold_ >>= 1;
+  history_touches_ = 0;
 }
 
 absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int32_t>* out,
@@ -198,6 +221,10 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
   //    skips it).  Rows being written in the background, or loaded by another call, are not taken: wait for those
   //    transfers when only such rows are left.
   std::vector<int32_t> victims;
+  // The threshold decays a little at every load (by an eighth, at least 1, down to 1: a resident row was touched
+  // at least once since its history was last halved, mostly), so that it follows the histories down after a burst
+  // raised it; passing kThresholdRun rows raises it again where needed.
+  if (threshold_ > 1) threshold_ -= std::min<uint8_t>(threshold_ - 1, 1 + threshold_ / 8);
   const size_t from_free = std::min(misses->size(), free_.size());
   for (size_t i = 0; i < from_free; ++i) {
     out->push_back(free_.back());
@@ -237,7 +264,6 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
     IndexErase(slot_row_[v]);
     slot_row_[v] = -1;
     pins_[v] = 0;
-    referenced_[v] = 0;
     ++stats_.evictions;
     out->push_back(v);
   }
@@ -254,7 +280,7 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
     slot_row_[slot] = (*misses)[i];
     IndexInsert((*misses)[i], slot);
     pins_[slot] = 1;
-    referenced_[slot] = 1;
+    touched_[slot] = calls_;
     dirty_[slot] = 0;
     records[i] = Record(slot);
   }
@@ -275,7 +301,6 @@ absl::Status TieredRowCache::Load(std::vector<int64_t>* misses, std::vector<int3
       IndexErase((*misses)[i]);
       slot_row_[slot] = -1;
       pins_[slot] = 0;
-      referenced_[slot] = 0;
       free_.push_back(slot);
     }
     pinned_slots_ -= n;
@@ -301,12 +326,12 @@ void TieredRowCache::WritebackLoop() {
     if (stop_) return;
     const int64_t want = std::min({writeback_wanted_, kMaxBackgroundRows, capacity_});
     writeback_wanted_ = 0;
-    // The next victims, in the order the hand meets them: unpinned, unreferenced rows; the dirty ones are copied
+    // The next victims, in the order the hand meets them (at today's threshold); the dirty ones are copied
     // (no step changes an unpinned row, so each copy is one consistent record) and marked clean and in writing.
     picked.clear();
     int64_t seen = 0;
     for (int64_t i = 0, s = hand_; i < capacity_ && seen < want; ++i, s = s + 1 == capacity_ ? 0 : s + 1) {
-      if (slot_row_[s] < 0 || pins_[s] > 0 || referenced_[s] || writing_[s]) continue;
+      if (!Evictable(s)) continue;
       ++seen;
       if (dirty_[s]) picked.push_back(static_cast<int32_t>(s));
     }
@@ -445,10 +470,17 @@ absl::Status TieredRowCache::Acquire(std::vector<int64_t> rows, TieredPin* pin, 
                                                    pinned_slots_, " of the cache's ", capacity_,
                                                    " rows are pinned by concurrent calls"));
   }
-  for (const int32_t slot : slots) {
-    if (slot == kEmpty) continue;
-    if (pins_[slot]++ == 0) ++pinned_slots_;
-    referenced_[slot] = 1;
+  ++calls_;
+  for (int64_t i = 0; i < n; ++i) {  // (a new row's history starts again; Load stamps the misses)
+    if (i + static_cast<int64_t>(kIndexAhead) < n) PrefetchLine(&history_[rows[i + kIndexAhead]]);
+    const int32_t slot = slots[i];
+    if (slot != kEmpty && pins_[slot]++ == 0) ++pinned_slots_;
+    if (read) {
+      Touch(rows[i], slot);
+    } else {
+      history_[rows[i]] = 0;
+      if (slot != kEmpty) touched_[slot] = calls_;
+    }
   }
   std::vector<int32_t> loaded;  // pinned by Load
   const int64_t num_misses = static_cast<int64_t>(misses.size());
@@ -493,16 +525,17 @@ absl::Status TieredRowCache::PrefetchLocked(const std::vector<int64_t>& rows, st
   std::vector<int32_t> held;
   std::vector<int64_t> misses;
   const size_t n = rows.size();
+  ++calls_;
   for (size_t i = 0; i < n; ++i) {
     const int64_t row = rows[i];
     PrefetchIndexAhead(rows, i);
     const int32_t slot = Find(row);
+    Touch(row, slot);
     if (slot == kEmpty) {
       misses.push_back(row);
       continue;
     }
     if (loading_[slot]) continue;
-    referenced_[slot] = 1;
     if (pins_[slot]++ == 0) ++pinned_slots_;
     held.push_back(slot);
   }
@@ -576,7 +609,9 @@ absl::Status TieredRowCache::Flush() {
 absl::Status TieredRowCache::Grow(int64_t num_rows) {
   std::unique_lock<std::mutex> lock(mu_);
   WaitForIoLocked(&lock);  // TieredRowFile::Grow must run beside no other transfer
-  return file_->Grow(num_rows);
+  const absl::Status s = file_->Grow(num_rows);
+  history_.resize(this->num_rows(), 0);
+  return s;
 }
 
 absl::Status TieredRowCache::ReadRecords(int64_t first, int64_t n, char* out) {

@@ -366,24 +366,82 @@ TEST(TieredRowCacheTest, EvictsWithClockAndWritesDirtyRowsBack) {
   EXPECT_EQ(cache->stats().rows_read, read);
 }
 
-TEST(TieredRowCacheTest, ClockKeepsRecentlyUsedRows) {
+TEST(TieredRowCacheTest, TheLastCallsRowsOutlastTheNextCallsLoadsEvenWhenRarer) {
+  // A step's lookup, then the next batch's prefetch, then the step's update: the prefetch evicts other rows than
+  // the ones the lookup just touched, though those have the shorter history, and the update finds them resident.
   TempDir dir;
-  const TieredRowLayout layout = Layout(32, {StorageType::kFloat32}, {2});
-  auto cache = NewCache(dir.File("t.rows"), layout, 4);
+  const TieredRowLayout layout = Layout(64, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 8);
   TieredPin pin;
+  for (int k = 0; k < 3; ++k) {  // rows 4-7 (slots 0-3, met first by the hand): history 3
+    ASSERT_TRUE(cache->Acquire({4, 5, 6, 7}, &pin).ok());
+    cache->Release(&pin, false);
+  }
+  ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());  // the lookup: history 1
+  cache->Release(&pin, false);
+  ASSERT_TRUE(cache->Prefetch({20, 21, 22, 23}).ok());  // evicts rows 4-7
+  EXPECT_EQ(cache->stats().evictions, 4);
+  const int64_t misses = cache->stats().misses;
+  ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());  // the update
+  cache->Release(&pin, false);
+  ASSERT_TRUE(cache->Acquire({20, 21, 22, 23}, &pin).ok());  // the next lookup
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().misses, misses);
+  // With every unpinned row touched by the last call, those are evicted rather than nothing.
+  ASSERT_TRUE(cache->Acquire({40, 41, 42, 43}, &pin).ok());
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().resident_rows, 8);
+}
+
+TEST(TieredRowCacheTest, FrequentRowsOutlastAStreamOfRowsSeenOnce) {
+  // Plain CLOCK would evict the four hot rows within two sweeps of one-off rows; with the access history the hand
+  // evicts the one-off rows (history 1) and passes the hot ones (history 10) over.
+  TempDir dir;
+  const TieredRowLayout layout = Layout(1000, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 8);
+  TieredPin pin;
+  for (int k = 0; k < 10; ++k) {
+    ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());
+    cache->Release(&pin, /*dirty=*/k == 9);
+  }
+  for (int64_t row = 100; row < 300; ++row) {
+    ASSERT_TRUE(cache->Acquire({row}, &pin).ok());
+    cache->Release(&pin, false);
+  }
+  EXPECT_EQ(cache->stats().evictions, 200 - 4);
+  const int64_t misses = cache->stats().misses;
   ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());
   cache->Release(&pin, false);
-  // A sweep clears every reference bit and takes slot 0 (row 0); row 1 is then referenced again.
-  ASSERT_TRUE(cache->Acquire({10}, &pin).ok());
-  cache->Release(&pin, false);
-  ASSERT_TRUE(cache->Acquire({1}, &pin).ok());
-  cache->Release(&pin, false);
-  ASSERT_TRUE(cache->Acquire({11}, &pin).ok());  // the hand skips row 1 (referenced) and takes row 2
-  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().misses, misses);  // still resident, still dirty (never written back)
+  ASSERT_TRUE(cache->Flush().ok());
+}
+
+TEST(TieredRowCacheTest, ThresholdRisesWhenEveryUnpinnedRowIsFrequent) {
+  // Rows 0-3 have long histories; one-off rows pass through the two other slots without evicting them.  Then six
+  // new rows at once need every slot: the hand raises its threshold to the lowest history it passed over (neither a
+  // refusal nor a hang), after the windows' halvings too.
+  TempDir dir;
+  const TieredRowLayout layout = Layout(1000, {StorageType::kFloat32}, {2});
+  auto cache = NewCache(dir.File("t.rows"), layout, 6);
+  TieredPin pin;
+  for (int k = 0; k < 300; ++k) {  // saturates rows 0-2; row 3 stays lower
+    ASSERT_TRUE(
+        cache->Acquire(k % 3 == 0 ? std::vector<int64_t>{0, 1, 2, 3} : std::vector<int64_t>{0, 1, 2}, &pin).ok());
+    cache->Release(&pin, false);
+  }
+  for (int64_t row = 10; row < 20; ++row) {
+    ASSERT_TRUE(cache->Acquire({row}, &pin).ok());
+    cache->Release(&pin, false);
+  }
+  EXPECT_EQ(cache->stats().evictions, 8);
   const int64_t misses = cache->stats().misses;
-  ASSERT_TRUE(cache->Acquire({1, 3, 10, 11}, &pin).ok());
+  ASSERT_TRUE(cache->Acquire({0, 1, 2, 3}, &pin).ok());
   cache->Release(&pin, false);
-  EXPECT_EQ(cache->stats().misses, misses);  // all four still resident
+  EXPECT_EQ(cache->stats().misses, misses);
+  ASSERT_TRUE(cache->Acquire(Range(20, 26), &pin).ok());
+  cache->Release(&pin, false);
+  EXPECT_EQ(cache->stats().resident_rows, 6);
+  EXPECT_EQ(cache->stats().evictions, 14);
 }
 
 TEST(TieredRowCacheTest, PrefetchLoadsWithoutPinningAndTheStepHits) {
