@@ -5,8 +5,9 @@ Not part of any test tier or of `python -m benchmarks`: it writes the row file (
 `free -g` (the point is a table that does not fit in memory) and the free space of `--directory`. The script
 checks that space up front and refuses to start without room for the row file and the checkpoint; the restore
 goes to a second row file when the disk holds one more copy of the table, else it replaces the trained row file
-(`te.Tiered(mode="overwrite")`, after a sample of the trained rows was read for the comparison). Every file it
-made is removed at the end (`--keep` keeps them).
+(after a sample of the trained rows was read for the comparison); either way the restored table is made with
+`te.Tiered(mode="restore")`, so the restore writes each row once. Every file it made is removed at the end
+(`--keep` keeps them).
 
     python -m benchmarks.tiered_large --directory /mnt/disk/tiered --table-gb 26 --cache-gb 2 --steps 300
 
@@ -36,6 +37,12 @@ _RECORD_OVERHEAD = 4  # the CRC
 _MARGIN_BYTES = 2 * 10**9  # left free on the disk beyond what the run writes
 
 
+def row_file_bytes(table_bytes: int) -> int:
+    """The row file of a table of `table_bytes` records: the log-structured file reserves a quarter more record
+    slots (docs/tiered_tables.md, "The row file")."""
+    return table_bytes + table_bytes // 4
+
+
 def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tiered_large", description=__doc__.splitlines()[0])
     p.add_argument("--directory", required=True, help="where the row files and the checkpoint go (a big disk)")
@@ -56,7 +63,7 @@ def _args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def plan_disk(table_bytes: int, free_bytes: int, restore_into: str) -> str:
+def plan_disk(table_bytes: int, free_bytes: int, restore_into: str, train_only: bool = False) -> str:
     """Where the restore goes ("new" or "same"), given the disk's free bytes; raises SystemExit naming the sizes
     when the row file and the checkpoint (plus a margin) do not fit.
 
@@ -64,21 +71,31 @@ def plan_disk(table_bytes: int, free_bytes: int, restore_into: str) -> str:
       table_bytes: the row file's size (the checkpoint of a float32 table is about as large).
       free_bytes: free space of the directory's file system.
       restore_into: "auto", "new" or "same".
+      train_only: no checkpoint and no restore: the row file and the margin must fit.
 
     Returns:
-      "new" (a second row file) or "same" (the trained row file replaced).
+      "new" (a second row file), "same" (the trained row file replaced) or, train_only, "none".
 
     Raises:
       SystemExit: not enough space for what `restore_into` asks.
     """
     gb = 1e9
-    need_same = 2 * table_bytes + _MARGIN_BYTES
-    need_new = 3 * table_bytes + _MARGIN_BYTES
+    row_file = row_file_bytes(table_bytes)
+    if train_only:
+        if free_bytes < row_file + _MARGIN_BYTES:
+            raise SystemExit(
+                f"tiered_large: needs {(row_file + _MARGIN_BYTES) / gb:.1f} GB free (row file "
+                f"{row_file / gb:.1f} GB and {_MARGIN_BYTES / gb:.0f} GB of margin) but the disk has "
+                f"{free_bytes / gb:.1f} GB free: use a smaller --table-gb or another --directory"
+            )
+        return "none"
+    need_same = row_file + table_bytes + _MARGIN_BYTES
+    need_new = 2 * row_file + table_bytes + _MARGIN_BYTES
     if restore_into == "new" and free_bytes < need_new or free_bytes < need_same:
         need = need_new if restore_into == "new" else need_same
         raise SystemExit(
-            f"tiered_large: needs {need / gb:.1f} GB free (row file {table_bytes / gb:.1f} GB, its checkpoint about "
-            f"as much{', a restored row file as much again' if restore_into == 'new' else ''}, and "
+            f"tiered_large: needs {need / gb:.1f} GB free (row file {row_file / gb:.1f} GB, its checkpoint "
+            f"{table_bytes / gb:.1f} GB{', a restored row file as large again' if restore_into == 'new' else ''}, and "
             f"{_MARGIN_BYTES / gb:.0f} GB of margin) but the disk has {free_bytes / gb:.1f} GB free: use a smaller "
             "--table-gb or another --directory"
         )
@@ -182,7 +199,7 @@ def main(argv=None) -> None:
     cache_bytes = int(a.cache_gb * 2**30)
     made_root = not os.path.exists(a.directory)
     os.makedirs(a.directory, exist_ok=True)
-    restore_into = plan_disk(table_bytes, shutil.disk_usage(a.directory).free, a.restore_into)
+    restore_into = plan_disk(table_bytes, shutil.disk_usage(a.directory).free, a.restore_into, a.train_only)
     with open("/proc/meminfo", encoding="ascii") as f:
         mem_total = int(next(line for line in f if line.startswith("MemTotal:")).split()[1]) * 1024
     made = [os.path.join(a.directory, d) for d in ("trained", "restored", "checkpoint")]
@@ -257,13 +274,13 @@ def _run(a, rows: int, table_bytes: int, cache_bytes: int, mem_total: int, resto
     if restore_into == "same":  # the trained table goes first (its file is closed), then its file is replaced
         del emb, table, step
         gc.collect()
-        free = shutil.disk_usage(a.directory).free + table_bytes  # the trained row file is about to go
-        if free < table_bytes + _MARGIN_BYTES:
+        free = shutil.disk_usage(a.directory).free + row_file_bytes(table_bytes)  # the trained row file is about to go
+        if free < row_file_bytes(table_bytes) + _MARGIN_BYTES:
             raise SystemExit(f"tiered_large: {free / 1e9:.1f} GB free for the restored row file: too little")
     with _Phase("restore") as fields:
         t0 = time.perf_counter()
-        # (A new tiered table writes every row from its initializer first; the restore then rewrites them.)
-        restored, other = _table(rows, a.dim, cache_bytes, directory, a.chunk_mb, "overwrite")
+        # mode="restore": the new row file gets no initial rows; the checkpoint's restore writes each row once.
+        restored, other = _table(rows, a.dim, cache_bytes, directory, a.chunk_mb, "restore")
         fields.update(into=restore_into, create_seconds=round(time.perf_counter() - t0, 1))
         t0 = time.perf_counter()
         tf.train.Checkpoint(embedding=restored).read(path).assert_consumed()

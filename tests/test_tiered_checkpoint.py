@@ -178,3 +178,50 @@ def test_a_saved_model_of_a_tiered_table_is_refused_naming_it(tmp_path):
     emb = embedding(tiered)
     with pytest.raises(NotImplementedError, match=r"'big'[\s\S]*SavedModel cannot hold them"):
         tf.saved_model.save(emb, str(tmp_path / "saved_model"))
+
+
+def test_mode_restore_writes_no_row_until_the_checkpoint_restore_writes_them_all(tmp_path):
+    """te.Tiered(mode="restore"): the new row file gets no initial rows (a restore would write them all again);
+    a read before the restore names the table and the row; after it the table continues bitwise as the saved one.
+    """
+    opt = te.optimizers.Adagrad(0.1)
+    table = _tiered(tmp_path, "a", opt, 9 * DIM * 4 * 2)
+    emb = embedding(table)
+    for i in range(2):
+        step(emb, _ids(i))
+    path = tf.train.Checkpoint(embedding=emb).write(str(tmp_path / "ckpt" / "c"))
+
+    # A restarted job: an existing row file is replaced, and no row is written from the initializer.
+    stale = tmp_path / "b" / "t.rows"
+    stale.parent.mkdir()
+    stale.write_bytes(b"a crashed run's rows")
+    config = table.storage.get_config()
+    restored_table = te.TableConfig(
+        V,
+        DIM,
+        name="t",
+        optimizer=opt,
+        initializer=table.initializer,
+        storage=te.Tiered(**{**config, "directory": str(tmp_path / "b"), "mode": "restore"}),
+    )
+    restored = embedding(restored_table)
+    tiered = restored.tiered_tables[restored_table]
+    stats = tiered.stats()
+    assert int(stats["rows_written"]) == 0 and int(stats["resident_rows"]) == 0
+    with pytest.raises(tf.errors.FailedPreconditionError, match=r"table 't'.*row 0 was never written.*mode='restore'"):
+        restored.enqueue(_ids(0))
+        restored.dequeue()
+
+    tf.train.Checkpoint(embedding=restored).read(path).assert_consumed()
+    assert int(tiered.stats()["rows_written"]) == V  # once each
+    assert_same_state(tiered_state(restored, restored_table), tiered_state(emb, table))
+    for i in range(2, 5):
+        np.testing.assert_array_equal(step(restored, _ids(i))["f"].numpy(), step(emb, _ids(i))["f"].numpy())
+    assert_same_state(tiered_state(restored, restored_table), tiered_state(emb, table))
+
+
+def test_mode_restore_round_trips_and_unknown_modes_are_refused():
+    storage = te.Tiered(cache_bytes=1 << 20, directory="/tmp/rows", mode="restore")
+    assert te.Tiered.from_config(storage.get_config()) == storage
+    with pytest.raises(ValueError, match=r"`mode` must be one of .*'restore'.*got 'restored'"):
+        te.Tiered(cache_bytes=1 << 20, directory="/tmp/rows", mode="restored")

@@ -127,6 +127,25 @@ def test_streamed_checkpoints_restore_bitwise_across_in_memory_and_tiered(tmp_pa
         _assert_same(_state(emb, table), want, _CONTENT)
 
 
+def test_mode_restore_is_overwrite_for_a_dynamic_table(tmp_path):
+    """A dynamic table writes no row at creation, so te.Tiered(mode="restore") replaces an existing row file and
+    the restore writes the rows, as "overwrite" does."""
+    optimizer = te.optimizers.Adagrad(0.1)
+    memory, _ = _configs(tmp_path / "rows", optimizer)
+    emb_m = _embedding(memory)
+    _train(emb_m, BATCHES[:4])
+    saved = tf.train.Checkpoint(embedding=emb_m).write(str(tmp_path / "memory" / "ckpt"))
+    _, tiered = _configs(tmp_path / "rows2", optimizer)
+    storage = te.Tiered(**{**tiered.storage.get_config(), "mode": "restore"})
+    os.makedirs(storage.directory)
+    with open(storage.path("t"), "wb") as f:
+        f.write(b"a crashed run's rows")
+    tiered = te.DynamicTableConfig("t", DIM, optimizer=optimizer, seed=11, storage=storage)
+    emb_t = _embedding(tiered)
+    tf.train.Checkpoint(embedding=emb_t).read(saved).assert_consumed()
+    _assert_same(_state(emb_t, tiered), _state(emb_m, memory), _CONTENT)
+
+
 def test_admission_counters_and_decayed_counts_go_through_the_streamed_checkpoint(tmp_path):
     options = dict(
         admission=te.dynamic.FrequencyAdmission(2, max_pending_keys=64), eviction=te.dynamic.DecayedLFU(14, decay=0.5)

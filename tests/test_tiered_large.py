@@ -17,15 +17,17 @@ GB = 10**9
 
 def test_the_restore_goes_to_a_second_file_only_when_the_disk_holds_it():
     margin = 2 * GB
-    assert tiered_large.plan_disk(10 * GB, 30 * GB + margin, "auto") == "new"
-    assert tiered_large.plan_disk(10 * GB, 30 * GB + margin - 1, "auto") == "same"
-    assert tiered_large.plan_disk(10 * GB, 20 * GB + margin, "same") == "same"
-    assert tiered_large.plan_disk(10 * GB, 30 * GB + margin, "new") == "new"
+    # A 10 GB table: a row file of 12.5 GB (a quarter spare), a checkpoint of 10 GB.
+    assert tiered_large.row_file_bytes(10 * GB) == 12.5 * GB
+    assert tiered_large.plan_disk(10 * GB, 35 * GB + margin, "auto") == "new"
+    assert tiered_large.plan_disk(10 * GB, 35 * GB + margin - 1, "auto") == "same"
+    assert tiered_large.plan_disk(10 * GB, 22.5 * GB + margin, "same") == "same"
+    assert tiered_large.plan_disk(10 * GB, 35 * GB + margin, "new") == "new"
 
 
 @pytest.mark.parametrize(
     ("free", "mode", "needed"),
-    [(20 * GB + 2 * GB - 1, "auto", "22.0"), (20 * GB + 2 * GB - 1, "same", "22.0"), (30 * GB, "new", "32.0")],
+    [(22.5 * GB + 2 * GB - 1, "auto", "24.5"), (22.5 * GB + 2 * GB - 1, "same", "24.5"), (35 * GB, "new", "37.0")],
 )
 def test_too_little_disk_is_refused_before_anything_is_written(free, mode, needed):
     with pytest.raises(SystemExit) as e:
@@ -33,7 +35,15 @@ def test_too_little_disk_is_refused_before_anything_is_written(free, mode, neede
     message = str(e.value)
     assert f"needs {needed} GB free" in message
     assert f"has {free / GB:.1f} GB free" in message
-    assert "row file 10.0 GB" in message
+    assert "row file 12.5 GB" in message
+
+
+def test_a_training_only_run_needs_room_for_the_row_file_alone():
+    margin = 2 * GB
+    assert tiered_large.plan_disk(10 * GB, 12.5 * GB + margin, "auto", train_only=True) == "none"
+    with pytest.raises(SystemExit) as e:
+        tiered_large.plan_disk(10 * GB, 12.5 * GB + margin - 1, "auto", train_only=True)
+    assert "needs 14.5 GB free (row file 12.5 GB and 2 GB of margin)" in str(e.value)
 
 
 @pytest.mark.slow

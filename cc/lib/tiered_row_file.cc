@@ -679,7 +679,9 @@ absl::Status TieredRowFile::ReadRuns(const std::vector<RecordRun>& runs) const {
       const int64_t row = run.first + i;
       if (row == never_written) {
         return absl::FailedPreconditionError(absl::StrCat(
-            What(), ": row ", row, " was never written (a new row file must be initialised with every row)"));
+            What(), ": row ", row,
+            " was never written: a new row file holds the rows its initialisation or a checkpoint restore wrote "
+            "(a table created with te.Tiered(mode='restore') has no rows until its checkpoint is restored)"));
       }
       if (at < pieces.size() && pieces[at].row == row) {
         if (!crc_ok[at]) RETURN_IF_ERROR_(CheckRecord(row, pieces[at].record));

@@ -757,7 +757,8 @@ def _check_tiered(owner: str, storage: Any, eviction: Any) -> tiered_config.Tier
     if storage.mode == "open":
         raise ValueError(
             f"{owner}: storage=te.Tiered(mode='open') is not supported for a dynamic table: its keys live in memory, "
-            "so a row file alone cannot be reopened. Use mode='create' or 'overwrite' and restore a checkpoint."
+            "so a row file alone cannot be reopened. Use mode='create', 'overwrite' or 'restore' and restore a "
+            "checkpoint."
         )
     if isinstance(eviction, L2Norm):
         raise ValueError(
@@ -805,7 +806,8 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
         {
             "tiered_path": tiered.path(config.name),
             "tiered_cache_bytes": tiered.cache_bytes,
-            "tiered_mode": tiered.mode,
+            # (A dynamic table writes no row at creation: "restore" is "overwrite" for it.)
+            "tiered_mode": "overwrite" if tiered.mode == "restore" else tiered.mode,
         }
         if tiered is not None
         else {}

@@ -22,8 +22,9 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "MODES", "Tiered", "check_storage", "is_tiered
 
 # How a table's row file is opened when the table is built: "create" makes a new file and refuses an existing
 # one (it may hold another run's rows), "open" trains on an existing file (its header must match the table),
-# "overwrite" removes an existing file first (e.g. before restoring a checkpoint after a crash).
-MODES = ("create", "open", "overwrite")
+# "overwrite" removes an existing file first, "restore" does too and then writes no row: for a job that restores
+# its checkpoint next, which writes every row (a static table's initialisation would write them all once more).
+MODES = ("create", "open", "overwrite", "restore")
 # Initialisation, checkpoints and restores move rows in chunks of about this many bytes (rows and slots in
 # float32): the memory they need beside the cache.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -44,7 +45,10 @@ class Tiered:
         training step's distinct rows must fit in it.
       directory: where the row file `<table>.rows` is kept (created if missing when the table is built).
       mode: "create" (default: a new row file; an existing one is refused), "open" (train on the rows of an
-        existing file, whose header must match the table) or "overwrite" (remove an existing file, then create).
+        existing file, whose header must match the table), "overwrite" (remove an existing file, then create) or
+        "restore" (as "overwrite", but the new file's rows are not written from the initializer: a checkpoint
+        restore writes them next; until it has, reading a row, a lookup included, is an error naming the table
+        and the row). A dynamic table writes no row at creation, so for it "restore" is "overwrite".
       chunk_bytes: initialisation, checkpoints and restores move rows in chunks of about this many bytes.
 
     Raises:

@@ -103,7 +103,7 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
             # The counters at the previous `write_summaries` (per-step deltas); not checkpointed.
             self._summarized = new_summarized_stats(f"{_var_name(name)}_summarized")
             _ = self.resource_handle  # creates (or opens) the row file now, not inside a later tf.function
-            if self._mode == "create":
+            if self._mode == "create" and self._storage.mode != "restore":
                 self.initialize_rows()
 
     def _prepare_file(self) -> str:
@@ -113,11 +113,12 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
         if mode == "create" and exists:
             raise ValueError(
                 f"{where}: the row file {path} already exists (it may hold another run's rows); use "
-                "te.Tiered(mode='open') to train on it, mode='overwrite' to replace it, or another directory"
+                "te.Tiered(mode='open') to train on it, mode='overwrite' to replace it (mode='restore' when a "
+                "checkpoint restore follows), or another directory"
             )
         if mode == "open" and not exists:
             raise ValueError(f"{where}: te.Tiered(mode='open') but the row file {path} does not exist")
-        if mode == "overwrite" and exists:
+        if mode in ("overwrite", "restore") and exists:
             os.remove(path)
         if mode != "open":
             os.makedirs(self._storage.directory, exist_ok=True)
