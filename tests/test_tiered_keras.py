@@ -126,6 +126,15 @@ def test_save_and_load_model_keep_the_storage_and_the_rows(tmp_path):
         loaded.predict(x, batch_size=BATCH, verbose=0), model.predict(x, batch_size=BATCH, verbose=0)
     )
 
+    # mode="restore": load_model's weights write every row once, over a row file created without initial rows.
+    with te_keras.tiered_storage(
+        lambda name, old: te.Tiered(**{**old.get_config(), "directory": str(tmp_path / "restored"), "mode": "restore"})
+    ):
+        restored = keras.models.load_model(path)
+    restored_table = next(iter(restored.get_layer("embedding").tiered_tables.values()))
+    assert int(restored_table.stats()["rows_written"]) == V
+    _assert_state(restored_table.read_all(), saved)
+
     # from_config alone (no weights): the storage survives the config round trip.
     config = layer.get_config()
     with te_keras.tiered_storage({"t": te.Tiered(cache_bytes=4096, directory=str(tmp_path / "fresh"))}):

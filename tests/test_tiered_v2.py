@@ -37,14 +37,21 @@ def _rows(n: int, seed: int, dim: int = DIM) -> np.ndarray:
 
 
 def _feature_config(
-    directory, optimizer, tiered: bool, u_dim: int = DIM, cache_rows: int = CACHE_ROWS, vocab: int = V, **options
+    directory,
+    optimizer,
+    tiered: bool,
+    u_dim: int = DIM,
+    cache_rows: int = CACHE_ROWS,
+    vocab: int = V,
+    mode: str = "create",
+    **options,
 ):
     """Tiered (or in-memory) table "t" under features "f" (ragged, mean) and "h" (dense); in-memory "u" under "a".
-    With `u_dim == DIM` the two tables would share a stack in memory."""
+    With `u_dim == DIM` the two tables would share a stack in memory. `mode`: the tiered table's te.Tiered mode."""
     storage = None
     if tiered:
         cache = cache_bytes_for(cache_rows, optimizer, DIM, options.get("storage_dtype", tf.float32))
-        storage = te.Tiered(cache_bytes=cache, directory=str(directory))
+        storage = te.Tiered(cache_bytes=cache, directory=str(directory), mode=mode)
     t = te.TableConfig(
         vocab,
         DIM,
@@ -364,6 +371,26 @@ def test_checkpoint_streams_the_tiered_table_and_restores_it(tmp_path):
         _step(emb, features), _step(again, features)
     for name in ("t", "u"):
         _assert_same(_state(emb, name), _state(again, name))
+
+
+def test_a_table_made_with_mode_restore_is_written_once_by_the_restore(tmp_path):
+    emb = _embedding(tmp_path / "rows", OPTIMIZERS["adagrad"](), True)
+    batches = _batches(4)
+    for features in batches[:2]:
+        _step(emb, features)
+    path = _write(emb, tmp_path / "ckpt")
+    restored = _embedding(tmp_path / "rows2", OPTIMIZERS["adagrad"](), True, mode="restore")
+    assert _stats(restored)["rows_written"] == 0  # no initial rows
+    _read(restored, path)
+    assert _stats(restored)["rows_written"] == V
+    for name in ("t", "u"):
+        _assert_same(_state(restored, name), _state(emb, name))
+    for features in batches[2:]:
+        acts, restored_acts = _step(emb, features), _step(restored, features)
+        for key in acts:
+            np.testing.assert_array_equal(restored_acts[key].numpy(), acts[key].numpy(), err_msg=key)
+    for name in ("t", "u"):
+        _assert_same(_state(restored, name), _state(emb, name))
 
 
 def _apart(tmp_path, sub: str, tiered: bool, **kwargs) -> te.TPUEmbeddingV2:
