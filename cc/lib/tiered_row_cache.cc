@@ -174,31 +174,41 @@ void TieredRowCache::CountRead(int64_t rows) {
 }
 
 void TieredRowCache::TakeVictims(size_t count, std::vector<int32_t>* victims) {
-  // kThresholdRun rows passed over for their history raise the threshold to the lowest of theirs, at most 256
-  // times; a second round takes recently touched rows too: a victim is found if an unpinned slot not being written
-  // exists.
-  const int64_t limit = capacity_ + 256 * kThresholdRun + 1;
-  while (count > 0) {
-    int32_t victim = kEmpty;
-    for (int round = 0; round < 2 && victim == kEmpty; ++round) {
-      int passed = 0;
-      uint8_t lowest = 0xff;
-      for (int64_t tries = 0; tries < limit && victim == kEmpty; ++tries) {
-        const int32_t s = static_cast<int32_t>(hand_);
-        hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
-        if (pins_[s] > 0 || slot_row_[s] < 0 || writing_[s] || (round == 0 && Recent(s))) continue;
-        const uint8_t history = history_[slot_row_[s]];
-        if (history > threshold_) {
-          lowest = std::min(lowest, history);
-          if (++passed == kThresholdRun) {
-            threshold_ = lowest;
-            passed = 0;
-            lowest = 0xff;
-          }
-          continue;
-        }
-        victim = s;
+  // One sweep from the hand: the first candidate whose history is at most the threshold.  The threshold rises to
+  // the lowest history passed over after kThresholdRun such rows, or after a whole sweep of the cache, so two
+  // sweeps find a victim if a candidate exists; recent_too: rows touched by the last calls are candidates too.
+  const int64_t limit = 2 * capacity_ + 256 * kThresholdRun + 1;
+  auto sweep = [&](bool recent_too) {
+    int passed = 0;
+    int64_t since_raise = 0;
+    uint8_t lowest = 0xff;
+    bool any = false;  // a candidate was met (a whole sweep without one ends the search)
+    for (int64_t tries = 0; tries < limit && (any || tries < capacity_); ++tries, ++since_raise) {
+      const int32_t s = static_cast<int32_t>(hand_);
+      hand_ = hand_ + 1 == capacity_ ? 0 : hand_ + 1;
+      if (pins_[s] > 0 || slot_row_[s] < 0 || writing_[s] || (!recent_too && Recent(s))) continue;
+      any = true;
+      const uint8_t history = history_[slot_row_[s]];
+      if (history <= threshold_) return s;
+      lowest = std::min(lowest, history);
+      if (++passed == kThresholdRun || since_raise >= capacity_) {
+        threshold_ = lowest;
+        if (history <= threshold_) return s;  // this row was the lowest
+        passed = 0;
+        since_raise = 0;
+        lowest = 0xff;
       }
+    }
+    return kEmpty;
+  };
+  // Once a sweep found only recently touched rows, the rest of this call takes them too (rather than sweeping the
+  // whole cache again for each victim).
+  bool recent_too = false;
+  while (count > 0) {
+    int32_t victim = sweep(recent_too);
+    if (victim == kEmpty && !recent_too) {
+      recent_too = true;
+      victim = sweep(true);
     }
     if (victim == kEmpty) return;
     pins_[victim] = 1;
