@@ -6,10 +6,10 @@
 // Replacement: every row of the table (resident or not) has an access history, a saturating byte counting the
 // calls that touched it (Acquire with read, Prefetch), halved for every row each kHistoryWindow * capacity touches
 // so that it follows a drifting distribution.  A hand sweeps the slots as CLOCK's does and evicts a row only when
-// its history is at most a threshold; the threshold rises to the lowest history of the kThresholdRun rows the hand
-// passed over when it passes that many in a row, and decays at every load.  Rows touched by one of the last
-// kRecentCalls calls are passed over while others can be had: the current batch's rows survive the next batch's
-// prefetch between the step's lookup and its update.  Recommender ids are skewed and mostly independent: most
+// its history is at most a threshold; the threshold rises to the lowest history of the rows the hand passed over
+// when it passes kThresholdRun in a row (or sweeps the whole cache), and decays at every load.  Rows touched by one of
+// the last kRecentCalls calls are passed over while others can be had: the current batch's rows survive the next
+// batch's prefetch between the step's lookup and its update.  Recommender ids are skewed and mostly independent: most
 // misses are rows of the long tail, seen once in a long while, which plain CLOCK keeps for a whole sweep of the
 // hand in place of hot rows it then reads again; with the history the hand evicts the tail first, as LFU would,
 // so a cache of a tenth of W1's rows serves about 0.88 of its ids (the hottest tenth's share of the accesses) where
