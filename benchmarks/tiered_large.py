@@ -68,7 +68,7 @@ def plan_disk(table_bytes: int, free_bytes: int, restore_into: str, train_only: 
     when the row file and the checkpoint (plus a margin) do not fit.
 
     Args:
-      table_bytes: the row file's size (the checkpoint of a float32 table is about as large).
+      table_bytes: the table's records (its checkpoint is about as large; its row file a quarter larger).
       free_bytes: free space of the directory's file system.
       restore_into: "auto", "new" or "same".
       train_only: no checkpoint and no restore: the row file and the margin must fit.
