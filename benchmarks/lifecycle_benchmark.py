@@ -1,4 +1,4 @@
-"""The feature lifecycle of dynamic tables in the suite (``--only lifecycle``; docs/dynamic_tables.md).
+"""The feature lifecycle of dynamic tables in the suite (``--only lifecycle``; docs/dynamic_lifecycle.md).
 
 * **Eviction sweep**: rows per second of one eviction round of each policy over a table of N rows, single thread
   (the round runs under the table's lock, serially), for rounds that evict nothing (the pure scan) and, for the

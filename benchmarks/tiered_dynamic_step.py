@@ -1,5 +1,5 @@
-"""A tiered dynamic table's training step against the same dynamic table in memory (docs/tiered_tables.md,
-"Dynamic tables"): a short, standalone measurement (not part of the suite).
+"""A tiered dynamic table's training step against the same dynamic table in memory (docs/tiered_dynamic_tables.md,
+"Measured"): a short, standalone measurement (not part of the suite).
 
 W1-like: Zipf(1.05) keys over a key space of `--keys`, one feature, Adagrad, `--batch` ids per step, a fresh batch
 each step from a pool; the tiered table's cache holds `--cache-fraction` of the key space. The two tables train

@@ -39,7 +39,7 @@ _MARGIN_BYTES = 2 * 10**9  # left free on the disk beyond what the run writes
 
 def row_file_bytes(table_bytes: int) -> int:
     """The row file of a table of `table_bytes` records: the log-structured file reserves a quarter more record
-    slots (docs/tiered_tables.md, "The row file")."""
+    slots (docs/tiered_storage.md, "The row file")."""
     return table_bytes + table_bytes // 4
 
 

@@ -1,5 +1,5 @@
 // The disk tier of a tiered table, measured alone: what the stores a tiered table could sit on cost for the I/O a
-// real training run asks of them (docs/tiered_tables.md, "Choosing the store").
+// real training run asks of them (docs/design_notes.md, "Tiered tables: the row file").
 //
 // The I/O is made exactly as a tiered table makes it: a CLOCK cache of `capacity` rows is simulated over the
 // steps' ids (ids.bin: `steps` x `ids_per_step` int64), every row a step touches is updated (so dirty), each miss

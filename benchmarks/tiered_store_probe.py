@@ -1,4 +1,4 @@
-"""Which store a tiered table should sit on: the row file, a log, RocksDB, on the I/O of W1 (docs/tiered_tables.md).
+"""Which store a tiered table should sit on: the row file, a log, RocksDB, on the I/O of W1 (docs/design_notes.md).
 
 `tiered_store_probe.cc` replays the disk I/O a tiered table makes on W1 (1M x 64 Adagrad rows: 516-byte records;
 16,384 Zipf(1.05) ids per step; a CLOCK cache of a tenth of the rows; every touched row dirty, so each miss

@@ -1,4 +1,4 @@
-"""W1 in memory against tiered, one engine per process (docs/tiered_tables.md, "Measured").
+"""W1 in memory against tiered, one engine per process (docs/design_notes.md, "Tiered tables").
 
 `python -m benchmarks.tiered_w1_processes --rounds 2` runs, per round, a process training W1's table in memory,
 then one training it tiered (a cache of a tenth of the rows), then one tiered prefetching the next batch, each

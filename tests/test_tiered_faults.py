@@ -50,7 +50,7 @@ def _flip(path: str, offset_from_end: int) -> None:
 
 
 def _record_offset(path: str, row: int, record: int) -> int:
-    """Where row `row`'s record is in a row file (docs/tiered_tables.md, "The row file"): the location map after
+    """Where row `row`'s record is in a row file (docs/tiered_storage.md, "The row file"): the location map after
     the record slots gives its slot."""
     with open(path, "rb") as f:
         header = f.read(4096)

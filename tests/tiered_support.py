@@ -46,7 +46,7 @@ def make_optimizer(schema, **overrides):
 
 
 def record_bytes(optimizer, dim: int, dtype=tf.float32, slot_dtype=None) -> int:
-    """Bytes of one row's record (docs/tiered_tables.md, "The row file"): the row and each slot in their storage
+    """Bytes of one row's record (docs/tiered_storage.md, "The row file"): the row and each slot in their storage
     dtypes, each padded to a multiple of 4 bytes, then the CRC."""
     slot_dtype = dtype if slot_dtype is None else slot_dtype
     widths = [w for _, w in te_config.slot_shapes(optimizer, 1, dim).values()] if optimizer is not None else []

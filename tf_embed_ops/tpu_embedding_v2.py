@@ -22,7 +22,7 @@ both ways between this class, TensorFlow's `TPUEmbeddingV2` and TensorFlow's `TP
 Tiered tables (`te.TableConfig(storage=te.Tiered(...))`) train on the engine's tiered group as in
 `te.TPUEmbedding`. A tiered table is never stacked (its rows live in its own row file): it is laid out in a stack
 of its own, and checkpoints hold it streamed under its table name beside the stacked entries
-(`engine.stacked_tiered_restore`; docs/tiered_tables.md, "TPUEmbeddingV2").
+(`engine.stacked_tiered_restore`; docs/tiered_tables_v2.md).
 
 Example:
     >>> api = tf.tpu.experimental.embedding
@@ -257,7 +257,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             self._check_feature(path, feature)
 
         # A tiered table keeps its rows in its own row file: it is never stacked with another table (its own
-        # stacked table, named after it, sets its SparseCore limits and its ids' order; docs/tiered_tables.md).
+        # stacked table, named after it, sets its SparseCore limits and its ids' order; docs/tiered_tables_v2.md).
         self._tiered_names = frozenset(t.name for t in self._table_config if tiered_config.is_tiered(t))
         self._stacking = layout_lib.compute_stacking(
             self._feature_config,

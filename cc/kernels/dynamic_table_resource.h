@@ -1,6 +1,6 @@
-// A dynamic-vocabulary table as a TensorFlow resource (docs/dynamic_tables.md, "Ops"): one cc/lib DynamicTable,
-// the dtype its keys arrive in, the options it was created with (a second handle op under the same name must
-// ask for the same), a reader/writer lock, and the counts of the latest step for observability.
+// A dynamic-vocabulary table as a TensorFlow resource (docs/dynamic_tables_internals.md, "Ops"): one cc/lib
+// DynamicTable, the dtype its keys arrive in, the options it was created with (a second handle op under the same name
+// must ask for the same), a reader/writer lock, and the counts of the latest step for observability.
 //
 // Locking: ops that change the table (training lookup, fused update with its end-of-step eviction, evict,
 // import) hold mu() exclusively for the whole call; ops that only read (serving lookup, find, export, stats)

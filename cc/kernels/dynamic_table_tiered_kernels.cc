@@ -1,4 +1,4 @@
-// Kernels of a tiered dynamic table's streamed checkpoint (docs/tiered_tables.md, "Dynamic tables"): the keys and
+// Kernels of a tiered dynamic table's streamed checkpoint (docs/tiered_dynamic_tables.md, "Checkpoints"): the keys and
 // metadata exported and imported without the rows, the rows read and written one chunk of keys at a time.  Thin:
 // resolve the handle, check ranks and sizes, lock, call cc/lib/tiered_dynamic_table.h (which validates the keys
 // before it reads or writes a row).

@@ -1,7 +1,7 @@
-// Counting Bloom filter admission for dynamic tables (docs/dynamic_tables.md, "Bloom admission"): a fixed array
-// of `num_counters` saturating counters of `counter_bits` bits (4, 8 or 16), whatever the number of distinct keys.
-// A sighting of a key adds to its `num_hashes` counters; the key's estimated count is the minimum of them
-// (count-min).  The estimate never undercounts (until a counter saturates at 2^bits - 1, which is >= min_count),
+// Counting Bloom filter admission for dynamic tables (docs/dynamic_lifecycle.md, "Admission with bounded memory"):
+// a fixed array of `num_counters` saturating counters of `counter_bits` bits (4, 8 or 16), whatever the number of
+// distinct keys. A sighting of a key adds to its `num_hashes` counters; the key's estimated count is the minimum of
+// them (count-min).  The estimate never undercounts (until a counter saturates at 2^bits - 1, which is >= min_count),
 // so a key seen min_count times is always admitted; a key seen fewer times is admitted by mistake when every one of
 // its counters was pushed to min_count by other keys (the false-admission rate, documented with its formula).
 //

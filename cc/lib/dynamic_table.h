@@ -1,4 +1,4 @@
-// A dynamic-vocabulary embedding table without TensorFlow (docs/dynamic_tables.md): int64 keys mapped to rows
+// A dynamic-vocabulary embedding table without TensorFlow (docs/dynamic_tables_internals.md): int64 keys mapped to rows
 // that are created on first (admitted) sight, initialised from the key, and evicted by policy at step
 // boundaries.  The resource ops wrap one DynamicTable per table; this class is their whole state.
 //

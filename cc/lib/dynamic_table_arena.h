@@ -1,4 +1,4 @@
-// Storage of a dynamic table's rows (docs/dynamic_tables.md, "Layout"): fixed-size chunks of `rows_per_chunk`
+// Storage of a dynamic table's rows (docs/dynamic_tables_internals.md, "Layout"): fixed-size chunks of `rows_per_chunk`
 // rows, allocated one by one as the table grows.  Growth appends chunks and never copies or frees one, so a row
 // never moves: a pointer to row r stays valid for the arena's lifetime, and a table of N rows never needs 2N
 // memory during growth (a doubling vector would).  Row r lives in chunk r >> log2(rows_per_chunk).

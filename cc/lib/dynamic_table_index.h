@@ -1,4 +1,4 @@
-// The key -> row index of a dynamic table (docs/dynamic_tables.md, "Layout"): open addressing with linear
+// The key -> row index of a dynamic table (docs/dynamic_tables_internals.md, "Layout"): open addressing with linear
 // probing over a power-of-two array of uint32 buckets, each 0 (empty) or row + 1.  The key itself is not
 // duplicated in the bucket: the probe compares against the table's per-row key (the `KeyOf` callback), which
 // keeps the index at 4 bytes per bucket.  The load factor stays at most 3/4 (so between 3/8 and 3/4 after a

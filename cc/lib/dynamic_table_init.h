@@ -1,4 +1,4 @@
-// Deterministic initial values of a dynamic table's new rows (docs/dynamic_tables.md, "Initialisation").
+// Deterministic initial values of a dynamic table's new rows (docs/dynamic_tables_internals.md, "Determinism").
 //
 // A row is a pure function of (seed, key, column): each value comes from a counter-based generator, i.e. a hash
 // of those three numbers (and a draw number), never from a stateful random stream.  So a key's initial row is

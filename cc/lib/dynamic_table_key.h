@@ -1,4 +1,4 @@
-// Keys of dynamic-vocabulary tables (docs/dynamic_tables.md, "Keys").  A dynamic table is keyed by any int64;
+// Keys of dynamic-vocabulary tables (docs/dynamic_tables_internals.md, "Keys").  A dynamic table is keyed by any int64;
 // string ids are reduced to a 64-bit fingerprint by the ops (TensorFlow's farmhash64, see
 // cc/kernels/dynamic_table_kernel_util.h) before they reach the table, so the core only ever sees int64.
 //

@@ -1,4 +1,4 @@
-// The evicted-key log of a dynamic table (docs/dynamic_tables.md, "Evicted keys"): every row a policy evicts,
+// The evicted-key log of a dynamic table (docs/dynamic_lifecycle.md, "Evicted keys"): every row a policy evicts,
 // every key removed by EvictKeys and (when asked) every key refused admission, with the step, in one bounded
 // log.  Each entry has a sequence number that only grows, so several readers (the user's evicted_keys(), the
 // serving publisher's deltas, incremental checkpoints) each keep their own cursor and never reset each other.

@@ -1,5 +1,5 @@
-// Eviction policies of dynamic tables (docs/dynamic_tables.md, "Eviction"): one sweep over the rows, two kinds of
-// rule.
+// Eviction policies of dynamic tables (docs/dynamic_tables_internals.md, "Eviction"): one sweep over the rows, two
+// kinds of rule.
 //   * Threshold rules (TTL, L2 norm, count and age) decide per row: the row goes when it fails the rule.
 //   * Capacity rules (LRU, LFU, decayed LFU, a user score) give each row a score and keep the target_rows rows of
 //     highest score; the order is total, (score, then last step, then key), so the victims never depend on where

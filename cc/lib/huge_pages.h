@@ -3,7 +3,7 @@
 // Why: a training step reads and writes rows at random in tables far larger than the TLB's reach.  With 4 KiB
 // pages nearly every row costs a TLB miss and a page walk (a two-level walk in a virtual machine); with 2 MiB
 // pages the walks mostly hit the paging-structure caches.  On the benchmark machine this made the random-row
-// update pass 30-60% faster (docs/benchmarks.md, "Huge pages").  TensorFlow allocates variables with the
+// update pass 30-60% faster (docs/design_notes.md, "Round two").  TensorFlow allocates variables with the
 // system allocator, so on Linux's default THP mode ("madvise") their pages are 4 KiB unless someone asks.
 //
 // AdviseHugePages(data, bytes), called by the kernels for every table and slot buffer they touch, asks once per

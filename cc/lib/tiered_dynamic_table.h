@@ -1,9 +1,9 @@
-// A dynamic table whose rows live in a row file behind the DRAM row cache (docs/tiered_tables.md, "Dynamic
-// tables"): the keys, the key index, every key's metadata (count, last step, admission and eviction state) stay in
-// DRAM in a DynamicTable exactly as for an in-memory dynamic table; only the row contents (weights and optimizer
-// slots, in their storage types) move to the records of a TieredRowFile, read and written through a TieredRowCache.
-// The DynamicTable runs with external_rows: its row index r is the record index r of the file, allocated, freed
-// by eviction and reused through the table's own free list.  The file grows in large steps as the table's rows do.
+// A dynamic table whose rows live in a row file behind the DRAM row cache (docs/tiered_dynamic_tables.md): the keys,
+// the key index, every key's metadata (count, last step, admission and eviction state) stay in DRAM in a DynamicTable
+// exactly as for an in-memory dynamic table; only the row contents (weights and optimizer slots, in their storage
+// types) move to the records of a TieredRowFile, read and written through a TieredRowCache. The DynamicTable runs with
+// external_rows: its row index r is the record index r of the file, allocated, freed by eviction and reused through the
+// table's own free list.  The file grows in large steps as the table's rows do.
 //
 // So everything the in-memory table decides (which keys get rows and which rows, admission, eviction, the
 // optimizer step through the one row walk of table_update.h, 16-bit stochastic rounding keyed by the key) is the

@@ -1,4 +1,4 @@
-// The on-disk tier of a tiered table (docs/tiered_tables.md, "The row file"): the records of rows [0, num_rows),
+// The on-disk tier of a tiered table (docs/tiered_storage.md, "The row file"): the records of rows [0, num_rows),
 // each holding the row's weights and all its optimizer slots in their storage types, then a CRC32C of the record,
 // kept LOG-STRUCTURED: a record lives in one of `physical_slots` record slots (num_rows plus spare slots), a DRAM
 // location map row -> slot says which, and every write appends the records it writes to the current free segment

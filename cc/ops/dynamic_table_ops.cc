@@ -1,4 +1,4 @@
-// Registration of the dynamic-vocabulary table ops (docs/dynamic_tables.md, "Ops").
+// Registration of the dynamic-vocabulary table ops (docs/dynamic_tables_internals.md, "Ops").
 //
 // A dynamic table is a resource (TfEmbed>DynamicTableHandle) keyed by int64 ids or strings; the fused pair
 // DynamicEmbeddingActivations / DynamicSendTPUEmbeddingGradients takes the same per-feature inputs as the static

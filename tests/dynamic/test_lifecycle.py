@@ -1,5 +1,5 @@
 """The feature lifecycle of dynamic tables: Bloom admission, scored eviction (L2Norm, DecayedLFU, CountAndAge,
-Score) and the evicted-key stream, each against a numpy reference written from docs/dynamic_tables.md, with bad
+Score) and the evicted-key stream, each against a numpy reference written from docs/dynamic_lifecycle.md, with bad
 arguments that change nothing, checkpoints (also into another shard count) and the Keras config."""
 
 from __future__ import annotations

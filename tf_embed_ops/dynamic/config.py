@@ -136,7 +136,7 @@ class BloomAdmission:
     min_count` times is admitted by mistake when each of its counters received `min_count - c` sightings of other
     keys; with `S` sightings in all over the filter's life, each counter holds about Poisson(lambda = num_hashes
     * S / num_counters) of them, so the false-admission rate of a one-off key is about
-    `P(Poisson(lambda) >= min_count - 1) ** num_hashes` (docs/dynamic_tables.md has the measured figures).
+    `P(Poisson(lambda) >= min_count - 1) ** num_hashes` (docs/dynamic_lifecycle.md has the measured figures).
     Counters are never decayed or cleared: size the filter for the stream the table sees between restarts.
 
     Args:
@@ -625,7 +625,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         (tf.float32; the table's; "stochastic"); docs/low_precision.md.
       storage: None (the rows in memory) or `te.Tiered(cache_bytes=..., directory=...)`: the rows and their
         slots in a row file `<directory>/<name>.rows` behind a DRAM cache of `cache_bytes`, the keys and their
-        metadata in memory (docs/tiered_tables.md, "Dynamic tables"). Trained by `te.TPUEmbedding` and
+        metadata in memory (docs/tiered_dynamic_tables.md). Trained by `te.TPUEmbedding` and
         `te.keras.TPUEmbedding`; its `mode` is "create" or "overwrite" (a row file without its keys cannot be
         reopened), and L2Norm eviction (which reads every row) is refused.
 

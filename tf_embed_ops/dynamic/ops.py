@@ -1,4 +1,4 @@
-"""Thin wrappers over the dynamic-table ops (``TfEmbed>Dynamic...``; docs/dynamic_tables.md, "Ops").
+"""Thin wrappers over the dynamic-table ops (``TfEmbed>Dynamic...``; docs/dynamic_tables_internals.md, "Ops").
 
 One function per op, converting arguments and checking static misuse (``ValueError`` naming the argument); the
 ops validate everything else at run time.  The front ends (``DynamicTableConfig``, the trackable table, the

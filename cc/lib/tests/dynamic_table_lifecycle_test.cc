@@ -1,4 +1,4 @@
-// The feature lifecycle of dynamic tables (docs/dynamic_tables.md, "Lifecycle"): the eviction log and its cursors,
+// The feature lifecycle of dynamic tables (docs/dynamic_lifecycle.md): the eviction log and its cursors,
 // counting Bloom filter admission, and the scored eviction policies (L2 norm, count and age, decayed LFU, a user
 // score), each against a brute-force reference written from the documented rule.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The TensorFlow-free core of dynamic-vocabulary tables (docs/dynamic_tables.md): key fingerprints, the
+// The TensorFlow-free core of dynamic-vocabulary tables (docs/dynamic_tables_internals.md): key fingerprints, the
 // counter-based row initialiser, the chunked arena, the key index, FindOrInsert with admission and max_rows,
 // eviction, export/import, memory per row, and the optimizer step through the static tables' row pipeline.
 #include "cc/lib/dynamic_table.h"

@@ -1,4 +1,4 @@
-// Tiered dynamic tables (docs/tiered_tables.md, "Dynamic tables"): a DynamicTable whose rows live in a growing row
+// Tiered dynamic tables (docs/tiered_dynamic_tables.md): a DynamicTable whose rows live in a growing row
 // file behind the DRAM cache trains bitwise like the same in-memory DynamicTable (the reference) for every
 // optimizer, float32 and bfloat16 storage, admission and eviction, with a cache much smaller than the key set; its
 // refusals change nothing; imports, exports and row statistics match the in-memory table's; a corrupted record is

@@ -1,4 +1,4 @@
-// The log-structured row file (docs/tiered_tables.md, "The row file"): appends to free segments, greedy cleaning,
+// The log-structured row file (docs/tiered_storage.md, "The row file"): appends to free segments, greedy cleaning,
 // the location map written by Sync and checked by Open (a file not closed cleanly, a corrupted map and an old
 // format version are refused), and a failing device while cleaning, which leaves every row readable with its old
 // or its new record; a full disk (injected ENOSPC) at every point of an append, in the middle of one spanning
