@@ -279,9 +279,11 @@ class Variable(_tf_compat.AutoTrackable):
                 f"de.Variable {self._name!r}: values must have {self.dim} columns (dim); got shape {values.shape}."
             )
         values = tf.reshape(tf.cast(values, tf.float32), [-1, self.dim])
-        tf.debugging.assert_equal(
+        check = tf.debugging.assert_equal(
             tf.shape(values)[0], tf.size(new_keys), message=f"de.Variable {self._name!r}: one row of values per key"
         )
+        with tf.control_dependencies([check] if check is not None else []):  # in a graph: before the import
+            values = tf.identity(values)
         table = self.table
         c = table.export()
         n_old, n_new = tf.size(c["keys"]), tf.size(new_keys)
