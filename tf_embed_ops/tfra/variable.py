@@ -23,9 +23,10 @@ import weakref
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat
+from tf_embed_ops import _tf_compat, update_trigger
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.dynamic import ops as dynamic_ops
@@ -48,6 +49,8 @@ def _initializer(initializer: Any) -> Any:
         return "zeros"  # TFRA's default value of a de.Variable
     if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
         return keras.initializers.Constant(float(initializer))
+    if isinstance(initializer, (tf.Tensor, np.ndarray)) and np.size(initializer) == 1:
+        return keras.initializers.Constant(float(np.reshape(np.asarray(initializer), [])))  # TFRA: a default value
     return initializer
 
 
@@ -209,13 +212,14 @@ class Variable(_tf_compat.AutoTrackable):
         self._group = group
         self.table = new
 
+    def _refuse_update(self, gradients: Any) -> tf.Tensor:
+        raise ValueError(
+            f"de.Variable {self._name!r} is trained but no optimizer was wrapped with "
+            "de.DynamicEmbeddingOptimizer(keras_optimizer) yet; wrap the model's optimizer before training."
+        )
+
     def _lookup_training(self) -> None:
         """Fixes the optimizer binding at the first training lookup."""
-        if self.optimizer is None:
-            raise ValueError(
-                f"de.Variable {self._name!r} is trained but no optimizer was wrapped with "
-                "de.DynamicEmbeddingOptimizer(keras_optimizer) yet; wrap the model's optimizer before training."
-            )
         if not self._trained:
             self._trained = True
             optimizer.stop_following(self)
@@ -240,9 +244,16 @@ class Variable(_tf_compat.AutoTrackable):
         flat = tf.reshape(ids, [-1])
         inp = dynamic_engine.normalize_dynamic_feature(flat, self.table.config)
         if trigger is not None and self._trainable and mode.is_training(training):
-            self._lookup_training()
-            value = trigger.value if isinstance(trigger, keras.Variable) else trigger
-            acts = self._group.lookup_and_update([inp], tf.convert_to_tensor(value))[0]
+            value = tf.convert_to_tensor(trigger.value if isinstance(trigger, keras.Variable) else trigger)
+            if self.optimizer is None:
+                # No optimizer wrapped yet: the forward pass reads (as TFRA's, which inserts only when it applies
+                # gradients); a gradient through it is an error, not a silently untrained table.
+                acts = update_trigger.hang_update_on_trigger(
+                    value, lambda: self._group.lookup([inp], training=False), self._refuse_update
+                )[0]
+            else:
+                self._lookup_training()
+                acts = self._group.lookup_and_update([inp], value)[0]
         else:
             acts = self._group.lookup([inp], training=False)[0]
         shape = tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], 0)
