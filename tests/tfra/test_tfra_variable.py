@@ -44,7 +44,7 @@ def test_upsert_lookup_remove_export_clear(key_dtype, graph):
     np.testing.assert_array_equal(keys.numpy(), [1, 3, 5, 7])
     np.testing.assert_array_equal(values.numpy(), [[1, 1], [30, 30], [5, 5], [70, 70]])
     got, exists = var.lookup(tf.constant([7, 2], key_dtype), return_exists=True)
-    np.testing.assert_array_equal(got.numpy(), [[70, 70], [0, 0]])  # no row: zeros (TFRA: the initializer's)
+    np.testing.assert_array_equal(got.numpy(), [[70, 70], [-1, -1]])  # no row: the initializer's, not inserted
     np.testing.assert_array_equal(exists.numpy(), [True, False])
     assert int(var.size()) == 4
     assert int(var.remove(tf.constant([1, 2], key_dtype))) == 1
@@ -179,3 +179,24 @@ def test_optimizer_wrapped_after_rows_were_upserted_keeps_them():
     de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
     assert layer.params.table.slot_widths == [2, 2]
     np.testing.assert_array_equal(layer.params.lookup(tf.constant([3], tf.int64)).numpy(), [[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_key_without_a_row_reads_as_the_row_training_gives_it(graph):
+    init = keras.initializers.RandomNormal(0.0, 0.5, seed=9)
+    layer = de.keras.layers.Embedding(3, initializer=init, name="init_rows")
+    de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.0))
+    keys = tf.constant([[11, 2**50], [11, -4]], tf.int64)
+    read = (tf.function(layer.params.lookup) if graph else layer.params.lookup)(keys)
+    assert int(layer.params.size()) == 0  # the read inserted nothing
+    trained = layer(keys)  # a training lookup: inserts the keys with their initial rows
+    assert int(layer.params.size()) == 3
+    np.testing.assert_array_equal(read.numpy(), trained.numpy())
+    np.testing.assert_array_equal(read.numpy()[0, 0], read.numpy()[1, 0])  # a function of the key
+    assert np.std(read.numpy()) > 0.1
+
+
+def test_a_name_starting_with_an_underscore():
+    var = de.get_variable("_devar", dim=1, initializer=2.0)  # TensorFlow refuses such resource names: renamed
+    var.upsert(tf.constant([1], tf.int64), tf.constant([[1.0]]))
+    assert var.name == "_devar" and int(var.size()) == 1

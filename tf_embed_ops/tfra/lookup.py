@@ -21,6 +21,8 @@ _COMBINERS = ("sum", "mean", "sqrtn")
 
 
 def _check_params(params: Any, function: str) -> variable_lib.Variable:
+    if isinstance(params, (list, tuple)) and len(params) == 1:
+        params = params[0]  # TFRA takes `[var]` as TensorFlow's embedding_lookup takes a list of shards
     if not isinstance(params, variable_lib.Variable):
         raise ValueError(f"de.{function}: params must be a de.Variable; got {type(params).__name__}.")
     return params
@@ -121,6 +123,7 @@ def safe_embedding_lookup_sparse(
     Raises:
       ValueError: as `embedding_lookup_sparse`.
     """
+    embedding_weights = _check_params(embedding_weights, "safe_embedding_lookup_sparse")
     out = embedding_lookup_sparse(
         embedding_weights, sparse_ids, sparse_weights, partition_strategy, name, combiner, max_norm
     )

@@ -6,14 +6,14 @@ trainable scalar whose gradient runs the table's fused update (`update_trigger`)
 optimizer whose family and hyper-parameters train the table (`optimizer.DynamicEmbeddingOptimizer`).
 
 Rows of new keys start as a function of (seed, key, column) (docs/dynamic_tables.md), not of a random stream;
-a key without a row reads as zeros (TFRA returns the initializer's value). Checkpoints hold the table under
-`<owner>/params/table/` (keys, weights, optimizer slots side by side, per-row metadata, step): see
-`checkpoint_import` for how a TFRA checkpoint becomes one.
+a key without a row reads as the row it would start with (TFRA: a draw of the initializer), and is not inserted.
+Checkpoints hold the table under `<owner>/params/table/` (keys, weights, optimizer slots side by side, per-row
+metadata, step): see `checkpoint_import` for how a TFRA checkpoint becomes one.
 
 Example:
     >>> v = de.get_variable("user", key_dtype=tf.int64, dim=4, initializer=0.5)
     >>> v.upsert(tf.constant([1, 2], tf.int64), tf.ones([2, 4]))
-    >>> v.lookup(tf.constant([2, 3], tf.int64))  # [[1, 1, 1, 1], [0, 0, 0, 0]]
+    >>> v.lookup(tf.constant([2, 3], tf.int64))  # [[1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5]]
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def _initializer(initializer: Any) -> Any:
         return "zeros"  # TFRA's default value of a de.Variable
     if isinstance(initializer, numbers.Number) and not isinstance(initializer, bool):
         return keras.initializers.Constant(float(initializer))
+    config = initializer.get_config() if callable(getattr(initializer, "get_config", None)) else {}
+    if type(initializer).__name__.startswith("RandomUniform") and config.get("maxval") is None:
+        # TensorFlow 1's random_uniform_initializer: maxval None is 1 for floats.
+        return keras.initializers.RandomUniform(config.get("minval", 0.0), 1.0, seed=config.get("seed"))
     if isinstance(initializer, (tf.Tensor, np.ndarray)) and np.size(initializer) == 1:
         return keras.initializers.Constant(float(np.reshape(np.asarray(initializer), [])))  # TFRA: a default value
     return initializer
@@ -121,7 +125,9 @@ class Variable(_tf_compat.AutoTrackable):
         self._trainable = bool(trainable)
         self._initializer = initializer
         self._base_config = {
-            "name": self._name,
+            # The table's resource name is built from its name, and TensorFlow refuses resource names that start
+            # with "_" (TFRA's tests name variables "_devar").
+            "name": self._name if not self._name.startswith("_") else f"de{self._name}",
             "dim": int(dim) if isinstance(dim, numbers.Integral) else dim,
             "combiner": "sum",
             "initializer": _initializer(initializer),
@@ -133,6 +139,7 @@ class Variable(_tf_compat.AutoTrackable):
         self._keras_optimizer = lambda: None
         self._trained = False
         self._group = None
+        self._scratch = None  # the group of the scratch table `initial_rows` reads random initial rows from
         self._relayout(None)  # validates the configuration before anything else is created
         with tf.init_scope():
             self.trigger = tf.Variable(0.0, trainable=True, name=f"{_safe(self._name)}_trigger")
@@ -239,7 +246,7 @@ class Variable(_tf_compat.AutoTrackable):
     def rows(self, ids: Any, trigger: Any = None, training: bool | None = None) -> tf.Tensor:
         """Each id's row, shape `ids.shape + [dim]`: a training lookup when `trigger` (a trainable variable) is
         given and `mode.is_training(training)`; its backward pass then updates the rows with the bound optimizer.
-        Otherwise a read (keys without a row: zeros; nothing inserted)."""
+        Otherwise a read (keys without a row: their initial rows; nothing inserted)."""
         ids = self.keys_of(ids)
         flat = tf.reshape(ids, [-1])
         inp = dynamic_engine.normalize_dynamic_feature(flat, self.table.config)
@@ -255,17 +262,51 @@ class Variable(_tf_compat.AutoTrackable):
                 self._lookup_training()
                 acts = self._group.lookup_and_update([inp], value)[0]
         else:
-            acts = self._group.lookup([inp], training=False)[0]
+            acts = self._read(flat)
         shape = tf.concat([tf.shape(ids, out_type=tf.int32), [self.dim]], 0)
         return tf.reshape(acts, shape)
 
+    def _read(self, flat: tf.Tensor) -> tf.Tensor:
+        """Rows of `flat` keys, each key without a row read as the row it would start with (TFRA returns the
+        initializer's value); nothing is inserted."""
+        table = self.table
+        exists = table.find(flat) >= 0
+        return tf.where(exists[:, tf.newaxis], table.lookup(flat), self.initial_rows(flat))
+
+    def initial_rows(self, keys: Any) -> tf.Tensor:
+        """The rows `keys` would start with (`[n, dim]`), computed as a new row is: a function of (seed, key,
+        column). A random initializer's rows come from a scratch table of the same configuration, inserted and
+        removed again; the table itself is not touched."""
+        config = self.table.config
+        keys = tf.reshape(self.keys_of(keys, "keys"), [-1])
+        if config.initializer_kind in ("zeros", "constant"):
+            value = config.initializer_params[0] if config.initializer_kind == "constant" else 0.0
+            return tf.fill(tf.stack([tf.size(keys), self.dim]), tf.constant(value, tf.float32))
+        if self._scratch is None:
+            scratch = dynamic_config.DynamicTableConfig(**{**self._base_config, "name": f"{self._name}-initial-rows"})
+            self._scratch = dynamic_engine.DynamicGroup(
+                [tf.tpu.experimental.embedding.FeatureConfig(table=scratch, name=self._name)]
+            )
+            with tf.init_scope():
+                self._scratch.build(_tf_compat.AutoTrackable())  # not tracked: never checkpointed
+        group = self._scratch
+        table = group.tables[group.table_configs[0]]
+        inp = dynamic_engine.normalize_dynamic_feature(keys, group.table_configs[0])
+        rows = group.lookup([inp], training=True)[0]
+        with tf.control_dependencies([rows]):
+            removed = table.evict_keys(keys)
+        with tf.control_dependencies([removed]):
+            return tf.identity(rows)
+
     def lookup(self, keys: Any, return_exists: bool = False, name: str | None = None) -> Any:
-        """The rows of `keys` (zeros for keys without a row; nothing is inserted). With `return_exists`, also a
-        bool tensor saying which keys have a row."""
+        """The rows of `keys`, a key without a row read as the row it would start with (`initial_rows`); nothing is
+        inserted. With `return_exists`, also a bool tensor saying which keys have a row."""
         del name
-        values = self.table.lookup(self.keys_of(keys, "keys"))
+        keys = self.keys_of(keys, "keys")
+        flat = tf.reshape(keys, [-1])
+        values = tf.reshape(self._read(flat), tf.concat([tf.shape(keys, out_type=tf.int32), [self.dim]], 0))
         if return_exists:
-            return values, self.table.find(self.keys_of(keys, "keys")) >= 0
+            return values, self.table.find(keys) >= 0
         return values
 
     # ------------------------------------------------------------------------------------------- mutation
