@@ -38,6 +38,7 @@ import tempfile
 import types
 
 import keras
+import tensorflow as tf
 import pytest
 import tf_embed_ops.tfra as de
 
@@ -1880,6 +1881,15 @@ class VariableTest(test.TestCase):
             + [v["v"].params.name for v in list(opt2._slots.values())]
         )
         self.assertAllEqual(result, expect)
+
+
+@pytest.fixture(autouse=True)
+def _eager_execution_restored():
+    """test_get_variable_reuse_error turns eager execution off for the whole process (TFRA ran each file in its
+    own process); it is turned back on after every test, so the tests after it run as they would alone."""
+    yield
+    if not tf.executing_eagerly():
+        ops.enable_eager_execution()
 
 
 # The tests that fail by design (docs/migrating.md lists what tf_embed_ops.tfra refuses and why).

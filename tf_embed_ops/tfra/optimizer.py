@@ -45,7 +45,7 @@ def follow_latest(variable: Any) -> None:
     """Registers a de.Variable that has not trained: it takes every optimizer wrapped from now until it trains."""
     _unbound.add(variable)
     opt = current_optimizer()
-    if opt is not None:
+    if opt is not None and _in_this_program(variable):
         variable.bind(opt)
 
 
@@ -152,5 +152,16 @@ def DynamicEmbeddingOptimizer(self: Any, bp_v2: Any = None, synchronous: bool = 
         _checked.add(self)
     _latest[0] = weakref.ref(self)
     for variable in list(_unbound):
-        variable.bind(self)
+        if _in_this_program(variable):
+            variable.bind(self)
     return self
+
+
+def _in_this_program(variable: Any) -> bool:
+    """Whether `variable`'s table belongs to the program running now: eager tables in eager code, a TensorFlow 1
+    graph's tables in that graph (a table of another graph cannot be re-laid out here, nor trained)."""
+    handle = variable.table.resource_handle
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return not tf.is_symbolic_tensor(handle)
+        return getattr(handle, "graph", None) is tf.compat.v1.get_default_graph()
