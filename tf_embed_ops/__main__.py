@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     tfra.add_argument("src", help="the TFRA checkpoint prefix (or its directory)")
     tfra.add_argument("dst", help="the prefix of the checkpoint to write")
     tfra.add_argument(
-        "--initial-accumulator-value", type=float, default=0.1, help="Adagrad accumulator of keys without a slot row"
+        "--initial-accumulator-value", type=float, default=1e-7, help="Adagrad accumulator of keys without a slot row"
     )
     return parser
 

@@ -72,7 +72,7 @@ def test_custom_loop_matches_reference(kind, string, graph):
     order = np.argsort(tf.bitcast(tf.fingerprint(keys, "farmhash64"), tf.int64).numpy() if string else keys)
     np.testing.assert_allclose(layer.params.table.export()["weights"].numpy(), w[order], rtol=1e-5, atol=1e-6)
     for got, want in zip(got_slots, slots, strict=True):
-        np.testing.assert_allclose(got, want[order], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got, want[order], rtol=1e-5, atol=2e-7)  # Adagrad's: + epsilon
     assert int(opt.iterations.numpy()) == 3
     # The row never looked up kept its value exactly.
     assert np.array_equal(layer.params.lookup(keys[n - 1 :]).numpy(), init[n - 1 :])

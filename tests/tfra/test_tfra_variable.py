@@ -62,7 +62,8 @@ def test_upsert_keeps_trained_slots_and_starts_new_ones_fresh():
     layer.params.upsert(tf.constant([4, 9], tf.int64), tf.constant([[1.0, 1], [2, 2]]))
     c = _content(layer.params)
     np.testing.assert_array_equal(c["keys"], [4, 9])
-    np.testing.assert_allclose(c["slots"], [[1.25, 1.25], [0.25, 0.25]])  # 0.25 + 1^2 kept; fresh 0.25
+    # TFRA's Adagrad: accumulators start at 0 (+ Keras' epsilon here); 0 + 1^2 kept; fresh 0.
+    np.testing.assert_allclose(c["slots"], [[1.0, 1.0], [0.0, 0.0]], atol=2e-7)
     np.testing.assert_array_equal(c["weights"], [[1, 1], [2, 2]])
 
 

@@ -1,7 +1,9 @@
 """A numpy model of what TFRA 0.8.1 does with a Keras optimizer, written from Keras 3's update formulas.
 
 TFRA gathers the rows a batch touches (duplicate ids' gradients summed), applies the Keras optimizer to them and
-writes them back: rows outside the batch, and their slots, do not change. `apply(kind, rows, slots, grads, t)`
+writes them back: rows outside the batch, and their slots, do not change. One measured difference from Keras: a
+row's Adagrad accumulator starts at 0, not at `initial_accumulator_value` (test_tfra_side_by_side.py checks this
+model against TFRA 0.8.1 itself). `apply(kind, rows, slots, grads, t)`
 is that step for the rows of the batch; `t` is the optimizer's `iterations` before the step.
 """
 
@@ -21,7 +23,7 @@ def slot_count(kind: str) -> int:
 
 def initial_slots(kind: str, n: int, dim: int) -> list[np.ndarray]:
     if kind == "adagrad":
-        return [np.full([n, dim], ADAGRAD_INIT, np.float64)]
+        return [np.zeros([n, dim], np.float64)]  # TFRA's, whatever initial_accumulator_value says
     return [np.zeros([n, dim], np.float64) for _ in range(slot_count(kind))]
 
 

@@ -9,7 +9,8 @@ dense weights and their Keras 2 optimizer slots. The converter writes, for the s
   (int64; int32 widened; strings as their fingerprints, `te.dynamic.string_keys`) sorted, its rows and its slots
   side by side in the table optimizer's order (Adam `m, v`; Adagrad `accumulator`; Ftrl `accumulator, linear`),
   every float copied bit for bit; count 1, last step 0, step 0. A key without a slot row (upserted, never
-  trained) gets the slot's Keras default (0, Adagrad's accumulator `initial_accumulator_value`);
+  trained) gets the slot's start (0; Adagrad's accumulator `initial_accumulator_value`, by default Keras' epsilon
+  1e-7, where `tf_embed_ops.tfra` starts it: TFRA starts it at 0 and adds epsilon in the update);
 - every other variable unchanged, with two Keras 2 -> Keras 3 differences bridged: a `kernel` / `embeddings`
   weight is also written as `_kernel` / `_embeddings` (Keras 3's Dense, EinsumDense and Embedding attribute names),
   and a Keras optimizer's `_variables/<k>` becomes `_variables/<k + 1>` (Keras 3 keeps the learning rate at 1), with
@@ -216,13 +217,13 @@ def _node(roots: dict, components: list[str]) -> Any:
     return parent
 
 
-def convert(src: str, dst: str, initial_accumulator_value: float = 0.1) -> list[ConvertedTable]:
+def convert(src: str, dst: str, initial_accumulator_value: float = 1e-7) -> list[ConvertedTable]:
     """Converts the TFRA checkpoint `src` into the checkpoint `dst` (see the module docstring).
 
     Args:
       src: the prefix TFRA's `tf.train.Checkpoint.write` / `save` wrote (or a directory with a `checkpoint` file).
       dst: the prefix to write (its directory is created).
-      initial_accumulator_value: Adagrad's accumulator of a key that has no slot row (Keras' default 0.1).
+      initial_accumulator_value: Adagrad's accumulator of a key that has no slot row (default 1e-7, see above).
 
     Returns:
       One `ConvertedTable` per de.Variable.
@@ -278,7 +279,7 @@ def convert(src: str, dst: str, initial_accumulator_value: float = 0.1) -> list[
     return converted
 
 
-def main(src: str, dst: str, initial_accumulator_value: float = 0.1) -> int:
+def main(src: str, dst: str, initial_accumulator_value: float = 1e-7) -> int:
     """The `import-tfra` command: converts, prints one line per table; 1 and the reason on stderr on failure."""
     import sys  # pylint: disable=import-outside-toplevel
 

@@ -6,6 +6,9 @@ the Keras optimizer with its hyper-parameters (`optimizer_mapping.to_table_optim
 Keras 3 optimizers), and a learning rate read from the Keras optimizer at every step:
 
 - its learning rate (schedule included) at its `iterations`, as Keras computes it;
+- Adagrad: as TFRA 0.8.1 trains with it, a new row's accumulator starting at 0 whatever
+  `initial_accumulator_value` says (measured against TFRA; tests/tfra/test_tfra_side_by_side.py), with Keras'
+  `epsilon` under the square root: the fused Adagrad starts the accumulator at `epsilon` instead;
 - Adam: with Keras' bias correction, `lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)` with `t = iterations + 1`, and
   Keras' `m / (sqrt(v) + epsilon)` (not the TPU default `m / sqrt(v + epsilon^2)`); rows not in the batch keep
   their moments, as TFRA's (which gathers only the batch's rows) do.
@@ -91,6 +94,10 @@ def table_optimizer(keras_opt: keras.optimizers.Optimizer, table: str) -> Any:
     if is_adam:
         tpu.sum_inside_sqrt = False  # Keras: m / (sqrt(v) + epsilon)
         tpu.lazy_adam = True
+    if isinstance(keras_opt, keras.optimizers.Adagrad):
+        # TFRA 0.8.1 starts a row's accumulator at 0 (not at initial_accumulator_value) and divides by
+        # sqrt(acc + epsilon); the fused Adagrad divides by sqrt(acc): starting it at epsilon is the same update.
+        tpu.initial_accumulator_value = float(keras_opt.epsilon)
     return tpu
 
 
