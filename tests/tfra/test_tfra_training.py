@@ -153,3 +153,23 @@ def test_embedding_lookup_return_trainable_and_sparse():
     )
     safe = de.safe_embedding_lookup_sparse(var, sp, None, combiner="sum", default_id=3)
     np.testing.assert_allclose(safe.numpy()[1], [2.5, 2.5])
+
+
+def test_keras_file_round_trip(tmp_path):
+    inputs = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(3, initializer=keras.initializers.RandomNormal(0, 0.1, seed=1), name="e")
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(emb(inputs))))
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.01)), "mse")
+    x, y = np.arange(20).reshape(10, 2), np.ones([10, 1])
+    model.fit(x, y, verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    # The table's slots follow the optimizer: wrap it first, load without Keras' own compile, then compile.
+    optimizer = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.01))
+    loaded = keras.models.load_model(path, compile=False)
+    loaded.compile(optimizer, "mse")
+    table, original = loaded.layers[1].params.table.export(), emb.params.table.export()
+    for name in ("keys", "weights", "slots"):
+        assert np.array_equal(table[name].numpy(), original[name].numpy()), name
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    loaded.fit(x, y, verbose=0)

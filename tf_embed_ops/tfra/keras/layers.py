@@ -44,6 +44,7 @@ def _check_combiner(name: str, combiner: Any, allowed: dict) -> Any:
     raise ValueError(f"Layer {name!r}: combiner must be one of {sorted(allowed)} or a callable; got {combiner!r}.")
 
 
+@keras.saving.register_keras_serializable(package="tf_embed_ops.tfra")
 class Embedding(keras.layers.Layer):
     """A dynamic embedding: `ids.shape + [embedding_size]` rows of a `de.Variable` (`self.params`).
 
@@ -95,6 +96,8 @@ class Embedding(keras.layers.Layer):
         self.embedding_size = embedding_size
         self.combiner = combiner
         self.with_unique = with_unique
+        if isinstance(initializer, dict):  # from get_config (keras.models.load_model)
+            initializer = keras.initializers.deserialize(initializer)
         self.params = variable.Variable(
             key_dtype=key_dtype,
             value_dtype=value_dtype,
@@ -165,6 +168,7 @@ class Embedding(keras.layers.Layer):
 BasicEmbedding = Embedding
 
 
+@keras.saving.register_keras_serializable(package="tf_embed_ops.tfra")
 class SquashedEmbedding(Embedding):
     """`Embedding` reduced over every axis but the first with `combiner` (TFRA's `reduce_pooling`): ids
     `[batch, ...]` give `[batch, embedding_size]`; 1-D ids give `[embedding_size]`."""
@@ -188,6 +192,7 @@ class SquashedEmbedding(Embedding):
         return (self.embedding_size,) if len(shape) == 1 else (shape[0], self.embedding_size)
 
 
+@keras.saving.register_keras_serializable(package="tf_embed_ops.tfra")
 class FieldWiseEmbedding(Embedding):
     """`Embedding` whose ids are reduced per field: ids `[batch, n]` give `[batch, nslots, embedding_size]`, the
     ids of field `slot_map_fn(id)` combined with `combiner` (empty fields: zeros).
