@@ -201,3 +201,18 @@ def test_a_name_starting_with_an_underscore():
     var = de.get_variable("_devar", dim=1, initializer=2.0)  # TensorFlow refuses such resource names: renamed
     var.upsert(tf.constant([1], tf.int64), tf.constant([[1.0]]))
     assert var.name == "_devar" and int(var.size()) == 1
+
+
+def test_empty_batches():
+    layer = de.keras.layers.Embedding(2, name="empty")
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adagrad(0.1))
+    assert layer.params.lookup(tf.zeros([0], tf.int64)).shape == (0, 2)
+    with tf.GradientTape() as tape:
+        out = layer(tf.zeros([0, 3], tf.int64))
+        loss = tf.reduce_sum(out)
+    assert out.shape == (0, 3, 2)
+    opt.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables, strict=True))
+    layer.params.upsert(tf.zeros([0], tf.int64), tf.zeros([0, 2]))
+    assert int(layer.params.size()) == 0
+    sp = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [3, 2])
+    np.testing.assert_array_equal(de.embedding_lookup_sparse(layer.params, sp, None).numpy(), np.zeros([3, 2]))
