@@ -58,6 +58,8 @@ def stop_following(variable: Any) -> None:
 
 def register_trigger(trigger: Any, variable: Any) -> None:
     """Marks `trigger` (a variable whose gradient runs `variable`'s update) as belonging to `variable`."""
+    for key in [k for k, (t, _) in _triggers.items() if t() is None]:
+        del _triggers[key]  # triggers gone with their layers (an id may be reused)
     _triggers[id(trigger)] = (weakref.ref(trigger), weakref.ref(variable))
 
 
