@@ -15,8 +15,9 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # TFRA drives Keras 2 (tf_keras) optimizers
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if __name__ == "__main__":  # (imported by the test to train tf_embed_ops.tfra on our own TensorFlow)
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # TFRA drives Keras 2 (tf_keras) optimizers
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 import tensorflow as tf
@@ -33,7 +34,7 @@ def _optimizer(kind: str, module, job: dict):
     return module.optimizers.Adam(lr, beta_1=job["beta_1"], beta_2=job["beta_2"], epsilon=job["epsilon"])
 
 
-def _train(de, keras_module, kind: str, job: dict, ours: bool) -> dict:
+def train(de, keras_module, kind: str, job: dict, ours: bool) -> dict:
     keys = np.array(job["keys"], np.int64)
     layer = de.keras.layers.Embedding(job["dim"], initializer=keras_module.initializers.Zeros(), name=f"sbs_{kind}")
     optimizer = de.DynamicEmbeddingOptimizer(_optimizer(kind, keras_module, job))
@@ -55,6 +56,8 @@ def _train(de, keras_module, kind: str, job: dict, ours: bool) -> dict:
             slots[name] = packed[:, i * job["dim"] : (i + 1) * job["dim"]].tolist()
     else:
         for slot in layer.params.get_slot_variables(optimizer):
+            if slot.name.split("/")[-1] not in SLOT_NAMES[kind]:
+                continue  # TFRA lists the slots of every optimizer that trained a table
             slot_keys, values = slot.export()
             index = {k: i for i, k in enumerate(slot_keys.numpy().tolist())}
             sorted_keys = exported_keys.numpy()[order].tolist()
@@ -77,7 +80,7 @@ def main(path: str) -> int:
 
     out = {"tensorflow": tf.__version__, "tfra_version": tfra.__version__, "tfra": {}, "ours": {}}
     for kind in job["optimizers"]:
-        out["tfra"][kind] = _train(tfra_de, tf_keras, kind, job, ours=False)
+        out["tfra"][kind] = train(tfra_de, tf_keras, kind, job, ours=False)
     try:
         import keras
 
@@ -88,7 +91,7 @@ def main(path: str) -> int:
         out["ours_error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400]}"
     else:
         for kind in job["optimizers"]:
-            out["ours"][kind] = _train(te_de, keras, kind, job, ours=True)
+            out["ours"][kind] = train(te_de, keras, kind, job, ours=True)
     print(json.dumps(out))
     return 0
 
