@@ -173,3 +173,13 @@ def test_keras_file_round_trip(tmp_path):
         assert np.array_equal(table[name].numpy(), original[name].numpy()), name
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
     loaded.fit(x, y, verbose=0)
+
+
+@pytest.mark.parametrize("combiner", ["max", "min", "mean", "sum"])
+def test_fieldwise_empty_field_is_zero(combiner):
+    fw = de.keras.layers.FieldWiseEmbedding(
+        1, 3, slot_map_fn=lambda ids: tf.math.mod(ids, 3), initializer=2.0, combiner=combiner, name=f"fw_{combiner}"
+    )
+    out = fw(tf.constant([[3, 6]], tf.int64), training=False).numpy()  # both ids in field 0; fields 1, 2 empty
+    np.testing.assert_array_equal(out[0, 1:], np.zeros([2, 1]))
+    assert out[0, 0, 0] == (4.0 if combiner == "sum" else 2.0)

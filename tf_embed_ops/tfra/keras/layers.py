@@ -226,6 +226,10 @@ class FieldWiseEmbedding(Embedding):
         segments = tf.reshape(segments, [-1]) + 0 * per_sample
         reduce = self.combiner if callable(self.combiner) else _SEGMENT[self.combiner]
         pooled = reduce(rows, segments, batch * self.nslots)
+        if self.combiner in ("max", "min"):
+            # An empty field is 0 (TFRA's sparse segment reductions), not the reduction's identity (-inf, +inf).
+            present = tf.math.unsorted_segment_sum(tf.ones_like(segments), segments, batch * self.nslots) > 0
+            pooled = tf.where(present[:, tf.newaxis], pooled, tf.zeros_like(pooled))
         return tf.reshape(pooled, [batch, self.nslots, self.embedding_size])
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
