@@ -68,6 +68,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops.checkpoint",
     ),
     ("tf_embed_ops.distribute",),
+    # TFRA's `dynamic_embedding` API over the dynamic tables and their Keras training (`de = tf_embed_ops.tfra`).
+    ("tf_embed_ops.tfra",),
     # Programs and the package's face.
     ("tf_embed_ops.examples", "tf_embed_ops.__main__", "tf_embed_ops"),
     ("benchmarks",),

@@ -1,4 +1,5 @@
-"""Command line: ``python -m tf_embed_ops inspect CONFIG [--json]`` and ``python -m tf_embed_ops inspect-export DIR``.
+"""Command line: ``python -m tf_embed_ops inspect CONFIG [--json]``, ``python -m tf_embed_ops inspect-export DIR`` and
+``python -m tf_embed_ops import-tfra SRC DST`` (a TFRA checkpoint converted: ``tf_embed_ops.tfra.checkpoint_import``).
 
 CONFIG is a ``.pb`` / ``.pbtxt`` TPUEmbeddingConfiguration, or the word ``example`` for the bundled example.
 A config that does not load exits with status 1 and the validator's message on stderr (no traceback).
@@ -35,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("directory", help="the SavedModel directory export_for_serving wrote")
     export.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    tfra = commands.add_parser(
+        "import-tfra",
+        help="convert a TensorFlow Recommenders-Addons checkpoint for tf_embed_ops.tfra (docs/migrating.md)",
+        description="Convert a TFRA tf.train.Checkpoint (de.Variable tables, optimizer slots, dense weights).",
+    )
+    tfra.add_argument("src", help="the TFRA checkpoint prefix (or its directory)")
+    tfra.add_argument("dst", help="the prefix of the checkpoint to write")
+    tfra.add_argument(
+        "--initial-accumulator-value", type=float, default=1e-7, help="Adagrad accumulator of keys without a slot row"
+    )
     return parser
 
 
@@ -104,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _inspect(args.config, args.json)
     if args.command == "inspect-export":
         return _inspect_export(args.directory, args.json)
+    if args.command == "import-tfra":
+        from tf_embed_ops.tfra import checkpoint_import  # pylint: disable=import-outside-toplevel
+
+        return checkpoint_import.main(args.src, args.dst, args.initial_accumulator_value)
     return 2  # unreachable: argparse enforces the sub-command
 
 
