@@ -26,7 +26,7 @@ from tf_embed_ops import _xla, embedding_ops, update_trigger
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
-from tf_embed_ops.keras import dynamic_weights, optimizer_mapping, serialization, serving, tiered_weights
+from tf_embed_ops.keras import dynamic_weights, export_context, optimizer_mapping, serialization, tiered_weights
 
 __all__ = ["TPUEmbedding"]
 
@@ -205,11 +205,13 @@ class TPUEmbedding(keras.layers.Layer):
                 "their rows live in a cache XLA cannot read. Call the layer outside jit_compile."
             )
         inputs, _ = store.normalize_inputs(features, weights)
+        # An export tracing this call hands it its context (attached to the traced graph): serve without custom ops.
+        context = export_context.current()
         if tiered is None:
-            acts = self._in_memory_acts(inputs, training, features)
-        elif serving.in_serving_mode():
+            acts = self._in_memory_acts(inputs, training, context, features)
+        elif context is not None:
             acts = dynamic_engine.split_lookup(
-                serving.served_tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False)
+                context.tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False, context)
             )
         elif training:
             # One update for every table, as `te.TPUEmbedding.apply_gradients` runs it (the tiered update's checks
@@ -224,44 +226,57 @@ class TPUEmbedding(keras.layers.Layer):
         acts = store.reshape_activations(list(acts))
         return tf.nest.pack_sequence_as(store.feature_config, acts)
 
-    def _in_memory_acts(self, inputs: list, training: bool | None, features: Any = None) -> list:
+    def _in_memory_acts(self, inputs: list, training: bool | None, context: Any, features: Any = None) -> list:
         """Activations of the in-memory tables' features (static and dynamic; all features without tiered tables).
 
-        `features`: the layer's input nest when `inputs` are all the features (it tells dense inputs apart)."""
+        `context`: the `ExportContext` to serve with, or None. `features`: the layer's input nest when `inputs` are
+        all the features (it tells dense inputs apart)."""
         store = self._tpu_embedding
         group = store.dynamic_group
         if group is not None:
             # Dynamic tables (docs/dynamic_tables.md): each group through its own ops, in feature order.
             trigger = tf.convert_to_tensor(self._update_trigger.value)
-            if training:
+            if training and context is None:
                 acts = dynamic_engine.split_lookup(
-                    group, inputs, True, lambda i: self._static_acts(i, training, trigger), update_trigger=trigger
+                    group,
+                    inputs,
+                    True,
+                    lambda i: self._static_acts(i, training, trigger, None),
+                    update_trigger=trigger,
                 )
             else:
-                group = serving.frozen_dynamic_group(group) if serving.in_serving_mode() else group
-                acts = dynamic_engine.split_lookup(group, inputs, False, lambda i: self._static_acts(i, False, None))
+                group = context.dynamic_group(group) if context is not None else group
+                acts = dynamic_engine.split_lookup(
+                    group, inputs, False, lambda i: self._static_acts(i, False, None, context)
+                )
         else:
-            acts = self._static_acts(inputs, training, None, features)
+            acts = self._static_acts(inputs, training, None, context, features)
         return list(acts)
 
-    def _static_acts(self, inputs: list, training: bool | None, trigger: Any, features: Any = None) -> list:
+    def _static_acts(
+        self, inputs: list, training: bool | None, trigger: Any, context: Any, features: Any = None
+    ) -> list:
         """Activations of the static features (all of them when there is no dynamic table)."""
         store = self._tpu_embedding
         flat_features = store.static_features
-        xla = _xla.in_xla_context()
-        if serving.in_serving_mode() or xla:
-            # Plain TensorFlow ops: the serving composite, or under XLA the op's exact composite (tf_embed_ops._xla).
-            plain_lookup = _xla.lookup if xla else serving.plain_lookup
+        if context is not None or _xla.in_xla_context():
+            # Plain TensorFlow ops (tf_embed_ops._xla.lookup, bitwise the op's): while serving (each table read from
+            # the serving form the context gives it) or under XLA.
             if features is not None:
                 kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
             else:  # the static subset next to dynamic tables: dense inputs are normalised with splits of shape [0]
                 kinds = [inp.sample_indices_or_row_splits.shape.as_list() == [0] for inp in inputs]
             tables = store.variables
+
+            def table_of(config: Any) -> Any:
+                table = tables[config.name]["parameters"].value
+                return context.served_form(table) if context is not None else table
+
             acts = [
-                plain_lookup(
+                _xla.lookup(
                     inp,
                     dense,
-                    tables[f.table.name]["parameters"].value,
+                    table_of(f.table),
                     f.table.dim,
                     f.table.combiner,
                     f.table.quantization_config,
