@@ -4,7 +4,8 @@ The layer's training-side lookup is the `EmbeddingActivations` op (C++); the ser
 `te.keras.export_for_serving` writes, a graph of stock TensorFlow ops loaded without the plugin. They must agree
 with `assert_array_equal` (not to a tolerance) for every combiner (sum, mean, sqrtn), weighted ids (zeros,
 negatives, awkward magnitudes), empty rows, dense / ragged / sparse / sequence inputs, simulated quantization
-(`QuantizationConfig`), 16-bit tables (bfloat16, float16 storage) and every quantized export.
+(`QuantizationConfig`), 16-bit tables (bfloat16, float16 storage), every quantized export, and dynamic tables
+(frozen at export; unseen keys read the default row of zeros, as the trained table reads them).
 
 What is exactly comparable for a quantized export ("int8", "int4", "float16", "bfloat16"): the served table holds
 encoded rows, so the served model answers what the layer answers from the *dequantized* rows. The reference is
@@ -196,3 +197,49 @@ def test_served_without_the_plugin_equals_trained(tmp_path):
     for case, out in zip(cases, served, strict=True):
         differ = int(np.sum(out != expected[case]))
         assert differ == 0, f"{case}: {differ} of {out.size} outputs differ"
+
+
+def test_served_dynamic_tables_equal_trained(tmp_path):
+    """Dynamic tables (frozen at export into a hash table and rows with a default row of zeros): every combiner,
+    weights, ids never seen (the default row, as the trained table reads them), bitwise."""
+    tables = {
+        c: te.DynamicTableConfig(f"d_{c}", 4, optimizer=te.optimizers.Adagrad(learning_rate=0.1), combiner=c, seed=7)
+        for c in ("sum", "mean", "sqrtn")
+    }
+    features = {c: emb.FeatureConfig(t) for c, t in tables.items()}
+    layer = te_keras.TPUEmbedding(features, name="embedding")
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 6, size=BATCH)
+    n = int(lengths.sum())
+
+    def ragged(values):
+        return tf.RaggedTensor.from_row_lengths(tf.constant(values), tf.constant(lengths, tf.int64))
+
+    seen = rng.integers(0, 2**40, size=60)
+    x = {c: ragged(rng.choice(seen, size=n)) for c in tables}
+    w = {c: ragged(rng.choice([0.0, -1.5, 0.3, 7.25, 1e-3, 0.1], size=n).astype(np.float32)) for c in tables}
+    layer(x, w, training=True)  # rows for the seen keys
+    x = {
+        c: ragged(np.where(rng.random(n) < 0.2, rng.integers(2**41, 2**42, size=n), rng.choice(seen, size=n)))
+        for c in tables
+    }  # some keys never seen
+    trained = tf.concat([layer(x, w, training=False)[c] for c in tables], axis=1).numpy()
+
+    class Served(keras.Model):
+        def __init__(self):
+            super().__init__(name="served")
+            self.embedding = layer
+
+        def call(self, inputs, training=False):
+            acts = self.embedding(inputs["x"], inputs["w"], training=training)
+            return tf.concat([acts[c] for c in tables], axis=1)
+
+    spec = {"x": {c: _ragged_spec() for c in tables}, "w": {c: _ragged_spec(tf.float32) for c in tables}}
+    path = str(tmp_path / "dynamic")
+    te_keras.export_for_serving(Served(), path, spec)
+    feed = {}
+    for c in tables:
+        feed |= {f"x_{c}_values": x[c].values, f"x_{c}_row_splits": x[c].row_splits}
+        feed |= {f"w_{c}_values": w[c].values, f"w_{c}_row_splits": w[c].row_splits}
+    served = tf.saved_model.load(path).signatures["serving_default"](**feed)["output_0"].numpy()
+    assert int(np.sum(served != trained)) == 0, f"{int(np.sum(served != trained))} of {served.size} outputs differ"
