@@ -44,27 +44,32 @@ def serve_without_plugin(export_dir: str, feed: dict, cwd: str, string_inputs: t
     return np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
 
 
-# The same for several exports in one interpreter: prints the list of their output_0s.
+# The same for several exports in one interpreter (inputs int64 unless argv[2] names their dtype): prints the list
+# of their output_0s.
 _SERVE_MANY_CODE = """
 import json, sys
 sys.modules["tf_embed_ops"] = None  # from here on `import tf_embed_ops` raises ImportError
 import tensorflow as tf
 feed = json.loads(sys.stdin.read())
+dtypes = json.loads(sys.argv[2])
 outs = []
 for path in json.loads(sys.argv[1]):
     fn = tf.saved_model.load(path).signatures["serving_default"]
-    outs.append(fn(**{k: tf.constant(v, tf.int64) for k, v in feed.items()})["output_0"].numpy().tolist())
+    args = {k: tf.constant(v, tf.as_dtype(dtypes.get(k, "int64"))) for k, v in feed.items()}
+    outs.append(fn(**args)["output_0"].numpy().tolist())
 assert not [m for m, v in sys.modules.items() if m.startswith("tf_embed_ops") and v is not None], "imported"
 print(json.dumps(outs))
 """
 
 
 def serve_many_without_plugin(export_dirs: list, feed: dict, cwd: str) -> list:
-    """output_0 of each export's serving_default on the int64 `feed`, computed by one fresh interpreter in which
-    `tf_embed_ops` cannot be imported (as `serve_without_plugin`)."""
+    """output_0 of each export's serving_default on `feed` ({name: tensor}: integers fed as int64, floats in their
+    dtype, which JSON carries exactly), computed by one fresh interpreter in which `tf_embed_ops` cannot be imported
+    (as `serve_without_plugin`)."""
     plain = {k: v.numpy().tolist() for k, v in feed.items()}
+    dtypes = {k: v.dtype.name for k, v in feed.items() if v.dtype.is_floating}
     result = subprocess.run(
-        [sys.executable, "-c", _SERVE_MANY_CODE, json.dumps([str(d) for d in export_dirs])],
+        [sys.executable, "-c", _SERVE_MANY_CODE, json.dumps([str(d) for d in export_dirs]), json.dumps(dtypes)],
         input=json.dumps(plain),
         capture_output=True,
         text=True,

@@ -1,7 +1,10 @@
 """The import rules of the code base, checked from the source (no module is imported):
 
 1. Floors: every module of tf_embed_ops/ and benchmarks/ stands on a declared floor (`FLOORS`, ground first) and
-   imports only modules of its own floor or lower ones, lazy imports inside functions included.
+   imports only modules of its own floor or lower ones, lazy imports inside functions included, and so are
+   `importlib.import_module("...")` / `__import__("...")` calls with a literal name. No two modules import each
+   other, directly or around a cycle (lazily or not): a module that needs a part of another that needs it gets
+   that part moved down into a module of its own.
 2. Private names stay home: no module imports another module's `_private` function, class or constant, and a
    `_private` module is imported only from inside the package that holds it (tf_embed_ops/_loader.py by the
    library, never by benchmarks/). Private *attribute* access (`module._name`, `obj._name`) is ruff's SLF rule
@@ -27,6 +30,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops._tf_compat",
         "tf_embed_ops._xla",
         "tf_embed_ops._loader",
+        # The compiled config view (pybind11), which the loader imports.
+        "tf_embed_ops._config",
         "tf_embed_ops.table_config",
         "tf_embed_ops.low_precision",
         "tf_embed_ops._optimizer_schema",
@@ -102,11 +107,27 @@ def floor_of(module: str) -> int | None:
     return floor
 
 
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module `importlib.import_module("a.b")`, `import_module("a.b")` or `__import__("a.b")` names, else None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    value = node.args[0].value
+    if name in ("import_module", "__import__") and isinstance(value, str) and not value.startswith("."):
+        return value
+    return None
+
+
 def imports_of(module: str, source: str) -> list[tuple[int, str, str | None]]:
-    """`[(line, imported module, imported non-module name or None)]` of the project's own imports."""
+    """`[(line, imported module, imported non-module name or None)]` of the project's own imports, the literal
+    `importlib.import_module` / `__import__` calls included."""
     out = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
+        dynamic = _dynamic_import(node)
+        if dynamic is not None and dynamic.split(".")[0] in PACKAGES:
+            out.append((node.lineno, dynamic, None))
+        elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -160,6 +181,64 @@ def test_every_import_stands_on_its_floor_and_keeps_private_names_home():
     assert not found, "\n".join(found)
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each import cycle in `graph` ({module: modules it imports}), each cycle sorted (Tarjan's
+    strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_two_modules_import_each_other():
+    graph = {}
+    for path in _sources(*PACKAGES):
+        module = _module_name(path)
+        graph[module] = {t for _, t, _ in imports_of(module, path.read_text(encoding="utf-8")) if t != module}
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_cycles_through_lazy_and_importlib_imports():
+    sources = {
+        "tf_embed_ops.keras.a": "def f():\n    import tf_embed_ops.keras.b",
+        "tf_embed_ops.keras.b": "import importlib\nM = importlib.import_module('tf_embed_ops.keras.c')",
+        "tf_embed_ops.keras.c": "__import__('tf_embed_ops.keras.a')",
+        "tf_embed_ops.keras.d": "import tf_embed_ops.keras.a",
+    }
+    graph = {m: {t for _, t, _ in imports_of(m, src)} for m, src in sources.items()}
+    assert import_cycles(graph) == [["tf_embed_ops.keras.a", "tf_embed_ops.keras.b", "tf_embed_ops.keras.c"]]
+
+
 def test_no_test_module_imports_another():
     found = []
     for path in _sources("tests"):
@@ -178,6 +257,13 @@ def test_no_test_module_imports_another():
         # An upward import, eager or lazy.
         ("tf_embed_ops.dynamic.engine", "from tf_embed_ops.distribute import partition", "floor 9) from floor 5"),
         ("tf_embed_ops.tpu_embedding", "def f():\n    from tf_embed_ops.keras import layer", "floor 8) from floor 7"),
+        # ... also through importlib or __import__ with a literal name.
+        (
+            "tf_embed_ops.engine.lookup",
+            "import importlib\nimportlib.import_module('tf_embed_ops.keras')",
+            "floor 8) from",
+        ),
+        ("tf_embed_ops.features", "def f():\n    return __import__('tf_embed_ops.config')", "floor 4) from floor 1"),
         # A private function of another module, and a private module of another package.
         ("tf_embed_ops.dynamic.ops", "from tf_embed_ops.embedding_ops import _combiners", "private name _combiners"),
         ("benchmarks.ours", "from tf_embed_ops import _optimizer_schema", "private to tf_embed_ops"),

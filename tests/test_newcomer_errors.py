@@ -79,13 +79,13 @@ def test_weights_dict_keys_are_checked_too():
 
 
 def test_keras_layer_names_the_keys():
-    layer = te_keras.TPUEmbedding(_feature_config())
+    layer = te_keras.TPUEmbedding(_feature_config(), emb_api.SGD(0.1))
     with pytest.raises(ValueError, match="missing 'user'; unexpected 'usr'"):
         layer({"watched": _ids(1, 2), "liked": _ids(3, 4), "usr": _ids(0, 1)})
 
 
 def test_keras_functional_model_with_a_misspelled_input_names_it():
-    layer = te_keras.TPUEmbedding(_feature_config())
+    layer = te_keras.TPUEmbedding(_feature_config(), emb_api.SGD(0.1))
     inputs = {k: keras.Input((), dtype="int64", name=k) for k in ("watched", "liked", "user_id")}
     with pytest.raises(ValueError, match="missing 'user'; unexpected 'user_id'"):
         layer(inputs)

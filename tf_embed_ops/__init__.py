@@ -1,7 +1,8 @@
 """tf_embed_ops: the TPU embedding training contract on CPU, as TensorFlow custom ops.
 
 Everything is loaded lazily: ``import tf_embed_ops`` imports neither TensorFlow nor the op library; each name
-below is resolved on first use.
+below is resolved on first use. It does register the Keras classes (``keras.models.load_model`` needs them): at
+once when TensorFlow and Keras are loaded already, else as soon as they are.
 
 - ``get_library_path()``: the op library, for ``tf.load_op_library`` in other programs; ``ops``: the raw op module.
 - ``config``: the TPUEmbeddingConfiguration loader (``from_feature_config``, ``load``, ``to_feature_config``).
@@ -25,6 +26,7 @@ below is resolved on first use.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import sys
 from importlib import metadata as _metadata
 from typing import Any
@@ -85,3 +87,65 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+# `keras.models.load_model` finds our layers (`tf_embed_ops>TPUEmbedding`, `tf_embed_ops>DistributedEmbedding`) and
+# Keras objects by their registered names, which `tf_embed_ops.keras` registers when it is imported. Importing Keras
+# here would cost its whole import (seconds, TensorFlow included), so: when Keras and TensorFlow are loaded already
+# (importing TensorFlow imports Keras), `tf_embed_ops.keras` is imported now; otherwise right after the outermost
+# import of either one finishes (each may import the other while it runs), by a finder that only watches the two.
+_KERAS_PACKAGES = ("keras", "tensorflow")
+
+
+def _register_keras_serializables() -> None:
+    importlib.import_module("tf_embed_ops.keras")  # its classes register themselves with Keras
+    importlib.import_module("tf_embed_ops._tf_compat")  # AutoGraph sees the package as library code (__getattr__)
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """`keras`' or `tensorflow`'s own loader, which registers the Keras classes once the outermost of their imports
+    has run."""
+
+    depth = 0  # imports of the two packages running now (one may import the other)
+
+    def __init__(self, loader: Any):
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        _RegisteringLoader.depth += 1
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _RegisteringLoader.depth -= 1
+        if _RegisteringLoader.depth == 0 and all(p in sys.modules for p in _KERAS_PACKAGES):
+            _register_keras_serializables()
+
+    def __getattr__(self, name: str) -> Any:  # everything else (resources, get_data, ...) is the real loader's
+        return getattr(self._loader, name)
+
+
+class _KerasImportWatcher(importlib.abc.MetaPathFinder):
+    """Hands `keras` and `tensorflow` their own specs with a `_RegisteringLoader`; leaves once both are loaded."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _KERAS_PACKAGES:
+            return None
+        if all(p in sys.modules for p in _KERAS_PACKAGES if p != fullname) and self in sys.meta_path:
+            sys.meta_path.remove(self)  # the last of the two: nothing left to watch
+        for finder in list(sys.meta_path):  # the spec the other finders give
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _RegisteringLoader(spec.loader)
+                return spec
+        return None
+
+
+if all(p in sys.modules for p in _KERAS_PACKAGES):
+    _register_keras_serializables()
+elif not any(isinstance(f, _KerasImportWatcher) for f in sys.meta_path):
+    sys.meta_path.insert(0, _KerasImportWatcher())

@@ -1,11 +1,19 @@
-"""Embedding lookups inside XLA (`tf.function(jit_compile=True)`, `model.compile(jit_compile=True)`).
+"""The embedding lookup as stock TensorFlow ops, equal to the op bit for bit: under XLA and in every serving form.
 
-XLA cannot compile custom ops, so when a lookup is traced in an XLA context the front ends call `lookup` here: the
-`EmbeddingActivations` op written with stock TensorFlow ops, computing the op's values bit for bit (not only to
-rounding): the combiner's norm summed in float64 in input order, the per-id factor ``float(w) * float(1 / norm)``
-(0 where the norm is 0), the rows widened to float32 (16-bit tables) and quantized as the op does, then summed per
-sample in input order from zero (cc/lib/feature_layout.cc, cc/lib/embedding_forward.h). Training cannot run
-under XLA (the fused table update is a custom op with side effects): `training_refused` is the error then.
+`lookup` is the `EmbeddingActivations` op written with stock TensorFlow ops, computing the op's values bit for bit
+(not only to rounding): the combiner's norm summed in float64 in input order, the per-id factor
+``float(w) * float(1 / norm)`` (0 where the norm is 0), the rows widened to float32 (16-bit tables) and quantized as
+the op does, then summed per sample in input order from zero (cc/lib/feature_layout.cc,
+cc/lib/embedding_forward.h). It is the one plain-TensorFlow lookup of the library:
+
+- XLA cannot compile custom ops, so when a lookup is traced in an XLA context (`tf.function(jit_compile=True)`,
+  `model.compile(jit_compile=True)`) the front ends call it. Training cannot run under XLA (the fused table update
+  is a custom op with side effects): `training_refused` is the error then.
+- Every serving form (`te.keras.export_for_serving`, `te.serving.Publisher`, `te.keras.plain_lookup`) calls it, with
+  the table or the table's serving form (an object with `gather_rows(ids)`: encoded or pruned rows, a frozen
+  dynamic table), whose float32 rows it combines exactly as the op combines a table holding those rows. A served
+  model therefore answers bitwise what the trained layer answers (with a quantized export: what the layer answers
+  from the dequantized rows).
 
 Example:
     >>> @tf.function(jit_compile=True)
@@ -22,7 +30,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as _ops
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 
-__all__ = ["in_xla_context", "lookup", "training_refused"]
+__all__ = ["gather_rows", "in_xla_context", "lookup", "training_refused"]
 
 
 def in_xla_context() -> bool:
@@ -74,13 +82,23 @@ def _inverse_norm(combiner: str, sum_w: tf.Tensor, sum_w2: tf.Tensor) -> tf.Tens
     return tf.where(tf.equal(norm, 0.0), tf.zeros_like(norm, tf.float32), tf.cast(1.0 / safe, tf.float32))
 
 
+def gather_rows(table: Any, ids: tf.Tensor) -> tf.Tensor:
+    """Float32 rows of `ids`: from a serving form's `gather_rows` (decoded, pruned, frozen), else gathered from the
+    table as stored (16-bit rows widen exactly)."""
+    if hasattr(table, "gather_rows"):
+        return table.gather_rows(ids)
+    return tf.cast(tf.gather(table, ids), tf.float32)
+
+
 def lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner: str, quantization: Any = None):
     """One feature's activations from a normalised `FeatureInput` with stock TensorFlow ops, equal to the op's.
 
     Args:
       feature_input: `embedding_ops.FeatureInput` (what `normalize_feature` returns).
       dense: True when the feature came from a dense Tensor (its splits input is then empty).
-      table: the [vocabulary_size, dim] table (variable or tensor; float32, bfloat16 or float16).
+      table: the [vocabulary_size, dim] table (variable or tensor; float32, bfloat16 or float16), or an object
+        with a `gather_rows(ids)` method returning float32 rows [n, dim] (a table's serving form:
+        `tf_embed_ops.serving.tables.ServedTable`, a frozen dynamic table).
       dim: the table's dimension.
       combiner: "sum", "mean" or "sqrtn".
       quantization: the table's `QuantizationConfig`, or None.
@@ -115,7 +133,7 @@ def lookup(feature_input: Any, dense: bool, table: Any, dim: int, combiner: str,
         sum_w = tf.math.unsorted_segment_sum(w64, sample, num_samples)
         sum_w2 = tf.math.unsorted_segment_sum(w64 * w64, sample, num_samples)
         scale = weights * tf.gather(_inverse_norm(combiner, sum_w, sum_w2), sample)
-    rows = tf.cast(tf.gather(table, ids), tf.float32)  # 16-bit rows widen exactly
+    rows = gather_rows(table, ids)
     if quantization is not None:
         rows = _quantize(rows, quantization)
     acts = tf.math.unsorted_segment_sum(scale[:, tf.newaxis] * rows, sample, num_samples)

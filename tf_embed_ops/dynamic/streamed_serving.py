@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.dynamic import frozen as frozen_lib
 from tf_embed_ops.dynamic import ops as _ops
-from tf_embed_ops.dynamic import serving as frozen_lib
 from tf_embed_ops.dynamic import tiered_checkpoint
 from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib

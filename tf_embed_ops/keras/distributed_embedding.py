@@ -45,8 +45,9 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
-def _to_tpu_table(table: Any) -> Any:
-    """A keras-rs (or our) TableConfig -> `tf.tpu.experimental.embedding.TableConfig`, validated."""
+def _to_tpu_table(table: Any, frozen: Sequence[str] = ()) -> Any:
+    """A keras-rs (or our) TableConfig -> `tf.tpu.experimental.embedding.TableConfig`, validated (`frozen`: the
+    names of the tables that may have no optimizer)."""
     name = table.name
     if not isinstance(name, str) or not name:
         raise ValueError(f"TableConfig.name must be a non-empty string; got {name!r}.")
@@ -64,8 +65,11 @@ def _to_tpu_table(table: Any) -> Any:
         )
     if table.placement not in _PLACEMENTS:
         raise ValueError(f"{what} placement {table.placement!r} is not one of {list(_PLACEMENTS) + ['sparsecore']}.")
-    if table.optimizer is None:
-        raise ValueError(f"{what} optimizer is None; every table of DistributedEmbedding needs one.")
+    if table.optimizer is None and name not in frozen:
+        raise ValueError(
+            f"{what} optimizer is None, so model.fit would never train it; give it an optimizer, or, if it is meant "
+            f"to keep the values it has (looked up, never trained), say so: frozen_tables=[{name!r}]."
+        )
     initializer = table.initializer
     if isinstance(initializer, str):
         initializer = keras.initializers.get(initializer)
@@ -73,7 +77,7 @@ def _to_tpu_table(table: Any) -> Any:
         vocabulary_size=table.vocabulary_size,
         dim=table.embedding_dim,
         initializer=initializer,
-        optimizer=optimizer_mapping.to_table_optimizer(table.optimizer, name),
+        optimizer=None if table.optimizer is None else optimizer_mapping.to_table_optimizer(table.optimizer, name),
         combiner=table.combiner,
         name=name,
     )
@@ -209,7 +213,8 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
           table_stacking: "auto", None or a list of lists of table names; validated, no effect on CPU.
           update_stats: keras-rs's switch for SparseCore input statistics (JAX only): True raises, as keras-rs's
             TensorFlow layer does.
-          **kwargs: `keras.layers.Layer` arguments (name, ...).
+          **kwargs: `frozen_tables` (the names of tables with `optimizer=None` that are looked up and never
+            trained, as `tf_embed_ops.keras.TPUEmbedding` takes it) and `keras.layers.Layer` arguments (name, ...).
 
         Raises:
           ValueError: `update_stats=True`; or, naming the feature or table: a shape or placement this layer cannot
@@ -223,11 +228,12 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
             raise ValueError("feature_configs must contain at least one FeatureConfig; got an empty nest.")
         tpu_tables: dict[int, Any] = {}
         tables: list = []
+        frozen = kwargs.get("frozen_tables") or ()
         for feature in leaves:
             if not hasattr(feature, "table") or not hasattr(feature, "input_shape"):
                 raise ValueError(f"feature_configs must hold FeatureConfig objects; found {type(feature).__name__}.")
             if id(feature.table) not in tpu_tables:
-                tpu_tables[id(feature.table)] = _to_tpu_table(feature.table)
+                tpu_tables[id(feature.table)] = _to_tpu_table(feature.table, frozen)
                 tables.append(feature.table)
             _check_feature(feature)
         _check_table_stacking(table_stacking, [t.name for t in tables])
@@ -290,6 +296,7 @@ class DistributedEmbedding(layer_lib.TPUEmbedding):
         config["tables"] = tables
         config["table_stacking"] = self._table_stacking
         config["update_stats"] = self._update_stats
+        config["frozen_tables"] = list(self._frozen_tables)
         config["keras_rs_configs"] = _is_keras_rs(keras.tree.flatten(self._feature_configs)[0])
         return config
 

@@ -23,10 +23,11 @@ import keras
 import tensorflow as tf
 
 from tf_embed_ops import _xla, embedding_ops, update_trigger
+from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.dynamic import engine as dynamic_engine
-from tf_embed_ops.keras import dynamic_weights, optimizer_mapping, serialization, serving, tiered_weights
+from tf_embed_ops.keras import dynamic_weights, export_context, optimizer_mapping, serialization, tiered_weights
 
 __all__ = ["TPUEmbedding"]
 
@@ -84,6 +85,52 @@ def activation_specs(features: Any, feature_config: Any) -> Any:
     return tf.nest.pack_sequence_as(feature_config, outputs)
 
 
+def untrained_table_names(feature_config: Any, optimizer: Any) -> list[str]:
+    """The tables of `feature_config` that would have no optimizer: neither their own nor `optimizer`."""
+    resolved = config_lib.resolve_tables(features_lib.check_feature_configs(feature_config), optimizer)
+    return [name for name, o in zip(resolved.names, resolved.optimizers, strict=True) if o is None]
+
+
+def _apply_frozen_tables(feature_config: Any, optimizer: Any, frozen_tables: Any) -> tuple[tuple[str, ...], Any]:
+    """Checks `frozen_tables` against the tables' optimizers; returns (the frozen names, the optimizer to give the
+    table store).
+
+    A table with no optimizer is refused unless it is frozen (named in `frozen_tables`: looked up, never trained).
+    With a default `optimizer` and frozen tables, the default is written into every other table without its own
+    (as TensorFlow writes it) and the store gets none, so the frozen tables stay without one. Nothing is written
+    before every check has passed.
+    """
+    if frozen_tables is None:
+        frozen: tuple[str, ...] = ()
+    elif isinstance(frozen_tables, str) or not all(isinstance(n, str) for n in frozen_tables):
+        raise ValueError(f"frozen_tables: expected a list of table names; got {frozen_tables!r}")
+    else:
+        frozen = tuple(dict.fromkeys(frozen_tables))
+    resolved = config_lib.resolve_tables(features_lib.check_feature_configs(feature_config), optimizer)
+    names = list(resolved.names)
+    for name in frozen:
+        if name not in names:
+            raise ValueError(f"frozen_tables: unknown table {name!r}; the layer's tables are {names}")
+    for table, name in zip(resolved.tables, names, strict=True):
+        if name in frozen and table.optimizer is not None:
+            raise ValueError(
+                f"frozen_tables: table {name!r} has its own optimizer ({type(table.optimizer).__name__}), so it would "
+                "be trained; a frozen table is never trained: remove its optimizer or the name from frozen_tables"
+            )
+        if name not in frozen and table.optimizer is None and optimizer is None:
+            raise ValueError(
+                f"Table {name!r} has no optimizer (neither its TableConfig.optimizer nor the layer's `optimizer`), so "
+                "model.fit would never train it. Give it an optimizer (or the layer a default one), or, if it is "
+                f"meant to keep the values it has (looked up, never trained), say so: frozen_tables=[{name!r}]."
+            )
+    if frozen and optimizer is not None:
+        for table, name in zip(resolved.tables, names, strict=True):
+            if name not in frozen and table.optimizer is None:
+                table.optimizer = optimizer
+        optimizer = None
+    return frozen, optimizer
+
+
 @keras.saving.register_keras_serializable(package="tf_embed_ops")
 class TPUEmbedding(keras.layers.Layer):
     """Embedding lookups for a nest of `FeatureConfig`s, trained by the tables' TPU optimizers in `model.fit`.
@@ -108,6 +155,7 @@ class TPUEmbedding(keras.layers.Layer):
         optimizer: Any = None,
         pipeline_execution_with_tensor_core: bool = False,
         check_numerics: bool = False,
+        frozen_tables: Any = None,
         **kwargs: Any,
     ):
         """Creates the layer and its tables/slots.
@@ -121,21 +169,28 @@ class TPUEmbedding(keras.layers.Layer):
           check_numerics: if True, a training step whose activation gradients hold NaN or +-inf fails with an
             `InvalidArgumentError` naming the feature and table, and no table or slot changes. By default such
             gradients are applied, as the TPU applies them.
+          frozen_tables: names of the tables that are looked up but never trained (pretrained or restored values):
+            they have no optimizer (not even the default `optimizer`) and no slots. Every other table must have an
+            optimizer, its own or the default one.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 
         Raises:
-          ValueError: as `tf_embed_ops.TPUEmbedding`, or if a slot_variable_creation_fn returns non-keras variables.
+          ValueError: as `tf_embed_ops.TPUEmbedding`; a table without an optimizer that `frozen_tables` does not name
+            (it would silently never train), a `frozen_tables` name that is not a table or names a table with its
+            own optimizer; or if a slot_variable_creation_fn returns non-keras variables.
         """
         super().__init__(**kwargs)
         if isinstance(feature_config, dict) and "tables" in feature_config and "structure" in feature_config:
             feature_config = serialization.feature_config_from_dict(feature_config)
         if isinstance(optimizer, dict):
             optimizer = serialization.optimizer_from_dict(optimizer)
+        default_optimizer = optimizer
+        self._frozen_tables, optimizer = _apply_frozen_tables(feature_config, optimizer, frozen_tables)
         # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
         self.supports_jit = False
         self._convert_input_args = False
         self._allow_non_tensor_positional_args = True
-        self._global_optimizer = optimizer
+        self._global_optimizer = default_optimizer
         self._pipeline = bool(pipeline_execution_with_tensor_core)
         self._check_numerics = bool(check_numerics)
         self._tpu_embedding = _KerasTableStore(
@@ -143,7 +198,7 @@ class TPUEmbedding(keras.layers.Layer):
         )
         self._tpu_embedding.build()
         # A Keras default optimizer was converted per table (errors name the table); get_config saves its TPU form.
-        self._global_optimizer = optimizer_mapping.to_table_optimizer(optimizer, "(the default optimizer)")
+        self._global_optimizer = optimizer_mapping.to_table_optimizer(default_optimizer, "(the default optimizer)")
         self._update_trigger = self.add_weight(
             name="table_update_trigger", shape=(), initializer="zeros", dtype="float32", trainable=True, autocast=False
         )
@@ -205,11 +260,13 @@ class TPUEmbedding(keras.layers.Layer):
                 "their rows live in a cache XLA cannot read. Call the layer outside jit_compile."
             )
         inputs, _ = store.normalize_inputs(features, weights)
+        # An export tracing this call hands it its context (attached to the traced graph): serve without custom ops.
+        context = export_context.current()
         if tiered is None:
-            acts = self._in_memory_acts(inputs, training, features)
-        elif serving.in_serving_mode():
+            acts = self._in_memory_acts(inputs, training, context, features)
+        elif context is not None:
             acts = dynamic_engine.split_lookup(
-                serving.served_tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False)
+                context.tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False, context)
             )
         elif training:
             # One update for every table, as `te.TPUEmbedding.apply_gradients` runs it (the tiered update's checks
@@ -224,44 +281,57 @@ class TPUEmbedding(keras.layers.Layer):
         acts = store.reshape_activations(list(acts))
         return tf.nest.pack_sequence_as(store.feature_config, acts)
 
-    def _in_memory_acts(self, inputs: list, training: bool | None, features: Any = None) -> list:
+    def _in_memory_acts(self, inputs: list, training: bool | None, context: Any, features: Any = None) -> list:
         """Activations of the in-memory tables' features (static and dynamic; all features without tiered tables).
 
-        `features`: the layer's input nest when `inputs` are all the features (it tells dense inputs apart)."""
+        `context`: the `ExportContext` to serve with, or None. `features`: the layer's input nest when `inputs` are
+        all the features (it tells dense inputs apart)."""
         store = self._tpu_embedding
         group = store.dynamic_group
         if group is not None:
             # Dynamic tables (docs/dynamic_tables.md): each group through its own ops, in feature order.
             trigger = tf.convert_to_tensor(self._update_trigger.value)
-            if training:
+            if training and context is None:
                 acts = dynamic_engine.split_lookup(
-                    group, inputs, True, lambda i: self._static_acts(i, training, trigger), update_trigger=trigger
+                    group,
+                    inputs,
+                    True,
+                    lambda i: self._static_acts(i, training, trigger, None),
+                    update_trigger=trigger,
                 )
             else:
-                group = serving.frozen_dynamic_group(group) if serving.in_serving_mode() else group
-                acts = dynamic_engine.split_lookup(group, inputs, False, lambda i: self._static_acts(i, False, None))
+                group = context.dynamic_group(group) if context is not None else group
+                acts = dynamic_engine.split_lookup(
+                    group, inputs, False, lambda i: self._static_acts(i, False, None, context)
+                )
         else:
-            acts = self._static_acts(inputs, training, None, features)
+            acts = self._static_acts(inputs, training, None, context, features)
         return list(acts)
 
-    def _static_acts(self, inputs: list, training: bool | None, trigger: Any, features: Any = None) -> list:
+    def _static_acts(
+        self, inputs: list, training: bool | None, trigger: Any, context: Any, features: Any = None
+    ) -> list:
         """Activations of the static features (all of them when there is no dynamic table)."""
         store = self._tpu_embedding
         flat_features = store.static_features
-        xla = _xla.in_xla_context()
-        if serving.in_serving_mode() or xla:
-            # Plain TensorFlow ops: the serving composite, or under XLA the op's exact composite (tf_embed_ops._xla).
-            plain_lookup = _xla.lookup if xla else serving.plain_lookup
+        if context is not None or _xla.in_xla_context():
+            # Plain TensorFlow ops (tf_embed_ops._xla.lookup, bitwise the op's): while serving (each table read from
+            # the serving form the context gives it) or under XLA.
             if features is not None:
                 kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
             else:  # the static subset next to dynamic tables: dense inputs are normalised with splits of shape [0]
                 kinds = [inp.sample_indices_or_row_splits.shape.as_list() == [0] for inp in inputs]
             tables = store.variables
+
+            def table_of(config: Any) -> Any:
+                table = tables[config.name]["parameters"].value
+                return context.served_form(table) if context is not None else table
+
             acts = [
-                plain_lookup(
+                _xla.lookup(
                     inp,
                     dense,
-                    tables[f.table.name]["parameters"].value,
+                    table_of(f.table),
                     f.table.dim,
                     f.table.combiner,
                     f.table.quantization_config,
@@ -319,6 +389,18 @@ class TPUEmbedding(keras.layers.Layer):
                 "optimizer": serialization.optimizer_to_dict(self._global_optimizer),
                 "pipeline_execution_with_tensor_core": self._pipeline,
                 "check_numerics": self._check_numerics,
+                "frozen_tables": list(self._frozen_tables),
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config: dict) -> TPUEmbedding:
+        config = dict(config)
+        if "frozen_tables" not in config:
+            # Saved before `frozen_tables` existed, when a table without an optimizer was silently never trained:
+            # it stays so (frozen), rather than the saved model failing to load.
+            features = serialization.feature_config_from_dict(config["feature_config"])
+            optimizer = serialization.optimizer_from_dict(config.get("optimizer"))
+            config.update(feature_config=features, frozen_tables=untrained_table_names(features, optimizer))
+        return cls(**config)

@@ -19,8 +19,8 @@ Modes (`MODES`):
   decoder writes it.
 
 `decode` applies to gathered rows, elementwise per row, so a lookup that gathers and then decodes produces bitwise
-what decoding the whole table first and then gathering produces. `decode_parts` returns the codes, scales and biases
-for a combiner that folds the scale into its weights (fewer passes over the rows; float32 rounding differs).
+what decoding the whole table first and then gathering produces (the serving lookup does, then combines the rows
+as the training-side op does). `decode_parts` returns the codes, scales and biases of int8/int4 rows.
 
 `encode` refuses non-finite values and values a 16-bit scale or bias cannot hold (magnitudes above float16's
 65504), naming the table and the row.
@@ -226,9 +226,7 @@ def is_rowwise(mode: str | None) -> bool:
 def decode_parts(rows: Any, mode: str, dim: int) -> tuple[Any, Any, Any]:
     """The parts of gathered int8/int4 rows: (codes as float32 [..., dim], scale [...], bias [...]), float32.
 
-    `decode` is ``codes * scale[..., None] + bias[..., None]``; a weighted sum of rows can apply the scale with its
-    weight and add the biases once per output instead (`tf_embed_ops.keras.serving.plain_lookup` does), which
-    saves two passes over the rows at the cost of a different rounding order.
+    `decode` is ``codes * scale[..., None] + bias[..., None]`` (two float32 roundings, as `decode_numpy`).
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 

@@ -99,9 +99,3 @@ class ServedTable(MetadataMixin, tf.Module):
     def gather_rows(self, ids: Any) -> tf.Tensor:
         """Float32 rows of `ids` (int64 [n]) -> [n, dim]; a pruned id reads zeros."""
         return quantization.decode(self._gather(ids), self.mode, self.dim)
-
-    def gather_parts(self, ids: Any) -> tuple | None:
-        """(codes, scale, bias) of `ids` for int8/int4 tables (`quantization.decode_parts`), else None."""
-        if not quantization.is_rowwise(self.mode):
-            return None
-        return quantization.decode_parts(self._gather(ids), self.mode, self.dim)
