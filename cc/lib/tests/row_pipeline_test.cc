@@ -613,5 +613,43 @@ TEST(CombineSamplesTest, QuantizesEachGatheredElementBeforeWeighting) {
   EXPECT_EQ(dense_out, (std::vector<float>{1.0f, 1.0f, 0.5f, 0.0f}));
 }
 
+// CombineFeatureRows (what every kind of table's lookup calls) reads rows by address, in any storage type: the
+// same activations as CombineSamples over one array, with the rows scattered and a missing row read as zeros.
+TEST(CombineSamplesTest, FeatureRowsByAddressInEveryStorageType) {
+  const std::vector<float> values = {0.5f, -2.0f, /**/ 1.25f, 3.0f, /**/ -0.75f, 8.0f};  // exact in 16 bits
+  const Feature f = RaggedFeature({0, 2, 2, 3}, {2, 0, 1}, {1.0f, 3.0f, 2.0f}, Combiner::kSqrtn, {});
+  std::vector<float> expected(6);
+  CombineSamples(f.layout, f.ids.data(), values.data(), 2, nullptr, 0, 3, expected.data());
+  for (StorageType type : {StorageType::kFloat32, StorageType::kBfloat16, StorageType::kFloat16}) {
+    SCOPED_TRACE(StorageTypeName(type));
+    // Each row on its own, in reverse order, as a cache's records or an arena's chunks are.
+    std::vector<std::vector<char>> rows(3, std::vector<char>(2 * sizeof(float)));
+    for (int r = 0; r < 3; ++r) {
+      for (int d = 0; d < 2; ++d) {
+        const float x = values[r * 2 + d];
+        if (type == StorageType::kFloat32) {
+          std::memcpy(rows[2 - r].data() + d * 4, &x, 4);
+        } else {
+          const uint16_t bits = type == StorageType::kBfloat16 ? FloatToBfloat16Nearest(x) : FloatToFloat16Nearest(x);
+          std::memcpy(rows[2 - r].data() + d * 2, &bits, 2);
+        }
+      }
+    }
+    const auto row_address = [&](int64_t i) -> const void* { return rows[2 - f.ids[i]].data(); };
+    std::vector<float> out(6, -7.0f);
+    CombineFeatureRows(f.layout, type, row_address, 2, nullptr, 0, 3, out.data());
+    EXPECT_EQ(out, expected);
+    // A key without a row (here id 2's) reads a row of zeros: as a table whose row 2 is zero.
+    std::vector<float> zeroed = values;
+    zeroed[4] = zeroed[5] = 0.0f;
+    std::vector<float> expected_zeroed(6);
+    CombineSamples(f.layout, f.ids.data(), zeroed.data(), 2, nullptr, 0, 3, expected_zeroed.data());
+    const std::vector<char> zeros(8, 0);
+    const auto missing = [&](int64_t i) -> const void* { return f.ids[i] == 2 ? zeros.data() : row_address(i); };
+    CombineFeatureRows(f.layout, type, missing, 2, nullptr, 0, 3, out.data());
+    EXPECT_EQ(out, expected_zeroed);
+  }
+}
+
 }  // namespace
 }  // namespace tf_embed_ops
