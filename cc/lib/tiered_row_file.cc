@@ -25,18 +25,6 @@ constexpr size_t kVersionAt = 8, kHeaderBytesAt = 12, kNumRowsAt = 16, kNumBuffe
 
 }  // namespace
 
-using row_file_internal::Crc32cExtend;
-using row_file_internal::Get;
-using row_file_internal::IoError;
-using row_file_internal::kMaxIov;
-using row_file_internal::kStateClean;
-using row_file_internal::kStateWriting;
-using row_file_internal::PieceIovecs;
-using row_file_internal::Put;
-using row_file_internal::RecordIovecs;
-using row_file_internal::Rows;
-using row_file_internal::RowsOf;
-
 namespace row_file_internal {
 
 absl::Status IoError(int err, const std::string& message) {

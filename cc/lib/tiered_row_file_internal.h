@@ -87,6 +87,20 @@ int PieceIovecs(const P* pieces, int64_t n, int64_t record_bytes, struct iovec* 
 }
 
 }  // namespace row_file_internal
+
+// (The three sources use these unqualified.)
+using row_file_internal::Crc32cExtend;
+using row_file_internal::Get;
+using row_file_internal::IoError;
+using row_file_internal::kMaxIov;
+using row_file_internal::kStateClean;
+using row_file_internal::kStateWriting;
+using row_file_internal::PieceIovecs;
+using row_file_internal::Put;
+using row_file_internal::RecordIovecs;
+using row_file_internal::Rows;
+using row_file_internal::RowsOf;
+
 }  // namespace tf_embed_ops
 
 #endif  // TF_EMBED_OPS_CC_LIB_TIERED_ROW_FILE_INTERNAL_H_

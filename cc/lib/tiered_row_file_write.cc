@@ -13,18 +13,6 @@
 
 namespace tf_embed_ops {
 
-using row_file_internal::Crc32cExtend;
-using row_file_internal::Get;
-using row_file_internal::IoError;
-using row_file_internal::kMaxIov;
-using row_file_internal::kStateClean;
-using row_file_internal::kStateWriting;
-using row_file_internal::PieceIovecs;
-using row_file_internal::Put;
-using row_file_internal::RecordIovecs;
-using row_file_internal::Rows;
-using row_file_internal::RowsOf;
-
 absl::Status TieredRowFile::WriteRecords(int64_t first, int64_t n, char* const* records) {
   if (first < 0 || n < 0 || first > layout_.num_rows - n) {
     return absl::InvalidArgumentError(
