@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cc/config/config_parser.h"
+#include "cc/kernels/fused_op_signature.h"
 #include "cc/lib/numerics.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
@@ -76,12 +77,12 @@ std::string FusedEmbeddingAttrs::FeatureLabel(int feature) const {
   return name.empty() ? absl::StrCat("feature ", feature) : absl::StrCat("feature ", feature, " ('", name, "')");
 }
 
-absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
+absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, const FusedInputs& inputs, int feature,
                               const std::string& label, FeatureBatch* out) {
-  const tensorflow::Tensor& splits = ctx->input(first_list_input + feature);
-  const tensorflow::Tensor& ids = ctx->input(first_list_input + num_features + feature);
-  const tensorflow::Tensor& weights = ctx->input(first_list_input + 2 * num_features + feature);
-  const tensorflow::Tensor& shape = ctx->input(first_list_input + 3 * num_features + feature);
+  const tensorflow::Tensor& splits = ctx->input(inputs.splits(feature));
+  const tensorflow::Tensor& ids = ctx->input(inputs.ids(feature));
+  const tensorflow::Tensor& weights = ctx->input(inputs.weights(feature));
+  const tensorflow::Tensor& shape = ctx->input(inputs.sample_shape(feature));
   if (ids.dims() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": embedding_indices must be rank 1, got shape ", ids.shape().DebugString()));
@@ -140,23 +141,13 @@ absl::Status CheckVariableDtype(tensorflow::OpKernelContext* ctx, int input, con
     (*var)->Unref();
     return absl::FailedPreconditionError(absl::StrCat(what, ": the variable is not initialized"));
   }
-  switch ((*var)->tensor()->dtype()) {
-    case tensorflow::DT_FLOAT:
-      *storage = StorageType::kFloat32;
-      return absl::OkStatus();
-    case tensorflow::DT_BFLOAT16:
-      *storage = StorageType::kBfloat16;
-      return absl::OkStatus();
-    case tensorflow::DT_HALF:
-      *storage = StorageType::kFloat16;
-      return absl::OkStatus();
-    default:
-      break;
+  const absl::StatusOr<StorageType> type = StorageTypeOfDtype((*var)->tensor()->dtype(), what);
+  if (!type.ok()) {
+    (*var)->Unref();
+    return type.status();
   }
-  const std::string got = tensorflow::DataTypeString((*var)->tensor()->dtype());
-  (*var)->Unref();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": the variable must be float32, bfloat16 or float16 (half), got ", got));
+  *storage = *type;
+  return absl::OkStatus();
 }
 
 void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, StorageType storage) {
@@ -177,12 +168,12 @@ std::vector<std::vector<std::string>> TablesPerTag(const EmbeddingConfig& config
   return tag_tables;
 }
 
-absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, int first_input,
+absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, const FusedInputs& inputs,
                                const std::vector<std::vector<std::string>>& tag_tables, std::vector<float>* out) {
   const int num = static_cast<int>(tag_tables.size());
   out->resize(num);
   for (int k = 0; k < num; ++k) {
-    const tensorflow::Tensor& lr = ctx->input(first_input + k);
+    const tensorflow::Tensor& lr = ctx->input(inputs.learning_rate(k));
     const std::string what = absl::StrCat("learning_rates[", k, "] (dynamic learning-rate tag ", k, ", used by ",
                                           TableList(tag_tables[k]), ")");
     if (!tensorflow::TensorShapeUtils::IsScalar(lr.shape())) {

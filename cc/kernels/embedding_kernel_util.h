@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/fused_op_signature.h"
 #include "cc/kernels/intra_op_shard.h"
 #include "cc/lib/combiner.h"
 #include "cc/lib/embedding_config.h"
@@ -81,10 +82,9 @@ class WorkspacePool {
   std::vector<std::unique_ptr<EmbeddingWorkspace>> free_ TF_GUARDED_BY(mu_);
 };
 
-// Views the per-feature inputs of feature `feature` (the four lists start at `first_list_input`, each N long)
-// as a FeatureBatch.  Checks ranks only; BuildFeatureLayout checks the structure.  Ids that are not int64 (the
-// dynamic ops' string keys) are left null.
-absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, int first_list_input, int num_features, int feature,
+// Views the per-feature inputs of feature `feature` as a FeatureBatch.  Checks ranks only; BuildFeatureLayout checks
+// the structure.  Ids that are not int64 (the dynamic ops' string keys) are left null.
+absl::Status ReadFeatureBatch(tensorflow::OpKernelContext* ctx, const FusedInputs& inputs, int feature,
                               const std::string& label, FeatureBatch* out);
 
 // `status` with "what: " in front of its message (same code), for errors of TensorFlow helpers that cannot know
@@ -111,9 +111,9 @@ void EnsureSparseAccess(tensorflow::OpKernelContext* ctx, tensorflow::Var* var, 
 // Per dynamic learning-rate tag, the names of the tables that use it (for errors).
 std::vector<std::vector<std::string>> TablesPerTag(const EmbeddingConfig& config);
 
-// The learning_rates inputs (first_input .. first_input + tag_tables.size() - 1): one scalar per dynamic tag,
+// The learning_rates inputs: one scalar per dynamic tag,
 // finite and >= 0 (the rule the config applies to constant rates); errors name the tag and its tables.
-absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, int first_input,
+absl::Status ReadLearningRates(tensorflow::OpKernelContext* ctx, const FusedInputs& inputs,
                                const std::vector<std::vector<std::string>>& tag_tables, std::vector<float>* out);
 
 // Feature f's gradient (inputs[f]) has the activation's shape `expected` and, with check_numerics, only finite

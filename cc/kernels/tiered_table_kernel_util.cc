@@ -3,7 +3,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "cc/lib/feature_layout.h"
 #include "cc/lib/optimizers/registry.h"
 
 namespace tf_embed_ops {
@@ -43,22 +42,6 @@ absl::Status LookupTieredConfigTables(tensorflow::OpKernelContext* ctx, int firs
                                                        "]; every table of the config needs its own tiered table"));
       }
     }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTieredFeatures(tensorflow::OpKernelContext* ctx, const FusedEmbeddingAttrs& attrs, int first_list,
-                                    std::vector<FeatureBatch>* batches, std::vector<int64_t>* num_samples) {
-  const int n = attrs.num_features;
-  batches->assign(n, FeatureBatch());
-  num_samples->assign(n, 0);
-  for (int f = 0; f < n; ++f) {
-    const std::string label = attrs.FeatureLabel(f);
-    const TableSpec& table = attrs.config.tables[attrs.config.features[f].table_id];
-    FeatureBatch& batch = (*batches)[f];
-    TF_RETURN_IF_ERROR(ReadFeatureBatch(ctx, first_list, n, f, label, &batch));
-    TF_RETURN_IF_ERROR(ValidateFeatureBatch(batch, label, &(*num_samples)[f]));
-    TF_RETURN_IF_ERROR(ValidateIds(batch.ids, batch.num_ids, table.vocabulary_size, label, table.name));
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,4 @@
-// What the tiered fused kernels share: resolving the table handles against the config, and validating the
-// per-feature inputs (structure and ids in [0, num_rows)).
+// The tiered tables of a fused op resolved and checked against the config (TieredTableSource's Open).
 #ifndef TF_EMBED_OPS_CC_KERNELS_TIERED_TABLE_KERNEL_UTIL_H_
 #define TF_EMBED_OPS_CC_KERNELS_TIERED_TABLE_KERNEL_UTIL_H_
 
@@ -7,7 +6,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cc/kernels/embedding_kernel_util.h"
 #include "cc/kernels/tiered_table_resource.h"
 #include "cc/lib/embedding_config.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -19,11 +17,6 @@ namespace tf_embed_ops {
 // slots of the table's optimizer in number and width.
 absl::Status LookupTieredConfigTables(tensorflow::OpKernelContext* ctx, int first_input, const EmbeddingConfig& config,
                                       bool check_slots, std::vector<TieredTableRef>* out);
-
-// Every feature's lists (starting at input `first_list`) read and validated, ids against the table's
-// vocabulary; `num_samples[f]` as ValidateFeatureBatch gives it.
-absl::Status ValidateTieredFeatures(tensorflow::OpKernelContext* ctx, const FusedEmbeddingAttrs& attrs, int first_list,
-                                    std::vector<FeatureBatch>* batches, std::vector<int64_t>* num_samples);
 
 }  // namespace tf_embed_ops
 

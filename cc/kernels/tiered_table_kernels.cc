@@ -1,6 +1,6 @@
 // Kernels of the tiered-table resource ops (handle, write and read rows, prefetch, flush, stats); the fused lookup
-// and update are tiered_embedding_activations_kernel.cc and tiered_send_gradients_kernel.cc.  Thin: resolve the
-// handle, validate every input, lock the table (shared to read, exclusive to change rows), call the cache
+// and update are embedding_activations_kernel.cc and embedding_send_gradients_kernel.cc (TieredTableSource).  Thin:
+// resolve the handle, validate every input, lock the table (shared to read, exclusive to change rows), call the cache
 // (cc/lib/tiered_row_cache.h).
 #include <algorithm>
 #include <memory>
@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cc/kernels/fused_op_signature.h"
 #include "cc/kernels/tiered_table_resource.h"
 #include "cc/kernels/touched_rows_resource.h"
 #include "cc/lib/tiered_row_cache.h"
@@ -21,13 +22,6 @@ namespace tf_embed_ops {
 namespace {
 
 namespace tf = ::tensorflow;
-
-absl::StatusOr<StorageType> StorageTypeOf(const std::string& name) {
-  for (StorageType type : {StorageType::kFloat32, StorageType::kBfloat16, StorageType::kFloat16}) {
-    if (name == StorageTypeName(type)) return type;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("'", name, "'; expected 'float32', 'bfloat16' or 'float16'"));
-}
 
 // Looks up the table on every run (one resource-manager lookup), so a destroyed table is made afresh by the
 // next run (mode 'open' reopens its file) instead of leaving a dangling handle.
@@ -55,7 +49,7 @@ class TieredTableHandleOp : public tf::OpKernel {
                                                 " storage_types (one per buffer: the table, then ",
                                                 "each slot); give one width per slot, or none")));
     for (size_t b = 0; b < types.size(); ++b) {
-      const absl::StatusOr<StorageType> type = StorageTypeOf(types[b]);
+      const absl::StatusOr<StorageType> type = StorageTypeOfName(types[b]);
       OP_REQUIRES(
           ctx, type.ok(),
           absl::InvalidArgumentError(absl::StrCat(what, ": storage_types[", b, "] is ", type.status().message())));

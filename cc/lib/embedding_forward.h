@@ -138,6 +138,20 @@ inline void CombineSampleRows(const FeatureLayout& layout, StorageType type, con
   });
 }
 
+// Rows of any storage and type, as every kind of table gives them: row_address(i) is the address of the row id i
+// reads, `dim` elements of `type` (float, or the bits of a 16-bit type).  The type is dispatched once per call.
+template <typename RowAddress>
+inline void CombineFeatureRows(const FeatureLayout& layout, StorageType type, const RowAddress& row_address,
+                               int64_t dim, const Quantizer* quantizer, int64_t begin, int64_t end, float* out) {
+  if (type == StorageType::kFloat32) {
+    const auto row_of = [&row_address](int64_t i) { return static_cast<const float*>(row_address(i)); };
+    CombineSampleRows(layout, row_of, dim, quantizer, begin, end, out);
+  } else {
+    const auto row_of = [&row_address](int64_t i) { return static_cast<const uint16_t*>(row_address(i)); };
+    CombineSampleRows(layout, type, row_of, dim, quantizer, begin, end, out);
+  }
+}
+
 }  // namespace tf_embed_ops
 
 #endif  // TF_EMBED_OPS_CC_LIB_EMBEDDING_FORWARD_H_

@@ -18,10 +18,15 @@
 #include "cc/lib/row_update.h"
 #include "cc/lib/simulated_quantization.h"
 #include "cc/lib/table_update.h"
+#include "cc/lib/tests/feature_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tf_embed_ops {
 namespace {
+
+using testing_util::DenseFeature;
+using testing_util::Feature;
+using testing_util::RaggedFeature;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -174,42 +179,6 @@ TEST(RowPipelineTest, InactiveOptionsLeaveThePlainUpdate) {
 }
 
 // --- gradient_accumulation.h: the accumulation plan ----------------------------------------------------------
-
-// Owns a feature's ids, layout and gradient.
-struct Feature {
-  std::vector<int64_t> ids;
-  FeatureLayout layout;
-  std::vector<float> gradient;  // [num_samples, dim]
-};
-
-Feature DenseFeature(std::vector<int64_t> ids, std::vector<float> gradient) {
-  Feature f;
-  f.ids = std::move(ids);
-  f.layout.num_samples = static_cast<int64_t>(f.ids.size());
-  f.layout.one_id_per_sample = true;
-  f.layout.scale.assign(f.ids.size(), 1.0f);
-  f.gradient = std::move(gradient);
-  return f;
-}
-
-Feature RaggedFeature(std::vector<int64_t> splits, std::vector<int64_t> ids, std::vector<float> weights,
-                      Combiner combiner, std::vector<float> gradient) {
-  Feature f;
-  f.ids = std::move(ids);
-  FeatureBatch b;
-  b.splits_or_indices = splits.data();
-  b.splits_or_indices_rank = 1;
-  b.splits_or_indices_rows = static_cast<int64_t>(splits.size());
-  b.ids = f.ids.data();
-  b.num_ids = static_cast<int64_t>(f.ids.size());
-  b.weights = weights.empty() ? nullptr : weights.data();
-  b.num_weights = static_cast<int64_t>(weights.size());
-  b.sample_shape = {b.splits_or_indices_rows - 1};
-  const absl::Status s = BuildFeatureLayout(b, combiner, "feature", &f.layout);
-  EXPECT_TRUE(s.ok()) << s;
-  f.gradient = std::move(gradient);
-  return f;
-}
 
 std::vector<GradientSource> Sources(const std::vector<Feature>& features) {
   std::vector<GradientSource> sources;
@@ -560,57 +529,6 @@ TEST_F(UpdateTableShardingTest, EveryOptimizerGivesBitwiseTheSameResultForAnySha
       }
     }
   }
-}
-
-// --- embedding_forward.h and simulated_quantization.h ---------------------------------------------------------
-
-TEST(QuantizerTest, ClipsThenRoundsToTheNearestBucketHalfUp) {
-  SimulatedQuantization q;
-  q.enabled = true;
-  q.lower = -1.0f;
-  q.upper = 1.0f;
-  q.num_buckets = 5;  // levels -1, -0.5, 0, 0.5, 1
-  const Quantizer quantize(q);
-  EXPECT_EQ(quantize(0.3f), 0.5f);
-  EXPECT_EQ(quantize(-0.2f), 0.0f);
-  EXPECT_EQ(quantize(0.25f), 0.5f);  // a tie rounds up
-  EXPECT_EQ(quantize(-0.74f), -0.5f);
-  EXPECT_EQ(quantize(1.7f), 1.0f);
-  EXPECT_EQ(quantize(-30.0f), -1.0f);
-}
-
-TEST(CombineSamplesTest, WeightedMeanWithAnEmptySample) {
-  // Table rows r = [r, 10 r].  Sample 0 = {id 1 (w 1), id 3 (w 3)}, sample 1 empty, sample 2 = {id 2}.
-  std::vector<float> table;
-  for (int r = 0; r < 4; ++r) table.insert(table.end(), {static_cast<float>(r), 10.0f * r});
-  const Feature f = RaggedFeature({0, 2, 2, 3}, {1, 3, 2}, {1.0f, 3.0f, 2.0f}, Combiner::kMean, {});
-  std::vector<float> out(6, -7.0f);
-  CombineSamples(f.layout, f.ids.data(), table.data(), 2, nullptr, 0, 3, out.data());
-  EXPECT_EQ(out, (std::vector<float>{2.5f, 25.0f, 0.0f, 0.0f, 2.0f, 20.0f}));
-  // A sub-range writes only its samples.
-  std::vector<float> part(6, -7.0f);
-  CombineSamples(f.layout, f.ids.data(), table.data(), 2, nullptr, 2, 3, part.data());
-  EXPECT_EQ(part, (std::vector<float>{-7.0f, -7.0f, -7.0f, -7.0f, 2.0f, 20.0f}));
-}
-
-TEST(CombineSamplesTest, QuantizesEachGatheredElementBeforeWeighting) {
-  std::vector<float> table = {0.3f, -0.2f, /**/ 0.9f, 5.0f};
-  SimulatedQuantization q;
-  q.enabled = true;
-  q.lower = -1.0f;
-  q.upper = 1.0f;
-  q.num_buckets = 5;
-  const Quantizer quantize(q);
-  // Sum of 2 * Q(row 0) + 1 * Q(row 1) = 2 * [0.5, 0] + [1, 1].
-  const Feature ragged = RaggedFeature({0, 2}, {0, 1}, {2.0f, 1.0f}, Combiner::kSum, {});
-  std::vector<float> out(2);
-  CombineSamples(ragged.layout, ragged.ids.data(), table.data(), 2, &quantize, 0, 1, out.data());
-  EXPECT_EQ(out, (std::vector<float>{2.0f, 1.0f}));
-  // Dense input: each sample is its one quantized row.
-  const Feature dense = DenseFeature({1, 0}, {});
-  std::vector<float> dense_out(4);
-  CombineSamples(dense.layout, dense.ids.data(), table.data(), 2, &quantize, 0, 2, dense_out.data());
-  EXPECT_EQ(dense_out, (std::vector<float>{1.0f, 1.0f, 0.5f, 0.0f}));
 }
 
 }  // namespace
