@@ -624,8 +624,9 @@ class IncrementalCheckpointManager:
         for k, shape in want.items():
             if m < 0 or p < 0 or d[k].shape != shape:
                 raise CheckpointError(
-                    f"{where} {k} has shape {list(d[k].shape)}, the table takes {list(shape)} (keys [n], rows [n, "
-                    f"dim {dim}], slots [n, {width}], admission counters [p])"
+                    f"{where} {k} has shape {list(d[k].shape)}, expected {list(shape)}: the arrays do not fit the "
+                    f"table's dim {dim} and slot width {width} (keys [n], rows [n, {dim}], slots [n, {width}], "
+                    "admission counters [p])"
                 )
         for k in (*_DYNAMIC, *_PENDING, "evicted", "step"):
             want_dtype = np.float32 if k in ("weights", "slots") else np.int64

@@ -223,9 +223,12 @@ def _reraise(path: str, error: BaseException) -> None:
         raise OSError(error.errno, f"{detail} while writing {path}; nothing was written", path) from error
     tf_errors = _tf_errors()
     if tf_errors is not None and isinstance(error, tf_errors.OpError):
-        if error.message.startswith(f"{path}: "):
+        message = error.message
+        if message.startswith(f"{path}: "):
             raise error
-        raise type(error)(error.node_def, error.op, f"{path}: {error.message}; nothing was written") from None
+        if not message.endswith("nothing was written"):
+            message += "; nothing was written"
+        raise type(error)(error.node_def, error.op, f"{path}: {message}") from None
     raise error
 
 
