@@ -8,17 +8,16 @@ temporary left behind). The reference for a restore is the model's own state cap
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests import fault_support as support
 from tf_embed_ops.checkpoint import _format
 
 _emb = tf.tpu.experimental.embedding
@@ -50,14 +49,7 @@ class _Model(tf.Module):
         self.dense.assign_add(tf.reduce_mean(acts["s"], 0))
 
     def state(self):
-        out = {"dense": self.dense.numpy()}
-        for t, v in self.emb.embedding_tables.items():
-            out[t.name] = np.asarray(tf.convert_to_tensor(v))
-            for slot, s in self.emb.slot_variables[t].items():
-                out[f"{t.name}/{slot}"] = np.asarray(tf.convert_to_tensor(s))
-        for cfg, table in self.emb.dynamic_tables.items():
-            out.update({f"{cfg.name}:{k}": v.numpy() for k, v in table._serialize_to_tensors().items()})
-        return out
+        return {"dense": self.dense.numpy(), **support.embedding_state(self.emb)}
 
 
 def _manager(model, directory, **kwargs):
@@ -68,17 +60,6 @@ def _assert_same(got, want):
     assert sorted(got) == sorted(want)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-
-
-def _files(directory):
-    """{relative path: bytes} of every file under `directory` (what a refused call must leave as it was)."""
-    out = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, directory)] = f.read()
-    return out
 
 
 def _chain(tmp_path, lifecycle=False, deltas=2, seed=0):
@@ -120,30 +101,8 @@ def test_concurrent_saves_while_training_make_one_valid_chain(tmp_path):
     model = _Model()
     mgr = _manager(model, tmp_path, full_every=3)
     mgr.save()
-    stop = threading.Event()
-    errors: list = []
-
-    def train():
-        rng = np.random.default_rng(1)
-        while not stop.is_set():
-            model.step(np.arange(40), rng)
-
-    def save():
-        try:
-            for _ in range(5):
-                mgr.save()
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    trainer = threading.Thread(target=train)
-    savers = [threading.Thread(target=save) for _ in range(2)]
-    trainer.start()
-    for t in savers:
-        t.start()
-    for t in savers:
-        t.join()
-    stop.set()
-    trainer.join()
+    rng = np.random.default_rng(1)
+    errors = support.race(mgr.save, times=5, threads=2, train=lambda: model.step(np.arange(40), rng))
     assert errors == []
     steps = [e["step"] for e in mgr.chain]
     assert steps == sorted(set(steps)) and steps[-1] == 11  # 1 + 2 x 5 saves, one number each
@@ -157,20 +116,16 @@ def test_concurrent_saves_while_training_make_one_valid_chain(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ full disk
-def _no_space(*_):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 @pytest.mark.parametrize("kind", ["delta", "full"])
 def test_a_full_disk_names_the_file_and_leaves_nothing(tmp_path, monkeypatch, kind):
     model, mgr = _chain(tmp_path, deltas=1)
     model.step(np.arange(50, 56), np.random.default_rng(3))
-    before = _files(tmp_path)
+    before = support.files(tmp_path)
     with monkeypatch.context() as m:
-        m.setattr(os, "fsync", _no_space)
+        m.setattr(os, "fsync", support.no_space)
         with pytest.raises(tf.errors.ResourceExhaustedError, match=rf"ckpt-3\.{kind}: .*nothing was written"):
             mgr.save(full=kind == "full")
-    assert _files(tmp_path) == before  # no temporary, the manifest as it was
+    assert support.files(tmp_path) == before  # no temporary, the manifest as it was
     assert [e["name"] for e in mgr.chain] == ["ckpt-1", "ckpt-2"]
     # The failed save lost nothing: the next one holds its rows.
     mgr.save()
@@ -210,10 +165,10 @@ def test_bad_constructor_arguments_are_refused_naming_them(tmp_path, kwargs, wor
 )
 def test_bad_save_arguments_are_refused_and_nothing_is_written(tmp_path, kwargs, words):
     model, mgr = _chain(tmp_path, deltas=1)
-    before = _files(tmp_path)
+    before = support.files(tmp_path)
     with pytest.raises(ValueError, match=words):
         mgr.save(**kwargs)
-    assert _files(tmp_path) == before
+    assert support.files(tmp_path) == before
     assert mgr.restore() == 2
 
 
@@ -344,7 +299,7 @@ def test_a_broken_manifest_is_refused_naming_it(tmp_path, content):
         f.write(content)
     with pytest.raises(te.checkpoint.CheckpointError, match=r"manifest\.json: "):
         _manager(_Model(), tmp_path)
-    assert _files(tmp_path) == {"manifest.json": content.encode()}
+    assert support.files(tmp_path) == {"manifest.json": content.encode()}
 
 
 def test_a_manifest_whose_chain_is_malformed_is_refused_naming_it(tmp_path):

@@ -7,39 +7,19 @@ files bitwise as they were, no temporary behind, and the training tables unchang
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests import fault_support as support
 from tests import serving_delta_util as util
 from tf_embed_ops.serving import Publisher, read_manifest
-
-
-def _files(directory):
-    """{relative path: bytes} of every file under `directory`."""
-    out = {}
-    for root, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, directory)] = f.read()
-    return out
-
-
-def _temporaries(directory):
-    return [os.path.join(r, n) for r, ds, fs in os.walk(directory) for n in ds + fs if ".tmp-" in n]
-
-
-def _no_space(*_):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 # ------------------------------------------------------------------------------------------------ threads
@@ -51,35 +31,13 @@ def test_concurrent_publishes_while_training_make_one_ordered_chain(tmp_path):
     directory = str(tmp_path / "chain")
     pub = Publisher(model, directory, util.SIGNATURE, min_free_slots=4096)
     pub.publish_full()
-    stop, errors = threading.Event(), []
-
-    def train():
-        seed = 1
-        while not stop.is_set():
-            util.fit(model, seed=seed, high=200)
-            seed += 1
-
-    def publish():
-        try:
-            for _ in range(4):
-                pub.publish_delta()
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=publish) for _ in range(2)]
-    trainer = threading.Thread(target=train)
-    trainer.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    trainer.join()
+    seeds = iter(range(1, 10**6))
+    errors = support.race(pub.publish_delta, times=4, threads=2, train=lambda: util.fit(model, next(seeds), high=200))
     assert errors == []
     chain = read_manifest(directory)["chain"]
     assert [e["version"] for e in chain] == list(range(1, 10))
     assert all(e["base"] == e["version"] - 1 for e in chain if e["kind"] == "delta")
-    assert not _temporaries(directory)
+    assert not support.temporaries(directory)
     served = tf.saved_model.load(os.path.join(directory, "1"))
     for entry in chain[1:]:
         if entry["kind"] == "delta":
@@ -96,14 +54,14 @@ def test_a_full_disk_names_the_file_and_leaves_nothing(tmp_path, monkeypatch, ki
     pub = Publisher(model, directory, util.SIGNATURE, min_free_slots=256)
     pub.publish_full()
     util.fit(model, seed=1)
-    before = _files(directory)
+    before = support.files(directory)
     target = os.path.join(directory, "deltas", "2.delta") if kind == "delta" else os.path.join(directory, "2")
     with monkeypatch.context() as m:
-        m.setattr(os, "fsync", _no_space)
+        m.setattr(os, "fsync", support.no_space)
         with pytest.raises(tf.errors.ResourceExhaustedError) as err:
             pub.publish_delta() if kind == "delta" else pub.publish_full()
     assert err.value.message.startswith(f"{target}: ") and "nothing was written" in err.value.message
-    assert _files(directory) == before and not _temporaries(directory)
+    assert support.files(directory) == before and not support.temporaries(directory)
     assert pub.version == 1
     # Nothing was lost: the next delta holds the rows and applies.
     assert pub.publish_delta() == 2
@@ -122,7 +80,7 @@ def test_a_broken_manifest_is_refused_naming_it(tmp_path, content):
     model, _, _ = util.dynamic_model()
     with pytest.raises(ValueError, match=r"MANIFEST\.json: "):
         Publisher(model, str(tmp_path), util.SIGNATURE)
-    assert _files(tmp_path) == {"MANIFEST.json": content.encode()} and os.listdir(tmp_path) == ["MANIFEST.json"]
+    assert support.files(tmp_path) == {"MANIFEST.json": content.encode()} and os.listdir(tmp_path) == ["MANIFEST.json"]
     with pytest.raises(ValueError, match=r"MANIFEST\.json: "):
         read_manifest(str(tmp_path))
 
@@ -165,10 +123,10 @@ def test_a_non_finite_row_is_not_published(tmp_path):
     poisoned = static.numpy()
     poisoned[row] = np.nan
     static.assign(poisoned)
-    before = _files(directory)
+    before = support.files(directory)
     with pytest.raises(ValueError, match=rf"table 'static': row {row} is nan \(not finite\).*nothing was written"):
         pub.publish_delta()
-    assert _files(directory) == before and pub.version == 1
+    assert support.files(directory) == before and pub.version == 1
 
 
 # ------------------------------------------------------------------------------------------------ export targets
@@ -182,13 +140,13 @@ def test_an_export_never_replaces_a_directory_it_did_not_write(tmp_path, monkeyp
     (project / "src").mkdir(parents=True)
     (project / "notes.txt").write_text("mine")
     (project / "src" / "main.py").write_text("print(1)")
-    before = _files(project)
+    before = support.files(project)
     with pytest.raises(ValueError, match=r"project is a non-empty directory that is not a previous export"):
         _export(model, str(project))
     monkeypatch.chdir(project)
     with pytest.raises(ValueError, match=r"not a previous export \(notes\.txt, src\)"):
         _export(model, ".")  # what a new user typed
-    assert _files(project) == before and sorted(os.listdir(tmp_path)) == ["project"]
+    assert support.files(project) == before and sorted(os.listdir(tmp_path)) == ["project"]
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"file exists and is not a directory"):
         _export(model, str(tmp_path / "file"))
@@ -216,18 +174,19 @@ def test_a_full_disk_during_an_export_names_it_and_keeps_the_previous_one(tmp_pa
     model, _, _ = util.dynamic_model()
     export = str(tmp_path / "export")
     _export(model, export)
-    before = _files(tmp_path)
+    before = support.files(tmp_path)
     util.fit(model, seed=0)
     with monkeypatch.context() as m:
-        m.setattr(os, "fsync", _no_space)
+        m.setattr(os, "fsync", support.no_space)
         with pytest.raises(tf.errors.ResourceExhaustedError, match=rf"{export}: .*nothing was written"):
             _export(model, export)
-    assert _files(tmp_path) == before and not _temporaries(tmp_path)
+    assert support.files(tmp_path) == before and not support.temporaries(tmp_path)
 
 
 _KILLED_EXPORT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
+from tests import fault_support as support
 from tests import serving_delta_util as util
 import tf_embed_ops as te
 from tf_embed_ops.serving import metadata
