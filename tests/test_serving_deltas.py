@@ -255,7 +255,7 @@ def _bad_deltas(tmp_path, pub, model, table):
     dense_word = delta_format.HEADER_FIXED + delta_format.TABLE_FIELDS * len(meta["layout"]["tables"])
     bad["dense_overflow"] = (rewritten("dense_overflow", data, {dense_word: 2**63 - 8}), "dense variable")
     # Checksum-valid deltas with non-finite values: a row, a dense weight.
-    bad["nan_row"] = (crafted("nan_row", fill=np.nan), "table static: the row of row id 0 (position 0) is not finite")
+    bad["nan_row"] = (crafted("nan_row", fill=np.nan), "table static: row 0 of the delta (0-based")
     bad["inf_row"] = (crafted("inf_row", fill=np.inf), "is not finite")
 
     def nan_dense(payload, header):

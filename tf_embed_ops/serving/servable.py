@@ -299,14 +299,11 @@ class Servable(tf.Module):
                 _fail(ok, path, f"dense variable {name}: ", nbytes, f" bytes, its shape {var.shape} needs {expected}")
             )
             if var.dtype.is_floating:
-                # Read only once its size is known good (and only when carried).
-                finite = tf.cond(
-                    tf.logical_and(carries_dense, _gate(checks, sized)),
-                    lambda var=var, off=off, nbytes=nbytes: tf.reduce_all(
-                        tf.math.is_finite(tf.io.decode_raw(_substr(data, payload + off, nbytes), var.dtype))
-                    ),
-                    lambda: tf.constant(True),
-                )
+                # Read once its size is known good, and only when carried (else 0 bytes from the payload's start).
+                read = _gate(checks, tf.logical_and(carries_dense, sized))
+                at = tf.where(read, payload + off, payload)
+                length = tf.where(read, nbytes, tf.zeros_like(nbytes))
+                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(_substr(data, at, length), var.dtype)))
                 checks.append(_fail(finite, path, f"dense variable {name}: a value is not finite (NaN or infinity)"))
             dense_plans.append((var, off, nbytes))
         # Everything is checked: now write. Nothing below can fail on the delta's content.
@@ -438,18 +435,16 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
     chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
-    # Every row finite, checked chunk by chunk before the first write (a checksum-valid delta may still carry NaN).
-    bad_row = _first_non_finite_row(data, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows, checks)
+    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN).
+    bad_row = _first_non_finite_row(data, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], checks)
     checks = [
         *checks,
         _fail(
             bad_row < 0,
             path,
-            f"table {name}: the row of {'row id' if entry['kind'] == 'static' else 'key'} ",
-            tf.gather(tf.concat([keys, tf.zeros([1], tf.int64)], 0), tf.maximum(bad_row, 0)),
-            " (position ",
+            f"table {name}: row ",
             bad_row,
-            ") is not finite (NaN or infinity)",
+            " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
         ),
     ]
     if entry["kind"] == "static":
@@ -521,30 +516,17 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     return write_dynamic, checks
 
 
-def _first_non_finite_row(data, rows_at, n, dtype, dim, chunk_rows, checks) -> tf.Tensor:
-    """The position of the first row of a table's segment with a NaN or infinity, or -1 (read once `checks` pass,
-    one chunk of rows at a time, as the write reads them)."""
+def _first_non_finite_row(data, rows_at, n, dtype, dim, checks) -> tf.Tensor:
+    """The position of the first row of a table's segment with a NaN or infinity, or -1 (read once `checks`
+    pass). The segment is decoded whole, once: a loop over chunks would add a while loop per table to the graph,
+    which costs more memory to trace and save (each full version) than the rows cost to check."""
     n = _gate(checks, n)
-    row_bytes = dim * dtype.size
-
-    def body(i, found):
-        start = i * chunk_rows
-        count = tf.minimum(n - start, chunk_rows)
-        rows = tf.reshape(
-            tf.io.decode_raw(_substr(data, rows_at + start * row_bytes, count * row_bytes), dtype), [-1, dim]
-        )
-        bad = tf.reshape(tf.where(tf.logical_not(tf.reduce_all(tf.math.is_finite(rows), axis=1))), [-1])
-        here = tf.cond(tf.size(bad) > 0, lambda: start + bad[0], lambda: tf.constant(-1, tf.int64))
-        return i + 1, tf.where(found >= 0, found, here)
-
     if dim == 0:
         return tf.constant(-1, tf.int64)
-    _, found = tf.while_loop(
-        lambda i, found: tf.logical_and(i * chunk_rows < n, found < 0),
-        body,
-        [tf.constant(0, tf.int64), tf.constant(-1, tf.int64)],
-    )
-    return found
+    rows = tf.reshape(tf.io.decode_raw(_substr(data, rows_at, n * (dim * dtype.size)), dtype), [-1, dim])
+    ok = tf.reduce_all(tf.math.is_finite(rows), axis=1)
+    first = tf.argmin(tf.concat([tf.cast(ok, tf.int32), [0]], 0), output_type=tf.int64)
+    return tf.where(tf.reduce_all(ok), tf.constant(-1, tf.int64), first)
 
 
 def _scatter_chunks(var, slots, keys, data, rows_at, dtype, dim, chunk_rows) -> tf.Tensor:
