@@ -46,11 +46,9 @@ def _storage(array: np.ndarray) -> tuple[np.ndarray, str]:
 
 def _stored_dtype(dtype_name: str) -> np.dtype:
     """The numpy dtype a delta stores a variable of `dtype_name` in (`_storage`)."""
-    return (
-        np.dtype(np.uint16)
-        if dtype_name in ("bfloat16", "float16")
-        else np.dtype(tf.as_dtype(dtype_name).as_numpy_dtype)
-    )
+    if dtype_name in ("bfloat16", "float16"):
+        return np.dtype(np.uint16)
+    return np.dtype(tf.as_dtype(dtype_name).as_numpy_dtype)
 
 
 def _from_storage(array: np.ndarray, dtype_name: str) -> np.ndarray:
@@ -385,7 +383,8 @@ class IncrementalCheckpointManager:
         chains older than `max_chains` are deleted.  Returns its path."""
         return self.save(full=True)
 
-    def _save_full(self, name: str, number: int) -> dict:
+    def _save_full(self, name: str, number: int) -> tuple[dict, Any]:
+        """Writes a full checkpoint; returns its manifest entry and the tracker cursor taken before it."""
         cursor = self._tracker.cursor()  # before reading: a concurrent step repeats rows, never loses them
         final = os.path.join(self._directory, f"{name}.full")
 
@@ -398,7 +397,8 @@ class IncrementalCheckpointManager:
         size = sum(os.path.getsize(os.path.join(final, f)) for f in files)
         return {"name": name, "kind": "full", "step": number, "files": files, "bytes": size}, cursor
 
-    def _save_delta(self, name: str, number: int, parent_entry: dict, changes: Any) -> dict:
+    def _save_delta(self, name: str, number: int, parent_entry: dict, changes: Any) -> tuple[dict, Any]:
+        """Writes a delta after `parent_entry`; returns its manifest entry and the cursor of `changes`."""
         parent = parent_entry["name"]
         arrays: dict = {}
         tables: dict = {}
@@ -690,15 +690,13 @@ class IncrementalCheckpointManager:
             object_name = self._object_name(table)
             keys = [f"{object_name}/.ATTRIBUTES/{k}" for k in (*_DYNAMIC, *_PENDING, "step")]
             if object_name is None or not all(k in available for k in keys):
-                content = None  # the checkpoint's form of the table is its own: merged after the read (as before)
-            else:
-                content = {k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}") for k in (*_DYNAMIC, *_PENDING)}
+                continue  # the checkpoint holds the table in a form of its own: merged after the read
+            content = {k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}") for k in (*_DYNAMIC, *_PENDING)}
             tensors = _merge_dynamic(name, content, deltas)
-            if content is not None:
-                try:
-                    table.spec.validate(tensors)
-                except ValueError as e:
-                    raise CheckpointError(f"{prefix} and its deltas: {e}") from None
+            try:
+                table.spec.validate(tensors)
+            except ValueError as e:
+                raise CheckpointError(f"{prefix} and its deltas: {e}") from None
             out[name] = tensors
         return out
 
