@@ -35,7 +35,7 @@ from tf_embed_ops.formats import atomic_write
 from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving import tables as tables_lib
 
-__all__ = ["Streamed", "StreamedTable", "save", "write_atomically", "write_rows"]
+__all__ = ["Streamed", "StreamedTable", "check_export_target", "save", "write_atomically", "write_rows"]
 
 # Where `te.keras.export_for_serving` keeps its static tiered tables' serving forms (an attribute of its root).
 ROOT_ATTRIBUTE = "tiered_tables"
