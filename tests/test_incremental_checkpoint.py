@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests import fault_support as support
 from tf_embed_ops.checkpoint import _format
 
 _emb = tf.tpu.experimental.embedding
@@ -73,24 +74,7 @@ class _Model(tf.Module):
         self.dense.assign_add(tf.reduce_mean(acts["b"], 0))
 
     def state(self):
-        out = {"dense": self.dense.numpy()}
-        for t, v in self.emb.embedding_tables.items():
-            out[t.name] = np.asarray(tf.convert_to_tensor(v))
-            for slot, s in self.emb.slot_variables[t].items():
-                out[f"{t.name}/{slot}"] = np.asarray(tf.convert_to_tensor(s))
-        for cfg, table in self.emb.dynamic_tables.items():
-            for k, v in table.export().items():
-                out[f"{cfg.name}:{k}"] = v.numpy()
-            shards = getattr(table, "shards", None) or [table]
-            out[f"{cfg.name}:step"] = shards[0].step.numpy()
-            from tf_embed_ops.dynamic import table as table_lib
-
-            names = table_lib.policy_tensor_names(cfg)
-            if names:  # Bloom counters, decayed counts: the lifecycle policies' own state
-                tensors = table._serialize_to_tensors()
-                for k in names:
-                    out[f"{cfg.name}:{k}"] = tensors[k].numpy()
-        return out
+        return {"dense": self.dense.numpy(), **support.embedding_state(self.emb)}
 
 
 def _manager(model, directory, **kwargs):

@@ -37,6 +37,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops._optimizer_schema",
         "tf_embed_ops.features",
         "tf_embed_ops.update_trigger",
+        # The one atomic write of every file and directory other processes read (standard library only).
+        "tf_embed_ops.formats",
         # Serving rows: encodings, pruning, export metadata, a static table's serving form (numpy + stock TF).
         "tf_embed_ops.serving.quantization",
         "tf_embed_ops.serving.prune",

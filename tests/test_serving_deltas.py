@@ -204,10 +204,12 @@ def _bad_deltas(tmp_path, pub, model, table):
     keys = np.arange(3, dtype=np.int64)
     empty = np.zeros([0], np.int64)
 
-    def crafted(name, *, model_id=None, layout_id=None, dims=(util.DIM, util.DIM), static_keys=keys, new=0):
+    def crafted(
+        name, *, model_id=None, layout_id=None, dims=(util.DIM, util.DIM), static_keys=keys, new=0, fill=1.0, dense=None
+    ):
         parts = {
             "dynamic": delta_format.TableDelta(np.arange(10**6, 10**6 + new), np.zeros([new, dims[0]]), dim=dims[0]),
-            "static": delta_format.TableDelta(static_keys, np.ones([static_keys.size, dims[1]]), dim=dims[1]),
+            "static": delta_format.TableDelta(static_keys, np.full([static_keys.size, dims[1]], fill), dim=dims[1]),
         }
         tables = [parts[t["name"]] for t in meta["layout"]["tables"]]
         path = str(tmp_path / f"{name}.delta")
@@ -219,8 +221,24 @@ def _bad_deltas(tmp_path, pub, model, table):
             base_version=1,
             step=0,
             tables=tables,
+            dense=dense,
         )
         return path
+
+    def rewritten(name, data, words=None, patch=None):
+        """`data` with header words replaced ({index: value}) and/or its payload patched (`patch(payload,
+        header)`), the checksum recomputed: a file only a crafted header or payload can refuse."""
+        h = int(np.frombuffer(data[16:24], "<i8")[0])
+        header = np.frombuffer(data[delta_format.PREAMBLE : delta_format.PREAMBLE + h], "<i8").copy()
+        for index, value in (words or {}).items():
+            header[index] = value
+        payload = bytearray(data[delta_format.PREAMBLE + h :])
+        if patch is not None:
+            patch(payload, header)
+        body = header.tobytes() + bytes(payload)
+        checksum = delta_format.checksum(body)
+        fields = np.array([delta_format.FORMAT_VERSION, h, len(payload), checksum], "<i8")
+        return put(name, delta_format.MAGIC + fields.tobytes() + body)
 
     bad["model"] = (crafted("model", model_id=delta_format.fingerprint64("another")), "another model")
     bad["layout"] = (crafted("layout", layout_id=12345), "another table layout")
@@ -228,6 +246,23 @@ def _bad_deltas(tmp_path, pub, model, table):
     bad["row_id"] = (crafted("row_id", static_keys=np.array([0, util.V], np.int64)), f"row id {util.V} outside")
     capacity = [t for t in meta["layout"]["tables"] if t["kind"] == "dynamic"][0]["capacity"]
     bad["capacity"] = (crafted("capacity", new=capacity + 1, static_keys=empty), "free slots")
+    # Sizes that overflow int64 when multiplied: 2**61 rows of an empty payload (2**61 * 8 and 2**61 * dim * 4 wrap
+    # to 0, the rows' byte count), and a dense offset near 2**63 (offset + bytes wraps negative).
+    static_index = [t["name"] for t in meta["layout"]["tables"]].index("static")
+    rows_word = delta_format.HEADER_FIXED + delta_format.TABLE_FIELDS * static_index + 2
+    empty_delta = open(crafted("empty", static_keys=empty), "rb").read()
+    bad["rows_overflow"] = (rewritten("rows_overflow", empty_delta, {rows_word: 2**61}), "segments outside the payload")
+    dense_word = delta_format.HEADER_FIXED + delta_format.TABLE_FIELDS * len(meta["layout"]["tables"])
+    bad["dense_overflow"] = (rewritten("dense_overflow", data, {dense_word: 2**63 - 8}), "dense variable")
+    # Checksum-valid deltas with non-finite values: a row, a dense weight.
+    bad["nan_row"] = (crafted("nan_row", fill=np.nan), "table static: row 0 of the delta (0-based")
+    bad["inf_row"] = (crafted("inf_row", fill=np.inf), "is not finite")
+
+    def nan_dense(payload, header):
+        offset = int(header[dense_word])
+        payload[offset : offset + 4] = np.array([np.nan], np.float32).tobytes()
+
+    bad["nan_dense"] = (rewritten("nan_dense", data, patch=nan_dense), "a value is not finite")
     return good, bad
 
 

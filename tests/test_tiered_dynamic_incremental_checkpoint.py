@@ -193,7 +193,7 @@ def test_a_delta_of_the_wrong_dim_is_refused_before_any_change(tmp_path):
     manifest = _format.read_manifest(mgr_t.directory)
     manifest["chain"][-1].update(sha256=digest, bytes=size)
     _format.write_manifest(mgr_t.directory, manifest)
-    with pytest.raises(CheckpointError, match=r"ckpt-2: table 't'.*do not fit the table's dim 4"):
+    with pytest.raises(CheckpointError, match=r"ckpt-2\.delta: table 't'.*do not fit the table's dim 4"):
         mgr_t.restore()
     _assert_same(_state(emb_t, tiered), before)
 

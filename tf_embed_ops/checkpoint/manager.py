@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,9 @@ import tensorflow as tf
 from tf_embed_ops import tracking
 from tf_embed_ops.checkpoint import _format, _tiered_dynamic
 from tf_embed_ops.checkpoint._format import CheckpointError
+from tf_embed_ops.dynamic import tiered_checkpoint
+from tf_embed_ops.embedding_ops import checked_int
+from tf_embed_ops.formats import atomic_write
 from tf_embed_ops.tiered.table import TieredTable
 
 __all__ = ["CheckpointError", "IncrementalCheckpointManager"]
@@ -40,10 +44,60 @@ def _storage(array: np.ndarray) -> tuple[np.ndarray, str]:
     return array, dtype.name
 
 
+def _stored_dtype(dtype_name: str) -> np.dtype:
+    """The numpy dtype a delta stores a variable of `dtype_name` in (`_storage`)."""
+    if dtype_name in ("bfloat16", "float16"):
+        return np.dtype(np.uint16)
+    return np.dtype(tf.as_dtype(dtype_name).as_numpy_dtype)
+
+
 def _from_storage(array: np.ndarray, dtype_name: str) -> np.ndarray:
     if dtype_name in ("bfloat16", "float16"):
         return array.view(tf.as_dtype(dtype_name).as_numpy_dtype)
     return array
+
+
+_DYNAMIC = ("keys", "weights", "slots", "counts", "last_steps")
+_PENDING = ("pending_keys", "pending_counts", "pending_last_steps")
+
+
+def _policy_names(table: Any) -> tuple:
+    from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
+
+    return tuple(table_lib.policy_tensor_names(table.config))
+
+
+def _bloom_bytes(table: Any) -> int:
+    shards = getattr(table, "shards", None) or [table]
+    return int(shards[0].bloom_bytes)
+
+
+def _merge_dynamic(name: str, content: dict | None, deltas: list, table: Any = None) -> dict:
+    """A dynamic table's checkpoint tensors after `deltas` (later deltas win key by key, evicted keys go), starting
+    from `content` (the full checkpoint's, sorted by key) or, without it, from `table`'s export."""
+    if content is None:
+        content = {k: v.numpy() for k, v in table.export().items()}
+    content = dict(content)
+    step = None
+    for header, arrays in deltas:
+        d = {k: arrays[f"dynamic/{name}/{k}"] for k in _DYNAMIC + _PENDING}
+        if header["tables"][name]["full"]:
+            content = dict(d)
+        else:
+            drop = np.isin(content["keys"], np.concatenate([arrays[f"dynamic/{name}/evicted"], d["keys"]]))
+            for k in _DYNAMIC:
+                content[k] = np.concatenate([content[k][~drop], d[k]])
+            order = np.argsort(content["keys"], kind="stable")
+            for k in _DYNAMIC:
+                content[k] = content[k][order]
+            for k in _PENDING:
+                content[k] = d[k]
+        step = int(arrays[f"dynamic/{name}/step"].max())
+    content["step"] = np.int64(step)
+    _, arrays = deltas[-1]
+    prefix = f"dynamic/{name}/policy/"
+    content.update({k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
+    return content
 
 
 def _policy_state(table: Any) -> dict:
@@ -145,9 +199,13 @@ class IncrementalCheckpointManager:
     with its keys and metadata merged in memory and its rows written from the full checkpoint one chunk at a time
     and from the deltas (`_tiered_dynamic`).
 
+    Thread safety: `save`, `compact` and `restore` may be called from several threads (while others train): the
+    calls on one manager run one at a time (a lock), each numbering its checkpoint after the previous one's. One
+    manager per directory: two managers (or processes) writing one directory are not supported.
+
     Raises:
       ValueError: `checkpoint` tracks no embedding object, reaches a tiered table (static or dynamic) that
-        `embeddings` leaves out, or a bad `full_every` / `max_chains`.
+        `embeddings` leaves out, or a bad `full_every` / `max_chains` (not an integer, or out of range; named).
 
     Example:
         >>> ckpt = tf.train.Checkpoint(model=model)
@@ -164,16 +222,15 @@ class IncrementalCheckpointManager:
         max_chains: int = 2,
         embeddings: Any = None,
     ):
-        if full_every is not None and int(full_every) < 0:
-            raise ValueError(f"full_every must be >= 0 (or None), got {full_every}")
-        if int(max_chains) < 1:
-            raise ValueError(f"max_chains must be >= 1, got {max_chains}")
+        who = "te.checkpoint.IncrementalCheckpointManager"
+        full_every = 0 if full_every is None else checked_int(full_every, f"{who}: full_every", 0)
+        max_chains = checked_int(max_chains, f"{who}: max_chains", 1)
         self._checkpoint = checkpoint
         self._directory = os.fspath(directory)
-        self._full_every = int(full_every or 0)
-        self._max_chains = int(max_chains)
+        self._full_every = full_every
+        self._max_chains = max_chains
+        self._lock = threading.RLock()  # save / restore: one at a time (see the class docstring)
         descendants = tf.train.TrackableView(checkpoint).descendants()
-        who = "te.checkpoint.IncrementalCheckpointManager"
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
         self._tables = {}
         embedding_vars = set()
@@ -247,15 +304,35 @@ class IncrementalCheckpointManager:
         A full checkpoint is written on the first save of this manager (it has no cursor into the chain yet,
         unless `restore` gave it one), every `full_every` saves, or when `full=True`.
 
+        Safe to call from several threads: saves run one at a time, each after the previous one's number.
+
         Args:
-          checkpoint_number: the step recorded (default: the previous one + 1).
-          full: force a full checkpoint (True) or leave the policy (None).
+          checkpoint_number: the step recorded, an integer >= 0 above the newest entry's (default: the newest
+            entry's + 1).
+          full: force a full checkpoint (True) or leave the policy (None or False).
 
         Returns:
           The saved entry's path, `<directory>/ckpt-<number>`.
+
+        Raises:
+          ValueError: a `checkpoint_number` that is not an integer, is negative or not above the newest entry's, or
+            a `full` that is not a bool; nothing is written.
+          tf.errors.ResourceExhaustedError: the disk is full (naming the file); OSError: another write failure
+            (naming the file). Nothing is listed, no temporary is left, and the next save writes what this one
+            would have.
         """
+        if full is not None and not isinstance(full, (bool, np.bool_)):
+            raise ValueError(f"save: full must be True, False or None, got {full!r}")
+        with self._lock:
+            return self._save(checkpoint_number, full)
+
+    def _save(self, checkpoint_number: Any, full: bool | None) -> str:
         chain = self._manifest["chain"]
-        number = int(checkpoint_number) if checkpoint_number is not None else (chain[-1]["step"] + 1 if chain else 1)
+        newest = int(chain[-1]["step"]) if chain else None
+        if checkpoint_number is None:
+            number = newest + 1 if newest is not None else 1
+        else:
+            number = checked_int(checkpoint_number, "save: checkpoint_number", 0 if newest is None else newest + 1)
         deltas_since_full = 0
         for e in reversed(chain):
             if e["kind"] == "full":
@@ -269,7 +346,7 @@ class IncrementalCheckpointManager:
         )
         name = f"ckpt-{number}"
         if any(e["name"] == name for e in chain):
-            raise ValueError(f"checkpoint number {number} is already in the chain of {self._directory}")
+            raise ValueError(f"save: checkpoint_number {number} is already in the chain of {self._directory}")
         self._clean_orphans()
         changes = None
         if not want_full:
@@ -278,14 +355,16 @@ class IncrementalCheckpointManager:
             # full checkpoint streams it from the tier, where a delta would hold every row in memory.
             want_full = any(self._is_tiered(n) and self._whole(n, ch) for n, ch in changes.tables.items())
         if want_full:
-            entry = self._save_full(name, number)
+            entry, cursor = self._save_full(name, number)
         else:
-            entry = self._save_delta(name, number, chain[-1]["name"], changes)
+            entry, cursor = self._save_delta(name, number, chain[-1], changes)
         chain = [*chain, entry]
         if want_full:
             chain = self._drop_old_chains(chain)
-        self._manifest = {"chain": chain, "model_id": self._model_id}
-        _format.write_manifest(self._directory, self._manifest)
+        manifest = {"chain": chain, "model_id": self._model_id}
+        _format.write_manifest(self._directory, manifest)
+        # Listed: only now may the next delta start from this save (a failed write must not lose its rows).
+        self._manifest, self._cursor = manifest, cursor
         self._delete_unlisted()
         return os.path.join(self._directory, name)
 
@@ -304,22 +383,23 @@ class IncrementalCheckpointManager:
         chains older than `max_chains` are deleted.  Returns its path."""
         return self.save(full=True)
 
-    def _save_full(self, name: str, number: int) -> dict:
+    def _save_full(self, name: str, number: int) -> tuple[dict, Any]:
+        """Writes a full checkpoint; returns its manifest entry and the tracker cursor taken before it."""
         cursor = self._tracker.cursor()  # before reading: a concurrent step repeats rows, never loses them
         final = os.path.join(self._directory, f"{name}.full")
-        tmp = f"{final}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        self._checkpoint.write(os.path.join(tmp, "ckpt"))
-        files = _format.checksum_tree(tmp)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self._cursor = cursor
-        size = sum(os.path.getsize(os.path.join(final, f)) for f in files)
-        return {"name": name, "kind": "full", "step": number, "files": files, "bytes": size}
 
-    def _save_delta(self, name: str, number: int, parent: str, changes: Any) -> dict:
+        def fill(tmp: str) -> dict:
+            self._checkpoint.write(os.path.join(tmp, "ckpt"))
+            return _format.checksum_tree(tmp)
+
+        # An unlisted `<name>.full` (of a save killed after its rename) is replaced.
+        files = atomic_write.write_directory(final, fill, replace=True)
+        size = sum(os.path.getsize(os.path.join(final, f)) for f in files)
+        return {"name": name, "kind": "full", "step": number, "files": files, "bytes": size}, cursor
+
+    def _save_delta(self, name: str, number: int, parent_entry: dict, changes: Any) -> tuple[dict, Any]:
+        """Writes a delta after `parent_entry`; returns its manifest entry and the cursor of `changes`."""
+        parent = parent_entry["name"]
         arrays: dict = {}
         tables: dict = {}
         for table_name, ch in changes.tables.items():
@@ -354,14 +434,15 @@ class IncrementalCheckpointManager:
             "model_id": self._model_id,
             "name": name,
             "parent": parent,
+            "parent_sha256": _format.entry_digest(parent_entry),
             "step": number,
             "tables": tables,
             "dense": dense_dtypes,
         }
         path = os.path.join(self._directory, f"{name}.delta")
         digest, size = _format.write_delta(path, header, arrays)
-        self._cursor = changes.cursor
-        return {"name": name, "kind": "delta", "step": number, "sha256": digest, "bytes": size, "parent": parent}
+        entry = {"name": name, "kind": "delta", "step": number, "sha256": digest, "bytes": size, "parent": parent}
+        return entry, changes.cursor
 
     def _drop_old_chains(self, chain: list) -> list:
         starts = [i for i, e in enumerate(chain) if e["kind"] == "full"]
@@ -382,21 +463,21 @@ class IncrementalCheckpointManager:
 
     def _clean_orphans(self) -> None:
         """Temporary files of a save that was killed (never listed by a manifest)."""
-        for name in os.listdir(self._directory):
-            if ".tmp-" in name:
-                path = os.path.join(self._directory, name)
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        atomic_write.remove_temporaries(self._directory)
 
     # ------------------------------------------------------------------------------------------ restore
     def restore_or_initialize(self) -> int | None:
         """Restores the newest chain if there is one (`restore()`), else does nothing; returns the step or None."""
-        return self.restore() if self._manifest["chain"] else None
+        with self._lock:
+            return self.restore() if self._manifest["chain"] else None
 
     def restore(self, allow_partial: bool = False) -> int:
         """Restores the newest full checkpoint and every delta after it; returns the step restored.
 
-        Everything is read and validated (checksums, chain links, model layout, shapes) before any variable or
-        table changes.  The result is bit-identical to a full save taken at the same step.
+        Everything is read and validated before any variable or table changes: checksums, chain links (each delta's
+        parent by name and by content), model layout, and every part of every delta (each table's arrays, their
+        shapes and dtypes, a dynamic table's merged content against its `max_rows`, dim, slots and lifecycle-policy
+        state, the dense variables). The result is bit-identical to a full save taken at the same step.
 
         Args:
           allow_partial: on a bad or missing delta, restore the longest valid prefix of the chain (logged, with
@@ -406,10 +487,15 @@ class IncrementalCheckpointManager:
           The step of the last entry restored.
 
         Raises:
-          CheckpointError: no checkpoint, a missing / truncated / corrupted file, a broken chain, or a delta of
-            another model (the message names the file); with `allow_partial`, only when not even the full
-            checkpoint is valid.
+          CheckpointError: no checkpoint, a missing / truncated / corrupted file (naming the file and the tables it
+            holds), a broken chain, a delta of another model or another run, or a delta that does not fit the
+            model (naming the file and the table); with `allow_partial`, only when not even the full checkpoint is
+            valid. Nothing has changed.
         """
+        with self._lock:
+            return self._restore(bool(allow_partial))
+
+    def _restore(self, allow_partial: bool) -> int:
         manifest = _format.read_manifest(self._directory)
         if manifest is None or not manifest.get("chain"):
             raise CheckpointError(f"{self._directory}: no incremental checkpoint (no {_format.MANIFEST})")
@@ -423,12 +509,15 @@ class IncrementalCheckpointManager:
         base = max(i for i, e in enumerate(chain) if e["kind"] == "full")
         full_entry = chain[base]
         full_dir = self._entry_paths(full_entry)
-        _format.verify_tree(full_dir, full_entry["files"])
+        holds = "tables " + ", ".join(map(repr, self._tables))
+        _format.verify_tree(full_dir, full_entry["files"], holds)
+        prefix = os.path.join(full_dir, "ckpt")
         deltas, restored = [], [full_entry]
         for entry in chain[base + 1 :]:
             try:
-                header, arrays = _format.read_delta(self._entry_paths(entry), entry["sha256"])
-                self._check_delta(self._entry_paths(entry), header, arrays, restored[-1]["name"])
+                path = self._entry_paths(entry)
+                header, arrays = _format.read_delta(path, entry["sha256"], holds)
+                self._check_delta(path, header, arrays, restored[-1])
             except CheckpointError as e:
                 if not allow_partial:
                     raise
@@ -438,11 +527,12 @@ class IncrementalCheckpointManager:
                 break
             deltas.append((header, arrays))
             restored.append(entry)
-        tiered = self._tiered_dynamic_restores(os.path.join(full_dir, "ckpt"), deltas)
+        tiered = self._tiered_dynamic_restores(prefix, deltas)
+        merged = self._merged_dynamic(prefix, deltas, set(tiered))
         # Validated: now change state.
-        status = self._checkpoint.read(os.path.join(full_dir, "ckpt"))
+        status = self._checkpoint.read(prefix)
         status.expect_partial()
-        self._apply_deltas(deltas, tiered)
+        self._apply_deltas(deltas, tiered, merged)
         self._tracker.mark_all()  # every consumer (publishers too) must take the restored tables whole
         self._cursor = self._tracker.cursor()
         self._manifest = {"chain": chain[: base + len(restored)], "model_id": self._model_id}
@@ -450,33 +540,117 @@ class IncrementalCheckpointManager:
             _format.write_manifest(self._directory, self._manifest)  # later saves continue the valid prefix
         return int(restored[-1]["step"])
 
-    def _check_delta(self, path: str, header: dict, arrays: dict, parent: str) -> None:
+    def _check_delta(self, path: str, header: dict, arrays: dict, parent: dict) -> None:
+        """Every part of a delta against the model (before anything is written); CheckpointError naming the file,
+        the table or variable, and what is wrong."""
         if header.get("model_id") != self._model_id:
             raise CheckpointError(
                 f"{path}: a delta of another model (table layout {header.get('model_id')!r}, expected "
                 f"{self._model_id!r})"
             )
-        if header.get("parent") != parent:
-            raise CheckpointError(f"{path}: follows {header.get('parent')!r}, but the chain has {parent!r} before it")
-        for name, info in header["tables"].items():
-            state = self._tables.get(name)
-            if state is None or info["kind"] != ("static" if isinstance(state, _StaticState) else "dynamic"):
+        _format.check_link(path, header, parent)
+        tables = header.get("tables")
+        if not isinstance(tables, dict) or set(tables) != set(self._tables):
+            got = sorted(tables) if isinstance(tables, dict) else tables
+            raise CheckpointError(f"{path}: holds tables {got}, this model has {sorted(self._tables)}")
+        for name, info in tables.items():
+            state = self._tables[name]
+            if info.get("kind") != ("static" if isinstance(state, _StaticState) else "dynamic"):
                 raise CheckpointError(f"{path}: table {name!r} is not a table of this model")
             if isinstance(state, _StaticState):
-                rows = arrays[f"static/{name}/rows"]
-                if rows.size and (rows.min() < 0 or rows.max() >= state.table.num_rows):
-                    raise CheckpointError(f"{path}: table {name!r} has rows outside [0, {state.table.num_rows})")
-                desc = state.describe()["variables"]
-                for var_name, (width, _) in desc.items():
-                    value = arrays.get(f"static/{name}/{var_name}")
-                    if value is None or value.shape != (rows.size, width):
-                        raise CheckpointError(f"{path}: table {name!r} variable {var_name!r} has the wrong shape")
+                self._check_static(path, name, state, info, arrays)
+            else:
+                self._check_dynamic(path, name, state, arrays)
+        dense = header.get("dense")
+        if not isinstance(dense, dict):
+            raise CheckpointError(f"{path}: malformed header (no dense variables)")
         for path_name, var in self._dense.items():
+            if path_name not in dense:
+                continue
             value = arrays.get(f"dense/{path_name}")
-            if value is not None and tuple(value.shape) != tuple(var.shape):
+            if value is None:
+                raise CheckpointError(f"{path}: dense variable {path_name!r} is listed but not stored")
+            if tuple(value.shape) != tuple(var.shape):
                 raise CheckpointError(
                     f"{path}: dense variable {path_name!r} has shape {value.shape}, the model's is {tuple(var.shape)}"
                 )
+            if dense[path_name] != var.dtype.name or value.dtype != _stored_dtype(var.dtype.name):
+                raise CheckpointError(
+                    f"{path}: dense variable {path_name!r} is {dense[path_name]} ({value.dtype} stored), the model's "
+                    f"is {var.dtype.name}"
+                )
+
+    @staticmethod
+    def _check_static(path: str, name: str, state: Any, info: dict, arrays: dict) -> None:
+        rows = arrays.get(f"static/{name}/rows")
+        if rows is None or rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+            raise CheckpointError(f"{path}: table {name!r}: rows must be an integer vector")
+        num_rows = state.describe()["rows"]
+        if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+            raise CheckpointError(f"{path}: table {name!r} has rows outside [0, {num_rows})")
+        desc = state.describe()["variables"]
+        dtypes = info.get("dtypes")
+        if not isinstance(dtypes, dict) or set(dtypes) != set(desc):
+            raise CheckpointError(f"{path}: table {name!r} holds variables {dtypes}, the model's are {sorted(desc)}")
+        for var_name, (width, dtype_name) in desc.items():
+            value = arrays.get(f"static/{name}/{var_name}")
+            if value is None or value.shape != (rows.size, width):
+                raise CheckpointError(f"{path}: table {name!r} variable {var_name!r} has the wrong shape")
+            if dtypes[var_name] != dtype_name or value.dtype != _stored_dtype(dtype_name):
+                raise CheckpointError(
+                    f"{path}: table {name!r} variable {var_name!r} is {dtypes[var_name]} ({value.dtype} stored), the "
+                    f"model's is {dtype_name}"
+                )
+
+    @staticmethod
+    def _check_dynamic(path: str, name: str, state: Any, arrays: dict) -> None:
+        shard = state.shards[0]
+        dim, width = int(shard.dim), int(sum(shard.slot_widths))
+        where = f"{path}: table {name!r}:"
+        d = {k: arrays.get(f"dynamic/{name}/{k}") for k in (*_DYNAMIC, *_PENDING, "evicted", "step")}
+        missing = [k for k, v in d.items() if v is None]
+        if missing:
+            raise CheckpointError(f"{where} lacks {missing}")
+        m = d["keys"].shape[0] if d["keys"].ndim == 1 else -1
+        p = d["pending_keys"].shape[0] if d["pending_keys"].ndim == 1 else -1
+        want = {
+            "keys": (m,),
+            "weights": (m, dim),
+            "slots": (m, width),
+            "counts": (m,),
+            "last_steps": (m,),
+            **{k: (p,) for k in _PENDING},
+        }
+        for k, shape in want.items():
+            if m < 0 or p < 0 or d[k].shape != shape:
+                raise CheckpointError(
+                    f"{where} {k} has shape {list(d[k].shape)}, expected {list(shape)}: the arrays do not fit the "
+                    f"table's dim {dim} and slot width {width} (keys [n], rows [n, {dim}], slots [n, {width}], "
+                    "admission counters [p])"
+                )
+        for k in (*_DYNAMIC, *_PENDING, "evicted", "step"):
+            want_dtype = np.float32 if k in ("weights", "slots") else np.int64
+            if d[k].dtype != want_dtype:
+                raise CheckpointError(f"{where} {k} is {d[k].dtype}, must be {np.dtype(want_dtype).name}")
+        if d["evicted"].ndim != 1 or d["step"].ndim != 1 or d["step"].size < 1 or d["step"].min() < 0:
+            raise CheckpointError(
+                f"{where} evicted keys {list(d['evicted'].shape)} and steps {list(d['step'].shape)} must be vectors "
+                "(the steps >= 0, one per shard)"
+            )
+        names = _policy_names(state.table)
+        policy_prefix = f"dynamic/{name}/policy/"
+        policy = {k[len(policy_prefix) :]: v for k, v in arrays.items() if k.startswith(policy_prefix)}
+        if set(policy) != set(names):
+            raise CheckpointError(
+                f"{where} holds lifecycle-policy state {sorted(policy)}, the table's is {list(names)}"
+            )
+        if names:
+            try:
+                tiered_checkpoint._check_policy_state(  # noqa: SLF001 - the streamed restore's own check
+                    policy, names, _bloom_bytes(state.table), where
+                )
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
 
     def _tiered_dynamic_restores(self, prefix: str, deltas: list) -> dict:
         """{table name: `_tiered_dynamic.TieredDynamicRestore`} of the tiered dynamic tables whose full checkpoint
@@ -485,21 +659,52 @@ class IncrementalCheckpointManager:
         names = [n for n, s in self._tables.items() if not isinstance(s, _StaticState) and s.tiered]
         if not deltas or not names:
             return {}
-        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
         reader = tf.train.load_checkpoint(prefix)
         out = {}
         for name in names:
             table = self._tables[name].table
-            found = [d for d in descendants if d is table]
-            object_name = "/".join(ref.name for ref in paths[found[0]]) if found else None
+            object_name = self._object_name(table)
             if object_name is not None and _tiered_dynamic.is_streamed(reader, object_name):
                 out[name] = _tiered_dynamic.TieredDynamicRestore(name, table, object_name, prefix, reader, deltas)
         return out
 
-    def _apply_deltas(self, deltas: list, tiered: dict | None = None) -> None:
+    def _object_name(self, obj: Any) -> str | None:
+        """`obj`'s object path in the checkpoint (the prefix of its checkpoint keys), or None if unreachable."""
+        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
+        found = [d for d in descendants if d is obj]
+        return "/".join(ref.name for ref in paths[found[0]]) if found else None
+
+    def _merged_dynamic(self, prefix: str, deltas: list, skip: set) -> dict:
+        """{table name: checkpoint tensors} of every dynamic table kept in memory: the full checkpoint's content
+        (read from its files) with the deltas merged in, checked against the table (`max_rows`, dims, admission
+        counters, policies' state) before the restore writes anything. Tiered tables merged by `_tiered_dynamic`
+        (`skip`) are left out."""
+        names = [n for n, s in self._tables.items() if not isinstance(s, _StaticState) and n not in skip]
+        if not deltas or not names:
+            return {}
+        reader = tf.train.load_checkpoint(prefix)
+        available = reader.get_variable_to_shape_map()
+        out = {}
+        for name in names:
+            table = self._tables[name].table
+            object_name = self._object_name(table)
+            keys = [f"{object_name}/.ATTRIBUTES/{k}" for k in (*_DYNAMIC, *_PENDING, "step")]
+            if object_name is None or not all(k in available for k in keys):
+                continue  # the checkpoint holds the table in a form of its own: merged after the read
+            content = {k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}") for k in (*_DYNAMIC, *_PENDING)}
+            tensors = _merge_dynamic(name, content, deltas)
+            try:
+                table.spec.validate(tensors)
+            except ValueError as e:
+                raise CheckpointError(f"{prefix} and its deltas: {e}") from None
+            out[name] = tensors
+        return out
+
+    def _apply_deltas(self, deltas: list, tiered: dict | None = None, merged: dict | None = None) -> None:
         if not deltas:
             return
         tiered = tiered or {}
+        merged = merged or {}
         for name, state in self._tables.items():
             if isinstance(state, _StaticState):
                 rows, values = None, {}
@@ -518,7 +723,9 @@ class IncrementalCheckpointManager:
             elif name in tiered:
                 tiered[name].apply()  # a tiered dynamic table: its rows a chunk at a time
             else:
-                self._apply_dynamic(name, state, deltas)
+                tensors = merged.get(name) or _merge_dynamic(name, None, deltas, state.table)
+                # The full-checkpoint restore path: resharding by key and capacity growth included.
+                state.table._restore_from_tensors({k: tf.constant(v) for k, v in tensors.items()})  # noqa: SLF001
         header, arrays = deltas[-1]
         for path, var in self._dense.items():
             if path in header["dense"]:
@@ -533,33 +740,6 @@ class IncrementalCheckpointManager:
                 header["name"],
                 ", ".join(missing[:5]),
             )
-
-    def _apply_dynamic(self, name: str, state: Any, deltas: list) -> None:
-        table = state.table
-        content = {k: v.numpy() for k, v in table.export().items()}
-        keys = ("keys", "weights", "slots", "counts", "last_steps")
-        pending = ("pending_keys", "pending_counts", "pending_last_steps")
-        step = None
-        for header, arrays in deltas:
-            d = {k: arrays[f"dynamic/{name}/{k}"] for k in keys + pending}
-            if header["tables"][name]["full"]:
-                content = dict(d)
-            else:
-                drop = np.isin(content["keys"], np.concatenate([arrays[f"dynamic/{name}/evicted"], d["keys"]]))
-                for k in keys:
-                    content[k] = np.concatenate([content[k][~drop], d[k]])
-                order = np.argsort(content["keys"], kind="stable")
-                for k in keys:
-                    content[k] = content[k][order]
-                for k in pending:
-                    content[k] = d[k]
-            step = int(arrays[f"dynamic/{name}/step"].max())
-        tensors = {k: tf.constant(v) for k, v in content.items()}
-        tensors["step"] = tf.constant(step, tf.int64)
-        prefix = f"dynamic/{name}/policy/"
-        tensors.update({k[len(prefix) :]: tf.constant(v) for k, v in arrays.items() if k.startswith(prefix)})
-        # The full-checkpoint restore path: resharding by key and capacity growth included.
-        table._restore_from_tensors(tensors)  # noqa: SLF001
 
     # ------------------------------------------------------------------------------------------ identity
     def _fingerprint(self) -> str:

@@ -39,11 +39,12 @@ so that checking a delta never copies it whole.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from tf_embed_ops.formats import atomic_write
 
 __all__ = [
     "CHECKSUM_PIECE",
@@ -149,7 +150,8 @@ def write_delta(
     tables: list[TableDelta],
     dense: list[np.ndarray] | None = None,
 ) -> int:
-    """Writes a delta file atomically (a temporary name in the same directory, fsync, rename).
+    """Writes a delta file atomically (`tf_embed_ops.formats.atomic_write`: a temporary name in the same directory,
+    fsync, rename, directory fsync).
 
     Args:
       path: the final path.
@@ -161,6 +163,10 @@ def write_delta(
 
     Returns:
       The file's size in bytes.
+
+    Raises:
+      tf.errors.ResourceExhaustedError: a full disk, naming `path`; OSError: another write failure, naming it. No
+        temporary is left and `path` is as it was.
     """
     fields, blobs = _segments(tables, dense)
     header = np.array(
@@ -168,14 +174,12 @@ def write_delta(
     ).tobytes()
     body = header + b"".join(blobs)
     preamble = MAGIC + np.array([FORMAT_VERSION, len(header), len(body) - len(header), checksum(body)], "<i8").tobytes()
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+
+    def write(f: Any) -> None:
         f.write(preamble)
         f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return len(preamble) + len(body)
+
+    return atomic_write.write_file(path, write)
 
 
 def read_delta(path: str) -> dict:

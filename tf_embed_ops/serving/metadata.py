@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any
 
+from tf_embed_ops.formats import atomic_write
+
 __all__ = [
     "FORMAT",
     "METADATA_PATH",
@@ -41,10 +43,7 @@ def write_export_metadata(export_dir: str, tables: dict) -> str:
     path = os.path.join(export_dir, METADATA_PATH)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     body = {"format": FORMAT, "version": VERSION, "sha256": _digest(tables), "tables": tables}
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(body, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    atomic_write.write_file(path, json.dumps(body, indent=1, sort_keys=True).encode("utf-8"))
     return path
 
 

@@ -6,9 +6,10 @@ The directory a publisher writes (docs/serving.md):
     <directory>/<version>/           a full version: a SavedModel (`servable.Servable`), TensorFlow Serving's layout
     <directory>/deltas/<version>.delta   a delta (`delta_format`) that turns version base into version
 
-Every file is written under a temporary name, synced and renamed, and the manifest is replaced last: a publish
-killed at any point leaves the previous versions and the manifest as they were (a renamed but unlisted version is
-complete, and simply not part of the chain; the next publish takes a higher number).
+Every file is written by `tf_embed_ops.formats.atomic_write` (a temporary name, synced and renamed), and the
+manifest is replaced last: a publish killed at any point leaves the previous versions and the manifest as they were
+(a renamed but unlisted version is complete, and simply not part of the chain; the next publish takes a higher
+number). A publish that fails (a full disk) removes its temporary and raises an error naming the file.
 
 Example:
     >>> pub = te.serving.Publisher(model, "/srv/ctr", input_signature=spec, dense_every=10)
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
-import shutil
+import threading
 import time
 import uuid
 from typing import Any
@@ -31,6 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops.dynamic import ops as dynamic_ops
+from tf_embed_ops.embedding_ops import checked_int
+from tf_embed_ops.formats import atomic_write
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import servable as servable_lib
 from tf_embed_ops.serving import streamed as streamed_lib
@@ -43,30 +47,38 @@ MANIFEST_FORMAT = 1
 
 
 def read_manifest(directory: str) -> dict | None:
-    """The chain's manifest, or None when the directory has none yet."""
+    """The chain's manifest, or None when the directory has none yet.
+
+    Raises:
+      ValueError: a manifest that is not JSON, or not a publisher's manifest (an object with a `chain` list of
+        entries, each with an integer `version` and a `kind`), naming the file.
+    """
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable manifest ({e}); restore it or publish into another directory") from e
+    chain = manifest.get("chain") if isinstance(manifest, dict) else None
+    entries_ok = isinstance(chain, list) and all(
+        isinstance(e, dict)
+        and isinstance(e.get("version"), int)
+        and not isinstance(e.get("version"), bool)
+        and e.get("kind") in ("full", "delta")
+        for e in chain
+    )
+    if not entries_ok or not isinstance(manifest.get("model_id", ""), str):
+        raise ValueError(
+            f"{path}: not a te.serving.Publisher manifest (an object with a model_id and a chain of entries "
+            f"with an integer version and a kind, got {json.dumps(manifest)[:80]})"
+        )
+    return manifest
 
 
 def _write_json_atomically(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(os.path.dirname(path))
-
-
-def _sync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write.write_file(path, json.dumps(value, indent=1).encode())
 
 
 def _embedding_layers(model: Any) -> list:
@@ -115,8 +127,14 @@ class Publisher:
     `dynamic_headroom` gives, and its rows streamed from the tier (`streamed_row_table.StreamedRowTable`); a delta
     holds the changed keys' rows as the tracker reads them from the tier.
 
+    Thread safety: `publish_full`, `publish_delta` and `write_delta` may be called from several threads (while
+    others train): the calls on one publisher run one at a time (a lock), so versions are numbered and listed in
+    order. One publisher per directory: two publishers (or processes) writing one directory are not supported.
+
     Raises:
-      ValueError: for a bad argument (named), or a model without embedding layers.
+      ValueError: for a bad argument (named, with its value: `dense_every` and `min_free_slots` must be integers,
+        `dynamic_headroom` a finite number >= 0, `model_id` a non-empty string), a model without embedding layers,
+        or an unreadable `MANIFEST.json` in `directory` (named).
     """
 
     def __init__(
@@ -129,20 +147,28 @@ class Publisher:
         dynamic_headroom: float = 1.0,
         min_free_slots: int = 1024,
     ):
-        if int(dense_every) < 1:
-            raise ValueError(f"dense_every: must be >= 1, got {dense_every}")
-        if not dynamic_headroom >= 0:
-            raise ValueError(f"dynamic_headroom: must be >= 0, got {dynamic_headroom}")
+        dense_every = checked_int(dense_every, "dense_every", 1)
+        min_free_slots = checked_int(min_free_slots, "min_free_slots", 0)
+        if (
+            isinstance(dynamic_headroom, bool)
+            or not isinstance(dynamic_headroom, numbers.Real)
+            or not math.isfinite(dynamic_headroom)
+            or dynamic_headroom < 0
+        ):
+            raise ValueError(f"dynamic_headroom: must be a finite number >= 0, got {dynamic_headroom!r}")
+        if model_id is not None and (not isinstance(model_id, str) or not model_id):
+            raise ValueError(f"model_id: must be a non-empty string or None, got {model_id!r}")
         self._model = model_or_layer
         self._layers = _embedding_layers(model_or_layer)
         self._directory = os.fspath(directory)
+        manifest = read_manifest(self._directory)  # before anything is created or removed
         self._signature = input_signature
-        self._dense_every = int(dense_every)
+        self._dense_every = dense_every
         self._headroom = float(dynamic_headroom)
-        self._min_free = int(min_free_slots)
+        self._min_free = min_free_slots
+        self._lock = threading.RLock()  # publishes: one at a time (see the class docstring)
         os.makedirs(os.path.join(self._directory, DELTAS), exist_ok=True)
         self._clean_temporaries()
-        manifest = read_manifest(self._directory)
         self._model_id = model_id or (manifest or {}).get("model_id") or f"model-{uuid.uuid4().hex}"
         self._chain: list = list((manifest or {}).get("chain", []))
         self._served: Any = None  # the Servable of the current full version (its layout and capacities)
@@ -259,21 +285,25 @@ class Publisher:
         return max(taken) + 1
 
     def _clean_temporaries(self) -> None:
+        """The temporaries of a publish that was killed (the directory's one publisher owns them all)."""
         for parent in (self._directory, os.path.join(self._directory, DELTAS)):
-            for entry in os.listdir(parent):
-                if ".tmp-" in entry:
-                    path = os.path.join(parent, entry)
-                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            atomic_write.remove_temporaries(parent)
 
-    def _commit(self, entry: dict) -> None:
+    def _commit(self, entry: dict, servable: Any, written: str) -> None:
+        """Lists `entry` (whose file or directory `written` is in place) in the manifest; if that write fails,
+        `written` is removed and the chain is as it was."""
         manifest = {
             "format": MANIFEST_FORMAT,
             "model_id": self._model_id,
-            "layout": self._served.layout,
-            "layout_id": self._served.metadata()["layout_id"],
+            "layout": servable.layout,
+            "layout_id": servable.metadata()["layout_id"],
             "chain": self._chain + [entry],
         }
-        _write_json_atomically(os.path.join(self._directory, MANIFEST), manifest)
+        try:
+            _write_json_atomically(os.path.join(self._directory, MANIFEST), manifest)
+        except BaseException:
+            atomic_write.remove(written)
+            raise
         self._chain.append(entry)
 
     def _ensure_tracker(self) -> None:
@@ -289,7 +319,15 @@ class Publisher:
 
         Returns:
           The version number.
+
+        Raises:
+          tf.errors.ResourceExhaustedError: the disk is full (naming the version's directory); OSError: another
+            write failure (naming it). No temporary is left and the chain is unchanged.
         """
+        with self._lock:
+            return self._publish_full()
+
+    def _publish_full(self) -> int:
         self._ensure_tracker()
         cursor = (
             self._tracker.cursor() if self._tracker is not None else None
@@ -297,34 +335,29 @@ class Publisher:
         version = self._next_version()
         started = time.time()
         servable = self.build_servable(version)
-        tmp = os.path.join(self._directory, f".tmp-full-{version}-{os.getpid()}")
-        try:
+
+        def fill(tmp: str) -> None:
             tf.saved_model.save(servable, tmp, signatures=servable.signatures())
             if servable.streamed:
                 # Tiered tables: their rows, read from the tier one chunk at a time, complete the checkpoint.
                 streamed_lib.write_rows(tmp, servable)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        with open(os.path.join(tmp, "servable.json"), "w") as f:
-            json.dump({"version": version, **servable.metadata()}, f, indent=1)
-        _sync_tree(tmp)
+            with open(os.path.join(tmp, "servable.json"), "w") as f:
+                json.dump({"version": version, **servable.metadata()}, f, indent=1)
+
         final = os.path.join(self._directory, str(version))
-        os.rename(tmp, final)
-        _sync_dir(self._directory)
+        atomic_write.write_directory(final, fill)
+        entry = {
+            "version": version,
+            "kind": "full",
+            "path": str(version),
+            "base": None,
+            "step": self._step(),
+            "seconds": round(time.time() - started, 3),
+        }
+        self._commit(entry, servable, final)
         self._served = servable
         self._live = {t["name"]: None for t in servable.layout["tables"] if t["kind"] == "dynamic"}
         self._released = {name: 0 for name in self._live}
-        self._commit(
-            {
-                "version": version,
-                "kind": "full",
-                "path": str(version),
-                "base": None,
-                "step": self._step(),
-                "seconds": round(time.time() - started, 3),
-            }
-        )
         self._cursor = cursor
         self._deltas_since_dense = 0
         return version
@@ -343,7 +376,15 @@ class Publisher:
 
         Raises:
           RuntimeError: before the first `publish_full` of this publisher.
+          ValueError: a touched row that is not finite (NaN or infinity), naming the table and the row or key;
+            nothing is written (a servable refuses such a delta too).
+          tf.errors.ResourceExhaustedError: the disk is full (naming the delta file); OSError: another write
+            failure (naming it). No temporary is left, the chain is unchanged, and the next publish takes the rows.
         """
+        with self._lock:
+            return self._publish_delta(dense)
+
+    def _publish_delta(self, dense: bool | None) -> int:
         if self._served is None:
             raise RuntimeError("publish_delta: publish_full() first (a delta needs a full version to build on)")
         if self._tracker is None:
@@ -357,13 +398,13 @@ class Publisher:
                 # A tiered table changed whole (`full`: a restore, a non-lazy optimizer, mark_all), or every row
                 # of it changed one by one: a full version streams it from the tier, where a delta would hold every
                 # row in memory.
-                return self.publish_full()
+                return self._publish_full()
             contents = getattr(tc, "contents", None)
             weights = contents["weights"] if tc.kind == "dynamic" and contents is not None else None
             touched[name] = (np.asarray(tc.rows, np.int64), np.asarray(tc.evicted, np.int64), weights)
-        version = self.write_delta(touched, dense=dense)
+        version = self._write_delta(touched, dense=dense)
         if version is None:
-            return self.publish_full()
+            return self._publish_full()
         self._cursor = changes.cursor
         return version
 
@@ -379,7 +420,16 @@ class Publisher:
 
         Returns:
           The new version, or None if a dynamic table's new keys would not fit the servable (nothing written).
+
+        Raises:
+          ValueError: unsorted keys given with rows, or a row that is not finite (naming the table and the row or
+            key); nothing is written.
+          tf.errors.ResourceExhaustedError / OSError: as `publish_delta`.
         """
+        with self._lock:
+            return self._write_delta(touched, dense)
+
+    def _write_delta(self, touched: dict, dense: bool | None = None) -> int | None:
         layout = self._served.layout
         static = dict(self._static_tables())
         tiered = self._tiered_tables()
@@ -414,8 +464,12 @@ class Publisher:
             if size + evicted.shape[0] > entry["capacity"]:
                 return None
             tables.append(fmt.TableDelta(keys, rows, evicted, encoding=entry["encoding"], dim=entry["dim"]))
+        for entry, delta in zip(layout["tables"], tables, strict=True):
+            _check_finite(f"table {entry['name']!r}", delta.rows, delta.keys, entry["kind"])
         carry = (self._deltas_since_dense + 1 >= self._dense_every) if dense is None else bool(dense)
         dense_values = [v.numpy() for v in self._served.dense] if carry else None
+        for spec, value in zip(layout["dense"], dense_values or [], strict=False):
+            _check_finite(f"dense variable {spec['name']!r}", value, None, "dense")
         version = self._next_version()
         base = self.version
         path = os.path.join(self._directory, DELTAS, f"{version}.delta")
@@ -430,7 +484,6 @@ class Publisher:
             tables=tables,
             dense=dense_values,
         )
-        _sync_dir(os.path.dirname(path))
         self._commit(
             {
                 "version": version,
@@ -443,7 +496,9 @@ class Publisher:
                 "evicted": {t["name"]: int(d.evicted.shape[0]) for t, d in zip(layout["tables"], tables, strict=True)},
                 "dense": carry,
                 "seconds": round(time.time() - started, 3),
-            }
+            },
+            self._served,
+            path,
         )
         self._deltas_since_dense = 0 if carry else self._deltas_since_dense + 1
         return version
@@ -492,12 +547,23 @@ def _dynamic_rows(table: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return keys[present], rows
 
 
-def _sync_tree(root: str) -> None:
-    for parent, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(parent, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _sync_dir(parent)
+def _check_finite(what: str, values: Any, keys: Any, kind: str) -> None:
+    """Raises ValueError naming the first non-finite value of a delta's rows (or a dense variable's value)."""
+    values = np.asarray(values)
+    if values.dtype.name == "bfloat16":
+        finite = np.isfinite(values.astype(np.float32))  # exact: float32 holds every bfloat16
+    elif values.dtype.kind == "f":
+        finite = np.isfinite(values)
+    else:
+        return
+    if bool(finite.all()):
+        return
+    first = np.unravel_index(int(np.argmin(finite.reshape([-1]))), finite.shape)
+    if keys is None:
+        where = f"element {[int(i) for i in first]}"
+    else:
+        where = f"{'row' if kind == 'static' else 'key'} {int(keys[first[0]])}"
+    raise ValueError(
+        f"publish_delta: {what}: {where} is {values[first]} (not finite); a servable refuses non-finite rows, so "
+        "nothing was written (check_numerics=True refuses the training step that makes them)"
+    )

@@ -7,9 +7,10 @@ version it serves is an int64 variable. Three signatures:
 
 - `serving_default`: the model (as `tf_embed_ops.keras.export_for_serving` traces it);
 - `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`), checks *all* of it
-  (size, checksum, model, version chain, layout, every table's dim, encoding, counts, ids and capacity) and only
-  then writes it; a refused delta raises `InvalidArgumentError` naming the file and the problem and changes
-  nothing;
+  (size, checksum, model, version chain, layout, every table's dim, encoding, counts, ids and capacity, every row
+  and dense value finite) and only then writes it; a refused delta raises `InvalidArgumentError` naming the file
+  and the problem and changes nothing. Sizes are checked by division, never by a product that could overflow
+  int64 (a header claiming 2**61 rows is refused, not wrapped);
 - `served_version() -> {"version": int64}`.
 
 Readers and an apply run concurrently. A row is never seen half-written: each `scatter_update` holds the
@@ -186,7 +187,11 @@ class Servable(tf.Module):
         checks = [
             _fail(tf.equal(fmt_version, fmt.FORMAT_VERSION), path, "format version ", fmt_version, " unsupported"),
             _fail(
-                tf.logical_and(tf.logical_and(h >= 0, b >= 0), tf.equal(size, fmt.PREAMBLE + h + b)),
+                # h + b without overflow: each is checked against what the file holds before they are added.
+                tf.logical_and(
+                    tf.logical_and(h >= 0, b >= 0),
+                    tf.logical_and(h <= size - fmt.PREAMBLE, tf.equal(b, size - fmt.PREAMBLE - h)),
+                ),
                 path,
                 "truncated or extended: the file has ",
                 size,
@@ -288,13 +293,18 @@ class Servable(tf.Module):
             )
             expected = int(np.prod(var.shape)) * var.dtype.size
             name = layout["dense"][d]["name"]
-            ok = tf.logical_or(
-                tf.logical_not(carries_dense),
-                tf.logical_and(tf.equal(nbytes, expected), _in_payload(off, nbytes, b)),
-            )
+            sized = tf.logical_and(tf.equal(nbytes, expected), _in_payload(off, nbytes, b))
+            ok = tf.logical_or(tf.logical_not(carries_dense), sized)
             checks.append(
                 _fail(ok, path, f"dense variable {name}: ", nbytes, f" bytes, its shape {var.shape} needs {expected}")
             )
+            if var.dtype.is_floating:
+                # Read once its size is known good, and only when carried (else 0 bytes from the payload's start).
+                read = _gate(checks, tf.logical_and(carries_dense, sized))
+                at = tf.where(read, payload + off, payload)
+                length = tf.where(read, nbytes, tf.zeros_like(nbytes))
+                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(_substr(data, at, length), var.dtype)))
+                checks.append(_fail(finite, path, f"dense variable {name}: a value is not finite (NaN or infinity)"))
             dense_plans.append((var, off, nbytes))
         # Everything is checked: now write. Nothing below can fail on the delta's content.
         with tf.control_dependencies(checks):
@@ -339,7 +349,16 @@ def _table_layout(name: str, table: Any) -> dict:
 
 
 def _in_payload(off: tf.Tensor, nbytes: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-    return tf.logical_and(tf.logical_and(off >= 0, nbytes >= 0), off + nbytes <= b)
+    """[off, off + nbytes) inside a payload of b >= 0 bytes, computed without overflow (no off + nbytes)."""
+    return tf.logical_and(tf.logical_and(off >= 0, nbytes >= 0), tf.logical_and(off <= b, nbytes <= b - off))
+
+
+def _count_in_payload(off: tf.Tensor, count: tf.Tensor, unit: int, b: tf.Tensor) -> tf.Tensor:
+    """`count` items of `unit` bytes from `off` inside the payload, without computing count * unit first (a header
+    may claim 2**61 rows: the product would wrap)."""
+    return tf.logical_and(
+        tf.logical_and(off >= 0, count >= 0), tf.logical_and(off <= b, count <= (b - off) // max(unit, 1))
+    )
 
 
 def _checksum(data: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
@@ -390,10 +409,14 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
         ),
         _fail(
             tf.logical_and(
-                tf.logical_and(n >= 0, m >= 0),
+                tf.logical_and(_count_in_payload(k_off, n, 8, b), _count_in_payload(e_off, m, 8, b)),
                 tf.logical_and(
-                    tf.logical_and(_in_payload(k_off, n * 8, b), _in_payload(e_off, m * 8, b)),
-                    tf.logical_and(_in_payload(r_off, r_bytes, b), tf.equal(r_bytes, n * entry["dim"] * itemsize)),
+                    _count_in_payload(r_off, n, entry["dim"] * itemsize, b),
+                    # Multiplied only once n is known to fit the payload (else a 0-sized product could pass).
+                    tf.logical_and(
+                        _in_payload(r_off, r_bytes, b),
+                        tf.equal(r_bytes, tf.where(n <= b, n, 0) * entry["dim"] * itemsize),
+                    ),
                 ),
             ),
             path,
@@ -411,7 +434,19 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     values = table if entry["kind"] == "static" else table.values
     dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
-    chunk_rows = max(1, APPLY_CHUNK_BYTES // row_bytes)
+    chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
+    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN).
+    bad_row = _first_non_finite_row(data, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], checks)
+    checks = [
+        *checks,
+        _fail(
+            bad_row < 0,
+            path,
+            f"table {name}: row ",
+            bad_row,
+            " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
+        ),
+    ]
     if entry["kind"] == "static":
         vocab = entry["rows"]
         bad = tf.logical_or(keys < 0, keys >= vocab)
@@ -479,6 +514,19 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
             return tf.constant(True)
 
     return write_dynamic, checks
+
+
+def _first_non_finite_row(data, rows_at, n, dtype, dim, checks) -> tf.Tensor:
+    """The position of the first row of a table's segment with a NaN or infinity, or -1 (read once `checks`
+    pass). The segment is decoded whole, once: a loop over chunks would add a while loop per table to the graph,
+    which costs more memory to trace and save (each full version) than the rows cost to check."""
+    n = _gate(checks, n)
+    if dim == 0:
+        return tf.constant(-1, tf.int64)
+    rows = tf.reshape(tf.io.decode_raw(_substr(data, rows_at, n * (dim * dtype.size)), dtype), [-1, dim])
+    ok = tf.reduce_all(tf.math.is_finite(rows), axis=1)
+    first = tf.argmin(tf.concat([tf.cast(ok, tf.int32), [0]], 0), output_type=tf.int64)
+    return tf.where(tf.reduce_all(ok), tf.constant(-1, tf.int64), first)
 
 
 def _scatter_chunks(var, slots, keys, data, rows_at, dtype, dim, chunk_rows) -> tf.Tensor:

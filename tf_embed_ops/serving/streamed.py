@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.formats import atomic_write
 from tf_embed_ops.serving import quantization
 from tf_embed_ops.serving import tables as tables_lib
 
-__all__ = ["Streamed", "StreamedTable", "save", "write_atomically", "write_rows"]
+__all__ = ["Streamed", "StreamedTable", "check_export_target", "save", "write_atomically", "write_rows"]
 
 # Where `te.keras.export_for_serving` keeps its static tiered tables' serving forms (an attribute of its root).
 ROOT_ATTRIBUTE = "tiered_tables"
@@ -253,8 +252,8 @@ def save(root: Any, export_dir: str, signatures: Any = None, options: Any = None
     The SavedModel is written into a temporary sibling of `export_dir`; then every streamed form reachable from
     `root` (`tf_embed_ops.dynamic.serving.freeze_streamed`, `StreamedTable`) gets its rows, read from its tiered
     table chunk by chunk (`write_rows`); then the directory is renamed into `export_dir` (an export already there
-    is replaced). A failure (a row a mode cannot encode, a corrupted row in the tier) leaves `export_dir` as it
-    was, and no temporary directory.
+    is replaced; anything else there is refused, see `write_atomically`). A failure (a row a mode cannot encode, a
+    corrupted row in the tier, a full disk) leaves `export_dir` as it was, and no temporary directory.
 
     Args:
       root: the object to save (a `tf.Module` holding the streamed forms and whatever else the servable reads).
@@ -265,8 +264,10 @@ def save(root: Any, export_dir: str, signatures: Any = None, options: Any = None
       The streamed forms written.
 
     Raises:
-      ValueError: a row a table's mode cannot encode, naming the table and the key or row.
-      tf.errors.OpError: a row that cannot be read from the tier, naming the table, the row, its key and the file.
+      ValueError: a row a table's mode cannot encode, naming the table and the key or row; or an `export_dir` that
+        is neither absent, empty nor a previous export (nothing is written or removed).
+      tf.errors.OpError: a row that cannot be read from the tier, naming the table, the row, its key and the file;
+        `tf.errors.ResourceExhaustedError` for a full disk, naming `export_dir`.
     """
     written: list = []
 
@@ -276,29 +277,65 @@ def save(root: Any, export_dir: str, signatures: Any = None, options: Any = None
 
     try:
         write_atomically(export_dir, write)
-    except tf.errors.OpError as e:
-        raise type(e)(e.node_def, e.op, f"save_streamed to {export_dir}: {e.message}; nothing was written") from None
+    except tf.errors.OpError as e:  # its message names the export directory (atomic_write)
+        raise type(e)(e.node_def, e.op, f"save_streamed to {e.message}") from None
     except ValueError as e:
         raise ValueError(f"save_streamed to {export_dir}: {e}; nothing was written") from None
     return written
 
 
+# What a SavedModel export holds (`tf.saved_model.save`, plus `assets.extra/` for tools): a directory holding these
+# entries only, `saved_model.pb` among them, is a previous export that a new one may replace.
+_EXPORT_ENTRIES = frozenset(
+    {"saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", "variables", "assets", "assets.extra"}
+)
+
+
+def check_export_target(filepath: str) -> None:
+    """Raises ValueError unless an export may be written at `filepath`: nothing there, an empty directory, or a
+    previous export (a directory holding only a SavedModel's entries). An export never deletes what it did not
+    write: a file, or a directory with anything else in it (e.g. `"."`, a project directory), is refused."""
+    if not os.path.lexists(filepath):
+        return
+    if os.path.islink(filepath) or not os.path.isdir(filepath):
+        raise ValueError(
+            f"filepath: {filepath} exists and is not a directory; refusing to replace it (nothing written)"
+        )
+    entries = set(os.listdir(filepath))
+    if not entries:
+        return
+    others = sorted(entries - _EXPORT_ENTRIES)
+    if others or not entries & {"saved_model.pb", "saved_model.pbtxt"}:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "") if others else "no saved_model.pb"
+        raise ValueError(
+            f"filepath: {filepath} is a non-empty directory that is not a previous export ({shown}); an export "
+            "replaces only an earlier export, never other files: choose a new or empty directory (nothing was "
+            "written or removed)"
+        )
+
+
 def write_atomically(filepath: str, write: Any) -> None:
-    """Runs `write(tmp)` into a temporary sibling of `filepath`, then renames it into place (replacing an older
-    export there), so that a reader never sees a half-written export and a failed write leaves nothing."""
+    """Runs `write(tmp)` into a temporary sibling of `filepath`, then renames it into place, so that a reader never
+    sees a half-written export and a failed write leaves nothing (`tf_embed_ops.formats.atomic_write`).
+
+    `filepath` may be absent, an empty directory or a previous export, which is replaced; anything else is refused
+    before anything is written (`check_export_target`). Temporaries beside `filepath` left by an export that was
+    killed (their process is gone) are removed first.
+
+    Raises:
+      ValueError: a `filepath` that may not be replaced (see above).
+      tf.errors.ResourceExhaustedError: a full disk, naming `filepath`; OSError / tf.errors.OpError: another write
+        failure, naming it. No temporary is left and `filepath` is as it was.
+    """
     filepath = os.path.abspath(os.fspath(filepath)).rstrip(os.sep)
+    check_export_target(filepath)
     parent = os.path.dirname(filepath)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".tmp-", dir=parent)
-    try:
+    stem = os.path.basename(filepath) + atomic_write.TEMPORARY_MARK
+    atomic_write.remove_temporaries(parent, prefix=stem, only_dead_writers=True)
+
+    def fill(tmp: str) -> None:
         write(tmp)
-        if os.path.isdir(filepath):
-            old = tempfile.mkdtemp(prefix=os.path.basename(filepath) + ".old-", dir=parent)
-            os.rename(filepath, os.path.join(old, "export"))
-            os.rename(tmp, filepath)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, filepath)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        check_export_target(filepath)  # again: something may have appeared there meanwhile
+
+    atomic_write.write_directory(filepath, fill, replace=True)
