@@ -101,3 +101,70 @@ def test_assigning_a_stacked_variable_writes_its_tables_and_a_bad_shape_changes_
 
 def _tables_of(emb, stack):
     return [lay for lay in emb.embedding_layouts.values() if lay.stacked_table_name == stack]
+
+
+def _tf_sharded_like(var):
+    """TensorFlow's own sharded variable over the same row blocks: the reference for the members both have."""
+    blocks = np.split(var.numpy(), len(var.values))
+    return tf.__internal__.distribute.ShardedVariable([tf.Variable(b) for b in blocks], name="reference")
+
+
+def test_stacked_variable_has_tensorflows_sharded_variable_surface():
+    """`values` (TensorFlow's name for the per-chip shards; `shards` stays), `variables`, iteration, slicing, the
+    tensor operators, `numpy`, and `assign`/`assign_add`/`assign_sub` returning the variable: each against
+    `tf.__internal__.distribute.ShardedVariable` holding the same blocks."""
+    emb = _emb()
+    var = emb.embedding_tables[next(iter(emb.embedding_tables))]
+    reference = _tf_sharded_like(var)
+    assert isinstance(var.values, tuple) and len(var.values) == 2
+    for ours, theirs in zip(var.values, reference.variables, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    for ours, theirs in zip(var.shards, var.values, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    assert [v.shape for v in var.variables] == [v.shape for v in reference.variables]
+    assert [b.numpy().tolist() for b in var] == [v.numpy().tolist() for v in reference]
+    assert var.shape == reference.shape and var.dtype == reference.dtype
+    np.testing.assert_array_equal(var.numpy(), reference.numpy())
+    rows = var.shape[0]
+    for spec in (3, -1, rows - 1, slice(None), slice(1, rows - 2), slice(None, None, 3), slice(rows - 1, 0, -2),
+                 (slice(2, 9), 1), (Ellipsis, 0), np.arange(rows) % 3 == 0):  # fmt: skip
+        np.testing.assert_array_equal(var[spec].numpy(), reference[spec].numpy(), err_msg=str(spec))
+    with pytest.raises((IndexError, tf.errors.InvalidArgumentError)):
+        var[rows]
+    with pytest.raises(IndexError):
+        reference[rows]
+    ones = tf.ones([var.shape[1], 1])
+    for op in (lambda v: v + 1.0, lambda v: 2.0 * v, lambda v: -v, lambda v: v - v, lambda v: v / 4.0,
+               lambda v: v**2, lambda v: abs(v), lambda v: v > 1000.0, lambda v: v @ ones):  # fmt: skip
+        np.testing.assert_array_equal(op(var).numpy(), op(reference).numpy())
+    # The stack's padding (rows and columns past each table's) is not stored: it reads 0 after any write.
+    stored = _stored_mask(var.name)
+    delta = np.full(var.shape, 0.5, np.float32)
+    assert var.assign_add(delta) is var and reference.assign_add(delta) is reference
+    assert var.assign_sub(2 * delta) is var and reference.assign_sub(2 * delta) is reference
+    np.testing.assert_array_equal(var.numpy()[stored], reference.numpy()[stored])
+    assert not var.numpy()[~stored].any()
+    new = np.arange(np.prod(var.shape), dtype=np.float32).reshape(var.shape)
+    assert var.assign(new, read_value=False) is var
+    reference.assign(new)
+    np.testing.assert_array_equal(var.numpy()[stored], reference.numpy()[stored])
+
+
+def _stored_mask(stack):
+    """Where the stacked value holds a table's row (not padding): the stack of tables that are all ones."""
+    emb = _emb()
+    for v in emb.table_variables.values():
+        v.assign(tf.ones_like(v))
+    return emb.embedding_tables[stack].numpy() != 0
+
+
+def test_stacked_variable_assign_add_of_a_bad_shape_changes_nothing():
+    emb = _emb()
+    name = next(iter(emb.embedding_tables))
+    var = emb.embedding_tables[name]
+    before = {t.name: v.numpy() for t, v in emb.table_variables.items()}
+    for method in ("assign_add", "assign_sub"):
+        with pytest.raises(ValueError, match=rf"Stacked table {name!r}: cannot {method} a value of shape"):
+            getattr(var, method)(np.zeros((3, 3), np.float32))
+    for t, v in emb.table_variables.items():
+        np.testing.assert_array_equal(v.numpy(), before[t.name])
