@@ -168,3 +168,95 @@ def test_stacked_variable_assign_add_of_a_bad_shape_changes_nothing():
             getattr(var, method)(np.zeros((3, 3), np.float32))
     for t, v in emb.table_variables.items():
         np.testing.assert_array_equal(v.numpy(), before[t.name])
+
+
+# ---------------------------------------------------------------- TensorFlow's backward tests, through `values`
+# tensorflow/python/tpu/tpu_embedding_v3_test.py's three backward-pass tests read the trained stacked table through
+# `embedding_tables[...].values` and recover each table with `_recover_same_sized_tables` (below as written there,
+# for one chip: `strategy.num_replicas_in_sync` = 1); their goldens are compared as TensorFlow compares them
+# (`assertAllClose`: rtol = atol = 1e-6).
+_VOCAB, _DIM = 16384, 127
+
+
+def _recover_same_sized_tables(table, num_replicas=1, num_tables=1):
+    def unshuffle_from_sc_to_cpu(num_sc_devices, t):
+        old_shape = t.shape
+        assert t.shape[0] % num_sc_devices == 0
+        t = np.reshape(t, (num_sc_devices, t.shape[0] // num_sc_devices, t.shape[1]))
+        return np.reshape(np.transpose(t, (1, 0, 2)), old_shape)
+
+    table_partitions = [shard.numpy()[:, :_DIM] for shard in table.values]
+    full_table = unshuffle_from_sc_to_cpu(num_replicas * 4, np.concatenate(table_partitions, axis=0))
+    slice_size = full_table.shape[0] // num_tables
+    tables = []
+    for i in range(num_tables):
+        t = full_table[i * slice_size : i * slice_size + _VOCAB, :]
+        t = np.reshape(t, (4 * num_replicas, -1, t.shape[-1]))
+        t = np.roll(t, -4 * i, axis=0)
+        tables.append(np.reshape(t, (-1, t.shape[-1])))
+    return tables[0] if num_tables == 1 else tables
+
+
+def _v3_tables():
+    video = emb_api.TableConfig(_VOCAB, _DIM, initializer=tf.constant_initializer(1.0), combiner="sum", name="video")
+    user = emb_api.TableConfig(_VOCAB, _DIM, initializer=tf.constant_initializer(2.0), combiner="sum", name="user")
+    return video, user
+
+
+def _csr(n):
+    return tf.sparse.reorder(tf.SparseTensor([[i % 16, i] for i in range(n)], np.arange(n), [16, n]))
+
+
+def _train_once(feature_config, data, grads, **kwargs):
+    emb = te.TPUEmbeddingV2(feature_config, emb_api.SGD(learning_rate=1.0), num_replicas=1, **kwargs)
+    emb.build()
+    _, preserved = emb(data)
+    emb.apply_gradients(tf.nest.map_structure(tf.constant, grads), preserved)
+    return emb
+
+
+def test_tensorflow_single_feature_single_table_backwards_pass():
+    video, _ = _v3_tables()
+    random = np.random.default_rng(1).uniform(size=(16, _DIM)).astype(np.float32)
+    emb = _train_once(emb_api.FeatureConfig(table=video, name="watched", output_shape=[16]), _csr(1024), random)
+    golden = np.ones([_VOCAB, _DIM], np.float32)
+    for i in range(1024):
+        golden[i, :] -= random[i % 16]
+    np.testing.assert_allclose(_recover_same_sized_tables(emb.embedding_tables["video"]), golden, 1e-6, 1e-6)
+
+
+def test_tensorflow_two_feature_single_table_backwards_pass():
+    video, _ = _v3_tables()
+    rng = np.random.default_rng(2)
+    random1, random2 = (rng.uniform(size=(16, _DIM)).astype(np.float32) for _ in range(2))
+    fc = [
+        emb_api.FeatureConfig(table=video, name="watched", output_shape=[16]),
+        emb_api.FeatureConfig(table=video, name="watched2", output_shape=[16]),
+    ]
+    data = _csr(512)
+    emb = _train_once(fc, [data, data], [random1, random2])
+    golden = np.ones([_VOCAB, _DIM], np.float32)
+    for i in range(512):
+        golden[i, :] = golden[i, :] - random1[i % 16] - random2[i % 16]
+    np.testing.assert_allclose(_recover_same_sized_tables(emb.embedding_tables["video"]), golden, 1e-6, 1e-6)
+
+
+def test_tensorflow_two_feature_two_tables_stacked_backwards_pass():
+    video, user = _v3_tables()
+    rng = np.random.default_rng(3)
+    random1, random2 = (rng.uniform(size=(16, _DIM)).astype(np.float32) for _ in range(2))
+    fc = [
+        emb_api.FeatureConfig(table=video, name="watched", output_shape=[16]),
+        emb_api.FeatureConfig(table=user, name="watched2", output_shape=[16]),
+    ]
+    sc = emb_api.SparseCoreEmbeddingConfig(
+        disable_table_stacking=False, max_ids_per_chip_per_sample=64, allow_id_dropping=False
+    )
+    data = _csr(512)
+    emb = _train_once(fc, [data, data], [random1, random2], sparse_core_embedding_config=sc)
+    goldens = [np.full([_VOCAB, _DIM], 2, np.float32), np.ones([_VOCAB, _DIM], np.float32)]
+    for i in range(512):
+        goldens[0][i, :] = goldens[0][i, :] - random2[i % 16]
+        goldens[1][i, :] = goldens[1][i, :] - random1[i % 16]
+    got = _recover_same_sized_tables(emb.embedding_tables["user_video"], num_tables=2)
+    np.testing.assert_allclose(got, goldens, 1e-6, 1e-6)
