@@ -225,16 +225,22 @@ def test_tensorflow_single_feature_single_table_backwards_pass():
     np.testing.assert_allclose(_recover_same_sized_tables(emb.embedding_tables["video"]), golden, 1e-6, 1e-6)
 
 
-def test_tensorflow_two_feature_single_table_backwards_pass():
-    video, _ = _v3_tables()
-    rng = np.random.default_rng(2)
+def _two_features(first, second, seed, **kwargs):
+    """TensorFlow's two-feature tests: `watched` on `first`, `watched2` on `second`, each over the 512 ids,
+    trained once with a random gradient per feature; returns (embedding, random1, random2)."""
+    rng = np.random.default_rng(seed)
     random1, random2 = (rng.uniform(size=(16, _DIM)).astype(np.float32) for _ in range(2))
     fc = [
-        emb_api.FeatureConfig(table=video, name="watched", output_shape=[16]),
-        emb_api.FeatureConfig(table=video, name="watched2", output_shape=[16]),
+        emb_api.FeatureConfig(table=first, name="watched", output_shape=[16]),
+        emb_api.FeatureConfig(table=second, name="watched2", output_shape=[16]),
     ]
     data = _csr(512)
-    emb = _train_once(fc, [data, data], [random1, random2])
+    return _train_once(fc, [data, data], [random1, random2], **kwargs), random1, random2
+
+
+def test_tensorflow_two_feature_single_table_backwards_pass():
+    video, _ = _v3_tables()
+    emb, random1, random2 = _two_features(video, video, seed=2)
     golden = np.ones([_VOCAB, _DIM], np.float32)
     for i in range(512):
         golden[i, :] = golden[i, :] - random1[i % 16] - random2[i % 16]
@@ -243,17 +249,10 @@ def test_tensorflow_two_feature_single_table_backwards_pass():
 
 def test_tensorflow_two_feature_two_tables_stacked_backwards_pass():
     video, user = _v3_tables()
-    rng = np.random.default_rng(3)
-    random1, random2 = (rng.uniform(size=(16, _DIM)).astype(np.float32) for _ in range(2))
-    fc = [
-        emb_api.FeatureConfig(table=video, name="watched", output_shape=[16]),
-        emb_api.FeatureConfig(table=user, name="watched2", output_shape=[16]),
-    ]
     sc = emb_api.SparseCoreEmbeddingConfig(
         disable_table_stacking=False, max_ids_per_chip_per_sample=64, allow_id_dropping=False
     )
-    data = _csr(512)
-    emb = _train_once(fc, [data, data], [random1, random2], sparse_core_embedding_config=sc)
+    emb, random1, random2 = _two_features(video, user, seed=3, sparse_core_embedding_config=sc)
     goldens = [np.full([_VOCAB, _DIM], 2, np.float32), np.ones([_VOCAB, _DIM], np.float32)]
     for i in range(512):
         goldens[0][i, :] = goldens[0][i, :] - random2[i % 16]
