@@ -49,6 +49,13 @@ def _trained(shards, **kwargs):
     return table
 
 
+def _saved_tensors(path):
+    """The tensors the table `t` wrote into the checkpoint at `path`, by name."""
+    reader = tf.train.load_checkpoint(path)
+    prefix = "t/.ATTRIBUTES/"
+    return {k[len(prefix) :]: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith(prefix)}
+
+
 def _bloom(num_counters):
     return te.dynamic.BloomAdmission(2, num_counters, num_hashes=2, counter_bits=8)
 
@@ -63,9 +70,7 @@ def test_a_bloom_filter_of_another_size_is_refused_before_any_row(tmp_path, shar
         tf.train.Checkpoint(t=target).read(path)
     _assert_unchanged(target, before)
     # The same tensors handed to the restore itself (no checkpoint position: a SavedModel's restore, a caller).
-    tensors = {k: tf.constant(v) for k, v in tf.train.load_checkpoint(path).get_variable_to_shape_map().items()}
-    reader = tf.train.load_checkpoint(path)
-    restored = {k.split("/.ATTRIBUTES/")[1]: tf.constant(reader.get_tensor(k)) for k in tensors if "/.ATTRIBUTES/" in k}
+    restored = {k: tf.constant(v) for k, v in _saved_tensors(path).items()}
     with pytest.raises(ValueError, match=r"bloom_counters is uint8 \[1, 4096\]"):
         target._restore_from_tensors(restored)
     _assert_unchanged(target, before)
@@ -158,3 +163,20 @@ def test_the_same_policies_still_restore(tmp_path):
     target = _table(2, admission=_bloom(4096), eviction=te.dynamic.DecayedLFU(100, 0.5))
     tf.train.Checkpoint(t=target).read(path).assert_consumed()
     np.testing.assert_array_equal(np.sort(target.export()["keys"].numpy()), content(source)["keys"])
+
+
+def test_in_a_graph_the_policy_state_is_asserted_before_the_rows(tmp_path):
+    """A restore traced into a function (a SavedModel's restore): the assertions run before the rows' import."""
+    source = _trained(1, admission=_bloom(4096))
+    path = tf.train.Checkpoint(t=source).write(str(tmp_path / "c"))
+    saved = _saved_tensors(path)
+    target = _trained(1, admission=_bloom(1024))
+    before = _everything(target)
+
+    @tf.function
+    def restore():
+        return target._restore_from_tensors({k: tf.constant(v) for k, v in saved.items()})
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"bloom_counters must be \[parts, 1024\]"):
+        restore()
+    _assert_unchanged(target, before)
