@@ -126,3 +126,25 @@ def test_a_checkpoint_holding_none_of_the_package_s_tables_keeps_tensorflow_s_er
     _truncate(path, 0.5)
     with pytest.raises(IndexError):
         tf.train.Checkpoint(v=tf.Variable(tf.zeros([100]))).read(path)
+
+
+def test_a_dynamic_table_checked_by_its_embedding_is_not_read_again_by_its_own_check(tmp_path, monkeypatch):
+    source, table = _embedding(tmp_path, "dynamic", "a")
+    _fill(source, table, 3.0)
+    path = tf.train.Checkpoint(embedding=source).write(str(tmp_path / "ckpt"))
+    reads = []
+    real = checkpoint_check.read_tensor
+    monkeypatch.setattr(
+        checkpoint_check, "read_tensor", lambda reader, p, key, *a: reads.append(key) or real(reader, p, key, *a)
+    )
+    target, target_table = _embedding(tmp_path, "dynamic", "b")
+    tf.train.Checkpoint(embedding=target).read(path).assert_consumed()
+    assert sum(key.endswith("/keys") for key in reads) == 1, reads
+    np.testing.assert_array_equal(_state(target, target_table)["keys"], np.arange(30))
+    # Alone, the table checks its own part.
+    reads.clear()
+    alone = DynamicTable(config(name="clicks"))
+    tf.train.Checkpoint(t=alone).read(
+        tf.train.Checkpoint(t=target.dynamic_tables[target_table]).write(str(tmp_path / "c2"))
+    )
+    assert sum(key.endswith("/keys") for key in reads) == 1, reads

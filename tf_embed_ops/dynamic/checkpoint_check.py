@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -41,7 +42,9 @@ __all__ = [
     "check_data_files",
     "check_restore",
     "data_files",
+    "mark_checked",
     "read_tensor",
+    "signature",
 ]
 
 # Per-row counts saturate at the core's uint32 (cc/lib/dynamic_table.h kMaxCount).
@@ -308,6 +311,23 @@ def calling_position(trackable: Any) -> Any:
     return None
 
 
+def signature(path: str) -> tuple:
+    """The checkpoint's files as (name, size, mtime): what a check of them holds for."""
+    files = sorted(glob.glob(glob.escape(path) + ".*"))
+    return tuple((f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files)
+
+
+# Tables whose part of a checkpoint a parent's check (`te.TPUEmbedding`'s, engine/checkpoint.py) has just read and
+# validated whole: their own check of the same unchanged files is skipped (once).
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def mark_checked(table: Any, path: str) -> None:
+    """Records that `table`'s part of the checkpoint at `path` passed `TableSpec.validate` (for its own
+    `check_restore`, which then does not read it again)."""
+    _CHECKED[table] = (path, signature(path))
+
+
 def check_restore(table: Any, spec: TableSpec, path: str, check_layout: Any = None) -> None:
     """A dynamic table's all-or-nothing restore check, from its `_checkpoint_adapter`: reads the table's tensors
     from the checkpoint at `path` and validates them (`TableSpec.validate`) before TensorFlow restores anything.
@@ -321,6 +341,8 @@ def check_restore(table: Any, spec: TableSpec, path: str, check_layout: Any = No
       tf.errors.DataLossError: a data file is truncated or corrupt (naming the file and the table).
       ValueError: the tensors do not fit the table (`TableSpec.validate`).
     """
+    if _CHECKED.pop(table, None) == (path, signature(path)):
+        return
     position = calling_position(table)
     if position is None:
         return

@@ -268,10 +268,7 @@ def _read(reader: Any, key: str, table_name: str, path: str) -> np.ndarray:
     return checkpoint_check.read_tensor(reader, path, key, f"DynamicTable {table_name!r}")
 
 
-def _signature(path: str) -> tuple:
-    """The checkpoint's files as (name, size, mtime): what a verification holds for."""
-    files = sorted(glob.glob(glob.escape(path) + ".*"))
-    return tuple((f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files)
+_signature = checkpoint_check.signature
 
 
 class StreamedCheckpoint:

@@ -136,6 +136,8 @@ def validate(embedding: Any, path: str) -> None:
     from_tiered = []  # (checkpoint node, checked restore) of in-memory tables saved tiered
     to_memory = []  # (checkpoint node, tensor names) of in-memory dynamic tables saved tiered (streamed)
     configs = _dynamic_configs(embedding)
+    checked = []  # the dynamic tables whose tensors were validated here (their own check need not read them again)
+    objects = embedding._trackable_children() if embedding._built else {}  # noqa: SLF001 - the class that calls us
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
@@ -151,6 +153,8 @@ def validate(embedding: Any, path: str) -> None:
         elif isinstance(want, checkpoint_check.TableSpec):
             tensors = {k: _read(reader, path, key, name) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
+            if name in objects:
+                checked.append(objects[name])
         elif isinstance(want, tiered_table.TieredTable):
             # Streamed (its saver's object name) or the in-memory table's checkpoint (its variable's key).
             key = child.registered_saver.object_name or keys.get("VARIABLE_VALUE")
@@ -174,6 +178,8 @@ def validate(embedding: Any, path: str) -> None:
                     f"TPUEmbedding restore: the checkpoint's {name!r} is {got_dtype.name}, this object's variable "
                     f"is {want.dtype.name} (restore before the first build to convert); no table was changed"
                 )
+    for table in checked:
+        checkpoint_check.mark_checked(table, path)
     # Every table checked: the in-memory tables saved tiered are written now, and TensorFlow is told their
     # checkpoint objects hold nothing more (it would refuse an object of a registered saver it does not match).
     for child, plan in from_tiered:
