@@ -310,6 +310,34 @@ def test_write_and_read_rows_round_trip_and_refuse_bad_rows(tmp_path):
     assert_same_state(table.read_all(), before)
 
 
+def test_every_row_error_names_the_table(tmp_path):
+    """Negative or non-scalar row arguments (refused in Python, or by the op for a tensor of unknown rank) name
+    the table, and change nothing."""
+    table = te.tiered.TieredTable(_tiered_config(tmp_path, name="clicks"))
+    before = table.read_all()
+    one = np.ones((1, DIM), np.float32)
+    calls = [
+        (lambda: table.write_rows(-1, one), ValueError, r"tiered table 'clicks': first_row: must be in \[0, .*got -1"),
+        (lambda: table.read_rows(0, -1), ValueError, r"tiered table 'clicks': num_rows: must be in \[0, .*got -1"),
+        (lambda: table.read_rows(-3, 1), ValueError, r"tiered table 'clicks': first_row"),
+        (lambda: table.read_rows([0, 1], 1), ValueError, r"tiered table 'clicks': first_row: must be a scalar"),
+        (lambda: table.write_rows(0.5, one), ValueError, r"tiered table 'clicks': first_row: must be an integer"),
+        (lambda: table.gather_rows([0.5]), ValueError, r"tiered table 'clicks': rows: must be integers"),
+        (lambda: table.gather_rows([[0]]), ValueError, r"tiered table 'clicks': rows: must be a vector"),
+    ]
+    for call, error, match in calls:
+        with pytest.raises(error, match=match):
+            call()
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.int64)])
+    def read_from(first):
+        return table.read_rows(first, 1)[0]
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"tiered table 'clicks': first_row must be a scalar"):
+        read_from(tf.constant([0, 1], tf.int64))
+    assert_same_state(table.read_all(), before)
+
+
 def test_the_row_file_modes(tmp_path):
     config = _tiered_config(tmp_path)
     table = te.tiered.TieredTable(config)

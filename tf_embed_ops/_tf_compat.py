@@ -10,6 +10,8 @@ a training step.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -33,6 +35,13 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 # function at a time, and it also stops the conversion of the user functions those functions call.)
 from tensorflow.python.autograph.core import config as autograph_config
 from tensorflow.python.autograph.core import config_lib as autograph_config_lib
+
+# `tf.train.Checkpoint`'s restore (`TrackableSaver.restore`) reads the checkpoint's object graph, the last tensor of its
+# data file, before it restores any object: on a truncated data file TensorFlow's reader raises IndexError ("Read less
+# bytes than requested"), an error type TensorFlow documents nowhere, naming no file. `on_unreadable_checkpoint` lets
+# the package turn it into the documented DataLossError naming the file and the tables
+# (tf_embed_ops/dynamic/checkpoint_check.py). (TF 2.9 - 2.21: tensorflow/python/checkpoint/checkpoint.py.)
+from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
 
 # Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
@@ -84,6 +93,7 @@ __all__ = [
     "init_ops_v2",
     "keras_learning_rate_as_given",
     "nest",
+    "on_unreadable_checkpoint",
     "optimization_parameters_pb2",
     "register_checkpoint_saver",
     "slot_initializers",
@@ -185,3 +195,31 @@ def keras_learning_rate_as_given(optimizer: Any) -> Any:
     `learning_rate` property evaluates it at the current step (Keras' private `_learning_rate`, Keras 3.0 - 3.15).
     Table optimizers evaluate it on their own step instead."""
     return optimizer._learning_rate
+
+
+_UNREADABLE_HANDLERS: list[Callable[[str, Any, Exception], None]] = []
+
+
+def on_unreadable_checkpoint(handler: Callable[[str, Any, Exception], None]) -> None:
+    """Calls `handler(save_path, root, error)` when `tf.train.Checkpoint`'s restore fails with TensorFlow's reader's
+    IndexError (see the import of `checkpoint_lib`); the handler raises its own error, or returns to let the
+    IndexError go on. Idempotent. Only that IndexError is caught: every other outcome is TensorFlow's."""
+    if handler not in _UNREADABLE_HANDLERS:
+        _UNREADABLE_HANDLERS.append(handler)
+    saver = checkpoint_lib.TrackableSaver
+    if getattr(saver.restore, "tf_embed_ops_wrapped", False):
+        return
+    original = saver.restore
+
+    @functools.wraps(original)
+    def restore(self: Any, save_path: Any, options: Any = None) -> Any:
+        try:
+            return original(self, save_path, options)
+        except IndexError as error:
+            root = self._graph_view.root
+            for h in list(_UNREADABLE_HANDLERS):
+                h(save_path, root, error)
+            raise
+
+    restore.tf_embed_ops_wrapped = True
+    saver.restore = restore

@@ -1,5 +1,5 @@
 // Kernels of the dynamic-table resource ops (handle, find, lookup, stats, export, import, evict); the fused
-// lookup and update are dynamic_embedding_activations_kernel.cc and dynamic_send_gradients_kernel.cc.  Thin:
+// lookup and update are the one activations and send-gradients kernels over dynamic_table_source.h.  Thin:
 // resolve the handle, validate the inputs, lock the table (shared to read, exclusive to change it), call
 // cc/lib/dynamic_table.h, which validates its own arguments before it changes anything.
 #include <errno.h>

@@ -161,7 +161,7 @@ class TieredRowsOp : public TieredTableOp {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " has ", table.num_slots(), " slots but the op gives ", num_slots_, " slot tensors"));
     }
-    return ScalarInput(ctx, 1, "first_row", first);
+    return ScalarInput(ctx, 1, absl::StrCat(what, ": first_row"), first);
   }
 
   int num_slots_ = 0;
@@ -229,7 +229,7 @@ class TieredTableReadRowsOp : public TieredRowsOp {
   void ComputeOn(tf::OpKernelContext* ctx, TieredTableResource* table, const std::string& what) override {
     int64_t first = 0, n = 0;
     OP_REQUIRES_OK(ctx, SlotsAndFirstRow(ctx, *table, what, &first));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "num_rows", &n));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, absl::StrCat(what, ": num_rows"), &n));
     OP_REQUIRES_OK(ctx, CheckRowRange(*table, what, first, n));
     const TieredRowLayout& layout = table->layout();
     std::vector<float*> buffers(layout.num_buffers());

@@ -399,9 +399,10 @@ std::vector<int64_t> DynamicTable::LiveRows() const {
 
 int64_t DynamicTable::EvictRows(const std::vector<int64_t>& rows, int64_t step, LogKind kind) {
   if (tracker_ != nullptr && !rows.empty()) {
-    // The tracker's evicted keys carry its version (docs/tracking.md); the eviction log's carry a sequence.
+    // One record of evictions (eviction_log.h): the tracker reads these entries from the log, from the sequence
+    // where this update's begin (docs/tracking.md).
     tracker_->BeginUpdate();
-    for (const int64_t row : rows) tracker_->LogEviction(KeyOf(row));
+    tracker_->MarkEvictions(log_.next_seq());
   }
   for (const int64_t row : rows) {
     log_.Append(KeyOf(row), step, kind);
@@ -668,6 +669,7 @@ bool DynamicTable::EnableTracking() {
     return false;
   }
   if (!tracker->ok()) return false;
+  tracker->AttachEvictionLog(&log_);
   tracker_ = std::move(tracker);
   return true;
 }
@@ -802,7 +804,14 @@ int64_t DynamicTable::MemoryBytes() const {
   int64_t bytes = weights_.MemoryBytes() + meta_.MemoryBytes() + index_.MemoryBytes();
   for (const StoredRowArena& s : slots_) bytes += s.MemoryBytes();
   if (tracker_ != nullptr) bytes += tracker_->MemoryBytes();
-  return bytes + bloom_.MemoryBytes() + decay_.MemoryBytes() + log_.MemoryBytes();
+  return bytes + PendingBytes() + bloom_.MemoryBytes() + decay_.MemoryBytes() + log_.MemoryBytes();
+}
+
+int64_t DynamicTable::PendingBytes() const {
+  // The hash map's bucket array, and per entry its node: the next pointer and the (key, count, last step) pair.
+  // The allocator's own per-node header is not included (it depends on the allocator).
+  constexpr int64_t kNodeBytes = sizeof(void*) + sizeof(std::pair<const int64_t, Pending>);
+  return static_cast<int64_t>(pending_.bucket_count() * sizeof(void*)) + num_pending() * kNodeBytes;
 }
 
 }  // namespace tf_embed_ops

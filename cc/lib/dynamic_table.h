@@ -238,9 +238,13 @@ class DynamicTable {
   // The pending admission entries (key ascending): what a checkpoint delta carries whole.
   void ExportPending(DynamicTableContents* c) const;
 
-  // Bytes held by rows, slots, metadata and the index (the pending admission table is not included: it is
-  // bounded by max_pending_keys, not by rows).
+  // Bytes held by everything the table keeps: rows, slots, metadata, the index, the pending admission counts
+  // (PendingBytes), the Bloom filter's counters, decayed LFU's per-row state, the eviction log's entries and the
+  // touched-row tracker (stamps and its eviction log).  Container payloads only: the allocator's per-allocation
+  // headers and a container's unused reserve beyond what it reports are not counted.
   int64_t MemoryBytes() const;
+  // The pending admission counts' share of MemoryBytes(): the hash map's buckets and one node per pending key.
+  int64_t PendingBytes() const;
 
  private:
   struct Pending {

@@ -1,11 +1,16 @@
-// The evicted-key log of a dynamic table (docs/dynamic_lifecycle.md, "Evicted keys"): every row a policy evicts,
+// The one eviction record of a dynamic table (docs/dynamic_lifecycle.md, "Evicted keys"): every row a policy evicts,
 // every key removed by EvictKeys and (when asked) every key refused admission, with the step, in one bounded
-// log.  Each entry has a sequence number that only grows, so several readers (the user's evicted_keys(), the
-// serving publisher's deltas, incremental checkpoints) each keep their own cursor and never reset each other.
+// log.  Each entry has a sequence number that only grows, so its readers each keep their own cursor and never
+// reset each other: the user's evicted_keys() (a cursor per table object, TfEmbed>DynamicTableReadLog) and the
+// touched-row tracker (touched_rows.h: a sequence per update that evicted, read for each consumer's version),
+// through which the serving publisher's deltas and incremental checkpoints see evictions.
 //
-// Bounded: at most `capacity` entries are held; the oldest go first.  A reader whose cursor points at entries
-// that are gone gets `resync` (and how many it missed) and must rebuild from the table's content.  Restart()
-// (a table import / restore) invalidates every cursor the same way.  Not thread-safe: the table's lock covers it.
+// Bounded: at most `capacity` entries (the table's eviction_log_capacity) are held; the oldest go first.  The
+// overflow rule, the same for every reader: a reader whose cursor points at entries that are gone is never given
+// the rest as if complete.  Read() reports `resync` (and how many it missed): evicted_keys() raises (strict) or
+// skips on; the tracker reports `full` for a version whose evictions were dropped, and its consumer takes the whole
+// table.  Restart() (a table import / restore) invalidates every cursor the same way.  Not thread-safe: the
+// table's lock covers it.
 #ifndef TF_EMBED_OPS_CC_LIB_EVICTION_LOG_H_
 #define TF_EMBED_OPS_CC_LIB_EVICTION_LOG_H_
 

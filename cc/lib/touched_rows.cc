@@ -7,8 +7,7 @@
 
 namespace tf_embed_ops {
 
-TouchedRows::TouchedRows(int64_t num_rows, int64_t max_evicted_log)
-    : max_evicted_log_(std::max<int64_t>(2, max_evicted_log)) {
+TouchedRows::TouchedRows(int64_t num_rows) {
   std::random_device seed;
   id_ = static_cast<int64_t>(((uint64_t{seed()} << 32) | seed()) >> 1);
   ok_ = Reserve(num_rows);
@@ -45,24 +44,27 @@ int64_t TouchedRows::BeginUpdate() {
   return version_;
 }
 
-void TouchedRows::LogEviction(int64_t key) {
-  if (static_cast<int64_t>(evicted_.size()) >= max_evicted_log_) {
-    const size_t drop = evicted_.size() / 2;
-    log_floor_ = std::max(log_floor_, evicted_[drop - 1].first);
-    // Entries at the floor's version that stay would be reported to no one (full covers them): drop them too.
-    size_t end = drop;
-    while (end < evicted_.size() && evicted_[end].first <= log_floor_) ++end;
-    evicted_.erase(evicted_.begin(), evicted_.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  evicted_.emplace_back(version_, key);
+void TouchedRows::MarkEvictions(int64_t first_seq) {
+  // Forget the marks whose first entry the log no longer holds (their consumers read full), then mark this update.
+  const int64_t floor = log_ == nullptr ? first_seq : log_->first_seq();
+  size_t gone = 0;
+  while (gone < marks_.size() && marks_[gone].second < floor) lost_through_ = marks_[gone++].first;
+  marks_.erase(marks_.begin(), marks_.begin() + static_cast<std::ptrdiff_t>(gone));
+  if (marks_.empty() || marks_.back().first != version_) marks_.emplace_back(version_, first_seq);
 }
 
 TouchedRows::Changes TouchedRows::Since(int64_t since, int64_t num_rows) const {
   Changes c;
   c.version = version_;
-  if (since < full_since_ || since < log_floor_ || since > version_) {
-    // A version from before tracking, a restore, a rebase or a dropped log entry, or one this tracker never
-    // gave out (another table's, a table re-created since): the consumer must take everything.
+  // The first update after `since` that evicted rows: its entries (and every later one) are the evicted keys.
+  auto mark = std::upper_bound(marks_.begin(), marks_.end(), since,
+                               [](int64_t v, const std::pair<int64_t, int64_t>& m) { return v < m.first; });
+  const bool lost =
+      since < lost_through_ || (mark != marks_.end() && log_ != nullptr && mark->second < log_->first_seq());
+  if (since < full_since_ || lost || since > version_) {
+    // A version from before tracking, a restore or a rebase, one whose evictions the eviction log has dropped
+    // (its bound), or one this tracker never gave out (another table's, a table re-created since): the consumer
+    // must take everything.
     c.full = true;
     return c;
   }
@@ -72,15 +74,20 @@ TouchedRows::Changes TouchedRows::Since(int64_t since, int64_t num_rows) const {
   for (int64_t r = 0; r < num_rows; ++r) {
     if (chunks_[r >> kLog2RowsPerChunk][r & kChunkMask] > after) c.rows.push_back(r);
   }
-  auto first = std::upper_bound(evicted_.begin(), evicted_.end(), since,
-                                [](int64_t v, const std::pair<int64_t, int64_t>& e) { return v < e.first; });
-  for (auto it = first; it != evicted_.end(); ++it) c.evicted.push_back(it->second);
+  if (mark != marks_.end() && log_ != nullptr) {
+    std::vector<int64_t> keys;
+    std::vector<LogKind> kinds;
+    log_->Read(mark->second, -1, &keys, nullptr, &kinds);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (kinds[i] != LogKind::kRefused) c.evicted.push_back(keys[i]);  // refusals are not removals
+    }
+  }
   return c;
 }
 
 int64_t TouchedRows::MemoryBytes() const {
   return capacity() * static_cast<int64_t>(sizeof(uint32_t)) +
-         static_cast<int64_t>(evicted_.capacity() * sizeof(std::pair<int64_t, int64_t>));
+         static_cast<int64_t>(marks_.capacity() * sizeof(std::pair<int64_t, int64_t>));
 }
 
 }  // namespace tf_embed_ops

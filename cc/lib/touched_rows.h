@@ -9,8 +9,9 @@
 //     changed" once to older cursors: rare, and never silently wrong.
 //   * MarkAll() (a restore, an import, non-lazy Adam's every-row update) costs O(1): Since() reports full for
 //     any older version, and the consumer takes the whole table.
-//   * Dynamic tables also log evicted keys with their version.  The log is bounded: past max_evicted_log
-//     entries the older half is dropped, and a consumer whose version predates the dropped part gets full.
+//   * Evicted keys (dynamic tables) are not kept here: the tracker reads the table's one eviction record
+//     (eviction_log.h, attached by AttachEvictionLog) from where each eviction round's update began
+//     (MarkEvictions).  Its bound is the log's: a consumer whose evictions the log has dropped reads full.
 //   * Rows grow in chunks (dynamic tables) and never move, so Mark() is a single store.
 #ifndef TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
 #define TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
@@ -20,11 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "cc/lib/eviction_log.h"
+
 namespace tf_embed_ops {
 
 class TouchedRows {
  public:
-  static constexpr int64_t kDefaultMaxEvictedLog = int64_t{1} << 22;  // 64 MiB of (version, key) pairs
   static constexpr int kLog2RowsPerChunk = 16;
 
   // What changed after a version.  full: treat every row as changed (rows and evicted are then empty).
@@ -37,7 +39,7 @@ class TouchedRows {
 
   // `num_rows` rows allocated now (false from ok() on allocation failure).  A new tracker starts at version 1
   // with everything changed, so the version a consumer holds from before (0, or any older number) reads full.
-  explicit TouchedRows(int64_t num_rows, int64_t max_evicted_log = kDefaultMaxEvictedLog);
+  explicit TouchedRows(int64_t num_rows);
 
   bool ok() const { return ok_; }
   // A random number fixed at construction: a version is only meaningful to the tracker that gave it out, so a
@@ -61,8 +63,11 @@ class TouchedRows {
   }
   // Every row changed in the current update (call after BeginUpdate).
   void MarkAll() { full_since_ = version_; }
-  // `key`'s row was removed in the current update.
-  void LogEviction(int64_t key);
+  // The eviction record this tracker reports evicted keys from (the owning dynamic table's; it outlives the
+  // tracker).  Without one (static tables) Since() reports no evicted keys.
+  void AttachEvictionLog(const EvictionLog* log) { log_ = log; }
+  // The current update evicts rows: their entries start at sequence `first_seq` of the attached log.
+  void MarkEvictions(int64_t first_seq);
 
   // Changes after `since`, over rows [0, num_rows) (num_rows <= capacity()).
   Changes Since(int64_t since, int64_t num_rows) const;
@@ -75,14 +80,16 @@ class TouchedRows {
 
   bool ok_ = true;
   int64_t id_;
-  int64_t max_evicted_log_;
   std::vector<std::unique_ptr<uint32_t[]>> chunks_;
   int64_t version_ = 1;
-  int64_t base_ = 1;                                  // stamps are version - base_; 0 = unchanged since base_
-  uint32_t stamp_ = 0;                                // version_ - base_
-  int64_t full_since_ = 1;                            // Since(v) with v < full_since_ is full
-  int64_t log_floor_ = 0;                             // evictions at versions <= log_floor_ were dropped from the log
-  std::vector<std::pair<int64_t, int64_t>> evicted_;  // (version, key), versions non-decreasing
+  int64_t base_ = 1;        // stamps are version - base_; 0 = unchanged since base_
+  uint32_t stamp_ = 0;      // version_ - base_
+  int64_t full_since_ = 1;  // Since(v) with v < full_since_ is full
+  const EvictionLog* log_ = nullptr;
+  // (version, first log sequence) of each update that evicted rows, versions increasing; marks whose first entry
+  // the log has dropped are forgotten, and Since(v) with v < lost_through_ is full (it would miss evictions).
+  std::vector<std::pair<int64_t, int64_t>> marks_;
+  int64_t lost_through_ = 0;
 };
 
 }  // namespace tf_embed_ops

@@ -481,3 +481,29 @@ def test_decayed_lfu_through_training_steps_keeps_the_reference_rows():
         kept = sorted(rounds.items(), key=lambda kv: (kv[1][0], kv[1][3], kv[0]))[-3:]
         state = dict(kept)
         assert _keys(emb.dynamic_tables[table]) == set(state), f"step {step}"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("-" * 100000 + "count", "MAX_SCORE_EXPRESSION_CHARS = 1000"),
+        ("+".join(["count"] * 100000), "MAX_SCORE_EXPRESSION_CHARS = 1000"),
+        ("+".join(["count"] * 100), "MAX_SCORE_EXPRESSION_DEPTH = 64"),
+        ("-" * 200 + "count", "MAX_SCORE_EXPRESSION_DEPTH = 64"),
+        ("(" * 300 + "count" + ")" * 300, "Score: "),
+        ("log(count, 2)", r"log\(\) takes 1 argument; got 2"),
+        ("log1p()", r"log1p\(\) takes 1 argument; got 0"),
+        ("maximum(count)", r"maximum\(\) takes 2 arguments; got 1"),
+        ("minimum(count, norm, step)", r"minimum\(\) takes 2 arguments; got 3"),
+    ],
+)
+def test_score_refuses_long_deep_and_wrong_arity_expressions(text, match):
+    with pytest.raises(ValueError, match=match):
+        te.dynamic.Score(text, max_rows=5)
+
+
+def test_score_accepts_expressions_at_its_limits():
+    at_depth = te.dynamic.Score("+".join(["count"] * 64), max_rows=5)  # 63 additions: within the depth
+    np.testing.assert_allclose(at_depth.fn(*[tf.constant([2.0])] * 4).numpy(), [128.0])
+    long_text = "count" + " " * (1000 - len("count"))
+    assert te.dynamic.Score(long_text, max_rows=5).expression == long_text

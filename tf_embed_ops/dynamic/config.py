@@ -395,16 +395,20 @@ class Score(_Eviction):
 
     `fn` is either a Python callable of TensorFlow ops, or a string expression over `count`, `last_step`, `norm`,
     `step` with numbers, `+ - * / **`, unary minus and the functions `log`, `log1p`, `exp`, `sqrt`, `abs`,
-    `minimum`, `maximum` (parsed, never `eval`ed). Only an expression is serializable: a layer's `get_config`
-    (and `model.save`) stores it, while a callable is refused there with an error naming the table; checkpoints
-    hold no part of the policy, so a callable works with them.
+    `minimum`, `maximum` (parsed, never `eval`ed; each function takes exactly its arguments: one, or two for
+    `minimum` and `maximum`). An expression is at most `MAX_SCORE_EXPRESSION_CHARS` (1,000) characters and
+    `MAX_SCORE_EXPRESSION_DEPTH` (64) operations deep (a sum of n terms is n - 1 deep). Only an expression is
+    serializable: a layer's `get_config` (and `model.save`) stores it, while a callable is refused there with an
+    error naming the table; checkpoints hold no part of the policy, so a callable works with them.
 
     Args:
       fn: the score, a callable or an expression string.
       max_rows: rows kept after each round (>= 0; per shard in a sharded table, as LRU's).
 
     Raises:
-      ValueError: for a `fn` that is neither, an expression with anything else, or `max_rows` out of range.
+      ValueError: for a `fn` that is neither, an expression with anything else, a function given the wrong number
+        of arguments, an expression longer or deeper than the limits (the message names the limit), or `max_rows`
+        out of range.
 
     Example:
       >>> te.dynamic.Score("log1p(count) - 0.1 * (step - last_step)", max_rows=10**6)
@@ -441,7 +445,10 @@ class Score(_Eviction):
         return f"Score(fn={fn}, max_rows={self.max_rows})"
 
 
+MAX_SCORE_EXPRESSION_CHARS = 1000
+MAX_SCORE_EXPRESSION_DEPTH = 64
 _SCORE_NAMES = ("count", "last_step", "norm", "step")
+_SCORE_ARITY = {"log": 1, "log1p": 1, "exp": 1, "sqrt": 1, "abs": 1, "minimum": 2, "maximum": 2}
 _SCORE_FUNCTIONS = {
     "log": tf.math.log,
     "log1p": tf.math.log1p,
@@ -461,18 +468,33 @@ def _parse_score_expression(text: str):
 
     binary = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.Pow: operator.pow}  # fmt: skip
+    if len(text) > MAX_SCORE_EXPRESSION_CHARS:
+        raise ValueError(
+            f"Score: the expression has {len(text)} characters; at most MAX_SCORE_EXPRESSION_CHARS = "
+            f"{MAX_SCORE_EXPRESSION_CHARS} are accepted (got {text[:40]!r}...)."
+        )
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as e:
         raise ValueError(f"Score: cannot parse the expression {text!r}: {e.msg}.") from None
+    except (RecursionError, MemoryError):  # Python's parser gives up on deep nesting before our depth check
+        raise ValueError(
+            f"Score: the expression {text[:40]!r}... is nested too deeply to parse; at most "
+            f"MAX_SCORE_EXPRESSION_DEPTH = {MAX_SCORE_EXPRESSION_DEPTH} operations deep are accepted."
+        ) from None
 
-    def check(node):
+    def check(node, depth=0):
+        if depth > MAX_SCORE_EXPRESSION_DEPTH:
+            raise ValueError(
+                f"Score: the expression {text[:40]!r}... is more than MAX_SCORE_EXPRESSION_DEPTH = "
+                f"{MAX_SCORE_EXPRESSION_DEPTH} operations deep (a sum of n terms is n - 1 deep)."
+            )
         if isinstance(node, ast.Expression):
-            return check(node.body)
+            return check(node.body, depth)
         if isinstance(node, ast.BinOp) and type(node.op) in binary:
-            return check(node.left) and check(node.right)
+            return check(node.left, depth + 1) and check(node.right, depth + 1)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return check(node.operand)
+            return check(node.operand, depth + 1)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return True
         if isinstance(node, ast.Name) and node.id in _SCORE_NAMES:
@@ -483,7 +505,13 @@ def _parse_score_expression(text: str):
             and node.func.id in _SCORE_FUNCTIONS
             and not node.keywords
         ):
-            return all(check(a) for a in node.args)
+            arity = _SCORE_ARITY[node.func.id]
+            if len(node.args) != arity:
+                raise ValueError(
+                    f"Score: in the expression {text!r}, {node.func.id}() takes {arity} argument"
+                    f"{'s' if arity > 1 else ''}; got {len(node.args)}."
+                )
+            return all(check(a, depth + 1) for a in node.args)
         raise ValueError(
             f"Score: the expression {text!r} may use only {', '.join(_SCORE_NAMES)}, numbers, + - * / **, and "
             f"{', '.join(sorted(_SCORE_FUNCTIONS))}; got {ast.dump(node)[:60]}."

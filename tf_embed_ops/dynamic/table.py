@@ -275,7 +275,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
     @property
     def bloom_bytes(self) -> int:
         """Bytes of the table's Bloom admission filter (0 without Bloom admission)."""
-        return tiered_checkpoint.bloom_bytes(self._attrs)
+        return checkpoint_check.bloom_bytes(self._attrs)
 
     @property
     def policy_tensor_names(self) -> tuple[str, ...]:
@@ -497,15 +497,25 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         out.update(self.export_policy_state())
         return out
 
+    def _checkpoint_adapter(self, path: str) -> None:
+        # TensorFlow calls this when a restore reaches the table, before it reads any tensor: the whole check
+        # (`checkpoint_check.check_restore`) runs here, so a truncated file or a refused policy state changes
+        # nothing.
+        checkpoint_check.check_restore(self, self.spec, path, lambda t: self.check_contents(_shapes(t), "restore"))
+        return None
+
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
         contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
         self.check_contents(contents, "restore")
         step = checked_step(restored_tensors["step"], self._table_name)
+        checks = [step]
         if _all_eager(restored_tensors):
             self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
+        else:
+            checks += policy_state_checks(self.spec, restored_tensors)
         mine = restrict_to_shard(contents, self._num_shards, self._shard_index)
         self.check_fits(mine)
-        with tf.control_dependencies([step]):
+        with tf.control_dependencies(checks):
             imported = self.import_contents(mine)
         with tf.control_dependencies([imported]):
             restored = self.import_policy_state(restored_tensors)
@@ -750,6 +760,15 @@ class ShardedDynamicTable(tf.Module):
         first = self._shard_tuple[0]
         return checkpoint_check.TableSpec.of(first._attrs, first.num_shards, tuple(range(first.num_shards)))  # noqa: SLF001
 
+    def _checkpoint_adapter(self, path: str) -> None:
+        # As DynamicTable's: the whole check before TensorFlow reads any tensor (every shard's part).
+        def layout(tensors: dict) -> None:
+            for shard in self._shard_tuple:
+                shard.check_contents(_shapes(tensors), "restore")
+
+        checkpoint_check.check_restore(self, self.spec, path, layout)
+        return None
+
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
         contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
         parts = []
@@ -757,15 +776,18 @@ class ShardedDynamicTable(tf.Module):
         for shard in self._shard_tuple:
             shard.check_contents(contents, "restore")
         step = checked_step(restored_tensors["step"], self.table_name)
+        checks = [step]
         if _all_eager(restored_tensors):
             self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
+        else:
+            checks += policy_state_checks(self.spec, restored_tensors)
         for shard in self._shard_tuple:
             mine = restrict_to_shard(contents, shard.num_shards, shard.shard_index)
             shard.check_fits(mine)
             parts.append(mine)
         ops = []
         for shard, mine in zip(self._shard_tuple, parts, strict=True):
-            with tf.control_dependencies([step]):
+            with tf.control_dependencies(checks):
                 imported = shard.import_contents(mine)
             with tf.control_dependencies([imported]):
                 restored = shard.import_policy_state(restored_tensors)
@@ -806,6 +828,46 @@ def checked_step(step: Any, table_name: str) -> tf.Tensor:
         step = tf.reshape(step, [])
     with tf.control_dependencies([tf.debugging.assert_non_negative(step, message=f"{where} the step must be >= 0")]):
         return tf.identity(step)
+
+
+def policy_state_checks(spec: checkpoint_check.TableSpec, tensors: dict) -> list:
+    """In a graph (a SavedModel's restore function): assertions on the policies' tensors that the rows' import
+    waits for, so a policy state the later policy import would refuse stops the restore before any row is written
+    (eagerly `TableSpec.validate` checks them in numpy)."""
+    where = f"DynamicTable {spec.name!r}: restore:"
+    checks = []
+    if "bloom_counters" in tensors:
+        bloom = tf.convert_to_tensor(tensors["bloom_counters"])
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.shape(bloom, out_type=tf.int64)[-1],
+                tf.constant(spec.bloom_bytes, tf.int64),
+                message=f"{where} bloom_counters must be [parts, {spec.bloom_bytes}] ({spec.admission}); nothing "
+                "was changed",
+            )
+        )
+    if "decayed_counts" in tensors:
+        counts = tf.convert_to_tensor(tensors["decayed_counts"])
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.reduce_all(tf.math.is_finite(counts) & (counts >= 0)),
+                True,
+                message=f"{where} decayed_counts must be finite and >= 0; nothing was changed",
+            )
+        )
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.size(counts),
+                tf.size(tensors["decayed_keys"]),
+                message=f"{where} decayed_keys and decayed_counts must be the same length; nothing was changed",
+            )
+        )
+    return checks
+
+
+def _shapes(tensors: dict) -> dict:
+    """The rows' and slots' shapes of checkpoint tensors (numpy) as `check_contents` reads them."""
+    return {k: tf.TensorSpec(np.shape(tensors[k])) for k in ("weights", "slots")}
 
 
 def _all_eager(tensors: dict) -> bool:

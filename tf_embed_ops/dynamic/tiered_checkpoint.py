@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.dynamic import checkpoint_check
 from tf_embed_ops.dynamic import ops as _ops
 
 __all__ = [
@@ -97,30 +98,14 @@ def chunk_rows(table: Any) -> int:
     return max(1, int(table.tiered.chunk_bytes) // (4 * floats))
 
 
-def bloom_bytes(attrs: Any) -> int:
-    """Bytes of one Bloom admission filter of a table with these handle attributes (0 without one)."""
-    counters = int(attrs.get("bloom_num_counters", 0))
-    return -(-counters * int(attrs.get("bloom_counter_bits", 8)) // 8) if counters else 0
+bloom_bytes = checkpoint_check.bloom_bytes
 
 
 def _check_policy_state(tensors: dict, policy_names: tuple, filter_bytes: int, where: str) -> None:
     """The policies' tensors as the table's import of them will take them (checked before the keys are imported,
-    since that import comes after the rows)."""
-    end = "; nothing was changed"
-    if "bloom_counters" in policy_names:
-        bloom = tensors["bloom_counters"]
-        if bloom.dtype != np.uint8 or bloom.ndim != 2 or bloom.shape[0] < 1 or bloom.shape[1] != filter_bytes:
-            raise ValueError(
-                f"{where} bloom_counters is {bloom.dtype} {list(bloom.shape)}, the table's filter takes uint8 [parts, "
-                f"{filter_bytes}] (num_counters and counter_bits must match){end}"
-            )
-    if "decayed_keys" in policy_names:
-        keys, counts = tensors["decayed_keys"], tensors["decayed_counts"]
-        if keys.shape != counts.shape or keys.ndim != 1 or not np.all(np.isfinite(counts) & (counts >= 0)):
-            raise ValueError(
-                f"{where} decayed_keys {list(keys.shape)} and decayed_counts {list(counts.shape)} must be [n] each "
-                f"with finite counts >= 0{end}"
-            )
+    since that import comes after the rows): `checkpoint_check.TableSpec`'s own check of them."""
+    spec = checkpoint_check.TableSpec("", 1, 0, 0, 0, 1, (0,), filter_bytes, "decayed_keys" in policy_names)
+    spec._check_policies(tensors, "check", where, "; nothing was changed")  # noqa: SLF001 - same package's check
 
 
 def _safe(name: str) -> str:
@@ -214,6 +199,8 @@ def restore_tables(trackables: dict, merged_prefix: Any) -> None:
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match; no table was changed.
+      tf.errors.DataLossError: a data file is truncated or corrupt (naming the file and the table); no table was
+        changed.
       NotImplementedError: inside a `tf.function` (restore eagerly).
     """
     if not tf.executing_eagerly():
@@ -249,6 +236,7 @@ def check_restore(table: Any, key: str, path: str, reader: Any) -> Callable[[], 
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match.
+      tf.errors.DataLossError: a data file is truncated or corrupt (naming the file and the table).
     """
     name = _object_name(key)
     if manifest_key(name) not in reader.get_variable_to_shape_map():
@@ -276,19 +264,11 @@ def _check_whole(table: Any, name: str, path: str, reader: Any) -> Callable[[], 
 
 
 def _read(reader: Any, key: str, table_name: str, path: str) -> np.ndarray:
-    try:
-        return reader.get_tensor(key)
-    except (IndexError, tf.errors.OpError) as e:
-        raise ValueError(
-            f"DynamicTable {table_name!r}: restore from {path}: cannot read {key!r}: the checkpoint is truncated or "
-            f"corrupt ({type(e).__name__}: {e}); nothing was changed"
-        ) from None
+    """`checkpoint_check.read_tensor`: a truncated or corrupt file is a DataLossError naming it and the table."""
+    return checkpoint_check.read_tensor(reader, path, key, f"DynamicTable {table_name!r}")
 
 
-def _signature(path: str) -> tuple:
-    """The checkpoint's files as (name, size, mtime): what a verification holds for."""
-    files = sorted(glob.glob(glob.escape(path) + ".*"))
-    return tuple((f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files)
+_signature = checkpoint_check.signature
 
 
 class StreamedCheckpoint:
@@ -316,10 +296,12 @@ class StreamedCheckpoint:
                 prefix=self.path, tensor_names=names, shape_and_slices=slices, dtypes=[tf.float32] * len(names)
             )
         except tf.errors.OpError as e:
-            raise ValueError(
-                f"{self.label}: restore from {self.path}: cannot read rows [{start}, {start + count}) of "
-                f"{self.name!r}: the checkpoint is truncated or corrupt ({type(e).__name__}: {e.message}); nothing "
-                "was changed"
+            raise tf.errors.DataLossError(
+                None,
+                None,
+                f"{self.label}: restore: the checkpoint file {checkpoint_check.data_files(self.path)} is truncated "
+                f"or corrupt: cannot read rows [{start}, {start + count}) of {self.name!r} ({type(e).__name__}: "
+                f"{e.message}); nothing was changed",
             ) from None
         slots = out[1] if self.width else tf.zeros([count, 0], tf.float32)
         return out[0], slots
@@ -362,6 +344,7 @@ def check_streamed(
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match.
+      tf.errors.DataLossError: a data file is truncated or corrupt (naming the file and the table).
     """
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     label = f"DynamicTable {spec.name!r}"

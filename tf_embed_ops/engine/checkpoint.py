@@ -22,12 +22,8 @@ Children the checkpoint has and this object lacks, or the reverse, are left to T
 
 from __future__ import annotations
 
-import glob
-import os
-import sys
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, table_config
@@ -42,6 +38,8 @@ from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import table as tiered_table
 
 __all__ = ["calling_position", "validate"]
+
+calling_position = checkpoint_check.calling_position
 
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _VALUE = ".ATTRIBUTES/VARIABLE_VALUE"
@@ -85,22 +83,6 @@ def _expected(embedding: Any) -> dict[str, Any]:
     return out
 
 
-def calling_position(trackable: Any) -> Any:
-    """The `CheckpointPosition` TensorFlow is restoring `trackable` from: a local of the frame that called
-    `_checkpoint_adapter` (`restore._maybe_get_adapter`, TF 2.16 - 2.21), which the hook is not given. None when
-    not found; `validate` then looks the object up in the checkpoint by its children's names. Call it from the
-    hook, or from a function the hook calls (it looks up to four frames above its caller)."""
-    frame = sys._getframe(1)  # noqa: SLF001 - see the docstring
-    for _ in range(4):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        position = frame.f_locals.get("checkpoint_position")
-        if position is not None and getattr(position, "trackable", None) is trackable:
-            return position
-    return None
-
-
 def _node_children(graph: Any, node: Any) -> dict[str, Any]:
     return {child.local_name: graph.nodes[child.node_id] for child in node.children}
 
@@ -112,32 +94,10 @@ def _find_node(graph: Any, expected: dict) -> Any:
     return found[0] if len(found) == 1 else None
 
 
-def _read(reader: Any, path: str, key: str) -> Any:
-    """One tensor; a truncated or corrupt file is a ValueError naming it (TensorFlow's reader raises IndexError
-    "Read less bytes than requested" or a DataLossError)."""
-    try:
-        return reader.get_tensor(key)
-    except (IndexError, tf.errors.OpError) as e:
-        raise ValueError(
-            f"TPUEmbedding restore: cannot read {key!r} from the checkpoint at {path}: the file is truncated or "
-            f"corrupt ({type(e).__name__}: {e}); no table was changed"
-        ) from None
-
-
-def _check_not_truncated(path: str, shapes: dict, dtypes: dict) -> None:
-    """The data files must hold at least the bytes of every fixed-size tensor the index lists: a cheap test that
-    catches a truncated file before TensorFlow restores (and fails on) part of the tables."""
-    need = 0
-    for key, shape in shapes.items():
-        dtype = tf.as_dtype(dtypes[key])
-        if dtype != tf.string:
-            need += dtype.size * int(np.prod(shape, dtype=np.int64))
-    have = sum(os.path.getsize(f) for f in glob.glob(glob.escape(path) + ".data-*-of-*"))
-    if have < need:
-        raise ValueError(
-            f"TPUEmbedding restore: the checkpoint at {path} is truncated: its data files hold {have} bytes, its "
-            f"index lists {need} bytes of tensors; no table was changed"
-        )
+def _read(reader: Any, path: str, key: str, table: str) -> Any:
+    """One tensor; a truncated or corrupt file is a DataLossError naming it and the table (TensorFlow's reader
+    raises IndexError "Read less bytes than requested" or an OpError)."""
+    return checkpoint_check.read_tensor(reader, path, key, f"TPUEmbedding table {table!r}", "no table was changed")
 
 
 def validate(embedding: Any, path: str) -> None:
@@ -149,6 +109,8 @@ def validate(embedding: Any, path: str) -> None:
 
     Raises:
       ValueError: naming the table, the tensor and the values; no table, slot or dynamic table was changed.
+      tf.errors.DataLossError: a data file is truncated or corrupt (naming the file and the table); nothing was
+        changed.
     """
     expected = _expected(embedding)
     if not expected:
@@ -168,10 +130,14 @@ def validate(embedding: Any, path: str) -> None:
         if node is None:
             return
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    _check_not_truncated(path, shapes, dtypes)
+    checkpoint_check.check_data_files(
+        path, reader, f"TPUEmbedding (tables {sorted(_table_names(expected))})", "no table was changed"
+    )
     from_tiered = []  # (checkpoint node, checked restore) of in-memory tables saved tiered
     to_memory = []  # (checkpoint node, tensor names) of in-memory dynamic tables saved tiered (streamed)
     configs = _dynamic_configs(embedding)
+    checked = []  # the dynamic tables whose tensors were validated here (their own check need not read them again)
+    objects = embedding._trackable_children() if embedding._built else {}  # noqa: SLF001 - the class that calls us
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
@@ -185,8 +151,10 @@ def validate(embedding: Any, path: str) -> None:
             if names:
                 to_memory.append((child, names))
         elif isinstance(want, checkpoint_check.TableSpec):
-            tensors = {k: _read(reader, path, key) for k, key in keys.items() if key in shapes}
+            tensors = {k: _read(reader, path, key, name) for k, key in keys.items() if key in shapes}
             want.validate(tensors, "restore")
+            if name in objects:
+                checked.append(objects[name])
         elif isinstance(want, tiered_table.TieredTable):
             # Streamed (its saver's object name) or the in-memory table's checkpoint (its variable's key).
             key = child.registered_saver.object_name or keys.get("VARIABLE_VALUE")
@@ -200,9 +168,9 @@ def validate(embedding: Any, path: str) -> None:
                     f"TPUEmbedding restore: the checkpoint's {name!r} has shape {got_shape.as_list()}, this "
                     f"object's is {want.shape.as_list()}; no table was changed"
                 )
-            if name == "rounding_step" and got_shape.rank == 0 and int(_read(reader, path, key)) < 0:
+            if name == "rounding_step" and got_shape.rank == 0 and int(_read(reader, path, key, name)) < 0:
                 raise ValueError(
-                    f"TPUEmbedding restore: the checkpoint's 'rounding_step' is {int(_read(reader, path, key))}, "
+                    f"TPUEmbedding restore: the checkpoint's 'rounding_step' is {int(_read(reader, path, key, name))}, "
                     f"it must be >= 0; no table was changed"
                 )
             if want.dtype is not None and got_dtype != want.dtype:
@@ -210,6 +178,8 @@ def validate(embedding: Any, path: str) -> None:
                     f"TPUEmbedding restore: the checkpoint's {name!r} is {got_dtype.name}, this object's variable "
                     f"is {want.dtype.name} (restore before the first build to convert); no table was changed"
                 )
+    for table in checked:
+        checkpoint_check.mark_checked(table, path)
     # Every table checked: the in-memory tables saved tiered are written now, and TensorFlow is told their
     # checkpoint objects hold nothing more (it would refuse an object of a registered saver it does not match).
     for child, plan in from_tiered:
@@ -224,6 +194,11 @@ def validate(embedding: Any, path: str) -> None:
             attribute = child.attributes.add()
             attribute.name = tensor
             attribute.checkpoint_key = dynamic_tiered_checkpoint.checkpoint_key(object_name, tensor)
+
+
+def _table_names(expected: dict) -> set[str]:
+    """The tables among the children a restore writes (slots and the step named by their table)."""
+    return {name.split("/")[0] for name in expected if name != "rounding_step"}
 
 
 def _dynamic_configs(embedding: Any) -> dict[str, Any]:

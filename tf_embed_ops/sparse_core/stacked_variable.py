@@ -4,8 +4,17 @@ TensorFlow's `TPUEmbeddingV2.embedding_tables` is `{stacked table name: variable
 stack, sharded over the chips in even row blocks, the tables of the stack interleaved by their
 `SparseCoreTableLayout`. Here the tables train as one variable each; a `StackedVariable` presents a stack as that
 one variable: reading it stacks the current per-table values (the same tensor a TensorFlow checkpoint holds),
-assigning it splits the value back into the per-table variables, and `shards` gives the per-chip row blocks. It
-converts to a tensor wherever TensorFlow takes one (`tf.convert_to_tensor`, ops, `np.asarray`).
+assigning it splits the value back into the per-table variables, and `values` (TensorFlow's name; `shards` is the
+same) gives the per-chip row blocks. It converts to a tensor wherever TensorFlow takes one (`tf.convert_to_tensor`,
+ops, `np.asarray`).
+
+The members user code touches on TensorFlow's variable behave as there: `values` (and iteration) the per-chip row
+blocks in order, `variables` the same list as `tf.distribute` sharded variables name it, `shape`, `dtype`, `name`,
+`numpy()`, `read_value()`, `[...]` (a slice of the stacked value, `Tensor.__getitem__`'s contract), the tensor
+operators (`stacked * 2`, `-stacked`, ...), and `assign`, `assign_add`, `assign_sub` (each returns the variable, as
+`ShardedVariable`'s do). The stack's padding (rows and columns beyond each table's, TensorFlow's layout) is not
+stored: it reads as zero after any write. The blocks are tensors read now, not variables: write through `assign*`
+on the stack. The scatter methods and `sparse_read` are not provided (the tables train through the embedding API).
 
 Example:
     >>> stacked = emb.embedding_tables["video_user"]
@@ -79,22 +88,64 @@ class StackedVariable:
         return out if dtype is None else out.astype(dtype)
 
     @property
-    def shards(self) -> list:
-        """The per-chip row blocks of the stacked value (TensorFlow's shards of the variable)."""
-        return tf.split(self._read(), self._num_shards, axis=0)
+    def values(self) -> tuple:
+        """The per-chip row blocks of the stacked value, in chip order (TensorFlow's `values` of the variable)."""
+        return tuple(tf.split(self._read(), self._num_shards, axis=0))
 
-    def assign(self, value: Any) -> Any:
-        """Writes `value` (the stacked shape) into the tables of the stack.
+    @property
+    def shards(self) -> list:
+        """`values` as a list (the name this class had first)."""
+        return list(self.values)
+
+    @property
+    def variables(self) -> list:
+        """`values` as a list: the name `tf.distribute`'s `ShardedVariable` gives its shards."""
+        return list(self.values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __getitem__(self, slice_spec: Any) -> tf.Tensor:
+        """A slice of the stacked value, as `tf.Tensor.__getitem__` (and `ShardedVariable.__getitem__`)."""
+        return self._read()[slice_spec]
+
+    def assign(self, value: Any, use_locking: Any = None, name: Any = None, read_value: bool = True) -> StackedVariable:
+        """Writes `value` (the stacked shape) into the tables of the stack; returns this variable.
+
+        `use_locking`, `name` and `read_value` are accepted for TensorFlow's signature and have no effect.
 
         Raises:
           ValueError: `value` does not have the stacked shape (nothing is written).
         """
+        del use_locking, name, read_value
+        self._write(self._checked(value, "assign"))
+        return self
+
+    def assign_add(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
+    ) -> StackedVariable:
+        """Adds `delta` (the stacked shape) to the stacked value; returns this variable. Raises as `assign`."""
+        del use_locking, name, read_value
+        delta = self._checked(delta, "assign_add")
+        self._write(self._read() + delta)
+        return self
+
+    def assign_sub(
+        self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
+    ) -> StackedVariable:
+        """Subtracts `delta` (the stacked shape) from the stacked value; returns this variable. Raises as `assign`."""
+        del use_locking, name, read_value
+        delta = self._checked(delta, "assign_sub")
+        self._write(self._read() - delta)
+        return self
+
+    def _checked(self, value: Any, what: str) -> tf.Tensor:
         value = tf.convert_to_tensor(value, dtype_hint=self._dtype)
         if not self._shape.is_compatible_with(value.shape):
             raise ValueError(
-                f"Stacked table {self._name!r}: cannot assign a value of shape {value.shape}; expected {self._shape}."
+                f"Stacked table {self._name!r}: cannot {what} a value of shape {value.shape}; expected {self._shape}."
             )
-        return self._write(tf.cast(value, self._dtype))
+        return tf.cast(value, self._dtype)
 
     def __repr__(self) -> str:
         return f"<StackedVariable {self._name!r} shape={self._shape} dtype={self._dtype.name}>"
@@ -107,3 +158,17 @@ def _to_tensor(value: StackedVariable, dtype: Any = None, name: Any = None, as_r
 
 
 tf.register_tensor_conversion_function(StackedVariable, _to_tensor)
+
+
+def _overload_operator(operator: str) -> None:
+    tensor_operator = getattr(tf.Tensor, operator)
+
+    def _operator(self: StackedVariable, *args: Any, **kwargs: Any) -> Any:
+        return tensor_operator(self.read_value(), *args, **kwargs)
+
+    setattr(StackedVariable, operator, _operator)
+
+
+# The tensor operators on the stacked value, as TensorFlow's sharded variables overload them (`__getitem__` above).
+for _operator_name in tf.Tensor.OVERLOADABLE_OPERATORS - {"__getitem__"}:
+    _overload_operator(_operator_name)

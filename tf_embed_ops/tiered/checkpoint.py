@@ -39,6 +39,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
+from tf_embed_ops.dynamic import checkpoint_check
 
 __all__ = ["FORMAT_VERSION", "SAVER_NAME", "check_restore", "register", "restore_tables", "save_tables"]
 
@@ -172,13 +173,30 @@ def check_restore(table: Any, key: str, path: str, reader: Any) -> _Checked:
 
     Raises:
       ValueError: naming the table, the checkpoint and what does not match.
+      tf.errors.DataLossError: the data files are shorter than the tensors the index lists, or a tensor cannot be
+        read (naming the file and the table). A truncated file is found before the first row is written; a chunk
+        corrupt inside a file of the right size is found when the restore reads it.
     """
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     label = getattr(table, "restore_label", None) or f"TieredTable {table.table_name!r}"
     where = f"{label}: restore from {path}:"
+    checkpoint_check.check_data_files(path, reader, label, "no tiered table was changed")
     if key.endswith(_VARIABLE_SUFFIX):
         return _check_variable_format(table, key, path, reader, shapes, dtypes, where)
     return _check_tiered_format(table, key, path, reader, shapes, dtypes, where)
+
+
+def _restore(path: str, keys: list, slices: list, dtypes: list, label: str, what: str) -> list:
+    """RestoreV2 of these slices; a file that cannot be read is a DataLossError naming it and the table."""
+    try:
+        return tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=slices, dtypes=dtypes)
+    except tf.errors.OpError as e:
+        raise tf.errors.DataLossError(
+            None,
+            None,
+            f"{label}: restore: the checkpoint file {checkpoint_check.data_files(path)} is truncated or corrupt: "
+            f"cannot read {what} ({type(e).__name__}: {e.message})",
+        ) from None
 
 
 def _need(key: str, shapes: dict, dtypes: dict, shape: list, where: str) -> tf.DType:
@@ -199,7 +217,9 @@ def _check_tiered_format(table, name, path, reader, shapes, dtypes, where) -> _C
     manifest_key = f"{name}/manifest"
     if manifest_key not in shapes:
         raise ValueError(f"{where} the checkpoint has no {manifest_key!r}; no tiered table was changed")
-    manifest = [int(v) for v in reader.get_tensor(manifest_key).reshape(-1)]
+    label = getattr(table, "restore_label", None) or f"TieredTable {table.table_name!r}"
+    end = "no tiered table was changed"
+    manifest = [int(v) for v in checkpoint_check.read_tensor(reader, path, manifest_key, label, end).reshape(-1)]
     if len(manifest) < 5 or manifest[0] != FORMAT_VERSION:
         raise ValueError(
             f"{where} {manifest_key!r} is {manifest}: not a version-{FORMAT_VERSION} tiered table checkpoint; no "
@@ -207,7 +227,9 @@ def _check_tiered_format(table, name, path, reader, shapes, dtypes, where) -> _C
         )
     _, num_rows, dim, chunk_rows, num_slots = manifest[:5]
     widths = manifest[5:]
-    saved_names = [s.decode() for s in reader.get_tensor(f"{name}/slot_names").reshape(-1)]
+    saved_names = [
+        s.decode() for s in checkpoint_check.read_tensor(reader, path, f"{name}/slot_names", label, end).reshape(-1)
+    ]
     got = (num_rows, dim, saved_names, widths)
     want = (table.num_rows, table.dim, table.slot_names, table.slot_widths)
     if got != want or num_slots != len(widths) or chunk_rows < 1:
@@ -216,7 +238,7 @@ def _check_tiered_format(table, name, path, reader, shapes, dtypes, where) -> _C
             f"{widths}); this table has {table.num_rows} rows of dim {table.dim} with slots {table.slot_names} "
             f"(widths {table.slot_widths}); no tiered table was changed"
         )
-    step = reader.get_tensor(f"{name}/step") if f"{name}/step" in shapes else 0
+    step = checkpoint_check.read_tensor(reader, path, f"{name}/step", label, end) if f"{name}/step" in shapes else 0
     chunks = [(start, min(chunk_rows, num_rows - start)) for start in range(0, num_rows, chunk_rows)]
     part_dtypes = []
     for k, (_, n) in enumerate(chunks):
@@ -230,9 +252,7 @@ def _check_tiered_format(table, name, path, reader, shapes, dtypes, where) -> _C
 
     def read_chunk(k: int, start: int, n: int):
         keys = [_part(name, k)] + [_part(name, k, s) for s in saved_names]
-        tensors = tf.raw_ops.RestoreV2(
-            prefix=path, tensor_names=keys, shape_and_slices=[""] * len(keys), dtypes=part_dtypes[k]
-        )
+        tensors = _restore(path, keys, [""] * len(keys), part_dtypes[k], label, f"rows [{start}, {start + n})")
         return tf.cast(tensors[0], tf.float32), [tf.cast(t, tf.float32) for t in tensors[1:]]
 
     return _Checked(table, chunks, read_chunk, int(step))
@@ -246,14 +266,20 @@ def _check_variable_format(table, key, path, reader, shapes, dtypes, where) -> _
     key_dtypes = [_need(k, shapes, dtypes, [table.num_rows, w], where) for k, w in zip(keys, widths, strict=True)]
     parent = prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
     step_key = parent + "rounding_step" + _VARIABLE_SUFFIX
-    step = int(reader.get_tensor(step_key)) if step_key in shapes and list(shapes[step_key]) == [] else 0
+    label = getattr(table, "restore_label", None) or f"TieredTable {table.table_name!r}"
+    has_step = step_key in shapes and list(shapes[step_key]) == []
+    step = (
+        int(checkpoint_check.read_tensor(reader, path, step_key, label, "no tiered table was changed"))
+        if has_step
+        else 0
+    )
     if step < 0:
         raise ValueError(f"{where} {step_key!r} is {step}, it must be >= 0; no tiered table was changed")
 
     def read_chunk(k: int, start: int, n: int):
         del k
         slices = [f"{table.num_rows} {w} {start},{n}:0,{w}" for w in widths]
-        tensors = tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=slices, dtypes=key_dtypes)
+        tensors = _restore(path, keys, slices, key_dtypes, label, f"rows [{start}, {start + n})")
         return tf.cast(tensors[0], tf.float32), [tf.cast(t, tf.float32) for t in tensors[1:]]
 
     return _Checked(table, table.chunks(), read_chunk, step)

@@ -77,14 +77,16 @@ def _handles(tables, argument: str) -> list[tf.Tensor]:
     return [_handle(t, f"{argument}[{i}]") for i, t in enumerate(tables)]
 
 
-def _row(value, argument: str) -> tf.Tensor:
+def _row(value, argument: str, table_name: str | None = None) -> tf.Tensor:
+    """A row number or count as an int64 scalar tensor; errors name the table when the caller knows it."""
+    where = argument if table_name is None else f"tiered table {table_name!r}: {argument}"
     if isinstance(value, (int, np.integer)):
-        value = checked_int(value, argument, 0)
+        value = checked_int(value, where, 0)
     value = tf.convert_to_tensor(value)
     if not value.dtype.is_integer:
-        raise ValueError(f"{argument}: must be an integer, got {value.dtype.name}")
+        raise ValueError(f"{where}: must be an integer, got {value.dtype.name}")
     if value.shape.rank not in (None, 0):
-        raise ValueError(f"{argument}: must be a scalar, got shape {value.shape}")
+        raise ValueError(f"{where}: must be a scalar, got shape {value.shape}")
     return tf.cast(value, tf.int64)
 
 
@@ -147,7 +149,7 @@ def tiered_table_handle(
     )
 
 
-def tiered_table_write_rows(table, first_row, values, slots: Sequence = (), name=None):
+def tiered_table_write_rows(table, first_row, values, slots: Sequence = (), name=None, table_name=None):
     """Writes rows ``[first_row, first_row + n)`` and their slots (float32 in, rounded to nearest into storage).
 
     Args:
@@ -156,16 +158,20 @@ def tiered_table_write_rows(table, first_row, values, slots: Sequence = (), name
       values: float32 [n, dim].
       slots: one float32 [n, width_k] per optimizer slot.
       name: op name.
+      table_name: the table's name, for the errors raised here (the op's own errors always name it).
 
     Returns:
       The op (eagerly: None).
+
+    Raises:
+      ValueError: first_row is not an integer scalar >= 0 (naming the table when `table_name` is given).
 
     Example:
       >>> tiered_table_write_rows(h, 0, tf.zeros([4, 16]), [tf.fill([4, 16], 0.1)])
     """
     return _ops().tf_embed_tiered_table_write_rows(
         table=_handle(table, "table"),
-        first_row=_row(first_row, "first_row"),
+        first_row=_row(first_row, "first_row", table_name),
         values=tf.convert_to_tensor(values, tf.float32),
         slots=[tf.convert_to_tensor(s, tf.float32) for s in slots],
         name=name,
@@ -189,27 +195,34 @@ def tiered_table_mark_all_touched(table, name=None):
     return _ops().tf_embed_tiered_table_mark_all_touched(table=_handle(table, "table"), name=name)
 
 
-def tiered_table_read_rows(table, first_row, num_rows, num_slots: int, name=None) -> tuple[tf.Tensor, list]:
+def tiered_table_read_rows(
+    table, first_row, num_rows, num_slots: int, name=None, table_name=None
+) -> tuple[tf.Tensor, list]:
     """Rows ``[first_row, first_row + num_rows)`` and their slots as float32 (read through the cache's dirty rows;
     the cache is not filled).
 
+    `table_name` names the table in the errors raised here (the op's own errors always name it).
+
     Returns:
       (values [n, dim], [slot k: [n, width_k]]).
+
+    Raises:
+      ValueError: first_row or num_rows is not an integer scalar >= 0.
 
     Example:
       >>> values, slots = tiered_table_read_rows(h, 0, 4, num_slots=1)
     """
     values, slots = _ops().tf_embed_tiered_table_read_rows(
         table=_handle(table, "table"),
-        first_row=_row(first_row, "first_row"),
-        num_rows=_row(num_rows, "num_rows"),
+        first_row=_row(first_row, "first_row", table_name),
+        num_rows=_row(num_rows, "num_rows", table_name),
         S=checked_int(num_slots, "num_slots", 0),
         name=name,
     )
     return values, list(slots)
 
 
-def tiered_table_gather_rows(table, rows, num_slots: int, name=None) -> tuple[tf.Tensor, list]:
+def tiered_table_gather_rows(table, rows, num_slots: int, name=None, table_name=None) -> tuple[tf.Tensor, list]:
     """The given rows (any order, duplicates allowed) and their slots as float32, read through the cache's dirty
     rows without filling the cache (touched-row deltas, docs/tracking.md).
 
@@ -217,22 +230,24 @@ def tiered_table_gather_rows(table, rows, num_slots: int, name=None) -> tuple[tf
       table: a tiered table handle (or an object with `.handle`).
       rows: int vector of row ids, each in [0, num_rows) (checked by the op before anything is read).
       num_slots: the table's slot count.
+      table_name: the table's name, for the errors raised here (the op's own errors always name it).
 
     Returns:
       (values [n, dim], [slot k: [n, width_k]]).
 
     Raises:
-      ValueError: rows is not an integer vector.
+      ValueError: rows is not an integer vector (naming the table when `table_name` is given).
       tf.errors.InvalidArgumentError: a row id outside the table (naming the table and the id).
 
     Example:
       >>> values, slots = tiered_table_gather_rows(h, [3, 7, 42], num_slots=1)
     """
+    where = "rows" if table_name is None else f"tiered table {table_name!r}: rows"
     rows = tf.convert_to_tensor(rows)
     if not rows.dtype.is_integer:
-        raise ValueError(f"rows: must be integers, got {rows.dtype.name}")
+        raise ValueError(f"{where}: must be integers, got {rows.dtype.name}")
     if rows.shape.rank not in (None, 1):
-        raise ValueError(f"rows: must be a vector, got shape {rows.shape}")
+        raise ValueError(f"{where}: must be a vector, got shape {rows.shape}")
     values, slots = _ops().tf_embed_tiered_table_gather_rows(
         table=_handle(table, "table"),
         rows=tf.cast(rows, tf.int64),

@@ -280,7 +280,9 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
             slot_values = list(slots)
             if len(slot_values) != len(self._slot_names):
                 raise ValueError(f"{where}: {len(slot_values)} slots given; the table's are {self._slot_names}")
-        return tiered_ops.tiered_table_write_rows(self.resource_handle, first_row, values, slot_values)
+        return tiered_ops.tiered_table_write_rows(
+            self.resource_handle, first_row, values, slot_values, table_name=self._table_name
+        )
 
     def mark_all_touched(self) -> Any:
         """Marks every row changed for the table's touched-row trackers (docs/tracking.md): what a completed
@@ -299,7 +301,7 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
           (values [n, dim], {slot name: [n, width]}).
         """
         values, slots = tiered_ops.tiered_table_read_rows(
-            self.resource_handle, first_row, num_rows, num_slots=len(self._slot_names)
+            self.resource_handle, first_row, num_rows, num_slots=len(self._slot_names), table_name=self._table_name
         )
         return values, dict(zip(self._slot_names, slots, strict=True))
 
@@ -312,7 +314,9 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
         Raises:
           tf.errors.InvalidArgumentError: a row outside [0, num_rows).
         """
-        values, slots = tiered_ops.tiered_table_gather_rows(self.resource_handle, rows, num_slots=len(self._slot_names))
+        values, slots = tiered_ops.tiered_table_gather_rows(
+            self.resource_handle, rows, num_slots=len(self._slot_names), table_name=self._table_name
+        )
         return values, dict(zip(self._slot_names, slots, strict=True))
 
     def read_all(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -212,6 +212,25 @@ TEST(BloomAdmission, MemoryDoesNotGrowWithDistinctKeys) {
   EXPECT_LT(t->MemoryBytes() - before, 200 * 64);
 }
 
+TEST(FrequencyAdmission, MemoryBytesCountsThePendingCounts) {
+  DynamicTableOptions o = Options(1 << 20);
+  o.admission.min_count = 2;
+  o.admission.max_pending_keys = 1 << 20;
+  auto t = Make(o);
+  const int64_t before = t->MemoryBytes(), pending_before = t->PendingBytes();
+  std::vector<int64_t> once(100000);
+  for (size_t i = 0; i < once.size(); ++i) once[i] = 1000 + static_cast<int64_t>(i);
+  std::vector<int64_t> rows(once.size());
+  ASSERT_TRUE(t->FindOrInsert(once.data(), static_cast<int64_t>(once.size()), 1, rows.data()).ok());
+  ASSERT_EQ(t->size(), 0);
+  ASSERT_EQ(t->num_pending(), 100000);
+  // One node per pending key (next pointer, key, count, last step) and at least one bucket pointer per key (the
+  // map's load factor is at most 1): nothing else grew.
+  const int64_t pointer = static_cast<int64_t>(sizeof(void*));
+  EXPECT_GE(t->PendingBytes(), 100000 * (pointer + 24) + 100000 * pointer);
+  EXPECT_EQ(t->MemoryBytes() - before, t->PendingBytes() - pending_before);
+}
+
 TEST(BloomAdmission, BadOptionsNameTheTable) {
   DynamicTableOptions o = Options();
   o.admission.min_count = 2;

@@ -45,41 +45,74 @@ TEST(TouchedRows, MarkAllIsFullForOlderVersionsOnly) {
   EXPECT_EQ(t.Since(w, 10).rows, (Rows{4}));
 }
 
-TEST(TouchedRows, GrowsAndLogsEvictionsWithABound) {
-  TouchedRows t(1, /*max_evicted_log=*/4);
+TEST(TouchedRows, GrowsAndReadsEvictionsFromTheEvictionLogWithItsBound) {
+  EvictionLog log(4);  // the one record of evictions, and its bound
+  TouchedRows t(1);
+  t.AttachEvictionLog(&log);
   ASSERT_TRUE(t.Reserve(200000));
   EXPECT_GE(t.capacity(), 200000);
   const int64_t v = t.version();
   t.BeginUpdate();
   t.Mark(199999);
-  t.LogEviction(11);
-  t.LogEviction(12);
+  t.MarkEvictions(log.next_seq());
+  log.Append(11, 0, LogKind::kEvicted);
+  log.Append(12, 0, LogKind::kErased);
+  log.Append(99, 0, LogKind::kRefused);  // a refusal is in the log but is no removal
   EXPECT_EQ(t.Since(v, t.capacity()).rows, (Rows{199999}));
   EXPECT_EQ(t.Since(v, t.capacity()).evicted, (Rows{11, 12}));
   const int64_t w = t.version();
+  EXPECT_TRUE(t.Since(w, t.capacity()).evicted.empty());
   t.BeginUpdate();
-  t.LogEviction(13);
+  t.MarkEvictions(log.next_seq());
+  log.Append(13, 1, LogKind::kEvicted);  // the log is full now (11, 12, 99, 13)
   EXPECT_EQ(t.Since(w, t.capacity()).evicted, (Rows{13}));
   t.BeginUpdate();
-  t.LogEviction(14);
-  t.LogEviction(15);  // over the bound: the oldest half (version v + 1) is dropped
-  EXPECT_TRUE(t.Since(v, t.capacity()).full);
+  t.MarkEvictions(log.next_seq());
+  log.Append(14, 2, LogKind::kEvicted);        // over the bound: 11 is dropped
+  EXPECT_TRUE(t.Since(v, t.capacity()).full);  // its consumer would miss 11: the whole table instead
   EXPECT_FALSE(t.Since(w, t.capacity()).full);
+  EXPECT_EQ(t.Since(w, t.capacity()).evicted, (Rows{13, 14}));
+  const int64_t x = t.version();
+  t.BeginUpdate();
+  t.MarkEvictions(log.next_seq());  // forgets the first mark (its entries are gone)
+  log.Append(15, 3, LogKind::kEvicted);
+  EXPECT_TRUE(t.Since(v, t.capacity()).full);
+  EXPECT_EQ(t.Since(x, t.capacity()).evicted, (Rows{15}));
   EXPECT_EQ(t.Since(w, t.capacity()).evicted, (Rows{13, 14, 15}));
 }
 
-// The dynamic table's hooks: training lookups mark found and inserted rows, evictions log keys (and only when
-// tracking is on), an import marks everything, and growth keeps every row markable.
-TEST(TouchedRows, DynamicTableHooks) {
+TEST(TouchedRows, WithoutAnEvictionLogReportsNoEvictedKeys) {
+  TouchedRows t(4);
+  const int64_t v = t.version();
+  t.BeginUpdate();
+  t.MarkEvictions(0);
+  t.Mark(2);
+  const TouchedRows::Changes c = t.Since(v, 4);
+  EXPECT_FALSE(c.full);
+  EXPECT_EQ(c.rows, (Rows{2}));
+  EXPECT_TRUE(c.evicted.empty());
+}
+
+// A small dynamic table of dim 2 (chunks of 2 rows: growth is exercised) keeping `log_capacity` eviction entries.
+std::unique_ptr<DynamicTable> SmallTable(int64_t log_capacity = EvictionLog::kDefaultCapacity) {
   DynamicTableOptions o;
   o.name = "items";
   o.dim = 2;
   o.initial_capacity = 2;
   o.max_rows = 1000;
   o.rows_per_chunk = 2;
+  o.eviction_log_capacity = log_capacity;
   absl::StatusOr<std::unique_ptr<DynamicTable>> made = DynamicTable::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  DynamicTable& t = **made;
+  EXPECT_TRUE(made.ok()) << made.status();
+  return made.ok() ? std::move(*made) : nullptr;
+}
+
+// The dynamic table's hooks: training lookups mark found and inserted rows, evictions log keys (and only when
+// tracking is on), an import marks everything, and growth keeps every row markable.
+TEST(TouchedRows, DynamicTableHooks) {
+  std::unique_ptr<DynamicTable> made = SmallTable();
+  ASSERT_NE(made, nullptr);
+  DynamicTable& t = *made;
   std::vector<int64_t> rows(3);
   const std::vector<int64_t> first = {10, 20, 10};
   ASSERT_TRUE(t.FindOrInsert(first.data(), 3, 0, rows.data()).ok());  // before tracking: not recorded
@@ -103,6 +136,36 @@ TEST(TouchedRows, DynamicTableHooks) {
   const int64_t v2 = touched->version();
   ASSERT_TRUE(t.Import(t.Export()).ok());
   EXPECT_TRUE(touched->Since(v2, touched->capacity()).full);
+}
+
+// One eviction record (eviction_log.h): evicted_keys()'s cursor and the tracker read the same entries under the
+// same bound (eviction_log_capacity), and both are told when a reader fell behind it.
+TEST(TouchedRows, TheTrackerAndTheLogReadersShareOneRecordAndOneBound) {
+  std::unique_ptr<DynamicTable> made = SmallTable(/*log_capacity=*/3);
+  ASSERT_NE(made, nullptr);
+  DynamicTable& t = *made;
+  ASSERT_TRUE(t.EnableTracking());
+  std::vector<int64_t> rows(5);
+  const std::vector<int64_t> keys = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(t.FindOrInsert(keys.data(), 5, 0, rows.data()).ok());
+  const TouchedRows& touched = *t.tracker();
+  const int64_t v = touched.version();
+  const std::vector<int64_t> first = {1, 2};
+  ASSERT_EQ(t.EvictKeys(first.data(), 2), 2);
+  std::vector<int64_t> read;
+  EvictionLog::ReadResult r = t.eviction_log().Read(0, -1, &read, nullptr, nullptr);
+  EXPECT_FALSE(r.resync);
+  EXPECT_EQ(read, (Rows{1, 2}));
+  EXPECT_EQ(touched.Since(v, touched.capacity()).evicted, (Rows{1, 2}));
+  const int64_t w = touched.version();
+  const std::vector<int64_t> second = {3, 4};
+  ASSERT_EQ(t.EvictKeys(second.data(), 2), 2);  // 4 entries in a record of 3: key 1's is dropped
+  read.clear();
+  r = t.eviction_log().Read(0, -1, &read, nullptr, nullptr);
+  EXPECT_TRUE(r.resync);
+  EXPECT_EQ(r.dropped, 1);
+  EXPECT_TRUE(touched.Since(v, touched.capacity()).full);  // the same overflow, seen by the tracker's consumer
+  EXPECT_EQ(touched.Since(w, touched.capacity()).evicted, (Rows{3, 4}));
 }
 
 }  // namespace
