@@ -213,7 +213,7 @@ def _ninja_escape(path: str) -> str:
 def write_ninja(build_dir: str, op_library: str, config_module: str, config: dict | None = None) -> str:
     """Writes build_dir/build.ninja producing the op library and the pybind11 config module.
 
-    Returns the path of the ninja file.  Objects are shared between the two outputs where the flags agree.
+    Returns the path of the ninja file.  A source of both outputs (cc/lib, cc/config) is compiled once.
 
     TensorFlow's and pybind11's headers are reached through links inside build_dir (see _stable_link), so the
     compile commands do not change when pip's build isolation installs them under a new random /tmp path: an
@@ -267,8 +267,14 @@ def write_ninja(build_dir: str, op_library: str, config_module: str, config: dic
             objs.append(obj)
         return objs
 
-    op_objs = objects(sources(OP_LIBRARY_SOURCES), "cflags", "op")
-    py_objs = objects(sources(CONFIG_MODULE_SOURCES), "pyflags", "py")
+    # cc/lib and cc/config go into both outputs: compiled once, with the op library's flags (they include no
+    # Python or pybind11 header, so the config module's extra include directories would change nothing in them).
+    op_sources = sources(OP_LIBRARY_SOURCES)
+    op_objs = objects(op_sources, "cflags", "op")
+    shared = dict(zip(op_sources, op_objs, strict=True))
+    py_sources = sources(CONFIG_MODULE_SOURCES)
+    py_own = objects([src for src in py_sources if src not in shared], "pyflags", "py")
+    py_objs = [shared[src] for src in py_sources if src in shared] + py_own
     lines.append(
         f"build {_ninja_escape(op_library)}: link {' '.join(map(_ninja_escape, op_objs))} | "
         f"{_ninja_escape(version_script)}"

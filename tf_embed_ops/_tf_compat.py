@@ -3,13 +3,15 @@
 tf_embed_ops replicates TensorFlow classes (the TPU embedding mid-level API, its optimizers, its checkpoint
 layout), and part of what that takes has no public API. Nothing else in the package reaches into TensorFlow's
 private modules or members: it imports them from here. Each entry says why it is needed; all were checked
-against TensorFlow 2.21 (the release the package pins, `tensorflow-cpu==2.21.*`). A TensorFlow upgrade starts
+against TensorFlow 2.16 to 2.21 (the supported minors, configure.SUPPORTED_TF_MINORS). A TensorFlow upgrade starts
 here: an internal that moved fails at import of this module, with the name of the entry, instead of deep inside
-a training step.
+a training step. Where TensorFlow or Keras differ between the supported minors, the difference is held here too,
+and a feature an older minor cannot run is refused here (`require_tensorflow`) with the version it needs.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import tensorflow as tf
@@ -72,6 +74,7 @@ from tensorflow.python.trackable.trackable_utils import escape_local_name
 from tensorflow.python.util import nest
 
 __all__ = [
+    "TENSORFLOW_MINOR",
     "AutoTrackable",
     "CheckpointInitialValueCallable",
     "OptimizerBase",
@@ -91,6 +94,8 @@ __all__ = [
     "sparse_core_layout_pb2",
     "stack_sparse_core_tables",
     "clone_feature_config",
+    "require_tensorflow",
+    "TensorFlowVersionError",
     "tpu_embedding_v3_utils",
     "trackable_base",
     "tpu_embedding_configuration_pb2",
@@ -98,6 +103,22 @@ __all__ = [
     "write_saved_model_fingerprint",
     "yield_flat_paths",
 ]
+
+# (major, minor) of the running TensorFlow, for the version differences below.
+TENSORFLOW_MINOR: tuple[int, int] = tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", tf.__version__).groups())
+
+
+class TensorFlowVersionError(NotImplementedError):
+    """A feature needs a newer TensorFlow minor than the installed one."""
+
+
+def require_tensorflow(minimum: tuple[int, int], feature: str) -> None:
+    """Raises TensorFlowVersionError, naming `feature` and the minor it needs, under an older TensorFlow."""
+    if TENSORFLOW_MINOR < minimum:
+        raise TensorFlowVersionError(
+            f"{feature} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
+        )
+
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without
 # Keras. (`tf.__internal__` is TensorFlow's name for "public to TensorFlow's own packages"; TF 2.5 - 2.21.)
@@ -168,15 +189,22 @@ def track_child(trackable: Any, child: Any, name: str) -> Any:
     return trackable._track_trackable(child, name=name)
 
 
+# TensorFlow 2.16's TPUEmbeddingV2 has the two functions below as methods of its class, reading the layer's own
+# state; 2.17 made them module functions, which is what lets our TPUEmbeddingV2 run TensorFlow's stacker on its own.
+_SPARSE_CORE_STACKING = (2, 17)
+
+
 def clone_feature_config(feature_config: Any) -> Any:
     """A copy of a feature nest whose tables are copies too, as TPUEmbeddingV2 makes one before stacking mutates
-    it (the private `tpu_embedding_v3._clone_feature_config`, TF 2.17 - 2.21)."""
+    it (the private `tpu_embedding_v3._clone_feature_config`, TF 2.17 - 2.21; refused on 2.16)."""
+    require_tensorflow(_SPARSE_CORE_STACKING, "TPUEmbeddingV2 and the SparseCore layouts (TensorFlow's table stacker)")
     return tpu_embedding_v3._clone_feature_config(feature_config)
 
 
 def stack_sparse_core_tables(*args: Any) -> Any:
     """TensorFlow's SparseCore table stacker: which tables share a stack and each one's row layout (the private
-    `tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`, TF 2.17 - 2.21)."""
+    `tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`, TF 2.17 - 2.21; refused on 2.16)."""
+    require_tensorflow(_SPARSE_CORE_STACKING, "TPUEmbeddingV2 and the SparseCore layouts (TensorFlow's table stacker)")
     return tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(*args)
 
 
