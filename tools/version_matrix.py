@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         rows[result["minor"]] = row(result)
         print(rows[result["minor"]], flush=True)
         if "failed" in result or result.get("status") != "pass":
-            print(f"  see {log_path}", flush=True)
+            with open(log_path, encoding="utf-8", errors="replace") as log:
+                tail = log.read().splitlines()[-80:]
+            print(f"  the end of {log_path}:", *tail, sep="\n  ", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)
