@@ -114,3 +114,46 @@ def test_build_record_holds_the_version_abi_flags_and_source(tmp_path):
         "source_dir": "/src",
         "editable": True,
     }
+
+
+def test_version_matrix_covers_every_supported_minor_at_a_patch_release():
+    matrix = _module("version_matrix_under_test", os.path.join(ROOT, "tools", "version_matrix.py"))
+    assert matrix.supported_minors() == [(2, m) for m in range(16, 22)]
+    assert sorted(matrix.LATEST_PATCH) == matrix.supported_minors()
+    assert all(configure.minor(v) == m for m, v in matrix.LATEST_PATCH.items())
+
+
+def test_version_matrix_table_replaces_the_rows_it_ran_and_keeps_the_others(tmp_path):
+    matrix = _module("version_matrix_table_under_test", os.path.join(ROOT, "tools", "version_matrix.py"))
+    doc = tmp_path / "building.md"
+    old_216 = "| tensorflow-cpu 2.16.2 | 3.15.1 | `w216` | 500 s | pass: old | 2026-01-01 00:00 |"
+    old_219 = "| tensorflow-cpu 2.19.1 | 3.15.1 | `w219` | 500 s | pass: kept | 2026-01-01 00:00 |"
+    doc.write_text(
+        f"intro\n{matrix.TABLE_BEGIN}\n{matrix.HEADER[0]}\n{matrix.HEADER[1]}\n{old_219}\n{old_216}\n{matrix.TABLE_END}\nend\n"
+    )
+    result = {
+        "minor": "2.16",
+        "tensorflow": "tensorflow-cpu 2.16.2",
+        "keras": "3.15.1",
+        "wheel": "w.whl",
+        "build_seconds": 400,
+        "passed": 10,
+        "failures": 1,
+        "errors": 0,
+        "skipped": 2,
+        "status": "fail (pytest exit 1)",
+        "test_wall_seconds": 99,
+        "jobs": 2,
+        "date": "2026-12-03 18:00",
+    }
+    failed = {"minor": "2.17", "tensorflow": "tensorflow-cpu 2.17.1", "failed": "the wheel build failed", "date": "d"}
+    matrix.write_table(str(doc), {"2.16": matrix.row(result), "2.17": matrix.row(failed)})
+    lines = doc.read_text().splitlines()
+    table = lines[lines.index(matrix.TABLE_BEGIN) + 3 : lines.index(matrix.TABLE_END)]
+    assert (
+        table[0].startswith("| tensorflow-cpu 2.16.2 |")
+        and "**fail (pytest exit 1)**: 10 passed, 1 failed, 2 skipped" in table[0]
+    )
+    assert table[1].startswith("| tensorflow-cpu 2.17.1 |") and "**the wheel build failed**" in table[1]
+    assert table[2] == old_219
+    assert lines[0] == "intro" and lines[-1] == "end"
