@@ -37,9 +37,11 @@ def test_import_does_not_load_the_library():
 
 
 def _fake_build(tmp_path, monkeypatch, **info):
-    """A package directory whose build record says `info` (over the real one's values), with an empty library."""
+    """A package directory whose build record says `info` (over this build's version and ABI flags), with an empty
+    library."""
     real = _loader.build_info()
-    (tmp_path / "_build_info.json").write_text(json.dumps({**real, **info}))
+    record = {"tensorflow_version": real["tensorflow_version"], "abi_flags": real["abi_flags"], **info}
+    (tmp_path / "_build_info.json").write_text(json.dumps(record))
     lib = os.path.basename(tf_embed_ops.get_library_path())
     (tmp_path / lib).write_bytes(b"")
     monkeypatch.setattr(_loader, "_PACKAGE_DIR", str(tmp_path))
