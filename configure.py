@@ -430,6 +430,7 @@ def _main(argv: list[str] | None = None) -> None:
     if args.sanitize is not None:
         os.environ["TF_EMBED_OPS_SANITIZE"] = args.sanitize
     cfg = tf_build_config()
+    check_supported(cfg["tf_version"])
     if args.ninja:
         suffix = python_build_config()["ext_suffix"]
         out = os.path.join(os.path.abspath(args.ninja), "out")

@@ -138,3 +138,9 @@ def test_missing_library_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_loader, "_PACKAGE_DIR", str(tmp_path))
     with pytest.raises(_loader.LibraryLoadError, match="not found"):
         _loader.get_library_path()
+
+
+def test_rebuild_advice_of_a_bazel_build_is_its_own():
+    assert _loader.rebuild_hint({"rebuild": "python3 configure.py, then bazel build again", "source_dir": "/x"}) == (
+        "Rebuild: python3 configure.py, then bazel build again."
+    )
