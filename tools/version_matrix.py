@@ -21,6 +21,8 @@ says which step failed. Usage:
     python3 tools/version_matrix.py                       # every supported minor (about 10 minutes each, 2 cores)
     python3 tools/version_matrix.py --minors 2.16 2.21    # what CI runs (.ci/run)
     python3 tools/version_matrix.py --minors 2.18 --no-table   # build and test only
+    python3 tools/version_matrix.py --wheel dist/tf_embed_ops-0.1.0+tf221-cp311-cp311-linux_x86_64.whl --no-table
+                                                          # a wheel built elsewhere, in a new environment
 """
 
 from __future__ import annotations
@@ -118,25 +120,33 @@ def run_minor(minor: tuple[int, int], args, log) -> dict:
     venv = os.path.join(args.venv_root, tag)
     python = os.path.join(venv, "bin", "python")
     result = {"minor": f"{minor[0]}.{minor[1]}", "tensorflow": f"{args.distribution} {version}"}
+    if args.wheel:
+        venv += "-wheel"
+        python = os.path.join(venv, "bin", "python")
+        shutil.rmtree(venv, ignore_errors=True)  # a new environment: only TensorFlow, then the wheel
     if not os.path.exists(python):
         run([sys.executable, "-m", "venv", venv], log, check=True)
     if run([python, "-m", "pip", "install", "-q", f"{args.distribution}=={version}"], log).returncode:
         return {**result, "failed": f"`pip install {args.distribution}=={version}` failed"}
     result["keras"] = pip_version(python, "keras") or "none"
 
-    wheels = os.path.join(args.venv_root, "wheels")
-    os.makedirs(wheels, exist_ok=True)
-    for old in os.listdir(wheels):
-        if f"+{tag}-" in old:
-            os.remove(os.path.join(wheels, old))
-    start = time.monotonic()
-    build = run([python, "-m", "pip", "wheel", "--no-deps", "-w", wheels, ROOT], log, env=dict(os.environ))
-    result["build_seconds"] = round(time.monotonic() - start)
-    built = [w for w in os.listdir(wheels) if f"+{tag}-" in w]
-    if build.returncode or len(built) != 1:
-        return {**result, "failed": "the wheel build failed"}
-    wheel = os.path.join(wheels, built[0])
-    result["wheel"] = built[0]
+    if args.wheel:
+        wheel = args.wheel  # built elsewhere: this environment only installs and tests it
+        result["build_seconds"] = None
+    else:
+        wheels = os.path.join(args.venv_root, "wheels")
+        os.makedirs(wheels, exist_ok=True)
+        for old in os.listdir(wheels):
+            if f"+{tag}-" in old:
+                os.remove(os.path.join(wheels, old))
+        start = time.monotonic()
+        build = run([python, "-m", "pip", "wheel", "--no-deps", "-w", wheels, ROOT], log, env=dict(os.environ))
+        result["build_seconds"] = round(time.monotonic() - start)
+        built = [w for w in os.listdir(wheels) if f"+{tag}-" in w]
+        if build.returncode or len(built) != 1:
+            return {**result, "failed": "the wheel build failed"}
+        wheel = os.path.join(wheels, built[0])
+    result["wheel"] = os.path.basename(wheel)
     # Installing needs no compiler (the wheel has the libraries), so none is on PATH from here on.
     env = dict(os.environ, PATH=compiler_free_path(os.path.join(args.venv_root, f"nocc-{tag}"), venv))
     env.pop("CXX", None)
@@ -208,8 +218,9 @@ def row(result: dict) -> str:
     if result.get("left_out"):
         counts += f" ({result['left_out']} not installable: its tests skipped)"
     status = "pass" if result["status"] == "pass" else f"**{result['status']}**"
+    build = "built elsewhere" if result["build_seconds"] is None else f"{result['build_seconds']} s"
     return (
-        f"| {tf} | {result['keras']} | `{result['wheel']}` | {result['build_seconds']} s | {status}: {counts}, "
+        f"| {tf} | {result['keras']} | `{result['wheel']}` | {build} | {status}: {counts}, "
         f"{result['test_wall_seconds']} s (-n {result['jobs']}) | {date} |"
     )
 
@@ -240,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-table", action="store_true", help="do not write docs/building.md")
     parser.add_argument("--keep", action="store_true", help="keep each minor's test tree")
     parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--wheel",
+        help="install and test this wheel (its minor, from its +tf<major><minor> label) in a new virtual environment "
+        "instead of building one",
+    )
     parser.add_argument("pytest_args", nargs="*", default=[], help="after --: more pytest arguments")
     args = parser.parse_args(argv)
     minors = supported_minors()
@@ -248,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [m for m in minors if m not in LATEST_PATCH]
         if unknown:
             parser.error(f"--minors: {unknown} are not supported minors ({sorted(LATEST_PATCH)})")
+    if args.wheel:
+        label = re.search(r"\+tf(\d)(\d+)-", os.path.basename(args.wheel))
+        if not label:
+            parser.error(f"--wheel: {args.wheel} has no +tf<major><minor> label")
+        minors = [(int(label.group(1)), int(label.group(2)))]
+        args.wheel = os.path.abspath(args.wheel)
     args.venv_root = os.path.abspath(args.venv_root)
     os.makedirs(args.venv_root, exist_ok=True)
     results, rows = [], {}
