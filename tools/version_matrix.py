@@ -93,7 +93,8 @@ def compiler_free_path(directory: str, venv: str) -> str:
 
 
 def test_tree(directory: str, installed_package: str) -> str:
-    """A copy of the checkout's tracked files whose tf_embed_ops/ is a link to the installed package."""
+    """A copy of the checkout's tracked files whose tf_embed_ops/ is a link to the installed package (a git
+    repository, for the tests that ask git about the checkout)."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for rel in filter(None, files.split("\0")):
         if rel.startswith("tf_embed_ops/") or not os.path.isfile(os.path.join(ROOT, rel)):
@@ -102,6 +103,8 @@ def test_tree(directory: str, installed_package: str) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, rel), target)
     os.symlink(installed_package, os.path.join(directory, "tf_embed_ops"))
+    # A repository of its own (no commit needed): tests ask git what the checkout's .gitignore ignores.
+    subprocess.run(["git", "init", "-q", directory], check=True)
     return directory
 
 
