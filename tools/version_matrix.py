@@ -221,7 +221,7 @@ def row(result: dict) -> str:
     if result.get("left_out"):
         counts += f" ({result['left_out']} not installable: its tests skipped)"
     status = "pass" if result["status"] == "pass" else f"**{result['status']}**"
-    build = "built elsewhere" if result["build_seconds"] is None else f"{result['build_seconds']} s"
+    build = "given (--wheel)" if result["build_seconds"] is None else f"{result['build_seconds']} s"
     return (
         f"| {tf} | {result['keras']} | `{result['wheel']}` | {build} | {status}: {counts}, "
         f"{result['test_wall_seconds']} s (-n {result['jobs']}) | {date} |"
