@@ -91,6 +91,7 @@ __all__ = [
     "register_checkpoint_saver",
     "slot_initializers",
     "slot_names",
+    "table_config_dtype_kwargs",
     "sparse_core_layout_pb2",
     "stack_sparse_core_tables",
     "clone_feature_config",
@@ -118,6 +119,23 @@ def require_tensorflow(minimum: tuple[int, int], feature: str) -> None:
         raise TensorFlowVersionError(
             f"{feature} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
         )
+
+
+# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.17; 2.16's tables are float32 only and
+# its TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
+_TABLE_CONFIG_DTYPE = (2, 17)
+if TENSORFLOW_MINOR < _TABLE_CONFIG_DTYPE:
+    tf.tpu.experimental.embedding.TableConfig.dtype = tf.float32
+
+
+def table_config_dtype_kwargs(dtype: Any) -> dict:
+    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none on 2.16, where only float32 exists (another
+    dtype is refused there, naming the minor it needs)."""
+    if TENSORFLOW_MINOR >= _TABLE_CONFIG_DTYPE:
+        return {"dtype": dtype}
+    if tf.as_dtype(dtype) != tf.float32:
+        require_tensorflow(_TABLE_CONFIG_DTYPE, f"TableConfig(dtype={tf.as_dtype(dtype).name})")
+    return {}
 
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without

@@ -1,0 +1,41 @@
+"""Differences between the supported TensorFlow minors, held in tf_embed_ops/_tf_compat.py."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from tf_embed_ops import _tf_compat
+
+
+def test_running_minor_is_parsed():
+    assert _tf_compat.TENSORFLOW_MINOR == tuple(int(n) for n in tf.__version__.split(".")[:2])
+
+
+def test_require_tensorflow_names_the_feature_and_the_minor_it_needs(monkeypatch):
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"^Frobnication needs TensorFlow 2\.17 or newer; "):
+        _tf_compat.require_tensorflow((2, 17), "Frobnication")
+    _tf_compat.require_tensorflow((2, 16), "Frobnication")
+
+
+def test_table_config_dtype_on_2_16_is_float32_only(monkeypatch):
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
+    assert _tf_compat.table_config_dtype_kwargs(tf.float32) == {}
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"TableConfig\(dtype=int32\) needs TensorFlow 2\.17"):
+        _tf_compat.table_config_dtype_kwargs(tf.int32)
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
+    assert _tf_compat.table_config_dtype_kwargs(tf.int32) == {"dtype": tf.int32}
+
+
+def test_every_table_config_has_a_dtype():
+    table = tf.tpu.experimental.embedding.TableConfig(8, 2, name="t")
+    assert table.dtype == tf.float32
+
+
+def test_sparse_core_stacking_is_refused_before_2_17(monkeypatch):
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"TPUEmbeddingV2 .* needs TensorFlow 2\.17"):
+        _tf_compat.clone_feature_config({})
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"needs TensorFlow 2\.17"):
+        _tf_compat.stack_sparse_core_tables([], [], 1, 1, None)
