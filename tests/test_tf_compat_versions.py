@@ -39,3 +39,30 @@ def test_sparse_core_stacking_is_refused_before_2_17(monkeypatch):
         _tf_compat.clone_feature_config({})
     with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"needs TensorFlow 2\.17"):
         _tf_compat.stack_sparse_core_tables([], [], 1, 1, None)
+
+
+def test_a_test_refused_by_the_running_minor_is_skipped_with_the_reason(tmp_path):
+    """tests/conftest.py reports TensorFlowVersionError as a skip naming the minor needed; other errors still fail."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    shutil.copy(os.path.join(here, "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_minor.py").write_text(
+        "from tf_embed_ops import _tf_compat\n"
+        "def test_refused(monkeypatch):\n"
+        "    monkeypatch.setattr(_tf_compat, 'TENSORFLOW_MINOR', (2, 16))\n"
+        "    _tf_compat.require_tensorflow((2, 17), 'Frobnication')\n"
+        "def test_other_error():\n"
+        "    raise NotImplementedError('not a version refusal')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(here),
+    )
+    assert "Frobnication needs TensorFlow 2.17 or newer" in out.stdout, out.stdout
+    assert "1 failed, 1 skipped" in out.stdout, out.stdout
