@@ -33,6 +33,14 @@ def test_every_table_config_has_a_dtype():
     assert table.dtype == tf.float32
 
 
+def test_tensorflows_serving_class_has_its_variables_on_every_minor():
+    emb = tf.tpu.experimental.embedding
+    table = emb.TableConfig(8, 2, name="t")
+    serving = emb.TPUEmbeddingForServing(emb.FeatureConfig(table=table), emb.Adagrad(0.1))
+    assert serving.variables["t"]["parameters"] is serving.embedding_tables[table]
+    assert sorted(serving.variables["t"]) == ["accumulators", "parameters"]
+
+
 def test_sparse_core_stacking_is_refused_before_2_17(monkeypatch):
     monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
     with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"TPUEmbeddingV2 .* needs TensorFlow 2\.17"):

@@ -128,6 +128,19 @@ if TENSORFLOW_MINOR < _TABLE_CONFIG_DTYPE:
     tf.tpu.experimental.embedding.TableConfig.dtype = tf.float32
 
 
+# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by TableConfig then by slot name) came with
+# TensorFlow 2.17; on 2.16 the same dict is its `_variables`, which this property returns, so the serving class reads
+# the same on every supported minor (tests compare our tables with TensorFlow's through it).
+_serving_class = tf.tpu.experimental.embedding.TPUEmbeddingForServing
+if not hasattr(_serving_class, "variables"):
+
+    def _serving_variables(self: Any) -> dict:
+        self._maybe_build()
+        return self._variables
+
+    _serving_class.variables = property(_serving_variables)
+
+
 def table_config_dtype_kwargs(dtype: Any) -> dict:
     """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none on 2.16, where only float32 exists (another
     dtype is refused there, naming the minor it needs)."""
