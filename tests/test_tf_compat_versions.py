@@ -65,6 +65,9 @@ def test_a_test_refused_by_the_running_minor_is_skipped_with_the_reason(tmp_path
         "    _tf_compat.require_tensorflow((2, 17), 'Frobnication')\n"
         "def test_other_error():\n"
         "    raise NotImplementedError('not a version refusal')\n"
+        "def test_missing_api(monkeypatch):\n"
+        "    monkeypatch.setattr(_tf_compat, 'TENSORFLOW_MINOR', (2, 16))\n"
+        "    raise AttributeError(\"module 'x' has no attribute 'SparseCoreEmbeddingConfig'\")\n"
     )
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(tmp_path)],
@@ -73,4 +76,17 @@ def test_a_test_refused_by_the_running_minor_is_skipped_with_the_reason(tmp_path
         cwd=os.path.dirname(here),
     )
     assert "Frobnication needs TensorFlow 2.17 or newer" in out.stdout, out.stdout
-    assert "1 failed, 1 skipped" in out.stdout, out.stdout
+    assert "SparseCoreEmbeddingConfig needs TensorFlow 2.17 or newer" in out.stdout, out.stdout
+    assert "1 failed, 2 skipped" in out.stdout, out.stdout
+
+
+def test_a_missing_api_of_a_newer_minor_is_named_with_that_minor(monkeypatch):
+    error = AttributeError(
+        "module 'tensorflow._api.v2.tpu.experimental.embedding' has no attribute 'SparseCoreEmbeddingConfig'"
+    )
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
+    assert _tf_compat.missing_api(error).startswith("SparseCoreEmbeddingConfig needs TensorFlow 2.17 or newer")
+    assert _tf_compat.missing_api(AttributeError("no attribute 'something_else'")) is None
+    assert _tf_compat.missing_api(ValueError("'SparseCoreEmbeddingConfig'")) is None
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
+    assert _tf_compat.missing_api(error) is None  # on a minor that has it, it is a real bug

@@ -74,6 +74,7 @@ from tensorflow.python.trackable.trackable_utils import escape_local_name
 from tensorflow.python.util import nest
 
 __all__ = [
+    "ADDED_IN",
     "TENSORFLOW_MINOR",
     "AutoTrackable",
     "CheckpointInitialValueCallable",
@@ -86,6 +87,7 @@ __all__ = [
     "exclude_from_autograph",
     "init_ops_v2",
     "keras_learning_rate_as_given",
+    "missing_api",
     "nest",
     "optimization_parameters_pb2",
     "register_checkpoint_saver",
@@ -149,6 +151,26 @@ def table_config_dtype_kwargs(dtype: Any) -> dict:
     if tf.as_dtype(dtype) != tf.float32:
         require_tensorflow(_TABLE_CONFIG_DTYPE, f"TableConfig(dtype={tf.as_dtype(dtype).name})")
     return {}
+
+
+# Public TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that
+# added them: code reaching one on an older minor fails with AttributeError, which `missing_api` recognises.
+ADDED_IN: dict[str, tuple[int, int]] = {
+    "SparseCoreEmbeddingConfig": (2, 17),  # tf.tpu.experimental.embedding: TPUEmbeddingV2's SparseCore options
+}
+
+
+def missing_api(error: BaseException) -> str | None:
+    """For an AttributeError naming a TensorFlow API the running minor does not have yet (ADDED_IN), the reason to
+    give (which name, which minor it needs); None for any other error."""
+    if not isinstance(error, AttributeError):
+        return None
+    for name, minimum in ADDED_IN.items():
+        if f"'{name}'" in str(error) and TENSORFLOW_MINOR < minimum:
+            return (
+                f"{name} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
+            )
+    return None
 
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without
