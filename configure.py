@@ -56,8 +56,44 @@ def sanitize_flags() -> tuple[list[str], list[str]]:
     return flags, ["-fsanitize=" + ",".join(names)]
 
 
+# The TensorFlow minors this release supports: each is built and its fast test tier run by tools/version_matrix.py
+# (docs/building.md has the table); CI runs the oldest and the newest. A build against another minor is refused
+# (TF_EMBED_OPS_ALLOW_UNSUPPORTED_TF=1 builds anyway, for trying a new release).
+SUPPORTED_TF_MINORS = ((2, 16), (2, 21))
+
+# Run by _environment_query in the interpreter's own environment (see there).
+_QUERY = """
+import json, sys
+sys.path.insert(0, {root!r})
+import configure
+print("TF_EMBED_OPS_QUERY " + json.dumps(configure.{function}()))
+"""
+
+
 def tf_build_config() -> dict:
-    """Flags and paths of the installed TensorFlow (imports it: call from a process that may)."""
+    """Flags and paths of the TensorFlow to build against (imports it in this process or a child).
+
+    That is the TensorFlow importable here; failing that (pip's isolated build environment hides the target
+    environment's packages from the build backend), the one in the environment of this interpreter
+    (``sys.executable``): pip runs the backend with the interpreter it installs into, so the library is built
+    against the TensorFlow it will run with, and no second TensorFlow is downloaded for the build.
+    """
+    try:
+        import tensorflow  # noqa: F401  # pylint: disable=unused-import
+    except ModuleNotFoundError:
+        config = _environment_query("_tf_build_config_here")
+        if config is None:
+            raise RuntimeError(
+                f"tf_embed_ops builds against the installed TensorFlow, but {sys.executable} has none: install "
+                f'one first (`{sys.executable} -m pip install "tensorflow-cpu>={_minor_text(SUPPORTED_TF_MINORS[0])},'
+                f'<{_next_minor_text(SUPPORTED_TF_MINORS[1])}"`, or `tensorflow`), or install tf_embed_ops with '
+                "the `cpu` extra"
+            ) from None
+        return config
+    return _tf_build_config_here()
+
+
+def _tf_build_config_here() -> dict:
     import tensorflow as tf
 
     lib_dir = tf.sysconfig.get_lib()
@@ -66,13 +102,101 @@ def tf_build_config() -> dict:
     cc_lib = glob.glob(os.path.join(lib_dir, "libtensorflow_cc.so.*"))
     if cc_lib:
         link_flags.append("-l:" + os.path.basename(sorted(cc_lib)[0]))
+    compile_flags = list(tf.sysconfig.get_compile_flags())
     return {
         "tf_version": tf.__version__,
         "include_dir": tf.sysconfig.get_include(),
         "lib_dir": lib_dir,
-        "compile_flags": list(tf.sysconfig.get_compile_flags()),
+        "compile_flags": compile_flags,
         "link_flags": link_flags,
     }
+
+
+def abi_flags(compile_flags: list[str]) -> list[str]:
+    """The flags of TensorFlow's compile flags that the library's binary interface depends on (all but the include
+    directory): recorded by the build, compared by the loader with the running TensorFlow's."""
+    return [flag for flag in compile_flags if not flag.startswith("-I")]
+
+
+def installed_tf_version() -> str | None:
+    """The version of the TensorFlow distribution installed for this interpreter (package metadata, without
+    importing it): the one importable here, else the one in sys.executable's own environment; None if neither."""
+    version = _tf_version_here()
+    if version is None:
+        version = _environment_query("_tf_version_here")
+    return version
+
+
+def _tf_version_here() -> str | None:
+    return _loader_module().installed_tensorflow_version()
+
+
+def _loader_module():
+    """tf_embed_ops/_loader.py as a standalone module (importing the package would run its own build check, which
+    a stale build record fails: the very case a rebuild is for); it has no package imports at module level."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    name = "_tf_embed_ops_loader_for_build"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tf_embed_ops", "_loader.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def _environment_query(function: str):
+    """Runs configure.<function>() in a child `sys.executable -I`: isolated mode ignores PYTHONPATH, through which
+    pip's build isolation hides the environment's own site-packages, so the child sees the environment as it is.
+    Returns its JSON result (None when it found no TensorFlow)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    code = _QUERY.format(root=ROOT, function=function)
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("TF_EMBED_OPS_QUERY "):
+            return json.loads(line.split(" ", 1)[1])
+    if "No module named 'tensorflow'" in out.stderr:
+        return None
+    raise RuntimeError(f"reading TensorFlow's build configuration with {sys.executable} failed:\n{out.stderr}")
+
+
+def minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a TensorFlow version string ("2.21.0" -> (2, 21); "2.22.0rc1" -> (2, 22))."""
+    return _loader_module().tensorflow_minor(version)
+
+
+def _minor_text(m: tuple[int, int]) -> str:
+    return f"{m[0]}.{m[1]}"
+
+
+def _next_minor_text(m: tuple[int, int]) -> str:
+    return f"{m[0]}.{m[1] + 1}"
+
+
+def tf_requirement(distribution: str = "tensorflow-cpu") -> str:
+    """The requirement that installs a supported TensorFlow (e.g. "tensorflow-cpu>=2.16,<2.22")."""
+    low, high = SUPPORTED_TF_MINORS
+    return f"{distribution}>={_minor_text(low)},<{_next_minor_text(high)}"
+
+
+def check_supported(version: str) -> None:
+    """Refuses to build against a TensorFlow outside SUPPORTED_TF_MINORS, naming the range."""
+    low, high = SUPPORTED_TF_MINORS
+    if low <= minor(version) <= high or os.environ.get("TF_EMBED_OPS_ALLOW_UNSUPPORTED_TF") == "1":
+        return
+    raise RuntimeError(
+        f"tf_embed_ops supports TensorFlow {_minor_text(low)} to {_minor_text(high)}, but the build found TensorFlow "
+        f"{version} (in {sys.executable}'s environment): install a supported one (`pip install "
+        f'"{tf_requirement()}"`), or set TF_EMBED_OPS_ALLOW_UNSUPPORTED_TF=1 to build anyway'
+    )
+
+
+def version_suffix(version: str) -> str:
+    """The local version label of a build for TensorFlow `version`: "tf221" for 2.21.x."""
+    major, minor_ = minor(version)
+    return f"tf{major}{minor_}"
 
 
 def sources(patterns: list[str]) -> list[str]:
@@ -89,7 +213,7 @@ def _ninja_escape(path: str) -> str:
 def write_ninja(build_dir: str, op_library: str, config_module: str, config: dict | None = None) -> str:
     """Writes build_dir/build.ninja producing the op library and the pybind11 config module.
 
-    Returns the path of the ninja file.  Objects are shared between the two outputs where the flags agree.
+    Returns the path of the ninja file.  A source of both outputs (cc/lib, cc/config) is compiled once.
 
     TensorFlow's and pybind11's headers are reached through links inside build_dir (see _stable_link), so the
     compile commands do not change when pip's build isolation installs them under a new random /tmp path: an
@@ -143,8 +267,14 @@ def write_ninja(build_dir: str, op_library: str, config_module: str, config: dic
             objs.append(obj)
         return objs
 
-    op_objs = objects(sources(OP_LIBRARY_SOURCES), "cflags", "op")
-    py_objs = objects(sources(CONFIG_MODULE_SOURCES), "pyflags", "py")
+    # cc/lib and cc/config go into both outputs: compiled once, with the op library's flags (they include no
+    # Python or pybind11 header, so the config module's extra include directories would change nothing in them).
+    op_sources = sources(OP_LIBRARY_SOURCES)
+    op_objs = objects(op_sources, "cflags", "op")
+    shared = dict(zip(op_sources, op_objs, strict=True))
+    py_sources = sources(CONFIG_MODULE_SOURCES)
+    py_own = objects([src for src in py_sources if src not in shared], "pyflags", "py")
+    py_objs = [shared[src] for src in py_sources if src in shared] + py_own
     lines.append(
         f"build {_ninja_escape(op_library)}: link {' '.join(map(_ninja_escape, op_objs))} | "
         f"{_ninja_escape(version_script)}"
@@ -177,10 +307,14 @@ def _system_include(flag: str, include_dir: str, replacement: str) -> str:
     return "-isystem" + replacement if flag == "-I" + include_dir else flag
 
 
-def write_build_info(directory: str, config: dict) -> None:
-    """Records the TensorFlow version the libraries were built against, for the loader's check."""
+def write_build_info(directory: str, config: dict, source_dir: str | None = None, editable: bool = False) -> None:
+    """Records what the libraries were built against, for the loader's checks: the TensorFlow version and its ABI
+    flags; and where they were built from (the loader's error names the command that rebuilds from there)."""
+    info = {"tensorflow_version": config["tf_version"], "abi_flags": abi_flags(config["compile_flags"])}
+    if source_dir:
+        info.update(source_dir=source_dir, editable=editable)
     with open(os.path.join(directory, "_build_info.json"), "w", encoding="utf-8") as f:
-        json.dump({"tensorflow_version": config["tf_version"]}, f)
+        json.dump(info, f)
 
 
 def _which(program: str) -> str | None:
@@ -296,6 +430,7 @@ def _main(argv: list[str] | None = None) -> None:
     if args.sanitize is not None:
         os.environ["TF_EMBED_OPS_SANITIZE"] = args.sanitize
     cfg = tf_build_config()
+    check_supported(cfg["tf_version"])
     if args.ninja:
         suffix = python_build_config()["ext_suffix"]
         out = os.path.join(os.path.abspath(args.ninja), "out")

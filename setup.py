@@ -1,5 +1,9 @@
 """pip build of tf_embed_ops: the op library and the pybind11 config module, against the installed TensorFlow.
 
+The TensorFlow is the environment's own (configure.tf_build_config; tools/pep517_backend.py brings one into pip's
+build environment only when the environment has none), and the package version says which minor the libraries are
+for: pyproject.toml's [tool.tf_embed_ops] version plus a local label, 0.1.0+tf221 for TensorFlow 2.21.x.
+
 Compilation is delegated to ninja (incremental, parallel, header dependencies tracked); every flag comes from
 configure.py, which reads tf.sysconfig.
 
@@ -11,6 +15,7 @@ With the directory kept, reinstalling an unchanged tree compiles nothing (only t
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +36,13 @@ class NinjaBuildExt(build_ext):
 
     def build_extensions(self):
         config = configure.tf_build_config()
+        configure.check_supported(config["tf_version"])
+        expected = configure.version_suffix(config["tf_version"])
+        if not self.distribution.get_version().endswith("+" + expected):
+            raise RuntimeError(
+                f"tf_embed_ops: the package version {self.distribution.get_version()} was computed for another "
+                f"TensorFlow than the one the build found ({config['tf_version']}): build again"
+            )
         build_dir = ninja_build_dir(config, configure.python_build_config())
         staged = {ext.name: os.path.join(build_dir, "out", ext.name.split(".")[-1] + ".so") for ext in self.extensions}
         ninja_file = configure.write_ninja(build_dir, staged[OP_LIBRARY], staged[CONFIG_MODULE], config)
@@ -44,7 +56,12 @@ class NinjaBuildExt(build_ext):
             target = self.get_ext_fullpath(ext.name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             replace_file(staged[ext.name], target)
-        configure.write_build_info(os.path.dirname(self.get_ext_fullpath(OP_LIBRARY)), config)
+        configure.write_build_info(
+            os.path.dirname(self.get_ext_fullpath(OP_LIBRARY)),
+            config,
+            source_dir=HERE,
+            editable=bool(self.inplace or getattr(self, "editable_mode", False)),
+        )
 
     def copy_extensions_to_source(self):
         # `build_ext --inplace` and editable installs build into build/lib and then copy only the declared
@@ -84,6 +101,17 @@ def ninja_build_dir(config: dict, python: dict, root: str = HERE) -> str:
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return os.path.join(root, "build", "ninja", f"tf{config['tf_version']}-{digest}")
+
+
+def package_version(root: str = HERE) -> str:
+    """pyproject.toml's [tool.tf_embed_ops] version, plus "+tf<major><minor>" of the TensorFlow the build uses
+    (none yet while pip only asks for the build requirements: the version is not used then)."""
+    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("[tool.tf_embed_ops]") :]
+    base = re.search(r'^version = "([^"]+)"$', section, re.MULTILINE).group(1)
+    tf_version = configure.installed_tf_version()
+    return f"{base}+{configure.version_suffix(tf_version)}" if tf_version else base
 
 
 def replace_file(source: str, target: str) -> None:
@@ -157,6 +185,7 @@ def _ninja() -> str:
 
 if __name__ == "__main__":  # pip's setuptools backend and `python setup.py` both run this file as __main__
     setup(
+        version=package_version(),
         ext_modules=[Extension(OP_LIBRARY, sources=[]), Extension(CONFIG_MODULE, sources=[])],
         cmdclass={"build_ext": NinjaBuildExt},
     )

@@ -18,6 +18,8 @@ python=${PYTHON:-python3}
 out=${OUT:-build/cc_tests}
 cxx=${CXX:-g++}
 command -v ccache >/dev/null && cxx="ccache $cxx"
+# ccache keys on paths relative to the checkout: another clone of the same tree reuses the objects.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   echo "GoogleTest headers not found: install libgtest-dev (apt-get install libgtest-dev)" >&2

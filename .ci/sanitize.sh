@@ -12,6 +12,8 @@ python=${1:-python3}
 if [[ $python == */* ]]; then python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python"); fi
 root=$PWD
 build=$root/build/sanitize
+# ccache keys on paths relative to the checkout: a run in another clone of the same tree reuses these objects.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 tree=$build/tree
 
 "$python" configure.py --sanitize address,undefined --ninja "$build" >/dev/null

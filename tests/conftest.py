@@ -36,3 +36,43 @@ def _seed_everything(request):
     except ImportError:
         pass
     yield
+
+
+def _skip_reason(excinfo) -> str | None:
+    """Why a failure is a skip: the running TensorFlow minor lacks what the test needs (tf_embed_ops._tf_compat
+    refused a feature with TensorFlowVersionError, or a TensorFlow API of a newer minor, _tf_compat.ADDED_IN, is
+    missing); None for any other failure."""
+    if excinfo is None or excinfo.typename not in ("TensorFlowVersionError", "AttributeError"):
+        return None
+    from tf_embed_ops import _tf_compat  # pylint: disable=import-outside-toplevel
+
+    if excinfo.errisinstance(_tf_compat.TensorFlowVersionError):
+        return str(excinfo.value)
+    return _tf_compat.missing_api(excinfo.value)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that needs a newer TensorFlow minor than the running one (_skip_reason) is reported as skipped, with
+    the minor it needs as the reason."""
+    outcome = yield
+    reason = _skip_reason(call.excinfo)
+    if reason is not None:
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a test module whose import fails on a TensorFlow API of a newer minor (_tf_compat.ADDED_IN)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or "AttributeError" not in str(report.longrepr):
+        return
+    from tf_embed_ops import _tf_compat  # pylint: disable=import-outside-toplevel
+
+    reason = _tf_compat.missing_api(AttributeError(str(report.longrepr)))
+    if reason is not None:
+        report.outcome = "skipped"
+        report.longrepr = (str(collector.path), 0, f"Skipped: {reason}")

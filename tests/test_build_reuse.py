@@ -110,3 +110,23 @@ def test_installing_a_library_makes_a_new_file_instead_of_rewriting_the_loaded_o
         setup.replace_file(str(source), str(target))
         assert loaded.read() == b"old"  # the open (mapped) file is untouched
     assert target.read_bytes() == b"new" and not os.path.exists(str(target) + ".tmp")
+
+
+def test_sources_of_both_libraries_compile_once(tmp_path, fake_installs):
+    """cc/lib and cc/config are in the op library and the config module: one object each, linked into both (every
+    build, pip's, the sanitizers' and each TensorFlow minor's, compiles them once)."""
+    ninja_file = configure.write_ninja(str(tmp_path / "b"), "op.so", "config.so", _config(fake_installs[0]))
+    with open(ninja_file, encoding="utf-8") as f:
+        text = f.read()
+    compiled = re.findall(r"^build \S+: cxx (\S+)$", text, re.M)
+    assert len(compiled) == len(set(compiled))
+    every = set(configure.sources(configure.OP_LIBRARY_SOURCES)) | set(
+        configure.sources(configure.CONFIG_MODULE_SOURCES)
+    )
+    assert set(compiled) == every
+    links = dict(re.findall(r"^build (\S+): link (.*?)(?: \|.*)?$", text, re.M))
+    op_objects, config_objects = set(links["op.so"].split()), set(links["config.so"].split())
+    shared = sorted(o for o in op_objects & config_objects)
+    lib = configure.sources(["cc/lib/*.cc", "cc/config/*.cc"])
+    assert len(shared) == len(lib) and all("/op/cc/" in o for o in shared)
+    assert [o for o in config_objects - op_objects if "/cc/python/" not in o] == []

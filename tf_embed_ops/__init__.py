@@ -31,7 +31,12 @@ import sys
 from importlib import metadata as _metadata
 from typing import Any
 
+from tf_embed_ops import _loader as _loader_module
 from tf_embed_ops._loader import LibraryLoadError, get_library_path
+
+# A build for another TensorFlow minor than the installed one fails here, at once (package metadata only: TensorFlow
+# is not imported), with both versions and the command that rebuilds.
+_loader_module.check_installed_tensorflow()
 
 # The version is written once, in pyproject.toml; an installed package reads it from its metadata.
 try:

@@ -3,14 +3,16 @@
 tf_embed_ops replicates TensorFlow classes (the TPU embedding mid-level API, its optimizers, its checkpoint
 layout), and part of what that takes has no public API. Nothing else in the package reaches into TensorFlow's
 private modules or members: it imports them from here. Each entry says why it is needed; all were checked
-against TensorFlow 2.21 (the release the package pins, `tensorflow-cpu==2.21.*`). A TensorFlow upgrade starts
+against TensorFlow 2.16 to 2.21 (the supported minors, configure.SUPPORTED_TF_MINORS). A TensorFlow upgrade starts
 here: an internal that moved fails at import of this module, with the name of the entry, instead of deep inside
-a training step.
+a training step. Where TensorFlow or Keras differ between the supported minors, the difference is held here too,
+and a feature an older minor cannot run is refused here (`require_tensorflow`) with the version it needs.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +83,8 @@ from tensorflow.python.trackable.trackable_utils import escape_local_name
 from tensorflow.python.util import nest
 
 __all__ = [
+    "ADDED_IN",
+    "TENSORFLOW_MINOR",
     "AutoTrackable",
     "CheckpointInitialValueCallable",
     "OptimizerBase",
@@ -92,15 +96,19 @@ __all__ = [
     "exclude_from_autograph",
     "init_ops_v2",
     "keras_learning_rate_as_given",
+    "missing_api",
     "nest",
     "on_unreadable_checkpoint",
     "optimization_parameters_pb2",
     "register_checkpoint_saver",
     "slot_initializers",
     "slot_names",
+    "table_config_dtype_kwargs",
     "sparse_core_layout_pb2",
     "stack_sparse_core_tables",
     "clone_feature_config",
+    "require_tensorflow",
+    "TensorFlowVersionError",
     "tpu_embedding_v3_utils",
     "trackable_base",
     "tpu_embedding_configuration_pb2",
@@ -108,6 +116,72 @@ __all__ = [
     "write_saved_model_fingerprint",
     "yield_flat_paths",
 ]
+
+# (major, minor) of the running TensorFlow, for the version differences below.
+TENSORFLOW_MINOR: tuple[int, int] = tuple(int(n) for n in re.match(r"(\d+)\.(\d+)", tf.__version__).groups())
+
+
+class TensorFlowVersionError(NotImplementedError):
+    """A feature needs a newer TensorFlow minor than the installed one."""
+
+
+def require_tensorflow(minimum: tuple[int, int], feature: str) -> None:
+    """Raises TensorFlowVersionError, naming `feature` and the minor it needs, under an older TensorFlow."""
+    if TENSORFLOW_MINOR < minimum:
+        raise TensorFlowVersionError(
+            f"{feature} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
+        )
+
+
+# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.17; 2.16's tables are float32 only and
+# its TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
+_TABLE_CONFIG_DTYPE = (2, 17)
+if TENSORFLOW_MINOR < _TABLE_CONFIG_DTYPE:
+    tf.tpu.experimental.embedding.TableConfig.dtype = tf.float32
+
+
+# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by TableConfig then by slot name) came with
+# TensorFlow 2.17; on 2.16 the same dict is its `_variables`, which this property returns, so the serving class reads
+# the same on every supported minor (tests compare our tables with TensorFlow's through it).
+_serving_class = tf.tpu.experimental.embedding.TPUEmbeddingForServing
+if not hasattr(_serving_class, "variables"):
+
+    def _serving_variables(self: Any) -> dict:
+        self._maybe_build()
+        return self._variables
+
+    _serving_class.variables = property(_serving_variables)
+
+
+def table_config_dtype_kwargs(dtype: Any) -> dict:
+    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none on 2.16, where only float32 exists (another
+    dtype is refused there, naming the minor it needs)."""
+    if TENSORFLOW_MINOR >= _TABLE_CONFIG_DTYPE:
+        return {"dtype": dtype}
+    if tf.as_dtype(dtype) != tf.float32:
+        require_tensorflow(_TABLE_CONFIG_DTYPE, f"TableConfig(dtype={tf.as_dtype(dtype).name})")
+    return {}
+
+
+# Public TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that
+# added them: code reaching one on an older minor fails with AttributeError, which `missing_api` recognises.
+ADDED_IN: dict[str, tuple[int, int]] = {
+    "SparseCoreEmbeddingConfig": (2, 17),  # tf.tpu.experimental.embedding: TPUEmbeddingV2's SparseCore options
+}
+
+
+def missing_api(error: BaseException) -> str | None:
+    """For an AttributeError naming a TensorFlow API the running minor does not have yet (ADDED_IN), the reason to
+    give (which name, which minor it needs); None for any other error."""
+    if not isinstance(error, AttributeError):
+        return None
+    for name, minimum in ADDED_IN.items():
+        if f"'{name}'" in str(error) and TENSORFLOW_MINOR < minimum:
+            return (
+                f"{name} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
+            )
+    return None
+
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without
 # Keras. (`tf.__internal__` is TensorFlow's name for "public to TensorFlow's own packages"; TF 2.5 - 2.21.)
@@ -178,15 +252,22 @@ def track_child(trackable: Any, child: Any, name: str) -> Any:
     return trackable._track_trackable(child, name=name)
 
 
+# TensorFlow 2.16's TPUEmbeddingV2 has the two functions below as methods of its class, reading the layer's own
+# state; 2.17 made them module functions, which is what lets our TPUEmbeddingV2 run TensorFlow's stacker on its own.
+_SPARSE_CORE_STACKING = (2, 17)
+
+
 def clone_feature_config(feature_config: Any) -> Any:
     """A copy of a feature nest whose tables are copies too, as TPUEmbeddingV2 makes one before stacking mutates
-    it (the private `tpu_embedding_v3._clone_feature_config`, TF 2.17 - 2.21)."""
+    it (the private `tpu_embedding_v3._clone_feature_config`, TF 2.17 - 2.21; refused on 2.16)."""
+    require_tensorflow(_SPARSE_CORE_STACKING, "TPUEmbeddingV2 and the SparseCore layouts (TensorFlow's table stacker)")
     return tpu_embedding_v3._clone_feature_config(feature_config)
 
 
 def stack_sparse_core_tables(*args: Any) -> Any:
     """TensorFlow's SparseCore table stacker: which tables share a stack and each one's row layout (the private
-    `tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`, TF 2.17 - 2.21)."""
+    `tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`, TF 2.17 - 2.21; refused on 2.16)."""
+    require_tensorflow(_SPARSE_CORE_STACKING, "TPUEmbeddingV2 and the SparseCore layouts (TensorFlow's table stacker)")
     return tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(*args)
 
 

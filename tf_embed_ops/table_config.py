@@ -29,6 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_embed_ops import _tf_compat
 from tf_embed_ops.low_precision import ROUNDINGS, STORAGE_DTYPES, is_low_precision, storage_options
 from tf_embed_ops.tiered import config as tiered_config
 
@@ -97,7 +98,7 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
             combiner=combiner,
             name=name,
             quantization_config=quantization_config,
-            dtype=dtype,
+            **_tf_compat.table_config_dtype_kwargs(dtype),
             **kwargs,
         )
         self.storage_dtype = row_dtype

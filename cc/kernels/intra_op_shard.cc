@@ -4,8 +4,23 @@
 
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/platform/threadpool.h"
+#include "tensorflow/core/public/version.h"
 
 namespace tf_embed_ops {
+namespace {
+
+using SchedulingParams = tensorflow::thread::ThreadPool::SchedulingParams;
+
+SchedulingParams FixedBlocks(int64_t block_size) {
+#if TF_MAJOR_VERSION == 2 && TF_MINOR_VERSION < 17
+  // TensorFlow 2.16 has only the three-argument constructor (2.17 added Fixed() and deprecated it).
+  return SchedulingParams(tensorflow::thread::ThreadPool::SchedulingStrategy::kFixedBlockSize, {}, block_size);
+#else
+  return SchedulingParams::Fixed(block_size);
+#endif
+}
+
+}  // namespace
 
 ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx) {
   tensorflow::thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -22,8 +37,7 @@ ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx) {
       fn(0, total);
       return;
     }
-    pool->ParallelFor(total, tensorflow::thread::ThreadPool::SchedulingParams::Fixed((total + blocks - 1) / blocks),
-                      fn);
+    pool->ParallelFor(total, FixedBlocks((total + blocks - 1) / blocks), fn);
   };
 }
 
