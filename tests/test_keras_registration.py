@@ -66,6 +66,10 @@ def _saved_model(tmp_path) -> str:
         "import tf_embed_ops\nimport keras\nload = keras.models.load_model",
         "import tf_embed_ops\nimport tensorflow as tf\nload = tf.keras.models.load_model",
         "import keras\nimport tf_embed_ops\nload = keras.models.load_model",
+        # A module of the package first: it imports TensorFlow half way through its own import, so the classes
+        # register only once that import has ended (registering at once imported tf_embed_ops.config half made).
+        "import tf_embed_ops.config\nimport keras\nload = keras.models.load_model",
+        "from tf_embed_ops import _tf_compat\nimport keras\nload = keras.models.load_model",
     ],
 )
 def test_load_model_after_import_tf_embed_ops_alone(tmp_path, imports):

@@ -38,11 +38,23 @@ from tf_embed_ops._loader import LibraryLoadError, get_library_path
 # is not imported), with both versions and the command that rebuilds.
 _loader_module.check_installed_tensorflow()
 
-# The version is written once, in pyproject.toml; an installed package reads it from its metadata.
-try:
-    __version__ = _metadata.version("tf_embed_ops")
-except _metadata.PackageNotFoundError:  # a source tree that was never installed (e.g. bazel's runfiles)
-    __version__ = "0+unknown"
+
+# The version is written once, in pyproject.toml; an installed package reads it from its metadata, and its local
+# label from the build record (the TensorFlow minor the libraries were built for): an editable install's source
+# tree can hold metadata written before the build knew that minor, and a checkout on sys.path finds that first.
+def _version() -> str:
+    try:
+        declared = _metadata.version("tf_embed_ops").split("+", 1)[0]
+    except _metadata.PackageNotFoundError:  # a source tree that was never installed (e.g. bazel's runfiles)
+        return "0+unknown"
+    try:
+        major, minor = _loader_module.tensorflow_minor(_loader_module.built_tensorflow_version())
+    except LibraryLoadError:  # no build record: the libraries were never built here
+        return declared
+    return f"{declared}+tf{major}{minor}"
+
+
+__version__ = _version()
 
 # Public name -> (module, attribute or None for the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -97,9 +109,12 @@ def __dir__() -> list[str]:
 # `keras.models.load_model` finds our layers (`tf_embed_ops>TPUEmbedding`, `tf_embed_ops>DistributedEmbedding`) and
 # Keras objects by their registered names, which `tf_embed_ops.keras` registers when it is imported. Importing Keras
 # here would cost its whole import (seconds, TensorFlow included), so: when Keras and TensorFlow are loaded already
-# (importing TensorFlow imports Keras), `tf_embed_ops.keras` is imported now; otherwise right after the outermost
-# import of either one finishes (each may import the other while it runs), by a finder that only watches the two.
+# (importing TensorFlow imports Keras), `tf_embed_ops.keras` is imported now; otherwise as soon as they are, by a
+# finder that watches the two and this package's own modules. It registers once no import of either package, and
+# none of this package's modules, is still running: `import tf_embed_ops.config` imports TensorFlow half way through,
+# and importing `tf_embed_ops.keras` then would import `tf_embed_ops.config` again, half made.
 _KERAS_PACKAGES = ("keras", "tensorflow")
+_PACKAGE_PREFIX = __name__ + "."
 
 
 def _register_keras_serializables() -> None:
@@ -107,25 +122,38 @@ def _register_keras_serializables() -> None:
     importlib.import_module("tf_embed_ops._tf_compat")  # AutoGraph sees the package as library code (__getattr__)
 
 
+def _initializing(module: Any) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _may_register(finished: Any) -> bool:
+    """Whether Keras and TensorFlow are loaded, and no import of them or of this package's modules (other than
+    `finished`, whose import is ending) still runs."""
+    if not all(p in sys.modules for p in _KERAS_PACKAGES):
+        return False
+    return not any(
+        (name in _KERAS_PACKAGES or name == __name__ or name.startswith(_PACKAGE_PREFIX))
+        and module is not finished
+        and _initializing(module)
+        for name, module in list(sys.modules.items())
+    )
+
+
 class _RegisteringLoader(importlib.abc.Loader):
-    """`keras`' or `tensorflow`'s own loader, which registers the Keras classes once the outermost of their imports
-    has run."""
+    """The real loader of `keras`, `tensorflow` or one of this package's modules; registers the Keras classes when
+    the import it ran was the last one running (`_may_register`)."""
 
-    depth = 0  # imports of the two packages running now (one may import the other)
-
-    def __init__(self, loader: Any):
+    def __init__(self, loader: Any, watcher: _KerasImportWatcher):
         self._loader = loader
+        self._watcher = watcher
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        _RegisteringLoader.depth += 1
-        try:
-            self._loader.exec_module(module)
-        finally:
-            _RegisteringLoader.depth -= 1
-        if _RegisteringLoader.depth == 0 and all(p in sys.modules for p in _KERAS_PACKAGES):
+        self._loader.exec_module(module)
+        if self._watcher in sys.meta_path and _may_register(module):
+            sys.meta_path.remove(self._watcher)  # registered once: nothing left to watch
             _register_keras_serializables()
 
     def __getattr__(self, name: str) -> Any:  # everything else (resources, get_data, ...) is the real loader's
@@ -133,19 +161,18 @@ class _RegisteringLoader(importlib.abc.Loader):
 
 
 class _KerasImportWatcher(importlib.abc.MetaPathFinder):
-    """Hands `keras` and `tensorflow` their own specs with a `_RegisteringLoader`; leaves once both are loaded."""
+    """Hands `keras`, `tensorflow` and this package's modules their own specs with a `_RegisteringLoader`; leaves
+    once it has registered."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _KERAS_PACKAGES:
+        if fullname not in _KERAS_PACKAGES and not fullname.startswith(_PACKAGE_PREFIX):
             return None
-        if all(p in sys.modules for p in _KERAS_PACKAGES if p != fullname) and self in sys.meta_path:
-            sys.meta_path.remove(self)  # the last of the two: nothing left to watch
         for finder in list(sys.meta_path):  # the spec the other finders give
             find = getattr(finder, "find_spec", None)
             spec = None if finder is self or find is None else find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _RegisteringLoader(spec.loader)
+                    spec.loader = _RegisteringLoader(spec.loader, self)
                 return spec
         return None
 
