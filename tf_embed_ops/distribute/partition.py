@@ -10,6 +10,11 @@ every weight by its sample's norm (computed from all the sample's weights, 0 whe
 kernel does) and the shards run the "sum" combiner: the partial sums add up to the combined activation, and the
 backward op gives each row the same contribution ``w_i / norm_s * dL/dact[s]`` as the unsharded op.
 
+What travels (the compact protocol of `ShardedTPUEmbedding`): per server and table, only the distinct local ids
+of the step (`distinct_rows`) go out and their rows come back; the worker combines them into the activations
+(`combine_rows`, the kernel's sum in the kernel's order) and sends back one summed gradient row per distinct id
+(`summed_row_gradients`, the per-row sum the fused op would accumulate, in its order).
+
 Example:
     >>> parts = partition_feature(feature_input, "mean", [0, 4, 7, 10])   # three shards
     >>> parts[1].ids   # ids 4..6 of the batch, as rows 0..2 of shard 1
@@ -21,7 +26,15 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 
-__all__ = ["partition_feature", "partition_feature_by_key", "row_gradients", "scaled_weights"]
+__all__ = [
+    "combine_rows",
+    "distinct_rows",
+    "partition_feature",
+    "partition_feature_by_key",
+    "row_gradients",
+    "scaled_weights",
+    "summed_row_gradients",
+]
 
 
 def _static_rank_and_size(tensor: tf.Tensor) -> tuple[int | None, int | None]:
@@ -195,3 +208,68 @@ def row_gradients(feature: embedding_ops.FeatureInput, combiner: str, gradient: 
         dim = tf.shape(gradient, out_type=tf.int64)[-1]
         per_sample = tf.reshape(gradient, tf.stack([tf.reduce_prod(sample_shape), dim]))
         return ids, scaled_weights(feature, combiner)[:, tf.newaxis] * tf.gather(per_sample, samples)
+
+
+def distinct_rows(features: list) -> tuple:
+    """The distinct ids of features reading one table, and where each id of each feature sits among them.
+
+    Args:
+      features: the (partitioned) features of one table, in the order the fused op reads them.
+
+    Returns:
+      ``(unique, positions)``: int64 ``[u]`` in first-occurrence order over the features' ids in order, and per
+      feature an int64 ``[n_f]`` index into `unique`.
+    """
+    with tf.name_scope("distinct_rows"):
+        ids = [tf.convert_to_tensor(f.ids, tf.int64) for f in features]
+        unique, index = tf.unique(tf.concat(ids, axis=0), out_idx=tf.int64)
+        sizes = tf.stack([tf.size(i, out_type=tf.int64) for i in ids])
+        return unique, tf.split(index, sizes, num=len(ids))
+
+
+def _flat_layout(feature: embedding_ops.FeatureInput) -> tuple:
+    """Every id's row-major sample index, and the number of samples."""
+    num_ids = tf.size(feature.ids, out_type=tf.int64)
+    sample_shape = tf.cast(feature.sample_shape, tf.int64)
+    return _flat_samples(_sample_coordinates(feature, num_ids), sample_shape), tf.reduce_prod(sample_shape)
+
+
+def combine_rows(feature: embedding_ops.FeatureInput, positions: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """The "sum"-combined activation of `feature` from the distinct rows it reads (`distinct_rows`).
+
+    Per sample, ``0 + w_1 * rows[p_1] + w_2 * rows[p_2] + ...`` in input order: the products and the order of
+    the forward kernel (cc/lib/embedding_forward.h), so the result equals the op's on the table those rows
+    came from (a zero's sign aside).
+
+    Args:
+      feature: a partitioned feature (weights already divided by the sample norms), or one for "sum".
+      positions: int64 ``[n]``, the index of each of its ids in `rows`.
+      rows: float32 ``[u, dim]``.
+
+    Returns:
+      float32 ``sample_shape + [dim]``.
+    """
+    with tf.name_scope("combine_rows"):
+        samples, num_samples = _flat_layout(feature)
+        contributions = scaled_weights(feature, "sum")[:, tf.newaxis] * tf.gather(rows, positions)
+        combined = tf.math.unsorted_segment_sum(contributions, samples, num_samples)
+        sample_shape = tf.cast(feature.sample_shape, tf.int64)
+        return tf.reshape(combined, tf.concat([sample_shape, tf.shape(rows, out_type=tf.int64)[1:]], axis=0))
+
+
+def summed_row_gradients(features: list, positions: list, gradients: list, num_rows: tf.Tensor) -> tf.Tensor:
+    """One gradient row per distinct id: the sum of its contributions ``w_i * dL/dact[s]`` (`row_gradients`)
+    over `features` in order, then positions: the order the fused op accumulates in (gradient_accumulation.h).
+
+    Args:
+      features: the partitioned features of one table (as given to `distinct_rows`).
+      positions: `distinct_rows`' positions of their ids.
+      gradients: per feature, dL/d(activation), shape ``sample_shape + [dim]``.
+      num_rows: the number of distinct ids.
+
+    Returns:
+      float32 ``[num_rows, dim]``.
+    """
+    with tf.name_scope("summed_row_gradients"):
+        rows = [row_gradients(f, "sum", g)[1] for f, g in zip(features, gradients, strict=True)]
+        return tf.math.unsorted_segment_sum(tf.concat(rows, axis=0), tf.concat(positions, axis=0), num_rows)

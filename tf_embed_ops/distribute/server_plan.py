@@ -6,6 +6,10 @@ the shard's row count, same optimizer) and to the features reading them, with ta
 learning-rate tags renumbered densely (the config validator requires dense tags).  Nothing else changes, so a
 shard's update is exactly the single-table update on the rows it owns.
 
+The compact protocol (`compact_call`) gives a server one input per table whose rows travel compactly: the
+distinct local ids of the step, each its own sample, so the forward op returns those rows and the fused update
+takes one summed gradient row per id.
+
 Example:
     >>> plans = plan_servers(config_proto, [[0, 4, 7, 10], [0, 2]])   # table 0 over 3 servers, table 1 on 1
     >>> [p.tables for p in plans]
@@ -18,7 +22,7 @@ from typing import NamedTuple
 
 from tf_embed_ops._tf_compat import tpu_embedding_configuration_pb2
 
-__all__ = ["ServerPlan", "plan_servers"]
+__all__ = ["CompactCall", "ServerPlan", "compact_call", "plan_servers"]
 
 
 class ServerPlan(NamedTuple):
@@ -110,3 +114,48 @@ def _plan_one(config_proto, task: int, local_tables: list, table_boundaries: lis
         row_offsets=[table_boundaries[t][task] for t in local_tables],
         config=sub.SerializeToString(),
     )
+
+
+class CompactCall(NamedTuple):
+    """What one server's forward and update ops read under the compact protocol.
+
+    Attributes:
+      config: the server's configuration with its features replaced, table by table (local order): a table in
+        the compact set gets one feature (its distinct rows, one id each); any other keeps its own features.
+      entries: per feature descriptor of `config`, ``("rows", local table index)`` or ``("feature", global
+        feature index)``.
+    """
+
+    config: bytes
+    entries: list
+
+
+def compact_call(plan: ServerPlan, compact_tables: set, feature_tables: list) -> CompactCall:
+    """The per-server call of the compact protocol.
+
+    Args:
+      plan: the server's `ServerPlan`.
+      compact_tables: global indices of the tables whose rows travel compactly.
+      feature_tables: the global table index of every global feature.
+
+    Returns:
+      A `CompactCall`.
+    """
+    config = tpu_embedding_configuration_pb2.TPUEmbeddingConfiguration()
+    config.ParseFromString(plan.config)
+    originals = list(config.feature_descriptor)
+    del config.feature_descriptor[:]
+    entries = []
+    for j, t in enumerate(plan.tables):
+        if t in compact_tables:
+            feature = config.feature_descriptor.add()
+            feature.name = f"{config.table_descriptor[j].name}_rows"
+            feature.table_id = j
+            feature.input_shape.append(1)  # descriptive: the kernels take the row count from the inputs
+            entries.append(("rows", j))
+            continue
+        for local, f in enumerate(plan.features):
+            if feature_tables[f] == t:
+                config.feature_descriptor.add().CopyFrom(originals[local])
+                entries.append(("feature", f))
+    return CompactCall(config.SerializeToString(), entries)

@@ -86,6 +86,15 @@ def _parameter_server_count() -> int:
     return len(tasks)
 
 
+class _DistinctCache:
+    """The distinct rows of the last partition (dequeue and apply_gradients of one step share them). A plain
+    holder: a dict attribute of a trackable object would be wrapped for checkpointing."""
+
+    def __init__(self):
+        self.parts = None
+        self.distinct = None
+
+
 class _SyncState:
     """The attached SyncSparseAggregator (if any) and an explicit local step for the next apply_gradients."""
 
@@ -182,7 +191,9 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 tf.nest.flatten(feature_config), self._devices, partition.partition_feature_by_key
             )
         self._plans = None
+        self._compact_calls = None
         self._partition_cache = None
+        self._distinct_cache = _DistinctCache()
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
         # holder, so the aggregator is not tracked as a checkpoint child of the embedding.
         self._sync = _SyncState()
@@ -352,6 +363,61 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             slots.append([owned[n].variables[plan.task] for n in names])
         return tables, slots
 
+    def compact_tables(self) -> set:
+        """Global indices of the tables whose rows travel compactly (`partition.distinct_rows`): every sharded
+        table, and an unsharded one with the sum combiner.  An unsharded mean/sqrtn table keeps its features
+        whole, so its combiner (and its numbers) stay the single-process op's."""
+        return {
+            t for t, table in enumerate(self._table_config) if len(self._boundaries[t]) > 2 or table.combiner == "sum"
+        }
+
+    def compact_calls(self) -> list:
+        """Per server plan, its `server_plan.CompactCall` (the config and inputs of its forward and update ops)."""
+        plans = self.server_plans
+        cached = self._compact_calls
+        if cached is None or cached[0] is not plans:
+            compact = self.compact_tables()
+            feature_tables = [self._table_index[f.table.name] for f in self.static_features]
+            self._compact_calls = (plans, [server_plan.compact_call(p, compact, feature_tables) for p in plans])
+        return self._compact_calls[1]
+
+    def _distinct(self, parts: list) -> dict:
+        """``{(task, local table): (unique local ids, {feature: positions})}`` of the compact tables (worker side)."""
+        cache = self._distinct_cache
+        if cache.parts is parts:
+            return cache.distinct
+        feature_tables = [self._table_index[f.table.name] for f in self.static_features]
+        distinct = {}
+        with tf.name_scope("distinct_rows"):
+            for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
+                for kind, j in call.entries:
+                    if kind != "rows":
+                        continue
+                    features = [f for f in plan.features if feature_tables[f] == plan.tables[j]]
+                    unique, positions = partition.distinct_rows([parts[f][plan.task] for f in features])
+                    distinct[(plan.task, j)] = (unique, dict(zip(features, positions, strict=True)))
+        cache.parts, cache.distinct = parts, distinct
+        return distinct
+
+    def _call_inputs(self, call: server_plan.CompactCall, task: int, parts: list, distinct: dict) -> list:
+        inputs = []
+        for kind, x in call.entries:
+            if kind == "rows":
+                # The distinct ids, each its own sample (dense layout, no weights): the op returns their rows.
+                unique = distinct[(task, x)][0]
+                inputs.append(
+                    embedding_ops.FeatureInput(
+                        tf.zeros([0], tf.int64), unique, tf.zeros([0], tf.float32), tf.shape(unique, out_type=tf.int64)
+                    )
+                )
+            else:
+                inputs.append(parts[x][task])
+        return inputs
+
+    def _call_combiners(self, call: server_plan.CompactCall) -> list:
+        features = self.static_features
+        return ["sum" if kind == "rows" else features[x].table.combiner for kind, x in call.entries]
+
     def lookup(self, inputs: list, name: str | None = None) -> list:
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
@@ -361,20 +427,26 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             self._partition_cache = (inputs, parts, step)
             with tf.control_dependencies([step]):
                 parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
+        distinct = self._distinct(parts)
         partials = [[] for _ in inputs]
-        for plan in self.server_plans:
+        for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
             tables, _ = self.shard_variables(plan)
             with tf.device(self._devices[plan.task]):
-                acts = embedding_ops.embedding_activations(
-                    [parts[f][plan.task] for f in plan.features],
+                outputs = embedding_ops.embedding_activations(
+                    self._call_inputs(call, plan.task, parts, distinct),
                     tables,
-                    plan.config,
-                    combiners=self.shard_combiners(plan),
+                    call.config,
+                    combiners=self._call_combiners(call),
                     name=name,
                 )
-            for f, act in zip(plan.features, acts, strict=True):
-                partials[f].append(act)
-        # Stitch on the worker: sharded features sum their shards' partial activations (shard order).
+            for (kind, x), out in zip(call.entries, outputs, strict=True):
+                if kind == "feature":
+                    partials[x].append(out)
+                    continue
+                # The worker combines the server's distinct rows into this shard's partial activations.
+                for f, positions in distinct[(plan.task, x)][1].items():
+                    partials[f].append(partition.combine_rows(parts[f][plan.task], positions, out))
+        # Sharded features sum their shards' partial activations (shard order).
         return [p[0] if len(p) == 1 else tf.add_n(p) for p in partials]
 
     def send_gradients(self, gradients: list, learning_rates: list, inputs: list) -> list:
@@ -382,19 +454,36 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         parts = self._partition(inputs)
         if self._sync.aggregator is not None:
             return self._sync.aggregator.push_gradients(gradients, inputs, parts, self._local_step(inputs))
+        distinct = self._distinct(parts)
         ops = []
         rounding = self.rounding_arguments()  # one step for every server
-        for plan in self.server_plans:
+        for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
             tables, slots = self.shard_variables(plan)
+            server_gradients = []
+            for kind, x in call.entries:
+                if kind == "feature":
+                    server_gradients.append(gradients[x])
+                    continue
+                # One summed gradient row per distinct id, computed on the worker: what the server's fused op
+                # would have accumulated from the full activation gradients.
+                unique, positions = distinct[(plan.task, x)]
+                server_gradients.append(
+                    partition.summed_row_gradients(
+                        [parts[f][plan.task] for f in positions],
+                        list(positions.values()),
+                        [gradients[f] for f in positions],
+                        tf.size(unique, out_type=tf.int64),
+                    )
+                )
             with tf.device(self._devices[plan.task]):
                 op = embedding_ops.send_tpu_embedding_gradients(
-                    [gradients[f] for f in plan.features],
+                    server_gradients,
                     [learning_rates[tag] for tag in plan.tags],
-                    [parts[f][plan.task] for f in plan.features],
+                    self._call_inputs(call, plan.task, parts, distinct),
                     tables,
                     slots,
-                    plan.config,
-                    combiners=self.shard_combiners(plan),
+                    call.config,
+                    combiners=self._call_combiners(call),
                     **rounding_for_plan(plan, rounding),
                 )
             if op is not None:
