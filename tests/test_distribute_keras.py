@@ -93,3 +93,67 @@ def test_model_fit_matches_the_single_machine_layer():
     for a, b in zip(dense_s, dense_1, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(loss_s, loss_1, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ frozen_tables (as te.keras.TPUEmbedding)
+
+
+def _two_tables(frozen_optimizer=None, other_optimizer=None) -> dict:
+    init = tf.random_uniform_initializer(-1.0, 1.0, seed=4)
+    pretrained = emb_api.TableConfig(20, 3, init, frozen_optimizer, combiner="sum", name="pretrained")
+    other = emb_api.TableConfig(20, 3, init, other_optimizer, combiner="sum", name="other")
+    return {"p": emb_api.FeatureConfig(pretrained), "o": emb_api.FeatureConfig(other)}
+
+
+def _trained_by_one_step(layer) -> dict:
+    """{table name: changed by one tape-driven training step}."""
+    before = {t.name: _full_table(v) for t, v in layer.embedding_tables.items()}
+    ids = {"p": tf.constant([1, 7, 19], tf.int64), "o": tf.constant([0, 7, 12], tf.int64)}
+    with tf.GradientTape() as tape:
+        acts = layer(ids, training=True)
+        loss = tf.reduce_sum(acts["p"] ** 2) + tf.reduce_sum(acts["o"] ** 2)
+    tape.gradient(loss, layer.trainable_variables)
+    return {t.name: not np.array_equal(_full_table(v), before[t.name]) for t, v in layer.embedding_tables.items()}
+
+
+def _full_table(var) -> np.ndarray:
+    return tf.convert_to_tensor(var).numpy()
+
+
+def test_sharded_layer_refuses_a_table_without_an_optimizer_naming_it():
+    features = _two_tables(other_optimizer=emb_api.SGD(0.1))
+    with pytest.raises(ValueError, match=r"Table 'pretrained' has no optimizer .*frozen_tables=\['pretrained'\]"):
+        ShardedEmbeddingLayer(features, num_shards=2)
+    assert features["p"].table.optimizer is None and isinstance(features["o"].table.optimizer, emb_api.SGD)
+
+
+@pytest.mark.parametrize("default_optimizer", [None, "adagrad"])
+def test_sharded_layer_frozen_table_is_never_trained_and_the_others_are(default_optimizer):
+    if default_optimizer is None:
+        features, optimizer = _two_tables(other_optimizer=emb_api.SGD(0.5)), None
+    else:
+        features, optimizer = _two_tables(), emb_api.Adagrad(0.5)
+    layer = ShardedEmbeddingLayer(features, optimizer, num_shards=2, frozen_tables=["pretrained"])
+    # The frozen table takes no default optimizer and has no slots; the other one takes the default.
+    assert features["p"].table.optimizer is None and features["o"].table.optimizer is not None
+    assert {t.name: sorted(s) for t, s in layer.embedding.slot_variables.items()}.get("pretrained", []) == []
+    assert _trained_by_one_step(layer) == {"pretrained": False, "other": True}
+
+
+@pytest.mark.parametrize(
+    "frozen, features, message",
+    [
+        (["nope"], _two_tables(other_optimizer=emb_api.SGD(0.1)), r"frozen_tables: unknown table 'nope'"),
+        ("pretrained", _two_tables(other_optimizer=emb_api.SGD(0.1)), r"frozen_tables: expected a list of table"),
+        (
+            ["pretrained"],
+            _two_tables(emb_api.SGD(0.1), emb_api.SGD(0.1)),
+            r"table 'pretrained' has its own optimizer \(SGD\)",
+        ),
+    ],
+)
+def test_sharded_layer_refuses_bad_frozen_tables(frozen, features, message):
+    optimizers = [f.table.optimizer for f in features.values()]
+    with pytest.raises(ValueError, match=message):
+        ShardedEmbeddingLayer(features, num_shards=2, frozen_tables=frozen)
+    assert [f.table.optimizer for f in features.values()] == optimizers

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tf_embed_ops import update_trigger
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
 from tf_embed_ops.dynamic import engine as dynamic_engine
-from tf_embed_ops.keras.layer import activation_specs
+from tf_embed_ops.keras.layer import activation_specs, apply_frozen_tables
 
 __all__ = ["ShardedEmbeddingLayer"]
 
@@ -51,6 +51,7 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         *,
         strategy: Any = None,
         num_shards: int | None = None,
+        frozen_tables: Any = None,
         **kwargs: Any,
     ):
         """Creates the layer, its sharded tables/slots and the update trigger.
@@ -58,12 +59,19 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         Args:
           feature_config, optimizer, pipeline_execution_with_tensor_core: as `tf_embed_ops.TPUEmbedding`.
           strategy, num_shards: as `ShardedTPUEmbedding`.
+          frozen_tables: as `tf_embed_ops.keras.TPUEmbedding`: names of the tables that are looked up but never
+            trained (no optimizer, not even the default `optimizer`, and no slots). Every other table must have an
+            optimizer, its own or the default one.
           **kwargs: `keras.layers.Layer` arguments (name, ...).
 
         Raises:
-          ValueError: as `ShardedTPUEmbedding`.
+          ValueError: as `ShardedTPUEmbedding`; as `tf_embed_ops.keras.TPUEmbedding` for a table without an
+            optimizer that `frozen_tables` does not name, or a `frozen_tables` name that is not a table or names a
+            table with its own optimizer.
         """
         super().__init__(**kwargs)
+        # The same check (and errors) as te.keras.TPUEmbedding; the frozen tables keep no optimizer.
+        self._frozen_tables, optimizer = apply_frozen_tables(feature_config, optimizer, frozen_tables)
         # Custom ops: no XLA; ids stay integers and Sparse/Ragged inputs stay composite.
         self.supports_jit = False
         self._convert_input_args = False

@@ -91,7 +91,7 @@ def untrained_table_names(feature_config: Any, optimizer: Any) -> list[str]:
     return [name for name, o in zip(resolved.names, resolved.optimizers, strict=True) if o is None]
 
 
-def _apply_frozen_tables(feature_config: Any, optimizer: Any, frozen_tables: Any) -> tuple[tuple[str, ...], Any]:
+def apply_frozen_tables(feature_config: Any, optimizer: Any, frozen_tables: Any) -> tuple[tuple[str, ...], Any]:
     """Checks `frozen_tables` against the tables' optimizers; returns (the frozen names, the optimizer to give the
     table store).
 
@@ -185,7 +185,7 @@ class TPUEmbedding(keras.layers.Layer):
         if isinstance(optimizer, dict):
             optimizer = serialization.optimizer_from_dict(optimizer)
         default_optimizer = optimizer
-        self._frozen_tables, optimizer = _apply_frozen_tables(feature_config, optimizer, frozen_tables)
+        self._frozen_tables, optimizer = apply_frozen_tables(feature_config, optimizer, frozen_tables)
         # Custom ops: no XLA. Inputs pass through untouched (ids stay integers, Sparse/Ragged stay composite).
         self.supports_jit = False
         self._convert_input_args = False
