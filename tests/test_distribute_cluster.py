@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.sharded_support import table_values
+
 emb_api = tf.tpu.experimental.embedding
 ROUNDS, SAVE_AFTER, BATCH = 4, 2, 2
 RTOL, ATOL = 2e-5, 2e-6
@@ -116,15 +118,6 @@ def _keras_batch(step: int) -> tuple:
     return tf.ragged.constant(rows, tf.int64, ragged_rank=1), tf.constant(rng.normal(size=BATCH), tf.float32)
 
 
-def _values(emb) -> dict:
-    out = {}
-    for table, var in emb.embedding_tables.items():
-        out[table.name] = tf.convert_to_tensor(var).numpy()
-        for slot, slot_var in emb.slot_variables[table].items():
-            out[f"{table.name}/{slot}"] = tf.convert_to_tensor(slot_var).numpy()
-    return out
-
-
 # ------------------------------------------------------------------------ child process (one cluster each)
 
 
@@ -148,7 +141,7 @@ def _chief_of_separate_processes(args: dict) -> None:
         coordinator.schedule(step, args=_tf_args(_worker_batch(0, worker)))
         coordinator.join()
     devices = {t.name: [s.device for s in v.variables] for t, v in emb.embedding_tables.items()}
-    np.savez(args["out"], **_values(emb))
+    np.savez(args["out"], **table_values(emb))
     with open(args["out"] + ".json", "w", encoding="utf-8") as f:
         json.dump({"sync": devices}, f)
 
@@ -213,7 +206,7 @@ def _child(scenario: str, args: dict) -> None:
     coordinator.join()
     if scenario == "first":
         checkpoint.write(args["final"])
-    for key, value in _values(emb).items():
+    for key, value in table_values(emb).items():
         results[f"sync/{key}"] = value
     results["sync/global_step"] = aggregator.global_step.numpy()
 
@@ -224,14 +217,14 @@ def _child(scenario: str, args: dict) -> None:
             plain = ShardedTPUEmbedding(_feature_config())
             plain.build(per_replica_batch_size=BATCH)
         tf.train.Checkpoint(embedding=plain).read(args["single"]).assert_consumed()
-        for key, value in _values(plain).items():
+        for key, value in table_values(plain).items():
             results[f"restored/{key}"] = value
         plain_step = tf.function(lambda *a: _train_step(plain, *a))
         devices["consumers"] += _table_consumers(plain_step, _tf_args(_worker_batch(ROUNDS, 0)), plain)
         for worker in range(2):
             coordinator.schedule(plain_step, args=_tf_args(_worker_batch(ROUNDS, worker)))
             coordinator.join()
-        for key, value in _values(plain).items():
+        for key, value in table_values(plain).items():
             results[f"sequential/{key}"] = value
 
         # Keras 3 model parts in a custom step: scheduled, run through strategy.run (Keras optimizers need a
@@ -244,7 +237,7 @@ def _child(scenario: str, args: dict) -> None:
         for step in range(2):
             coordinator.schedule(keras_step, args=_keras_batch(step))
             coordinator.join()
-        results["keras/video"] = _values(layer.embedding)["video"]
+        results["keras/video"] = table_values(layer.embedding)["video"]
         results["keras/dense_kernel"] = dense.kernel.numpy()
     np.savez(args["out"], **results)
     with open(args["out"] + ".json", "w", encoding="utf-8") as f:
@@ -297,7 +290,7 @@ def runs(tmp_path_factory):
     single_step = tf.function(lambda *a: _train_step(single, *a))
     single_step(*_tf_args(_worker_batch(99, 0)))
     single_path = tf.train.Checkpoint(embedding=single).write(str(tmp / "single"))
-    single_values = _values(single)
+    single_values = table_values(single)
     for worker in range(2):  # what the cluster's sequential steps must reproduce
         single_step(*_tf_args(_worker_batch(ROUNDS, worker)))
 
@@ -315,7 +308,7 @@ def runs(tmp_path_factory):
         "resumed": resumed,
         "paths": paths,
         "single_restored": single_values,
-        "single_sequential": _values(single),
+        "single_sequential": table_values(single),
         "single_keras": {
             "video": tf.convert_to_tensor(layer.embedding_tables[next(iter(layer.embedding_tables))]).numpy(),
             "dense_kernel": dense.kernel.numpy(),
@@ -362,7 +355,7 @@ def separate_processes(tmp_path_factory):
     single = _single_process(_initial(11))
     for worker in range(2):
         _train_step(single, *_tf_args(_worker_batch(0, worker)))
-    return values, devices, _values(single)
+    return values, devices, table_values(single)
 
 
 pytestmark = pytest.mark.slow
@@ -442,7 +435,7 @@ def test_sharded_checkpoint_restores_into_the_single_process_class(runs):
     emb = tf_embed_ops.TPUEmbedding(_feature_config())
     emb.build(per_replica_batch_size=BATCH)
     tf.train.Checkpoint(embedding=emb).read(runs["paths"]["final"]).assert_existing_objects_matched()
-    for key, value in _values(emb).items():
+    for key, value in table_values(emb).items():
         np.testing.assert_array_equal(value, runs["first"][f"sync/{key}"], err_msg=key)
 
 

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops
+from tests.sharded_support import assign_tables, table_values
 from tf_embed_ops import embedding_ops
 from tf_embed_ops.distribute import ShardedTPUEmbedding, partition
 from tf_embed_ops.distribute.sharded_embedding import rounding_for_plan
@@ -56,14 +57,7 @@ def _initial(seed: int) -> dict:
 def _make(cls, fc, init: dict, **kwargs):
     emb = cls(fc, **kwargs)
     emb.build(per_replica_batch_size=3)
-    for table, var in emb.embedding_tables.items():
-        full = init[table.name]
-        if isinstance(emb, ShardedTPUEmbedding):
-            bounds = emb.shard_boundaries[table]
-            for p, shard in enumerate(var.variables):
-                shard.assign(full[bounds[p] : bounds[p + 1]])
-        else:
-            var.assign(full)
+    assign_tables(emb, init)
     return emb
 
 
@@ -148,15 +142,6 @@ def _previous_protocol_step(emb, features, weights, loss: str) -> dict:
     return acts
 
 
-def _state(emb) -> dict:
-    out = {}
-    for table, var in emb.embedding_tables.items():
-        out[table.name] = tf.convert_to_tensor(var).numpy()
-        for slot, slot_var in emb.slot_variables[table].items():
-            out[f"{table.name}/{slot}"] = tf.convert_to_tensor(slot_var).numpy()
-    return out
-
-
 def _assert_bitwise(a: np.ndarray, b: np.ndarray, what: str) -> None:
     # Every bit, except the sign of a zero (0 + -0 is +0 where the kernel copied a single -0 product).
     assert a.shape == b.shape, what
@@ -180,7 +165,7 @@ def test_compact_protocol_equals_the_previous_protocol_bitwise(combiner, optimiz
         expected = step_previous(previous, features, weights, "square")
         for k in expected:
             _assert_bitwise(acts[k].numpy(), expected[k].numpy(), f"activation {k}")
-    after, expected_after = _state(compact), _state(previous)
+    after, expected_after = table_values(compact), table_values(previous)
     assert sorted(after) == sorted(expected_after)
     for name in expected_after:
         _assert_bitwise(after[name], expected_after[name], name)
@@ -200,6 +185,6 @@ def test_compact_protocol_equals_one_process_bitwise_where_the_previous_one_did(
             _assert_bitwise(acts[k].numpy(), single_acts[k].numpy(), f"activation {k}")
         for k in ("watched", "lang"):  # samples across shards: the shards' partial sums add in another order
             np.testing.assert_allclose(acts[k].numpy(), single_acts[k].numpy(), rtol=1e-6, atol=1e-6)
-    after, expected = _state(sharded), _state(single)
+    after, expected = table_values(sharded), table_values(single)
     for name in expected:
         _assert_bitwise(after[name], expected[name], name)

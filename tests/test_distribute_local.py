@@ -15,6 +15,7 @@ import tf_embed_ops
 from tests.numpy_reference import RefFeature, RefTable
 from tests.numpy_reference import ref_activations as activations
 from tests.numpy_reference import ref_row_gradients as row_gradients
+from tests.sharded_support import assign_tables
 from tf_embed_ops.distribute import ShardedTPUEmbedding, SyncSparseAggregator
 
 emb_api = tf.tpu.experimental.embedding
@@ -42,18 +43,6 @@ def _feature_config(optimizer_name: str, combiner: str):
 
 def _initial(rng) -> dict:
     return {"video": rng.normal(size=(11, 3)).astype(np.float32), "user": rng.normal(size=(2, 2)).astype(np.float32)}
-
-
-def _assign_tables(emb, values: dict) -> None:
-    """Writes full tables into either class (the sharded one shard by shard)."""
-    for table, var in emb.embedding_tables.items():
-        full = values[table.name]
-        if isinstance(emb, ShardedTPUEmbedding):
-            bounds = emb.shard_boundaries[table]
-            for p, shard in enumerate(var.variables):
-                shard.assign(full[bounds[p] : bounds[p + 1]])
-        else:
-            var.assign(full)
 
 
 def _full(var) -> np.ndarray:
@@ -126,11 +115,11 @@ def test_sharded_steps_match_reference_and_single_process(optimizer_name, combin
     fc = _feature_config(optimizer_name, combiner)
     sharded = ShardedTPUEmbedding(fc, num_shards=3)
     sharded.build(per_replica_batch_size=3)
-    _assign_tables(sharded, init)
+    assign_tables(sharded, init)
     single_fc = _feature_config(optimizer_name, combiner)
     single = tf_embed_ops.TPUEmbedding(single_fc)
     single.build(per_replica_batch_size=3)
-    _assign_tables(single, init)
+    assign_tables(single, init)
     ref_tables = {
         t.name: RefTable(init[t.name], t.optimizer) for t in {f.table.name: f.table for f in fc.values()}.values()
     }
@@ -159,7 +148,7 @@ def test_sharded_steps_in_tf_function_with_dynamic_learning_rate():
     emb = ShardedTPUEmbedding(fc, num_shards=3)
     emb.build(per_replica_batch_size=2)
     init = np.arange(33, dtype=np.float32).reshape(11, 3) / 10
-    _assign_tables(emb, {"video": init})
+    assign_tables(emb, {"video": init})
     ref = RefTable(init, video.optimizer)
 
     @tf.function
@@ -190,7 +179,7 @@ def _trained(cls, seed: int, optimizer_name: str = "adam_non_lazy", **kwargs):
     rng = np.random.default_rng(seed)
     emb = cls(_feature_config(optimizer_name, "mean"), **kwargs)
     emb.build(per_replica_batch_size=3)
-    _assign_tables(emb, _initial(rng))
+    assign_tables(emb, _initial(rng))
     for batch in _batches(rng, 2):
         _step(emb, batch)
     return emb
@@ -294,7 +283,7 @@ def _sync_setup(seed: int = 5):
     fc = _feature_config("adagrad", "sqrtn")
     emb = ShardedTPUEmbedding(fc, num_shards=3)
     emb.build(per_replica_batch_size=3)
-    _assign_tables(emb, init)
+    assign_tables(emb, init)
     ref_tables = {
         t.name: RefTable(init[t.name], t.optimizer) for t in {f.table.name: f.table for f in fc.values()}.values()
     }
