@@ -11,6 +11,7 @@ Examples:
     python -m benchmarks --only lifecycle     # dynamic tables' eviction sweeps, Bloom admission, CTR with Bloom
     python -m benchmarks --only serving_delta   # deltas to a live servable: bytes, latency, memory, lookups
     python -m benchmarks --only tiered        # a table 10x its DRAM cache against the same table in memory
+    python -m benchmarks --only ps_wire_bytes   # parameter-server bytes per step: measured and by formula
     python -m benchmarks --rerender benchmarks/results   # REPORT.md, plots, README again from its suite.json
 """
 
@@ -36,6 +37,7 @@ SECTIONS = (
     "serving_delta",
     "checkpoint",
     "tiered",
+    "ps_wire_bytes",
 )
 # The committed report.  Written only when asked for with --out: a trial run must not overwrite it.
 COMMITTED_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

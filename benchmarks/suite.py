@@ -557,6 +557,12 @@ def run(opts: Options, log=print) -> dict:
         result["lifecycle"] = lifecycle_benchmark.run(opts, log)
         log("lifecycle: done")
 
+    if opts.wants("ps_wire_bytes"):
+        section("ps_wire_bytes")
+        from benchmarks import ps_wire_bytes
+
+        result["ps_wire_bytes"] = ps_wire_bytes.run(opts, log)
+
     if opts.wants("accumulator"):
         section("accumulator")
         result["accumulator"] = bench_accumulator(opts)

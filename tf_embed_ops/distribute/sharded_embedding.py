@@ -86,11 +86,13 @@ def _parameter_server_count() -> int:
     return len(tasks)
 
 
-class _DistinctCache:
-    """The distinct rows of the last partition (dequeue and apply_gradients of one step share them). A plain
-    holder: a dict attribute of a trackable object would be wrapped for checkpointing."""
+class _StepCache:
+    """The last step's partition (`(inputs, parts, step)`) and distinct rows (`parts`, `distinct`): dequeue and
+    apply_gradients of one step share them. A plain holder: a trackable object's list or dict attribute is a
+    wrapper copy, so `is` would never find the lists again."""
 
     def __init__(self):
+        self.partition = None
         self.parts = None
         self.distinct = None
 
@@ -192,8 +194,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             )
         self._plans = None
         self._compact_calls = None
-        self._partition_cache = None
-        self._distinct_cache = _DistinctCache()
+        self._cache = _StepCache()
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
         # holder, so the aggregator is not tracked as a checkpoint child of the embedding.
         self._sync = _SyncState()
@@ -324,10 +325,10 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _partition(self, inputs: list) -> list:
         """Per feature: its per-shard inputs (a list of one original input for unsharded tables)."""
-        cached = self._partition_cache
+        cached = self._cache.partition
         if cached is not None and cached[0] is inputs:
             return cached[1]
-        self._partition_cache = None
+        self._cache.partition = None
         parts = []
         with tf.name_scope("shard_ids"):
             for inp, feature in zip(inputs, self.static_features, strict=True):
@@ -337,14 +338,14 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 else:
                     parts.append(partition.partition_feature(inp, feature.table.combiner, bounds))
         # dequeue and apply_gradients of one step see the same `inputs` list; partition once for both.
-        self._partition_cache = (inputs, parts, None)
+        self._cache.partition = (inputs, parts, None)
         return parts
 
     def _local_step(self, inputs: list) -> Any:
         """The synchronous step this batch was looked up at (read by its dequeue; else now)."""
         if self._sync.forced_local_step is not None:
             return tf.cast(self._sync.forced_local_step, tf.int64)
-        cached = self._partition_cache
+        cached = self._cache.partition
         if cached is not None and cached[0] is inputs and cached[2] is not None:
             return cached[2]
         return self._sync.aggregator.global_step.read_value()
@@ -383,7 +384,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
 
     def _distinct(self, parts: list) -> dict:
         """``{(task, local table): (unique local ids, {feature: positions})}`` of the compact tables (worker side)."""
-        cache = self._distinct_cache
+        cache = self._cache
         if cache.parts is parts:
             return cache.distinct
         feature_tables = [self._table_index[f.table.name] for f in self.static_features]
@@ -424,7 +425,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             # Under synchronous training a gradient is tagged with the step its rows were read at (stale rule):
             # read it before the lookups.
             step = self._sync.aggregator.global_step.read_value()
-            self._partition_cache = (inputs, parts, step)
+            self._cache.partition = (inputs, parts, step)
             with tf.control_dependencies([step]):
                 parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
         distinct = self._distinct(parts)
