@@ -9,10 +9,12 @@ steps concurrently (asynchronous training), and with `--sync` one round = one st
 Every configuration runs in its own Python process (in-process servers cannot be shut down).  All tasks share
 this machine's cores, so the numbers show the protocol's overheads, not a real multi-host speed-up.
 
-`--ps 0` is the baseline without a cluster: one process, one shard, steps back to back.
+`--ps 0` is the baseline without a cluster: `tf_embed_ops.TPUEmbedding` in one process, steps back to back.
 
 Usage: python benchmarks/distributed_scaling.py [--ps 0 1 2 4] [--workers 2] [--steps 40] [--rounds 3] [--quick]
-Writes benchmarks/results/distributed_scaling.json and prints a markdown table.
+    [--out FILE]
+`--workers 1 2 4` runs every server count with each worker count.  Writes
+benchmarks/results/distributed_scaling.json (or `--out`) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
     emb_api = tf.tpu.experimental.embedding
     table = emb_api.TableConfig(vocab, DIM, name="w1", combiner="sum")
     if num_ps == 0:
-        # Baseline: no cluster, one process, one shard (the single-machine path), steps run back to back.
+        # Baseline: no cluster, one process, the single-machine class, steps run back to back.
+        from tf_embed_ops import TPUEmbedding  # pylint: disable=import-outside-toplevel
+
         strategy = coordinator = None
-        emb = ShardedTPUEmbedding({"ids": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.01), num_shards=1)
+        emb = TPUEmbedding({"ids": emb_api.FeatureConfig(table)}, emb_api.Adagrad(0.01))
         emb.build(per_replica_batch_size=batch)
         workers, sync, aggregator = 0, False, None
     else:
@@ -109,28 +113,29 @@ def run_one(num_ps: int, workers: int, steps: int, rounds: int, vocab: int, batc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ps", type=int, nargs="+", default=[0, 1, 2, 4], help="0: one process, no cluster")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sync", action="store_true", help="synchronous rounds through SyncSparseAggregator")
     parser.add_argument("--quick", action="store_true", help="10k-row table, 1,024 ids: checks the script runs")
+    parser.add_argument("--out", default=None, help="the JSON record (default: benchmarks/results/...)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     vocab, batch = (10_000, 1_024) if args.quick else (VOCAB, BATCH)
 
     if args.child:
-        print(json.dumps(run_one(int(args.child), args.workers, args.steps, args.rounds, vocab, batch, args.sync)))
+        print(json.dumps(run_one(int(args.child), args.workers[0], args.steps, args.rounds, vocab, batch, args.sync)))
         return
 
     results = []
-    for num_ps in args.ps:
+    for num_ps, workers in [(p, w) for p in args.ps for w in (args.workers if p else args.workers[:1])]:
         cmd = [
             sys.executable,
             os.path.abspath(__file__),
             "--child",
             str(num_ps),
             "--workers",
-            str(args.workers),
+            str(workers),
             "--steps",
             str(args.steps),
             "--rounds",
@@ -142,7 +147,7 @@ def main() -> None:
         if proc.returncode != 0:
             sys.exit(f"num_ps={num_ps} failed:\n{proc.stderr[-4000:]}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"ps={num_ps}: {results[-1]['median_steps_per_s']:.2f} steps/s", file=sys.stderr)
+        print(f"ps={num_ps} workers={workers}: {results[-1]['median_steps_per_s']:.2f} steps/s", file=sys.stderr)
 
     record = {
         "workload": {"vocab": vocab, "dim": DIM, "ids_per_step": batch, "zipf_s": ZIPF_S, "optimizer": "adagrad"},
@@ -150,21 +155,21 @@ def main() -> None:
         "mode": "sync" if args.sync else "async",
         "results": results,
     }
-    if not args.quick:
-        out = os.path.join(
+    if not args.quick or args.out:
+        out = args.out or os.path.join(
             ROOT, "benchmarks", "results", "distributed_scaling" + ("_sync" if args.sync else "") + ".json"
         )
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=2)
-    print(f"| parameter servers | workers | mode | steps/s (median of {args.rounds}) | ids/s |")
-    print("|---:|---:|---|---:|---:|")
+    print(f"| parameter servers | workers | mode | steps/s (median of {args.rounds}) | ms/step | ids/s |")
+    print("|---:|---:|---|---:|---:|---:|")
     for r in results:
         ps = r["num_ps"] or "none (one process)"
         mode = record["mode"] if r["num_ps"] else "-"
         print(
             f"| {ps} | {r['workers']} | {mode} | {r['median_steps_per_s']:.2f} | "
-            f"{r['median_steps_per_s'] * batch:,.0f} |"
+            f"{1000 / r['median_steps_per_s']:.2f} | {r['median_steps_per_s'] * batch:,.0f} |"
         )
 
 
