@@ -2,12 +2,14 @@
 
 Under `tf.distribute.experimental.ParameterServerStrategy`, each table (and each optimizer slot) is split into
 contiguous DIV row ranges (`sharding.div_shard_sizes`), shard p living on ``/job:ps/task:p``.  A step never moves
-a table: the worker partitions the ids by owning shard (`partition.partition_feature`), each parameter server
-runs our forward op on its own shards and sends back partial activations that the worker sums, and in
-`apply_gradients` each parameter server runs the fused backward+optimizer op on its shards with the full
-activation gradients.  Every row's gradient is accumulated on the one server that owns it, so a step updates
-the tables exactly as the single-process class does (up to float summation order across shards in the forward
-pass; see docs/distributed.md).
+a table, and each server gets only what it owns: the worker partitions the ids by owning shard
+(`partition.partition_feature`) and sends each server the distinct ids of each of its tables
+(`partition.distinct_rows`); the server's forward op returns their rows, which the worker combines into the
+activations (`partition.combine_rows`); in `apply_gradients` the worker sums one gradient row per distinct id
+(`partition.summed_row_gradients`) and the server's fused backward+optimizer op applies them.  The worker's sums
+run in the kernels' order, so the numbers are those of servers combining and accumulating themselves, and a step
+updates the tables exactly as the single-process class does (up to float summation order across shards in the
+forward pass; see docs/distributed.md).
 
 Checkpoints: each table and slot is a `ShardedVariable` tracked under the same name as in the single-process
 class (``<table>``, ``<table>/<slot>``), and `ShardedVariable` saves its shards as slices of the full
