@@ -125,20 +125,19 @@ def _previous_protocol_step(emb, features, weights, loss: str) -> dict:
     rounding = emb.rounding_arguments()
     ops = []
     for plan in emb.server_plans:
+        # The full activation gradient of every feature the server reads, with its partitioned ids.
         tables, slots = emb.shard_variables(plan)
-        op = embedding_ops.send_tpu_embedding_gradients(
-            [flat_gradients[f] for f in plan.features],
-            [rates[tag] for tag in plan.tags],
-            [parts[f][plan.task] for f in plan.features],
-            tables,
-            slots,
-            plan.config,
-            combiners=emb.shard_combiners(plan),
-            **rounding_for_plan(plan, rounding),
-        )
-        if op is not None:
-            ops.append(op)
-    emb.advance_rounding_step(ops)
+        arguments = {
+            "gradients": [flat_gradients[f] for f in plan.features],
+            "learning_rates": [rates[tag] for tag in plan.tags],
+            "features": [parts[f][plan.task] for f in plan.features],
+            "tables": tables,
+            "slots": slots,
+            "config": plan.config,
+            "combiners": emb.shard_combiners(plan),
+        }
+        ops.append(embedding_ops.send_tpu_embedding_gradients(**arguments, **rounding_for_plan(plan, rounding)))
+    emb.advance_rounding_step([op for op in ops if op is not None])
     return acts
 
 
