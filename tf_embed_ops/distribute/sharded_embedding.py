@@ -89,11 +89,12 @@ def _parameter_server_count() -> int:
 
 
 class _StepCache:
-    """The last step's partition (`(inputs, parts, step)`) and distinct rows (`parts`, `distinct`): dequeue and
-    apply_gradients of one step share them. A plain holder: a trackable object's list or dict attribute is a
-    wrapper copy, so `is` would never find the lists again."""
+    """The servers' calls (`(plans, calls)`), the last step's partition (`(inputs, parts, step)`) and distinct rows
+    (`parts`, `distinct`): dequeue and apply_gradients of one step share them. A plain holder: a trackable object's
+    list or dict attribute is a wrapper copy, so `is` would not find the lists again."""
 
     def __init__(self):
+        self.calls = None
         self.partition = None
         self.parts = None
         self.distinct = None
@@ -195,7 +196,6 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 tf.nest.flatten(feature_config), self._devices, partition.partition_feature_by_key
             )
         self._plans = None
-        self._compact_calls = None
         self._cache = _StepCache()
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain
         # holder, so the aggregator is not tracked as a checkpoint child of the embedding.
@@ -366,7 +366,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             slots.append([owned[n].variables[plan.task] for n in names])
         return tables, slots
 
-    def compact_tables(self) -> set:
+    def _compact_tables(self) -> set:
         """Global indices of the tables whose rows travel compactly (`partition.distinct_rows`): every sharded
         table, and an unsharded one with the sum combiner.  An unsharded mean/sqrtn table keeps its features
         whole, so its combiner (and its numbers) stay the single-process op's."""
@@ -374,15 +374,15 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             t for t, table in enumerate(self._table_config) if len(self._boundaries[t]) > 2 or table.combiner == "sum"
         }
 
-    def compact_calls(self) -> list:
+    def _server_calls(self) -> list:
         """Per server plan, its `server_plan.CompactCall` (the config and inputs of its forward and update ops)."""
         plans = self.server_plans
-        cached = self._compact_calls
+        cached = self._cache.calls
         if cached is None or cached[0] is not plans:
-            compact = self.compact_tables()
+            compact = self._compact_tables()
             feature_tables = [self._table_index[f.table.name] for f in self.static_features]
-            self._compact_calls = (plans, [server_plan.compact_call(p, compact, feature_tables) for p in plans])
-        return self._compact_calls[1]
+            self._cache.calls = (plans, [server_plan.compact_call(p, compact, feature_tables) for p in plans])
+        return self._cache.calls[1]
 
     def _distinct(self, parts: list) -> dict:
         """``{(task, local table): (unique local ids, {feature: positions})}`` of the compact tables (worker side)."""
@@ -392,7 +392,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         feature_tables = [self._table_index[f.table.name] for f in self.static_features]
         distinct = {}
         with tf.name_scope("distinct_rows"):
-            for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
+            for plan, call in zip(self.server_plans, self._server_calls(), strict=True):
                 for kind, j in call.entries:
                     if kind != "rows":
                         continue
@@ -432,7 +432,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                 parts = [[tf.nest.map_structure(tf.identity, p) for p in per] for per in parts]
         distinct = self._distinct(parts)
         partials = [[] for _ in inputs]
-        for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
+        for plan, call in zip(self.server_plans, self._server_calls(), strict=True):
             tables, _ = self.shard_variables(plan)
             with tf.device(self._devices[plan.task]):
                 outputs = embedding_ops.embedding_activations(
@@ -460,7 +460,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         distinct = self._distinct(parts)
         ops = []
         rounding = self.rounding_arguments()  # one step for every server
-        for plan, call in zip(self.server_plans, self.compact_calls(), strict=True):
+        for plan, call in zip(self.server_plans, self._server_calls(), strict=True):
             tables, slots = self.shard_variables(plan)
             server_gradients = []
             for kind, x in call.entries:
