@@ -29,7 +29,7 @@ same row work in both modes (its shard's rows for N workers, or its own batch's 
 
 Usage: python -m benchmarks.scale_model [--hosts 8 16 32 64] [--gbps 25] [--dense-params 1000000]
     [--request-us 200] [--json FILE]
-Prints the table of docs/distributed.md ("Choosing a mode at scale").
+Prints the table of docs/distributed_performance.md ("Choosing a mode at scale").
 """
 
 from __future__ import annotations
