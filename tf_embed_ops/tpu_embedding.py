@@ -32,10 +32,11 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
-from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.backends import protocol, walk
+from tf_embed_ops.backends import static as static_backend
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.engine import checkpoint as checkpoint_lib
 from tf_embed_ops.engine import inputs as inputs_lib
@@ -101,10 +102,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         >>> emb.apply_gradients(tape.gradient(loss, acts))
     """
 
-    # The front end a subclass is, when it does not train tiered tables (its constructor then refuses them).
+    # The kinds of tables beside the in-memory ones, each a table backend class (`backends.protocol.TableGroup`)
+    # with `of(flat_features, check_numerics)`: its group of the features, or None. The in-memory tables (the
+    # features no kind claims) come first: their update validates before it writes and has no check-only form.
+    _BACKENDS: tuple = (dynamic_engine.DynamicGroup, tiered_engine.TieredGroup)
+    # The front end a subclass is, when it trains tables held in memory only (its constructor then refuses tables
+    # with storage=te.Tiered); set by the parameter-server sharded class.
     _TIERED_UNSUPPORTED_BY: str | None = None
-    # The same for tiered dynamic tables (te.DynamicTableConfig with storage=te.Tiered).
-    _TIERED_DYNAMIC_UNSUPPORTED_BY: str | None = None
 
     def __init__(
         self,
@@ -165,88 +169,94 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
                     "are supported off SparseCore."
                 )
             table.name = name
-        # Tiered tables go to their own group; what follows sees the in-memory tables' features only.
-        self._tiered = self._split_tiered_tables(flat_features)
-        flat_features = self._not_tiered(flat_features)
-        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
-        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
-        # in), exactly as `from_feature_config` will resolve them for the config proto.
-        self._dynamic_learning_rates = list(config_lib.resolve_tables(flat_features).learning_rates)
-        self._dynamic = self._split_dynamic_tables(flat_features)
+        self._groups = self._make_groups(flat_features)
 
         self._built = False
         self._config_proto = None
         self._pending = None
 
-    def _split_tiered_tables(self, flat_features: list) -> Any:
-        """Hands the features over tiered tables to a `tiered.engine.TieredGroup` (None when there is none); the
-        rest of the machinery (static variables, the dynamic group) then sees only the other features, in order."""
-        # Tiered dynamic tables run in the dynamic group (their keys and metadata are a dynamic table's) and train
-        # in te.TPUEmbedding itself only.
-        tiered_dynamic_tables = [
-            f.table for f in flat_features if dynamic_config.is_dynamic(f.table) and tiered_config.is_tiered(f.table)
-        ]
-        dynamic_tiered = sorted({t.name for t in tiered_dynamic_tables})
-        refused_by = self._TIERED_UNSUPPORTED_BY or self._TIERED_DYNAMIC_UNSUPPORTED_BY
-        if dynamic_tiered and refused_by is not None:
+    def _make_groups(self, flat_features: list) -> tuple:
+        """One table backend per kind of table the features use (`_BACKENDS`), after the in-memory tables' group
+        (the features no kind claims; absent when there are none). Narrows `_table_config` and the learning-rate
+        tags to the in-memory tables: each group has its own configuration and tags."""
+        self._refuse_tiered(flat_features)
+        others = [g for g in (kind.of(flat_features, self._check_numerics) for kind in self._BACKENDS) if g is not None]
+        claimed = protocol.claimed_positions(others)
+        static = [i for i in range(len(flat_features)) if i not in claimed]
+        owned = {t.name for g in others for t in g.table_configs}
+        self._table_config = [t for t in self._table_config if t.name not in owned]
+        static_features = [flat_features[i] for i in static]
+        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
+        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
+        # in), exactly as `from_feature_config` will resolve them for the config proto.
+        self._dynamic_learning_rates = list(config_lib.resolve_tables(static_features).learning_rates)
+        mine = [static_backend.StaticGroup(self, static, static_features)] if static else []
+        # A tuple of plain objects: attribute tracking leaves it alone (no node in the checkpoint's object graph).
+        return tuple(mine + others)
+
+    def _refuse_tiered(self, flat_features: list) -> None:
+        """A front end that trains in-memory tables only (`_TIERED_UNSUPPORTED_BY`) refuses tiered tables of any
+        kind, naming them."""
+        names = sorted({f.table.name for f in flat_features if tiered_config.is_tiered(f.table)})
+        if names and self._TIERED_UNSUPPORTED_BY is not None:
+            listed = ", ".join(map(repr, names))
             raise ValueError(
-                f"{refused_by} does not train tiered dynamic tables: "
-                f"table(s) {', '.join(map(repr, dynamic_tiered))} are DynamicTableConfigs with storage=te.Tiered(...). "
-                "Train them with te.TPUEmbedding, or leave storage=None (in memory)."
-            )
-        group = tiered_engine.TieredGroup.of(flat_features, self._check_numerics)
-        if group is None:
-            return None
-        if self._TIERED_UNSUPPORTED_BY is not None:
-            names = ", ".join(repr(t.name) for t in group.table_configs)
-            raise ValueError(
-                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {names} have "
-                "storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
+                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {listed} "
+                "have storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
                 "storage=None (in memory)."
             )
-        self._table_config = [t for t in self._table_config if not tiered_engine.is_static_tiered(t)]
-        return group
 
-    def _not_tiered(self, items: list) -> list:
-        """`items` (one per feature, in feature order) without the tiered features' entries."""
-        return items if self._tiered is None else [items[i] for i in self._tiered.static_positions]
+    @property
+    def groups(self) -> list:
+        """The table backends (`backends.protocol.TableGroup`), one per kind of table, the in-memory one first: what
+        `lookup_all` and `send_all` walk, and what the lifecycle modules ask for tables."""
+        return list(self._groups)
+
+    def _group(self, kind: str) -> Any:
+        return next((g for g in self._groups if g.kind == kind), None)
 
     def _split_dynamic_tables(
         self, flat_features: list, shard_devices: Any = None, partition_by_key: Callable | None = None
     ) -> Any:
-        """Hands the features over `DynamicTableConfig`s to a `dynamic.engine.DynamicGroup`; the static
-        machinery (variables, `config_proto`, `lookup`, `send_gradients`, learning-rate tags) then covers only the
-        static features. Returns None, changing nothing, when there is no dynamic table."""
-        group = dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
-        if group is not None:
-            static = [flat_features[i] for i in group.static_positions]
-            self._table_config = [t for t in self._table_config if not dynamic_config.is_dynamic(t)]
-            self._dynamic_learning_rates = list(config_lib.resolve_tables(static).learning_rates)
-        return group
+        """A `dynamic.engine.DynamicGroup` of the features over `DynamicTableConfig`s (None when there is none), for
+        a subclass that places them (the parameter-server sharded class: one shard per device, keys split by
+        `partition_by_key`); it assigns the result to `_dynamic`."""
+        return dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
+
+    @property
+    def _dynamic(self) -> Any:
+        return self._group("dynamic")
+
+    @_dynamic.setter
+    def _dynamic(self, group: Any) -> None:
+        # The sharded class replaces the dynamic group by its sharded one (same features, same position).
+        self._groups = tuple(group if g.kind == "dynamic" else g for g in self._groups)
+
+    @property
+    def check_numerics(self) -> bool:
+        """Whether updates reject gradients holding NaN or +-inf (the constructor's `check_numerics`)."""
+        return self._check_numerics
 
     @property
     def static_features(self) -> list:
         """The flattened `FeatureConfig`s over static in-memory tables: the features `lookup` and `send_gradients`
         see."""
-        return self._static_only(tf.nest.flatten(self._feature_config))
-
-    def _static_only(self, items: list) -> list:
-        """`items` (one per feature, in feature order) restricted to the static in-memory tables' features."""
-        items = self._not_tiered(items)
-        return items if self._dynamic is None else [items[i] for i in self._dynamic.static_positions]
+        group = self._group("in-memory")
+        return [] if group is None else list(group.features)
 
     @property
     def tiered_group(self) -> Any:
         """The `tiered.engine.TieredGroup` running the tiered tables' features, or None without any."""
-        return self._tiered
+        return self._group("tiered")
 
     @property
     def tiered_tables(self) -> dict:
         """`{TableConfig: tiered.TieredTable}` of the tables with `storage=te.Tiered`; empty without any."""
-        if self._tiered is None:
+        group = self._group("tiered")
+        if group is None:
             return {}
         self._maybe_build()
-        return self._tiered.tables
+        return group.tables
 
     @property
     def dynamic_group(self) -> Any:
@@ -301,10 +311,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self.merge_output_shapes(shapes)
         with tf.init_scope():
             self._variables = self._create_variables_and_slots()
-            if self._dynamic is not None:
-                self._dynamic.build(self)
-            if self._tiered is not None:
-                self._tiered.build(self)
+            for group in self._groups:
+                group.build(self)
         self._built = True
 
     def _checkpoint_adapter(self, path: str) -> None:
@@ -369,12 +377,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
         untrained = any(t.optimizer is None for t in self._table_config)
         features, shapes = self._feature_config, self._output_shapes
-        if self._dynamic is not None or self._tiered is not None:
-            # The static features' configuration (the dynamic and tiered groups have their own).
-            features = self.static_features
-            shapes = self._static_only(shapes)
-            if not features:
+        group = self._group("in-memory")
+        if group is None or len(group.positions) != len(shapes):
+            # The static features' configuration (the other groups have their own).
+            if group is None:
                 return config_lib.TPUEmbeddingConfiguration()
+            features, shapes = list(group.features), [shapes[i] for i in group.positions]
         proto = config_lib.from_feature_config(
             features,
             optimizer=_tpu_embedding.SGD(learning_rate=0.0) if untrained else None,
@@ -539,53 +547,25 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self._send_all(flat, pending.inputs)
 
     def send_all(self, gradients: list, inputs: list) -> tf.Tensor:
-        """The fused updates of every table (static, dynamic, tiered) for one step: what `apply_gradients` runs.
-
-        The tiered update's checks run first, then the in-memory tables' updates, then the tiered one, so a step
-        any of them refuses changes no table. The Keras layer runs it in the backward pass of its lookup.
+        """The fused updates of every table group for one step: what `apply_gradients` runs (`backends.walk.send`:
+        every group's checks run before any group writes, so a step any of them refuses changes no table). The
+        Keras layer runs it in the backward pass of its lookup.
 
         Args:
           gradients: the activations' gradients in feature order, shaped as the lookup op returns them.
           inputs: the normalised inputs of the step, feature order.
 
         Returns:
-          A float32 scalar read after every update (each group's step counter or a table element): a data
-          dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
+          A float32 scalar read after every update (what each group's update returns: its step counter or a table
+          element): a data dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
         """
-        updates, tiered_step = self._send_all(gradients, inputs)
-        probes = [] if tiered_step is None else [tiered_step]
-        with tf.control_dependencies(updates):
-            # (A tf.function runs a variable's reads after the writes before them, so the dynamic step is read
-            # after the dynamic update advanced it.)
-            if self._dynamic is not None:
-                probes.append(self._dynamic.step.read_value())
-            tables, _ = self.tables_and_slots()
-            if tables:
-                probes.append(update_trigger.probe_after(updates, tables[0]))
+        sent = self._send_all(gradients, inputs)
+        probes = [p for p in (g.probe(s) for g, s in zip(self._groups, sent, strict=True)) if p is not None]
         return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
 
-    def _send_all(self, gradients: list, inputs: list) -> tuple[list, Any]:
-        """Runs the updates (see `send_all`); returns the static tables' update ops and the tiered tables' new step
-        (None without tiered tables)."""
-        table_config.check_trainable(self._table_config)
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-        updates: list = []
-
-        def send_static(gradients: list, inputs: list) -> None:
-            update = self.send_gradients(gradients, learning_rates, inputs)
-            updates.extend(update if isinstance(update, (list, tuple)) else [update])  # a list from the sharded class
-
-        def send_in_memory(gradients: list, inputs: list) -> None:
-            if self._dynamic is None:
-                send_static(gradients, inputs)
-            else:
-                dynamic_engine.split_send(self._dynamic, gradients, inputs, send_static)
-
-        if self._tiered is None:
-            send_in_memory(gradients, inputs)
-            return [u for u in updates if u is not None], None
-        tiered_step = tiered_engine.split_send(self._tiered, gradients, inputs, send_in_memory)
-        return [u for u in updates if u is not None], tiered_step
+    def _send_all(self, gradients: list, inputs: list) -> list:
+        """Runs the updates (see `send_all`); returns each group's result, in group order."""
+        return walk.send(self._groups, gradients, inputs)
 
     def prefetch(self, features: Any, weights: Any = None) -> list:
         """Makes the rows the tiered tables will need for `features` resident in their caches (not pinned).
@@ -606,63 +586,34 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         Raises:
           ValueError: as `enqueue`, for a batch that does not match `feature_config`.
         """
-        if self._tiered is None:
+        if all(g.kind == "in-memory" for g in self._groups):
             return []
         with tf.name_scope("tpu_embedding_prefetch"):
             inputs, _ = self.normalize_inputs(features, weights)
             self._maybe_build()
-            return self._tiered.prefetch([inputs[i] for i in self._tiered.positions])
+            return [op for g in self._groups for op in g.prefetch([inputs[i] for i in g.positions])]
 
     def lookup_all(self, inputs: list, training: bool) -> list:
         """Activations of every feature (normalised inputs, feature order; the op's shapes, before
-        `reshape_activations`): static, dynamic and tiered tables. With `training`, dynamic tables insert new keys."""
+        `reshape_activations`): each table group's (`backends.walk.lookup`). With `training`, dynamic tables insert
+        new keys."""
         return self._lookup_all(inputs, training)
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
-        """Activations of every feature: `lookup` for the static ones, the dynamic and tiered groups for theirs."""
-        if self._tiered is None:
-            return self._lookup_in_memory(inputs, training, name)
         if _xla.in_xla_context():
-            raise ValueError(
-                f"{type(self).__name__}: tiered tables {sorted(t.name for t in self._tiered.table_configs)} cannot be "
-                "looked up under XLA (jit_compile=True): their rows live in a cache XLA cannot read. Look them up "
-                "outside jit_compile."
-            )
-        return dynamic_engine.split_lookup(
-            self._tiered, inputs, training, lambda i: self._lookup_in_memory(i, training, name)
-        )
-
-    def _lookup_in_memory(self, inputs: list, training: bool, name: str | None = None) -> list:
-        """Activations of the in-memory tables' features: `lookup` for the static ones, the dynamic group's."""
-        if self._dynamic is not None and _xla.in_xla_context():
-            raise ValueError(
-                f"{type(self).__name__}: dynamic tables {sorted(t.name for t in self._dynamic.tables)} cannot be "
-                "looked up under XLA (jit_compile=True): their rows live in a hash table XLA cannot read. Look them "
-                "up outside jit_compile."
-            )
-        if self._dynamic is None:
-            return self.lookup(inputs, name=name)
-        return dynamic_engine.split_lookup(self._dynamic, inputs, training, lambda i: self.lookup(i, name=name))
+            refusals = walk.xla_refusals(self._groups)
+            if refusals:
+                raise ValueError(f"{type(self).__name__}: {'; '.join(refusals)}. Look them up outside jit_compile.")
+        with tf.name_scope(name or "lookup"):
+            return walk.lookup(self._groups, inputs, training)
 
     def lookup(self, inputs: list, name: str | None = None) -> list:
         """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass. Under
         XLA, the op's stock-TensorFlow equivalent (`tf_embed_ops._xla.lookup`, equal bit for bit)."""
-        tables, _ = self.tables_and_slots()
         if _xla.in_xla_context():
-            index = {t.name: i for i, t in enumerate(self._table_config)}
-            # No dynamic or tiered table here (`_lookup_all` refuses them under XLA).
-            features = tf.nest.flatten(self._feature_config)
-            return [
-                _xla.lookup(
-                    inp,
-                    inp.sample_indices_or_row_splits.shape.as_list() == [0],
-                    tables[index[f.table.name]],
-                    f.table.dim,
-                    f.table.combiner,
-                    f.table.quantization_config,
-                )
-                for inp, f in zip(inputs, features, strict=True)
-            ]
+            # The in-memory group read as a serving graph reads it, without a context: the variables themselves.
+            return self._group("in-memory").serving_group(None).lookup(inputs)
+        tables, _ = self.tables_and_slots()
         return list(
             embedding_ops.embedding_activations(
                 inputs, tables, self.serialized_config, combiners=self.combiners, name=name
