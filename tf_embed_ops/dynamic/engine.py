@@ -24,6 +24,7 @@ from tf_embed_ops import config as te_config
 from tf_embed_ops.backends import served
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
+from tf_embed_ops.dynamic import policies
 
 __all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature", "split_lookup"]
 
@@ -138,6 +139,7 @@ class DynamicGroup:
         children of `owner` under their names. Idempotent."""
         if self._tables is not None:
             return
+        from tf_embed_ops.dynamic import sharded_table  # pylint: disable=import-outside-toplevel
         from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
 
         objects, shards = [], []
@@ -146,7 +148,7 @@ class DynamicGroup:
                 table = table_lib.DynamicTable(config)
                 shards.append([table])
             else:
-                table = table_lib.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
+                table = sharded_table.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
                 shards.append(list(table.shards))
             _tf_compat.track_child(owner, table, config.name)
             objects.append(table)
@@ -251,7 +253,7 @@ class DynamicGroup:
         on each shard's device: the ops evict by the built-in policies themselves, a score needs its function."""
         rounds = []
         for config, shards in zip(self.table_configs, self._tables, strict=True):
-            if not isinstance(config.eviction, config_lib.Score):
+            if not isinstance(config.eviction, policies.Score):
                 continue
             for index, table in enumerate(shards):
                 with tf.device(self._shard_devices[index] if self._shard_devices else None):
