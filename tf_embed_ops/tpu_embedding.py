@@ -544,7 +544,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         table_config.check_trainable(self._table_config)
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
-            self._send_all(flat, pending.inputs)
+            self.send(flat, pending.inputs)
 
     def send_all(self, gradients: list, inputs: list) -> tf.Tensor:
         """The fused updates of every table group for one step: what `apply_gradients` runs (`backends.walk.send`:
@@ -559,12 +559,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
           A float32 scalar read after every update (what each group's update returns: its step counter or a table
           element): a data dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
         """
-        sent = self._send_all(gradients, inputs)
+        sent = self.send(gradients, inputs)
         probes = [p for p in (g.probe(s) for g, s in zip(self._groups, sent, strict=True)) if p is not None]
         return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
 
-    def _send_all(self, gradients: list, inputs: list) -> list:
-        """Runs the updates (see `send_all`); returns each group's result, in group order."""
+    def send(self, gradients: list, inputs: list) -> list:
+        """The fused updates of every table group (as `send_all`, without the scalar read after them); returns each
+        group's result of `send_gradients`, in group order."""
         return walk.send(self._groups, gradients, inputs)
 
     def prefetch(self, features: Any, weights: Any = None) -> list:
@@ -591,7 +592,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         with tf.name_scope("tpu_embedding_prefetch"):
             inputs, _ = self.normalize_inputs(features, weights)
             self._maybe_build()
-            return [op for g in self._groups for op in g.prefetch([inputs[i] for i in g.positions])]
+            return self.prefetch_inputs(inputs)
+
+    def prefetch_inputs(self, inputs: list) -> list:
+        """`prefetch` of normalised inputs (every feature's, feature order): each group's prefetch ops."""
+        return [op for g in self._groups for op in g.prefetch([inputs[i] for i in g.positions])]
 
     def lookup_all(self, inputs: list, training: bool) -> list:
         """Activations of every feature (normalised inputs, feature order; the op's shapes, before
