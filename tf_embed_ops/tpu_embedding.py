@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -41,6 +40,7 @@ from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.engine import checkpoint as checkpoint_lib
 from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
+from tf_embed_ops.engine import tables as tables_lib
 from tf_embed_ops.engine import update as update_lib
 from tf_embed_ops.engine import variables as variables_lib
 from tf_embed_ops.tiered import config as tiered_config
@@ -52,22 +52,6 @@ __all__ = ["TPUEmbedding", "check_feature_keys"]
 check_feature_keys = features_lib.check_feature_keys
 
 _tpu_embedding = tf.tpu.experimental.embedding
-
-
-def _supported_optimizers() -> tuple[type, ...]:
-    # Every optimizer class the config loader maps into the proto: TensorFlow's five and tf_embed_ops.optimizers
-    # (CustomOptimizer aside: a SparseCore program with no Load/Retrieve op and no CPU meaning).
-    return config_lib.supported_optimizer_classes()
-
-
-def _from_keras(optimizer: Any, table: Any) -> Any:
-    # A Keras optimizer or its string name becomes its TPU optimizer (Keras is imported only for those).
-    keras = sys.modules.get("keras")  # a Keras optimizer object implies Keras is imported
-    if isinstance(optimizer, str) or (keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)):
-        from tf_embed_ops import optimizer_mapping  # pylint: disable=import-outside-toplevel
-
-        return optimizer_mapping.to_table_optimizer(optimizer, table)
-    return optimizer
 
 
 class _Pending(NamedTuple):
@@ -151,24 +135,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # Every table, before the tiered and dynamic ones are split off: the numbering that keys stochastic
         # rounding (`tiered_engine.rounding_table_ids`).
         self._every_table = list(resolved.tables)
-        for i, (table, name) in enumerate(zip(self._table_config, resolved.names, strict=True)):
-            # TensorFlow writes the global optimizer and the `table_{i}` name into the TableConfig itself; so do
-            # we (same objects, same config proto from tf_embed_ops.config.from_feature_config).
-            table.optimizer = resolved.optimizers[i]
-            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
-                table.optimizer = _from_keras(table.optimizer, name)
-            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
-                raise ValueError(
-                    f"{type(table.optimizer)} is an unsupported optimizer class (table {name!r}). "
-                    "Please pass an instance of tf.tpu.experimental.embedding.SGD, Adagrad, AdagradMomentum, "
-                    "Adam or FTRL, of a tf_embed_ops.optimizers class, or keras.optimizers.SGD, Adagrad, Adam or Ftrl."
-                )
-            if not isinstance(table.combiner, str):
-                raise ValueError(
-                    f"Table {name!r} uses combiner {table.combiner!r}; only 'sum', 'mean' and 'sqrtn' "
-                    "are supported off SparseCore."
-                )
-            table.name = name
+        tables_lib.name_and_check_tables(resolved)
         self._groups = self._make_groups(flat_features)
 
         self._built = False
@@ -373,21 +340,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """
         if self._config_proto is not None:
             return self._config_proto
-        # The tables already carry their (possibly global) optimizer. A table with none (lookup only, as TF's
-        # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
-        untrained = any(t.optimizer is None for t in self._table_config)
-        features, shapes = self._feature_config, self._output_shapes
         group = self._group("in-memory")
-        if group is None or len(group.positions) != len(shapes):
-            # The static features' configuration (the other groups have their own).
-            if group is None:
-                return config_lib.TPUEmbeddingConfiguration()
-            features, shapes = list(group.features), [shapes[i] for i in group.positions]
-        proto = config_lib.from_feature_config(
-            features,
-            optimizer=_tpu_embedding.SGD(learning_rate=0.0) if untrained else None,
-            pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
-            output_shapes=tf.nest.pack_sequence_as(features, [tf.TensorShape(s) for s in shapes]),
+        if group is None:  # the other groups have their own configurations
+            return config_lib.TPUEmbeddingConfiguration()
+        proto = tables_lib.config_proto(
+            self._feature_config if len(group.positions) == len(self._output_shapes) else list(group.features),
+            [self._output_shapes[i] for i in group.positions],
+            self._pipeline_execution_with_tensor_core,
         )
         # input_shape is written only once every shape is known (TF fixes them at build); until then the proto
         # is recomputed. The kernels take the batch shape from their inputs, never from here.
@@ -427,30 +386,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         return [table.combiner for table in self._table_config]
 
     def _output_shapes_from_input_shapes(self, input_shapes: list) -> list:
-        """TF's rule: a rank-2 non-[B,1] input of a sequence feature gets [B, L]; otherwise drop the last axis."""
-        out = []
-        for shape, feature in zip(input_shapes, tf.nest.flatten(self._feature_config), strict=False):
-            if shape.rank is None or shape.rank < 1:
-                raise ValueError(f"Received input tensor of shape {shape}. Rank must be 1 and above.")
-            out.append(features_lib.output_shape(shape, feature, shape.rank == 2 and shape[-1] != 1))
-        return out
+        return inputs_lib.output_shapes_from_input_shapes(input_shapes, tf.nest.flatten(self._feature_config))
 
     def merge_output_shapes(self, incoming: list) -> None:
-        """Fills still-unknown output shapes (for `config_proto`); known ones stay, as TF's priority order says.
-
-        Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the
-        last, partial one) is not an error; the configuration keeps describing the first. A shape with a zero
-        dimension (an empty batch) fixes nothing: a configuration's `input_shape` must be positive, so taking it
-        would make every later batch's configuration invalid.
-        """
-
-        def describes_a_batch(shape: tf.TensorShape) -> bool:
-            return shape.rank is not None and shape.rank > 0 and all(d != 0 for d in shape.as_list())
-
-        self._output_shapes = [
-            old if old.rank is not None and old.rank > 0 else (new if describes_a_batch(new) else old)
-            for old, new in zip(self._output_shapes, incoming, strict=False)
-        ]
+        """Fills still-unknown output shapes (for `config_proto`): `engine.inputs.merge_output_shapes`."""
+        self._output_shapes = inputs_lib.merge_output_shapes(self._output_shapes, incoming)
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
 
@@ -688,20 +628,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             except (ValueError, TypeError):
                 present, features, weights = inputs_lib.complete_subset(self._feature_config, features, weights)
             inputs, shapes = self.normalize_inputs(features, weights)
-            if present is not None:
-                # Shapes of the stand-ins must not enter config_proto.
-                config_paths = [path for path, _ in features_lib.flatten_with_paths(self._feature_config)]
-                shapes = [
-                    s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)
-                ]
+            if present is not None:  # the stand-ins' shapes must not enter config_proto
+                shapes = inputs_lib.present_shapes(self._feature_config, shapes, present)
             self.merge_output_shapes(shapes)
             self._maybe_build()
             acts = self._lookup_all(inputs, training=False)
             if present is None:
                 return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
-            # Output in the order (and nest) of `features`, whose leaves need not be in feature order.
-            position = {path: i for i, (path, _) in enumerate(features_lib.flatten_with_paths(self._feature_config))}
-            wanted = [position[path] for path in present]
-            flat_config = tf.nest.flatten(self._feature_config)
-            reshaped = lookup_lib.reshape_activations([acts[i] for i in wanted], [flat_config[i] for i in wanted])
-            return tf.nest.pack_sequence_as(subset, reshaped)
+            return lookup_lib.pack_subset(self._feature_config, acts, present, subset)
