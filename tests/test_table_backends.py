@@ -142,7 +142,7 @@ def _state(emb, static, dynamic, tiered):
 def test_a_step_one_kind_refuses_changes_no_table_of_any_kind(tmp_path, in_function, refused_by):
     rate = tf.Variable(0.25)
     emb, static, dynamic, tiered = _three_kinds(tmp_path, rate)
-    assert [g.kind for g in emb.groups] == ["in-memory", "dynamic", "tiered"]
+    assert [g.kind for g in emb.groups] == ["in-memory", "tiered", "dynamic"]
     ids = tf.constant([1, 2, 3], tf.int64)
     run = tf.function(step) if in_function else step
     run(emb, {"s": ids, "d": ids, "t": ids})

@@ -89,7 +89,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     # The kinds of tables beside the in-memory ones, each a table backend class (`backends.protocol.TableGroup`)
     # with `of(flat_features, check_numerics)`: its group of the features, or None. The in-memory tables (the
     # features no kind claims) come first: their update validates before it writes and has no check-only form.
-    _BACKENDS: tuple = (dynamic_engine.DynamicGroup, tiered_engine.TieredGroup)
+    _BACKENDS: tuple = (tiered_engine.TieredGroup, dynamic_engine.DynamicGroup)
     # The front end a subclass is, when it trains tables held in memory only (its constructor then refuses tables
     # with storage=te.Tiered); set by the parameter-server sharded class.
     _TIERED_UNSUPPORTED_BY: str | None = None
@@ -287,6 +287,19 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         restore changes no table (`engine.checkpoint`). Returns None: no resharding."""
         checkpoint_lib.validate(self, path)
         return None
+
+    @property
+    def built(self) -> bool:
+        """Whether `build` has created the variables and tables."""
+        return self._built
+
+    def checkpoint_children(self) -> dict:
+        """`{name: trackable}`: the tables, slots and groups' tables a checkpoint writes below this object."""
+        return dict(self._trackable_children())
+
+    def ensure_built(self) -> None:
+        """`build()` unless built, safe inside a trace (the variables are created eagerly, once)."""
+        self._maybe_build()
 
     def _maybe_build(self) -> None:
         if not self._built:

@@ -19,7 +19,8 @@ __all__ = ["StaticGroup"]
 
 def _backing(variable: Any) -> Any:
     # A keras.Variable's backing tf.Variable; a tf.Variable (or a ShardedVariable) as it is.
-    return variable if isinstance(variable, tf.Variable) or not hasattr(variable, "value") else variable.value
+    inner = getattr(variable, "value", None)
+    return inner if not isinstance(variable, tf.Variable) and isinstance(inner, tf.Variable) else variable
 
 
 class StaticGroup:

@@ -96,11 +96,11 @@ class IncrementalCheckpointManager:
         embedding_vars = set()
         tiered: list = []
         for name in self._tracker.table_names:
-            table = self._tracker._table(name)  # noqa: SLF001 - the tracker's own per-table view
-            if isinstance(table, tracking._TieredTable):  # noqa: SLF001 - the tracker's own per-table view
+            table = self._tracker.table(name)
+            if table.kind == "static" and table.tiered:
                 self._tables[name] = table_states.TieredState(name, table)
                 tiered.append(table.table)
-            elif self._tracker.kind(name) == "static":
+            elif table.kind == "static":
                 self._tables[name] = table_states.StaticState(name, table)
                 for shards in [table.parameters, *table.slots.values()]:
                     embedding_vars.update(id(v) for v in shards)
@@ -520,7 +520,7 @@ class IncrementalCheckpointManager:
             else:
                 tensors = merged.get(name) or table_states.merge_dynamic(name, None, deltas, state.table)
                 # The full-checkpoint restore path: resharding by key and capacity growth included.
-                state.table._restore_from_tensors({k: tf.constant(v) for k, v in tensors.items()})  # noqa: SLF001
+                state.table.restore_tensors({k: tf.constant(v) for k, v in tensors.items()})
         header, arrays = deltas[-1]
         for path, var in self._dense.items():
             if path in header["dense"]:

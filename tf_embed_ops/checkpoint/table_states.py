@@ -100,7 +100,7 @@ def policy_state(table: Any) -> dict:
         return {}
     if getattr(table, "tiered", None) is not None:  # its checkpoint tensors would hold every row: the policies' only
         return {k: v.numpy() for k, v in table.export_policy_state().items()}
-    tensors = table._serialize_to_tensors()  # noqa: SLF001 - the table's own checkpoint tensors
+    tensors = table.checkpoint_tensors()
     return {k: tensors[k].numpy() for k in names}
 
 

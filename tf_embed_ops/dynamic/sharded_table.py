@@ -112,6 +112,14 @@ class ShardedDynamicTable(tf.Module):
         object_map[self] = new
         return tensors
 
+    def checkpoint_tensors(self) -> dict[str, tf.Tensor]:
+        """The tensors a checkpoint writes for this table (`CHECKPOINT_TENSORS` and the policies' state)."""
+        return self._serialize_to_tensors()
+
+    def restore_tensors(self, tensors: dict) -> Any:
+        """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
+        return self._restore_from_tensors(tensors)
+
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._shard_tuple[0].step.read_value()
@@ -134,7 +142,7 @@ class ShardedDynamicTable(tf.Module):
     def spec(self) -> checkpoint_check.TableSpec:
         """What a checkpoint of this table must hold (every shard's part checked)."""
         first = self._shard_tuple[0]
-        return checkpoint_check.TableSpec.of(first._attrs, first.num_shards, tuple(range(first.num_shards)))  # noqa: SLF001
+        return checkpoint_check.TableSpec.of(first.handle_attrs, first.num_shards, tuple(range(first.num_shards)))
 
     def _checkpoint_adapter(self, path: str) -> None:
         # As DynamicTable's: the whole check before TensorFlow reads any tensor (every shard's part).

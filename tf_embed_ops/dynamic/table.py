@@ -458,6 +458,19 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             object_map[self]._log_cursor = object_map[self._log_cursor]  # noqa: SLF001 - our own class's copy
         return tensors
 
+    @property
+    def handle_attrs(self) -> dict:
+        """The attributes of the table's `TfEmbed>DynamicTableHandle` op (`config.handle_attrs`, no shared name)."""
+        return dict(self._attrs)
+
+    def checkpoint_tensors(self) -> dict[str, tf.Tensor]:
+        """The tensors a checkpoint writes for this table (`CHECKPOINT_TENSORS` and the policies' state)."""
+        return self._serialize_to_tensors()
+
+    def restore_tensors(self, tensors: dict) -> Any:
+        """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
+        return self._restore_from_tensors(tensors)
+
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._step.read_value()

@@ -213,6 +213,11 @@ class TPUEmbedding(keras.layers.Layer):
         return self._tpu_embedding.feature_config
 
     @property
+    def embedding(self) -> mid_level.TPUEmbedding:
+        """The layer's mid-level object (its `keras.Variable` tables, its table groups), as the sharded layer's."""
+        return self._tpu_embedding
+
+    @property
     def embedding_tables(self) -> dict:
         """`{TableConfig: keras.Variable}`."""
         return self._tpu_embedding.embedding_tables
