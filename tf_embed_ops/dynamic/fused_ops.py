@@ -6,7 +6,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_embed_ops import _loader
-from tf_embed_ops.dynamic.op_inputs import feature_inputs, handle_tensors, step_tensor
+from tf_embed_ops.dynamic.op_inputs import feature_arguments, feature_inputs, handle_tensors, step_tensor
 from tf_embed_ops.embedding_ops import checked_combiners, learning_rate_values, serialized_config
 
 __all__ = ["dynamic_embedding_activations", "dynamic_send_tpu_embedding_gradients"]
@@ -39,10 +39,7 @@ def dynamic_embedding_activations(
     with tf.name_scope(name or "dynamic_embedding_activations"):
         feats = feature_inputs(features, "features")
         return _loader.load_ops().tf_embed_dynamic_embedding_activations(
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
+            **feature_arguments(feats),
             tables=handle_tensors(tables, "tables"),
             step=step_tensor(step),
             config=serialized_config(config),
@@ -94,10 +91,7 @@ def dynamic_send_tpu_embedding_gradients(
         return _loader.load_ops().tf_embed_dynamic_send_tpu_embedding_gradients(
             inputs=grads,
             learning_rates=learning_rate_values(learning_rates),
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
+            **feature_arguments(feats),
             tables=handle_tensors(tables, "tables"),
             step=step_tensor(step),
             config=serialized_config(config),

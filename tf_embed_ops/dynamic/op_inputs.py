@@ -11,7 +11,7 @@ import tensorflow as tf
 from tf_embed_ops import embedding_ops
 from tf_embed_ops.embedding_ops import FeatureInput, checked_int
 
-__all__ = ["feature_inputs", "handle_tensor", "handle_tensors", "keys_tensor", "step_tensor"]
+__all__ = ["feature_arguments", "feature_inputs", "handle_tensor", "handle_tensors", "keys_tensor", "step_tensor"]
 
 
 def keys_tensor(keys, argument: str) -> tf.Tensor:
@@ -30,17 +30,29 @@ def keys_tensor(keys, argument: str) -> tf.Tensor:
     return keys
 
 
-def handle_tensor(table, argument: str) -> tf.Tensor:
+def handle_tensor(table, argument: str, kind: str = "dynamic") -> tf.Tensor:
+    """The resource handle of a table object (its `handle`) or a handle itself; `kind` names the table kind in
+    the error."""
     handle = getattr(table, "handle", table)
     if not isinstance(handle, tf.Tensor) or handle.dtype != tf.resource:
-        raise ValueError(f"{argument}: expected a dynamic table handle (resource tensor), got {type(table).__name__}")
+        raise ValueError(f"{argument}: expected a {kind} table handle (resource tensor), got {type(table).__name__}")
     return handle
 
 
-def handle_tensors(tables, argument: str) -> list[tf.Tensor]:
+def handle_tensors(tables, argument: str, kind: str = "dynamic") -> list[tf.Tensor]:
     if not isinstance(tables, Sequence) or not tables:
-        raise ValueError(f"{argument}: expected a non-empty list of dynamic table handles")
-    return [handle_tensor(t, f"{argument}[{i}]") for i, t in enumerate(tables)]
+        raise ValueError(f"{argument}: expected a non-empty list of {kind} table handles")
+    return [handle_tensor(t, f"{argument}[{i}]", kind) for i, t in enumerate(tables)]
+
+
+def feature_arguments(feats: list) -> dict:
+    """The fused ops' per-feature list inputs of normalised `FeatureInput`s, by the ops' argument names."""
+    return {
+        "sample_indices_or_row_splits": [f.sample_indices_or_row_splits for f in feats],
+        "keys": [f.ids for f in feats],
+        "aggregation_weights": [f.weights for f in feats],
+        "sample_shapes": [f.sample_shape for f in feats],
+    }
 
 
 def feature_inputs(features, argument: str) -> list[FeatureInput]:

@@ -13,6 +13,7 @@ from tf_embed_ops.dynamic.sharding import shard_of_keys
 from tf_embed_ops.dynamic.table import DynamicTable
 from tf_embed_ops.dynamic.table_state import (
     EXPORT_TENSORS,
+    CheckpointTensors,
     all_eager,
     checked_step,
     policy_state_checks,
@@ -25,7 +26,7 @@ from tf_embed_ops.dynamic.table_state import (
 __all__ = ["ShardedDynamicTable"]
 
 
-class ShardedDynamicTable(tf.Module):
+class ShardedDynamicTable(CheckpointTensors, tf.Module):
     """A dynamic table split by key over `num_shards` `DynamicTable`s, checkpointed as one table.
 
     Its checkpoint is the union of the shards sorted by key, in the format of one `DynamicTable`, so it restores
@@ -111,14 +112,6 @@ class ShardedDynamicTable(tf.Module):
         new.__dict__["_shard_tuple"] = tuple(object_map.get(s, s) for s in self._shard_tuple)
         object_map[self] = new
         return tensors
-
-    def checkpoint_tensors(self) -> dict[str, tf.Tensor]:
-        """The tensors a checkpoint writes for this table (`CHECKPOINT_TENSORS` and the policies' state)."""
-        return self._serialize_to_tensors()
-
-    def restore_tensors(self, tensors: dict) -> Any:
-        """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
-        return self._restore_from_tensors(tensors)
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()

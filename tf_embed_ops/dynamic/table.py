@@ -51,9 +51,10 @@ import tensorflow as tf
 from tf_embed_ops.dynamic import checkpoint_check, policies, tiered_checkpoint
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
-from tf_embed_ops.dynamic.table_state import (  # re-exported: their documented home was this module
+from tf_embed_ops.dynamic.table_state import (
     CHECKPOINT_TENSORS,
     EXPORT_TENSORS,
+    CheckpointTensors,  # re-exported: their documented home was this module
     all_eager,
     checked_step,
     policy_state_checks,
@@ -70,7 +71,7 @@ __all__ = ["CHECKPOINT_TENSORS", "EXPORT_TENSORS", "DynamicTable", "policy_tenso
 _uid = itertools.count()
 
 
-class DynamicTable(tf.saved_model.experimental.TrackableResource):
+class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResource):
     """One dynamic-vocabulary table (or one shard of it) as a TensorFlow resource.
 
     Args:
@@ -462,14 +463,6 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
     def handle_attrs(self) -> dict:
         """The attributes of the table's `TfEmbed>DynamicTableHandle` op (`config.handle_attrs`, no shared name)."""
         return dict(self._attrs)
-
-    def checkpoint_tensors(self) -> dict[str, tf.Tensor]:
-        """The tensors a checkpoint writes for this table (`CHECKPOINT_TENSORS` and the policies' state)."""
-        return self._serialize_to_tensors()
-
-    def restore_tensors(self, tensors: dict) -> Any:
-        """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
-        return self._restore_from_tensors(tensors)
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()

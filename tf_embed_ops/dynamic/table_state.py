@@ -15,6 +15,7 @@ from tf_embed_ops.dynamic.sharding import shard_of_keys
 
 __all__ = [
     "CHECKPOINT_TENSORS",
+    "CheckpointTensors",
     "EXPORT_TENSORS",
     "all_eager",
     "checked_step",
@@ -151,3 +152,16 @@ def all_eager(tensors: dict) -> bool:
 def variable_name(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
+
+
+class CheckpointTensors:
+    """The public face of a dynamic table's checkpoint format (`DynamicTable`, `ShardedDynamicTable`): what the
+    incremental checkpoints and the streamed restore read and write without TensorFlow's saveable hooks."""
+
+    def checkpoint_tensors(self) -> dict[str, tf.Tensor]:
+        """The tensors a checkpoint writes for this table (`CHECKPOINT_TENSORS` and the policies' state)."""
+        return self._serialize_to_tensors()
+
+    def restore_tensors(self, tensors: dict) -> Any:
+        """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
+        return self._restore_from_tensors(tensors)
