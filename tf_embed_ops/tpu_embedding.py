@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -52,18 +52,6 @@ __all__ = ["TPUEmbedding", "check_feature_keys"]
 check_feature_keys = features_lib.check_feature_keys
 
 _tpu_embedding = tf.tpu.experimental.embedding
-
-
-class _Pending(NamedTuple):
-    """What `enqueue` leaves for `dequeue` and `apply_gradients` (the TPU engine keeps this hidden)."""
-
-    inputs: list  # list[embedding_ops.FeatureInput], in feature order
-    training: bool
-    graph: Any  # the graph the tensors live in (None when eager)
-
-
-def _current_graph():
-    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
 class TPUEmbedding(_tf_compat.AutoTrackable):
@@ -434,23 +422,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             inputs, shapes = self.normalize_inputs(features, weights)
         self.merge_output_shapes(shapes)
         self._maybe_build()
-        self._pending = _Pending(inputs, bool(training), _current_graph())
+        self._pending = inputs_lib.pending_batch(inputs, bool(training))
 
-    def _take_pending(self, what: str) -> _Pending:
-        if not self._built:
-            raise RuntimeError(
-                f"{what} called on unbuilt TPUEmbedding object. Please either call enqueue first or manually "
-                "call the build method."
-            )
-        pending = self._pending
-        if pending is None:
-            raise RuntimeError(f"{what} called before enqueue: there is no batch of ids to use.")
-        if pending.graph is not None and pending.graph is not _current_graph():
-            raise RuntimeError(
-                f"{what} must run in the same tf.function (or eagerly, in the same context) as the enqueue that "
-                "queued its ids; call enqueue again here."
-            )
-        return pending
+    def _take_pending(self, what: str) -> inputs_lib.Pending:
+        return inputs_lib.checked_pending(self._pending, self._built, what)
 
     def tables_and_slots(self) -> tuple[list, list]:
         """The kernels' table and slot inputs, in table order (slots in Load/Retrieve order)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 from absl import logging
@@ -21,7 +21,10 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
 
 __all__ = [
+    "Pending",
+    "checked_pending",
     "complete_subset",
+    "pending_batch",
     "merge_output_shapes",
     "normalize_inputs",
     "output_shape_positions",
@@ -230,3 +233,38 @@ def present_shapes(feature_config: Any, shapes: list, present: list) -> list:
     stand-ins `complete_subset` adds must not fix `config_proto`'s shapes."""
     config_paths = [path for path, _ in features_lib.flatten_with_paths(feature_config)]
     return [s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)]
+
+
+class Pending(NamedTuple):
+    """What `enqueue` leaves for `dequeue` and `apply_gradients` (the TPU engine keeps this hidden)."""
+
+    inputs: list  # list[embedding_ops.FeatureInput], in feature order
+    training: bool
+    graph: Any  # the graph the tensors live in (None when eager)
+
+
+def _current_graph() -> Any:
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def pending_batch(inputs: list, training: bool) -> Pending:
+    """The batch `enqueue` queues, in the graph it is traced in (None eagerly)."""
+    return Pending(inputs, training, _current_graph())
+
+
+def checked_pending(pending: Pending | None, built: bool, what: str) -> Pending:
+    """The queued batch for `what` (dequeue / apply_gradients), refused when the object is not built, nothing is
+    queued, or the batch lives in another graph."""
+    if not built:
+        raise RuntimeError(
+            f"{what} called on unbuilt TPUEmbedding object. Please either call enqueue first or manually call the "
+            "build method."
+        )
+    if pending is None:
+        raise RuntimeError(f"{what} called before enqueue: there is no batch of ids to use.")
+    if pending.graph is not None and pending.graph is not _current_graph():
+        raise RuntimeError(
+            f"{what} must run in the same tf.function (or eagerly, in the same context) as the enqueue that queued "
+            "its ids; call enqueue again here."
+        )
+    return pending
