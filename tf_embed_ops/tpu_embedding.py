@@ -391,7 +391,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     def merge_output_shapes(self, incoming: list) -> None:
         """Fills still-unknown output shapes (for `config_proto`): `engine.inputs.merge_output_shapes`."""
-        self._output_shapes = inputs_lib.merge_output_shapes(self._output_shapes, incoming)
+        merged = inputs_lib.merge_output_shapes(self._output_shapes, incoming)
+        # Assigned only when a shape changes: the list is a tracked attribute, and replacing it on every call would
+        # change the object graph under a checkpoint saved from another thread.
+        if merged != list(self._output_shapes):
+            self._output_shapes = merged
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
 
