@@ -51,6 +51,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops.serving.delta_format",
         # The tiered storage option (`te.Tiered`), which every table config takes.
         "tf_embed_ops.tiered.config",
+        # The table backend protocol, the walk of one lookup and one update across groups, the serving form's base.
+        "tf_embed_ops.backends",
     ),
     # The op wrappers and the SparseCore layout.
     ("tf_embed_ops.embedding_ops", "tf_embed_ops.sparse_accumulator", "tf_embed_ops.sparse_core"),
@@ -60,8 +62,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tf_embed_ops.config",),
     # Dynamic and tiered tables (their ops, tables and the groups the mid-level classes hand them to).
     ("tf_embed_ops.dynamic", "tf_embed_ops.tiered"),
-    # The parts every front end composes.
-    ("tf_embed_ops.engine",),
+    # The parts every front end composes, and the in-memory tables' backend (over the mid-level's variables).
+    ("tf_embed_ops.engine", "tf_embed_ops.backends.static"),
     # The mid-level API.
     ("tf_embed_ops.tpu_embedding",),
     # Front ends built on it.

@@ -26,20 +26,21 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
-from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.backends import protocol, walk
+from tf_embed_ops.backends import static as static_backend
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.engine import checkpoint as checkpoint_lib
 from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
+from tf_embed_ops.engine import tables as tables_lib
 from tf_embed_ops.engine import update as update_lib
 from tf_embed_ops.engine import variables as variables_lib
 from tf_embed_ops.tiered import config as tiered_config
@@ -51,34 +52,6 @@ __all__ = ["TPUEmbedding", "check_feature_keys"]
 check_feature_keys = features_lib.check_feature_keys
 
 _tpu_embedding = tf.tpu.experimental.embedding
-
-
-def _supported_optimizers() -> tuple[type, ...]:
-    # Every optimizer class the config loader maps into the proto: TensorFlow's five and tf_embed_ops.optimizers
-    # (CustomOptimizer aside: a SparseCore program with no Load/Retrieve op and no CPU meaning).
-    return config_lib.supported_optimizer_classes()
-
-
-def _from_keras(optimizer: Any, table: Any) -> Any:
-    # A Keras optimizer or its string name becomes its TPU optimizer (Keras is imported only for those).
-    keras = sys.modules.get("keras")  # a Keras optimizer object implies Keras is imported
-    if isinstance(optimizer, str) or (keras is not None and isinstance(optimizer, keras.optimizers.Optimizer)):
-        from tf_embed_ops import optimizer_mapping  # pylint: disable=import-outside-toplevel
-
-        return optimizer_mapping.to_table_optimizer(optimizer, table)
-    return optimizer
-
-
-class _Pending(NamedTuple):
-    """What `enqueue` leaves for `dequeue` and `apply_gradients` (the TPU engine keeps this hidden)."""
-
-    inputs: list  # list[embedding_ops.FeatureInput], in feature order
-    training: bool
-    graph: Any  # the graph the tensors live in (None when eager)
-
-
-def _current_graph():
-    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
 class TPUEmbedding(_tf_compat.AutoTrackable):
@@ -101,10 +74,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         >>> emb.apply_gradients(tape.gradient(loss, acts))
     """
 
-    # The front end a subclass is, when it does not train tiered tables (its constructor then refuses them).
+    # The kinds of tables beside the in-memory ones, each a table backend class (`backends.protocol.TableGroup`)
+    # with `of(flat_features, check_numerics)`: its group of the features, or None. The in-memory tables (the
+    # features no kind claims) come first: their update validates before it writes and has no check-only form.
+    _BACKENDS: tuple = (tiered_engine.TieredGroup, dynamic_engine.DynamicGroup)
+    # The front end a subclass is, when it trains tables held in memory only (its constructor then refuses tables
+    # with storage=te.Tiered); set by the parameter-server sharded class.
     _TIERED_UNSUPPORTED_BY: str | None = None
-    # The same for tiered dynamic tables (te.DynamicTableConfig with storage=te.Tiered).
-    _TIERED_DYNAMIC_UNSUPPORTED_BY: str | None = None
 
     def __init__(
         self,
@@ -147,106 +123,95 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # Every table, before the tiered and dynamic ones are split off: the numbering that keys stochastic
         # rounding (`tiered_engine.rounding_table_ids`).
         self._every_table = list(resolved.tables)
-        for i, (table, name) in enumerate(zip(self._table_config, resolved.names, strict=True)):
-            # TensorFlow writes the global optimizer and the `table_{i}` name into the TableConfig itself; so do
-            # we (same objects, same config proto from tf_embed_ops.config.from_feature_config).
-            table.optimizer = resolved.optimizers[i]
-            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
-                table.optimizer = _from_keras(table.optimizer, name)
-            if table.optimizer is not None and not isinstance(table.optimizer, _supported_optimizers()):
-                raise ValueError(
-                    f"{type(table.optimizer)} is an unsupported optimizer class (table {name!r}). "
-                    "Please pass an instance of tf.tpu.experimental.embedding.SGD, Adagrad, AdagradMomentum, "
-                    "Adam or FTRL, of a tf_embed_ops.optimizers class, or keras.optimizers.SGD, Adagrad, Adam or Ftrl."
-                )
-            if not isinstance(table.combiner, str):
-                raise ValueError(
-                    f"Table {name!r} uses combiner {table.combiner!r}; only 'sum', 'mean' and 'sqrtn' "
-                    "are supported off SparseCore."
-                )
-            table.name = name
-        # Tiered tables go to their own group; what follows sees the in-memory tables' features only.
-        self._tiered = self._split_tiered_tables(flat_features)
-        flat_features = self._not_tiered(flat_features)
-        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
-        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
-        # in), exactly as `from_feature_config` will resolve them for the config proto.
-        self._dynamic_learning_rates = list(config_lib.resolve_tables(flat_features).learning_rates)
-        self._dynamic = self._split_dynamic_tables(flat_features)
+        tables_lib.name_and_check_tables(resolved)
+        self._groups = self._make_groups(flat_features)
 
         self._built = False
         self._config_proto = None
         self._pending = None
 
-    def _split_tiered_tables(self, flat_features: list) -> Any:
-        """Hands the features over tiered tables to a `tiered.engine.TieredGroup` (None when there is none); the
-        rest of the machinery (static variables, the dynamic group) then sees only the other features, in order."""
-        # Tiered dynamic tables run in the dynamic group (their keys and metadata are a dynamic table's) and train
-        # in te.TPUEmbedding itself only.
-        tiered_dynamic_tables = [
-            f.table for f in flat_features if dynamic_config.is_dynamic(f.table) and tiered_config.is_tiered(f.table)
-        ]
-        dynamic_tiered = sorted({t.name for t in tiered_dynamic_tables})
-        refused_by = self._TIERED_UNSUPPORTED_BY or self._TIERED_DYNAMIC_UNSUPPORTED_BY
-        if dynamic_tiered and refused_by is not None:
+    def _make_groups(self, flat_features: list) -> tuple:
+        """One table backend per kind of table the features use (`_BACKENDS`), after the in-memory tables' group
+        (the features no kind claims; absent when there are none). Narrows `_table_config` and the learning-rate
+        tags to the in-memory tables: each group has its own configuration and tags."""
+        self._refuse_tiered(flat_features)
+        others = [g for g in (kind.of(flat_features, self._check_numerics) for kind in self._BACKENDS) if g is not None]
+        claimed = protocol.claimed_positions(others)
+        static = [i for i in range(len(flat_features)) if i not in claimed]
+        owned = {t.name for g in others for t in g.table_configs}
+        self._table_config = [t for t in self._table_config if t.name not in owned]
+        static_features = [flat_features[i] for i in static]
+        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
+        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
+        # in), exactly as `from_feature_config` will resolve them for the config proto.
+        self._dynamic_learning_rates = list(config_lib.resolve_tables(static_features).learning_rates)
+        mine = [static_backend.StaticGroup(self, static, static_features)] if static else []
+        # A tuple of plain objects: attribute tracking leaves it alone (no node in the checkpoint's object graph).
+        return tuple(mine + others)
+
+    def _refuse_tiered(self, flat_features: list) -> None:
+        """A front end that trains in-memory tables only (`_TIERED_UNSUPPORTED_BY`) refuses tiered tables of any
+        kind, naming them."""
+        names = sorted({f.table.name for f in flat_features if tiered_config.is_tiered(f.table)})
+        if names and self._TIERED_UNSUPPORTED_BY is not None:
+            listed = ", ".join(map(repr, names))
             raise ValueError(
-                f"{refused_by} does not train tiered dynamic tables: "
-                f"table(s) {', '.join(map(repr, dynamic_tiered))} are DynamicTableConfigs with storage=te.Tiered(...). "
-                "Train them with te.TPUEmbedding, or leave storage=None (in memory)."
-            )
-        group = tiered_engine.TieredGroup.of(flat_features, self._check_numerics)
-        if group is None:
-            return None
-        if self._TIERED_UNSUPPORTED_BY is not None:
-            names = ", ".join(repr(t.name) for t in group.table_configs)
-            raise ValueError(
-                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {names} have "
-                "storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
+                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {listed} "
+                "have storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
                 "storage=None (in memory)."
             )
-        self._table_config = [t for t in self._table_config if not tiered_engine.is_static_tiered(t)]
-        return group
 
-    def _not_tiered(self, items: list) -> list:
-        """`items` (one per feature, in feature order) without the tiered features' entries."""
-        return items if self._tiered is None else [items[i] for i in self._tiered.static_positions]
+    @property
+    def groups(self) -> list:
+        """The table backends (`backends.protocol.TableGroup`), one per kind of table, the in-memory one first: what
+        `lookup_all` and `send_all` walk, and what the lifecycle modules ask for tables."""
+        return list(self._groups)
+
+    def _group(self, kind: str) -> Any:
+        return next((g for g in self._groups if g.kind == kind), None)
 
     def _split_dynamic_tables(
         self, flat_features: list, shard_devices: Any = None, partition_by_key: Callable | None = None
     ) -> Any:
-        """Hands the features over `DynamicTableConfig`s to a `dynamic.engine.DynamicGroup`; the static
-        machinery (variables, `config_proto`, `lookup`, `send_gradients`, learning-rate tags) then covers only the
-        static features. Returns None, changing nothing, when there is no dynamic table."""
-        group = dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
-        if group is not None:
-            static = [flat_features[i] for i in group.static_positions]
-            self._table_config = [t for t in self._table_config if not dynamic_config.is_dynamic(t)]
-            self._dynamic_learning_rates = list(config_lib.resolve_tables(static).learning_rates)
-        return group
+        """A `dynamic.engine.DynamicGroup` of the features over `DynamicTableConfig`s (None when there is none), for
+        a subclass that places them (the parameter-server sharded class: one shard per device, keys split by
+        `partition_by_key`); it assigns the result to `_dynamic`."""
+        return dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
+
+    @property
+    def _dynamic(self) -> Any:
+        return self._group("dynamic")
+
+    @_dynamic.setter
+    def _dynamic(self, group: Any) -> None:
+        # The sharded class replaces the dynamic group by its sharded one (same features, same position).
+        self._groups = tuple(group if g.kind == "dynamic" else g for g in self._groups)
+
+    @property
+    def check_numerics(self) -> bool:
+        """Whether updates reject gradients holding NaN or +-inf (the constructor's `check_numerics`)."""
+        return self._check_numerics
 
     @property
     def static_features(self) -> list:
         """The flattened `FeatureConfig`s over static in-memory tables: the features `lookup` and `send_gradients`
         see."""
-        return self._static_only(tf.nest.flatten(self._feature_config))
-
-    def _static_only(self, items: list) -> list:
-        """`items` (one per feature, in feature order) restricted to the static in-memory tables' features."""
-        items = self._not_tiered(items)
-        return items if self._dynamic is None else [items[i] for i in self._dynamic.static_positions]
+        group = self._group("in-memory")
+        return [] if group is None else list(group.features)
 
     @property
     def tiered_group(self) -> Any:
         """The `tiered.engine.TieredGroup` running the tiered tables' features, or None without any."""
-        return self._tiered
+        return self._group("tiered")
 
     @property
     def tiered_tables(self) -> dict:
         """`{TableConfig: tiered.TieredTable}` of the tables with `storage=te.Tiered`; empty without any."""
-        if self._tiered is None:
+        group = self._group("tiered")
+        if group is None:
             return {}
         self._maybe_build()
-        return self._tiered.tables
+        return group.tables
 
     @property
     def dynamic_group(self) -> Any:
@@ -301,10 +266,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             self.merge_output_shapes(shapes)
         with tf.init_scope():
             self._variables = self._create_variables_and_slots()
-            if self._dynamic is not None:
-                self._dynamic.build(self)
-            if self._tiered is not None:
-                self._tiered.build(self)
+            for group in self._groups:
+                group.build(self)
         self._built = True
 
     def _checkpoint_adapter(self, path: str) -> None:
@@ -312,6 +275,19 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         restore changes no table (`engine.checkpoint`). Returns None: no resharding."""
         checkpoint_lib.validate(self, path)
         return None
+
+    @property
+    def built(self) -> bool:
+        """Whether `build` has created the variables and tables."""
+        return self._built
+
+    def checkpoint_children(self) -> dict:
+        """`{name: trackable}`: the tables, slots and groups' tables a checkpoint writes below this object."""
+        return dict(self._trackable_children())
+
+    def ensure_built(self) -> None:
+        """`build()` unless built, safe inside a trace (the variables are created eagerly, once)."""
+        self._maybe_build()
 
     def _maybe_build(self) -> None:
         if not self._built:
@@ -365,21 +341,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """
         if self._config_proto is not None:
             return self._config_proto
-        # The tables already carry their (possibly global) optimizer. A table with none (lookup only, as TF's
-        # serving class allows) is described as SGD with learning rate 0; apply_gradients refuses to train it.
-        untrained = any(t.optimizer is None for t in self._table_config)
-        features, shapes = self._feature_config, self._output_shapes
-        if self._dynamic is not None or self._tiered is not None:
-            # The static features' configuration (the dynamic and tiered groups have their own).
-            features = self.static_features
-            shapes = self._static_only(shapes)
-            if not features:
-                return config_lib.TPUEmbeddingConfiguration()
-        proto = config_lib.from_feature_config(
-            features,
-            optimizer=_tpu_embedding.SGD(learning_rate=0.0) if untrained else None,
-            pipeline_execution_with_tensor_core=self._pipeline_execution_with_tensor_core,
-            output_shapes=tf.nest.pack_sequence_as(features, [tf.TensorShape(s) for s in shapes]),
+        group = self._group("in-memory")
+        if group is None:  # the other groups have their own configurations
+            return config_lib.TPUEmbeddingConfiguration()
+        proto = tables_lib.config_proto(
+            self._feature_config if len(group.positions) == len(self._output_shapes) else list(group.features),
+            [self._output_shapes[i] for i in group.positions],
+            self._pipeline_execution_with_tensor_core,
         )
         # input_shape is written only once every shape is known (TF fixes them at build); until then the proto
         # is recomputed. The kernels take the batch shape from their inputs, never from here.
@@ -419,30 +387,15 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         return [table.combiner for table in self._table_config]
 
     def _output_shapes_from_input_shapes(self, input_shapes: list) -> list:
-        """TF's rule: a rank-2 non-[B,1] input of a sequence feature gets [B, L]; otherwise drop the last axis."""
-        out = []
-        for shape, feature in zip(input_shapes, tf.nest.flatten(self._feature_config), strict=False):
-            if shape.rank is None or shape.rank < 1:
-                raise ValueError(f"Received input tensor of shape {shape}. Rank must be 1 and above.")
-            out.append(features_lib.output_shape(shape, feature, shape.rank == 2 and shape[-1] != 1))
-        return out
+        return inputs_lib.output_shapes_from_input_shapes(input_shapes, tf.nest.flatten(self._feature_config))
 
     def merge_output_shapes(self, incoming: list) -> None:
-        """Fills still-unknown output shapes (for `config_proto`); known ones stay, as TF's priority order says.
-
-        Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the
-        last, partial one) is not an error; the configuration keeps describing the first. A shape with a zero
-        dimension (an empty batch) fixes nothing: a configuration's `input_shape` must be positive, so taking it
-        would make every later batch's configuration invalid.
-        """
-
-        def describes_a_batch(shape: tf.TensorShape) -> bool:
-            return shape.rank is not None and shape.rank > 0 and all(d != 0 for d in shape.as_list())
-
-        self._output_shapes = [
-            old if old.rank is not None and old.rank > 0 else (new if describes_a_batch(new) else old)
-            for old, new in zip(self._output_shapes, incoming, strict=False)
-        ]
+        """Fills still-unknown output shapes (for `config_proto`): `engine.inputs.merge_output_shapes`."""
+        merged = inputs_lib.merge_output_shapes(self._output_shapes, incoming)
+        # Assigned only when a shape changes: the list is a tracked attribute, and replacing it on every call would
+        # change the object graph under a checkpoint saved from another thread.
+        if merged != list(self._output_shapes):
+            self._output_shapes = merged
 
     # ------------------------------------------------------------------ enqueue / dequeue / apply
 
@@ -473,23 +426,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             inputs, shapes = self.normalize_inputs(features, weights)
         self.merge_output_shapes(shapes)
         self._maybe_build()
-        self._pending = _Pending(inputs, bool(training), _current_graph())
+        self._pending = inputs_lib.pending_batch(inputs, bool(training))
 
-    def _take_pending(self, what: str) -> _Pending:
-        if not self._built:
-            raise RuntimeError(
-                f"{what} called on unbuilt TPUEmbedding object. Please either call enqueue first or manually "
-                "call the build method."
-            )
-        pending = self._pending
-        if pending is None:
-            raise RuntimeError(f"{what} called before enqueue: there is no batch of ids to use.")
-        if pending.graph is not None and pending.graph is not _current_graph():
-            raise RuntimeError(
-                f"{what} must run in the same tf.function (or eagerly, in the same context) as the enqueue that "
-                "queued its ids; call enqueue again here."
-            )
-        return pending
+    def _take_pending(self, what: str) -> inputs_lib.Pending:
+        return inputs_lib.checked_pending(self._pending, self._built, what)
 
     def tables_and_slots(self) -> tuple[list, list]:
         """The kernels' table and slot inputs, in table order (slots in Load/Retrieve order)."""
@@ -536,56 +476,29 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         table_config.check_trainable(self._table_config)
         with tf.name_scope(name or "tpu_embedding_apply_gradients"):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
-            self._send_all(flat, pending.inputs)
+            self.send(flat, pending.inputs)
 
     def send_all(self, gradients: list, inputs: list) -> tf.Tensor:
-        """The fused updates of every table (static, dynamic, tiered) for one step: what `apply_gradients` runs.
-
-        The tiered update's checks run first, then the in-memory tables' updates, then the tiered one, so a step
-        any of them refuses changes no table. The Keras layer runs it in the backward pass of its lookup.
+        """The fused updates of every table group for one step: what `apply_gradients` runs (`backends.walk.send`:
+        every group's checks run before any group writes, so a step any of them refuses changes no table). The
+        Keras layer runs it in the backward pass of its lookup.
 
         Args:
           gradients: the activations' gradients in feature order, shaped as the lookup op returns them.
           inputs: the normalised inputs of the step, feature order.
 
         Returns:
-          A float32 scalar read after every update (each group's step counter or a table element): a data
-          dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
+          A float32 scalar read after every update (what each group's update returns: its step counter or a table
+          element): a data dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
         """
-        updates, tiered_step = self._send_all(gradients, inputs)
-        probes = [] if tiered_step is None else [tiered_step]
-        with tf.control_dependencies(updates):
-            # (A tf.function runs a variable's reads after the writes before them, so the dynamic step is read
-            # after the dynamic update advanced it.)
-            if self._dynamic is not None:
-                probes.append(self._dynamic.step.read_value())
-            tables, _ = self.tables_and_slots()
-            if tables:
-                probes.append(update_trigger.probe_after(updates, tables[0]))
+        sent = self.send(gradients, inputs)
+        probes = [p for p in (g.probe(s) for g, s in zip(self._groups, sent, strict=True)) if p is not None]
         return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
 
-    def _send_all(self, gradients: list, inputs: list) -> tuple[list, Any]:
-        """Runs the updates (see `send_all`); returns the static tables' update ops and the tiered tables' new step
-        (None without tiered tables)."""
-        table_config.check_trainable(self._table_config)
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._dynamic_learning_rates]
-        updates: list = []
-
-        def send_static(gradients: list, inputs: list) -> None:
-            update = self.send_gradients(gradients, learning_rates, inputs)
-            updates.extend(update if isinstance(update, (list, tuple)) else [update])  # a list from the sharded class
-
-        def send_in_memory(gradients: list, inputs: list) -> None:
-            if self._dynamic is None:
-                send_static(gradients, inputs)
-            else:
-                dynamic_engine.split_send(self._dynamic, gradients, inputs, send_static)
-
-        if self._tiered is None:
-            send_in_memory(gradients, inputs)
-            return [u for u in updates if u is not None], None
-        tiered_step = tiered_engine.split_send(self._tiered, gradients, inputs, send_in_memory)
-        return [u for u in updates if u is not None], tiered_step
+    def send(self, gradients: list, inputs: list) -> list:
+        """The fused updates of every table group (as `send_all`, without the scalar read after them); returns each
+        group's result of `send_gradients`, in group order."""
+        return walk.send(self._groups, gradients, inputs)
 
     def prefetch(self, features: Any, weights: Any = None) -> list:
         """Makes the rows the tiered tables will need for `features` resident in their caches (not pinned).
@@ -606,63 +519,38 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         Raises:
           ValueError: as `enqueue`, for a batch that does not match `feature_config`.
         """
-        if self._tiered is None:
+        if all(g.kind == "in-memory" for g in self._groups):
             return []
         with tf.name_scope("tpu_embedding_prefetch"):
             inputs, _ = self.normalize_inputs(features, weights)
             self._maybe_build()
-            return self._tiered.prefetch([inputs[i] for i in self._tiered.positions])
+            return self.prefetch_inputs(inputs)
+
+    def prefetch_inputs(self, inputs: list) -> list:
+        """`prefetch` of normalised inputs (every feature's, feature order): each group's prefetch ops."""
+        return [op for g in self._groups for op in g.prefetch([inputs[i] for i in g.positions])]
 
     def lookup_all(self, inputs: list, training: bool) -> list:
         """Activations of every feature (normalised inputs, feature order; the op's shapes, before
-        `reshape_activations`): static, dynamic and tiered tables. With `training`, dynamic tables insert new keys."""
+        `reshape_activations`): each table group's (`backends.walk.lookup`). With `training`, dynamic tables insert
+        new keys."""
         return self._lookup_all(inputs, training)
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
-        """Activations of every feature: `lookup` for the static ones, the dynamic and tiered groups for theirs."""
-        if self._tiered is None:
-            return self._lookup_in_memory(inputs, training, name)
         if _xla.in_xla_context():
-            raise ValueError(
-                f"{type(self).__name__}: tiered tables {sorted(t.name for t in self._tiered.table_configs)} cannot be "
-                "looked up under XLA (jit_compile=True): their rows live in a cache XLA cannot read. Look them up "
-                "outside jit_compile."
-            )
-        return dynamic_engine.split_lookup(
-            self._tiered, inputs, training, lambda i: self._lookup_in_memory(i, training, name)
-        )
-
-    def _lookup_in_memory(self, inputs: list, training: bool, name: str | None = None) -> list:
-        """Activations of the in-memory tables' features: `lookup` for the static ones, the dynamic group's."""
-        if self._dynamic is not None and _xla.in_xla_context():
-            raise ValueError(
-                f"{type(self).__name__}: dynamic tables {sorted(t.name for t in self._dynamic.tables)} cannot be "
-                "looked up under XLA (jit_compile=True): their rows live in a hash table XLA cannot read. Look them "
-                "up outside jit_compile."
-            )
-        if self._dynamic is None:
-            return self.lookup(inputs, name=name)
-        return dynamic_engine.split_lookup(self._dynamic, inputs, training, lambda i: self.lookup(i, name=name))
+            refusals = walk.xla_refusals(self._groups)
+            if refusals:
+                raise ValueError(f"{type(self).__name__}: {'; '.join(refusals)}. Look them up outside jit_compile.")
+        with tf.name_scope(name or "lookup"):
+            return walk.lookup(self._groups, inputs, training)
 
     def lookup(self, inputs: list, name: str | None = None) -> list:
         """Runs the forward op over normalised inputs (feature order); overridden by the sharded subclass. Under
         XLA, the op's stock-TensorFlow equivalent (`tf_embed_ops._xla.lookup`, equal bit for bit)."""
-        tables, _ = self.tables_and_slots()
         if _xla.in_xla_context():
-            index = {t.name: i for i, t in enumerate(self._table_config)}
-            # No dynamic or tiered table here (`_lookup_all` refuses them under XLA).
-            features = tf.nest.flatten(self._feature_config)
-            return [
-                _xla.lookup(
-                    inp,
-                    inp.sample_indices_or_row_splits.shape.as_list() == [0],
-                    tables[index[f.table.name]],
-                    f.table.dim,
-                    f.table.combiner,
-                    f.table.quantization_config,
-                )
-                for inp, f in zip(inputs, features, strict=True)
-            ]
+            # The in-memory group read as a serving graph reads it, without a context: the variables themselves.
+            return self._group("in-memory").serving_group(None).lookup(inputs)
+        tables, _ = self.tables_and_slots()
         return list(
             embedding_ops.embedding_activations(
                 inputs, tables, self.serialized_config, combiners=self.combiners, name=name
@@ -732,20 +620,11 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             except (ValueError, TypeError):
                 present, features, weights = inputs_lib.complete_subset(self._feature_config, features, weights)
             inputs, shapes = self.normalize_inputs(features, weights)
-            if present is not None:
-                # Shapes of the stand-ins must not enter config_proto.
-                config_paths = [path for path, _ in features_lib.flatten_with_paths(self._feature_config)]
-                shapes = [
-                    s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)
-                ]
+            if present is not None:  # the stand-ins' shapes must not enter config_proto
+                shapes = inputs_lib.present_shapes(self._feature_config, shapes, present)
             self.merge_output_shapes(shapes)
             self._maybe_build()
             acts = self._lookup_all(inputs, training=False)
             if present is None:
                 return tf.nest.pack_sequence_as(self._feature_config, self.reshape_activations(list(acts)))
-            # Output in the order (and nest) of `features`, whose leaves need not be in feature order.
-            position = {path: i for i, (path, _) in enumerate(features_lib.flatten_with_paths(self._feature_config))}
-            wanted = [position[path] for path in present]
-            flat_config = tf.nest.flatten(self._feature_config)
-            reshaped = lookup_lib.reshape_activations([acts[i] for i in wanted], [flat_config[i] for i in wanted])
-            return tf.nest.pack_sequence_as(subset, reshaped)
+            return lookup_lib.pack_subset(self._feature_config, acts, present, subset)

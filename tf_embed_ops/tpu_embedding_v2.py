@@ -49,21 +49,21 @@ from absl import logging
 from tf_embed_ops import _tf_compat, _xla, embedding_ops
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
+from tf_embed_ops.backends import walk
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.engine import checkpoint as engine_checkpoint
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import stacked_tiered_restore
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
+from tf_embed_ops.sparse_core import config_checks, stacked_variable
+from tf_embed_ops.sparse_core import coo as coo_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
-from tf_embed_ops.sparse_core import stacked_variable
 from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = ["TPUEmbeddingV2", "SparseCoreBatch"]
 
 _emb = tf.tpu.experimental.embedding
-# What TensorFlow's TPUEmbeddingV2.apply_gradients can run (anything else raises there).
-_SPARSECORE_OPTIMIZERS = (_emb.SGD, _emb.Adagrad, _emb.AdagradMomentum, _emb.Adam, _emb.FTRL)
 
 
 class SparseCoreBatch(NamedTuple):
@@ -71,97 +71,6 @@ class SparseCoreBatch(NamedTuple):
 
     inputs: tuple  # per feature: embedding_ops.FeatureInput of the kept (sample, id, gain) triples
     dropped: dict  # {stacked table: number of ids dropped by the capacity limits}
-
-
-# The limits are int32 on SparseCore (TensorFlow's stats and preprocessing ops take and return int32).
-_MAX_LIMIT = 2**31 - 1
-
-
-def _positive_limit(value: Any, what: str) -> int:
-    """A capacity limit as a Python int: an int, a numpy integer or a scalar integer tensor (what
-    `compute_sparse_core_stats` returns, as TensorFlow's does), in [1, 2^31 - 1].
-
-    Raises:
-      ValueError: naming `what` (the config field and stacked table) and the value.
-    """
-    number = value
-    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
-        dtype = tf.as_dtype(value.dtype)
-        if not dtype.is_integer or tuple(value.shape) != ():
-            number = None
-        else:
-            try:
-                number = int(np.asarray(value))
-            except (TypeError, ValueError, NotImplementedError):  # a symbolic tensor has no value to read
-                number = None
-    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= _MAX_LIMIT:
-        raise ValueError(
-            f"SparseCoreEmbeddingConfig.{what} must be an integer in [1, {_MAX_LIMIT}] (a Python or numpy int, or a "
-            f"scalar integer tensor such as compute_sparse_core_stats returns); got {value!r}."
-        )
-    return number
-
-
-def _row_splits_problem(splits: np.ndarray, num_values: int) -> str | None:
-    """What is wrong with ragged row splits over `num_values` values, or None."""
-    if splits.size == 0:
-        return "row_splits is empty (it needs at least [0])"
-    if splits[0] != 0:
-        return f"row_splits[0] is {splits[0]}, not 0"
-    if np.any(np.diff(splits) < 0):
-        i = int(np.flatnonzero(np.diff(splits) < 0)[0])
-        return f"row_splits decreases at position {i + 1} ({splits[i]} then {splits[i + 1]})"
-    if splits[-1] != num_values:
-        return f"row_splits ends at {splits[-1]} but there are {num_values} values"
-    return None
-
-
-def _check_row_splits(path: str, what: str, ragged: tf.RaggedTensor) -> list:
-    """Refuses malformed row splits (a RaggedTensor built with validate=False) naming the feature and the splits:
-    a ValueError when eager, else returns the assert (InvalidArgumentError) to run before the splits are used."""
-    splits = ragged.row_splits
-    num_values = tf.size(ragged.values, out_type=splits.dtype)
-    if tf.executing_eagerly():
-        problem = _row_splits_problem(splits.numpy(), int(num_values))
-        if problem is not None:
-            raise ValueError(
-                f"Feature {path}: bad row_splits of the {what}: {problem}: row_splits = {splits.numpy().tolist()}."
-            )
-        return []
-    label = f"Feature {path}: row_splits of the {what} must start at 0, not decrease and end at the number of values"
-    ok = tf.logical_and(
-        tf.logical_and(tf.size(splits) > 0, tf.equal(splits[0], 0)),
-        tf.logical_and(tf.reduce_all(splits[1:] >= splits[:-1]), tf.equal(splits[-1], num_values)),
-    )
-    return [tf.debugging.Assert(ok, [label, "row_splits:", splits, "values:", num_values])]
-
-
-def _check_same(path: str, what: str, ids_part: tf.Tensor, weights_part: tf.Tensor) -> None:
-    """The weights' `what` (row_splits / indices) must equal the ids'."""
-    if tf.executing_eagerly():
-        a, b = ids_part.numpy(), weights_part.numpy()
-        if a.shape != b.shape or not np.array_equal(a, b):
-            raise ValueError(
-                f"Feature {path}: the weights' {what} {b.tolist()} differ from the ids' {a.tolist()}; weights must "
-                "have the structure of their ids."
-            )
-
-
-def _sparse_core_optimizer(optimizer: Any) -> Any:
-    """The optimizer as SparseCore's fused update runs it: no clipping, per-row sums, lazy Adam.
-
-    TensorFlow's SparseCore update ops take the learning rate and the algorithm's own hyper-parameters only; the
-    table's clipping limits and accumulation flag are never passed, and its Adam kernel updates touched rows only.
-    """
-    if optimizer is None:
-        return None
-    sc = copy.copy(optimizer)
-    sc.clip_weight_min = sc.clip_weight_max = None
-    sc.clip_gradient_min = sc.clip_gradient_max = None
-    sc.use_gradient_accumulation = True
-    if isinstance(sc, _emb.Adam):
-        sc.lazy_adam = True
-    return sc
 
 
 class TPUEmbeddingV2(_tf_compat.AutoTrackable):
@@ -252,9 +161,9 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
                     "(te.DynamicTableConfig); SparseCore's layouts need a fixed vocabulary_size. Train it with "
                     "te.TPUEmbedding or te.keras.TPUEmbedding."
                 )
-            self._check_table(table)
+            config_checks.check_table(table)
         for path, feature in self._flat_features:
-            self._check_feature(path, feature)
+            config_checks.check_feature(path, feature, self._num_sc_per_chip)
 
         # A tiered table keeps its rows in its own row file: it is never stacked with another table (its own
         # stacked table, named after it, sets its SparseCore limits and its ids' order; docs/tiered_tables_v2.md).
@@ -266,74 +175,16 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             sparse_core_embedding_config,
             apart=self._tiered_names,
         )
-        self._max_ids, self._max_unique_ids = self._capacity_limits()
+        self._max_ids, self._max_unique_ids, self._max_ids_per_chip_per_sample = config_checks.capacity_limits(
+            self._sparse_core_embedding_config,
+            self._stacking.stacked_table_to_tables,
+            self.DEFAULT_MAX_IDS_PER_TABLE,
+            self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE,
+        )
         self._engine = mid_level.TPUEmbedding(self._engine_feature_config(), None, self._pipelining)
         self._built = False
 
     # ------------------------------------------------------------------ validation and configuration
-
-    @staticmethod
-    def _check_table(table: Any) -> None:
-        opt = table.optimizer
-        if opt is not None and (
-            opt.weight_decay_factor is not None or opt.multiply_weight_decay_factor_by_learning_rate is not None
-        ):
-            raise NotImplementedError(
-                "weight_decay_factor and multiply_weight_decay_factor_by_learning_rate are not supported yet. But "
-                f"found in table {table.name} setting."
-            )
-        if opt is not None and not isinstance(opt, _SPARSECORE_OPTIMIZERS):
-            raise ValueError(
-                f"Table {table.name!r}: {type(opt).__name__} has no SparseCore update in TensorFlow's "
-                "TPUEmbeddingV2; use SGD, Adagrad, AdagradMomentum, Adam or FTRL (or tf_embed_ops.TPUEmbedding)."
-            )
-        if not isinstance(table.combiner, str):
-            raise ValueError(f"Table {table.name!r}: a CustomCombiner has no CPU meaning; use 'sum', 'mean', 'sqrtn'.")
-        if getattr(table, "dtype", tf.float32) != tf.float32:
-            # TensorFlow's TPUEmbeddingV2 creates every table variable as float32 whatever TableConfig.dtype says
-            # (only its on-device batch initializer reads the dtype), and the fused CPU kernels are float32.
-            raise ValueError(
-                f"Table {table.name!r} has dtype {table.dtype.name}: TPUEmbeddingV2 stores and trains float32 "
-                "tables only (TensorFlow's class also creates its variables as float32). Use an int32 table with "
-                "tf.tpu.experimental.embedding.TPUEmbeddingForServing-style lookups instead."
-            )
-
-    def _check_feature(self, path: str, feature: Any) -> None:
-        if not feature.output_shape:
-            raise ValueError(
-                f"Feature {path!r} has no output_shape; TPUEmbeddingV2 needs one for every feature (its sample "
-                "count is the product of output_shape)."
-            )
-        samples = functools.reduce(operator.mul, feature.output_shape.as_list(), 1)
-        if samples % self._num_sc_per_chip:
-            raise ValueError(
-                f"Feature {path!r}: sample_count {samples} (product of output_shape) is not divisible by the "
-                f"number of sparsecores per chip {self._num_sc_per_chip}."
-            )
-
-    def _capacity_limits(self) -> tuple[dict, dict]:
-        """The per-stack limits as Python ints (also sets `_max_ids_per_chip_per_sample`)."""
-        config = self._sparse_core_embedding_config
-        given_ids = config.max_ids_per_table or {}
-        given_unique = config.max_unique_ids_per_table or {}
-        for key in set(given_ids) | set(given_unique):
-            if key not in self._stacking.stacked_table_to_tables:
-                raise ValueError(
-                    f"SparseCoreEmbeddingConfig names table {key!r}, which is not a stacked table; the limits are "
-                    f"keyed by stacked table name: {sorted(self._stacking.stacked_table_to_tables)}."
-                )
-        max_ids, max_unique = {}, {}
-        for name in self._stacking.stacked_table_to_tables:
-            max_ids[name] = _positive_limit(
-                given_ids.get(name, self.DEFAULT_MAX_IDS_PER_TABLE), f"max_ids_per_table[{name!r}]"
-            )
-            max_unique[name] = _positive_limit(
-                given_unique.get(name, self.DEFAULT_MAX_UNIQUE_IDS_PER_TABLE), f"max_unique_ids_per_table[{name!r}]"
-            )
-        self._max_ids_per_chip_per_sample = _positive_limit(
-            config.max_ids_per_chip_per_sample, "max_ids_per_chip_per_sample"
-        )
-        return max_ids, max_unique
 
     def _engine_feature_config(self) -> list:
         """The engine's view: same tables (names, sizes, initializers, slots), SparseCore optimizers, `sum`."""
@@ -343,7 +194,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             table = feature.table
             if table.name not in engine_tables:
                 clone = copy.copy(table)
-                clone.optimizer = _sparse_core_optimizer(table.optimizer)
+                clone.optimizer = config_checks.sparse_core_optimizer(table.optimizer)
                 clone.combiner = "sum"  # the host gains already hold the combiner
                 engine_tables[table.name] = clone
             features.append(_emb.FeatureConfig(table=engine_tables[table.name]))
@@ -397,12 +248,12 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         group = self._engine.tiered_group
         return {} if group is None else {config.name: table for config, table in group.tables.items()}
 
-    def _refuse_tiered_under_xla(self, what: str) -> None:
-        if self._tiered_names and _xla.in_xla_context():
+    def _refuse_under_xla(self, what: str) -> None:
+        refusals = walk.xla_refusals(self._engine.groups) if _xla.in_xla_context() else []
+        if refusals:
             raise ValueError(
-                f"TPUEmbeddingV2.{what}: tiered tables {sorted(self._tiered_names)} cannot be looked up or trained "
-                "under XLA (jit_compile=True): their rows live in a row cache XLA cannot read. Run the embedding "
-                "outside jit_compile (the model after it may be compiled)."
+                f"TPUEmbeddingV2.{what}: {'; '.join(refusals)}. Run the embedding outside jit_compile (the model "
+                "after it may be compiled)."
             )
 
     @property
@@ -573,89 +424,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     # ------------------------------------------------------------------ lookups and training
 
     def _plans(self) -> tuple[list, dict]:
-        features = []
-        for path, feature in self._flat_features:
-            stack, col_offset, col_shift = self._stacking.table_to_stacked_table_offset[feature.table.name]
-            features.append(
-                preprocess_lib.FeaturePlan(
-                    path=path,
-                    table=feature.table.name,
-                    stack=stack,
-                    sample_count=functools.reduce(operator.mul, feature.output_shape.as_list(), 1),
-                    row_offset=self._stacking.feature_to_sample_offset[path],
-                    col_offset=col_offset,
-                    col_shift=col_shift,
-                    combiner=feature.table.combiner,
-                    vocabulary_size=feature.table.vocabulary_size,
-                )
-            )
-        stacks = {
-            name: preprocess_lib.StackPlan(
-                name=name,
-                sample_count=self._stacking.table_to_sample_count[name],
-                max_ids=self._max_ids[name],
-                max_unique_ids=self._max_unique_ids[name],
-            )
-            for name in self._stacking.stacked_table_to_tables
-        }
-        return features, stacks
-
-    def _coo(self, path: str, inp: Any, weight: Any, samples: int) -> tuple:
-        """One feature as (sample rows, ids, weights) tensors, as SparseCore's COO conversion reads it."""
-        if isinstance(inp, tf.SparseTensor):
-            if weight is not None and not isinstance(weight, tf.SparseTensor):
-                raise ValueError(f"Expect weight to be SparseTensor type but got {type(weight)}")
-            rank = inp.shape.rank
-            if rank is None or rank < 2:
-                raise ValueError(f"Feature {path}: a SparseTensor needs rank >= 2; got shape {inp.shape}.")
-            # The sample of an id is its index without the last coordinate, row-major.
-            strides = tf.math.cumprod(inp.dense_shape[:-1], exclusive=True, reverse=True)
-            rows = tf.reduce_sum(inp.indices[:, :-1] * strides[None, :], axis=1)
-            values = inp.values
-            if weight is not None:
-                _check_same(path, "indices", inp.indices, weight.indices)
-            w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
-        elif isinstance(inp, tf.RaggedTensor):
-            if weight is not None and not isinstance(weight, tf.RaggedTensor):
-                raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weight)}")
-            if inp.shape.rank != 2:
-                raise ValueError(f"Feature {path}: a RaggedTensor must have rank 2; got shape {inp.shape}.")
-            checks = _check_row_splits(path, "input", inp)
-            if weight is not None:
-                checks += _check_row_splits(path, "weights", weight)
-                _check_same(path, "row_splits", inp.row_splits, weight.row_splits)
-            nrows = inp.nrows()
-            tf.debugging.assert_equal(
-                nrows,
-                tf.cast(samples, nrows.dtype),
-                message=f"Feature {path}: the ragged batch must have {samples} rows (the product of output_shape).",
-            )
-            with tf.control_dependencies(checks):  # bad splits fail here, not inside the preprocessing
-                rows, values = tf.identity(inp.value_rowids()), tf.identity(inp.values)
-            w = weight.values if weight is not None else tf.ones_like(values, tf.float32)
-        else:
-            inp = tf.convert_to_tensor(inp)
-            values = tf.reshape(inp, [-1])
-            if weight is None:
-                w = tf.ones_like(values, tf.float32)
-            elif isinstance(weight, tf.Tensor) or not isinstance(weight, (tf.SparseTensor, tf.RaggedTensor)):
-                w = tf.reshape(tf.convert_to_tensor(weight, tf.float32), [-1])
-            else:
-                raise ValueError(f"Expect weight to be Tensor type but got {type(weight)}")
-            message = (
-                f"Feature {path}: Dense tensor input should have values elements number the same as the sample "
-                f"count (or none). Sample count (product of output_shape): {samples}."
-            )
-            count = inp.shape.num_elements()
-            if count is not None and count not in (0, samples):
-                raise ValueError(f"{message} Got {count} elements.")
-            if count is None:
-                size = tf.size(values, out_type=tf.int64)
-                tf.debugging.Assert(tf.logical_or(tf.equal(size, 0), tf.equal(size, samples)), [message, size])
-            rows = tf.range(tf.size(values, out_type=tf.int64))
-        if not values.dtype.is_integer:
-            raise ValueError(f"Feature {path}: ids must be integers; got {values.dtype.name}.")
-        return tf.cast(rows, tf.int64), tf.cast(values, tf.int64), tf.cast(w, tf.float32)
+        return preprocess_lib.plans(self._flat_features, self._stacking, self._max_ids, self._max_unique_ids)
 
     def enqueue(self, features: Any, weights: Any = None, device: str | None = None) -> SparseCoreBatch:
         """Preprocesses a batch on the host, as SparseCore does; returns what `dequeue` takes.
@@ -682,7 +451,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         plans, stacks = self._plans()
         coo = []
         for (path, _), plan, inp, weight in zip(self._flat_features, plans, flat_inputs, flat_weights, strict=True):
-            coo.extend(self._coo(path, inp, weight, plan.sample_count))
+            coo.extend(coo_lib.feature_coo(path, inp, weight, plan.sample_count))
         config = self._sparse_core_embedding_config
         num_features = len(plans)
 
@@ -737,13 +506,9 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         if not isinstance(partitioned_tensors, SparseCoreBatch):
             raise ValueError(f"Expect the output of enqueue (a SparseCoreBatch) but get {type(partitioned_tensors)}.")
         self._maybe_build()
-        self._refuse_tiered_under_xla("dequeue")
-        if self._tiered_names:
-            # The engine's split: in-memory tables through the fused lookup, tiered ones through their group, the
-            # activations back in feature order.
-            acts = self._engine.lookup_all(list(partitioned_tensors.inputs), training=True)
-        else:
-            acts = self._engine.lookup(list(partitioned_tensors.inputs))
+        self._refuse_under_xla("dequeue")
+        # Each of the engine's table groups looks up its features, the activations back in feature order.
+        acts = self._engine.lookup_all(list(partitioned_tensors.inputs), training=True)
         out = lookup_lib.reshape_activations(acts, [feature for _, feature in self._flat_features])
         return tf.nest.pack_sequence_as(self._feature_config, out), partitioned_tensors
 
@@ -791,14 +556,9 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             elif not gradient.shape.is_compatible_with(shape):
                 raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
             flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
-        if self._tiered_names:
-            self._refuse_tiered_under_xla("apply_gradients")
-            # The tiered update's checks first (writing nothing), then the in-memory tables', then the tiered one:
-            # a step any of them refuses changes no table (`tiered.engine.split_send`).
-            self._engine.send_all(flat, list(preserved_outputs.inputs))
-            return
-        learning_rates = [tf.cast(fn(), tf.float32) for fn in self._engine.dynamic_learning_rates]
-        self._engine.send_gradients(flat, learning_rates, list(preserved_outputs.inputs))
+        self._refuse_under_xla("apply_gradients")
+        # Every group's checks before any group writes: a step one refuses changes no table (`backends.walk.send`).
+        self._engine.send(flat, list(preserved_outputs.inputs))
 
     def prefetch(self, partitioned_tensors: Any, weights: Any = None) -> list:
         """Makes the rows the tiered tables need for the next batch resident in their caches (not pinned).
@@ -825,8 +585,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         if not isinstance(batch, SparseCoreBatch):
             batch = self.enqueue(partitioned_tensors, weights)
         self._maybe_build()
-        group = self._engine.tiered_group
-        return group.prefetch([batch.inputs[i] for i in group.positions])
+        return self._engine.prefetch_inputs(list(batch.inputs))
 
     # ------------------------------------------------------------------ statistics
 
@@ -852,7 +611,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         tf.nest.assert_same_structure(emb._feature_config, features)
         triples = []
         for (path, _), plan, inp in zip(emb._flat_features, plans, tf.nest.flatten(features), strict=True):
-            rows, ids, w = emb._coo(path, inp, None, plan.sample_count)
+            rows, ids, w = coo_lib.feature_coo(path, inp, None, plan.sample_count)
             triples.append((rows.numpy(), ids.numpy(), w.numpy()))
         _, max_ids, max_unique, _ = preprocess_lib.preprocess(
             triples,

@@ -137,6 +137,11 @@ def _shards(var: Any) -> list:
 
 
 class _StaticTable:
+    """A static table in memory (all its shards): one tracker per shard variable, which its fused update marks."""
+
+    kind = "static"
+    tiered = False
+
     def __init__(self, name: str, variables: dict, slot_names: list):
         self.name = name
         self.parameters = _shards(variables["parameters"])
@@ -214,6 +219,8 @@ class _TieredTable(_StaticTable):
     update (TieredSendTPUEmbeddingGradients) and its row writes (initialisation, restore) mark; rows are read
     from the tier through the cache's dirty rows, without filling the cache."""
 
+    tiered = True
+
     def __init__(self, name: str, table: Any):  # pylint: disable=super-init-not-called
         self.name = name
         self.table = table
@@ -243,6 +250,10 @@ _CONTENT = ("keys", "weights", "slots", "counts", "last_steps", "pending_keys", 
 
 
 class _DynamicTable:
+    """A dynamic table (all its shards), in memory or tiered: its resource's own change log and eviction log."""
+
+    kind = "dynamic"
+
     def __init__(self, name: str, table: Any):
         self.name = name
         self.table = table
@@ -334,6 +345,23 @@ def _union(parts: list) -> dict:
     return out
 
 
+def _static_view(config: Any, table: Any, engine: Any) -> _StaticTable:
+    del table  # the view reads the table's and its slots' variables
+    from tf_embed_ops import _tf_compat  # pylint: disable=import-outside-toplevel
+
+    names = _tf_compat.slot_names(config.optimizer) if config.optimizer is not None else []
+    return _StaticTable(config.name, engine.variables[config.name], names)
+
+
+# The view of each kind of table group's tables (`backends.protocol.TableGroup.kind`), made from (TableConfig, the
+# group's table object, the engine). A new kind of table registers its view here.
+_VIEWS = {
+    "in-memory": _static_view,
+    "tiered": lambda config, table, engine: _TieredTable(config.name, table),
+    "dynamic": lambda config, table, engine: _DynamicTable(config.name, table),
+}
+
+
 class Tracker:
     """Touched-row tracking over every table of an embedding object (static and dynamic, sharded or not).
 
@@ -349,21 +377,15 @@ class Tracker:
     """
 
     def __init__(self, obj: Any):
-        from tf_embed_ops import _tf_compat
-
         self._tables: dict = {}
         engines = find_engines(obj)
         for engine in engines:
-            engine._maybe_build()  # noqa: SLF001 - the engine's own lazy build
-            for t in engine.table_configs:
-                names = _tf_compat.slot_names(t.optimizer) if t.optimizer is not None else []
-                self._add(t.name, _StaticTable(t.name, engine.variables[t.name], names))
-            for t, table in getattr(engine, "tiered_tables", {}).items():
-                self._add(t.name, _TieredTable(t.name, table))
-            group = getattr(engine, "_dynamic", None)
-            if group is not None:
-                for cfg, table in group.tables.items():
-                    self._add(cfg.name, _DynamicTable(cfg.name, table))
+            engine.ensure_built()
+            # Each table group (`backends.protocol.TableGroup`) hands its tables; the view that reads a table's
+            # changes is the one its group's kind registers (`_VIEWS`).
+            for group in engine.groups:
+                for config, table in group.tables.items():
+                    self._add(config.name, _VIEWS[group.kind](config, table, engine))
 
     def _add(self, name: str, table: Any) -> None:
         if name in self._tables:
@@ -376,8 +398,14 @@ class Tracker:
         return list(self._tables)
 
     def kind(self, name: str) -> str:
-        """ "static" or "dynamic"."""
-        return "static" if isinstance(self._table(name), _StaticTable) else "dynamic"
+        """ "static" (in memory or tiered) or "dynamic"."""
+        return self._table(name).kind
+
+    def table(self, name: str) -> Any:
+        """The view of table `name` that reads its changes: `kind` ("static" / "dynamic"), `tiered` (rows behind a
+        cache), `versions()`, `changed_since(since)`, `read(rows)`, `mark_all()`; a static one in memory also its
+        `parameters` and `slots` shard variables and `offsets`, a tiered or dynamic one its `table`."""
+        return self._table(name)
 
     def _table(self, name: str) -> Any:
         if name not in self._tables:

@@ -9,7 +9,8 @@ import tensorflow as tf
 import tf_embed_ops as te
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
-from tf_embed_ops.dynamic.table import EXPORT_TENSORS, DynamicTable, ShardedDynamicTable
+from tf_embed_ops.dynamic.sharded_table import ShardedDynamicTable
+from tf_embed_ops.dynamic.table import EXPORT_TENSORS, DynamicTable
 from tf_embed_ops.embedding_ops import normalize_feature
 from tf_embed_ops.keras import TPUEmbedding
 

@@ -120,7 +120,7 @@ class TieredDynamicRestore:
         }
         try:
             table.spec.validate(tensors)
-            tiered_checkpoint._check_policy_state(  # noqa: SLF001 - the streamed restore's own check
+            tiered_checkpoint.check_policy_state(
                 tensors, table.policy_tensor_names, table.bloom_bytes, f"DynamicTable {table.table_name!r}:"
             )
         except ValueError as e:

@@ -17,9 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import tracking
-from tf_embed_ops.checkpoint import _format, _tiered_dynamic
+from tf_embed_ops.checkpoint import _format, _tiered_dynamic, delta_checks, table_states
 from tf_embed_ops.checkpoint._format import CheckpointError
-from tf_embed_ops.dynamic import tiered_checkpoint
 from tf_embed_ops.embedding_ops import checked_int
 from tf_embed_ops.formats import atomic_write
 from tf_embed_ops.tiered.table import TieredTable
@@ -34,145 +33,6 @@ def _as_tf_variable(obj: Any) -> tf.Variable | None:
         return obj
     inner = getattr(obj, "value", None)
     return inner if isinstance(inner, tf.Variable) else None
-
-
-def _storage(array: np.ndarray) -> tuple[np.ndarray, str]:
-    """numpy cannot store bfloat16 in .npz portably: 16-bit floats are written as their uint16 bits."""
-    dtype = tf.as_dtype(array.dtype)
-    if dtype in (tf.bfloat16, tf.float16):
-        return array.view(np.uint16), dtype.name
-    return array, dtype.name
-
-
-def _stored_dtype(dtype_name: str) -> np.dtype:
-    """The numpy dtype a delta stores a variable of `dtype_name` in (`_storage`)."""
-    if dtype_name in ("bfloat16", "float16"):
-        return np.dtype(np.uint16)
-    return np.dtype(tf.as_dtype(dtype_name).as_numpy_dtype)
-
-
-def _from_storage(array: np.ndarray, dtype_name: str) -> np.ndarray:
-    if dtype_name in ("bfloat16", "float16"):
-        return array.view(tf.as_dtype(dtype_name).as_numpy_dtype)
-    return array
-
-
-_DYNAMIC = ("keys", "weights", "slots", "counts", "last_steps")
-_PENDING = ("pending_keys", "pending_counts", "pending_last_steps")
-
-
-def _policy_names(table: Any) -> tuple:
-    from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
-
-    return tuple(table_lib.policy_tensor_names(table.config))
-
-
-def _bloom_bytes(table: Any) -> int:
-    shards = getattr(table, "shards", None) or [table]
-    return int(shards[0].bloom_bytes)
-
-
-def _merge_dynamic(name: str, content: dict | None, deltas: list, table: Any = None) -> dict:
-    """A dynamic table's checkpoint tensors after `deltas` (later deltas win key by key, evicted keys go), starting
-    from `content` (the full checkpoint's, sorted by key) or, without it, from `table`'s export."""
-    if content is None:
-        content = {k: v.numpy() for k, v in table.export().items()}
-    content = dict(content)
-    step = None
-    for header, arrays in deltas:
-        d = {k: arrays[f"dynamic/{name}/{k}"] for k in _DYNAMIC + _PENDING}
-        if header["tables"][name]["full"]:
-            content = dict(d)
-        else:
-            drop = np.isin(content["keys"], np.concatenate([arrays[f"dynamic/{name}/evicted"], d["keys"]]))
-            for k in _DYNAMIC:
-                content[k] = np.concatenate([content[k][~drop], d[k]])
-            order = np.argsort(content["keys"], kind="stable")
-            for k in _DYNAMIC:
-                content[k] = content[k][order]
-            for k in _PENDING:
-                content[k] = d[k]
-        step = int(arrays[f"dynamic/{name}/step"].max())
-    content["step"] = np.int64(step)
-    _, arrays = deltas[-1]
-    prefix = f"dynamic/{name}/policy/"
-    content.update({k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
-    return content
-
-
-def _policy_state(table: Any) -> dict:
-    """A dynamic table's lifecycle-policy state (Bloom counters, decayed counts), saved whole in each delta:
-    the policies change it on every lookup, not per row.  Read through the table's checkpoint tensors, so only
-    tables with such a policy pay for it."""
-    from tf_embed_ops.dynamic import table as table_lib
-
-    names = table_lib.policy_tensor_names(table.config)
-    if not names:
-        return {}
-    if getattr(table, "tiered", None) is not None:  # its checkpoint tensors would hold every row: the policies' only
-        return {k: v.numpy() for k, v in table.export_policy_state().items()}
-    tensors = table._serialize_to_tensors()  # noqa: SLF001 - the table's own checkpoint tensors
-    return {k: tensors[k].numpy() for k in names}
-
-
-def _is_tiered_dynamic(obj: Any) -> bool:
-    from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
-
-    return isinstance(obj, table_lib.DynamicTable) and obj.tiered is not None
-
-
-class _StaticState:
-    """One static table (all its shards): its parameters and slots as global-row arrays."""
-
-    def __init__(self, name: str, table: Any):
-        self.name = name
-        self.table = table  # tracking._StaticTable
-
-    def describe(self) -> dict:
-        t = self.table
-        variables = {"parameters": t.parameters, **t.slots}
-        return {
-            "kind": "static",
-            "rows": t.num_rows,
-            "variables": {k: [int(v[0].shape[1]), v[0].dtype.name] for k, v in variables.items()},
-        }
-
-    def restore_rows(self, rows: np.ndarray, values: dict) -> None:
-        t = self.table
-        for var_name, shards in {"parameters": t.parameters, **t.slots}.items():
-            value = values[var_name]
-            shard = np.searchsorted(t.offsets, rows, side="right") - 1
-            for p, v in enumerate(shards):
-                mine = np.nonzero(shard == p)[0]
-                if mine.size:
-                    with tf.device(v.device):
-                        v.scatter_update(
-                            tf.IndexedSlices(tf.constant(value[mine], v.dtype), tf.constant(rows[mine] - t.offsets[p]))
-                        )
-
-
-class _TieredState(_StaticState):
-    """A static tiered table: described like the same table in memory (a chain moves between the two kinds through
-    its full checkpoint), its delta rows written into the tier one run of consecutive rows at a time."""
-
-    def describe(self) -> dict:
-        table = self.table.table  # te.tiered.TieredTable
-        widths = [table.dim, *table.slot_widths]
-        names = ["parameters", *table.slot_names]
-        return {
-            "kind": "static",
-            "rows": table.num_rows,
-            "variables": {n: [int(w), d.name] for n, w, d in zip(names, widths, table.dtypes, strict=True)},
-        }
-
-    def restore_rows(self, rows: np.ndarray, values: dict) -> None:
-        table = self.table.table
-        order = np.argsort(rows, kind="stable")
-        rows = rows[order]
-        values = {k: np.asarray(v)[order].astype(np.float32) for k, v in values.items()}  # 16-bit: exact
-        starts = np.concatenate([[0], np.nonzero(np.diff(rows) != 1)[0] + 1, [rows.size]])
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
-            table.write_rows(int(rows[a]), values["parameters"][a:b], [values[slot][a:b] for slot in table.slot_names])
 
 
 class IncrementalCheckpointManager:
@@ -236,12 +96,12 @@ class IncrementalCheckpointManager:
         embedding_vars = set()
         tiered: list = []
         for name in self._tracker.table_names:
-            table = self._tracker._table(name)  # noqa: SLF001 - the tracker's own per-table view
-            if isinstance(table, tracking._TieredTable):  # noqa: SLF001 - the tracker's own per-table view
-                self._tables[name] = _TieredState(name, table)
+            table = self._tracker.table(name)
+            if table.kind == "static" and table.tiered:
+                self._tables[name] = table_states.TieredState(name, table)
                 tiered.append(table.table)
-            elif self._tracker.kind(name) == "static":
-                self._tables[name] = _StaticState(name, table)
+            elif table.kind == "static":
+                self._tables[name] = table_states.StaticState(name, table)
                 for shards in [table.parameters, *table.slots.values()]:
                     embedding_vars.update(id(v) for v in shards)
             else:
@@ -250,7 +110,7 @@ class IncrementalCheckpointManager:
                     tiered.append(table.table)
         self._embedding_vars = embedding_vars
         # A tiered table the checkpoint reaches but the tracker does not: a delta would lack its changes.
-        tiered_objects = [d for d in descendants if isinstance(d, TieredTable) or _is_tiered_dynamic(d)]
+        tiered_objects = [d for d in descendants if isinstance(d, TieredTable) or table_states.is_tiered_dynamic(d)]
         untracked = [d.table_name for d in tiered_objects if all(d is not t for t in tiered)]
         if untracked:
             raise ValueError(
@@ -275,7 +135,7 @@ class IncrementalCheckpointManager:
                 continue
             dense.setdefault("/".join(ref.name for ref in paths[obj]), var)
         for name, state in self._tables.items():
-            if isinstance(state, _TieredState):
+            if isinstance(state, table_states.TieredState):
                 # A tiered table's rounding step is saved by its streamed saver, not as a checkpoint variable: each
                 # delta carries it, as it carries an in-memory embedding's `rounding_step`.
                 dense[f"tiered_table_step/{name}"] = state.table.table.step
@@ -370,13 +230,15 @@ class IncrementalCheckpointManager:
 
     def _is_tiered(self, name: str) -> bool:
         state = self._tables[name]
-        return isinstance(state, _TieredState) or bool(getattr(state, "tiered", False))
+        return isinstance(state, table_states.TieredState) or bool(getattr(state, "tiered", False))
 
     def _whole(self, name: str, changes: Any) -> bool:
         """The table changed whole: `full` (a restore, non-lazy Adam, `mark_all`), or every row of a static table
         listed (training or row writes reached them all; a delta of them would be the table)."""
         state = self._tables[name]
-        return bool(changes.full) or (isinstance(state, _StaticState) and changes.rows.size >= state.table.num_rows)
+        return bool(changes.full) or (
+            isinstance(state, table_states.StaticState) and changes.rows.size >= state.table.num_rows
+        )
 
     def compact(self) -> str:
         """Folds the chain into a new full checkpoint of the current state (training may continue afterwards);
@@ -404,12 +266,12 @@ class IncrementalCheckpointManager:
         tables: dict = {}
         for table_name, ch in changes.tables.items():
             state = self._tables[table_name]
-            if isinstance(state, _StaticState):
+            if isinstance(state, table_states.StaticState):
                 values = self._tracker.read_rows(table_name, ch.rows)
                 arrays[f"static/{table_name}/rows"] = ch.rows
                 dtypes = {}
                 for var_name, value in values.items():
-                    arrays[f"static/{table_name}/{var_name}"], dtypes[var_name] = _storage(value)
+                    arrays[f"static/{table_name}/{var_name}"], dtypes[var_name] = table_states.storage(value)
                 tables[table_name] = {
                     "kind": "static",
                     "full": bool(ch.full),
@@ -420,14 +282,14 @@ class IncrementalCheckpointManager:
                 for k, v in ch.contents.items():
                     arrays[f"dynamic/{table_name}/{k}"] = v
                 arrays[f"dynamic/{table_name}/evicted"] = ch.evicted
-                for k, v in _policy_state(state.table).items():
+                for k, v in table_states.policy_state(state.table).items():
                     arrays[f"dynamic/{table_name}/policy/{k}"] = v
                 arrays[f"dynamic/{table_name}/step"] = np.asarray([int(s.step.numpy()) for s in state.shards], np.int64)
                 tables[table_name] = {"kind": "dynamic", "full": bool(ch.full), "rows": int(ch.rows.size)}
         dense_dtypes = {}
         self._dense = self._dense_variables()
         for path, var in self._dense.items():
-            arrays[f"dense/{path}"], dense_dtypes[path] = _storage(np.asarray(var.numpy()))
+            arrays[f"dense/{path}"], dense_dtypes[path] = table_states.storage(np.asarray(var.numpy()))
         header = {
             "format": _format.FORMAT,
             "format_version": _format.FORMAT_VERSION,
@@ -555,12 +417,12 @@ class IncrementalCheckpointManager:
             raise CheckpointError(f"{path}: holds tables {got}, this model has {sorted(self._tables)}")
         for name, info in tables.items():
             state = self._tables[name]
-            if info.get("kind") != ("static" if isinstance(state, _StaticState) else "dynamic"):
+            if info.get("kind") != ("static" if isinstance(state, table_states.StaticState) else "dynamic"):
                 raise CheckpointError(f"{path}: table {name!r} is not a table of this model")
-            if isinstance(state, _StaticState):
-                self._check_static(path, name, state, info, arrays)
+            if isinstance(state, table_states.StaticState):
+                delta_checks.check_static(path, name, state, info, arrays)
             else:
-                self._check_dynamic(path, name, state, arrays)
+                delta_checks.check_dynamic(path, name, state, arrays)
         dense = header.get("dense")
         if not isinstance(dense, dict):
             raise CheckpointError(f"{path}: malformed header (no dense variables)")
@@ -574,89 +436,17 @@ class IncrementalCheckpointManager:
                 raise CheckpointError(
                     f"{path}: dense variable {path_name!r} has shape {value.shape}, the model's is {tuple(var.shape)}"
                 )
-            if dense[path_name] != var.dtype.name or value.dtype != _stored_dtype(var.dtype.name):
+            if dense[path_name] != var.dtype.name or value.dtype != table_states.stored_dtype(var.dtype.name):
                 raise CheckpointError(
                     f"{path}: dense variable {path_name!r} is {dense[path_name]} ({value.dtype} stored), the model's "
                     f"is {var.dtype.name}"
                 )
 
-    @staticmethod
-    def _check_static(path: str, name: str, state: Any, info: dict, arrays: dict) -> None:
-        rows = arrays.get(f"static/{name}/rows")
-        if rows is None or rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
-            raise CheckpointError(f"{path}: table {name!r}: rows must be an integer vector")
-        num_rows = state.describe()["rows"]
-        if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
-            raise CheckpointError(f"{path}: table {name!r} has rows outside [0, {num_rows})")
-        desc = state.describe()["variables"]
-        dtypes = info.get("dtypes")
-        if not isinstance(dtypes, dict) or set(dtypes) != set(desc):
-            raise CheckpointError(f"{path}: table {name!r} holds variables {dtypes}, the model's are {sorted(desc)}")
-        for var_name, (width, dtype_name) in desc.items():
-            value = arrays.get(f"static/{name}/{var_name}")
-            if value is None or value.shape != (rows.size, width):
-                raise CheckpointError(f"{path}: table {name!r} variable {var_name!r} has the wrong shape")
-            if dtypes[var_name] != dtype_name or value.dtype != _stored_dtype(dtype_name):
-                raise CheckpointError(
-                    f"{path}: table {name!r} variable {var_name!r} is {dtypes[var_name]} ({value.dtype} stored), the "
-                    f"model's is {dtype_name}"
-                )
-
-    @staticmethod
-    def _check_dynamic(path: str, name: str, state: Any, arrays: dict) -> None:
-        shard = state.shards[0]
-        dim, width = int(shard.dim), int(sum(shard.slot_widths))
-        where = f"{path}: table {name!r}:"
-        d = {k: arrays.get(f"dynamic/{name}/{k}") for k in (*_DYNAMIC, *_PENDING, "evicted", "step")}
-        missing = [k for k, v in d.items() if v is None]
-        if missing:
-            raise CheckpointError(f"{where} lacks {missing}")
-        m = d["keys"].shape[0] if d["keys"].ndim == 1 else -1
-        p = d["pending_keys"].shape[0] if d["pending_keys"].ndim == 1 else -1
-        want = {
-            "keys": (m,),
-            "weights": (m, dim),
-            "slots": (m, width),
-            "counts": (m,),
-            "last_steps": (m,),
-            **{k: (p,) for k in _PENDING},
-        }
-        for k, shape in want.items():
-            if m < 0 or p < 0 or d[k].shape != shape:
-                raise CheckpointError(
-                    f"{where} {k} has shape {list(d[k].shape)}, expected {list(shape)}: the arrays do not fit the "
-                    f"table's dim {dim} and slot width {width} (keys [n], rows [n, {dim}], slots [n, {width}], "
-                    "admission counters [p])"
-                )
-        for k in (*_DYNAMIC, *_PENDING, "evicted", "step"):
-            want_dtype = np.float32 if k in ("weights", "slots") else np.int64
-            if d[k].dtype != want_dtype:
-                raise CheckpointError(f"{where} {k} is {d[k].dtype}, must be {np.dtype(want_dtype).name}")
-        if d["evicted"].ndim != 1 or d["step"].ndim != 1 or d["step"].size < 1 or d["step"].min() < 0:
-            raise CheckpointError(
-                f"{where} evicted keys {list(d['evicted'].shape)} and steps {list(d['step'].shape)} must be vectors "
-                "(the steps >= 0, one per shard)"
-            )
-        names = _policy_names(state.table)
-        policy_prefix = f"dynamic/{name}/policy/"
-        policy = {k[len(policy_prefix) :]: v for k, v in arrays.items() if k.startswith(policy_prefix)}
-        if set(policy) != set(names):
-            raise CheckpointError(
-                f"{where} holds lifecycle-policy state {sorted(policy)}, the table's is {list(names)}"
-            )
-        if names:
-            try:
-                tiered_checkpoint._check_policy_state(  # noqa: SLF001 - the streamed restore's own check
-                    policy, names, _bloom_bytes(state.table), where
-                )
-            except ValueError as e:
-                raise CheckpointError(str(e)) from None
-
     def _tiered_dynamic_restores(self, prefix: str, deltas: list) -> dict:
         """{table name: `_tiered_dynamic.TieredDynamicRestore`} of the tiered dynamic tables whose full checkpoint
         is streamed (one saved from the table in memory is merged as in memory: it fit), checked; {} without
         deltas."""
-        names = [n for n, s in self._tables.items() if not isinstance(s, _StaticState) and s.tiered]
+        names = [n for n, s in self._tables.items() if not isinstance(s, table_states.StaticState) and s.tiered]
         if not deltas or not names:
             return {}
         reader = tf.train.load_checkpoint(prefix)
@@ -679,7 +469,7 @@ class IncrementalCheckpointManager:
         (read from its files) with the deltas merged in, checked against the table (`max_rows`, dims, admission
         counters, policies' state) before the restore writes anything. Tiered tables merged by `_tiered_dynamic`
         (`skip`) are left out."""
-        names = [n for n, s in self._tables.items() if not isinstance(s, _StaticState) and n not in skip]
+        names = [n for n, s in self._tables.items() if not isinstance(s, table_states.StaticState) and n not in skip]
         if not deltas or not names:
             return {}
         reader = tf.train.load_checkpoint(prefix)
@@ -688,11 +478,14 @@ class IncrementalCheckpointManager:
         for name in names:
             table = self._tables[name].table
             object_name = self._object_name(table)
-            keys = [f"{object_name}/.ATTRIBUTES/{k}" for k in (*_DYNAMIC, *_PENDING, "step")]
+            keys = [f"{object_name}/.ATTRIBUTES/{k}" for k in (*table_states.DYNAMIC, *table_states.PENDING, "step")]
             if object_name is None or not all(k in available for k in keys):
                 continue  # the checkpoint holds the table in a form of its own: merged after the read
-            content = {k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}") for k in (*_DYNAMIC, *_PENDING)}
-            tensors = _merge_dynamic(name, content, deltas)
+            content = {
+                k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}")
+                for k in (*table_states.DYNAMIC, *table_states.PENDING)
+            }
+            tensors = table_states.merge_dynamic(name, content, deltas)
             try:
                 table.spec.validate(tensors)
             except ValueError as e:
@@ -706,12 +499,14 @@ class IncrementalCheckpointManager:
         tiered = tiered or {}
         merged = merged or {}
         for name, state in self._tables.items():
-            if isinstance(state, _StaticState):
+            if isinstance(state, table_states.StaticState):
                 rows, values = None, {}
                 for header, arrays in deltas:  # later deltas win: keep the last value of each row
                     info = header["tables"][name]
                     r = arrays[f"static/{name}/rows"]
-                    v = {k: _from_storage(arrays[f"static/{name}/{k}"], d) for k, d in info["dtypes"].items()}
+                    v = {
+                        k: table_states.from_storage(arrays[f"static/{name}/{k}"], d) for k, d in info["dtypes"].items()
+                    }
                     if rows is None:
                         rows, values = r, v
                     else:
@@ -723,13 +518,13 @@ class IncrementalCheckpointManager:
             elif name in tiered:
                 tiered[name].apply()  # a tiered dynamic table: its rows a chunk at a time
             else:
-                tensors = merged.get(name) or _merge_dynamic(name, None, deltas, state.table)
+                tensors = merged.get(name) or table_states.merge_dynamic(name, None, deltas, state.table)
                 # The full-checkpoint restore path: resharding by key and capacity growth included.
-                state.table._restore_from_tensors({k: tf.constant(v) for k, v in tensors.items()})  # noqa: SLF001
+                state.table.restore_tensors({k: tf.constant(v) for k, v in tensors.items()})
         header, arrays = deltas[-1]
         for path, var in self._dense.items():
             if path in header["dense"]:
-                var.assign(_from_storage(arrays[f"dense/{path}"], header["dense"][path]))
+                var.assign(table_states.from_storage(arrays[f"dense/{path}"], header["dense"][path]))
         missing = sorted(set(header["dense"]) - set(self._dense))
         if missing:
             # Not created yet (e.g. a Keras optimizer before its first step): they keep the full checkpoint's
@@ -747,7 +542,7 @@ class IncrementalCheckpointManager:
         refused (the other variables are checked one by one, by path and shape)."""
         desc = {}
         for name, state in self._tables.items():
-            if isinstance(state, _StaticState):
+            if isinstance(state, table_states.StaticState):
                 desc[name] = state.describe()
             else:
                 shard = state.shards[0]

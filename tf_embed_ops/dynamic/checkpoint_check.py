@@ -126,7 +126,7 @@ class TableSpec(NamedTuple):
         missing = [k for k in (*TENSORS, "step") if k not in tensors]
         if missing:
             raise ValueError(f"{where} {source} lacks {missing}{end}")
-        self._check_policies(tensors, what, where, end)  # first: a checkpoint of another policy says so
+        self.check_policies(tensors, what, where, end)  # first: a checkpoint of another policy says so
         t = {k: np.asarray(tensors[k]) for k in (*TENSORS, "step")}
         for k in _INT:
             if t[k].dtype != np.int64:
@@ -190,7 +190,7 @@ class TableSpec(NamedTuple):
                     f"shards. Nothing was changed"
                 )
 
-    def _check_policies(self, tensors: Mapping[str, Any], what: str, where: str, end: str) -> None:
+    def check_policies(self, tensors: Mapping[str, Any], what: str, where: str, end: str) -> None:
         """The policies' tensors, as the import of them after the rows will take them: checked first, so a
         refused policy state leaves the rows as they were."""
         given = tuple(k for k in POLICY_TENSORS if k in tensors)

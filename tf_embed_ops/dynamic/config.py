@@ -1,4 +1,4 @@
-"""`DynamicTableConfig` and the admission and eviction policies of dynamic-vocabulary tables.
+"""`DynamicTableConfig`: the configuration of a dynamic-vocabulary table (its policies: `dynamic.policies`).
 
 A `DynamicTableConfig` is a `tf.tpu.experimental.embedding.TableConfig` (a subclass, with `vocabulary_size =
 max_rows`), so every API that takes a `TableConfig` takes it: `FeatureConfig(table=...)`, `te.TPUEmbedding`,
@@ -19,20 +19,32 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, low_precision
 from tf_embed_ops.config import slot_shapes
+from tf_embed_ops.dynamic.policies import (
+    DEFAULT_EVICTION_LOG_CAPACITY,
+    DEFAULT_INITIAL_CAPACITY,
+    LFU,
+    LRU,
+    MAX_DIM,
+    MAX_EVICTION_LOG_CAPACITY,
+    MAX_ROWS_LIMIT,
+    NO_EVICTION,
+    TTL,
+    BloomAdmission,
+    CountAndAge,
+    DecayedLFU,
+    EvictionPolicy,
+    FrequencyAdmission,
+    L2Norm,
+    RowBound,
+    Score,
+    check_count,
+    is_int,
+)
 from tf_embed_ops.dynamic.sharding import shard_of_keys  # re-exported: the table's reshard-on-restore uses it
 from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = [
-    "LFU",
-    "LRU",
-    "TTL",
-    "BloomAdmission",
-    "CountAndAge",
-    "DecayedLFU",
     "DynamicTableConfig",
-    "FrequencyAdmission",
-    "L2Norm",
-    "Score",
     "dynamic_config_proto",
     "from_config_dict",
     "handle_attrs",
@@ -42,502 +54,6 @@ __all__ = [
 ]
 
 # The core's limits (cc/lib/dynamic_table.h validates them again): row indices are uint32 with one value reserved.
-MAX_ROWS_LIMIT = 2**31 - 1
-MAX_DIM = 2**20
-DEFAULT_INITIAL_CAPACITY = 1024
-DEFAULT_MAX_PENDING_KEYS = 1 << 20
-DEFAULT_EVICTION_LOG_CAPACITY = 1 << 20
-MAX_EVICTION_LOG_CAPACITY = 1 << 32
-MAX_BLOOM_COUNTERS = 1 << 34
-MAX_BLOOM_HASHES = 16
-_INITIALIZER_KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_count(owner: str, argument: str, value: Any, minimum: int, maximum: int = 2**63 - 1) -> int:
-    if not _is_int(value) or not minimum <= value <= maximum:
-        upper = "" if maximum == 2**63 - 1 else f" and <= {maximum}"
-        raise ValueError(f"{owner}: `{argument}` must be an int >= {minimum}{upper}; got {value!r}.")
-    return value
-
-
-class FrequencyAdmission:
-    """Admission by frequency: a key gets a row once it has been seen `min_count` times.
-
-    Counts are exact (one counter per key without a row), bounded by `max_pending_keys`; a key that finds the
-    counters full is not counted (reported as `untracked`). With `pending_ttl_steps > 0` a counter whose key has
-    not been seen for more than that many steps is dropped at a step boundary.
-
-    Args:
-      min_count: sightings before a key gets a row (>= 1; 1 admits every key on first sight).
-      max_pending_keys: at most this many keys counted at once (>= 1).
-      pending_ttl_steps: drop counters unseen for more than this many steps; 0 keeps them.
-      log_refused: also report every key a training lookup gives no row in `DynamicTable.evicted_keys(
-        include_refused=True)`.
-
-    Raises:
-      ValueError: for a value out of range (naming the argument and the value).
-    """
-
-    def __init__(
-        self,
-        min_count: int,
-        max_pending_keys: int = DEFAULT_MAX_PENDING_KEYS,
-        pending_ttl_steps: int = 0,
-        log_refused: bool = False,
-    ):
-        self.min_count = _check_count("FrequencyAdmission", "min_count", min_count, 1, 2**32 - 1)
-        self.max_pending_keys = _check_count(
-            "FrequencyAdmission", "max_pending_keys", max_pending_keys, 1, MAX_ROWS_LIMIT
-        )
-        self.pending_ttl_steps = _check_count("FrequencyAdmission", "pending_ttl_steps", pending_ttl_steps, 0)
-        self.log_refused = _check_bool("FrequencyAdmission", "log_refused", log_refused)
-
-    def attrs(self) -> dict[str, Any]:
-        """The admission's attributes of the handle op."""
-        counting = self.min_count > 1  # the core wants no counters when every key is admitted on first sight
-        return {
-            "admission_min_count": self.min_count,
-            "max_pending_keys": self.max_pending_keys if counting else 0,
-            "pending_ttl_steps": self.pending_ttl_steps if counting else 0,
-            "bloom_num_counters": 0,
-            "bloom_num_hashes": 0,
-            "bloom_counter_bits": 8,
-            "log_refused": self.log_refused,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "kind": "frequency",
-            "min_count": self.min_count,
-            "max_pending_keys": self.max_pending_keys,
-            "pending_ttl_steps": self.pending_ttl_steps,
-            "log_refused": self.log_refused,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"FrequencyAdmission(min_count={self.min_count}, max_pending_keys={self.max_pending_keys}, "
-            f"pending_ttl_steps={self.pending_ttl_steps}, log_refused={self.log_refused})"
-        )
-
-
-class BloomAdmission:
-    """Admission through a counting Bloom filter: bounded memory however many distinct ids arrive.
-
-    Every sighting of a key without a row adds to `num_hashes` of `num_counters` saturating counters of
-    `counter_bits` bits; the key gets a row when the minimum of its counters reaches `min_count` (count-min). The
-    filter takes `num_counters * counter_bits / 8` bytes per table (per shard when sharded), fixed at creation.
-
-    The estimate never undercounts, so a key seen `min_count` times is always admitted. A key seen `c <
-    min_count` times is admitted by mistake when each of its counters received `min_count - c` sightings of other
-    keys; with `S` sightings in all over the filter's life, each counter holds about Poisson(lambda = num_hashes
-    * S / num_counters) of them, so the false-admission rate of a one-off key is about
-    `P(Poisson(lambda) >= min_count - 1) ** num_hashes` (docs/dynamic_lifecycle.md has the measured figures).
-    Counters are never decayed or cleared: size the filter for the stream the table sees between restarts.
-
-    Args:
-      min_count: sightings before a key gets a row (>= 1, < 2**counter_bits).
-      num_counters: counters in the filter (>= 1).
-      num_hashes: counters per key (1 to 16).
-      counter_bits: bits per counter: 4, 8 or 16 (counters saturate at 2**bits - 1).
-      log_refused: also report every key a training lookup gives no row in `DynamicTable.evicted_keys(
-        include_refused=True)`.
-
-    Raises:
-      ValueError: for a value out of range (naming the argument and the value).
-
-    Example:
-      >>> admission = te.dynamic.BloomAdmission(min_count=3, num_counters=1 << 24, num_hashes=3, counter_bits=4)
-    """
-
-    def __init__(
-        self,
-        min_count: int,
-        num_counters: int,
-        num_hashes: int = 3,
-        counter_bits: int = 8,
-        log_refused: bool = False,
-    ):
-        self.counter_bits = _check_count("BloomAdmission", "counter_bits", counter_bits, 4, 16)
-        if counter_bits not in (4, 8, 16):
-            raise ValueError(f"BloomAdmission: `counter_bits` must be 4, 8 or 16; got {counter_bits!r}.")
-        self.min_count = _check_count("BloomAdmission", "min_count", min_count, 1, 2**counter_bits - 1)
-        self.num_counters = _check_count("BloomAdmission", "num_counters", num_counters, 1, MAX_BLOOM_COUNTERS)
-        self.num_hashes = _check_count("BloomAdmission", "num_hashes", num_hashes, 1, MAX_BLOOM_HASHES)
-        self.log_refused = _check_bool("BloomAdmission", "log_refused", log_refused)
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes of the filter (per table, or per shard of a sharded table)."""
-        return (self.num_counters * self.counter_bits + 7) // 8
-
-    def attrs(self) -> dict[str, Any]:
-        """The admission's attributes of the handle op."""
-        return {
-            "admission_min_count": self.min_count,
-            "max_pending_keys": 0,
-            "pending_ttl_steps": 0,
-            "bloom_num_counters": self.num_counters,
-            "bloom_num_hashes": self.num_hashes,
-            "bloom_counter_bits": self.counter_bits,
-            "log_refused": self.log_refused,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "kind": "bloom",
-            "min_count": self.min_count,
-            "num_counters": self.num_counters,
-            "num_hashes": self.num_hashes,
-            "counter_bits": self.counter_bits,
-            "log_refused": self.log_refused,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"BloomAdmission(min_count={self.min_count}, num_counters={self.num_counters}, "
-            f"num_hashes={self.num_hashes}, counter_bits={self.counter_bits}, log_refused={self.log_refused})"
-        )
-
-
-def _check_bool(owner: str, argument: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}: `{argument}` must be a bool; got {value!r}.")
-    return value
-
-
-def _check_float(owner: str, argument: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (low < value if low_open else low <= value) and value <= high
-    if not ok:
-        bound = f"in ({low}, {high}]" if low_open else (f">= {low}" if high == math.inf else f"in [{low}, {high}]")
-        raise ValueError(f"{owner}: `{argument}` must be a finite number {bound}; got {value!r}.")
-    return float(value)
-
-
-_NO_EVICTION = {
-    "eviction": "none",
-    "eviction_max_rows": 0,
-    "eviction_ttl_steps": 0,
-    "eviction_min_norm": 0.0,
-    "eviction_decay": 1.0,
-    "eviction_min_count": 0,
-}
-
-
-class _Eviction:
-    """An eviction policy, applied at the end of every training step (and by an explicit `evict()`)."""
-
-    kind = "none"
-
-    def attrs(self) -> dict[str, Any]:
-        """The policy's attributes of the handle op (and of the explicit-evict op)."""
-        raise NotImplementedError
-
-    def get_config(self) -> dict[str, Any]:
-        """JSON-able arguments (the Keras layer's get_config); `from_config_dict` rebuilds the policy."""
-        raise NotImplementedError
-
-
-class _RowBound(_Eviction):
-    def __init__(self, max_rows: int):
-        self.max_rows = _check_count(type(self).__name__, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
-
-    def attrs(self) -> dict[str, Any]:
-        return {**_NO_EVICTION, "eviction": self.kind, "eviction_max_rows": self.max_rows}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"max_rows": self.max_rows}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_rows={self.max_rows})"
-
-
-class LRU(_RowBound):
-    """Least recently used: at a step boundary, evicts the rows seen longest ago until `max_rows` remain (ties:
-    smaller key first)."""
-
-    kind = "lru"
-
-
-class LFU(_RowBound):
-    """Least frequently used: at a step boundary, evicts the rows with the lowest count until `max_rows` remain
-    (ties: older last step first, then smaller key)."""
-
-    kind = "lfu"
-
-
-class TTL(_Eviction):
-    """Time to live: at a step boundary, evicts every row not seen for more than `steps` steps."""
-
-    kind = "ttl"
-
-    def __init__(self, steps: int):
-        self.steps = _check_count("TTL", "steps", steps, 1)
-
-    def attrs(self) -> dict[str, Any]:
-        return {**_NO_EVICTION, "eviction": self.kind, "eviction_ttl_steps": self.steps}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"steps": self.steps}
-
-    def __repr__(self) -> str:
-        return f"TTL(steps={self.steps})"
-
-
-class L2Norm(_Eviction):
-    """Evicts, at a step boundary, every row whose weights' L2 norm is below `min_norm` (rows the optimizer has
-    driven to near zero carry no signal).
-
-    The norm is computed in float64 from the float32 weights, and compared with `min_norm` as a float32 (the op
-    attribute's type): a row goes when `sqrt(sum(w**2)) < float32(min_norm)`.
-
-    Args:
-      min_norm: the threshold (finite, >= 0; 0 evicts nothing).
-
-    Raises:
-      ValueError: for a negative or non-finite `min_norm`.
-    """
-
-    kind = "l2_norm"
-
-    def __init__(self, min_norm: float):
-        self.min_norm = _check_float("L2Norm", "min_norm", min_norm, 0.0, math.inf)
-
-    def attrs(self) -> dict[str, Any]:
-        return {**_NO_EVICTION, "eviction": self.kind, "eviction_min_norm": self.min_norm}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"min_norm": self.min_norm}
-
-    def __repr__(self) -> str:
-        return f"L2Norm(min_norm={self.min_norm})"
-
-
-class DecayedLFU(_RowBound):
-    """Least frequently used with decayed counts: recent sightings weigh more than old ones.
-
-    Per eviction round (the end of every training step): each row's decayed count is multiplied by `decay` and
-    the row's sightings since the previous round are added (in float64, stored as float32); then the rows with the
-    lowest decayed counts are evicted until `max_rows` remain (ties: older last step, then smaller key). A new row
-    starts at 0 and receives its sightings at its first round. `decay = 1` is LFU over the rows' lifetimes. The
-    decayed counts are checkpointed (`decayed_keys` / `decayed_counts` tensors). `decay` travels as a float32.
-
-    Args:
-      max_rows: rows kept after each round (1 to the table's max_rows).
-      decay: the factor per round, in (0, 1].
-
-    Raises:
-      ValueError: for `max_rows` out of range or `decay` outside (0, 1].
-    """
-
-    kind = "decayed_lfu"
-
-    def __init__(self, max_rows: int, decay: float):
-        super().__init__(max_rows)
-        self.decay = _check_float("DecayedLFU", "decay", decay, 0.0, 1.0, low_open=True)
-
-    def attrs(self) -> dict[str, Any]:
-        return {**super().attrs(), "eviction_decay": self.decay}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"max_rows": self.max_rows, "decay": self.decay}
-
-    def __repr__(self) -> str:
-        return f"DecayedLFU(max_rows={self.max_rows}, decay={self.decay})"
-
-
-class CountAndAge(_Eviction):
-    """Evicts, at a step boundary, every row that is both rare and stale: count < `min_count` and not seen for more
-    than `max_age_steps` steps (`step - last_step > max_age_steps`). Frequent rows stay however old; a new row
-    has `max_age_steps` steps to reach `min_count`.
-
-    Args:
-      min_count: the count a row needs to stay once it is stale (>= 1).
-      max_age_steps: steps a row may go unseen before its count is checked (>= 0).
-
-    Raises:
-      ValueError: for a value out of range.
-    """
-
-    kind = "count_and_age"
-
-    def __init__(self, min_count: int, max_age_steps: int):
-        self.min_count = _check_count("CountAndAge", "min_count", min_count, 1, 2**32 - 1)
-        self.max_age_steps = _check_count("CountAndAge", "max_age_steps", max_age_steps, 0)
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            **_NO_EVICTION,
-            "eviction": self.kind,
-            "eviction_min_count": self.min_count,
-            "eviction_ttl_steps": self.max_age_steps,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {"min_count": self.min_count, "max_age_steps": self.max_age_steps}
-
-    def __repr__(self) -> str:
-        return f"CountAndAge(min_count={self.min_count}, max_age_steps={self.max_age_steps})"
-
-
-class Score(_Eviction):
-    """A user score: keeps the `max_rows` rows of highest score, evicting the rest, at every step boundary.
-
-    `fn(count, last_step, norm, step)` gets four float32 tensors of shape [n], the statistics of all n rows of the
-    table (or shard) at once (`step` is the current step, broadcast), and returns one float32 score per row, [n].
-    It is called once per eviction round (a TensorFlow function over the whole table, never once per row). Rows
-    with the lowest scores go first; ties: older last step, then smaller key. Scores must be finite.
-
-    `fn` is either a Python callable of TensorFlow ops, or a string expression over `count`, `last_step`, `norm`,
-    `step` with numbers, `+ - * / **`, unary minus and the functions `log`, `log1p`, `exp`, `sqrt`, `abs`,
-    `minimum`, `maximum` (parsed, never `eval`ed; each function takes exactly its arguments: one, or two for
-    `minimum` and `maximum`). An expression is at most `MAX_SCORE_EXPRESSION_CHARS` (1,000) characters and
-    `MAX_SCORE_EXPRESSION_DEPTH` (64) operations deep (a sum of n terms is n - 1 deep). Only an expression is
-    serializable: a layer's `get_config` (and `model.save`) stores it, while a callable is refused there with an
-    error naming the table; checkpoints hold no part of the policy, so a callable works with them.
-
-    Args:
-      fn: the score, a callable or an expression string.
-      max_rows: rows kept after each round (>= 0; per shard in a sharded table, as LRU's).
-
-    Raises:
-      ValueError: for a `fn` that is neither, an expression with anything else, a function given the wrong number
-        of arguments, an expression longer or deeper than the limits (the message names the limit), or `max_rows`
-        out of range.
-
-    Example:
-      >>> te.dynamic.Score("log1p(count) - 0.1 * (step - last_step)", max_rows=10**6)
-    """
-
-    kind = "score"
-
-    def __init__(self, fn: Any, max_rows: int):
-        if isinstance(fn, str):
-            self.expression = fn
-            self.fn = _parse_score_expression(fn)
-        elif callable(fn):
-            self.expression = None
-            self.fn = fn
-        else:
-            raise ValueError(f"Score: `fn` must be a callable or an expression string; got {fn!r}.")
-        self.max_rows = _check_count("Score", "max_rows", max_rows, 0, MAX_ROWS_LIMIT)
-
-    def attrs(self) -> dict[str, Any]:
-        # The core does not evict by itself: the engine runs the score's round after each update.
-        return dict(_NO_EVICTION)
-
-    def get_config(self) -> dict[str, Any]:
-        if self.expression is None:
-            raise ValueError(
-                "te.dynamic.Score: a score given as a Python callable cannot be saved in a config; give the score "
-                "as an expression string (e.g. Score('log1p(count) - 0.1 * (step - last_step)', max_rows)) or "
-                "rebuild the layer with the callable."
-            )
-        return {"fn": self.expression, "max_rows": self.max_rows}
-
-    def __repr__(self) -> str:
-        fn = repr(self.expression) if self.expression is not None else getattr(self.fn, "__name__", repr(self.fn))
-        return f"Score(fn={fn}, max_rows={self.max_rows})"
-
-
-MAX_SCORE_EXPRESSION_CHARS = 1000
-MAX_SCORE_EXPRESSION_DEPTH = 64
-_SCORE_NAMES = ("count", "last_step", "norm", "step")
-_SCORE_ARITY = {"log": 1, "log1p": 1, "exp": 1, "sqrt": 1, "abs": 1, "minimum": 2, "maximum": 2}
-_SCORE_FUNCTIONS = {
-    "log": tf.math.log,
-    "log1p": tf.math.log1p,
-    "exp": tf.math.exp,
-    "sqrt": tf.math.sqrt,
-    "abs": tf.math.abs,
-    "minimum": tf.math.minimum,
-    "maximum": tf.math.maximum,
-}
-
-
-def _parse_score_expression(text: str):
-    """A score expression as a function of the four statistics (a whitelist over Python's AST; nothing is
-    evaluated but these operations)."""
-    import ast  # pylint: disable=import-outside-toplevel
-    import operator  # pylint: disable=import-outside-toplevel
-
-    binary = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-              ast.Pow: operator.pow}  # fmt: skip
-    if len(text) > MAX_SCORE_EXPRESSION_CHARS:
-        raise ValueError(
-            f"Score: the expression has {len(text)} characters; at most MAX_SCORE_EXPRESSION_CHARS = "
-            f"{MAX_SCORE_EXPRESSION_CHARS} are accepted (got {text[:40]!r}...)."
-        )
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"Score: cannot parse the expression {text!r}: {e.msg}.") from None
-    except (RecursionError, MemoryError):  # Python's parser gives up on deep nesting before our depth check
-        raise ValueError(
-            f"Score: the expression {text[:40]!r}... is nested too deeply to parse; at most "
-            f"MAX_SCORE_EXPRESSION_DEPTH = {MAX_SCORE_EXPRESSION_DEPTH} operations deep are accepted."
-        ) from None
-
-    def check(node, depth=0):
-        if depth > MAX_SCORE_EXPRESSION_DEPTH:
-            raise ValueError(
-                f"Score: the expression {text[:40]!r}... is more than MAX_SCORE_EXPRESSION_DEPTH = "
-                f"{MAX_SCORE_EXPRESSION_DEPTH} operations deep (a sum of n terms is n - 1 deep)."
-            )
-        if isinstance(node, ast.Expression):
-            return check(node.body, depth)
-        if isinstance(node, ast.BinOp) and type(node.op) in binary:
-            return check(node.left, depth + 1) and check(node.right, depth + 1)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return check(node.operand, depth + 1)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-            return True
-        if isinstance(node, ast.Name) and node.id in _SCORE_NAMES:
-            return True
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _SCORE_FUNCTIONS
-            and not node.keywords
-        ):
-            arity = _SCORE_ARITY[node.func.id]
-            if len(node.args) != arity:
-                raise ValueError(
-                    f"Score: in the expression {text!r}, {node.func.id}() takes {arity} argument"
-                    f"{'s' if arity > 1 else ''}; got {len(node.args)}."
-                )
-            return all(check(a, depth + 1) for a in node.args)
-        raise ValueError(
-            f"Score: the expression {text!r} may use only {', '.join(_SCORE_NAMES)}, numbers, + - * / **, and "
-            f"{', '.join(sorted(_SCORE_FUNCTIONS))}; got {ast.dump(node)[:60]}."
-        )
-
-    check(tree)
-
-    def evaluate(node, env):
-        if isinstance(node, ast.Expression):
-            return evaluate(node.body, env)
-        if isinstance(node, ast.BinOp):
-            return binary[type(node.op)](evaluate(node.left, env), evaluate(node.right, env))
-        if isinstance(node, ast.UnaryOp):
-            value = evaluate(node.operand, env)
-            return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.Constant):
-            return tf.constant(float(node.value), tf.float32)
-        if isinstance(node, ast.Name):
-            return env[node.id]
-        return _SCORE_FUNCTIONS[node.func.id](*[evaluate(a, env) for a in node.args])
-
-    def fn(count, last_step, norm, step):
-        env = dict(zip(_SCORE_NAMES, (count, last_step, norm, step), strict=True))
-        return evaluate(tree, env) + tf.zeros_like(count)  # a constant expression still scores every row
-
-    return fn
 
 
 def _initializer_spec(initializer: Any, dim: int, table: str) -> tuple[str, list[float], int | None]:
@@ -563,7 +79,7 @@ def _initializer_spec(initializer: Any, dim: int, table: str) -> tuple[str, list
     config = get_config() if callable(get_config) else None
     if config is not None:
         seed = config.get("seed")
-        seed = seed if _is_int(seed) else None
+        seed = seed if is_int(seed) else None
         if kind in ("Zeros", "Zeros_v2", "ZerosInitializer"):
             return "zeros", [], None
         if kind in ("Ones", "Ones_v2", "OnesInitializer"):
@@ -677,7 +193,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         initial_capacity: int | None = None,
         max_rows: int = MAX_ROWS_LIMIT,
         admission: FrequencyAdmission | BloomAdmission | None = None,
-        eviction: _Eviction | None = None,
+        eviction: EvictionPolicy | None = None,
         seed: int | None = None,
         eviction_log_capacity: int = DEFAULT_EVICTION_LOG_CAPACITY,
         *,
@@ -693,11 +209,11 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         storage, slot_storage, rounding = low_precision.storage_options(
             owner, storage_dtype, slot_storage_dtype, rounding
         )
-        _check_count(owner, "dim", dim, 1, MAX_DIM)
-        _check_count(owner, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
+        check_count(owner, "dim", dim, 1, MAX_DIM)
+        check_count(owner, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
         if initial_capacity is None:
             initial_capacity = min(DEFAULT_INITIAL_CAPACITY, max_rows)
-        _check_count(owner, "initial_capacity", initial_capacity, 1)
+        check_count(owner, "initial_capacity", initial_capacity, 1)
         if initial_capacity > max_rows:
             raise ValueError(f"{owner}: `initial_capacity` ({initial_capacity}) must be <= max_rows ({max_rows}).")
         try:
@@ -713,17 +229,17 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
                 f"{owner}: `admission` must be None, te.dynamic.FrequencyAdmission or te.dynamic.BloomAdmission; "
                 f"got {admission!r}."
             )
-        if eviction is not None and not isinstance(eviction, _Eviction):
+        if eviction is not None and not isinstance(eviction, EvictionPolicy):
             raise ValueError(
                 f"{owner}: `eviction` must be None, te.dynamic.LRU, LFU, TTL, L2Norm, DecayedLFU, CountAndAge or "
                 f"Score; got {eviction!r}."
             )
-        _check_count(owner, "eviction_log_capacity", eviction_log_capacity, 1, MAX_EVICTION_LOG_CAPACITY)
+        check_count(owner, "eviction_log_capacity", eviction_log_capacity, 1, MAX_EVICTION_LOG_CAPACITY)
         if isinstance(eviction, Score) and eviction.max_rows > max_rows:
             raise ValueError(
                 f"{owner}: `eviction` keeps up to {eviction.max_rows} rows, more than max_rows ({max_rows})."
             )
-        if isinstance(eviction, _RowBound) and eviction.max_rows > max_rows:
+        if isinstance(eviction, RowBound) and eviction.max_rows > max_rows:
             raise ValueError(
                 f"{owner}: `eviction` keeps up to {eviction.max_rows} rows, more than max_rows ({max_rows})."
             )
@@ -736,7 +252,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         _check_initializer_params(name, kind, params)
         if seed is None:
             seed = own_seed if own_seed is not None else 0
-        if not _is_int(seed) or not -(2**63) <= seed < 2**63:
+        if not is_int(seed) or not -(2**63) <= seed < 2**63:
             raise ValueError(f"{owner}: `seed` must be an int64; got {seed!r}.")
         if optimizer is not None:
             _slot_initial_values(optimizer, name)  # refuse non-constant slots now, not at build
@@ -816,7 +332,7 @@ def handle_attrs(config: DynamicTableConfig, optimizer: Any = None, shared_name:
     """
     optimizer = config.optimizer if config.optimizer is not None else optimizer
     admission = config.admission or FrequencyAdmission(1, max_pending_keys=1)
-    eviction = config.eviction.attrs() if config.eviction is not None else dict(_NO_EVICTION)
+    eviction = config.eviction.attrs() if config.eviction is not None else dict(NO_EVICTION)
     # 16-bit storage: attrs only where they differ from the defaults, so a float32 table's op is the one older
     # versions wrote (and read).
     storage = (
@@ -896,7 +412,7 @@ _EVICTION_KINDS = {
 }  # fmt: skip
 
 
-def _eviction_config(eviction: _Eviction, table: str) -> dict[str, Any]:
+def _eviction_config(eviction: EvictionPolicy, table: str) -> dict[str, Any]:
     """{"kind": ..., "args": {...}}; earlier versions wrote {"kind", "value"} for LRU/LFU/TTL (still read)."""
     try:
         args = eviction.get_config()
@@ -905,7 +421,7 @@ def _eviction_config(eviction: _Eviction, table: str) -> dict[str, Any]:
     return {"kind": eviction.kind, "args": args}
 
 
-def _eviction_from_config(eviction: dict[str, Any], name: str) -> _Eviction:
+def _eviction_from_config(eviction: dict[str, Any], name: str) -> EvictionPolicy:
     kind = eviction.get("kind")
     if kind not in _EVICTION_KINDS:
         raise ValueError(f"DynamicTableConfig {name!r}: unknown eviction kind in a saved config: {eviction!r}.")

@@ -3,8 +3,9 @@
 `te.TPUEmbedding` splits its features by table kind. Features over `TableConfig`s run the static ops exactly as
 before; features over `DynamicTableConfig`s are handed to a `DynamicGroup`, which owns their tables (one
 `DynamicTable` per table, or one per shard when sharded over parameter servers) and the tables' step counters, and
-runs `TfEmbed>DynamicEmbeddingActivations` / `TfEmbed>DynamicSendTPUEmbeddingGradients` over them. `split_lookup`
-and `split_send` put the two groups' results back in feature order.
+runs `TfEmbed>DynamicEmbeddingActivations` / `TfEmbed>DynamicSendTPUEmbeddingGradients` over them. The group is
+a table backend (`tf_embed_ops.backends.protocol.TableGroup`): the front ends run it with the other kinds' groups
+through `tf_embed_ops.backends.walk`.
 
 Step semantics: a training lookup stamps the keys it sees (and inserts admitted new ones) at the current step; the
 update of that batch runs at the same step, then applies the tables' eviction policies and advances the step by
@@ -18,12 +19,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, embedding_ops, table_config, update_trigger
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
+from tf_embed_ops.backends import served
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
+from tf_embed_ops.dynamic import policies
 
-__all__ = ["DynamicGroup", "normalize_dynamic_feature"]
+__all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature", "split_lookup"]
 
 
 def normalize_dynamic_feature(
@@ -68,11 +71,12 @@ def normalize_dynamic_feature(
 
 
 class DynamicGroup:
-    """The features of a `TPUEmbedding` whose tables are dynamic, and everything that runs them.
+    """The features of a `TPUEmbedding` whose tables are dynamic (in memory or tiered), and everything that runs
+    them: a table backend (`tf_embed_ops.backends.protocol.TableGroup`).
 
     Args:
       flat_features: all the `FeatureConfig`s of the embedding, flattened (their tables already named and given
-        their optimizers by the `TPUEmbedding`).
+        their optimizers by the `TPUEmbedding`); `positions` number them.
       check_numerics: reject a step whose gradients hold NaN or +-inf.
       shard_devices: None for unsharded tables; else one device per shard: each table has one `DynamicTable`
         per shard, created on that device, holding the keys `shard_of_keys` assigns to it, and the lookup and
@@ -81,6 +85,8 @@ class DynamicGroup:
         `partition_by_key(feature_input, combiner, num_shards) -> [FeatureInput per shard]` (the sharded
         front end passes `distribute.partition.partition_feature_by_key`).
     """
+
+    kind = "dynamic"
 
     def __init__(
         self,
@@ -133,6 +139,7 @@ class DynamicGroup:
         children of `owner` under their names. Idempotent."""
         if self._tables is not None:
             return
+        from tf_embed_ops.dynamic import sharded_table  # pylint: disable=import-outside-toplevel
         from tf_embed_ops.dynamic import table as table_lib  # pylint: disable=import-outside-toplevel
 
         objects, shards = [], []
@@ -141,7 +148,7 @@ class DynamicGroup:
                 table = table_lib.DynamicTable(config)
                 shards.append([table])
             else:
-                table = table_lib.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
+                table = sharded_table.ShardedDynamicTable(config, self.num_shards, self._shard_devices)
                 shards.append(list(table.shards))
             _tf_compat.track_child(owner, table, config.name)
             objects.append(table)
@@ -210,6 +217,19 @@ class DynamicGroup:
             )
         return self._sharded_lookup(inputs, training)
 
+    def xla_refusal(self) -> str | None:
+        return (
+            f"dynamic tables {sorted(t.name for t in self.table_configs)} cannot be looked up under XLA "
+            "(jit_compile=True): their rows live in a hash table XLA cannot read"
+        )
+
+    def prefetch(self, inputs: list) -> list:
+        del inputs  # keys and rows are resident (a tiered dynamic table reads its misses in its lookup)
+        return []
+
+    def serving_group(self, context: Any) -> FrozenDynamicGroup:
+        return FrozenDynamicGroup(self, context)
+
     def evaluate_learning_rates(self) -> list:
         """The group's learning rates, one float32 scalar per dynamic tag (its callables, called once)."""
         return [tf.cast(fn(), tf.float32) for fn in self.learning_rates]
@@ -223,7 +243,7 @@ class DynamicGroup:
         step = self.step.read_value()
         # Sharded, each shard is its own op: with check_numerics, every shard's update is checked before any writes.
         sharded_checks = self._check_numerics and self._shard_devices is not None
-        checks = self.validate_send(gradients, inputs, learning_rates) if sharded_checks else []
+        checks = self._validate_ops(gradients, inputs, learning_rates) if sharded_checks else []
         with tf.control_dependencies(checks):
             updates = self._send_ops(gradients, learning_rates, inputs, step)
         return self._advance_steps(updates + self._score_rounds(updates, step))
@@ -233,7 +253,7 @@ class DynamicGroup:
         on each shard's device: the ops evict by the built-in policies themselves, a score needs its function."""
         rounds = []
         for config, shards in zip(self.table_configs, self._tables, strict=True):
-            if not isinstance(config.eviction, config_lib.Score):
+            if not isinstance(config.eviction, policies.Score):
                 continue
             for index, table in enumerate(shards):
                 with tf.device(self._shard_devices[index] if self._shard_devices else None):
@@ -242,9 +262,30 @@ class DynamicGroup:
         return rounds
 
     def validate_send(self, gradients: list, inputs: list, learning_rates: list) -> list:
+        """What to check before another group writes: what the update alone rejects, writing nothing.
+
+        Its learning rates (finite and >= 0); with check_numerics also the send op's own checks (`validate_only`:
+        gradients and the updates they would make, with the kernel's errors naming feature, table and position).
+        Without check_numerics the update rejects nothing else the other groups' ops do not check first."""
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_and(tf.math.is_finite(lr), lr >= 0.0),
+                [
+                    f"dynamic tables' learning rate (dynamic tag {k}) must be finite and >= 0, got",
+                    lr,
+                    "; no table was updated",
+                ],
+            )
+            for k, lr in enumerate(learning_rates)
+        ]
+        if self._check_numerics:
+            checks += self._validate_ops(gradients, inputs, learning_rates)
+        return checks
+
+    def _validate_ops(self, gradients: list, inputs: list, learning_rates: list) -> list:
         """The send op's checks without its writes (`validate_only`), one op per shard: everything the update
         would reject (learning rates, gradients and, with check_numerics, a value the update would make NaN or
-        +-inf), with the kernel's errors (feature, table, position).  Run before another op that writes."""
+        +-inf), with the kernel's errors (feature, table, position)."""
         checks = self._send_ops(gradients, learning_rates, inputs, self.step.read_value(), validate_only=True)
         return [c for c in checks if c is not None]
 
@@ -265,6 +306,10 @@ class DynamicGroup:
             validate_only=validate_only,
         )
         return [update]
+
+    def probe(self, sent: tf.Tensor) -> tf.Tensor:
+        """A scalar read after the update: `send_gradients`' new step itself."""
+        return sent
 
     def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
         """Training lookup whose backward pass runs the fused update (for Keras' train step; see
@@ -354,35 +399,11 @@ def split_lookup(
     return out
 
 
-def split_send(group: DynamicGroup, gradients: list, inputs: list, static_send: Callable[[list, list], None]) -> None:
-    """The fused updates of all features: the static ones through `static_send(gradients, inputs)`, the dynamic
-    ones through `group`."""
-    group.check_trainable()
-    learning_rates = group.evaluate_learning_rates()
-    if group.static_positions:
-        # The two groups are two ops, and each validates only its own inputs before writing. So everything the
-        # dynamic op alone would reject (its learning rates; with check_numerics, any gradient) is checked before
-        # the static op runs: a rejected step then changes no table of either group. (The static op runs first:
-        # what it rejects, e.g. an id out of range, is checked before anything is written.)
-        checks = [
-            tf.debugging.Assert(
-                tf.logical_and(tf.math.is_finite(lr), lr >= 0.0),
-                [
-                    f"dynamic tables' learning rate (dynamic tag {k}) must be finite and >= 0, got",
-                    lr,
-                    "; no table was updated",
-                ],
-            )
-            for k, lr in enumerate(learning_rates)
-        ]
-        if group.check_numerics:
-            # The dynamic op's own checks, writing nothing: gradients and the updates they would make (a per-row
-            # sum that overflows), with its errors naming the feature, the table and the position.
-            checks += group.validate_send(
-                [gradients[i] for i in group.positions], [inputs[i] for i in group.positions], learning_rates
-            )
-        if checks:
-            with tf.control_dependencies(checks):
-                gradients = [tf.identity(g) for g in gradients]
-        static_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
-    group.send_gradients([gradients[i] for i in group.positions], [inputs[i] for i in group.positions], learning_rates)
+class FrozenDynamicGroup(served.ServedGroup):
+    """A `DynamicGroup` while serving: each table's frozen copy (a hash table key -> row, then the lookup over the
+    rows, whose extra default row of zeros is what the training side reads for a key without a row)."""
+
+    def _lookup(self, feature: Any, inp: Any, table: Any) -> tf.Tensor:
+        frozen = self._context.frozen(table)
+        rows = inp._replace(ids=frozen.rows(inp.ids))
+        return _xla.lookup(rows, served.is_dense_input(inp), frozen, frozen.dim, feature.table.combiner)

@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops import _loader, embedding_ops
+from tf_embed_ops import _loader
+from tf_embed_ops.dynamic.fused_ops import (  # re-exported: one module of wrappers for every dynamic-table op
+    dynamic_embedding_activations,
+    dynamic_send_tpu_embedding_gradients,
+)
+from tf_embed_ops.dynamic.op_inputs import handle_tensor, keys_tensor, step_tensor
 from tf_embed_ops.embedding_ops import (
-    FeatureInput,
-    checked_combiners,
     checked_int,
-    learning_rate_values,
-    serialized_config,
 )
 
 __all__ = [
@@ -140,51 +140,6 @@ def string_keys_to_int64(keys) -> tf.Tensor:
     """
     keys = tf.convert_to_tensor(keys, tf.string)
     return tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(keys, [-1]), "farmhash64"), tf.int64), tf.shape(keys))
-
-
-def _keys(keys, argument: str) -> tf.Tensor:
-    """int64 or string keys, rank 1 (integers are widened to int64)."""
-    if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
-        raise ValueError(f"{argument}: expected a dense 1-D tensor of keys, got {type(keys).__name__}")
-    keys = tf.convert_to_tensor(keys)
-    if keys.dtype == tf.string:
-        pass
-    elif keys.dtype.is_integer:
-        keys = tf.cast(keys, tf.int64)
-    else:
-        raise ValueError(f"{argument}: keys must be integers or strings, got {keys.dtype.name}")
-    if keys.shape.rank not in (None, 1):
-        raise ValueError(f"{argument}: keys must be rank 1, got shape {keys.shape}")
-    return keys
-
-
-def _handle(table, argument: str) -> tf.Tensor:
-    handle = getattr(table, "handle", table)
-    if not isinstance(handle, tf.Tensor) or handle.dtype != tf.resource:
-        raise ValueError(f"{argument}: expected a dynamic table handle (resource tensor), got {type(table).__name__}")
-    return handle
-
-
-def _handles(tables, argument: str) -> list[tf.Tensor]:
-    if not isinstance(tables, Sequence) or not tables:
-        raise ValueError(f"{argument}: expected a non-empty list of dynamic table handles")
-    return [_handle(t, f"{argument}[{i}]") for i, t in enumerate(tables)]
-
-
-def _features(features, argument: str) -> list[FeatureInput]:
-    """FeatureInputs whose ids may be strings (kept) or integers (widened to int64)."""
-    return embedding_ops.as_feature_inputs(features, argument, convert_ids=_keys)
-
-
-def _step(step) -> tf.Tensor:
-    if isinstance(step, (int, np.integer)):
-        step = checked_int(step, "step")
-    step = tf.convert_to_tensor(step)
-    if not step.dtype.is_integer:
-        raise ValueError(f"step: must be an integer, got {step.dtype.name}")
-    if step.shape.rank not in (None, 0):
-        raise ValueError(f"step: must be a scalar, got shape {step.shape}")
-    return tf.cast(step, tf.int64)
 
 
 def dynamic_table_handle(
@@ -331,108 +286,15 @@ def dynamic_table_handle(
     )
 
 
-def dynamic_embedding_activations(
-    features, tables, step, config, combiners=None, training: bool = False, name=None
-) -> list[tf.Tensor]:
-    """Looks up and combines every feature's embeddings over dynamic tables (the forward pass).
-
-    As :func:`tf_embed_ops.embedding_ops.embedding_activations`, with keys (int64 or string ids) in place of row
-    ids.  ``training=True`` inserts admitted new keys and stamps ``step`` on every key seen; ``training=False``
-    changes nothing.  A key without a row reads zeros.
-
-    Args:
-      features: list of FeatureInput whose ``ids`` are the keys, in feature-descriptor order.
-      tables: dynamic table handles, in table order.
-      step: int64 scalar, the global step.
-      config: TPUEmbeddingConfiguration (proto or bytes): per table dim, vocabulary_size = max_rows, optimizer.
-      combiners: as for the static op.
-      training: whether this is the training lookup.
-      name: op name.
-
-    Returns:
-      One float32 activation per feature.
-
-    Example:
-      >>> acts = dynamic_embedding_activations([normalize_feature(ids)], [h], step, config, training=True)
-    """
-    with tf.name_scope(name or "dynamic_embedding_activations"):
-        feats = _features(features, "features")
-        return _ops().tf_embed_dynamic_embedding_activations(
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
-            tables=_handles(tables, "tables"),
-            step=_step(step),
-            config=serialized_config(config),
-            combiners=checked_combiners(combiners),
-            training=bool(training),
-        )
-
-
-def dynamic_send_tpu_embedding_gradients(
-    gradients,
-    learning_rates,
-    features,
-    tables,
-    step,
-    config,
-    combiners=None,
-    check_numerics=False,
-    name=None,
-    validate_only=False,
-):
-    """Applies one training step to dynamic tables in place, then their end-of-step eviction.
-
-    As :func:`tf_embed_ops.embedding_ops.send_tpu_embedding_gradients`, with keys in place of row ids and the
-    table handles (which hold their optimizer slots) in place of the variables.  Keys without a row get no
-    update.  A rejected call changes nothing.
-
-    Args:
-      gradients: one float32 tensor per feature, shaped like its activation.
-      learning_rates: one scalar per dynamic learning-rate tag (float, tensor or zero-argument callable).
-      features: the FeatureInput list the activations were computed from.
-      tables: dynamic table handles, in table order.
-      step: int64 scalar, the global step this update ends.
-      config, combiners, check_numerics: as for the static op.
-      name: op name.
-      validate_only: run every check (with check_numerics, the update computed without writing) and write
-        nothing; run before another op that writes, it makes the pair all-or-nothing.
-
-    Returns:
-      The update op (eagerly: None after it ran).
-
-    Example:
-      >>> dynamic_send_tpu_embedding_gradients(grads, [], feats, [h], step, config)
-    """
-    with tf.name_scope(name or "dynamic_send_tpu_embedding_gradients"):
-        feats = _features(features, "features")
-        grads = [tf.convert_to_tensor(g, tf.float32) for g in gradients]
-        if len(grads) != len(feats):
-            raise ValueError(f"gradients: expected one per feature ({len(feats)}), got {len(grads)}")
-        return _ops().tf_embed_dynamic_send_tpu_embedding_gradients(
-            inputs=grads,
-            learning_rates=learning_rate_values(learning_rates),
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
-            tables=_handles(tables, "tables"),
-            step=_step(step),
-            config=serialized_config(config),
-            combiners=checked_combiners(combiners),
-            check_numerics=bool(check_numerics),
-            validate_only=bool(validate_only),
-        )
-
-
 def dynamic_table_find(table, keys, name=None) -> tf.Tensor:
     """The row index of each key, -1 where it has none (never inserts).
 
     Example:
       >>> dynamic_table_find(h, tf.constant([3, 7], tf.int64))
     """
-    return _ops().tf_embed_dynamic_table_find(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+    return _ops().tf_embed_dynamic_table_find(
+        table=handle_tensor(table, "table"), keys=keys_tensor(keys, "keys"), name=name
+    )
 
 
 def dynamic_table_lookup(table, keys, name=None) -> tf.Tensor:
@@ -441,7 +303,9 @@ def dynamic_table_lookup(table, keys, name=None) -> tf.Tensor:
     Example:
       >>> dynamic_table_lookup(h, tf.constant(["a", "b"]))
     """
-    return _ops().tf_embed_dynamic_table_lookup(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+    return _ops().tf_embed_dynamic_table_lookup(
+        table=handle_tensor(table, "table"), keys=keys_tensor(keys, "keys"), name=name
+    )
 
 
 def dynamic_table_stats(table, name=None) -> DynamicTableStats:
@@ -450,7 +314,7 @@ def dynamic_table_stats(table, name=None) -> DynamicTableStats:
     Example:
       >>> int(dynamic_table_stats(h).size)
     """
-    return DynamicTableStats(*_ops().tf_embed_dynamic_table_stats(table=_handle(table, "table"), name=name))
+    return DynamicTableStats(*_ops().tf_embed_dynamic_table_stats(table=handle_tensor(table, "table"), name=name))
 
 
 def dynamic_table_tiered_stats(table, name=None) -> tf.Tensor:
@@ -461,7 +325,7 @@ def dynamic_table_tiered_stats(table, name=None) -> tf.Tensor:
     Example:
       >>> dynamic_table_tiered_stats(h)[0]  # hits
     """
-    return _ops().tf_embed_dynamic_table_tiered_stats(table=_handle(table, "table"), name=name)
+    return _ops().tf_embed_dynamic_table_tiered_stats(table=handle_tensor(table, "table"), name=name)
 
 
 def dynamic_table_tiered_export_keys(table, name=None) -> tuple[tf.Tensor, ...]:
@@ -472,7 +336,7 @@ def dynamic_table_tiered_export_keys(table, name=None) -> tuple[tf.Tensor, ...]:
     Example:
       >>> keys, counts, last_steps, *pending = dynamic_table_tiered_export_keys(h)
     """
-    return tuple(_ops().tf_embed_dynamic_table_tiered_export_keys(table=_handle(table, "table"), name=name))
+    return tuple(_ops().tf_embed_dynamic_table_tiered_export_keys(table=handle_tensor(table, "table"), name=name))
 
 
 def dynamic_table_tiered_import_keys(
@@ -487,7 +351,7 @@ def dynamic_table_tiered_import_keys(
     names = ("keys", "counts", "last_steps", "pending_keys", "pending_counts", "pending_last_steps")
     values = (keys, counts, last_steps, pending_keys, pending_counts, pending_last_steps)
     args = {k: tf.convert_to_tensor(v, tf.int64) for k, v in zip(names, values, strict=True)}
-    return _ops().tf_embed_dynamic_table_tiered_import_keys(table=_handle(table, "table"), name=name, **args)
+    return _ops().tf_embed_dynamic_table_tiered_import_keys(table=handle_tensor(table, "table"), name=name, **args)
 
 
 def dynamic_table_tiered_read_rows(table, keys, num_slots: int = 0, name=None) -> tuple[tf.Tensor, list]:
@@ -498,7 +362,7 @@ def dynamic_table_tiered_read_rows(table, keys, num_slots: int = 0, name=None) -
       >>> weights, slots = dynamic_table_tiered_read_rows(h, keys[:1024], num_slots=1)
     """
     out = _ops().tf_embed_dynamic_table_tiered_read_rows(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table"),
         keys=tf.convert_to_tensor(keys, tf.int64),
         num_slots=checked_int(num_slots, "num_slots", 0),
         name=name,
@@ -514,7 +378,7 @@ def dynamic_table_tiered_write_rows(table, keys, weights, slots=(), name=None):
       >>> dynamic_table_tiered_write_rows(h, keys, weights, [accumulators])
     """
     return _ops().tf_embed_dynamic_table_tiered_write_rows(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table"),
         keys=tf.convert_to_tensor(keys, tf.int64),
         weights=tf.convert_to_tensor(weights, tf.float32),
         slots=[tf.convert_to_tensor(s, tf.float32) for s in slots],
@@ -535,7 +399,7 @@ def dynamic_table_export(table, num_slots: int = 0, name=None) -> DynamicTableCo
       >>> contents = dynamic_table_export(h, num_slots=1)
     """
     out = _ops().tf_embed_dynamic_table_export(
-        table=_handle(table, "table"), num_slots=checked_int(num_slots, "num_slots", 0), name=name
+        table=handle_tensor(table, "table"), num_slots=checked_int(num_slots, "num_slots", 0), name=name
     )
     return DynamicTableContents(*out[:2], tuple(out[2]), *out[3:])
 
@@ -565,7 +429,7 @@ def dynamic_table_import(table, contents: DynamicTableContents | Sequence, name=
         else tf.convert_to_tensor(value, dtype)
         for field, value, dtype in zip(DynamicTableContents._fields, contents, dtypes, strict=True)
     }
-    return _ops().tf_embed_dynamic_table_import(table=_handle(table, "table"), name=name, **args)
+    return _ops().tf_embed_dynamic_table_import(table=handle_tensor(table, "table"), name=name, **args)
 
 
 def dynamic_table_evict(
@@ -589,8 +453,8 @@ def dynamic_table_evict(
         raise ValueError(f"policy: must be one of {EVICTION_POLICIES[1:]}, got {policy!r}")
     max_rows, ttl_steps = checked_int(max_rows, "max_rows"), checked_int(ttl_steps, "ttl_steps")
     return _ops().tf_embed_dynamic_table_evict(
-        table=_handle(table, "table"),
-        step=_step(step),
+        table=handle_tensor(table, "table"),
+        step=step_tensor(step),
         policy=policy,
         max_rows=max_rows,
         ttl_steps=ttl_steps,
@@ -608,8 +472,8 @@ def dynamic_table_read_log(table, cursor, max_entries: int = -1, name=None) -> E
       >>> entries = dynamic_table_read_log(h, cursor=0); cursor = entries.next_cursor
     """
     out = _ops().tf_embed_dynamic_table_read_log(
-        table=_handle(table, "table"),
-        cursor=_step(cursor),
+        table=handle_tensor(table, "table"),
+        cursor=step_tensor(cursor),
         max_entries=checked_int(max_entries, "max_entries"),
         name=name,
     )
@@ -622,7 +486,9 @@ def dynamic_table_row_stats(table, name=None) -> DynamicTableRowStats:
     Example:
       >>> stats = dynamic_table_row_stats(h)
     """
-    return DynamicTableRowStats(*_ops().tf_embed_dynamic_table_row_stats(table=_handle(table, "table"), name=name))
+    return DynamicTableRowStats(
+        *_ops().tf_embed_dynamic_table_row_stats(table=handle_tensor(table, "table"), name=name)
+    )
 
 
 def dynamic_table_evict_by_score(table, keys, scores, step, max_rows: int, name=None) -> tf.Tensor:
@@ -632,10 +498,10 @@ def dynamic_table_evict_by_score(table, keys, scores, step, max_rows: int, name=
       >>> dynamic_table_evict_by_score(h, stats.keys, scores, step=3, max_rows=1000)
     """
     return _ops().tf_embed_dynamic_table_evict_by_score(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table"),
         keys=tf.convert_to_tensor(keys, tf.int64),
         scores=tf.convert_to_tensor(scores, tf.float32),
-        step=_step(step),
+        step=step_tensor(step),
         max_rows=checked_int(max_rows, "max_rows"),
         name=name,
     )
@@ -647,7 +513,7 @@ def dynamic_table_export_policy_state(table, name=None) -> tuple[tf.Tensor, tf.T
     Example:
       >>> bloom, keys, decayed = dynamic_table_export_policy_state(h)
     """
-    return tuple(_ops().tf_embed_dynamic_table_export_policy_state(table=_handle(table, "table"), name=name))
+    return tuple(_ops().tf_embed_dynamic_table_export_policy_state(table=handle_tensor(table, "table"), name=name))
 
 
 def dynamic_table_import_policy_state(table, bloom_counters, decayed_keys, decayed_counts, name=None):
@@ -657,7 +523,7 @@ def dynamic_table_import_policy_state(table, bloom_counters, decayed_keys, decay
       >>> dynamic_table_import_policy_state(h, bloom[None], keys, decayed)
     """
     return _ops().tf_embed_dynamic_table_import_policy_state(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table"),
         bloom_counters=tf.convert_to_tensor(bloom_counters, tf.uint8),
         decayed_keys=tf.convert_to_tensor(decayed_keys, tf.int64),
         decayed_counts=tf.convert_to_tensor(decayed_counts, tf.float32),
@@ -671,7 +537,9 @@ def dynamic_table_evict_keys(table, keys, name=None) -> tf.Tensor:
     Example:
       >>> dynamic_table_evict_keys(h, tf.constant([3], tf.int64))
     """
-    return _ops().tf_embed_dynamic_table_evict_keys(table=_handle(table, "table"), keys=_keys(keys, "keys"), name=name)
+    return _ops().tf_embed_dynamic_table_evict_keys(
+        table=handle_tensor(table, "table"), keys=keys_tensor(keys, "keys"), name=name
+    )
 
 
 for _op in (

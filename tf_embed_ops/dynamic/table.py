@@ -41,7 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 from typing import Any
@@ -49,61 +48,30 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic import checkpoint_check, tiered_checkpoint
+from tf_embed_ops.dynamic import checkpoint_check, policies, tiered_checkpoint
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
-from tf_embed_ops.dynamic.sharding import shard_of_keys
+from tf_embed_ops.dynamic.table_state import (
+    CHECKPOINT_TENSORS,
+    EXPORT_TENSORS,
+    CheckpointTensors,  # re-exported: their documented home was this module
+    all_eager,
+    checked_step,
+    policy_state_checks,
+    policy_tensor_names,
+    restrict_to_shard,
+    tensor_shapes,
+    variable_name,
+)
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import table as tiered_table
 
-__all__ = ["CHECKPOINT_TENSORS", "DynamicTable", "ShardedDynamicTable", "policy_tensor_names", "restrict_to_shard"]
+__all__ = ["CHECKPOINT_TENSORS", "EXPORT_TENSORS", "DynamicTable", "policy_tensor_names", "restrict_to_shard"]
 
-# The checkpoint's tensors: the export's eight (in `DynamicTableContents` order), then the step counter.
-EXPORT_TENSORS = tuple(_ops.DynamicTableContents._fields)
-CHECKPOINT_TENSORS = (*EXPORT_TENSORS, "step")
 _uid = itertools.count()
 
 
-def restrict_to_shard(contents: dict, num_shards: int, shard_index: int) -> dict:
-    """The part of an exported/checkpointed content that belongs to one shard (rows and admission counters).
-
-    Filtering keeps the key order, so a sorted content stays sorted.
-    """
-    if num_shards == 1:
-        return dict(contents)
-    # Restored tensors have no static shape inside a SavedModel's restore function; boolean_mask needs the ranks.
-    contents = {
-        k: tf.ensure_shape(v, [None, None] if k in ("slots", "weights") else [None]) for k, v in contents.items()
-    }
-    out = dict(contents)
-    mine = tf.equal(shard_of_keys(contents["keys"], num_shards), shard_index)
-    for name in ("keys", "weights", "slots", "counts", "last_steps"):
-        out[name] = tf.boolean_mask(contents[name], mine)
-    pending = tf.equal(shard_of_keys(contents["pending_keys"], num_shards), shard_index)
-    for name in ("pending_keys", "pending_counts", "pending_last_steps"):
-        out[name] = tf.boolean_mask(contents[name], pending)
-    return out
-
-
-def _sorted_union(parts: list[dict]) -> dict:
-    """Concatenates shard contents (disjoint keys) and sorts rows and admission counters by key."""
-    if len(parts) == 1:
-        return dict(parts[0])
-    out = {}
-    keys = tf.concat([p["keys"] for p in parts], 0)
-    order = tf.argsort(keys, stable=True)
-    out["keys"] = tf.gather(keys, order)
-    for name in ("weights", "slots", "counts", "last_steps"):
-        out[name] = tf.gather(tf.concat([p[name] for p in parts], 0), order)
-    pending = tf.concat([p["pending_keys"] for p in parts], 0)
-    porder = tf.argsort(pending, stable=True)
-    out["pending_keys"] = tf.gather(pending, porder)
-    for name in ("pending_counts", "pending_last_steps"):
-        out[name] = tf.gather(tf.concat([p[name] for p in parts], 0), porder)
-    return out
-
-
-class DynamicTable(tf.saved_model.experimental.TrackableResource):
+class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResource):
     """One dynamic-vocabulary table (or one shard of it) as a TensorFlow resource.
 
     Args:
@@ -159,15 +127,15 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         # The step is saved inside the table's own checkpoint tensors (not as a variable dependency), so a sharded
         # table's one saved step restores into every shard, whatever the shard count.
         with tf.init_scope():
-            self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_step")
+            self._step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{variable_name(base)}_step")
             # evicted_keys()'s own cursor into the table's eviction log (not checkpointed: a restore restarts
             # the log).
             self._log_cursor = tf.Variable(
-                tf.constant(0, tf.int64), trainable=False, name=f"{_var_name(base)}_log_cursor"
+                tf.constant(0, tf.int64), trainable=False, name=f"{variable_name(base)}_log_cursor"
             )
             # A tiered table's cache counters at the previous write_summaries (its per-interval deltas).
             self._cache_summarized = (
-                tiered_table.new_summarized_stats(f"{_var_name(base)}_cache_summarized")
+                tiered_table.new_summarized_stats(f"{variable_name(base)}_cache_summarized")
                 if self._tiered is not None
                 else None
             )
@@ -243,7 +211,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         `last_step_refused` (keys refused for space), `last_step_evictions`. State: `size`, `capacity` (rows allocated),
         `memory_bytes` (everything the table holds).
         """
-        with tf.name_scope(f"{_var_name(self._table_name)}_stats"):
+        with tf.name_scope(f"{variable_name(self._table_name)}_stats"):
             out = _ops.dynamic_table_stats(self.resource_handle)._asdict()
         out["refused"] = out["below_admission"] + out["untracked"]
         return out
@@ -321,13 +289,13 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             policy = getattr(self._config, "eviction", None)
             if policy is None:
                 raise ValueError(f"DynamicTable {self._table_name!r}: evict() needs a policy; the table has none")
-        if not isinstance(policy, config_lib._Eviction):  # noqa: SLF001 - the policies' common base
+        if not isinstance(policy, policies.EvictionPolicy):
             raise ValueError(
                 f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU, TTL, L2Norm, DecayedLFU, "
                 f"CountAndAge or Score, got {policy!r}"
             )
         step = self._step.read_value() if step is None else step
-        if isinstance(policy, config_lib.Score):
+        if isinstance(policy, policies.Score):
             return self._score_round(policy, step)
         attrs = policy.attrs()
         return _ops.dynamic_table_evict(
@@ -459,7 +427,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             }
         )
         self.check_contents(contents, "import_")
-        if _all_eager(contents):
+        if all_eager(contents):
             # Everything a restore checks, for this table alone (the keys are not restricted to a shard here).
             spec = checkpoint_check.TableSpec.of(self._attrs)
             spec.validate({**{k: v.numpy() for k, v in contents.items()}, "step": np.int64(0)}, "import_")
@@ -491,6 +459,11 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
             object_map[self]._log_cursor = object_map[self._log_cursor]  # noqa: SLF001 - our own class's copy
         return tensors
 
+    @property
+    def handle_attrs(self) -> dict:
+        """The attributes of the table's `TfEmbed>DynamicTableHandle` op (`config.handle_attrs`, no shared name)."""
+        return dict(self._attrs)
+
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         out = self.export()
         out["step"] = self._step.read_value()
@@ -501,7 +474,9 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         # TensorFlow calls this when a restore reaches the table, before it reads any tensor: the whole check
         # (`checkpoint_check.check_restore`) runs here, so a truncated file or a refused policy state changes
         # nothing.
-        checkpoint_check.check_restore(self, self.spec, path, lambda t: self.check_contents(_shapes(t), "restore"))
+        checkpoint_check.check_restore(
+            self, self.spec, path, lambda t: self.check_contents(tensor_shapes(t), "restore")
+        )
         return None
 
     def _restore_from_tensors(self, restored_tensors: dict) -> Any:
@@ -509,7 +484,7 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
         self.check_contents(contents, "restore")
         step = checked_step(restored_tensors["step"], self._table_name)
         checks = [step]
-        if _all_eager(restored_tensors):
+        if all_eager(restored_tensors):
             self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
         else:
             checks += policy_state_checks(self.spec, restored_tensors)
@@ -647,236 +622,6 @@ class DynamicTable(tf.saved_model.experimental.TrackableResource):
                     f"more than max_rows={self.max_rows}; raise max_rows or restore into more shards. Nothing was "
                     "changed"
                 )
-
-
-class ShardedDynamicTable(tf.Module):
-    """A dynamic table split by key over `num_shards` `DynamicTable`s, checkpointed as one table.
-
-    Its checkpoint is the union of the shards sorted by key, in the format of one `DynamicTable`, so it restores
-    into any number of shards, or into a single `DynamicTable` at the same place in a checkpoint (and the reverse).
-    The shards are not checkpoint dependencies of their own: only the union is written, once.
-
-    Args:
-      config: a `te.DynamicTableConfig`.
-      num_shards: number of shards (>= 1).
-      devices: optional device per shard (e.g. the parameter servers); shard i's resource is created there.
-
-    Raises:
-      ValueError: if `num_shards` < 1 or `devices` has another length.
-    """
-
-    def __init__(self, config: Any, num_shards: int, devices: list | None = None):
-        super().__init__(name=_var_name(config.name))
-        if int(num_shards) < 1:
-            raise ValueError(f"ShardedDynamicTable {config.name!r}: num_shards must be >= 1, got {num_shards}")
-        if devices is not None and len(devices) != int(num_shards):
-            raise ValueError(f"ShardedDynamicTable {config.name!r}: {len(devices)} devices for {num_shards} shards")
-        shards = []
-        for i in range(int(num_shards)):
-            with tf.device(devices[i] if devices else None):
-                shards.append(DynamicTable(config, num_shards=int(num_shards), shard_index=i))
-        self._shard_tuple = tuple(shards)  # a tuple of resources; kept out of the checkpoint below
-        self._config = config
-
-    @property
-    def shards(self) -> tuple[DynamicTable, ...]:
-        return self._shard_tuple
-
-    @property
-    def config(self) -> Any:
-        return self._config
-
-    @property
-    def table_name(self) -> str:
-        return self._shard_tuple[0].table_name
-
-    @property
-    def key_dtype(self) -> tf.DType:
-        return self._shard_tuple[0].key_dtype
-
-    @property
-    def dim(self) -> int:
-        return self._shard_tuple[0].dim
-
-    def export(self) -> dict[str, tf.Tensor]:
-        """The union of the shards' contents, sorted by key (what one unsharded table would export)."""
-        return _sorted_union([s.export() for s in self._shard_tuple])
-
-    def stats(self) -> dict[str, tf.Tensor]:
-        """Every counter summed over the shards."""
-        per_shard = [s.stats() for s in self._shard_tuple]
-        return {k: tf.add_n([p[k] for p in per_shard]) for k in per_shard[0]}
-
-    def lookup(self, ids: Any) -> tf.Tensor:
-        """Serving lookup over the shards (each id read from its own shard); never inserts."""
-        first = self._shard_tuple[0]
-        ids = first.check_ids(ids)
-        flat = tf.reshape(ids, [-1])
-        n = len(self._shard_tuple)
-        if n == 1:
-            return first.lookup(ids)
-        which = shard_of_keys(flat, n)
-        parts = tf.dynamic_partition(flat, which, n)
-        positions = tf.dynamic_partition(tf.range(tf.size(flat)), which, n)
-        rows = [s.lookup(p) for s, p in zip(self._shard_tuple, parts, strict=True)]
-        out = tf.dynamic_stitch(positions, rows)
-        return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [first.dim]], 0))
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        children = dict(super()._trackable_children(save_type, **kwargs))
-        if save_type == "checkpoint":  # a SavedModel must still reach the shards' resources
-            children.pop("_shard_tuple", None)
-        return children
-
-    def _export_to_saved_model_graph(self, object_map, tensor_map, **kwargs):
-        # As DynamicTable's: the SavedModel serialises a copy that must use the shards' copies (exported first).
-        tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
-        new = copy.copy(self)
-        new.__dict__["_shard_tuple"] = tuple(object_map.get(s, s) for s in self._shard_tuple)
-        object_map[self] = new
-        return tensors
-
-    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
-        out = self.export()
-        out["step"] = self._shard_tuple[0].step.read_value()
-        parts = [s.export_policy_state() for s in self._shard_tuple]
-        if "bloom_counters" in parts[0]:
-            out["bloom_counters"] = tf.concat([p["bloom_counters"] for p in parts], 0)
-        if "decayed_keys" in parts[0]:
-            keys = tf.concat([p["decayed_keys"] for p in parts], 0)
-            order = tf.argsort(keys, stable=True)
-            out["decayed_keys"] = tf.gather(keys, order)
-            out["decayed_counts"] = tf.gather(tf.concat([p["decayed_counts"] for p in parts], 0), order)
-        return out
-
-    def evicted_keys(self, include_refused: bool = False, strict: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
-        """Every shard's `DynamicTable.evicted_keys`, concatenated in shard order."""
-        parts = [s.evicted_keys(include_refused, strict) for s in self._shard_tuple]
-        return tf.concat([p[0] for p in parts], 0), tf.concat([p[1] for p in parts], 0)
-
-    @property
-    def spec(self) -> checkpoint_check.TableSpec:
-        """What a checkpoint of this table must hold (every shard's part checked)."""
-        first = self._shard_tuple[0]
-        return checkpoint_check.TableSpec.of(first._attrs, first.num_shards, tuple(range(first.num_shards)))  # noqa: SLF001
-
-    def _checkpoint_adapter(self, path: str) -> None:
-        # As DynamicTable's: the whole check before TensorFlow reads any tensor (every shard's part).
-        def layout(tensors: dict) -> None:
-            for shard in self._shard_tuple:
-                shard.check_contents(_shapes(tensors), "restore")
-
-        checkpoint_check.check_restore(self, self.spec, path, layout)
-        return None
-
-    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
-        contents = {k: restored_tensors[k] for k in EXPORT_TENSORS}
-        parts = []
-        # Every shard checks its part before any shard imports: a refused restore changes no shard.
-        for shard in self._shard_tuple:
-            shard.check_contents(contents, "restore")
-        step = checked_step(restored_tensors["step"], self.table_name)
-        checks = [step]
-        if _all_eager(restored_tensors):
-            self.spec.validate({k: v.numpy() for k, v in restored_tensors.items()})
-        else:
-            checks += policy_state_checks(self.spec, restored_tensors)
-        for shard in self._shard_tuple:
-            mine = restrict_to_shard(contents, shard.num_shards, shard.shard_index)
-            shard.check_fits(mine)
-            parts.append(mine)
-        ops = []
-        for shard, mine in zip(self._shard_tuple, parts, strict=True):
-            with tf.control_dependencies(checks):
-                imported = shard.import_contents(mine)
-            with tf.control_dependencies([imported]):
-                restored = shard.import_policy_state(restored_tensors)
-            with tf.control_dependencies([restored]):
-                ops.append(shard.step.assign(step))
-        return tf.group(ops)
-
-
-def policy_tensor_names(config: Any) -> tuple[str, ...]:
-    """The checkpoint tensors beyond `CHECKPOINT_TENSORS` that `config`'s lifecycle policies add."""
-    names: tuple[str, ...] = ()
-    if isinstance(getattr(config, "admission", None), config_lib.BloomAdmission):
-        names += ("bloom_counters",)
-    if isinstance(getattr(config, "eviction", None), config_lib.DecayedLFU):
-        names += ("decayed_keys", "decayed_counts")
-    return names
-
-
-def checked_step(step: Any, table_name: str) -> tf.Tensor:
-    """The checkpoint's step as an int64 scalar, checked (shape [], value >= 0) before any row is imported.
-
-    Eagerly a bad step raises ValueError here; in a graph (a SavedModel's restore function) the returned tensor
-    carries the check, and the import waits for it."""
-    step = tf.convert_to_tensor(step)
-    where = f"DynamicTable {table_name!r}: restore:"
-    if not step.dtype.is_integer:
-        raise ValueError(f"{where} the step must be an integer, got dtype {step.dtype.name}; nothing was changed")
-    if step.shape.rank is not None and step.shape.rank != 0:
-        raise ValueError(f"{where} the step must be a scalar (shape []), got shape {step.shape}; nothing was changed")
-    step = tf.cast(step, tf.int64)
-    if tf.executing_eagerly():
-        if int(step.numpy()) < 0:
-            raise ValueError(f"{where} the step must be >= 0, got {int(step.numpy())}; nothing was changed")
-        return step
-    with tf.control_dependencies(
-        [tf.debugging.assert_equal(tf.rank(step), 0, message=f"{where} the step must be a scalar")]
-    ):
-        step = tf.reshape(step, [])
-    with tf.control_dependencies([tf.debugging.assert_non_negative(step, message=f"{where} the step must be >= 0")]):
-        return tf.identity(step)
-
-
-def policy_state_checks(spec: checkpoint_check.TableSpec, tensors: dict) -> list:
-    """In a graph (a SavedModel's restore function): assertions on the policies' tensors that the rows' import
-    waits for, so a policy state the later policy import would refuse stops the restore before any row is written
-    (eagerly `TableSpec.validate` checks them in numpy)."""
-    where = f"DynamicTable {spec.name!r}: restore:"
-    checks = []
-    if "bloom_counters" in tensors:
-        bloom = tf.convert_to_tensor(tensors["bloom_counters"])
-        checks.append(
-            tf.debugging.assert_equal(
-                tf.shape(bloom, out_type=tf.int64)[-1],
-                tf.constant(spec.bloom_bytes, tf.int64),
-                message=f"{where} bloom_counters must be [parts, {spec.bloom_bytes}] ({spec.admission}); nothing "
-                "was changed",
-            )
-        )
-    if "decayed_counts" in tensors:
-        counts = tf.convert_to_tensor(tensors["decayed_counts"])
-        checks.append(
-            tf.debugging.assert_equal(
-                tf.reduce_all(tf.math.is_finite(counts) & (counts >= 0)),
-                True,
-                message=f"{where} decayed_counts must be finite and >= 0; nothing was changed",
-            )
-        )
-        checks.append(
-            tf.debugging.assert_equal(
-                tf.size(counts),
-                tf.size(tensors["decayed_keys"]),
-                message=f"{where} decayed_keys and decayed_counts must be the same length; nothing was changed",
-            )
-        )
-    return checks
-
-
-def _shapes(tensors: dict) -> dict:
-    """The rows' and slots' shapes of checkpoint tensors (numpy) as `check_contents` reads them."""
-    return {k: tf.TensorSpec(np.shape(tensors[k])) for k in ("weights", "slots")}
-
-
-def _all_eager(tensors: dict) -> bool:
-    return tf.executing_eagerly() and all(hasattr(v, "numpy") for v in tensors.values())
-
-
-def _var_name(name: str) -> str:
-    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in str(name)) or "table"
-    return cleaned if cleaned[0].isalpha() else "t_" + cleaned
 
 
 # A tiered table's checkpoint is streamed (keys whole, rows chunk by chunk) by a registered saver, in the format

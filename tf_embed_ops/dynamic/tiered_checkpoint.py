@@ -48,6 +48,7 @@ from tf_embed_ops.dynamic import ops as _ops
 
 __all__ = [
     "FORMAT_VERSION",
+    "check_policy_state",
     "SAVER_NAME",
     "StreamedCheckpoint",
     "bloom_bytes",
@@ -101,11 +102,11 @@ def chunk_rows(table: Any) -> int:
 bloom_bytes = checkpoint_check.bloom_bytes
 
 
-def _check_policy_state(tensors: dict, policy_names: tuple, filter_bytes: int, where: str) -> None:
+def check_policy_state(tensors: dict, policy_names: tuple, filter_bytes: int, where: str) -> None:
     """The policies' tensors as the table's import of them will take them (checked before the keys are imported,
     since that import comes after the rows): `checkpoint_check.TableSpec`'s own check of them."""
     spec = checkpoint_check.TableSpec("", 1, 0, 0, 0, 1, (0,), filter_bytes, "decayed_keys" in policy_names)
-    spec._check_policies(tensors, "check", where, "; nothing was changed")  # noqa: SLF001 - same package's check
+    spec.check_policies(tensors, "check", where, "; nothing was changed")
 
 
 def _safe(name: str) -> str:
@@ -260,7 +261,7 @@ def _check_whole(table: Any, name: str, path: str, reader: Any) -> Callable[[], 
         )
     tensors = {t: tf.constant(_read(reader, checkpoint_key(name, t), table.table_name, path)) for t in wanted}
     table.spec.validate({k: v.numpy() for k, v in tensors.items()})
-    return lambda: table._restore_from_tensors(tensors)  # noqa: SLF001 - the in-memory format's own restore
+    return lambda: table.restore_tensors(tensors)
 
 
 def _read(reader: Any, key: str, table_name: str, path: str) -> np.ndarray:
@@ -366,7 +367,7 @@ def check_streamed(
         key = checkpoint_key(name, t)
         tensors[t] = np.broadcast_to(np.zeros((), tf.as_dtype(dtypes[key]).as_numpy_dtype), shapes[key])
     spec.validate(tensors)
-    _check_policy_state(tensors, policy_names, filter_bytes, where)
+    check_policy_state(tensors, policy_names, filter_bytes, where)
     n = int(tensors["keys"].shape[0])
     chunks = [(start, min(rows, n - start)) for start in range(0, n, rows)]
     checked = StreamedCheckpoint(name, path, tensors, chunks, spec.dim, spec.slot_width, label)

@@ -56,8 +56,8 @@ class _Variable:
 def _expected(embedding: Any) -> dict[str, Any]:
     """`{child name: _Variable | TableSpec}` of the children a restore writes."""
     out: dict[str, Any] = {}
-    if embedding._built:  # noqa: SLF001 - the class that calls us
-        for name, child in embedding._trackable_children().items():  # noqa: SLF001
+    if embedding.built:
+        for name, child in embedding.checkpoint_children().items():
             spec = getattr(child, "spec", None)
             if isinstance(spec, checkpoint_check.TableSpec):
                 out[name] = spec
@@ -66,14 +66,14 @@ def _expected(embedding: Any) -> dict[str, Any]:
             elif hasattr(child, "shape") and hasattr(child, "dtype"):
                 out[name] = _Variable(child.shape, child.dtype)
         return out
-    for table in embedding._table_config:  # noqa: SLF001
+    for table in embedding.table_configs:
         shape = (table.vocabulary_size, table.dim)
         out[table.name] = _Variable(shape, None)
         if table.optimizer is not None:
             shapes = config_lib.slot_shapes(table.optimizer, table.vocabulary_size, table.dim)
             for slot in _tf_compat.slot_names(table.optimizer):
                 out[f"{table.name}/{slot}"] = _Variable(shapes.get(slot, shape), None)
-    if table_config.needs_rounding_step(embedding._table_config):  # noqa: SLF001
+    if table_config.needs_rounding_step(embedding.table_configs):
         out["rounding_step"] = _Variable((), None)
     group = embedding.dynamic_group
     if group is not None:
@@ -137,7 +137,7 @@ def validate(embedding: Any, path: str) -> None:
     to_memory = []  # (checkpoint node, tensor names) of in-memory dynamic tables saved tiered (streamed)
     configs = _dynamic_configs(embedding)
     checked = []  # the dynamic tables whose tensors were validated here (their own check need not read them again)
-    objects = embedding._trackable_children() if embedding._built else {}  # noqa: SLF001 - the class that calls us
+    objects = embedding.checkpoint_children() if embedding.built else {}
     for name, child in _node_children(graph, node).items():
         want = expected.get(name)
         keys = {a.name: a.checkpoint_key for a in child.attributes}
@@ -203,10 +203,10 @@ def _table_names(expected: dict) -> set[str]:
 
 def _dynamic_configs(embedding: Any) -> dict[str, Any]:
     """`{child name: DynamicTableConfig}` of the embedding's dynamic tables."""
-    if embedding._built:  # noqa: SLF001 - the class that calls us
+    if embedding.built:
         return {
             name: child.config
-            for name, child in embedding._trackable_children().items()  # noqa: SLF001
+            for name, child in embedding.checkpoint_children().items()
             if isinstance(getattr(child, "spec", None), checkpoint_check.TableSpec)
         }
     group = embedding.dynamic_group
@@ -239,7 +239,7 @@ def _check_streamed_dynamic(
 
 def _check_from_tiered(embedding: Any, name: str, child: Any, path: str, reader: Any, position: Any) -> Any:
     """Checks the streamed checkpoint of in-memory table `name` (saved tiered); returns its restore plan."""
-    if not embedding._built or position is None:  # noqa: SLF001 - the class that calls us
+    if not embedding.built or position is None:
         raise ValueError(
             f"TPUEmbedding restore: the checkpoint at {path} holds table {name!r} as a tiered table (streamed); "
             "restoring it into the in-memory table needs the embedding built first (call build()) and "

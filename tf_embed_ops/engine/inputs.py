@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 from absl import logging
@@ -20,7 +20,17 @@ from tf_embed_ops import features as features_lib
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
 
-__all__ = ["complete_subset", "normalize_inputs", "output_shape_positions"]
+__all__ = [
+    "Pending",
+    "checked_pending",
+    "complete_subset",
+    "pending_batch",
+    "merge_output_shapes",
+    "normalize_inputs",
+    "output_shape_positions",
+    "output_shapes_from_input_shapes",
+    "present_shapes",
+]
 
 
 def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[list, list]:
@@ -187,3 +197,74 @@ def complete_subset(feature_config: Any, features: Any, weights: Any) -> tuple[l
         tf.nest.pack_sequence_as(feature_config, full_inputs),
         tf.nest.pack_sequence_as(feature_config, full_weights),
     )
+
+
+def output_shapes_from_input_shapes(input_shapes: list, flat_features: list) -> list:
+    """TF's rule: a rank-2 non-[B,1] input of a sequence feature gets [B, L]; otherwise drop the last axis."""
+    out = []
+    for shape, feature in zip(input_shapes, flat_features, strict=False):
+        if shape.rank is None or shape.rank < 1:
+            raise ValueError(f"Received input tensor of shape {shape}. Rank must be 1 and above.")
+        out.append(features_lib.output_shape(shape, feature, shape.rank == 2 and shape[-1] != 1))
+    return out
+
+
+def merge_output_shapes(known: list, incoming: list) -> list:
+    """The output shapes with the still-unknown ones of `known` filled from `incoming` (for `config_proto`); known
+    ones stay, as TF's priority order says.
+
+    Unlike the TPU engine, the CPU kernels accept any batch shape, so a later batch of another size (say the last,
+    partial one) is not an error; the configuration keeps describing the first. A shape with a zero dimension (an
+    empty batch) fixes nothing: a configuration's `input_shape` must be positive, so taking it would make every
+    later batch's configuration invalid.
+    """
+
+    def describes_a_batch(shape: tf.TensorShape) -> bool:
+        return shape.rank is not None and shape.rank > 0 and all(d != 0 for d in shape.as_list())
+
+    return [
+        old if old.rank is not None and old.rank > 0 else (new if describes_a_batch(new) else old)
+        for old, new in zip(known, incoming, strict=False)
+    ]
+
+
+def present_shapes(feature_config: Any, shapes: list, present: list) -> list:
+    """`shapes` (one per feature) with unknown shapes for the features not in `present` (their key paths): the
+    stand-ins `complete_subset` adds must not fix `config_proto`'s shapes."""
+    config_paths = [path for path, _ in features_lib.flatten_with_paths(feature_config)]
+    return [s if p in present else tf.TensorShape(None) for s, p in zip(shapes, config_paths, strict=True)]
+
+
+class Pending(NamedTuple):
+    """What `enqueue` leaves for `dequeue` and `apply_gradients` (the TPU engine keeps this hidden)."""
+
+    inputs: list  # list[embedding_ops.FeatureInput], in feature order
+    training: bool
+    graph: Any  # the graph the tensors live in (None when eager)
+
+
+def _current_graph() -> Any:
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def pending_batch(inputs: list, training: bool) -> Pending:
+    """The batch `enqueue` queues, in the graph it is traced in (None eagerly)."""
+    return Pending(inputs, training, _current_graph())
+
+
+def checked_pending(pending: Pending | None, built: bool, what: str) -> Pending:
+    """The queued batch for `what` (dequeue / apply_gradients), refused when the object is not built, nothing is
+    queued, or the batch lives in another graph."""
+    if not built:
+        raise RuntimeError(
+            f"{what} called on unbuilt TPUEmbedding object. Please either call enqueue first or manually call the "
+            "build method."
+        )
+    if pending is None:
+        raise RuntimeError(f"{what} called before enqueue: there is no batch of ids to use.")
+    if pending.graph is not None and pending.graph is not _current_graph():
+        raise RuntimeError(
+            f"{what} must run in the same tf.function (or eagerly, in the same context) as the enqueue that queued "
+            "its ids; call enqueue again here."
+        )
+    return pending

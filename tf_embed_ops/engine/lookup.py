@@ -12,8 +12,15 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
+from tf_embed_ops import features as features_lib
 
-__all__ = ["activation_shape_tensor", "lookup_shape_tensor", "reshape_activations", "static_activation_shape"]
+__all__ = [
+    "activation_shape_tensor",
+    "lookup_shape_tensor",
+    "pack_subset",
+    "reshape_activations",
+    "static_activation_shape",
+]
 
 
 def static_activation_shape(feature_input: embedding_ops.FeatureInput, feature: Any) -> tf.TensorShape:
@@ -49,3 +56,13 @@ def reshape_activations(activations: Sequence[tf.Tensor], features: Sequence[Any
             act = tf.reshape(act, feature.output_shape.as_list() + [feature.table.dim])
         out.append(act)
     return out
+
+
+def pack_subset(feature_config: Any, activations: list, present: list, subset: Any) -> Any:
+    """The activations of the features of `subset` (key paths `present`, in its order), reshaped by their
+    `output_shape` and packed in the nest of `subset`, whose leaves need not be in feature order."""
+    position = {path: i for i, (path, _) in enumerate(features_lib.flatten_with_paths(feature_config))}
+    wanted = [position[path] for path in present]
+    flat_config = tf.nest.flatten(feature_config)
+    reshaped = reshape_activations([activations[i] for i in wanted], [flat_config[i] for i in wanted])
+    return tf.nest.pack_sequence_as(subset, reshaped)

@@ -69,7 +69,7 @@ class VariablesTarget:
         self._variables = [_backing(variables[v], name) for v in ["parameters", *self.slot_names]]
         self.num_rows, self.dim = (int(d) for d in self._variables[0].shape)
         self.slot_widths = [int(v.shape[1]) for v in self._variables[1:]]
-        self.step = _Step(embedding._rounding_step_variable())  # noqa: SLF001 - the class that restores us
+        self.step = _Step(embedding.rounding_step_variable)
 
     def write_rows(self, first_row: int, values: tf.Tensor, slots: list) -> None:
         """Rows `[first_row, first_row + n)` of the table and its slots (float32 in, cast to each variable's

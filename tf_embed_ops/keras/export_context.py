@@ -12,8 +12,8 @@ another thread is not served.
 `serving_mode()` (`te.keras.serving_mode`) makes a context for calls outside an export (eager calls, the user's
 own `tf.function`s) on the current thread only (a `contextvars.ContextVar`); exports never read it.
 
-The layer's lookups in a serving context are `tf_embed_ops._xla.lookup`, the one plain-TensorFlow lookup (bitwise
-the op's).
+In a serving context each of the layer's table groups is looked up through its serving form
+(`TableGroup.serving_group(context)`: `tf_embed_ops._xla.lookup`, the one plain-TensorFlow lookup, bitwise the op's).
 
 Example:
     >>> context = ExportContext(dynamic={"user": ("int8", None)})
@@ -30,8 +30,6 @@ import contextvars
 from typing import Any
 
 import tensorflow as tf
-
-from tf_embed_ops import _xla
 
 __all__ = ["ExportContext", "current", "serving_mode"]
 
@@ -95,14 +93,6 @@ class ExportContext:
         finally:
             delattr(graph, _GRAPH_ATTRIBUTE)
 
-    def dynamic_group(self, group: Any) -> FrozenDynamicGroup:
-        """The serving stand-in of a layer's `DynamicGroup`."""
-        return FrozenDynamicGroup(group, self)
-
-    def tiered_group(self, group: Any) -> ServedTieredGroup:
-        """The serving stand-in of a layer's `TieredGroup`."""
-        return ServedTieredGroup(group, self)
-
 
 def _freeze(table: Any, mode: Any, prune: Any) -> Any:
     # A tiered table's rows are not read here: its serving form's rows are streamed into the SavedModel after it is
@@ -142,53 +132,3 @@ def serving_mode(served: dict | None = None, dynamic: dict | None = None, freeze
         yield _THREAD_CONTEXT.get()
     finally:
         _THREAD_CONTEXT.reset(token)
-
-
-def _is_dense(inp: Any) -> bool:
-    # Dense inputs next to dynamic or tiered tables are normalised with splits of shape [0].
-    return inp.sample_indices_or_row_splits.shape.as_list() == [0]
-
-
-class _ServingGroup:
-    """Stands in for a layer's group of dynamic or tiered features while serving: the same features and positions,
-    each looked up by `_lookup` with plain TensorFlow."""
-
-    def __init__(self, group: Any, context: ExportContext):
-        self._group = group
-        self._context = context
-        self.positions = group.positions
-        self.static_positions = group.static_positions
-
-    def lookup(self, inputs: list, training: bool = False) -> list:
-        del training  # serving never inserts nor trains
-        tables = self._group.tables
-        return [self._lookup(f, inp, tables[f.table]) for f, inp in zip(self._group.features, inputs, strict=True)]
-
-    def _lookup(self, feature: Any, inp: Any, table: Any) -> tf.Tensor:
-        raise NotImplementedError
-
-
-class ServedTieredGroup(_ServingGroup):
-    """A layer's `TieredGroup` while serving: each table read from its serving form
-    (`tf_embed_ops.serving.streamed.StreamedTable`, which the export makes)."""
-
-    def _lookup(self, feature: Any, inp: Any, table: Any) -> tf.Tensor:
-        form = self._context.served_form(table)
-        if form is table:
-            raise ValueError(
-                f"Tiered table {feature.table.name!r}: its rows live in a row file a serving graph cannot read; "
-                "export the model with te.keras.export_for_serving or publish it with te.serving.Publisher, "
-                "which write the rows into the SavedModel chunk by chunk"
-            )
-        config = feature.table
-        return _xla.lookup(inp, _is_dense(inp), form, config.dim, config.combiner, config.quantization_config)
-
-
-class FrozenDynamicGroup(_ServingGroup):
-    """A layer's `DynamicGroup` while serving: each table's frozen copy (a hash table key -> row, then the lookup
-    over the rows, whose extra default row of zeros is what the training side reads for a key without a row)."""
-
-    def _lookup(self, feature: Any, inp: Any, table: Any) -> tf.Tensor:
-        frozen = self._context.frozen(table)
-        rows = inp._replace(ids=frozen.rows(inp.ids))
-        return _xla.lookup(rows, _is_dense(inp), frozen, frozen.dim, feature.table.combiner)

@@ -22,11 +22,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops import _xla, embedding_ops, update_trigger
+from tf_embed_ops import _xla, update_trigger
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
-from tf_embed_ops.dynamic import engine as dynamic_engine
+from tf_embed_ops.backends import walk
 from tf_embed_ops.keras import dynamic_weights, export_context, optimizer_mapping, serialization, tiered_weights
 
 __all__ = ["TPUEmbedding"]
@@ -213,6 +213,11 @@ class TPUEmbedding(keras.layers.Layer):
         return self._tpu_embedding.feature_config
 
     @property
+    def embedding(self) -> mid_level.TPUEmbedding:
+        """The layer's mid-level object (its `keras.Variable` tables, its table groups), as the sharded layer's."""
+        return self._tpu_embedding
+
+    @property
     def embedding_tables(self) -> dict:
         """`{TableConfig: keras.Variable}`."""
         return self._tpu_embedding.embedding_tables
@@ -243,122 +248,38 @@ class TPUEmbedding(keras.layers.Layer):
 
     def call(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         store = self._tpu_embedding
-        xla = _xla.in_xla_context()
-        if xla and training:
-            raise _xla.training_refused(f"Layer {self.name!r} ({type(self).__name__})")
-        if xla and store.dynamic_group is not None:
-            raise ValueError(
-                f"Layer {self.name!r} ({type(self).__name__}): dynamic tables "
-                f"{sorted(t.name for t in self.dynamic_tables)} cannot be looked up under XLA (jit_compile=True): "
-                "their rows live in a hash table XLA cannot read. Call the layer outside jit_compile."
-            )
-        tiered = store.tiered_group
-        if xla and tiered is not None:
-            raise ValueError(
-                f"Layer {self.name!r} ({type(self).__name__}): tiered tables "
-                f"{sorted(t.name for t in tiered.table_configs)} cannot be looked up under XLA (jit_compile=True): "
-                "their rows live in a cache XLA cannot read. Call the layer outside jit_compile."
-            )
+        groups = store.groups
+        if _xla.in_xla_context():
+            if training:
+                raise _xla.training_refused(f"Layer {self.name!r} ({type(self).__name__})")
+            refusals = walk.xla_refusals(groups)
+            if refusals:
+                raise ValueError(
+                    f"Layer {self.name!r} ({type(self).__name__}): {'; '.join(refusals)}. Call the layer outside "
+                    "jit_compile."
+                )
         inputs, _ = store.normalize_inputs(features, weights)
         # An export tracing this call hands it its context (attached to the traced graph): serve without custom ops.
         context = export_context.current()
-        if tiered is None:
-            acts = self._in_memory_acts(inputs, training, context, features)
-        elif context is not None:
-            acts = dynamic_engine.split_lookup(
-                context.tiered_group(tiered), inputs, False, lambda i: self._in_memory_acts(i, False, context)
-            )
+        if context is not None:
+            acts = walk.lookup([group.serving_group(context) for group in groups], inputs, False)
         elif training:
-            # One update for every table, as `te.TPUEmbedding.apply_gradients` runs it (the tiered update's checks
-            # first, so a step it refuses changes no table), hung on the trigger's gradient.
-            acts = update_trigger.hang_update_on_trigger(
-                tf.convert_to_tensor(self._update_trigger.value),
-                lambda: store.lookup_all(inputs, training=True),
-                lambda gradients: store.send_all(gradients, inputs),
-            )
+            # The fused update hangs on the trigger's gradient (see the module docstring): one group's own, or one
+            # update of every group as `te.TPUEmbedding.apply_gradients` runs it (every group's checks before any
+            # group writes, so a step one refuses changes no table).
+            trigger = tf.convert_to_tensor(self._update_trigger.value)
+            if len(groups) == 1:
+                acts = groups[0].lookup_and_update(inputs, trigger)
+            else:
+                acts = update_trigger.hang_update_on_trigger(
+                    trigger,
+                    lambda: store.lookup_all(inputs, training=True),
+                    lambda gradients: store.send_all(gradients, inputs),
+                )
         else:
             acts = store.lookup_all(inputs, training=False)
         acts = store.reshape_activations(list(acts))
         return tf.nest.pack_sequence_as(store.feature_config, acts)
-
-    def _in_memory_acts(self, inputs: list, training: bool | None, context: Any, features: Any = None) -> list:
-        """Activations of the in-memory tables' features (static and dynamic; all features without tiered tables).
-
-        `context`: the `ExportContext` to serve with, or None. `features`: the layer's input nest when `inputs` are
-        all the features (it tells dense inputs apart)."""
-        store = self._tpu_embedding
-        group = store.dynamic_group
-        if group is not None:
-            # Dynamic tables (docs/dynamic_tables.md): each group through its own ops, in feature order.
-            trigger = tf.convert_to_tensor(self._update_trigger.value)
-            if training and context is None:
-                acts = dynamic_engine.split_lookup(
-                    group,
-                    inputs,
-                    True,
-                    lambda i: self._static_acts(i, training, trigger, None),
-                    update_trigger=trigger,
-                )
-            else:
-                group = context.dynamic_group(group) if context is not None else group
-                acts = dynamic_engine.split_lookup(
-                    group, inputs, False, lambda i: self._static_acts(i, False, None, context)
-                )
-        else:
-            acts = self._static_acts(inputs, training, None, context, features)
-        return list(acts)
-
-    def _static_acts(
-        self, inputs: list, training: bool | None, trigger: Any, context: Any, features: Any = None
-    ) -> list:
-        """Activations of the static features (all of them when there is no dynamic table)."""
-        store = self._tpu_embedding
-        flat_features = store.static_features
-        if context is not None or _xla.in_xla_context():
-            # Plain TensorFlow ops (tf_embed_ops._xla.lookup, bitwise the op's): while serving (each table read from
-            # the serving form the context gives it) or under XLA.
-            if features is not None:
-                kinds = [not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) for x in tf.nest.flatten(features)]
-            else:  # the static subset next to dynamic tables: dense inputs are normalised with splits of shape [0]
-                kinds = [inp.sample_indices_or_row_splits.shape.as_list() == [0] for inp in inputs]
-            tables = store.variables
-
-            def table_of(config: Any) -> Any:
-                table = tables[config.name]["parameters"].value
-                return context.served_form(table) if context is not None else table
-
-            acts = [
-                _xla.lookup(
-                    inp,
-                    dense,
-                    table_of(f.table),
-                    f.table.dim,
-                    f.table.combiner,
-                    f.table.quantization_config,
-                )
-                for inp, dense, f in zip(inputs, kinds, flat_features, strict=False)
-            ]
-        else:
-            tables, slots = store.tables_and_slots()
-            if training:
-                # The fused update hangs on the trigger's gradient (see the module docstring).
-                acts = embedding_ops.embedding_lookup_and_update(
-                    inputs,
-                    tables,
-                    slots,
-                    store.serialized_config,
-                    combiners=store.combiners,
-                    learning_rates=list(store.dynamic_learning_rates),
-                    trigger=trigger if trigger is not None else tf.convert_to_tensor(self._update_trigger.value),
-                    check_numerics=self._check_numerics,
-                    rounding_arguments=store.rounding_arguments,
-                    after_update=store.advance_rounding_step,
-                )
-            else:
-                acts = embedding_ops.embedding_activations(
-                    inputs, tables, store.serialized_config, combiners=store.combiners
-                )
-        return list(acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)

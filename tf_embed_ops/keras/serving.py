@@ -77,9 +77,9 @@ def _arg_name(path: str, used: set) -> str:
 
 
 def _embedding_tables(model: Any) -> dict:
-    """{table name: ("static", TableConfig, variable) | ("dynamic", DynamicTableConfig, table) | ("tiered",
-    TableConfig, TieredTable)} of every `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included)
-    inside `model`."""
+    """{table name: (its group's kind: "in-memory" | "dynamic" | "tiered", its TableConfig, the group's table object)}
+    of every `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included) inside `model`: what each layer's
+    table groups (`backends.protocol.TableGroup`) hand."""
     if isinstance(model, layer_lib.TPUEmbedding):
         layers = [model]
     elif hasattr(model, "_flatten_layers"):
@@ -90,9 +90,7 @@ def _embedding_tables(model: Any) -> dict:
         layers = []
     tables: dict = {}
     for layer in layers:
-        found = [("static", c, v) for c, v in layer.embedding_tables.items()]
-        found += [("dynamic", c, t) for c, t in layer.dynamic_tables.items()]
-        found += [("tiered", c, t) for c, t in layer.tiered_tables.items()]
+        found = [(g.kind, c, t) for g in layer.embedding.groups for c, t in g.tables.items()]
         for kind, config, obj in found:
             if config.name in tables and tables[config.name][2] is not obj:
                 # Per-table options are given by name: two tables of one name could not be told apart.
@@ -258,7 +256,7 @@ def export_for_serving(
             streamed.append(table)
             metadata[name] = table.metadata
             continue
-        backing = getattr(obj, "value", obj)
+        backing = obj  # an in-memory table: the group hands its rows' tf.Variable
         if name in plan:
             with tf.init_scope():
                 table = ServedTable(name, backing.numpy(), mode, criteria, tf.as_dtype(backing.dtype).name)

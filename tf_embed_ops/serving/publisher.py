@@ -197,7 +197,7 @@ class Publisher:
         """[(name, variable)] of the static tables kept in memory."""
         out = []
         for layer in self._layers:
-            store = layer._tpu_embedding  # noqa: SLF001 - the layer's table store (same package)
+            store = layer.embedding
             for name, slots in store.variables.items():
                 var = slots["parameters"]
                 out.append((name, getattr(var, "value", var)))
@@ -215,8 +215,7 @@ class Publisher:
 
         names: list = []
         for layer in self._layers:
-            store = layer._tpu_embedding  # noqa: SLF001 - the layer's table store (same package)
-            for feature in tf.nest.flatten(store._feature_config):  # noqa: SLF001 - its features, as configured
+            for feature in tf.nest.flatten(layer.feature_config):
                 table = feature.table
                 if not dynamic_config.is_dynamic(table) and table.name not in names:
                     names.append(table.name)

@@ -24,10 +24,13 @@ the per-table statistics `compute_sparse_core_stats` reports. Minibatching (Tens
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
+from typing import Any
 
 import numpy as np
 
-__all__ = ["FeaturePlan", "StackPlan", "CapacityError", "preprocess"]
+__all__ = ["FeaturePlan", "StackPlan", "CapacityError", "plans", "preprocess"]
 
 # The CSR op pads each partition's ids to this many slots (a constant in that op).
 XLA_PAD_SIZE = 8
@@ -285,3 +288,34 @@ def preprocess(
         order = np.argsort(samples, kind="stable")
         result.append((samples[order], ids[order], gains[order]))
     return result, max_ids, max_unique, dropped
+
+
+def plans(flat_features: list, stacking: Any, max_ids: dict, max_unique_ids: dict) -> tuple[list, dict]:
+    """The `FeaturePlan` of each feature (`flat_features`: `(path, FeatureConfig)` pairs) and the `StackPlan` of each
+    stacked table, from the stacking (`tf_embed_ops.sparse_core.layout`) and the per-stack capacity limits."""
+    features = []
+    for path, feature in flat_features:
+        stack, col_offset, col_shift = stacking.table_to_stacked_table_offset[feature.table.name]
+        features.append(
+            FeaturePlan(
+                path=path,
+                table=feature.table.name,
+                stack=stack,
+                sample_count=functools.reduce(operator.mul, feature.output_shape.as_list(), 1),
+                row_offset=stacking.feature_to_sample_offset[path],
+                col_offset=col_offset,
+                col_shift=col_shift,
+                combiner=feature.table.combiner,
+                vocabulary_size=feature.table.vocabulary_size,
+            )
+        )
+    stacks = {
+        name: StackPlan(
+            name=name,
+            sample_count=stacking.table_to_sample_count[name],
+            max_ids=max_ids[name],
+            max_unique_ids=max_unique_ids[name],
+        )
+        for name in stacking.stacked_table_to_tables
+    }
+    return features, stacks

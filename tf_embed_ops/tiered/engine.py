@@ -3,8 +3,8 @@
 `te.TPUEmbedding` splits its features by table kind: features over tables with `storage=te.Tiered` are handed to a
 `TieredGroup`, which owns their `TieredTable`s and runs `TfEmbed>TieredEmbeddingActivations` /
 `TfEmbed>TieredSendTPUEmbeddingGradients` over them; the other features (in-memory static and dynamic tables) run
-as before. The group has the dynamic group's interface, so `dynamic.engine.split_lookup` puts the activations
-back in feature order; `split_send` (here) runs the updates.
+as before. The group is a table backend (`tf_embed_ops.backends.protocol.TableGroup`): the front ends run it with the
+other kinds' groups through `tf_embed_ops.backends.walk`.
 
 Every table's rounding step (the in-memory table's `rounding_step`: it keys stochastic rounding of 16-bit rows) is
 read before the step's update and advanced after it, so a tiered table's 16-bit rows round exactly as the same
@@ -13,18 +13,19 @@ table's in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, table_config, update_trigger
+from tf_embed_ops import _tf_compat, _xla, table_config, update_trigger
 from tf_embed_ops import config as te_config
+from tf_embed_ops.backends import served
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
-__all__ = ["TieredGroup", "is_static_tiered", "rounding_table_ids", "split_send"]
+__all__ = ["ServedTieredGroup", "TieredGroup", "is_static_tiered", "rounding_table_ids"]
 
 
 def is_static_tiered(table: Any) -> bool:
@@ -65,7 +66,8 @@ def rounding_table_ids(every_table: Sequence[Any], tables: Sequence[Any]) -> lis
 
 
 class TieredGroup:
-    """The features of a `TPUEmbedding` whose tables are tiered, and everything that runs them.
+    """The features of a `TPUEmbedding` whose tables are tiered, and everything that runs them: a table backend
+    (`tf_embed_ops.backends.protocol.TableGroup`).
 
     Args:
       flat_features: all the `FeatureConfig`s of the embedding, flattened (their tables already named and given
@@ -75,6 +77,8 @@ class TieredGroup:
     Attributes:
       positions: the group's features' positions in `flat_features`; `static_positions`: the others'.
     """
+
+    kind = "tiered"
 
     def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False):
         self.positions = [i for i, f in enumerate(flat_features) if is_static_tiered(f.table)]
@@ -155,6 +159,15 @@ class TieredGroup:
             )
         )
 
+    def xla_refusal(self) -> str | None:
+        return (
+            f"tiered tables {sorted(t.name for t in self.table_configs)} cannot be looked up under XLA "
+            "(jit_compile=True): their rows live in a cache XLA cannot read"
+        )
+
+    def serving_group(self, context: Any) -> ServedTieredGroup:
+        return ServedTieredGroup(self, context)
+
     def prefetch(self, inputs: list) -> list:
         """Makes the rows of `inputs` (the group's features, group order) resident in their tables' caches;
         returns the prefetch ops (eagerly: [])."""
@@ -203,6 +216,7 @@ class TieredGroup:
 
     def send_gradients(self, gradients: list, inputs: list, learning_rates: list | None = None) -> tf.Tensor:
         """The fused update of the group's tables, then every table's step advances; returns the new step.
+        (Before another group writes, run `validate_send`: `tf_embed_ops.backends.walk.send` does.)
         `learning_rates` defaults to `evaluate_learning_rates()`."""
         self.check_trainable()
         if learning_rates is None:
@@ -211,6 +225,10 @@ class TieredGroup:
         with tf.control_dependencies([update] if update is not None else []):
             steps = [table.step.assign_add(1) for table in self._tables]
         return steps[0]
+
+    def probe(self, sent: tf.Tensor) -> tf.Tensor:
+        """A scalar read after the update: `send_gradients`' new step itself."""
+        return sent
 
     def lookup_and_update(self, inputs: list, trigger: tf.Tensor) -> list:
         """Training lookup whose backward pass runs the fused update (the Keras layers' form; see
@@ -222,23 +240,19 @@ class TieredGroup:
         )
 
 
-def split_send(
-    group: TieredGroup, gradients: list, inputs: list, other_send: Callable[[list, list], None]
-) -> tf.Tensor:
-    """The fused updates of all features: the other features (in-memory tables) through
-    `other_send(gradients, inputs)`, then the tiered ones through `group`; returns the tiered tables' new step
-    (read after their update).
+class ServedTieredGroup(served.ServedGroup):
+    """A `TieredGroup` while serving: each table read from its serving form (`tf_embed_ops.serving.streamed.
+    StreamedTable`, which the export makes)."""
 
-    The tiered op's own checks (ids, the cache's capacity, learning rates, with check_numerics the gradients) run
-    first, writing nothing, so a step the tiered op would refuse changes no table of either kind; what the other
-    ops refuse they refuse before their first write, and the tiered update runs after them.
-    """
-    group.check_trainable()
-    learning_rates = group.evaluate_learning_rates()
-    mine = [gradients[i] for i in group.positions], [inputs[i] for i in group.positions]
-    if group.static_positions:
-        with tf.control_dependencies(group.validate_send(*mine, learning_rates)):
-            gradients = [tf.identity(g) for g in gradients]
-        other_send([gradients[i] for i in group.static_positions], [inputs[i] for i in group.static_positions])
-        mine = [gradients[i] for i in group.positions], mine[1]
-    return group.send_gradients(*mine, learning_rates)
+    def _lookup(self, feature: Any, inp: Any, table: Any) -> tf.Tensor:
+        form = self._context.served_form(table)
+        if form is table:
+            raise ValueError(
+                f"Tiered table {feature.table.name!r}: its rows live in a row file a serving graph cannot read; "
+                "export the model with te.keras.export_for_serving or publish it with te.serving.Publisher, "
+                "which write the rows into the SavedModel chunk by chunk"
+            )
+        config = feature.table
+        return _xla.lookup(
+            inp, served.is_dense_input(inp), form, config.dim, config.combiner, config.quantization_config
+        )

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _loader
+from tf_embed_ops.dynamic.op_inputs import feature_arguments, handle_tensor, handle_tensors
 from tf_embed_ops.embedding_ops import (
     as_feature_inputs,
     checked_combiners,
@@ -62,19 +63,6 @@ STAT_NAMES = TieredTableStats._fields
 
 def _ops():
     return _loader.load_ops()
-
-
-def _handle(table, argument: str) -> tf.Tensor:
-    handle = getattr(table, "handle", table)
-    if not isinstance(handle, tf.Tensor) or handle.dtype != tf.resource:
-        raise ValueError(f"{argument}: expected a tiered table handle (resource tensor), got {type(table).__name__}")
-    return handle
-
-
-def _handles(tables, argument: str) -> list[tf.Tensor]:
-    if not isinstance(tables, Sequence) or not tables:
-        raise ValueError(f"{argument}: expected a non-empty list of tiered table handles")
-    return [_handle(t, f"{argument}[{i}]") for i, t in enumerate(tables)]
 
 
 def _row(value, argument: str, table_name: str | None = None) -> tf.Tensor:
@@ -170,7 +158,7 @@ def tiered_table_write_rows(table, first_row, values, slots: Sequence = (), name
       >>> tiered_table_write_rows(h, 0, tf.zeros([4, 16]), [tf.fill([4, 16], 0.1)])
     """
     return _ops().tf_embed_tiered_table_write_rows(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table", "tiered"),
         first_row=_row(first_row, "first_row", table_name),
         values=tf.convert_to_tensor(values, tf.float32),
         slots=[tf.convert_to_tensor(s, tf.float32) for s in slots],
@@ -192,7 +180,7 @@ def tiered_table_mark_all_touched(table, name=None):
     Example:
       >>> tiered_table_mark_all_touched(h)
     """
-    return _ops().tf_embed_tiered_table_mark_all_touched(table=_handle(table, "table"), name=name)
+    return _ops().tf_embed_tiered_table_mark_all_touched(table=handle_tensor(table, "table", "tiered"), name=name)
 
 
 def tiered_table_read_rows(
@@ -213,7 +201,7 @@ def tiered_table_read_rows(
       >>> values, slots = tiered_table_read_rows(h, 0, 4, num_slots=1)
     """
     values, slots = _ops().tf_embed_tiered_table_read_rows(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table", "tiered"),
         first_row=_row(first_row, "first_row", table_name),
         num_rows=_row(num_rows, "num_rows", table_name),
         S=checked_int(num_slots, "num_slots", 0),
@@ -249,7 +237,7 @@ def tiered_table_gather_rows(table, rows, num_slots: int, name=None, table_name=
     if rows.shape.rank not in (None, 1):
         raise ValueError(f"{where}: must be a vector, got shape {rows.shape}")
     values, slots = _ops().tf_embed_tiered_table_gather_rows(
-        table=_handle(table, "table"),
+        table=handle_tensor(table, "table", "tiered"),
         rows=tf.cast(rows, tf.int64),
         S=checked_int(num_slots, "num_slots", 0),
         name=name,
@@ -267,7 +255,7 @@ def tiered_table_prefetch(table, ids, name=None):
     if not ids.dtype.is_integer:
         raise ValueError(f"ids: must be integers, got {ids.dtype.name}")
     return _ops().tf_embed_tiered_table_prefetch(
-        table=_handle(table, "table"), ids=tf.reshape(tf.cast(ids, tf.int64), [-1]), name=name
+        table=handle_tensor(table, "table", "tiered"), ids=tf.reshape(tf.cast(ids, tf.int64), [-1]), name=name
     )
 
 
@@ -277,7 +265,7 @@ def tiered_table_flush(table, name=None):
     Example:
       >>> tiered_table_flush(h)
     """
-    return _ops().tf_embed_tiered_table_flush(table=_handle(table, "table"), name=name)
+    return _ops().tf_embed_tiered_table_flush(table=handle_tensor(table, "table", "tiered"), name=name)
 
 
 def tiered_table_stats(table, name=None) -> TieredTableStats:
@@ -286,7 +274,7 @@ def tiered_table_stats(table, name=None) -> TieredTableStats:
     Example:
       >>> int(tiered_table_stats(h).hits)
     """
-    stats = _ops().tf_embed_tiered_table_stats(table=_handle(table, "table"), name=name)
+    stats = _ops().tf_embed_tiered_table_stats(table=handle_tensor(table, "table", "tiered"), name=name)
     return TieredTableStats(*tf.unstack(stats, num=len(STAT_NAMES)))
 
 
@@ -302,11 +290,8 @@ def tiered_embedding_activations(features, tables, config, combiners=None, name=
     with tf.name_scope(name or "tiered_embedding_activations"):
         feats = as_feature_inputs(features, "features")
         return _ops().tf_embed_tiered_embedding_activations(
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
-            tables=_handles(tables, "tables"),
+            **feature_arguments(feats),
+            tables=handle_tensors(tables, "tables", "tiered"),
             config=serialized_config(config),
             combiners=checked_combiners(combiners),
         )
@@ -354,7 +339,7 @@ def tiered_send_tpu_embedding_gradients(
         grads = [tf.convert_to_tensor(g, tf.float32) for g in gradients]
         if len(grads) != len(feats):
             raise ValueError(f"gradients: expected one per feature ({len(feats)}), got {len(grads)}")
-        handles = _handles(tables, "tables")
+        handles = handle_tensors(tables, "tables", "tiered")
         rounding = list(rounding or [])
         if rounding and len(rounding) != len(handles):
             raise ValueError(f"rounding: expected one per table ({len(handles)}), got {len(rounding)}")
@@ -364,10 +349,7 @@ def tiered_send_tpu_embedding_gradients(
         return _ops().tf_embed_tiered_send_tpu_embedding_gradients(
             inputs=grads,
             learning_rates=learning_rate_values(learning_rates),
-            sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-            keys=[f.ids for f in feats],
-            aggregation_weights=[f.weights for f in feats],
-            sample_shapes=[f.sample_shape for f in feats],
+            **feature_arguments(feats),
             tables=handles,
             step=_row(step, "step"),
             config=serialized_config(config),

@@ -1,0 +1,163 @@
+"""The table backend protocol: one lookup and one update across the groups of an embedding, in feature order, every
+group's checks before any group writes (`tf_embed_ops.backends`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tiered_support import step, table_pair, tiered_state
+
+import tf_embed_ops as te
+from tf_embed_ops.backends import protocol, walk
+
+_emb = tf.tpu.experimental.embedding
+V, DIM, CACHE_ROWS = 40, 4, 8
+
+
+class _Recorder:
+    """A group of one kind for the walk: records what the walk asks of it, in one log shared by every group."""
+
+    def __init__(self, kind: str, positions: list, log: list, refuse: bool = False):
+        self.kind, self.positions, self.features, self.table_configs = kind, positions, [], []
+        self._log, self._refuse = log, refuse
+
+    def build(self, owner):
+        del owner
+
+    @property
+    def tables(self):
+        return {}
+
+    def xla_refusal(self):
+        return None
+
+    def lookup(self, inputs, training):
+        self._log.append(("lookup", self.kind, list(inputs)))
+        return [f"{self.kind}:{x}" for x in inputs]
+
+    def check_trainable(self):
+        self._log.append(("check_trainable", self.kind))
+
+    def evaluate_learning_rates(self):
+        self._log.append(("rates", self.kind))
+        return [self.kind]
+
+    def validate_send(self, gradients, inputs, learning_rates):
+        self._log.append(("validate", self.kind, list(gradients), learning_rates))
+        if self._refuse:
+            raise ValueError(f"{self.kind} refuses")
+        return []
+
+    def send_gradients(self, gradients, inputs, learning_rates):
+        self._log.append(("send", self.kind, list(gradients), list(inputs), learning_rates))
+        return self.kind
+
+    def probe(self, sent):
+        return None
+
+    def prefetch(self, inputs):
+        return []
+
+    def lookup_and_update(self, inputs, trigger):
+        return self.lookup(inputs, True)
+
+    def serving_group(self, context):
+        return self
+
+
+def test_the_groups_are_of_the_protocol():
+    table = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.1))
+    emb = te.TPUEmbedding({"s": _emb.FeatureConfig(table), "d": _emb.FeatureConfig(te.DynamicTableConfig("d", DIM))})
+    assert [g.kind for g in emb.groups] == ["in-memory", "dynamic"]
+    assert all(isinstance(g, protocol.TableGroup) for g in emb.groups)
+    assert isinstance(_Recorder("x", [], []), protocol.TableGroup)
+
+
+def test_the_walk_puts_each_groups_activations_back_in_feature_order():
+    log: list = []
+    groups = [_Recorder("a", [1, 3], log), _Recorder("b", [0, 2], log)]
+    assert walk.lookup(groups, ["x0", "x1", "x2", "x3"], False) == ["b:x0", "a:x1", "b:x2", "a:x3"]
+    assert [entry[2] for entry in log] == [["x1", "x3"], ["x0", "x2"]]
+
+
+def test_every_group_is_checked_before_any_group_writes():
+    log: list = []
+    groups = [_Recorder("first", [0], log), _Recorder("second", [2], log), _Recorder("third", [1], log)]
+    sent = walk.send(groups, [tf.constant(0.0), tf.constant(1.0), tf.constant(2.0)], ["i0", "i1", "i2"])
+    assert sent == ["first", "second", "third"]
+    verbs = [(entry[0], entry[1]) for entry in log]
+    assert verbs == [
+        ("check_trainable", "first"),
+        ("check_trainable", "second"),
+        ("check_trainable", "third"),
+        ("rates", "first"),
+        ("rates", "second"),
+        ("rates", "third"),
+        # The first group validates inside its own update, before its first write: it is never asked.
+        ("validate", "second"),
+        ("validate", "third"),
+        ("send", "first"),
+        ("send", "second"),
+        ("send", "third"),
+    ]
+    sends = {entry[1]: entry for entry in log if entry[0] == "send"}
+    assert float(sends["second"][2][0]) == 2.0 and sends["second"][3] == ["i2"] and sends["second"][4] == ["second"]
+    assert float(sends["third"][2][0]) == 1.0 and sends["third"][3] == ["i1"]
+
+
+def test_a_group_that_refuses_stops_the_step_before_any_write():
+    log: list = []
+    groups = [_Recorder("first", [0], log), _Recorder("second", [1], log, refuse=True), _Recorder("third", [2], log)]
+    with pytest.raises(ValueError, match="second refuses"):
+        walk.send(groups, [tf.constant(0.0)] * 3, ["i0", "i1", "i2"])
+    assert not [entry for entry in log if entry[0] == "send"]
+
+
+def _three_kinds(tmp_path, rate):
+    """An embedding with a table of each kind: static in memory, dynamic, static tiered (a small cache)."""
+    static = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.5))
+    dynamic = te.DynamicTableConfig("d", DIM, optimizer=te.optimizers.SGD(lambda: rate))
+    _, tiered = table_pair(tmp_path, te.optimizers.Adagrad(0.1), V, DIM, CACHE_ROWS, name="t")
+    features = {"s": _emb.FeatureConfig(static), "d": _emb.FeatureConfig(dynamic), "t": _emb.FeatureConfig(tiered)}
+    emb = te.TPUEmbedding(features)
+    emb.build()
+    return emb, static, dynamic, tiered
+
+
+def _state(emb, static, dynamic, tiered):
+    exported = emb.dynamic_tables[dynamic].export()
+    return [
+        emb.embedding_tables[static].numpy(),
+        exported["keys"].numpy(),
+        exported["weights"].numpy(),
+        exported["slots"].numpy(),
+        *tiered_state(emb, tiered)[:1],
+        *tiered_state(emb, tiered)[1].values(),
+    ]
+
+
+@pytest.mark.parametrize("in_function", [False, True])
+@pytest.mark.parametrize("refused_by", ["tiered", "dynamic"])
+def test_a_step_one_kind_refuses_changes_no_table_of_any_kind(tmp_path, in_function, refused_by):
+    rate = tf.Variable(0.25)
+    emb, static, dynamic, tiered = _three_kinds(tmp_path, rate)
+    assert [g.kind for g in emb.groups] == ["in-memory", "tiered", "dynamic"]
+    ids = tf.constant([1, 2, 3], tf.int64)
+    run = tf.function(step) if in_function else step
+    run(emb, {"s": ids, "d": ids, "t": ids})
+    before = _state(emb, static, dynamic, tiered)
+    if refused_by == "tiered":
+        bad = {"s": ids, "d": ids, "t": tf.range(CACHE_ROWS + 1, dtype=tf.int64)}  # more rows than its cache holds
+        message = r"'t'[\s\S]*cache_bytes"
+    else:
+        rate.assign(float("nan"))  # only the dynamic op reads its learning rate
+        bad = {"s": ids, "d": ids, "t": ids}
+        message = "must be finite and >= 0"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        run(emb, bad)
+    for got, want in zip(_state(emb, static, dynamic, tiered), before, strict=True):
+        np.testing.assert_array_equal(got, want)
+    rate.assign(0.25)
+    run(emb, {"s": ids, "d": ids, "t": ids})  # a good step still trains every kind
+    assert not np.array_equal(emb.embedding_tables[static].numpy(), before[0])

@@ -1,0 +1,87 @@
+"""The table backend protocol: what a front end asks of a group of tables of one kind.
+
+A front end (`te.TPUEmbedding` and the classes built on it: `te.TPUEmbeddingV2`, the Keras layers, the sharded
+classes) splits its features by the kind of their tables into groups, each an object of this protocol, and runs
+one lookup and one update across them (`tf_embed_ops.backends.walk`) without asking which kind a group is. The
+lifecycle modules (tracking, incremental checkpoints, the exporter, the publisher) ask the group's `tables` and the
+table objects' own methods (`changed rows since a cursor`, `serving form`, checkpoint hooks), never the kind.
+
+The kinds, one module each: `tf_embed_ops.backends.static.StaticGroup` (tables and slots in `tf.Variable`s),
+`tf_embed_ops.dynamic.engine.DynamicGroup` (hash-table tables keyed by int64 or string, in memory or tiered),
+`tf_embed_ops.tiered.engine.TieredGroup` (static tables behind a DRAM row cache). Adding a kind is one module with a
+class of this protocol, and a line where the front end lists the kinds (`TPUEmbedding._BACKENDS`).
+
+Order of one update (`walk.send`): every group's `check_trainable`, then its learning rates (in group order), then
+`validate_send` of every group but the first (checks that write nothing), then the groups' `send_gradients` in
+order, each after all the checks. The first group's update validates its own inputs before it writes, so a step any
+group rejects changes no table of any group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["TableGroup", "claimed_positions"]
+
+
+@runtime_checkable
+class TableGroup(Protocol):
+    """A group of tables of one kind, and the features of an embedding that look them up.
+
+    Attributes:
+      kind: the kind's name in messages ("in-memory", "dynamic", "tiered").
+      positions: the group's features' positions among the embedding's flattened features, in group order.
+      features: the group's `FeatureConfig`s, in group order.
+      table_configs: the group's tables, in the order its ops take them.
+    """
+
+    kind: str
+    positions: list[int]
+    features: list
+    table_configs: list
+
+    def build(self, owner: Any) -> None:
+        """Creates the group's tables as checkpoint children of `owner` (idempotent; under `tf.init_scope`)."""
+
+    @property
+    def tables(self) -> dict:
+        """`{TableConfig: table object}`: what tracking, checkpoints, the exporter and Keras' weights walk."""
+
+    def xla_refusal(self) -> str | None:
+        """Why the group cannot be looked up under XLA (`jit_compile=True`), or None when it can."""
+
+    def lookup(self, inputs: list, training: bool) -> list:
+        """The activations of the group's features (`inputs`: their normalised inputs, group order)."""
+
+    def check_trainable(self) -> None:
+        """Raises if a table of the group cannot be trained (no optimizer)."""
+
+    def evaluate_learning_rates(self) -> list:
+        """The group's learning rates, one float32 scalar per tag (its callables called once)."""
+
+    def validate_send(self, gradients: list, inputs: list, learning_rates: list) -> list:
+        """The checks of the group's update that write nothing (ops; [] eagerly, where they ran and passed)."""
+
+    def send_gradients(self, gradients: list, inputs: list, learning_rates: list) -> Any:
+        """The fused update of the group's tables; returns what `probe` takes (its ops, or its new step)."""
+
+    def probe(self, sent: Any) -> Any:
+        """A scalar read after the update `send_gradients` returned `sent` (a data dependency on it, for the Keras
+        layers' trigger), or None when there is nothing to read."""
+
+    def prefetch(self, inputs: list) -> list:
+        """Makes the rows of `inputs` (group order) resident before the next lookup; returns its ops ([] when every
+        row is resident)."""
+
+    def lookup_and_update(self, inputs: list, trigger: Any) -> list:
+        """A training lookup whose backward pass runs `send_gradients` (the Keras layers' form, `update_trigger`)."""
+
+    def serving_group(self, context: Any) -> Any:
+        """The group as a serving graph reads it: an object with `positions` and `lookup(inputs, training)` built
+        of stock TensorFlow ops over the tables' serving forms (`context`: the export's `ExportContext`)."""
+
+
+def claimed_positions(groups: Sequence[Any]) -> set[int]:
+    """The feature positions some group of `groups` looks up."""
+    return {i for group in groups for i in group.positions}

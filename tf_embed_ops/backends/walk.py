@@ -1,0 +1,57 @@
+"""One lookup and one update across a list of table groups (`protocol.TableGroup`), in feature order.
+
+The front ends call these with their groups and never ask a group's kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["lookup", "send", "xla_refusals"]
+
+
+def _take(items: Sequence[Any], positions: Sequence[int]) -> list:
+    return [items[i] for i in positions]
+
+
+def lookup(groups: Sequence[Any], inputs: list, training: bool) -> list:
+    """Activations of every feature, in feature order: each group looks up its own features (`inputs`: every
+    feature's normalised input)."""
+    out: list[Any] = [None] * len(inputs)
+    for group in groups:
+        for i, act in zip(group.positions, group.lookup(_take(inputs, group.positions), training), strict=True):
+            out[i] = act
+    return out
+
+
+def send(groups: Sequence[Any], gradients: list, inputs: list) -> list:
+    """The fused updates of every group for one step (`gradients`, `inputs`: every feature's, feature order).
+
+    Every group's trainability and learning rates are taken first; then the checks of every group but the first
+    (`validate_send`, writing nothing) run before any group writes, and the first group's update validates its own
+    inputs before its first write: a step any group rejects changes no table of any group.
+
+    Returns:
+      Each group's result of `send_gradients` (what its `probe` takes), in group order.
+    """
+    for group in groups:
+        group.check_trainable()
+    learning_rates = [group.evaluate_learning_rates() for group in groups]
+    checks = []
+    for group, rates in zip(groups[1:], learning_rates[1:], strict=True):
+        checks += group.validate_send(_take(gradients, group.positions), _take(inputs, group.positions), rates)
+    if checks:
+        with tf.control_dependencies(checks):
+            gradients = [tf.identity(g) for g in gradients]
+    return [
+        group.send_gradients(_take(gradients, group.positions), _take(inputs, group.positions), rates)
+        for group, rates in zip(groups, learning_rates, strict=True)
+    ]
+
+
+def xla_refusals(groups: Sequence[Any]) -> list[str]:
+    """Why some of `groups` cannot be looked up under XLA ([] when every group can)."""
+    return [reason for reason in (group.xla_refusal() for group in groups) if reason is not None]
