@@ -31,7 +31,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops.backends import protocol, walk
@@ -43,7 +43,6 @@ from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import tables as tables_lib
 from tf_embed_ops.engine import update as update_lib
 from tf_embed_ops.engine import variables as variables_lib
-from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import engine as tiered_engine
 
 __all__ = ["TPUEmbedding", "check_feature_keys"]
@@ -78,9 +77,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     # with `of(flat_features, check_numerics)`: its group of the features, or None. The in-memory tables (the
     # features no kind claims) come first: their update validates before it writes and has no check-only form.
     _BACKENDS: tuple = (tiered_engine.TieredGroup, dynamic_engine.DynamicGroup)
-    # The front end a subclass is, when it trains tables held in memory only (its constructor then refuses tables
-    # with storage=te.Tiered); set by the parameter-server sharded class.
-    _TIERED_UNSUPPORTED_BY: str | None = None
+    # The in-memory tables' group class (a subclass placing its variables elsewhere names its own: the
+    # parameter-server sharded class's runs its training lookup per server).
+    _IN_MEMORY_GROUP: type = static_backend.StaticGroup
 
     def __init__(
         self,
@@ -108,8 +107,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
         Raises:
           ValueError: if a feature is not a `FeatureConfig`, an optimizer is unsupported, two tables share a
-            name, or a table uses a `CustomCombiner`; or a table is tiered and this front end does not train
-            tiered tables (the sharded classes).
+            name, or a table uses a `CustomCombiner`; or a kind of `_BACKENDS` refuses a table (the sharded
+            classes' tiered kind refuses tiered tables).
         """
         flat_features = features_lib.check_feature_configs(feature_config)
         self._feature_config = feature_config
@@ -134,7 +133,6 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """One table backend per kind of table the features use (`_BACKENDS`), after the in-memory tables' group
         (the features no kind claims; absent when there are none). Narrows `_table_config` and the learning-rate
         tags to the in-memory tables: each group has its own configuration and tags."""
-        self._refuse_tiered(flat_features)
         others = [g for g in (kind.of(flat_features, self._check_numerics) for kind in self._BACKENDS) if g is not None]
         claimed = protocol.claimed_positions(others)
         static = [i for i in range(len(flat_features)) if i not in claimed]
@@ -145,21 +143,9 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
         # in), exactly as `from_feature_config` will resolve them for the config proto.
         self._dynamic_learning_rates = list(config_lib.resolve_tables(static_features).learning_rates)
-        mine = [static_backend.StaticGroup(self, static, static_features)] if static else []
+        mine = [self._IN_MEMORY_GROUP(self, static, static_features)] if static else []
         # A tuple of plain objects: attribute tracking leaves it alone (no node in the checkpoint's object graph).
         return tuple(mine + others)
-
-    def _refuse_tiered(self, flat_features: list) -> None:
-        """A front end that trains in-memory tables only (`_TIERED_UNSUPPORTED_BY`) refuses tiered tables of any
-        kind, naming them."""
-        names = sorted({f.table.name for f in flat_features if tiered_config.is_tiered(f.table)})
-        if names and self._TIERED_UNSUPPORTED_BY is not None:
-            listed = ", ".join(map(repr, names))
-            raise ValueError(
-                f"{self._TIERED_UNSUPPORTED_BY} does not train tiered tables yet: table(s) {listed} "
-                "have storage=te.Tiered(...). Train them with te.TPUEmbedding or te.keras.TPUEmbedding, or leave "
-                "storage=None (in memory)."
-            )
 
     @property
     def groups(self) -> list:
@@ -169,23 +155,6 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
     def _group(self, kind: str) -> Any:
         return next((g for g in self._groups if g.kind == kind), None)
-
-    def _split_dynamic_tables(
-        self, flat_features: list, shard_devices: Any = None, partition_by_key: Callable | None = None
-    ) -> Any:
-        """A `dynamic.engine.DynamicGroup` of the features over `DynamicTableConfig`s (None when there is none), for
-        a subclass that places them (the parameter-server sharded class: one shard per device, keys split by
-        `partition_by_key`); it assigns the result to `_dynamic`."""
-        return dynamic_engine.DynamicGroup.of(flat_features, self._check_numerics, shard_devices, partition_by_key)
-
-    @property
-    def _dynamic(self) -> Any:
-        return self._group("dynamic")
-
-    @_dynamic.setter
-    def _dynamic(self, group: Any) -> None:
-        # The sharded class replaces the dynamic group by its sharded one (same features, same position).
-        self._groups = tuple(group if g.kind == "dynamic" else g for g in self._groups)
 
     @property
     def check_numerics(self) -> bool:
@@ -216,23 +185,25 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     @property
     def dynamic_group(self) -> Any:
         """The `dynamic.engine.DynamicGroup` running the dynamic tables' features, or None without any."""
-        return self._dynamic
+        return self._group("dynamic")
 
     @property
     def dynamic_tables(self) -> dict:
         """`{DynamicTableConfig: DynamicTable}` (a list of shards per table when sharded); empty without any."""
-        if self._dynamic is None:
+        group = self._group("dynamic")
+        if group is None:
             return {}
         self._maybe_build()
-        return self._dynamic.tables
+        return group.tables
 
     @property
     def dynamic_step(self) -> Any:
         """The dynamic tables' step counter (int64 variable, advanced by each update), or None without any."""
-        if self._dynamic is None:
+        group = self._group("dynamic")
+        if group is None:
             return None
         self._maybe_build()
-        return self._dynamic.step
+        return group.step
 
     # ------------------------------------------------------------------ variables
 
@@ -535,6 +506,23 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         `reshape_activations`): each table group's (`backends.walk.lookup`). With `training`, dynamic tables insert
         new keys."""
         return self._lookup_all(inputs, training)
+
+    def lookup_and_update_all(self, inputs: list, trigger: Any) -> list:
+        """A training lookup of every feature whose backward pass runs the fused updates (the Keras layers' form,
+        `update_trigger`): one group's own `lookup_and_update`, or `send_all` across every group (every group's
+        checks before any group writes, so a step one refuses changes no table).
+
+        Args:
+          inputs: the normalised inputs, feature order.
+          trigger: the layer's update-trigger value; its gradient is a zero that depends on the updates.
+        """
+        if len(self._groups) == 1:
+            return self._groups[0].lookup_and_update(inputs, trigger)
+        return update_trigger.hang_update_on_trigger(
+            trigger,
+            lambda: self.lookup_all(inputs, training=True),
+            lambda gradients: self.send_all(gradients, inputs),
+        )
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
         if _xla.in_xla_context():

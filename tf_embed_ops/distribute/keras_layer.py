@@ -24,9 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops import update_trigger
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
-from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.keras.layer import activation_specs, apply_frozen_tables
 
 __all__ = ["ShardedEmbeddingLayer"]
@@ -102,37 +100,14 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         store = self._tpu_embedding
         inputs, shapes = store.normalize_inputs(features, weights)
         store.merge_output_shapes(shapes)
-        if store.dynamic_group is not None:
-            # Dynamic tables (sharded by key over the same servers) run through their own group, in feature order.
-            trigger = tf.convert_to_tensor(self._update_trigger.value)
-            static = (lambda i: _lookup_and_update(store, i, trigger)) if training else store.lookup
-            acts = dynamic_engine.split_lookup(
-                store.dynamic_group, inputs, bool(training), static, update_trigger=trigger if training else None
-            )
-        elif training:
-            acts = _lookup_and_update(store, inputs, tf.convert_to_tensor(self._update_trigger.value))
+        # Its groups are the sharded kinds (`sharded_groups`): the training lookup hangs the per-server updates on the
+        # trigger's gradient, as `te.keras.TPUEmbedding`'s does.
+        if training:
+            acts = store.lookup_and_update_all(inputs, tf.convert_to_tensor(self._update_trigger.value))
         else:
-            acts = store.lookup(inputs)
+            acts = store.lookup_all(inputs, training=False)
         acts = store.reshape_activations(list(acts))
         return tf.nest.pack_sequence_as(store.feature_config, acts)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self._tpu_embedding.feature_config)
-
-
-def _lookup_and_update(store: ShardedTPUEmbedding, inputs: list, trigger: tf.Tensor) -> list:
-    """Activations whose backward pass runs the per-shard fused updates and returns a zero for `trigger`."""
-    learning_rate_fns = list(store.dynamic_learning_rates)
-
-    def update(gradients: list) -> tf.Tensor:
-        rates = [tf.cast(fn(), tf.float32) for fn in learning_rate_fns]
-        updates = store.send_gradients(gradients, rates, inputs)
-        # One element of every server's first shard, read after the updates: only a scalar per server crosses
-        # the network, and the updates are data dependencies of the trigger's gradient.
-        probes = []
-        for plan in store.server_plans:
-            with tf.device(store.devices[plan.task]):
-                probes.append(update_trigger.probe_after(updates, store.shard_variables(plan)[0][0]))
-        return tf.add_n(probes)
-
-    return update_trigger.hang_update_on_trigger(trigger, lambda: store.lookup(inputs), update)

@@ -46,7 +46,7 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, embedding_ops, low_precision, table_config
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import tpu_embedding as mid_level
-from tf_embed_ops.distribute import partition, server_plan, sharding
+from tf_embed_ops.distribute import partition, server_plan, sharded_groups, sharding
 
 __all__ = ["ShardedTPUEmbedding"]
 
@@ -133,7 +133,10 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         >>> [v.device for v in emb.embedding_tables[table]]   # one shard per parameter server
     """
 
-    _TIERED_UNSUPPORTED_BY = "te.distribute.ShardedTPUEmbedding"
+    # Its kinds of tables (`backends.protocol.TableGroup`): the front end's walk runs them unchanged. Dynamic tables
+    # are sharded by key over the same servers (docs/dynamic_tables.md); tiered ones are refused by name.
+    _BACKENDS: tuple = (sharded_groups.UnshardableTiered, sharded_groups.ShardedDynamicGroup)
+    _IN_MEMORY_GROUP: type = sharded_groups.ShardedStaticGroup
 
     def __init__(
         self,
@@ -190,11 +193,6 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
             for t in self._table_config
         ]
         self._table_index = {t.name: i for i, t in enumerate(self._table_config)}
-        if self._dynamic is not None:
-            # Dynamic tables are sharded by key over the same servers (shard_of_keys; docs/dynamic_tables.md).
-            self._dynamic = self._split_dynamic_tables(
-                tf.nest.flatten(feature_config), self._devices, partition.partition_feature_by_key
-            )
         self._plans = None
         self._cache = _StepCache()
         # Set by SyncSparseAggregator: apply_gradients then feeds its accumulators instead of the tables. A plain

@@ -26,7 +26,7 @@ from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.dynamic import policies
 
-__all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature", "split_lookup"]
+__all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature"]
 
 
 def normalize_dynamic_feature(
@@ -83,7 +83,7 @@ class DynamicGroup:
         update of those keys run there.
       partition_by_key: with `shard_devices`, splits one feature's keys over the shards:
         `partition_by_key(feature_input, combiner, num_shards) -> [FeatureInput per shard]` (the sharded
-        front end passes `distribute.partition.partition_feature_by_key`).
+        front end's kind, `distribute.sharded_groups.ShardedDynamicGroup`, sets both when it builds the tables).
     """
 
     kind = "dynamic"
@@ -96,7 +96,6 @@ class DynamicGroup:
         partition_by_key: Callable[[Any, str, int], list] | None = None,
     ):
         self.positions = [i for i, f in enumerate(flat_features) if config_lib.is_dynamic(f.table)]
-        self.static_positions = [i for i, f in enumerate(flat_features) if not config_lib.is_dynamic(f.table)]
         self.features = [flat_features[i] for i in self.positions]
         resolved = te_config.resolve_tables(self.features)
         self.table_configs = list(resolved.tables)
@@ -373,30 +372,6 @@ class DynamicGroup:
                     )
                 )
         return updates
-
-
-def split_lookup(
-    group: DynamicGroup,
-    inputs: list,
-    training: bool,
-    static_lookup: Callable[[list], list],
-    update_trigger: tf.Tensor | None = None,
-) -> list:
-    """Activations of all features, in feature order: the static features through `static_lookup`, the dynamic
-    ones through `group` (with `update_trigger`, a training lookup whose backward pass updates the tables)."""
-    out: list[Any] = [None] * len(inputs)
-    if group.static_positions:
-        static = static_lookup([inputs[i] for i in group.static_positions])
-        for i, act in zip(group.static_positions, static, strict=True):
-            out[i] = act
-    dynamic_inputs = [inputs[i] for i in group.positions]
-    if update_trigger is not None:
-        acts = group.lookup_and_update(dynamic_inputs, update_trigger)
-    else:
-        acts = group.lookup(dynamic_inputs, training)
-    for i, act in zip(group.positions, acts, strict=True):
-        out[i] = act
-    return out
 
 
 class FrozenDynamicGroup(served.ServedGroup):

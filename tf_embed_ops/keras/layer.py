@@ -22,7 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops import _xla, update_trigger
+from tf_embed_ops import _xla
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
@@ -267,15 +267,7 @@ class TPUEmbedding(keras.layers.Layer):
             # The fused update hangs on the trigger's gradient (see the module docstring): one group's own, or one
             # update of every group as `te.TPUEmbedding.apply_gradients` runs it (every group's checks before any
             # group writes, so a step one refuses changes no table).
-            trigger = tf.convert_to_tensor(self._update_trigger.value)
-            if len(groups) == 1:
-                acts = groups[0].lookup_and_update(inputs, trigger)
-            else:
-                acts = update_trigger.hang_update_on_trigger(
-                    trigger,
-                    lambda: store.lookup_all(inputs, training=True),
-                    lambda gradients: store.send_all(gradients, inputs),
-                )
+            acts = store.lookup_and_update_all(inputs, tf.convert_to_tensor(self._update_trigger.value))
         else:
             acts = store.lookup_all(inputs, training=False)
         acts = store.reshape_activations(list(acts))
