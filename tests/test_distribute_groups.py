@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+import tf_embed_ops.keras
 from tests.tiered_support import table_pair
 from tf_embed_ops.distribute import ShardedTPUEmbedding, sharded_groups
 from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
@@ -102,3 +103,28 @@ def test_the_tiered_kind_of_the_sharded_classes_refuses_tiered_tables_by_name(tm
         with pytest.raises(ValueError, match=r"te\.distribute\.ShardedTPUEmbedding does not train tiered.*'big'"):
             make(features, te.optimizers.SGD(0.1), num_shards=2)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_frozen_in_memory_table_beside_a_dynamic_one_is_looked_up_and_never_trained(sharded):
+    # One update across the groups refused the step: the in-memory group's trainability check saw the frozen table.
+    dynamic = te.DynamicTableConfig("d", DIM, optimizer=te.optimizers.SGD(0.5), combiner="sum", seed=1)
+    features = {"s": _emb.FeatureConfig(_static()), "d": _emb.FeatureConfig(dynamic)}
+    if sharded:
+        layer = ShardedEmbeddingLayer(features, num_shards=2, frozen_tables=["s"])
+    else:
+        layer = tf_embed_ops.keras.TPUEmbedding(features, frozen_tables=["s"])
+    ids = tf.constant([1, 6], tf.int64)
+    layer({"d": ids, "s": ids}, training=False)  # inserts nothing: the keys come with the training lookup
+    with tf.GradientTape() as tape:
+        acts = layer({"s": ids, "d": ids}, training=True)
+        loss = tf.reduce_sum(acts["s"]) + tf.reduce_sum(acts["d"])
+    initial = acts["d"].numpy()
+    tape.gradient(loss, layer.trainable_variables)
+    (static,) = layer.embedding_tables
+    table = layer.embedding_tables[static]
+    rows = tf.concat(list(table.variables), 0) if sharded else tf.convert_to_tensor(table)
+    np.testing.assert_array_equal(rows.numpy(), np.ones((V, DIM), np.float32))
+    after = layer({"s": ids, "d": ids}, training=False)
+    np.testing.assert_allclose(after["d"].numpy(), initial - 0.5, rtol=1e-6, atol=1e-6)  # SGD, gradient 1
+    np.testing.assert_array_equal(after["s"].numpy(), np.ones((2, DIM), np.float32))

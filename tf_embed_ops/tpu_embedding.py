@@ -449,7 +449,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             flat = update_lib.gradients_for_send(self._feature_config, gradients, pending.inputs)
             self.send(flat, pending.inputs)
 
-    def send_all(self, gradients: list, inputs: list) -> tf.Tensor:
+    def send_all(self, gradients: list, inputs: list, check_trainable: bool = True) -> tf.Tensor:
         """The fused updates of every table group for one step: what `apply_gradients` runs (`backends.walk.send`:
         every group's checks run before any group writes, so a step any of them refuses changes no table). The
         Keras layer runs it in the backward pass of its lookup.
@@ -457,12 +457,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         Args:
           gradients: the activations' gradients in feature order, shaped as the lookup op returns them.
           inputs: the normalised inputs of the step, feature order.
+          check_trainable: False where the tables without an optimizer are declared frozen (the Keras layers'
+            `frozen_tables`; `backends.walk.send`): their update leaves them unchanged instead of being refused.
 
         Returns:
           A float32 scalar read after every update (what each group's update returns: its step counter or a table
           element): a data dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
         """
-        sent = self.send(gradients, inputs)
+        sent = walk.send(self._groups, gradients, inputs, check_trainable)
         probes = [p for p in (g.probe(s) for g, s in zip(self._groups, sent, strict=True)) if p is not None]
         return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
 
@@ -521,7 +523,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         return update_trigger.hang_update_on_trigger(
             trigger,
             lambda: self.lookup_all(inputs, training=True),
-            lambda gradients: self.send_all(gradients, inputs),
+            # The layers declare the tables they never train (`frozen_tables`) and check the others at construction.
+            lambda gradients: self.send_all(gradients, inputs, check_trainable=False),
         )
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:

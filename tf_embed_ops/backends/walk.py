@@ -27,17 +27,21 @@ def lookup(groups: Sequence[Any], inputs: list, training: bool) -> list:
     return out
 
 
-def send(groups: Sequence[Any], gradients: list, inputs: list) -> list:
+def send(groups: Sequence[Any], gradients: list, inputs: list, check_trainable: bool = True) -> list:
     """The fused updates of every group for one step (`gradients`, `inputs`: every feature's, feature order).
 
     Every group's trainability and learning rates are taken first; then the checks of every group but the first
     (`validate_send`, writing nothing) run before any group writes, and the first group's update validates its own
     inputs before its first write: a step any group rejects changes no table of any group.
 
+    `check_trainable=False` skips the trainability checks, for a caller that declared its tables without an
+    optimizer frozen (the Keras layers' `frozen_tables`): their configuration is SGD with learning rate 0, so the
+    update leaves them as they are.
+
     Returns:
       Each group's result of `send_gradients` (what its `probe` takes), in group order.
     """
-    for group in groups:
+    for group in groups if check_trainable else ():
         group.check_trainable()
     learning_rates = [group.evaluate_learning_rates() for group in groups]
     checks = []
