@@ -9,7 +9,8 @@ table objects' own methods (`changed rows since a cursor`, `serving form`, check
 The kinds, one module each: `tf_embed_ops.backends.static.StaticGroup` (tables and slots in `tf.Variable`s),
 `tf_embed_ops.dynamic.engine.DynamicGroup` (hash-table tables keyed by int64 or string, in memory or tiered),
 `tf_embed_ops.tiered.engine.TieredGroup` (static tables behind a DRAM row cache). Adding a kind is one module with a
-class of this protocol, and a line where the front end lists the kinds (`TPUEmbedding._BACKENDS`).
+class of this protocol, and a line where the front end lists the kinds (`TPUEmbedding._BACKENDS`). The
+parameter-server sharded class lists its own (`tf_embed_ops.distribute.sharded_groups`).
 
 Order of one update (`walk.send`): every group's `check_trainable`, then its learning rates (in group order), then
 `validate_send` of every group but the first (checks that write nothing), then the groups' `send_gradients` in
