@@ -88,6 +88,17 @@ def _parameter_server_count() -> int:
     return len(tasks)
 
 
+def _same_inputs(a: list, b: list) -> bool:
+    """Whether two lists of feature inputs hold the same tensors: the front end's walk hands dequeue and
+    apply_gradients each its own list of one step's inputs, so the lists themselves differ."""
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    flat_a, flat_b = tf.nest.flatten(a), tf.nest.flatten(b)
+    return len(flat_a) == len(flat_b) and all(x is y for x, y in zip(flat_a, flat_b, strict=True))
+
+
 class _StepCache:
     """The servers' calls (`(plans, calls)`), the last step's partition (`(inputs, parts, step)`) and distinct rows
     (`parts`, `distinct`): dequeue and apply_gradients of one step share them. A plain holder: a trackable object's
@@ -326,7 +337,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
     def _partition(self, inputs: list) -> list:
         """Per feature: its per-shard inputs (a list of one original input for unsharded tables)."""
         cached = self._cache.partition
-        if cached is not None and cached[0] is inputs:
+        if cached is not None and _same_inputs(cached[0], inputs):
             return cached[1]
         self._cache.partition = None
         parts = []
@@ -337,7 +348,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
                     parts.append([inp])  # one shard: the feature goes through untouched, with its combiner
                 else:
                     parts.append(partition.partition_feature(inp, feature.table.combiner, bounds))
-        # dequeue and apply_gradients of one step see the same `inputs` list; partition once for both.
+        # dequeue and apply_gradients of one step see the same inputs; partition once for both.
         self._cache.partition = (inputs, parts, None)
         return parts
 
@@ -346,7 +357,7 @@ class ShardedTPUEmbedding(mid_level.TPUEmbedding):
         if self._sync.forced_local_step is not None:
             return tf.cast(self._sync.forced_local_step, tf.int64)
         cached = self._cache.partition
-        if cached is not None and cached[0] is inputs and cached[2] is not None:
+        if cached is not None and _same_inputs(cached[0], inputs) and cached[2] is not None:
             return cached[2]
         return self._sync.aggregator.global_step.read_value()
 
