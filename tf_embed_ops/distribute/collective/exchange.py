@@ -33,6 +33,9 @@ _FIRST_INSTANCE_KEY = 1 << 28
 # Keys per call site: the largest capacity an all-to-all may have (ids one worker sends to one worker in a step).
 MAX_CAPACITY = (1 << 22) - 1
 _MAX_SITES = ((1 << 31) - _FIRST_INSTANCE_KEY) >> 22
+# Call sites are numbered per process (every worker runs the same program, so they number them alike): two
+# exchanges of one process never share a key, whatever shapes they send.
+_SITES = itertools.count()
 
 
 class Exchange:
@@ -46,13 +49,14 @@ class Exchange:
         self.num_workers = num_workers
         self.timeout_seconds = float(timeout_seconds)
         self._group_key = group_key
-        self._sites = itertools.count()
         self._last: Any = None  # the previous collective's output in the function being traced
 
     def _ordered(self, fn, capacity: tf.Tensor | None = None):
-        site = next(self._sites)
+        site = next(_SITES)
         if site >= _MAX_SITES:
-            raise ValueError(f"More than {_MAX_SITES} collective call sites in one job: too many tables.")
+            raise ValueError(
+                f"More than {_MAX_SITES} collective call sites in one process (tables x traced functions)."
+            )
         key = tf.constant(_FIRST_INSTANCE_KEY + (site << 22), tf.int32)
         deps = [self._last] if self._last is not None and _same_graph(self._last) else []
         if capacity is not None:

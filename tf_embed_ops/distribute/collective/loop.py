@@ -5,8 +5,8 @@ the loop, written with `strategy.run` and explicit collectives; every worker run
 
 * each `te.keras.TPUEmbedding` layer's tables are mod-sharded (`shards.LayerShards`); its lookup is replaced, while
   this loop traces the model, by the collective lookup (`lookup.lookup`) and its update by `update.apply_gradients`;
-* the dense weights are mirrored: their gradients are all-reduced (the strategy's replica context) and the model's
-  Keras optimizer applies them on every worker;
+* the dense weights are mirrored: the model's Keras optimizer all-reduces their gradients (in the strategy's
+  replica context) and applies the sum on every worker;
 * the loss is the model's `compute_loss` on the worker's batch, which Keras scales by 1 / workers under the
   strategy: the gradients are those of the global batch's mean loss;
 * Keras callbacks run on every worker; the layers' full tables are assembled from the shards (`LayerShards.store`)
@@ -155,8 +155,8 @@ class CollectiveTraining:
         context = tf.distribute.get_replica_context()
         updates = []
         if self.dense:
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, [tf.convert_to_tensor(g) for g in dense_grads])
-            model.optimizer.apply(reduced, self.dense)
+            # The Keras optimizer sums the replicas' gradients itself (an all-reduce in its replica context).
+            model.optimizer.apply(dense_grads, self.dense)
         k = 0
         for s, per_layer in zip(self.shards, pending, strict=True):
             updates.append(update_lib.apply_gradients(s, per_layer, row_grads[k : k + len(per_layer)]))

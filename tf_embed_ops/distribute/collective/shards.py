@@ -76,6 +76,7 @@ class LayerShards:
         self.shard_tables = self.shard.table_configs
         # The padded shard height: every worker's shard gathers as ceil(V / N) rows.
         self.padded_rows = [-(-t.vocabulary_size // n) for t in self.tables]
+        self._gather = None  # traced once: every trace takes new collective keys
 
     @property
     def trained(self) -> list[bool]:
@@ -100,13 +101,14 @@ class LayerShards:
     def store(self) -> None:
         """The layer's full tables and slots <- every worker's shard (an all-gather; every worker must call it)."""
         pairs = list(self._pairs())
-        full = _gather_function(self, pairs)()
-        for (layer_var, _, _), value in zip(pairs, full, strict=True):
+        for (layer_var, _, _), value in zip(pairs, self.full_values(), strict=True):
             layer_var.assign(value)
 
     def full_values(self) -> list[tf.Tensor]:
         """The full tables and slots assembled from every worker's shard, in `_pairs` order (collective)."""
-        return _gather_function(self, list(self._pairs()))()
+        if self._gather is None:
+            self._gather = _gather_function(self, list(self._pairs()))
+        return self._gather()
 
 
 def _unshard_order(vocabulary_size: int, num_workers: int, padded: int) -> np.ndarray:
