@@ -9,7 +9,7 @@ runs the cases one after the other in the same worker processes (one launch for 
 frozen dense layer, so the activation gradients are those of one process and the tables must match bitwise),
 `<optimizer>_dense` (the dense layer trains too: float tolerance), `save` (one epoch, checkpointed by `fit` into
 OUT/ckpt), `resume` (fit restores OUT/ckpt and trains until epoch 2), `die` (as `resume`, but worker 1 kills
-itself in the second epoch).
+itself at its second batch).
 """
 
 from __future__ import annotations
@@ -102,7 +102,34 @@ def reference(case: str, epochs: int = 1) -> dict:
     return weights(model)
 
 
-def _dataset_fn(tf, die_at: int | None = None):
+def checkpoint(tf, model):
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def save_reference_checkpoint(directory: str, epochs: int) -> dict:
+    """The `adagrad` case trained `epochs` epochs in this process, saved as `fit` saves it (checkpoint-<epochs>)."""
+    import keras
+    import tensorflow as tf
+
+    model = build_model(tf, keras, "adagrad", False)
+    for _ in range(epochs):
+        for batch in global_batches():
+            model.train_on_batch(*to_inputs(tf, batch, 0, GLOBAL_BATCH))
+    tf.train.CheckpointManager(checkpoint(tf, model), directory, max_to_keep=2).save(checkpoint_number=epochs)
+    return weights(model)
+
+
+def restore_in_one_process(directory: str) -> dict:
+    """A fresh `adagrad` model in this process (no strategy) with the latest checkpoint of `directory` restored."""
+    import keras
+    import tensorflow as tf
+
+    model = build_model(tf, keras, "adagrad", False)
+    checkpoint(tf, model).restore(tf.train.latest_checkpoint(directory)).assert_existing_objects_matched()
+    return weights(model)
+
+
+def _dataset_fn(tf, die_at: int | None = None, bad: str | None = None):
     batches = global_batches()
 
     def dataset_fn(context):
@@ -116,7 +143,10 @@ def _dataset_fn(tf, die_at: int | None = None):
                     if die_at is not None and worker == 1 and seen == die_at:
                         os.kill(os.getpid(), signal.SIGKILL)  # a worker lost mid-epoch
                     seen += 1
-                    yield to_inputs(tf, batch, worker * size, (worker + 1) * size)
+                    if bad == "bad_id" and worker == 1:
+                        batch = dict(batch, a=np.full_like(batch["a"], V1))  # one past the last row
+                    stop = (worker + 1) * size - (1 if bad == "bad_batch" and worker == 1 else 0)
+                    yield to_inputs(tf, batch, worker * size, stop)
 
         spec = (
             {
@@ -141,16 +171,18 @@ def main(out: str, cases: list) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     worker, _ = worker_index()
     for case in cases:
+        if case in BAD_CASES:
+            _bad_case(tf, keras, ted, strategy, out, case, worker)
+            continue
         kind = case if case in ("save", "resume", "die") else None
         optimizer, _, dense = ("adagrad", "", "") if kind else case.partition("_")
         with strategy.scope():
             model = build_model(tf, keras, optimizer, dense == "dense")
         manager = None
         if kind:
-            checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-            manager = tf.train.CheckpointManager(checkpoint, os.path.join(out, "ckpt"), max_to_keep=2)
-        # Worker 1 dies in the second epoch: at its (STEPS + 1)-th batch.
-        dataset_fn = _dataset_fn(tf, die_at=STEPS + 1 if kind == "die" else None)
+            manager = tf.train.CheckpointManager(checkpoint(tf, model), os.path.join(out, "ckpt"), max_to_keep=2)
+        # `die` runs after a checkpoint of epoch 1: worker 1 dies at its second batch of epoch 2.
+        dataset_fn = _dataset_fn(tf, die_at=1 if kind == "die" else None)
         ted.fit(
             model,
             dataset_fn,
@@ -164,6 +196,35 @@ def main(out: str, cases: list) -> None:
         if worker == 0:
             np.savez(os.path.join(out, f"{case}.npz"), **weights(model))
         print(f"case {case} done", flush=True)
+
+
+BAD_CASES = ("overflow", "bad_id", "bad_batch")
+
+
+def _bad_case(tf, keras, ted, strategy, out: str, case: str, worker: int) -> None:
+    """A step every worker must refuse (the same error on each, nothing changed): writes OUT/<case>.txt and .npz."""
+    with strategy.scope():
+        model = build_model(tf, keras, "adagrad", True)
+    before = weights(model)
+    try:
+        ted.fit(
+            model,
+            _dataset_fn(tf, bad=case),
+            epochs=1,
+            steps_per_epoch=STEPS,
+            strategy=strategy,
+            verbose=0,
+            max_ids_per_worker=1 if case == "overflow" else None,
+            timeout_seconds=60.0,
+        )
+        message = "no error"
+    except tf.errors.InvalidArgumentError as e:
+        message = e.message
+    unchanged = all(np.array_equal(before[k], v) for k, v in weights(model).items())
+    if worker == 0:
+        with open(os.path.join(out, f"{case}.txt"), "w") as f:
+            f.write(f"unchanged={unchanged}\n{message}")
+    print(f"case {case} done", flush=True)
 
 
 if __name__ == "__main__":

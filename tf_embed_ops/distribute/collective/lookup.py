@@ -100,6 +100,8 @@ def lookup(
                 )
             capacity = grad_capacity = tf.constant(max_ids_per_worker, tf.int64)
         with tf.control_dependencies(checks):
+            # Every use of a capacity waits for the checks (the gradients' exchange included).
+            capacity, grad_capacity = tf.identity(capacity), tf.identity(grad_capacity)
             asked = ex.all_to_all(exchange_lib.place(unique // n, request, capacity, n, -1), capacity)
         shard_table = shards.shard.variables[table.name]["parameters"]
         found = tf.cast(tf.gather(shard_table, tf.maximum(asked, 0)), tf.float32)

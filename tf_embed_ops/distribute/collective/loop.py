@@ -34,7 +34,7 @@ from tf_embed_ops.distribute.collective import update as update_lib
 from tf_embed_ops.distribute.collective.exchange import Exchange
 from tf_embed_ops.distribute.collective.shards import LayerShards
 
-__all__ = ["CollectiveTraining", "WorkerLostError", "fit", "worker_index"]
+__all__ = ["CollectiveTraining", "WorkerLostError", "check_arguments", "embedding_layers", "fit", "worker_index"]
 
 # What a collective raises when a peer is gone: its timeout (DeadlineExceeded), the coordination service's
 # report (Unavailable / Aborted), a cancelled step.
@@ -177,7 +177,10 @@ class CollectiveTraining:
         return self._train
 
 
-def _check_arguments(epochs, steps_per_epoch, verbose, initial_epoch, max_ids_per_worker, timeout_seconds):
+def check_arguments(epochs, steps_per_epoch, verbose, initial_epoch, max_ids_per_worker, timeout_seconds):
+    """Validates `fit`'s scalar arguments before anything is built; returns `verbose` resolved (ValueError names the
+    argument and the value)."""
+
     def positive_int(name, value, minimum=1):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
             raise ValueError(f"Argument `{name}` must be an int >= {minimum}; got {value!r}.")
@@ -214,7 +217,7 @@ def fit(
     """`te.distribute.fit` under a MultiWorkerMirroredStrategy (see `tf_embed_ops.distribute.fit`)."""
     import keras
 
-    verbose = _check_arguments(epochs, steps_per_epoch, verbose, initial_epoch, max_ids_per_worker, timeout_seconds)
+    verbose = check_arguments(epochs, steps_per_epoch, verbose, initial_epoch, max_ids_per_worker, timeout_seconds)
     if not callable(dataset_fn):
         raise ValueError(f"Argument `dataset_fn` must be a function of an InputContext; got {dataset_fn!r}.")
     if not getattr(model, "compiled", False):
@@ -275,11 +278,18 @@ def fit(
         )
         raise WorkerLostError(
             f"worker {training.worker} of {training.num_workers}: a collective with the other workers failed "
-            f"({type(e).__name__}: {' '.join(str(e).split())[:300]}); a worker has stopped or is unreachable. "
+            f"({type(e).__name__}: {_cause(e)}); a worker has stopped or is unreachable. "
             f"Updates after the last checkpoint are lost; {resume}."
         ) from e
     callbacks.on_train_end(logs=logs)
     return model.history
+
+
+def _cause(error: Exception) -> str:
+    """The runtime's own words (after "aborted by:"), without the traceback TensorFlow puts in the message."""
+    text = getattr(error, "message", str(error))
+    text = text.rsplit("aborted by:", 1)[-1].split("The error could be from")[0]
+    return " ".join(text.split())[:300]
 
 
 def _logs(model: Any, loss: float) -> dict:
