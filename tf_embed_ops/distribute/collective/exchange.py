@@ -49,7 +49,14 @@ class Exchange:
         self.num_workers = num_workers
         self.timeout_seconds = float(timeout_seconds)
         self._group_key = group_key
+        # Bytes this worker's collectives sent to the others (the payloads, padding included; without the dense
+        # gradients' all-reduce, which the strategy runs): what `fit` reports per step.
+        self.sent_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="collective_sent_bytes")
         self._last: Any = None  # the previous collective's output in the function being traced
+
+    def _count(self, x: tf.Tensor, factor: float) -> None:
+        size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64) * x.dtype.size * factor
+        self.sent_bytes.assign_add(tf.cast(size, tf.int64))
 
     def _ordered(self, fn, capacity: tf.Tensor | None = None):
         site = next(_SITES)
@@ -80,6 +87,7 @@ class Exchange:
         `capacity` (an int64 scalar, x's second dimension) when it varies between steps."""
         if self.num_workers == 1:
             return tf.identity(x)
+        self._count(x, (self.num_workers - 1) / self.num_workers)  # every row but its own
         return self._ordered(
             lambda key: tf.raw_ops.CollectiveAllToAllV2(
                 input=x,
@@ -97,6 +105,7 @@ class Exchange:
         """Elementwise "Max", "Min", "Add" or "Mul" over the workers."""
         if self.num_workers == 1:
             return tf.identity(x)
+        self._count(x, 2 * (self.num_workers - 1) / self.num_workers)  # a ring all-reduce
         return self._ordered(
             lambda key: tf.raw_ops.CollectiveReduceV2(
                 input=x,
@@ -115,6 +124,7 @@ class Exchange:
         """Concatenates every worker's `x` (one shape on every worker, fixed between calls) along axis 0."""
         if self.num_workers == 1:
             return tf.identity(x)
+        self._count(x, self.num_workers - 1)  # a ring all-gather passes on every other worker's part
         return self._ordered(
             lambda key: tf.raw_ops.CollectiveGatherV2(
                 input=x,

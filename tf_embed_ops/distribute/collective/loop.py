@@ -9,6 +9,9 @@ the loop, written with `strategy.run` and explicit collectives; every worker run
   replica context) and applies the sum on every worker;
 * the loss is the model's `compute_loss` on the worker's batch, which Keras scales by 1 / workers under the
   strategy: the gradients are those of the global batch's mean loss;
+* the logs hold `loss` (the global batch's, averaged over the epoch's steps), the compiled metrics (this
+  worker's batches) and `exchange_bytes`: the bytes this worker's table exchange sent per step (padding included,
+  the dense gradients' all-reduce not);
 * Keras callbacks run on every worker; the layers' full tables are assembled from the shards (`LayerShards.store`)
   before every `on_epoch_end` and at the end, so a checkpoint or `model.save` in a callback sees the trained rows.
 
@@ -255,11 +258,13 @@ def fit(
             model.reset_metrics()
             callbacks.on_epoch_begin(epoch)
             losses = []
+            sent = int(training.exchange.sent_bytes.numpy())
             for step in range(steps_per_epoch):
                 callbacks.on_train_batch_begin(step)
                 loss = train(iterator)
                 losses.append(float(np.asarray(strategy.experimental_local_results(loss)[0])))
                 logs = _logs(model, float(np.mean(losses)))
+                logs["exchange_bytes"] = (int(training.exchange.sent_bytes.numpy()) - sent) / len(losses)
                 callbacks.on_train_batch_end(step, logs)
                 if model.stop_training:
                     break
