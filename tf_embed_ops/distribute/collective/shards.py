@@ -57,6 +57,13 @@ class LayerShards:
                     f"Layer {name!r}, table {table.name!r}: quantization_config is not supported in the collective "
                     "mode (the lookup's straight-through gradient is the kernel's, not an autodiff of the rounding)."
                 )
+            for attribute in ("storage_dtype", "slot_storage_dtype"):
+                dtype = getattr(table, attribute, None)
+                if dtype is not None and tf.as_dtype(dtype) != tf.float32:
+                    raise ValueError(
+                        f"Layer {name!r}, table {table.name!r}: {attribute}={tf.as_dtype(dtype).name} is not supported "
+                        "in the collective mode (its rounding would not be the single process's); use float32."
+                    )
             if table.vocabulary_size < n:
                 raise ValueError(
                     f"Layer {name!r}, table {table.name!r}: vocabulary_size {table.vocabulary_size} is smaller than "
