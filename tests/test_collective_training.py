@@ -127,3 +127,15 @@ def _tf_keras():
     import tensorflow as tf
 
     return tf, keras
+
+
+def test_the_launcher_runs_the_ctr_example_in_collective_mode():
+    command = [sys.executable, "-m", "tf_embed_ops.distribute.launch", "--workers", "2", "--collective", "--"]
+    command += [sys.executable, "-m", "tf_embed_ops.examples.ctr", "--collective", "--smoke"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_ROOT)
+    result = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "== collective: 2 workers, global batch 256 (7 steps per epoch)" in result.stdout, result.stdout
+    assert "exchange_bytes:" in result.stdout  # worker 0's epoch line
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train AUC")]
+    assert 0.5 < float(line.split()[5]) <= 1.0  # the test AUC of the trained model
