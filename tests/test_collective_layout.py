@@ -154,3 +154,13 @@ def test_launch_collective_runs_the_command_on_every_worker_with_its_tf_config(t
     assert sorted(c["task"]["index"] for c in configs) == [0, 1, 2]
     assert all(c["task"]["type"] == "worker" and list(c["cluster"]) == ["worker"] for c in configs)
     assert len({json.dumps(c["cluster"]) for c in configs}) == 1
+
+
+@pytest.mark.parametrize("option", [["--dynamic"], ["--storage-dtype", "bfloat16"], ["--config", "x.pbtxt"]])
+def test_the_ctr_example_refuses_collective_with_options_it_does_not_train(option, capsys):
+    from tf_embed_ops.examples import ctr
+
+    with pytest.raises(SystemExit) as exit_info:
+        ctr.main(["--collective", *option])
+    assert exit_info.value.code == 2
+    assert "--collective trains the example's float32 static tables" in capsys.readouterr().err

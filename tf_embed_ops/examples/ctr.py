@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.collective:
         from tf_embed_ops.examples import ctr_collective
 
-        ctr_collective.run(args)
+        ctr_collective.run(args, make_data, feature_config, build_model)
         return 0
     if args.write_config:
         write_config(args.write_config, args.batch_size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -21,7 +22,6 @@ import tensorflow as tf
 from tf_embed_ops import distribute as ted
 from tf_embed_ops import keras as te_keras
 from tf_embed_ops.distribute.collective.loop import worker_index
-from tf_embed_ops.examples import ctr
 
 __all__ = ["run"]
 
@@ -35,7 +35,9 @@ def _auc(model: keras.Model, features: dict, labels: np.ndarray) -> float:
     return float(metric.result())
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, make_data: Callable, feature_config: Callable, build_model: Callable) -> dict:
+    """Trains ctr.py's model (its `make_data`, `feature_config` and `build_model`, passed in by ctr.py's `main`)
+    on this worker; returns its train/test AUC and fit seconds."""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     worker, workers = worker_index()
     keras.utils.set_random_seed(0)
@@ -45,11 +47,11 @@ def run(args: argparse.Namespace) -> dict:
             f"Argument `--batch-size` ({args.batch_size}) must be a multiple of the number of workers ({workers}): "
             "it is the global batch, split evenly over the workers."
         )
-    train_x, train_y = ctr.make_data(n_train, seed=1)
-    test_x, test_y = ctr.make_data(n_test, seed=2)
+    train_x, train_y = make_data(n_train, seed=1)
+    test_x, test_y = make_data(n_test, seed=2)
     with strategy.scope():
-        fc, optimizer = ctr.feature_config()
-        model = ctr.build_model(te_keras.TPUEmbedding(fc, optimizer, name="embedding"))
+        fc, optimizer = feature_config()
+        model = build_model(te_keras.TPUEmbedding(fc, optimizer, name="embedding"))
         model.compile(optimizer=keras.optimizers.Adam(args.learning_rate), loss="binary_crossentropy")
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
