@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -164,3 +165,62 @@ def test_the_ctr_example_refuses_collective_with_options_it_does_not_train(optio
         ctr.main(["--collective", *option])
     assert exit_info.value.code == 2
     assert "--collective trains the example's float32 static tables" in capsys.readouterr().err
+
+
+def _layer(tables_and_features: dict, optimizer=None):
+    import tf_embed_ops as te
+
+    emb = tf.tpu.experimental.embedding
+    features = {name: emb.FeatureConfig(table) for name, table in tables_and_features.items()}
+    return te.keras.TPUEmbedding(features, optimizer or emb.Adagrad(0.1))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_each_worker_loads_its_mod_shard_of_the_layers_tables_and_slots(workers):
+    from tf_embed_ops.distribute.collective.shards import LayerShards
+
+    emb = tf.tpu.experimental.embedding
+    layer = _layer({"a": emb.TableConfig(11, 3, name="t"), "b": emb.TableConfig(4, 2, name="u")})
+    rng = np.random.default_rng(0)
+    full = {}
+    for table, var in layer.embedding_tables.items():
+        full[table.name] = rng.standard_normal(tuple(var.shape)).astype(np.float32)
+        var.assign(full[table.name])
+        slot = layer.slot_variables[table]["accumulators"]
+        full[table.name + "/acc"] = rng.random(tuple(slot.shape)).astype(np.float32)
+        slot.assign(full[table.name + "/acc"])
+    for worker in range(workers):
+        shards = LayerShards(layer, exchange.Exchange(workers, 10.0), worker)
+        shards.load()
+        for name in ("t", "u"):
+            variables = shards.shard.variables[name]
+            np.testing.assert_array_equal(variables["parameters"].numpy(), full[name][worker::workers])
+            np.testing.assert_array_equal(variables["accumulators"].numpy(), full[name + "/acc"][worker::workers])
+
+
+def test_tables_the_collective_mode_cannot_shard_are_refused_naming_layer_and_table():
+    import tf_embed_ops as te
+    from tf_embed_ops.distribute.collective.shards import LayerShards
+
+    emb = tf.tpu.experimental.embedding
+    cases = [
+        ({"a": emb.TableConfig(3, 2, name="small")}, "table 'small': vocabulary_size 3 is smaller than the number"),
+        (
+            {"a": te.DynamicTableConfig("users", dim=2, optimizer=te.optimizers.Adagrad(0.1))},
+            "dynamic tables ['users'] are not sharded by the collective mode",
+        ),
+        (
+            {"a": te.TableConfig(8, 2, name="half", storage_dtype="bfloat16")},
+            "table 'half': storage_dtype=bfloat16 is not supported",
+        ),
+        (
+            {"a": emb.TableConfig(8, 2, name="q", quantization_config=emb.QuantizationConfig(4, -1.0, 1.0))},
+            "table 'q': quantization_config is not supported",
+        ),
+    ]
+    for tables, match in cases:
+        layer = _layer(tables)
+        before = [v.numpy().copy() for v in layer.weights]
+        with pytest.raises(ValueError, match=re.escape(match)):
+            LayerShards(layer, exchange.Exchange(4, 10.0), 0)
+        assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, layer.weights, strict=True))
