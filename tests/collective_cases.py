@@ -22,6 +22,7 @@ import numpy as np
 
 GLOBAL_BATCH, STEPS = 8, 3
 V1, V2, DIM = 11, 13, 4
+KEYS = np.array([-5, 3, 2**40 + 7, 123456789, 98765, 2**62, 17, -(2**50)], np.int64)  # the dynamic table's keys
 
 
 def global_batches() -> list:
@@ -35,6 +36,7 @@ def global_batches() -> list:
                 "a": rng.integers(0, V1, GLOBAL_BATCH).astype(np.int64),
                 "b": [rng.integers(0, V1, n).astype(np.int64) for n in lengths],
                 "c": rng.integers(0, V2, (GLOBAL_BATCH, 1)).astype(np.int64),
+                "d": [rng.choice(KEYS, n).astype(np.int64) for n in rng.integers(0, 4, GLOBAL_BATCH)],
                 "y": rng.standard_normal((GLOBAL_BATCH, 1)).astype(np.float32),
             }
         )
@@ -46,6 +48,7 @@ def to_inputs(tf, batch: dict, start: int, stop: int) -> tuple:
         "a": tf.constant(batch["a"][start:stop]),
         "b": tf.ragged.constant([list(r) for r in batch["b"][start:stop]], dtype=tf.int64, ragged_rank=1),
         "c": tf.constant(batch["c"][start:stop]),
+        "d": tf.ragged.constant([list(r) for r in batch["d"][start:stop]], dtype=tf.int64, ragged_rank=1),
     }
     return x, tf.constant(batch["y"][start:stop])
 
@@ -56,18 +59,26 @@ def table_optimizer(tf, name: str):
 
 
 def build_model(tf, keras, optimizer: str, dense_trains: bool):
-    """Two tables (t1: features a and b, mean; t2: feature c, sqrtn), fixed initial values, Dense(1) on top."""
+    """Two tables (t1: features a and b, mean; t2: feature c, sqrtn), fixed initial values, and a dynamic table
+    (feature d, int64 keys, sum), Dense(1) on top."""
     import tf_embed_ops as te
 
     emb = tf.tpu.experimental.embedding
     t1 = emb.TableConfig(V1, DIM, name="t1", combiner="mean")
     t2 = emb.TableConfig(V2, DIM, name="t2", combiner="sqrtn")
-    features = {"a": emb.FeatureConfig(t1), "b": emb.FeatureConfig(t1), "c": emb.FeatureConfig(t2)}
+    dyn = te.DynamicTableConfig("dyn", dim=DIM, optimizer=table_optimizer(tf, optimizer), combiner="sum", seed=3)
+    features = {
+        "a": emb.FeatureConfig(t1),
+        "b": emb.FeatureConfig(t1),
+        "c": emb.FeatureConfig(t2),
+        "d": emb.FeatureConfig(dyn),
+    }
     layer = te.keras.TPUEmbedding(features, table_optimizer(tf, optimizer), name="embedding")
     inputs = {
         "a": keras.Input(shape=(), dtype="int64", name="a"),
         "b": keras.Input(shape=(None,), dtype="int64", ragged=True, name="b"),
         "c": keras.Input(shape=(1,), dtype="int64", name="c"),
+        "d": keras.Input(shape=(None,), dtype="int64", ragged=True, name="d"),
     }
     acts = layer(inputs)
     dense = keras.layers.Dense(
@@ -77,7 +88,7 @@ def build_model(tf, keras, optimizer: str, dense_trains: bool):
         bias_initializer="zeros",
         name="out",
     )
-    model = keras.Model(inputs, dense(keras.layers.Concatenate()([acts["a"], acts["b"], acts["c"]])))
+    model = keras.Model(inputs, dense(keras.layers.Concatenate()([acts["a"], acts["b"], acts["c"], acts["d"]])))
     model.compile(keras.optimizers.SGD(0.05), "mse")
     rng = np.random.default_rng(7)
     for var in layer.embedding_tables.values():
@@ -86,7 +97,14 @@ def build_model(tf, keras, optimizer: str, dense_trains: bool):
 
 
 def weights(model) -> dict:
-    return {v.path: np.asarray(v) for v in model.weights}
+    """Every variable by path, and each dynamic table's content (keys, rows, slots) as `dynamic/<table>/<field>`."""
+    out = {v.path: np.asarray(v) for v in model.weights}
+    for layer in model.layers:
+        for config, table in getattr(layer, "dynamic_tables", {}).items():
+            for field, value in table.export().items():
+                if field in ("keys", "weights", "slots"):
+                    out[f"dynamic/{config.name}/{field}"] = np.asarray(value)
+    return out
 
 
 def reference(case: str, epochs: int = 1) -> dict:
@@ -153,6 +171,7 @@ def _dataset_fn(tf, die_at: int | None = None, bad: str | None = None):
                 "a": tf.TensorSpec([None], tf.int64),
                 "b": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
                 "c": tf.TensorSpec([None, 1], tf.int64),
+                "d": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
             },
             tf.TensorSpec([None, 1], tf.float32),
         )

@@ -199,6 +199,8 @@ def test_each_worker_loads_its_mod_shard_of_the_layers_tables_and_slots(workers)
 
 
 def test_tables_the_collective_mode_cannot_shard_are_refused_naming_layer_and_table():
+    # Dynamic tables are sharded by key (tests/test_collective_training.py); those whose shards would count, admit
+    # or evict keys differently from one process are refused.
     import tf_embed_ops as te
     from tf_embed_ops.distribute.collective.shards import LayerShards
 
@@ -206,8 +208,16 @@ def test_tables_the_collective_mode_cannot_shard_are_refused_naming_layer_and_ta
     cases = [
         ({"a": emb.TableConfig(3, 2, name="small")}, "table 'small': vocabulary_size 3 is smaller than the number"),
         (
-            {"a": te.DynamicTableConfig("users", dim=2, optimizer=te.optimizers.Adagrad(0.1))},
-            "dynamic tables ['users'] are not sharded by the collective mode",
+            {
+                "a": te.DynamicTableConfig(
+                    "users", dim=2, optimizer=te.optimizers.Adagrad(0.1), admission=te.dynamic.FrequencyAdmission(2)
+                )
+            },
+            "dynamic table 'users': admission=FrequencyAdmission",
+        ),
+        (
+            {"a": te.DynamicTableConfig("names", dim=2, key_dtype=tf.string, optimizer=te.optimizers.Adagrad(0.1))},
+            "dynamic table 'names': key_dtype=string is not supported",
         ),
         (
             {"a": te.TableConfig(8, 2, name="half", storage_dtype="bfloat16")},

@@ -3,7 +3,8 @@
 compared here with the same model trained in this process by `train_on_batch` on the global batches.
 
 * bitwise at 1, 2 and 4 workers for SGD, Adagrad and Adam when the dense layer is frozen (the activation
-  gradients are then the single process's), every table and slot and the dense weights; within float tolerance
+  gradients are then the single process's), every static table and slot, the dynamic table's keys, rows and
+  slots, and the dense weights; within float tolerance
   when the dense layer trains (the replicas' dense gradients are summed in another order);
 * checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers')
   restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
@@ -101,6 +102,9 @@ def test_a_killed_worker_stops_the_job_and_fit_resumes_across_worker_counts(tmp_
     # Restarted with 4 workers: fit restores epoch 1 and trains epoch 2, as one process trains two epochs.
     _assert_ran(_launch(4, tmp_path, ["resume"]))
     want = cases.reference("adagrad", epochs=2)
+    one_epoch = cases.reference("adagrad", epochs=1)
+    assert want["dynamic/dyn/keys"].size > 0
+    assert not np.array_equal(want["dynamic/dyn/weights"], one_epoch["dynamic/dyn/weights"])  # epoch 2 trained it
     _assert_bitwise(_load(tmp_path, "resume"), want)
     # And the 4 workers' checkpoint (epoch 2) restores into one process.
     _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "ckpt")), want)

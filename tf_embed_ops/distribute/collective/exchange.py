@@ -120,8 +120,10 @@ class Exchange:
             )
         )
 
-    def all_gather(self, x: tf.Tensor) -> tf.Tensor:
-        """Concatenates every worker's `x` (one shape on every worker, fixed between calls) along axis 0."""
+    def all_gather(self, x: tf.Tensor, capacity: tf.Tensor | None = None) -> tf.Tensor:
+        """Concatenates every worker's `x` (one shape on every worker) along axis 0.
+
+        `capacity` (an int64 scalar, x's first dimension) when it varies between calls."""
         if self.num_workers == 1:
             return tf.identity(x)
         self._count(x, self.num_workers - 1)  # a ring all-gather passes on every other worker's part
@@ -134,7 +136,8 @@ class Exchange:
                 ordering_token=[],
                 communication_hint="ring",
                 timeout_seconds=self.timeout_seconds,
-            )
+            ),
+            capacity,
         )
 
 

@@ -2,7 +2,7 @@
 
 Row `r` of a static table lives on worker `r % N` at local row `r // N`; worker `w` therefore holds
 `ceil((V - w) / N)` rows: the rows `w, w + N, w + 2N, ...` of the full table, in order. A dynamic table's key lives
-on worker `shard_of_key(key) % N`.
+on worker `tf_embed_ops.dynamic.sharding.shard_of_keys(key, N)`.
 
 Example:
     >>> shard_rows(10, 4, 1)   # rows 1, 5, 9

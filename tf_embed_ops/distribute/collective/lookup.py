@@ -23,13 +23,14 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tf_embed_ops import _xla
+from tf_embed_ops import _xla, embedding_ops
 from tf_embed_ops.distribute.collective import exchange as exchange_lib
 from tf_embed_ops.distribute.collective.shards import LayerShards
+from tf_embed_ops.dynamic import sharding
 from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
 
-__all__ = ["TableLookup", "lookup"]
+__all__ = ["TableLookup", "lookup", "owner"]
 
 
 class TableLookup(NamedTuple):
@@ -39,6 +40,31 @@ class TableLookup(NamedTuple):
     feature: tf.Tensor  # int64 [n]: each id's feature, as its index among the table's features
     rows: tf.Tensor  # float32 [n, dim]: each id's row as the lookup combined it (watched)
     capacity: tf.Tensor  # int64: the gradients' per-destination capacity (agreed by every worker)
+
+
+def owner(ids: tf.Tensor, num_workers: int, dynamic: bool) -> tf.Tensor:
+    """The worker holding each id's row: `id % N` (static), `shard_of_keys(key, N)` (dynamic)."""
+    if dynamic:
+        return tf.cast(sharding.shard_of_keys(ids, num_workers), tf.int64)
+    return ids % num_workers
+
+
+def _dynamic_rows(group, asked: tf.Tensor, dim: int) -> tf.Tensor:
+    """The rows of the keys other workers asked this worker for ([N, C, 2]: key, 1 or padding), [N, C, dim]; the
+    training lookup inserts new keys as one process's lookup does (rows a function of the key)."""
+    flat = tf.reshape(asked, [-1, 2])
+    valid = tf.equal(flat[:, 1], 1)
+    keys = tf.boolean_mask(flat[:, 0], valid)
+    feature = embedding_ops.FeatureInput(
+        sample_indices_or_row_splits=tf.zeros([0], tf.int64),
+        ids=keys,
+        weights=tf.zeros([0], tf.float32),
+        sample_shape=tf.shape(keys, out_type=tf.int64),
+    )
+    (rows,) = group.lookup([feature], training=True)
+    positions = tf.where(valid)
+    shape = tf.concat([tf.shape(asked, out_type=tf.int64)[:2], [dim]], axis=0)
+    return tf.reshape(tf.scatter_nd(positions, rows, tf.stack([tf.size(valid, out_type=tf.int64), dim])), shape)
 
 
 class _Rows:
@@ -69,9 +95,13 @@ def lookup(
         sizes = [tf.size(inputs[i].ids, out_type=tf.int64) for i in positions]
         feature = tf.concat([tf.fill([s], tf.constant(k, tf.int64)) for k, s in enumerate(sizes)], axis=0)
         unique, index = tf.unique(ids, out_idx=tf.int64)
-        request = exchange_lib.route(unique % n, n)
-        every = exchange_lib.route(ids % n, n)  # the gradients' route (all ids), computed now to agree on sizes
-        bad = tf.reduce_sum(tf.cast((ids < 0) | (ids >= table.vocabulary_size), tf.int64))
+        dynamic = shards.is_dynamic(t)
+        request = exchange_lib.route(owner(unique, n, dynamic), n)
+        every = exchange_lib.route(owner(ids, n, dynamic), n)  # the gradients' route, now to agree on sizes
+        if dynamic:  # any int64 key is valid
+            bad = tf.constant(0, tf.int64)
+        else:
+            bad = tf.reduce_sum(tf.cast((ids < 0) | (ids >= table.vocabulary_size), tf.int64))
         agreed = ex.all_reduce(tf.stack([tf.reduce_max(request.counts), tf.reduce_max(every.counts), bad, -bad]), "Max")
         checks = [
             tf.debugging.assert_equal(
@@ -102,9 +132,17 @@ def lookup(
         with tf.control_dependencies(checks):
             # Every use of a capacity waits for the checks (the gradients' exchange included).
             capacity, grad_capacity = tf.identity(capacity), tf.identity(grad_capacity)
-            asked = ex.all_to_all(exchange_lib.place(unique // n, request, capacity, n, -1), capacity)
-        shard_table = shards.shard.variables[table.name]["parameters"]
-        found = tf.cast(tf.gather(shard_table, tf.maximum(asked, 0)), tf.float32)
+            if dynamic:
+                # (key, 1); padding (-1, -1): a key may be any int64, -1 included.
+                keyed = tf.stack([unique, tf.ones_like(unique)], axis=1)
+                asked = ex.all_to_all(exchange_lib.place(keyed, request, capacity, n, -1), capacity)
+            else:
+                asked = ex.all_to_all(exchange_lib.place(unique // n, request, capacity, n, -1), capacity)
+        if dynamic:
+            found = _dynamic_rows(shards.dynamic_group(t), asked, table.dim)
+        else:
+            shard_table = shards.shard.variables[table.name]["parameters"]
+            found = tf.cast(tf.gather(shard_table, tf.maximum(asked, 0)), tf.float32)
         answered = ex.all_to_all(found, capacity)
         rows = tf.gather(exchange_lib.unroute(answered, request), index)
         tape.watch(rows)

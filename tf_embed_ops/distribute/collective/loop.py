@@ -162,7 +162,7 @@ class CollectiveTraining:
             model.optimizer.apply(dense_grads, self.dense)
         k = 0
         for s, per_layer in zip(self.shards, pending, strict=True):
-            updates.append(update_lib.apply_gradients(s, per_layer, row_grads[k : k + len(per_layer)]))
+            updates.extend(update_lib.apply_gradients(s, per_layer, row_grads[k : k + len(per_layer)]))
             k += len(per_layer)
         with tf.control_dependencies([u for u in updates if u is not None]):
             model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

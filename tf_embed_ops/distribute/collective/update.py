@@ -22,18 +22,21 @@ import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
 from tf_embed_ops.distribute.collective import exchange as exchange_lib
+from tf_embed_ops.distribute.collective import lookup as lookup_lib
 from tf_embed_ops.distribute.collective.lookup import TableLookup
 from tf_embed_ops.distribute.collective.shards import LayerShards
 
 __all__ = ["apply_gradients"]
 
 
-def apply_gradients(shards: LayerShards, pending: list[TableLookup], gradients: list) -> tf.Operation | None:
-    """Routes each table's per-id gradients (None: no gradient reached the table) and runs the shard's update."""
+def apply_gradients(shards: LayerShards, pending: list[TableLookup], gradients: list) -> list:
+    """Routes each table's per-id gradients (None: no gradient reached the table) and runs the shards' updates
+    (one fused op for the static tables, one per dynamic table); returns the update ops (None entries eagerly)."""
     ex = shards.exchange
     n = ex.num_workers
-    grads, inputs = [], []
-    for table, p, g, trained in zip(shards.tables, pending, gradients, shards.trained, strict=True):
+    grads, inputs, updates = [], [], []
+    for t, (table, p, g, trained) in enumerate(zip(shards.tables, pending, gradients, shards.trained, strict=True)):
+        dynamic = shards.is_dynamic(t)
         if g is None:
             g = tf.zeros_like(p.rows)
         if isinstance(g, tf.IndexedSlices):
@@ -41,22 +44,29 @@ def apply_gradients(shards: LayerShards, pending: list[TableLookup], gradients: 
         if not trained:  # frozen: nothing to send (every worker knows it)
             local, received = tf.zeros([0], tf.int64), tf.zeros([0, table.dim], tf.float32)
         else:
-            r = exchange_lib.route(p.ids % n, n)
-            keys = exchange_lib.place(tf.stack([p.ids // n, p.feature], axis=1), r, p.capacity, n, -1)
+            r = exchange_lib.route(lookup_lib.owner(p.ids, n, dynamic), n)
+            local = p.ids if dynamic else p.ids // n
+            # (local row or key, feature); padding has feature -1 (a dynamic key may be negative).
+            keys = exchange_lib.place(tf.stack([local, p.feature], axis=1), r, p.capacity, n, -1)
             values = exchange_lib.place(g, r, p.capacity, n, 0.0)
             keys = tf.reshape(ex.all_to_all(keys, p.capacity), [-1, 2])
             values = tf.reshape(ex.all_to_all(values, p.capacity), [-1, table.dim])
-            valid = keys[:, 0] >= 0
+            valid = keys[:, 1] >= 0
             keys, values = tf.boolean_mask(keys, valid), tf.boolean_mask(values, valid)
             order = tf.argsort(keys[:, 1], stable=True)  # feature, then worker, then position
             local, received = tf.gather(keys[:, 0], order), tf.gather(values, order)
-        inputs.append(
-            embedding_ops.FeatureInput(
-                sample_indices_or_row_splits=tf.zeros([0], tf.int64),
-                ids=local,
-                weights=tf.zeros([0], tf.float32),
-                sample_shape=tf.shape(local, out_type=tf.int64),
-            )
+        feature = embedding_ops.FeatureInput(
+            sample_indices_or_row_splits=tf.zeros([0], tf.int64),
+            ids=local,
+            weights=tf.zeros([0], tf.float32),
+            sample_shape=tf.shape(local, out_type=tf.int64),
         )
-        grads.append(received)
-    return shards.shard.send_gradients(grads, list(shards.shard.dynamic_learning_rates), inputs)
+        if dynamic:
+            if trained:  # the shard's group: its fused update, then its step advances
+                updates.append(shards.dynamic_group(t).send_gradients([received], [feature]))
+        else:
+            inputs.append(feature)
+            grads.append(received)
+    if shards.shard is not None:
+        updates.append(shards.shard.send_gradients(grads, list(shards.shard.dynamic_learning_rates), inputs))
+    return updates
