@@ -4,10 +4,13 @@
   lookups and the fused update run on the server that owns the rows; checkpoints match the single-process class.
 * `ShardedEmbeddingLayer`: the Keras 3 layer over a `ShardedTPUEmbedding` (imported on first use).
 * `SyncSparseAggregator`: synchronous (SyncReplicas-style) rounds through per-shard sparse accumulators.
-* `fit`: Keras `fit` for a compiled Keras 3 model on the cluster (callbacks, History, checkpoints).
+* `fit`: Keras `fit` for a compiled Keras 3 model on the cluster (callbacks, History, checkpoints); under
+  `MultiWorkerMirroredStrategy`, synchronous training with the tables sharded over the workers (`collective`).
+* `WorkerLostError`: what the collective `fit` raises when a worker stops answering.
 * `create_local_cluster`: an in-process localhost cluster for tests and examples.
 * `python -m tf_embed_ops.distribute.server`: runs a ps/worker task from TF_CONFIG with our kernels loaded.
-* `python -m tf_embed_ops.distribute.launch --ps 2 --workers 2 -- python train.py`: a local job of processes.
+* `python -m tf_embed_ops.distribute.launch --ps 2 --workers 2 -- python train.py`: a local job of processes;
+  `--workers 2 --collective -- python train.py` runs the command on every worker of a collective job.
 * `div_shard_sizes`, `div_shard_boundaries`, `num_table_shards`: the DIV sharding arithmetic.
 
 Example:
@@ -19,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+from tf_embed_ops.distribute.collective.loop import WorkerLostError
 from tf_embed_ops.distribute.fit import TrainingInterruptedError, fit
 from tf_embed_ops.distribute.local_cluster import create_local_cluster
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
@@ -30,6 +34,7 @@ __all__ = [
     "ShardedTPUEmbedding",
     "SyncSparseAggregator",
     "TrainingInterruptedError",
+    "WorkerLostError",
     "create_local_cluster",
     "div_shard_boundaries",
     "div_shard_sizes",

@@ -63,8 +63,15 @@ def fit(
     *,
     checkpoint_manager: tf.train.CheckpointManager | None = None,
     coordinator: tf.distribute.coordinator.ClusterCoordinator | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    max_ids_per_worker: int | None = None,
+    timeout_seconds: float = 300.0,
 ) -> keras.callbacks.History:
     """Trains a compiled Keras model on a ParameterServerStrategy cluster; Keras `fit`'s arguments and return.
+
+    Under a `tf.distribute.MultiWorkerMirroredStrategy` (`strategy=`, or the model's), every worker calls `fit`
+    and trains synchronously with its `te.keras.TPUEmbedding` tables sharded over the workers
+    (docs/collective_training.md): `tf_embed_ops.distribute.collective.loop.fit`.
 
     Args:
       model: a Keras 3 model created and compiled inside `strategy.scope()` (so its variables, optimizer and
@@ -86,6 +93,11 @@ def fit(
         saved after every epoch with the number of epochs completed.  If it already holds a checkpoint, that
         checkpoint is restored first and training continues after the epochs it had completed.
       coordinator: the `ClusterCoordinator` to schedule with (default: the one of the model's strategy).
+      strategy: the model's strategy (default: `model.distribute_strategy`).
+      max_ids_per_worker: collective mode only: the fixed capacity of an all-to-all (ids one worker sends another
+        for one table in a step); None: each step's largest count. A step that needs more stops with an error.
+      timeout_seconds: collective mode only: how long a collective waits for the other workers before the job
+        stops with `WorkerLostError`.
 
     Returns:
       The `keras.callbacks.History` (also `model.history`).
@@ -96,16 +108,40 @@ def fit(
     """
     import keras
 
+    strategy = strategy if strategy is not None else getattr(model, "distribute_strategy", None)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        if coordinator is not None or validation_data is not None:
+            raise ValueError(
+                "Arguments `coordinator` and `validation_data` are ParameterServerStrategy arguments; under "
+                "MultiWorkerMirroredStrategy leave them None."
+            )
+        from tf_embed_ops.distribute.collective import loop
+
+        return loop.fit(
+            model,
+            dataset_fn,
+            strategy,
+            epochs=epochs,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=callbacks,
+            verbose=verbose,
+            initial_epoch=initial_epoch,
+            checkpoint_manager=checkpoint_manager,
+            max_ids_per_worker=max_ids_per_worker,
+            timeout_seconds=timeout_seconds,
+        )
+    if max_ids_per_worker is not None:
+        raise ValueError("Argument `max_ids_per_worker` applies under MultiWorkerMirroredStrategy only.")
     verbose = _check_arguments(epochs, steps_per_epoch, validation_data, validation_steps, verbose, initial_epoch)
     if not callable(dataset_fn):
         raise ValueError(f"Argument `dataset_fn` must be a function of an InputContext; got {dataset_fn!r}.")
     if not getattr(model, "compiled", False):
         raise ValueError("`fit` needs a compiled model: call `model.compile(...)` inside `strategy.scope()` first.")
-    strategy = coordinator.strategy if coordinator is not None else model.distribute_strategy
+    strategy = coordinator.strategy if coordinator is not None else strategy
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         raise ValueError(
-            f"`fit` runs under ParameterServerStrategy (create and compile the model in its scope); the model's "
-            f"strategy is {type(strategy).__name__}. Without one, use `model.fit`."
+            f"`fit` runs under ParameterServerStrategy or MultiWorkerMirroredStrategy (create and compile the model "
+            f"in its scope); the model's strategy is {type(strategy).__name__}. Without one, use `model.fit`."
         )
     coordinator = coordinator or tf.distribute.coordinator.ClusterCoordinator(strategy)
 

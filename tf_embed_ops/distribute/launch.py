@@ -2,6 +2,16 @@
 
     python -m tf_embed_ops.distribute.launch --ps 2 --workers 2 -- python train.py [ARGS]
 
+or on every worker of a local collective (MultiWorkerMirroredStrategy) job, with no parameter servers:
+
+    python -m tf_embed_ops.distribute.launch --workers 2 --collective -- python train.py [ARGS]
+
+In collective mode each of the `--workers` processes runs the command with its own TF_CONFIG
+(`{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}`, localhost ports); the launcher waits
+for all of them and exits with 0 when all succeed. When one fails, the others get `--failure-grace` seconds
+(default 60) to stop by themselves (a collective's timeout, `te.distribute.fit`'s `WorkerLostError`) before they
+are killed; the launcher then exits with the first failure's status (128 + the signal's number for a signal).
+
 starts `--ps` parameter-server and `--workers` worker processes (`python -m tf_embed_ops.distribute.server`) on
 localhost ports, waits until every one serves, then runs the command with the chief's TF_CONFIG (so
 `TFConfigClusterResolver()` in it finds the job).  When the command exits, every task is killed and the
@@ -42,7 +52,7 @@ from collections.abc import Callable
 
 from tf_embed_ops.distribute.local_cluster import free_port
 
-__all__ = ["local_cluster_spec", "main"]
+__all__ = ["local_cluster_spec", "local_collective_spec", "main"]
 
 PIDS_ENV = "TF_EMBED_OPS_TASK_PIDS"
 
@@ -61,6 +71,17 @@ def local_cluster_spec(num_ps: int, num_workers: int) -> dict:
         "ps": [f"localhost:{free_port()}" for _ in range(num_ps)],
         "worker": [f"localhost:{free_port()}" for _ in range(num_workers)],
     }
+
+
+def local_collective_spec(num_workers: int) -> dict:
+    """`{"worker": [...]}` on free localhost ports: a collective job's cluster.
+
+    Raises:
+      ValueError: if `num_workers` is not an int >= 1.
+    """
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ValueError(f"Argument `num_workers` must be an int >= 1; got {num_workers!r}.")
+    return {"worker": [f"localhost:{free_port()}" for _ in range(num_workers)]}
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -171,6 +192,52 @@ def _run_command(command: list, env: dict, stop_timeout: float) -> int:
         raise
 
 
+def _status(code: int) -> int:
+    """A process's exit status as a shell reports it (128 + the signal's number for a signal)."""
+    return 128 - code if code < 0 else code
+
+
+def _run_workers(command: list, cluster: dict, stop_timeout: float, failure_grace: float) -> int:
+    """Runs `command` on every worker of a collective job; returns 0, or the first failure's status."""
+    workers: list = []
+    try:
+        for index in range(len(cluster["worker"])):
+            env = dict(
+                os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            )
+            workers.append(subprocess.Popen(command, env=env, preexec_fn=_child_setup(signal.SIGKILL, new_group=True)))
+        failed, deadline = None, None
+        while True:
+            codes = [w.poll() for w in workers]
+            if failed is None:
+                failed = next((c for c in codes if c not in (None, 0)), None)
+                if failed is not None:
+                    deadline = time.monotonic() + failure_grace
+            if all(c is not None for c in codes):
+                return _status(failed) if failed is not None else 0
+            if deadline is not None and time.monotonic() >= deadline:
+                return _status(failed)
+            time.sleep(0.1)
+    except _Stop as stop:
+        for w in workers:
+            if w.poll() is None:
+                try:
+                    w.send_signal(stop.signum)
+                except OSError:
+                    pass
+        end = time.monotonic() + stop_timeout
+        try:
+            while time.monotonic() < end and any(w.poll() is None for w in workers):
+                time.sleep(0.1)
+        except _Stop:
+            pass
+        return 128 + stop.signum
+    finally:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        _stop({i: w for i, w in enumerate(workers)})
+
+
 def main(argv: list | None = None) -> int:
     """Entry point; returns the command's exit status (2 for bad arguments, 1 if a task did not start)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -183,8 +250,19 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tf_embed_ops.distribute.launch", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--ps", type=int, default=2, help="parameter-server processes (default 2)")
+    parser.add_argument("--ps", type=int, default=None, help="parameter-server processes (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--collective",
+        action="store_true",
+        help="a MultiWorkerMirroredStrategy job: every worker runs the command; no parameter servers",
+    )
+    parser.add_argument(
+        "--failure-grace",
+        type=float,
+        default=60.0,
+        help="collective mode: seconds the other workers get to stop after one fails, before they are killed",
+    )
     parser.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds to wait for every task to serve (default 300)"
     )
@@ -195,14 +273,33 @@ def main(argv: list | None = None) -> int:
         help="on SIGTERM/SIGINT/SIGHUP, seconds the command gets to exit before it is killed (default 10)",
     )
     args = parser.parse_args(argv[:split])
+    if args.collective and args.ps is not None:
+        print(
+            f"error: --ps {args.ps} with --collective: a collective job has no parameter servers (drop --ps)",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        cluster = local_cluster_spec(args.ps, args.workers)
+        if args.collective:
+            cluster = local_collective_spec(args.workers)
+        else:
+            cluster = local_cluster_spec(2 if args.ps is None else args.ps, args.workers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.stop_timeout >= 0:
         print(f"error: --stop-timeout must be >= 0; got {args.stop_timeout}", file=sys.stderr)
         return 2
+    if not args.failure_grace >= 0:
+        print(f"error: --failure-grace must be >= 0; got {args.failure_grace}", file=sys.stderr)
+        return 2
+    if args.collective:
+        previous = {signum: signal.signal(signum, _raise_stop) for signum in STOP_SIGNALS}
+        try:
+            return _run_workers(argv[split + 1 :], cluster, args.stop_timeout, args.failure_grace)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     previous = {signum: signal.signal(signum, _raise_stop) for signum in STOP_SIGNALS}
     tasks: dict = {}
     try:

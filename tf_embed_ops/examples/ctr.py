@@ -6,6 +6,8 @@
     python -m tf_embed_ops.examples.ctr --config ctr.pbtxt         # train from such a config (config loader)
     python -m tf_embed_ops.examples.ctr --dynamic [--smoke]        # open-world ids in dynamic tables (ctr_dynamic.py)
     python -m tf_embed_ops.examples.ctr_serving [--smoke]   # fp32 / int8 / int4 / pruned exports' AUC
+    python -m tf_embed_ops.distribute.launch --workers 2 --collective -- \
+        python -m tf_embed_ops.examples.ctr --collective [--smoke]   # 2 workers, tables sharded (ctr_collective.py)
 
 The data is synthetic with planted structure (see `make_data`): a click depends on a user x item latent match,
 the item's category, the user's interest tags (multi-hot) matching the category, the similarity of the user's
@@ -307,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="storage dtype of the tables and slots (te.TableConfig); not with --dynamic (dynamic tables are float32)",
     )
     parser.add_argument("--dynamic", action="store_true", help="raw 64-bit and string ids in dynamic tables")
+    parser.add_argument(
+        "--collective",
+        action="store_true",
+        help="run on every worker of `python -m tf_embed_ops.distribute.launch --workers N --collective -- ...`",
+    )
     ctr_dynamic.add_arguments(parser)
     return parser
 
@@ -316,8 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.dynamic and args.storage_dtype != "float32":
         parser.error(f"--storage-dtype {args.storage_dtype}: dynamic tables are stored in float32 only")
+    if args.collective and (args.dynamic or args.config or args.write_config or args.storage_dtype != "float32"):
+        parser.error(
+            "--collective trains the example's float32 static tables: without --dynamic, --config, "
+            "--write-config and --storage-dtype"
+        )
     if args.dynamic:
         ctr_dynamic.run(args)
+        return 0
+    if args.collective:
+        from tf_embed_ops.examples import ctr_collective
+
+        ctr_collective.run(args, make_data, feature_config, build_model)
         return 0
     if args.write_config:
         write_config(args.write_config, args.batch_size)

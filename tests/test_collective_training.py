@@ -1,0 +1,145 @@
+"""The collective mode end to end: `launch --collective` starts N worker processes on localhost, each runs
+`tests/collective_cases.py` (several cases per launch, to share the processes' start-up), and the results are
+compared here with the same model trained in this process by `train_on_batch` on the global batches.
+
+* bitwise at 1, 2 and 4 workers for SGD, Adagrad and Adam when the dense layer is frozen (the activation
+  gradients are then the single process's), every static table and slot, the dynamic table's keys, rows and
+  slots, and the dense weights; within float tolerance
+  when the dense layer trains (the replicas' dense gradients are summed in another order);
+* checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers')
+  restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
+  collective timeout, and `fit` resumes from the last checkpoint to the single process's numbers;
+* bad steps (capacity overflow, an id past the table, batch sizes that differ) are refused on every worker with
+  an error naming the table / argument and the count, nothing changed, and the job goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests import collective_cases as cases
+
+pytestmark = pytest.mark.slow
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(workers: int, out, names: list, timeout: float = 540, extra_env: dict | None = None, grace: int = 60):
+    command = [
+        sys.executable,
+        "-m",
+        "tf_embed_ops.distribute.launch",
+        "--workers",
+        str(workers),
+        "--collective",
+        "--failure-grace",
+        str(grace),
+        "--",
+        sys.executable,
+        "-m",
+        "tests.collective_cases",
+        str(out),
+        *names,
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_ROOT, **(extra_env or {}))
+    return subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_ran(result) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def _load(out, case: str) -> dict:
+    return dict(np.load(os.path.join(out, f"{case}.npz")))
+
+
+def _assert_bitwise(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+        assert np.array_equal(got[key].view(np.uint32), value.view(np.uint32)), (
+            key,
+            float(np.abs(got[key] - value).max()),
+        )
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_n_workers_train_the_tables_as_one_process_with_the_global_batch(tmp_path, workers):
+    names = ["sgd", "adagrad", "adam"] + (["adam_dense", "save"] if workers == 2 else [])
+    _assert_ran(_launch(workers, tmp_path, names))
+    initial = cases.weights(cases.build_model(*_tf_keras(), "sgd", False))
+    for case in ("sgd", "adagrad", "adam"):
+        want = cases.reference(case)
+        for table in ("embedding/t1", "embedding/t2"):
+            assert not np.array_equal(want[table], initial[table])  # the step changed the tables
+        _assert_bitwise(_load(tmp_path, case), want)
+    if workers == 2:
+        got, want = _load(tmp_path, "adam_dense"), cases.reference("adam_dense")
+        assert sorted(got) == sorted(want)
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+        # 2 workers' checkpoint (epoch 1) into one process without a strategy.
+        _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "ckpt")), cases.reference("adagrad"))
+
+
+def test_a_killed_worker_stops_the_job_and_fit_resumes_across_worker_counts(tmp_path):
+    # Epoch 1 trained and saved by one process; 2 workers go on, and worker 1 dies at its second batch.
+    cases.save_reference_checkpoint(os.path.join(tmp_path, "ckpt"), epochs=1)
+    timeout = 20
+    start = time.monotonic()
+    result = _launch(2, tmp_path, ["die"], extra_env={"COLLECTIVE_TIMEOUT": str(timeout)}, grace=300)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 128 + 9, result.stderr[-4000:]  # worker 1's SIGKILL
+    assert "WorkerLostError: worker 0 of 2: a collective with the other workers failed" in result.stderr
+    assert "fit restores" in result.stderr and "ckpt-1" in result.stderr
+    assert elapsed < 240  # worker 0 stopped by itself (the launcher's grace is 300 s)
+    # Restarted with 4 workers: fit restores epoch 1 and trains epoch 2, as one process trains two epochs.
+    _assert_ran(_launch(4, tmp_path, ["resume"]))
+    want = cases.reference("adagrad", epochs=2)
+    one_epoch = cases.reference("adagrad", epochs=1)
+    assert want["dynamic/dyn/keys"].size > 0
+    assert not np.array_equal(want["dynamic/dyn/weights"], one_epoch["dynamic/dyn/weights"])  # epoch 2 trained it
+    _assert_bitwise(_load(tmp_path, "resume"), want)
+    # And the 4 workers' checkpoint (epoch 2) restores into one process.
+    _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "ckpt")), want)
+
+
+def test_bad_steps_are_refused_on_every_worker_and_change_nothing(tmp_path):
+    _assert_ran(_launch(2, tmp_path, list(cases.BAD_CASES) + ["sgd"]))
+    expected = {
+        "overflow": "Table 't1': a worker sends more ids to one worker than max_ids_per_worker=1 allows",
+        "bad_id": "Table 't1': ids must be in [0, 11)",
+        "bad_batch": "The workers' batch sizes differ",
+    }
+    for case, message in expected.items():
+        with open(os.path.join(tmp_path, f"{case}.txt")) as f:
+            text = f.read().replace("\\'", "'")
+        assert text.startswith("unchanged=True"), (case, text[:300])
+        assert message in text, (case, text[:2000])
+    # The job goes on after the refused steps: the next case trains as one process.
+    _assert_bitwise(_load(tmp_path, "sgd"), cases.reference("sgd"))
+
+
+def _tf_keras():
+    import keras
+    import tensorflow as tf
+
+    return tf, keras
+
+
+def test_the_launcher_runs_the_ctr_example_in_collective_mode():
+    command = [sys.executable, "-m", "tf_embed_ops.distribute.launch", "--workers", "2", "--collective", "--"]
+    command += [sys.executable, "-m", "tf_embed_ops.examples.ctr", "--collective", "--smoke"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=_ROOT)
+    result = subprocess.run(command, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "== collective: 2 workers, global batch 256 (7 steps per epoch)" in result.stdout, result.stdout
+    assert "exchange_bytes:" in result.stdout  # worker 0's epoch line
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("train AUC")]
+    assert 0.5 < float(line.split()[5]) <= 1.0  # the test AUC of the trained model
