@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -90,3 +91,42 @@ def test_a_missing_api_of_a_newer_minor_is_named_with_that_minor(monkeypatch):
     assert _tf_compat.missing_api(ValueError("'SparseCoreEmbeddingConfig'")) is None
     monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
     assert _tf_compat.missing_api(error) is None  # on a minor that has it, it is a real bug
+
+
+@pytest.mark.parametrize("value", [0.0, -3.5, np.inf, -np.inf, np.nan], ids=["zero", "finite", "inf", "-inf", "nan"])
+def test_zero_depending_on_is_an_exact_zero_for_every_value(value):
+    for fn in (_tf_compat.zero_depending_on, tf.function(_tf_compat.zero_depending_on)):
+        out = fn(tf.constant([value, 1.0], tf.float32))
+        assert out.dtype == tf.float32
+        np.testing.assert_array_equal(out.numpy(), [0.0, 0.0])
+        assert not np.signbit(out.numpy()).any()
+
+
+def test_a_restore_calls_the_checkpoint_adapter_hook_first_on_every_minor(tmp_path):
+    """`_checkpoint_adapter(path)` (TensorFlow 2.17's hook, added to 2.16's restore by _tf_compat) runs before any
+    child is restored, so a refusal there leaves every variable as it was."""
+
+    class Guarded(tf.Module):
+        def __init__(self, refuse):
+            super().__init__()
+            self.refuse, self.seen = refuse, []
+            self.a, self.b = tf.Variable(1.0), tf.Variable(2.0)
+
+        def _checkpoint_adapter(self, path):
+            self.seen.append((path, self.a.numpy(), self.b.numpy()))
+            if self.refuse:
+                raise ValueError("refused")
+            return None
+
+    source = Guarded(refuse=False)
+    source.a.assign(10.0)
+    source.b.assign(20.0)
+    path = tf.train.Checkpoint(m=source).write(str(tmp_path / "ckpt"))
+    target = Guarded(refuse=True)
+    with pytest.raises(ValueError, match="refused"):
+        tf.train.Checkpoint(m=target).read(path)
+    assert (target.a.numpy(), target.b.numpy()) == (1.0, 2.0)
+    assert [(p, a, b) for p, a, b in target.seen] == [(path, 1.0, 2.0)]
+    accepted = Guarded(refuse=False)
+    tf.train.Checkpoint(m=accepted).read(path).assert_consumed()
+    assert (accepted.a.numpy(), accepted.b.numpy()) == (10.0, 20.0) and len(accepted.seen) == 1

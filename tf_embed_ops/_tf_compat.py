@@ -45,6 +45,12 @@ from tensorflow.python.autograph.core import config_lib as autograph_config_lib
 # (tf_embed_ops/dynamic/checkpoint_check.py). (TF 2.9 - 2.21: tensorflow/python/checkpoint/checkpoint.py.)
 from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
 
+# The restore's walk over a checkpoint's object graph: TensorFlow 2.17 added the `Trackable._checkpoint_adapter(path)`
+# hook to it (called when a restore reaches an object, before any child of it is restored), through which our
+# embeddings and tables check a whole restore before any table is written; `checkpoint_adapter_hook` adds the same
+# call to 2.16's walk. (TF 2.16 - 2.21: tensorflow/python/checkpoint/restore.py.)
+from tensorflow.python.checkpoint import restore as restore_lib
+
 # Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
@@ -91,6 +97,7 @@ __all__ = [
     "ShardedVariable",
     "UninitializedVariable",
     "add_tracked_variable",
+    "checkpoint_adapter_hook",
     "create_slots",
     "escape_local_name",
     "exclude_from_autograph",
@@ -115,6 +122,7 @@ __all__ = [
     "track_child",
     "write_saved_model_fingerprint",
     "yield_flat_paths",
+    "zero_depending_on",
 ]
 
 # (major, minor) of the running TensorFlow, for the version differences below.
@@ -161,6 +169,20 @@ def table_config_dtype_kwargs(dtype: Any) -> dict:
     if tf.as_dtype(dtype) != tf.float32:
         require_tensorflow(_TABLE_CONFIG_DTYPE, f"TableConfig(dtype={tf.as_dtype(dtype).name})")
     return {}
+
+
+def zero_depending_on(value: tf.Tensor) -> tf.Tensor:
+    """An exact float32 zero of `value`'s shape that depends on `value` by data, and that Grappler cannot fold.
+
+    The Keras trigger's gradient (update_trigger.py) is such a zero computed from a value read after the table
+    update, so that the update is a data dependency of what Keras applies. TensorFlow 2.16's Grappler folds
+    `multiply_no_nan(value, 0)` into a constant (constant folding), after which the dependency optimizer drops the
+    update from Keras' compiled train step: fit then trained no table, silently. 2.17 and later keep it. A
+    comparison of `value` with itself is data no minor's Grappler folds: `value != value` and `value == value` are
+    never both true (NaN or not), so the result is 0 for every value, inf and NaN included.
+    """
+    value = tf.convert_to_tensor(value)
+    return tf.cast(tf.math.logical_and(tf.math.not_equal(value, value), tf.math.equal(value, value)), tf.float32)
 
 
 # Public TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that
@@ -304,3 +326,32 @@ def on_unreadable_checkpoint(handler: Callable[[str, Any, Exception], None]) -> 
 
     restore.tf_embed_ops_wrapped = True
     saver.restore = restore
+
+
+# `Trackable._checkpoint_adapter(path)`, TensorFlow's hook before a restore reaches an object's children, came with
+# TensorFlow 2.17 (`restore._maybe_get_adapter`). On 2.16 the restore's walk (`_queue_children_for_restoration`)
+# gets the same call, at the same place and from a frame with the same local (`checkpoint_position`, which
+# `dynamic.checkpoint_check.calling_position` reads), so a refused restore changes no table on every supported minor.
+# Only objects that define the hook are called (2.16's Trackable has none); what it returns is ignored, as ours
+# return None (no resharding, which 2.16 cannot do).
+def checkpoint_adapter_hook() -> None:
+    """Makes TensorFlow 2.16's restore call `_checkpoint_adapter` as 2.17 and later do (idempotent; nothing to do
+    on 2.17 and later)."""
+    if hasattr(restore_lib, "_maybe_get_adapter") or getattr(
+        restore_lib._queue_children_for_restoration, "tf_embed_ops_wrapped", False
+    ):
+        return
+    original = restore_lib._queue_children_for_restoration
+
+    @functools.wraps(original)
+    def queue_children(checkpoint_position: Any, visit_queue: Any) -> Any:
+        hook = getattr(checkpoint_position.trackable, "_checkpoint_adapter", None)
+        if hook is not None:
+            hook(checkpoint_position.checkpoint.save_path_string)
+        return original(checkpoint_position, visit_queue)
+
+    queue_children.tf_embed_ops_wrapped = True
+    restore_lib._queue_children_for_restoration = queue_children
+
+
+checkpoint_adapter_hook()
