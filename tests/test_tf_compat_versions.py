@@ -89,8 +89,16 @@ def test_a_missing_api_of_a_newer_minor_is_named_with_that_minor(monkeypatch):
     assert _tf_compat.missing_api(error).startswith("SparseCoreEmbeddingConfig needs TensorFlow 2.17 or newer")
     assert _tf_compat.missing_api(AttributeError("no attribute 'something_else'")) is None
     assert _tf_compat.missing_api(ValueError("'SparseCoreEmbeddingConfig'")) is None
+    module = ImportError(
+        "cannot import name 'tpu_embedding_v3_checkpoint_adapter' from 'tensorflow.python.tpu' (/x/tpu/__init__.py)"
+    )
+    assert _tf_compat.missing_api(module).startswith(
+        "tpu_embedding_v3_checkpoint_adapter needs TensorFlow 2.17 or newer"
+    )
+    assert _tf_compat.missing_api(ImportError("cannot import name 'tpu_embedding_v9'")) is None
     monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
     assert _tf_compat.missing_api(error) is None  # on a minor that has it, it is a real bug
+    assert _tf_compat.missing_api(module) is None
 
 
 @pytest.mark.parametrize("value", [0.0, -3.5, np.inf, -np.inf, np.nan], ids=["zero", "finite", "inf", "-inf", "nan"])

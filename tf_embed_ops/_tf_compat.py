@@ -185,17 +185,20 @@ def zero_depending_on(value: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.math.logical_and(tf.math.not_equal(value, value), tf.math.equal(value, value)), tf.float32)
 
 
-# Public TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that
-# added them: code reaching one on an older minor fails with AttributeError, which `missing_api` recognises.
+# TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that added
+# them: code reaching one on an older minor fails with AttributeError (a public name) or ImportError (a module),
+# which `missing_api` recognises.
 ADDED_IN: dict[str, tuple[int, int]] = {
     "SparseCoreEmbeddingConfig": (2, 17),  # tf.tpu.experimental.embedding: TPUEmbeddingV2's SparseCore options
+    # tensorflow.python.tpu: TensorFlow's SparseCore checkpoint resharding, which TPUEmbeddingV2's tests compare with
+    "tpu_embedding_v3_checkpoint_adapter": (2, 17),
 }
 
 
 def missing_api(error: BaseException) -> str | None:
-    """For an AttributeError naming a TensorFlow API the running minor does not have yet (ADDED_IN), the reason to
-    give (which name, which minor it needs); None for any other error."""
-    if not isinstance(error, AttributeError):
+    """For an AttributeError or ImportError naming a TensorFlow API the running minor does not have yet (ADDED_IN),
+    the reason to give (which name, which minor it needs); None for any other error."""
+    if not isinstance(error, (AttributeError, ImportError)):
         return None
     for name, minimum in ADDED_IN.items():
         if f"'{name}'" in str(error) and TENSORFLOW_MINOR < minimum:
