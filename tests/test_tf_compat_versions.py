@@ -96,9 +96,14 @@ def test_a_missing_api_of_a_newer_minor_is_named_with_that_minor(monkeypatch):
         "tpu_embedding_v3_checkpoint_adapter needs TensorFlow 2.17 or newer"
     )
     assert _tf_compat.missing_api(ImportError("cannot import name 'tpu_embedding_v9'")) is None
+    field = AttributeError("frequency_aware_adagrad")  # protobuf's, for a field the message does not have
+    assert _tf_compat.missing_api(field).startswith("frequency_aware_adagrad needs TensorFlow 2.19 or newer")
+    assert _tf_compat.missing_api(AttributeError("frequency_aware_adagrad_v2")) is None
     monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
     assert _tf_compat.missing_api(error) is None  # on a minor that has it, it is a real bug
     assert _tf_compat.missing_api(module) is None
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 19))
+    assert _tf_compat.missing_api(field) is None
 
 
 @pytest.mark.parametrize("value", [0.0, -3.5, np.inf, -np.inf, np.nan], ids=["zero", "finite", "inf", "-inf", "nan"])
@@ -138,3 +143,12 @@ def test_a_restore_calls_the_checkpoint_adapter_hook_first_on_every_minor(tmp_pa
     accepted = Guarded(refuse=False)
     tf.train.Checkpoint(m=accepted).read(path).assert_consumed()
     assert (accepted.a.numpy(), accepted.b.numpy()) == (10.0, 20.0) and len(accepted.seen) == 1
+
+
+def test_require_reference_names_the_reference_and_the_minor_it_needs(monkeypatch):
+    name = "TensorFlow's TPUEmbeddingForServing lookup of a subset of the features"
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 20))
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=rf"^{name} needs TensorFlow 2\.21 or newer"):
+        _tf_compat.require_reference(name)
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 21))
+    _tf_compat.require_reference(name)

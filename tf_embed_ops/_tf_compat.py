@@ -114,6 +114,8 @@ __all__ = [
     "sparse_core_layout_pb2",
     "stack_sparse_core_tables",
     "clone_feature_config",
+    "REFERENCE_ADDED_IN",
+    "require_reference",
     "require_tensorflow",
     "TensorFlowVersionError",
     "tpu_embedding_v3_utils",
@@ -192,6 +194,8 @@ ADDED_IN: dict[str, tuple[int, int]] = {
     "SparseCoreEmbeddingConfig": (2, 17),  # tf.tpu.experimental.embedding: TPUEmbeddingV2's SparseCore options
     # tensorflow.python.tpu: TensorFlow's SparseCore checkpoint resharding, which TPUEmbeddingV2's tests compare with
     "tpu_embedding_v3_checkpoint_adapter": (2, 17),
+    # OptimizationParameters' field (protobuf's AttributeError is the bare field name): the optimizer's proto
+    "frequency_aware_adagrad": (2, 19),
 }
 
 
@@ -201,11 +205,27 @@ def missing_api(error: BaseException) -> str | None:
     if not isinstance(error, (AttributeError, ImportError)):
         return None
     for name, minimum in ADDED_IN.items():
-        if f"'{name}'" in str(error) and TENSORFLOW_MINOR < minimum:
+        if (f"'{name}'" in str(error) or str(error) == name) and TENSORFLOW_MINOR < minimum:
             return (
                 f"{name} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
             )
     return None
+
+
+# Behaviours of TensorFlow's own classes that tests compare ours with, and that came with a later minor. Our classes
+# have them on every supported minor; a test whose reference needs one calls `require_reference(name)` first, and is
+# reported as skipped (tests/conftest.py) on an older minor, with the minor named.
+REFERENCE_ADDED_IN: dict[str, tuple[int, int]] = {
+    # Before, TPUEmbeddingForServing looks up only the whole feature nest (nest's "don't have the same nested
+    # structure" for a part of it), so it cannot be the reference of a lookup of some of the features.
+    "TensorFlow's TPUEmbeddingForServing lookup of a subset of the features": (2, 21),
+}
+
+
+def require_reference(name: str) -> None:
+    """Raises TensorFlowVersionError when the running TensorFlow lacks the reference behaviour `name`
+    (REFERENCE_ADDED_IN), naming the minor that has it."""
+    require_tensorflow(REFERENCE_ADDED_IN[name], name)
 
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without

@@ -11,7 +11,7 @@ namespace {
 
 using SchedulingParams = tensorflow::thread::ThreadPool::SchedulingParams;
 
-// Whether the installed TensorFlow's SchedulingParams has the static Fixed(): TensorFlow 2.16 to 2.18 have only the
+// Whether the installed TensorFlow's SchedulingParams has the static Fixed(): TensorFlow 2.16 to 2.19 have only the
 // three-argument constructor, which the releases that added Fixed() deprecate. Detected from the header itself, so
 // no TensorFlow version number has to be right.
 template <typename P, typename = void>
