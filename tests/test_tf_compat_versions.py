@@ -20,13 +20,21 @@ def test_require_tensorflow_names_the_feature_and_the_minor_it_needs(monkeypatch
     _tf_compat.require_tensorflow((2, 16), "Frobnication")
 
 
-def test_table_config_dtype_on_2_16_is_float32_only(monkeypatch):
-    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 16))
+def test_table_config_dtype_before_2_20_is_float32_only(monkeypatch):
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 19))
     assert _tf_compat.table_config_dtype_kwargs(tf.float32) == {}
-    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"TableConfig\(dtype=int32\) needs TensorFlow 2\.17"):
+    with pytest.raises(_tf_compat.TensorFlowVersionError, match=r"TableConfig\(dtype=int32\) needs TensorFlow 2\.20"):
         _tf_compat.table_config_dtype_kwargs(tf.int32)
-    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 17))
+    monkeypatch.setattr(_tf_compat, "TENSORFLOW_MINOR", (2, 20))
     assert _tf_compat.table_config_dtype_kwargs(tf.int32) == {"dtype": tf.int32}
+
+
+def test_table_config_dtype_keyword_is_what_the_running_tensorflow_takes():
+    """Whatever the minor, the keyword table_config_dtype_kwargs gives is one TensorFlow's TableConfig accepts."""
+    table = tf.tpu.experimental.embedding.TableConfig(
+        8, 2, name="t", **_tf_compat.table_config_dtype_kwargs(tf.float32)
+    )
+    assert table.dtype == tf.float32
 
 
 def test_every_table_config_has_a_dtype():

@@ -12,7 +12,11 @@ from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as tf_adap
 from tensorflow.python.tpu import tpu_embedding_v3_utils as tf_utils
 
 import tf_embed_ops as te
+from tf_embed_ops import _tf_compat
 from tf_embed_ops.sparse_core import layout as layout_lib
+
+# TensorFlow's resharding functions this file compares with came with a later minor than the module (_tf_compat).
+TF_RESHARDING = "TensorFlow's SparseCore checkpoint resharding"
 
 emb_api = tf.tpu.experimental.embedding
 
@@ -45,6 +49,7 @@ def _random_fill(emb, seed=3):
 
 @pytest.mark.parametrize("num_replicas,num_sc_per_chip", TOPOLOGIES)
 def test_stacking_matches_tensorflows_resharding_both_ways(num_replicas, num_sc_per_chip):
+    _tf_compat.require_reference(TF_RESHARDING)
     emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
     emb.build()
     values = _random_fill(emb)
@@ -79,6 +84,7 @@ def test_stacking_matches_tensorflows_resharding_both_ways(num_replicas, num_sc_
 
 
 def _tensorflow_written_checkpoint(path, num_replicas, num_sc_per_chip, seed=9):
+    _tf_compat.require_reference(TF_RESHARDING)
     """A checkpoint as TPUEmbeddingV2 writes it, built with TensorFlow's stacker and resharding code only:
     `embedding/<stack>`, `embedding/<stack>/<slot>` and `embedding/_sparse_core_table_layouts`."""
     probe = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
@@ -125,6 +131,7 @@ def test_restores_a_tensorflow_sparsecore_checkpoint_bit_for_bit(
 
 @pytest.mark.parametrize("num_replicas,num_sc_per_chip", TOPOLOGIES)
 def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_path, num_replicas, num_sc_per_chip):
+    _tf_compat.require_reference(TF_RESHARDING)
     emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
     emb.build()
     values = _random_fill(emb, seed=4)

@@ -143,15 +143,15 @@ def require_tensorflow(minimum: tuple[int, int], feature: str) -> None:
         )
 
 
-# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.17; 2.16's tables are float32 only and
-# its TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
-_TABLE_CONFIG_DTYPE = (2, 17)
+# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.20; 2.16's to 2.19's tables are float32
+# only and their TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
+_TABLE_CONFIG_DTYPE = (2, 20)
 if TENSORFLOW_MINOR < _TABLE_CONFIG_DTYPE:
     tf.tpu.experimental.embedding.TableConfig.dtype = tf.float32
 
 
-# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by TableConfig then by slot name) came with
-# TensorFlow 2.17; on 2.16 the same dict is its `_variables`, which this property returns, so the serving class reads
+# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by table name then by slot name) came with
+# TensorFlow 2.21; before, the same dict is its `_variables`, which this property returns, so the serving class reads
 # the same on every supported minor (tests compare our tables with TensorFlow's through it).
 _serving_class = tf.tpu.experimental.embedding.TPUEmbeddingForServing
 if not hasattr(_serving_class, "variables"):
@@ -164,8 +164,8 @@ if not hasattr(_serving_class, "variables"):
 
 
 def table_config_dtype_kwargs(dtype: Any) -> dict:
-    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none on 2.16, where only float32 exists (another
-    dtype is refused there, naming the minor it needs)."""
+    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none before 2.20, where only float32 exists
+    (another dtype is refused there, naming the minor it needs)."""
     if TENSORFLOW_MINOR >= _TABLE_CONFIG_DTYPE:
         return {"dtype": dtype}
     if tf.as_dtype(dtype) != tf.float32:
@@ -179,7 +179,7 @@ def zero_depending_on(value: tf.Tensor) -> tf.Tensor:
     The Keras trigger's gradient (update_trigger.py) is such a zero computed from a value read after the table
     update, so that the update is a data dependency of what Keras applies. TensorFlow 2.16's Grappler folds
     `multiply_no_nan(value, 0)` into a constant (constant folding), after which the dependency optimizer drops the
-    update from Keras' compiled train step: fit then trained no table, silently. 2.17 and later keep it. A
+    update from Keras' compiled train step: fit then trained no table, silently (2.21's keeps it). A
     comparison of `value` with itself is data no minor's Grappler folds: `value != value` and `value == value` are
     never both true (NaN or not), so the result is 0 for every value, inf and NaN included.
     """
@@ -219,6 +219,9 @@ REFERENCE_ADDED_IN: dict[str, tuple[int, int]] = {
     # Before, TPUEmbeddingForServing looks up only the whole feature nest (nest's "don't have the same nested
     # structure" for a part of it), so it cannot be the reference of a lookup of some of the features.
     "TensorFlow's TPUEmbeddingForServing lookup of a subset of the features": (2, 21),
+    # tpu_embedding_v3_checkpoint_adapter's `_shard_from_cpu_to_sc` / `_unshard_from_sc_to_cpu`: TensorFlow's own
+    # resharding of a table into and out of its SparseCore stack, which TPUEmbeddingV2's checkpoint tests compare with.
+    "TensorFlow's SparseCore checkpoint resharding": (2, 19),
 }
 
 
