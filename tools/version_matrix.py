@@ -295,11 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(log_path, encoding="utf-8", errors="replace") as log:
                 tail = log.read().splitlines()[-80:]
             print(f"  the end of {log_path}:", *tail, sep="\n  ", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
-    if not args.no_table:
-        write_table(os.path.join(ROOT, "docs", "building.md"), rows)
+        # After each minor, so that an interrupted run keeps the rows it measured.
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=1)
+        if not args.no_table:
+            write_table(os.path.join(ROOT, "docs", "building.md"), {result["minor"]: rows[result["minor"]]})
     return 0 if all(r.get("status") == "pass" for r in results) else 1
 
 
