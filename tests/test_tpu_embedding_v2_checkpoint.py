@@ -129,6 +129,13 @@ def test_restores_a_tensorflow_sparsecore_checkpoint_bit_for_bit(
         np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value, err_msg=f"{name}/{slot}")
 
 
+def _tensorflow_unshard(stacked, layout):
+    """TensorFlow's SparseCore -> CPU conversion of one stacked value. Before TensorFlow 2.21 it takes the checkpoint's
+    values as a list (its reshard callback's argument), from 2.21 on the tensor."""
+    value = tf.constant(stacked)
+    return tf_adapter._unshard_from_sc_to_cpu(value if _tf_compat.TENSORFLOW_MINOR >= (2, 21) else [value], [layout])
+
+
 @pytest.mark.parametrize("num_replicas,num_sc_per_chip", TOPOLOGIES)
 def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_path, num_replicas, num_sc_per_chip):
     _tf_compat.require_reference(TF_RESHARDING)
@@ -145,7 +152,7 @@ def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_pa
             key = lay.stacked_table_name + ("" if slot == "parameters" else f".S{slot}")
             stacked = reader.get_tensor(f"embedding/{key}/.ATTRIBUTES/VARIABLE_VALUE")
             # TensorFlow's own SparseCore -> CPU conversion of what we wrote.
-            (table,) = tf_adapter._unshard_from_sc_to_cpu(tf.constant(stacked), [lay])
+            (table,) = _tensorflow_unshard(stacked, lay)
             np.testing.assert_array_equal(table.numpy(), values[(lay.table_name, slot)])
     # TensorFlow's serving class restores the tables from the stacked entries (it reads the layouts first).
     serving = emb_api.TPUEmbeddingForServing(_feature_config(optimizer=False), None)
