@@ -65,10 +65,11 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector):
-    """The same for a test module whose import fails on a TensorFlow API of a newer minor (_tf_compat.ADDED_IN)."""
+    """The same for a test module whose import fails on a TensorFlow API of a newer minor (_tf_compat.ADDED_IN): an
+    AttributeError (a public name) or an ImportError (a module)."""
     outcome = yield
     report = outcome.get_result()
-    if not report.failed or "AttributeError" not in str(report.longrepr):
+    if not report.failed or not any(e in str(report.longrepr) for e in ("AttributeError", "ImportError")):
         return
     from tf_embed_ops import _tf_compat  # pylint: disable=import-outside-toplevel
 

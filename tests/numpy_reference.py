@@ -29,6 +29,12 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
+def _power_f32(x, p: float) -> np.ndarray:
+    """x ** p of float32 x and p, correctly rounded to float32 (as C's powf), returned as float64."""
+    x32 = np.asarray(x, np.float32).astype(np.float64)
+    return np.power(x32, np.float64(np.float32(p))).astype(np.float32).astype(np.float64)
+
+
 def one_minus(b: float) -> float:
     """1 - b formed in float32, as the kernels (and TensorFlow's and the TPU's) compute it from a float32 b."""
     return float(np.float32(1.0) - np.float32(b))
@@ -272,10 +278,12 @@ def _optimizer_row(opt, lr, g, w, slots):
         l1, l2, beta = opt.get("l1", 0.0), opt.get("l2", 0.0), opt.get("beta", 0.0)
         # sigma is the difference of two nearly equal powers of the stored (float32) accumulator, and the
         # standard form divides it by lr: the engine's float32 rounding of each power (up to an ulp of
-        # sqrt(a), times 1/lr) is part of the update, so the reference forms both powers in float32 too.
+        # sqrt(a), times 1/lr) is part of the update, so the reference forms both powers in float32 too: each the
+        # float64 power of the float32 operands rounded once to float32, i.e. the correctly rounded float32 power
+        # (numpy's own float32 power is not, and differs between numpy versions by an ulp).
         a_new = (np.float32(a) + np.float32(g) * np.float32(g)).astype(np.float64)
-        pw_new = np.power(np.float32(a_new), np.float32(p)).astype(np.float64)
-        sigma = pw_new - np.power(np.float32(a), np.float32(p)).astype(np.float64)
+        pw_new = _power_f32(a_new, p)
+        sigma = pw_new - _power_f32(a, p)
         if opt.get("multiply_linear_by_lr", False):
             lin = lin + lr * g - sigma * w
             quad = pw_new + 2 * lr * l2 + beta

@@ -4,6 +4,7 @@ cannot encode is a config error, not a SystemError."""
 
 from __future__ import annotations
 
+import google.protobuf as protobuf
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -69,7 +70,10 @@ CRAFTED = {
 }
 
 # Refused by the C++ runtime itself although Python's skips it: the library follows C++ (load and the op agree).
+# (Python's parser skips it with protobuf 7, TensorFlow 2.21's; protobuf 4, TensorFlow 2.16's to 2.18's, refuses it
+# too.)
 CPP_STRICTER = {"field_number_zero_inside_an_unknown_group": bytes([0xA3, 0x06, 0x00, 0x00, 0xA4, 0x06])}
+PYTHON_SKIPS_CPP_STRICTER = int(protobuf.__version__.split(".")[0]) >= 7
 
 
 @pytest.mark.parametrize("name", sorted(CRAFTED))
@@ -84,7 +88,8 @@ def test_load_python_protobuf_and_the_op_agree_on_crafted_bytes(name):
 @pytest.mark.parametrize("name", sorted(CPP_STRICTER))
 def test_where_cpp_is_stricter_load_and_the_op_follow_it(name):
     data = _base() + CPP_STRICTER[name]
-    assert _python_accepts(data)
+    if PYTHON_SKIPS_CPP_STRICTER:
+        assert _python_accepts(data)
     assert not _load_accepts(data)
     assert not _op_accepts(data)
 

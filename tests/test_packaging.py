@@ -157,3 +157,24 @@ def test_version_matrix_table_replaces_the_rows_it_ran_and_keeps_the_others(tmp_
     assert table[1].startswith("| tensorflow-cpu 2.17.1 |") and "**the wheel build failed**" in table[1]
     assert table[2] == old_219
     assert lines[0] == "intro" and lines[-1] == "end"
+
+
+def test_version_matrix_counts_xfailed_tests_apart_from_skipped_ones(tmp_path):
+    """pytest's JUnit report writes an xfailed test as skipped (type pytest.xfail): the row names them apart."""
+    matrix = _module("version_matrix_junit_under_test", os.path.join(ROOT, "tools", "version_matrix.py"))
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest" errors="0" failures="1" skipped="3" tests="10" time="5.0">'
+        '<testcase name="a"><skipped type="pytest.xfail" message="by design"/></testcase>'
+        '<testcase name="b"><skipped type="pytest.skip" message="needs TensorFlow 2.17"/></testcase>'
+        '<testcase name="c"><skipped type="pytest.skip" message="needs TensorFlow 2.17"/></testcase>'
+        '<testcase name="d"><failure message="boom"/></testcase></testsuite></testsuites>'
+    )
+    counts = matrix.junit_counts(str(junit))
+    assert (counts["passed"], counts["failures"], counts["skipped"], counts["xfailed"]) == (6, 1, 3, 1)
+    result = dict(
+        counts, tensorflow="tensorflow-cpu 2.16.2", keras="3.15.1", wheel="w.whl", build_seconds=3, jobs=2, date="d"
+    )
+    result.update(status="fail (pytest exit 1)", test_wall_seconds=9)
+    assert "10 passed" not in matrix.row(result)
+    assert ": 6 passed, 1 failed, 2 skipped, 1 xfailed, 9 s (-n 2) |" in matrix.row(result)

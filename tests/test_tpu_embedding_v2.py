@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tf_embed_ops import _tf_compat
 
 emb_api = tf.tpu.experimental.embedding
 SC_CONFIG = emb_api.SparseCoreEmbeddingConfig(max_ids_per_chip_per_sample=64)
@@ -295,6 +296,9 @@ def test_weight_decay_is_not_implemented_as_in_tensorflow(optimizer):
     ],
 )
 def test_constructor_errors(table_kwargs, feature_kwargs, emb_kwargs, match):
+    if "dtype" in table_kwargs:  # TableConfig's dtype came with TensorFlow 2.20 (refused before, naming it)
+        others = {k: v for k, v in table_kwargs.items() if k != "dtype"}
+        table_kwargs = dict(others, **_tf_compat.table_config_dtype_kwargs(table_kwargs["dtype"]))
     table = emb_api.TableConfig(8, 2, name="t", **table_kwargs)
     fc = {"f": emb_api.FeatureConfig(table=table, **feature_kwargs)}
     with pytest.raises(ValueError, match=match):

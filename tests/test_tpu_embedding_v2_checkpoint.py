@@ -12,7 +12,11 @@ from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter as tf_adap
 from tensorflow.python.tpu import tpu_embedding_v3_utils as tf_utils
 
 import tf_embed_ops as te
+from tf_embed_ops import _tf_compat
 from tf_embed_ops.sparse_core import layout as layout_lib
+
+# TensorFlow's resharding functions this file compares with came with a later minor than the module (_tf_compat).
+TF_RESHARDING = "TensorFlow's SparseCore checkpoint resharding"
 
 emb_api = tf.tpu.experimental.embedding
 
@@ -45,6 +49,7 @@ def _random_fill(emb, seed=3):
 
 @pytest.mark.parametrize("num_replicas,num_sc_per_chip", TOPOLOGIES)
 def test_stacking_matches_tensorflows_resharding_both_ways(num_replicas, num_sc_per_chip):
+    _tf_compat.require_reference(TF_RESHARDING)
     emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
     emb.build()
     values = _random_fill(emb)
@@ -79,6 +84,7 @@ def test_stacking_matches_tensorflows_resharding_both_ways(num_replicas, num_sc_
 
 
 def _tensorflow_written_checkpoint(path, num_replicas, num_sc_per_chip, seed=9):
+    _tf_compat.require_reference(TF_RESHARDING)
     """A checkpoint as TPUEmbeddingV2 writes it, built with TensorFlow's stacker and resharding code only:
     `embedding/<stack>`, `embedding/<stack>/<slot>` and `embedding/_sparse_core_table_layouts`."""
     probe = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
@@ -123,8 +129,16 @@ def test_restores_a_tensorflow_sparsecore_checkpoint_bit_for_bit(
         np.testing.assert_array_equal(emb.variables[name][slot].numpy(), value, err_msg=f"{name}/{slot}")
 
 
+def _tensorflow_unshard(stacked, layout):
+    """TensorFlow's SparseCore -> CPU conversion of one stacked value. Before TensorFlow 2.21 it takes the checkpoint's
+    values as a list (its reshard callback's argument), from 2.21 on the tensor."""
+    value = tf.constant(stacked)
+    return tf_adapter._unshard_from_sc_to_cpu(value if _tf_compat.TENSORFLOW_MINOR >= (2, 21) else [value], [layout])
+
+
 @pytest.mark.parametrize("num_replicas,num_sc_per_chip", TOPOLOGIES)
 def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_path, num_replicas, num_sc_per_chip):
+    _tf_compat.require_reference(TF_RESHARDING)
     emb = te.TPUEmbeddingV2(_feature_config(), num_replicas=num_replicas, num_sc_per_chip=num_sc_per_chip)
     emb.build()
     values = _random_fill(emb, seed=4)
@@ -138,7 +152,7 @@ def test_written_checkpoint_is_tensorflows_layout_and_serving_restores_it(tmp_pa
             key = lay.stacked_table_name + ("" if slot == "parameters" else f".S{slot}")
             stacked = reader.get_tensor(f"embedding/{key}/.ATTRIBUTES/VARIABLE_VALUE")
             # TensorFlow's own SparseCore -> CPU conversion of what we wrote.
-            (table,) = tf_adapter._unshard_from_sc_to_cpu(tf.constant(stacked), [lay])
+            (table,) = _tensorflow_unshard(stacked, lay)
             np.testing.assert_array_equal(table.numpy(), values[(lay.table_name, slot)])
     # TensorFlow's serving class restores the tables from the stacked entries (it reads the layouts first).
     serving = emb_api.TPUEmbeddingForServing(_feature_config(optimizer=False), None)

@@ -45,6 +45,12 @@ from tensorflow.python.autograph.core import config_lib as autograph_config_lib
 # (tf_embed_ops/dynamic/checkpoint_check.py). (TF 2.9 - 2.21: tensorflow/python/checkpoint/checkpoint.py.)
 from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
 
+# The restore's walk over a checkpoint's object graph: TensorFlow 2.17 added the `Trackable._checkpoint_adapter(path)`
+# hook to it (called when a restore reaches an object, before any child of it is restored), through which our
+# embeddings and tables check a whole restore before any table is written; `checkpoint_adapter_hook` adds the same
+# call to 2.16's walk. (TF 2.16 - 2.21: tensorflow/python/checkpoint/restore.py.)
+from tensorflow.python.checkpoint import restore as restore_lib
+
 # Initializer classes TensorFlow's `TableConfig` and TPU optimizers use by default (`init_ops_v2.Constant`
 # with `support_partition=True`, which sharded slots need). (TF 2.0 - 2.21.)
 from tensorflow.python.ops import init_ops_v2
@@ -91,6 +97,7 @@ __all__ = [
     "ShardedVariable",
     "UninitializedVariable",
     "add_tracked_variable",
+    "checkpoint_adapter_hook",
     "create_slots",
     "escape_local_name",
     "exclude_from_autograph",
@@ -107,6 +114,8 @@ __all__ = [
     "sparse_core_layout_pb2",
     "stack_sparse_core_tables",
     "clone_feature_config",
+    "REFERENCE_ADDED_IN",
+    "require_reference",
     "require_tensorflow",
     "TensorFlowVersionError",
     "tpu_embedding_v3_utils",
@@ -115,6 +124,7 @@ __all__ = [
     "track_child",
     "write_saved_model_fingerprint",
     "yield_flat_paths",
+    "zero_depending_on",
 ]
 
 # (major, minor) of the running TensorFlow, for the version differences below.
@@ -133,15 +143,15 @@ def require_tensorflow(minimum: tuple[int, int], feature: str) -> None:
         )
 
 
-# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.17; 2.16's tables are float32 only and
-# its TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
-_TABLE_CONFIG_DTYPE = (2, 17)
+# `TableConfig(dtype=...)`, the table's value dtype, came with TensorFlow 2.20; 2.16's to 2.19's tables are float32
+# only and their TableConfig has no `dtype` attribute, which our code reads from every table (TensorFlow's own too).
+_TABLE_CONFIG_DTYPE = (2, 20)
 if TENSORFLOW_MINOR < _TABLE_CONFIG_DTYPE:
     tf.tpu.experimental.embedding.TableConfig.dtype = tf.float32
 
 
-# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by TableConfig then by slot name) came with
-# TensorFlow 2.17; on 2.16 the same dict is its `_variables`, which this property returns, so the serving class reads
+# TPUEmbeddingForServing's public `variables` (tables and slots, keyed by table name then by slot name) came with
+# TensorFlow 2.21; before, the same dict is its `_variables`, which this property returns, so the serving class reads
 # the same on every supported minor (tests compare our tables with TensorFlow's through it).
 _serving_class = tf.tpu.experimental.embedding.TPUEmbeddingForServing
 if not hasattr(_serving_class, "variables"):
@@ -154,8 +164,8 @@ if not hasattr(_serving_class, "variables"):
 
 
 def table_config_dtype_kwargs(dtype: Any) -> dict:
-    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none on 2.16, where only float32 exists (another
-    dtype is refused there, naming the minor it needs)."""
+    """The `dtype` keyword for TensorFlow's `TableConfig.__init__`: none before 2.20, where only float32 exists
+    (another dtype is refused there, naming the minor it needs)."""
     if TENSORFLOW_MINOR >= _TABLE_CONFIG_DTYPE:
         return {"dtype": dtype}
     if tf.as_dtype(dtype) != tf.float32:
@@ -163,24 +173,62 @@ def table_config_dtype_kwargs(dtype: Any) -> dict:
     return {}
 
 
-# Public TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that
-# added them: code reaching one on an older minor fails with AttributeError, which `missing_api` recognises.
+def zero_depending_on(value: tf.Tensor) -> tf.Tensor:
+    """An exact float32 zero of `value`'s shape that depends on `value` by data, and that Grappler cannot fold.
+
+    The Keras trigger's gradient (update_trigger.py) is such a zero computed from a value read after the table
+    update, so that the update is a data dependency of what Keras applies. TensorFlow 2.16's Grappler folds
+    `multiply_no_nan(value, 0)` into a constant (constant folding), after which the dependency optimizer drops the
+    update from Keras' compiled train step: fit then trained no table, silently (2.21's keeps it). A
+    comparison of `value` with itself is data no minor's Grappler folds: `value != value` and `value == value` are
+    never both true (NaN or not), so the result is 0 for every value, inf and NaN included.
+    """
+    value = tf.convert_to_tensor(value)
+    return tf.cast(tf.math.logical_and(tf.math.not_equal(value, value), tf.math.equal(value, value)), tf.float32)
+
+
+# TensorFlow names our features (and their tests) use that older supported minors lack, with the minor that added
+# them: code reaching one on an older minor fails with AttributeError (a public name) or ImportError (a module),
+# which `missing_api` recognises.
 ADDED_IN: dict[str, tuple[int, int]] = {
     "SparseCoreEmbeddingConfig": (2, 17),  # tf.tpu.experimental.embedding: TPUEmbeddingV2's SparseCore options
+    # tensorflow.python.tpu: TensorFlow's SparseCore checkpoint resharding, which TPUEmbeddingV2's tests compare with
+    "tpu_embedding_v3_checkpoint_adapter": (2, 17),
+    # OptimizationParameters' field (protobuf's AttributeError is the bare field name): the optimizer's proto
+    "frequency_aware_adagrad": (2, 19),
 }
 
 
 def missing_api(error: BaseException) -> str | None:
-    """For an AttributeError naming a TensorFlow API the running minor does not have yet (ADDED_IN), the reason to
-    give (which name, which minor it needs); None for any other error."""
-    if not isinstance(error, AttributeError):
+    """For an AttributeError or ImportError naming a TensorFlow API the running minor does not have yet (ADDED_IN),
+    the reason to give (which name, which minor it needs); None for any other error."""
+    if not isinstance(error, (AttributeError, ImportError)):
         return None
     for name, minimum in ADDED_IN.items():
-        if f"'{name}'" in str(error) and TENSORFLOW_MINOR < minimum:
+        if (f"'{name}'" in str(error) or str(error) == name) and TENSORFLOW_MINOR < minimum:
             return (
                 f"{name} needs TensorFlow {minimum[0]}.{minimum[1]} or newer; TensorFlow {tf.__version__} is installed"
             )
     return None
+
+
+# Behaviours of TensorFlow's own classes that tests compare ours with, and that came with a later minor. Our classes
+# have them on every supported minor; a test whose reference needs one calls `require_reference(name)` first, and is
+# reported as skipped (tests/conftest.py) on an older minor, with the minor named.
+REFERENCE_ADDED_IN: dict[str, tuple[int, int]] = {
+    # Before, TPUEmbeddingForServing looks up only the whole feature nest (nest's "don't have the same nested
+    # structure" for a part of it), so it cannot be the reference of a lookup of some of the features.
+    "TensorFlow's TPUEmbeddingForServing lookup of a subset of the features": (2, 21),
+    # tpu_embedding_v3_checkpoint_adapter's `_shard_from_cpu_to_sc` / `_unshard_from_sc_to_cpu`: TensorFlow's own
+    # resharding of a table into and out of its SparseCore stack, which TPUEmbeddingV2's checkpoint tests compare with.
+    "TensorFlow's SparseCore checkpoint resharding": (2, 19),
+}
+
+
+def require_reference(name: str) -> None:
+    """Raises TensorFlowVersionError when the running TensorFlow lacks the reference behaviour `name`
+    (REFERENCE_ADDED_IN), naming the minor that has it."""
+    require_tensorflow(REFERENCE_ADDED_IN[name], name)
 
 
 # The base of TensorFlow's own TPUEmbedding classes: attribute tracking for checkpoints and SavedModel, without
@@ -304,3 +352,32 @@ def on_unreadable_checkpoint(handler: Callable[[str, Any, Exception], None]) -> 
 
     restore.tf_embed_ops_wrapped = True
     saver.restore = restore
+
+
+# `Trackable._checkpoint_adapter(path)`, TensorFlow's hook before a restore reaches an object's children, came with
+# TensorFlow 2.17 (`restore._maybe_get_adapter`). On 2.16 the restore's walk (`_queue_children_for_restoration`)
+# gets the same call, at the same place and from a frame with the same local (`checkpoint_position`, which
+# `dynamic.checkpoint_check.calling_position` reads), so a refused restore changes no table on every supported minor.
+# Only objects that define the hook are called (2.16's Trackable has none); what it returns is ignored, as ours
+# return None (no resharding, which 2.16 cannot do).
+def checkpoint_adapter_hook() -> None:
+    """Makes TensorFlow 2.16's restore call `_checkpoint_adapter` as 2.17 and later do (idempotent; nothing to do
+    on 2.17 and later)."""
+    if hasattr(restore_lib, "_maybe_get_adapter") or getattr(
+        restore_lib._queue_children_for_restoration, "tf_embed_ops_wrapped", False
+    ):
+        return
+    original = restore_lib._queue_children_for_restoration
+
+    @functools.wraps(original)
+    def queue_children(checkpoint_position: Any, visit_queue: Any) -> Any:
+        hook = getattr(checkpoint_position.trackable, "_checkpoint_adapter", None)
+        if hook is not None:
+            hook(checkpoint_position.checkpoint.save_path_string)
+        return original(checkpoint_position, visit_queue)
+
+    queue_children.tf_embed_ops_wrapped = True
+    restore_lib._queue_children_for_restoration = queue_children
+
+
+checkpoint_adapter_hook()

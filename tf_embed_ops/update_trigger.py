@@ -3,9 +3,10 @@
 Keras' train step differentiates the loss only with respect to trainable weights, and the tables are not
 trainable (only the fused send op changes them). So a layer owns one trainable float32 scalar, the *trigger*:
 the lookup is made a function of it through `tf.custom_gradient`, and the trigger's gradient runs the update.
-That gradient is a zero computed from a value read *after* the update (`multiply_no_nan`: exactly 0 even when
-the value is inf or NaN), so the update is a data dependency of the gradient Keras applies; a bare zero behind
-a control edge is not enough (Grappler was measured to drop the edge in Keras' compiled train step with Adam).
+That gradient is a zero computed from a value read *after* the update (`_tf_compat.zero_depending_on`: exactly 0
+even when the value is inf or NaN, and not foldable by Grappler), so the update is a data dependency of the gradient
+Keras applies; a bare zero behind a control edge is not enough (Grappler was measured to drop the edge in Keras'
+compiled train step with Adam), nor is `multiply_no_nan(value, 0)` on TensorFlow 2.16 (folded to a constant).
 
 Every front end that trains inside Keras goes through `hang_update_on_trigger`: the static tables
 (`embedding_ops.embedding_lookup_and_update`), the dynamic tables (`dynamic.engine.DynamicGroup`) and the
@@ -18,6 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from tf_embed_ops import _tf_compat
 
 __all__ = ["hang_update_on_trigger", "probe_after"]
 
@@ -49,7 +52,7 @@ def hang_update_on_trigger(
                 tf.zeros_like(a) if g is None else tf.cast(g, tf.float32) for g, a in zip(upstream, acts, strict=False)
             ]
             probe = tf.cast(update(gradients), tf.float32)
-            return tf.zeros_like(trigger_value) + tf.math.multiply_no_nan(probe, tf.zeros([], tf.float32))
+            return tf.zeros_like(trigger_value) + _tf_compat.zero_depending_on(probe)
 
         return acts, grad
 

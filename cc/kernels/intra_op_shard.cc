@@ -1,24 +1,34 @@
 #include "cc/kernels/intra_op_shard.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/platform/threadpool.h"
-#include "tensorflow/core/public/version.h"
 
 namespace tf_embed_ops {
 namespace {
 
 using SchedulingParams = tensorflow::thread::ThreadPool::SchedulingParams;
 
-SchedulingParams FixedBlocks(int64_t block_size) {
-#if TF_MAJOR_VERSION == 2 && TF_MINOR_VERSION < 17
-  // TensorFlow 2.16 has only the three-argument constructor (2.17 added Fixed() and deprecated it).
-  return SchedulingParams(tensorflow::thread::ThreadPool::SchedulingStrategy::kFixedBlockSize, {}, block_size);
-#else
-  return SchedulingParams::Fixed(block_size);
-#endif
+// Whether the installed TensorFlow's SchedulingParams has the static Fixed(): TensorFlow 2.16 to 2.19 have only the
+// three-argument constructor, which the releases that added Fixed() deprecate. Detected from the header itself, so
+// no TensorFlow version number has to be right.
+template <typename P, typename = void>
+struct HasFixed : std::false_type {};
+template <typename P>
+struct HasFixed<P, std::void_t<decltype(P::Fixed(int64_t{1}))>> : std::true_type {};
+
+template <typename P>
+P FixedBlocksOf(int64_t block_size) {
+  if constexpr (HasFixed<P>::value) {
+    return P::Fixed(block_size);
+  } else {
+    return P(tensorflow::thread::ThreadPool::SchedulingStrategy::kFixedBlockSize, {}, block_size);
+  }
 }
+
+SchedulingParams FixedBlocks(int64_t block_size) { return FixedBlocksOf<SchedulingParams>(block_size); }
 
 }  // namespace
 
