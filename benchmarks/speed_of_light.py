@@ -107,7 +107,10 @@ def worker(wl: Workload, threads: int = 1, warmup: int = 3):
     binary = build()
     tmp = tempfile.mkdtemp(prefix="speed_of_light_serve_")
     _write_job(tmp, wl, list(OPTIMIZERS), "fp32", {"threads": threads, "warmup": warmup})
-    return Worker([binary, "--serve", tmp], label="speed_of_light", scratch=tmp)
+    # Passive waits: the worker's OpenMP pool must not spin between blocks while another engine runs (spinning
+    # threads on a shared 2-core machine slowed a 2-thread block 10-30x here).
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    return Worker([binary, "--serve", tmp], env=env, label="speed_of_light", scratch=tmp)
 
 
 def final_tables(wl: Workload, optimizer: str, init: list[np.ndarray], steps: int, storage: str = "fp32") -> list:
