@@ -496,7 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output directory (default: a new scratch directory)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
     p.add_argument("--groups", default="", help=f"comma-separated groups among {', '.join(GROUPS)}")
-    p.add_argument("--compare", nargs=2, metavar="JSON", help="run nothing: do two headline.json files agree?")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar="JSON",
+        help="run nothing: do two headline.json files agree within 15%% (with --out: also DIR/AGREEMENT.md)?",
+    )
     args = p.parse_args(argv)
     if args.compare:
         runs = []
@@ -504,7 +509,14 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, encoding="utf-8") as f:
                 runs.append(json.load(f))
         rows = compare(*runs)
-        print(compare_markdown(rows), end="")
+        text = compare_markdown(rows)
+        print(text, end="")
+        if args.out:
+            dates = " and ".join(r["meta"].get("date_utc", "?") + " UTC" for r in runs)
+            with open(os.path.join(args.out, "AGREEMENT.md"), "w", encoding="utf-8") as f:
+                f.write(f"# Two headline runs ({dates})\n\nA figure agrees when max / min - 1 <= {AGREEMENT:.0%}.\n\n")
+                f.write(text)
+            print("wrote", os.path.join(args.out, "AGREEMENT.md"))
         return 0 if all(r["agree"] is not False for r in rows) else 1
     groups = tuple(g for g in args.groups.split(",") if g) or GROUPS
     bad = [g for g in groups if g not in GROUPS]
@@ -530,7 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         log=lambda m: print(m, flush=True),
     )
     out = args.out or tempfile.mkdtemp(prefix="tf_embed_ops_headline_")
-    for path in write(result, out):
+    written = write(result, out)
+    from benchmarks import readme_speed
+
+    if os.path.realpath(out) == os.path.realpath(os.path.dirname(readme_speed.HEADLINE)) and not args.smoke:
+        written.append(readme_speed.update_readme())  # the README's speed paragraph quotes the committed run
+    for path in written:
         print("wrote", path)
     print(markdown(result))
     return 0

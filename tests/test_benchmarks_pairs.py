@@ -287,3 +287,35 @@ def test_two_runs_agree_within_fifteen_percent():
     assert rows["x"]["agree"] is True
     assert rows["y"]["agree"] is False and rows["y"]["apart"] == pytest.approx(0.2)
     assert "**no**" in headline.compare_markdown(list(rows.values()))
+
+
+def test_readme_sentence_quotes_the_headline_run_and_is_absent_without_one(tmp_path):
+    from benchmarks import readme_speed
+
+    run = {
+        "meta": {"date_utc": "2026-12-03 23:00:00"},
+        "headlines": [
+            {"key": "W1_sgd_sol", "median": 2.5, "n": 21, "status": "missed"},
+            {"key": "W1_adagrad_sol", "median": 1.2, "n": 21, "status": "met"},
+            {"key": "W1_sgd_fbgemm", "median": 1.45, "n": 19, "status": "met"},
+            {"key": "W1_adam_sol", "status": "not measured"},
+        ],
+    }
+    text = readme_speed.headline_sentence(run)
+    assert "run 2026-12-03 23:00 UTC, 19 pairs a figure" in text
+    assert "2.5x (SGD), 1.2x (Adagrad) and not measured (lazy Adam)" in text
+    assert "FBGEMM's SGD takes 1.45x ours on W1; 2 of its 3 targets are met." in text
+    assert readme_speed.committed_headline(str(tmp_path / "headline.json")) is None
+
+
+def test_compare_writes_the_agreement_table(tmp_path, capsys):
+    import json
+
+    for name, median in (("a", 1.0), ("b", 1.3)):
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"meta": {"date_utc": name}, "headlines": [{"key": "x", "label": "x", "median": median}]})
+        )
+    code = headline.main(["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path)])
+    assert code == 1  # 30% apart: the runs disagree
+    text = (tmp_path / "AGREEMENT.md").read_text()
+    assert "a UTC and b UTC" in text and "| x | 1 | 1.3 | 30.0% | **no** |" in text
