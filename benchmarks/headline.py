@@ -495,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 pairs: an end-to-end check")
     p.add_argument("--out", default=None, help="output directory (default: a new scratch directory)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
+    p.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM (its figures read 'not measured')")
     p.add_argument("--groups", default="", help=f"comma-separated groups among {', '.join(GROUPS)}")
     p.add_argument(
         "--compare",
@@ -532,12 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from benchmarks.peers import fbgemm
 
-    fb = fbgemm.find_python(args.fbgemm_python)
+    fb = None if args.no_fbgemm else fbgemm.find_python(args.fbgemm_python)
     result = run(
         pairs_per_ratio=2 if args.smoke else args.pairs,
         block_ms=args.block_ms,
         smoke=args.smoke,
-        fbgemm_python=fb if fbgemm.available(fb)[0] else None,
+        fbgemm_python=fb if fb is not None and fbgemm.available(fb)[0] else None,
         groups=groups,
         log=lambda m: print(m, flush=True),
     )
