@@ -13,6 +13,8 @@ Examples:
     python -m benchmarks --only tiered        # a table 10x its DRAM cache against the same table in memory
     python -m benchmarks --only ps_wire_bytes   # parameter-server bytes per step: measured and by formula
     python -m benchmarks --rerender benchmarks/results   # REPORT.md, plots, README again from its suite.json
+    python -m benchmarks --headline           # every target's ratio by interleaved pairs (about 5 minutes)
+    python -m benchmarks --headline --compare A/headline.json B/headline.json   # do two runs agree within 15%?
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def rerender(out: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--headline" in argv:  # its own options (benchmarks/headline.py)
+        from benchmarks import headline
+
+        return headline.main([a for a in argv if a != "--headline"])
     args = parse_args(argv)
     if args.rerender:
         for path in rerender(args.rerender):

@@ -12,6 +12,8 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, "benchmarks", "results", "REPORT.md")
+# The interleaved-pairs run (python -m benchmarks --headline --out benchmarks/results), when one is committed.
+HEADLINE = os.path.join(ROOT, "benchmarks", "results", "headline.json")
 README = os.path.join(ROOT, "README.md")
 BEGIN = "<!-- speed: generated from benchmarks/results/REPORT.md by benchmarks/readme_speed.py; do not edit -->"
 END = "<!-- /speed -->"
@@ -84,8 +86,38 @@ def paragraph(report_text: str) -> str:
     )
 
 
-def block(report_text: str) -> str:
-    return f"{BEGIN}\n{paragraph(report_text)}\n{END}"
+def headline_sentence(result: dict) -> str:
+    """The interleaved-pairs figures the paragraph quotes (benchmarks/headline.py's result)."""
+    by_key = {r["key"]: r for r in result["headlines"]}
+
+    def fig(key: str) -> str:
+        r = by_key.get(key, {})
+        return f"{r['median']:.3g}x" if "median" in r else "not measured"
+
+    measured = [r for r in result["headlines"] if "median" in r]
+    met = sum(1 for r in measured if r["status"] == "met")
+    pairs = min((r["n"] for r in measured), default=0)
+    return (
+        f"By interleaved pairs ([HEADLINE.md](benchmarks/results/HEADLINE.md), run {result['meta']['date_utc'][:16]} "
+        f"UTC, {pairs} pairs a figure): our W1 step takes {fig('W1_sgd_sol')} (SGD), {fig('W1_adagrad_sol')} "
+        f"(Adagrad) and {fig('W1_adam_sol')} (lazy Adam) the speed-of-light kernel's time; FBGEMM's SGD takes "
+        f"{fig('W1_sgd_fbgemm')} ours on W1; {met} of its {len(measured)} targets are met."
+    )
+
+
+def block(report_text: str, headline: dict | None = None) -> str:
+    text = paragraph(report_text) + ("" if headline is None else " " + headline_sentence(headline))
+    return f"{BEGIN}\n{text}\n{END}"
+
+
+def committed_headline(path: str = HEADLINE) -> dict | None:
+    """The committed headline.json, or None when none is committed."""
+    if not os.path.exists(path):
+        return None
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def current_block(readme_text: str) -> str:
@@ -98,7 +130,7 @@ def current_block(readme_text: str) -> str:
 def update_readme(readme: str = README, report: str = REPORT) -> str:
     """Rewrites the README's generated block from the report; returns the README's path."""
     with open(report, encoding="utf-8") as f:
-        new = block(f.read())
+        new = block(f.read(), committed_headline())
     with open(readme, encoding="utf-8") as f:
         text = f.read()
     text = text.replace(current_block(text), new)

@@ -27,6 +27,10 @@
 // Output: one JSON line {"results": {optimizer: {"block_ms": [...], "steps": n}}}. With check_steps > 0 it runs
 // that many steps per optimizer from the tables in init<t>.bin (float32) instead of timing, and writes
 // final_<optimizer>_<t>.bin (float32) for the suite's parity check.
+//
+// speed_of_light --serve JOB_DIR: a persistent worker (benchmarks/workers.py's protocol) on the job's ids, for
+// the interleaved pairs: "prepare NAME optimizer=sgd storage=fp32 threads=1 warmup=3" builds and warms one state,
+// "time NAME STEPS" runs STEPS steps and answers "seconds S", "drop NAME" frees it, "quit" ends.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -37,8 +41,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -456,14 +462,104 @@ double NowMs() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+void CheckTables(const Job& job) {
+  for (const Table& t : job.tables)
+    if (t.dim <= 0 || t.dim > 1024 || t.rows <= 0) Fail("table dims must be in [1, 1024] and rows > 0");
+}
+
+// One prepared state of the worker: its own tables and slots (so fp32 and bf16, or two optimizers, coexist).
+struct Served {
+  Job job;
+  int opt = 0;
+  int64_t step = 0;
+};
+
+int Serve(const std::string& dir) {
+  const Job base = ReadJob(dir);
+  CheckTables(base);
+  std::vector<std::pair<std::string, Served>> engines;
+  auto find = [&](const std::string& name) -> Served* {
+    for (auto& e : engines)
+      if (e.first == name) return &e.second;
+    return nullptr;
+  };
+  auto drop = [&](const std::string& name) {
+    engines.erase(std::remove_if(engines.begin(), engines.end(), [&](const auto& e) { return e.first == name; }),
+                  engines.end());
+  };
+  auto reply = [](const std::string& text) {
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  };
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream ls(line);
+    std::string cmd, name;
+    if (!(ls >> cmd)) continue;
+    if (cmd == "quit") return 0;
+    if (cmd == "prepare" && (ls >> name)) {
+      std::string opt_name = "sgd", storage = "fp32", word;
+      int threads = base.threads, warmup = base.warmup;
+      bool ok = true;
+      while (ls >> word) {
+        const size_t eq = word.find('=');
+        const std::string key = word.substr(0, eq), value = eq == std::string::npos ? "" : word.substr(eq + 1);
+        if (key == "optimizer")
+          opt_name = value;
+        else if (key == "storage")
+          storage = value;
+        else if (key == "threads")
+          threads = std::atoi(value.c_str());
+        else if (key == "warmup")
+          warmup = std::atoi(value.c_str());
+        else
+          ok = false;
+      }
+      if (!ok || (opt_name != "sgd" && opt_name != "adagrad" && opt_name != "adam") ||
+          (storage != "fp32" && storage != "bf16") || threads < 1) {
+        reply("error prepare " + name + ": expected optimizer=sgd|adagrad|adam storage=fp32|bf16 threads>=1 warmup=N");
+        continue;
+      }
+      drop(name);
+      Served s;
+      s.job = base;
+      s.job.bf16 = storage == "bf16";
+      s.job.threads = threads;
+      s.opt = opt_name == "sgd" ? 0 : (opt_name == "adagrad" ? 1 : 2);
+      ResetState(s.job, opt_name, dir);
+      for (int i = 0; i < warmup; ++i) Step(s.job, s.opt, s.step++);
+      engines.emplace_back(name, std::move(s));
+      reply("ok");
+    } else if (cmd == "time" && (ls >> name)) {
+      int steps = 0;
+      Served* s = find(name);
+      if (!(ls >> steps) || steps < 1 || s == nullptr) {
+        reply("error time " + name + ": unknown engine or steps < 1");
+        continue;
+      }
+      const double t0 = NowMs();
+      for (int i = 0; i < steps; ++i) Step(s->job, s->opt, s->step++);
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "seconds %.9f", (NowMs() - t0) / 1e3);
+      reply(buf);
+    } else if (cmd == "drop" && (ls >> name)) {
+      drop(name);
+      reply("ok");
+    } else {
+      reply("error unknown request: " + line);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) Fail("usage: speed_of_light JOB_DIR");
+  if (argc == 3 && std::string(argv[1]) == "--serve") return Serve(argv[2]);
+  if (argc != 2) Fail("usage: speed_of_light JOB_DIR | speed_of_light --serve JOB_DIR");
   const std::string dir = argv[1];
   Job job = ReadJob(dir);
-  for (const Table& t : job.tables)
-    if (t.dim <= 0 || t.dim > 1024 || t.rows <= 0) Fail("table dims must be in [1, 1024] and rows > 0");
+  CheckTables(job);
   std::string out = "{\"results\": {";
   for (size_t o = 0; o < job.optimizers.size(); ++o) {
     const std::string& name = job.optimizers[o];

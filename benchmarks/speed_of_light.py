@@ -96,6 +96,23 @@ def run(
     return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
 
 
+def worker(wl: Workload, threads: int = 1, warmup: int = 3):
+    """The kernel as a persistent worker on ``wl`` (``speed_of_light --serve``; ``benchmarks/workers.py``).
+
+    Engines are prepared with ``optimizer=``, ``storage=`` (fp32/bf16) and ``threads=``. The job directory is
+    removed when the worker is closed.
+    """
+    from benchmarks.workers import Worker
+
+    binary = build()
+    tmp = tempfile.mkdtemp(prefix="speed_of_light_serve_")
+    _write_job(tmp, wl, list(OPTIMIZERS), "fp32", {"threads": threads, "warmup": warmup})
+    # Passive waits: the worker's OpenMP pool must not spin between blocks while another engine runs (spinning
+    # threads on a shared 2-core machine slowed a 2-thread block 10-30x here).
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    return Worker([binary, "--serve", tmp], env=env, label="speed_of_light", scratch=tmp)
+
+
 def final_tables(wl: Workload, optimizer: str, init: list[np.ndarray], steps: int, storage: str = "fp32") -> list:
     """The tables after ``steps`` kernel steps from ``init`` (for the parity check against ours)."""
     _check([optimizer], storage)

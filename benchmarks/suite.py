@@ -59,7 +59,7 @@ class Options:
         return [o for o in candidates if not self.optimizers or o in self.optimizers]
 
 
-def _meta(opts: Options) -> dict:
+def host_meta(opts: Options) -> dict:
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -419,7 +419,7 @@ def bench_threads(opts: Options) -> list[dict]:
 
 def run(opts: Options, log=print) -> dict:
     """Runs the selected sections; returns {"meta", "bandwidth", "workloads", "runs", "accumulator", "peers"}."""
-    meta = _meta(opts)
+    meta = host_meta(opts)
     ok, why = ours.available()
     peers = {"ours": {"available": ok, "note": why}}
     fb_python = None

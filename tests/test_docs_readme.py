@@ -73,7 +73,7 @@ def test_the_virtual_environment_and_build_directory_are_ignored():
 def test_speed_paragraph_quotes_the_committed_report():
     """Regenerate with `python -c 'from benchmarks import readme_speed; readme_speed.update_readme()'`."""
     with open(readme_speed.REPORT, encoding="utf-8") as f:
-        expected = readme_speed.block(f.read())
+        expected = readme_speed.block(f.read(), readme_speed.committed_headline())
     assert readme_speed.current_block(_readme()) == expected
 
 
@@ -111,4 +111,4 @@ def test_update_readme_rewrites_only_the_generated_block(tmp_path):
     readme_speed.update_readme(str(readme), readme_speed.REPORT)
     text = readme.read_text(encoding="utf-8")
     with open(readme_speed.REPORT, encoding="utf-8") as f:
-        assert text == f"intro\n\n{readme_speed.block(f.read())}\n\noutro\n"
+        assert text == f"intro\n\n{readme_speed.block(f.read(), readme_speed.committed_headline())}\n\noutro\n"

@@ -112,40 +112,13 @@ def run(
     ``huge_pages`` sets THP_MEM_ALLOC_ENABLE=1 (PyTorch then advises 2 MiB pages for its large CPU tensors).
     ``weights_precision`` is FBGEMM's table storage ("fp32", or "fp16" for the low-precision comparison).
     """
-    kinds = {f.kind for f in wl.features}
-    pooling = "none" if kinds == {"sequence"} else wl.combiner
-    if "sequence" in kinds and len(kinds) > 1:
+    pooling = _pooling(wl)
+    if pooling is None:
         return {o: {"error": "FBGEMM cannot mix sequence and pooled features in one TBE"} for o in optimizers}
     with tempfile.TemporaryDirectory(prefix="fbgemm_job_") as tmp:
-        feats = []
-        for i, f in enumerate(wl.features):
-            np.save(os.path.join(tmp, f"ids{i}.npy"), f.ids)
-            off = None
-            if f.row_splits is not None and pooling != "none":
-                off = f"off{i}.npy"
-                np.save(os.path.join(tmp, off), f.row_splits)
-            feats.append({"table": f.table, "ids": f"ids{i}.npy", "offsets": off})
-        job = {
-            "tables": [{"rows": t.vocab, "dim": t.dim} for t in wl.tables],
-            "features": feats,
-            "pooling": pooling,
-            "optimizers": list(optimizers),
-            "learning_rate": 0.01,
-            "steps": steps,
-            "blocks": blocks,
-            "warmup": warmup,
-            "threads": threads,
-            "block_ms": block_ms,
-            "weights_precision": weights_precision,
-        }
-        path = os.path.join(tmp, "job.json")
-        with open(path, "w") as f:
-            json.dump(job, f)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        if omp_wait_policy:
-            env["OMP_WAIT_POLICY"] = omp_wait_policy
-        if huge_pages:
-            env["THP_MEM_ALLOC_ENABLE"] = "1"
+        settings = {"steps": steps, "blocks": blocks, "warmup": warmup, "threads": threads, "block_ms": block_ms}
+        path = _write_job(tmp, wl, pooling, {**settings, "optimizers": list(optimizers)}, weights_precision)
+        env = _env(threads, omp_wait_policy, huge_pages)
         proc = subprocess.run(
             [python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env, check=False
         )
@@ -153,3 +126,71 @@ def run(
         msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         return {o: {"error": f"fbgemm_peer.py failed: {msg[:300]}"} for o in optimizers}
     return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+
+
+def _pooling(wl: Workload) -> str | None:
+    """FBGEMM's pooling for the workload (none for sequence features), or None if it mixes the two."""
+    kinds = {f.kind for f in wl.features}
+    if "sequence" in kinds and len(kinds) > 1:
+        return None
+    return "none" if kinds == {"sequence"} else wl.combiner
+
+
+def _write_job(tmp: str, wl: Workload, pooling: str, settings: dict, weights_precision: str = "fp32") -> str:
+    """Writes the ids (.npy) and job.json of ``fbgemm_peer.py`` into ``tmp``; returns the job's path."""
+    feats = []
+    for i, f in enumerate(wl.features):
+        np.save(os.path.join(tmp, f"ids{i}.npy"), f.ids)
+        off = None
+        if f.row_splits is not None and pooling != "none":
+            off = f"off{i}.npy"
+            np.save(os.path.join(tmp, off), f.row_splits)
+        feats.append({"table": f.table, "ids": f"ids{i}.npy", "offsets": off})
+    job = {
+        "tables": [{"rows": t.vocab, "dim": t.dim} for t in wl.tables],
+        "features": feats,
+        "pooling": pooling,
+        "learning_rate": 0.01,
+        "weights_precision": weights_precision,
+        **settings,
+    }
+    path = os.path.join(tmp, "job.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    return path
+
+
+def _env(threads: int, omp_wait_policy: str | None, huge_pages: bool) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
+    if huge_pages:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    return env
+
+
+def worker(
+    python: str,
+    wl: Workload,
+    threads: int = 1,
+    warmup: int = 3,
+    omp_wait_policy: str | None = None,
+    huge_pages: bool = False,
+):
+    """FBGEMM as a persistent worker on ``wl`` (``fbgemm_peer.py --serve``; ``benchmarks/workers.py``).
+
+    Engines are prepared with ``optimizer=`` (sgd, adagrad, rowwise_adagrad) and ``precision=`` (fp32, fp16).
+    Raises ValueError for a workload FBGEMM cannot run in one TBE.
+    """
+    from benchmarks.workers import Worker
+
+    pooling = _pooling(wl)
+    if pooling is None:
+        raise ValueError(f"workload {wl.name}: FBGEMM cannot mix sequence and pooled features in one TBE")
+    tmp = tempfile.mkdtemp(prefix="fbgemm_serve_")
+    path = _write_job(tmp, wl, pooling, {"threads": threads, "warmup": warmup})
+    env = _env(threads, omp_wait_policy, huge_pages)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_PEER)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    label = "fbgemm" + (" (huge pages)" if huge_pages else "")
+    return Worker([python, _PEER, "--serve", path], env=env, label=label, scratch=tmp)

@@ -57,6 +57,13 @@ def _build(tables, features, optimizer, learning_rate, pooling, torch, tbe_mod, 
     )
 
 
+def _build_job(job: dict, optimizer: str, precision: str, torch, tbe_mod, cfg):
+    """``_build`` with the job's tables, features, learning rate and pooling."""
+    pooling = job.get("pooling", "sum")
+    lr = job.get("learning_rate", 0.01)
+    return _build(job["tables"], job["features"], optimizer, lr, pooling, torch, tbe_mod, cfg, precision)
+
+
 def _inputs(features, base_dir, torch):
     """Concatenates the per-feature (ids, offsets) into TBE's flat layout: features major, then samples."""
     all_ids, all_offsets, last = [], [0], 0
@@ -104,7 +111,8 @@ def _time(emb, ids, offsets, job: dict) -> dict:
     return {"block_ms": blocks, "steps": steps}
 
 
-def run(job: dict, base_dir: str) -> dict:
+def _setup(job: dict, base_dir: str):
+    """Imports FBGEMM (names across its releases), sets the threads and seed; returns (modules, ids, offsets)."""
     import fbgemm_gpu  # registers the ops
     import torch
     from fbgemm_gpu import split_embedding_configs as cfg
@@ -121,9 +129,13 @@ def run(job: dict, base_dir: str) -> dict:
 
     torch.set_num_threads(int(job.get("threads", 1)))
     torch.manual_seed(0)
-    ids, offsets, batch = _inputs(job["features"], base_dir, torch)
+    ids, offsets, _ = _inputs(job["features"], base_dir, torch)
+    return (fbgemm_gpu, torch, cfg, tbe_mod), ids, offsets
+
+
+def run(job: dict, base_dir: str) -> dict:
+    (fbgemm_gpu, torch, cfg, tbe_mod), ids, offsets = _setup(job, base_dir)
     dims = [job["tables"][f["table"]]["dim"] for f in job["features"]]
-    pooling = job.get("pooling", "sum")
     out = {
         "peer": "fbgemm",
         "torch": torch.__version__,
@@ -136,17 +148,7 @@ def run(job: dict, base_dir: str) -> dict:
             out["results"][opt] = {"error": f"no FBGEMM equivalent of optimizer {opt!r}"}
             continue
         try:
-            emb = _build(
-                job["tables"],
-                job["features"],
-                opt,
-                job.get("learning_rate", 0.01),
-                pooling,
-                torch,
-                tbe_mod,
-                cfg,
-                job.get("weights_precision", "fp32"),
-            )
+            emb = _build_job(job, opt, job.get("weights_precision", "fp32"), torch, tbe_mod, cfg)
             out["results"][opt] = {**_time(emb, ids, offsets, job), "optim_type": _OPTIMIZERS[opt], "out_dims": dims}
             del emb
         except Exception as e:  # reported per optimizer: FBGEMM lacks some CPU kernels
@@ -154,9 +156,40 @@ def run(job: dict, base_dir: str) -> dict:
     return out
 
 
+def serve(job: dict, base_dir: str) -> None:
+    """A persistent worker (benchmarks/workers.py's protocol) on the job's ids, for the interleaved pairs.
+
+    ``prepare NAME optimizer=sgd precision=fp32`` builds one TBE and warms it (``job["warmup"]`` steps); ``time
+    NAME STEPS`` runs forward + backward STEPS times.
+    """
+    from benchmarks import workers
+
+    (_, torch, cfg, tbe_mod), ids, offsets = _setup(job, base_dir)
+
+    def make(name: str, params: dict):
+        opt = params.get("optimizer", name)
+        if opt not in _OPTIMIZERS:
+            raise ValueError(f"optimizer: no FBGEMM equivalent of {opt!r}; expected one of {sorted(_OPTIMIZERS)}")
+        emb = _build_job(job, opt, params.get("precision", "fp32"), torch, tbe_mod, cfg)
+        grad = torch.randn_like(emb(ids, offsets)) * 1e-3
+
+        def step():
+            emb(ids, offsets).backward(grad)
+
+        for _ in range(int(job.get("warmup", 3))):
+            step()
+        return step
+
+    workers.serve(sys.stdin, sys.stdout, make)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--serve":
+        with open(argv[2]) as f:
+            serve(json.load(f), os.path.dirname(os.path.abspath(argv[2])))
+        return 0
     if len(argv) != 2:
-        print("usage: fbgemm_peer.py JOB.json", file=sys.stderr)
+        print("usage: fbgemm_peer.py JOB.json | fbgemm_peer.py --serve JOB.json", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         job = json.load(f)

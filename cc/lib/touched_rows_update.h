@@ -9,6 +9,7 @@
 #include "cc/lib/dynamic_table_update.h"  // UpdatesAllRows(TableOptimization), written once there
 #include "cc/lib/embedding_config.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/prefetch.h"
 #include "cc/lib/touched_rows.h"
 
 namespace tf_embed_ops {
@@ -19,7 +20,14 @@ inline void MarkUpdatedRows(const RowGradientPlan& plan, bool all_rows, TouchedR
     touched->MarkAll();
     return;
   }
-  for (int64_t u = 0; u < plan.num_rows(); ++u) touched->Mark(plan.row(u));
+  // One store per row, each to a random line of the stamps (4 bytes a row): the lines kAhead rows ahead
+  // are requested first so the misses overlap instead of queueing behind each store.
+  constexpr int64_t kAhead = 4 * kPrefetchDistance;
+  const int64_t n = plan.num_rows();
+  for (int64_t u = 0; u < n; ++u) {
+    if (u + kAhead < n) PrefetchLine(touched->StampAddress(plan.row(u + kAhead)));
+    touched->Mark(plan.row(u));
+  }
 }
 
 }  // namespace tf_embed_ops

@@ -32,6 +32,19 @@ TEST(TouchedRows, ReportsRowsMarkedAfterEachConsumersVersion) {
   EXPECT_TRUE(t.Since(t.version() + 1, 100).full);  // never given out
 }
 
+TEST(TouchedRows, StampAddressIsTheStampMarkWrites) {
+  // Rows in two chunks: the address must follow the chunked layout, not row * 4 from one base.
+  const int64_t rows = (int64_t{1} << TouchedRows::kLog2RowsPerChunk) + 10;
+  TouchedRows t(rows);
+  t.BeginUpdate();
+  for (int64_t row : {int64_t{0}, int64_t{5}, rows - 1}) {
+    EXPECT_EQ(*static_cast<const uint32_t*>(t.StampAddress(row)), 0u);
+    t.Mark(row);
+    EXPECT_NE(*static_cast<const uint32_t*>(t.StampAddress(row)), 0u);
+  }
+  EXPECT_EQ(*static_cast<const uint32_t*>(t.StampAddress(6)), 0u);
+}
+
 TEST(TouchedRows, MarkAllIsFullForOlderVersionsOnly) {
   TouchedRows t(10);
   const int64_t v = t.version();

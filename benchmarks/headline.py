@@ -1,0 +1,558 @@
+"""The headline ratios, measured by interleaved pairs (``benchmarks/pairs.py``) in a bounded time.
+
+Every ratio the speed targets name (ours against the speed-of-light kernel, FBGEMM, our own fp32 / static /
+untracked / one-thread step) is measured here with each peer's blocks next to ours in time: the out-of-process
+engines (FBGEMM, the kernel, ours at two threads) as persistent workers (``benchmarks/workers.py``), the others in
+this process. Each figure is the median of its per-pair ratios, with their interquartile range and the number of
+pairs; a ceiling (what the kernel shows possible for that target) is a ratio of pair ratios of the same rounds.
+
+One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built once,
+timed in rounds (``pairs.run_pairs``), freed before the next group. About 5 minutes on 2 cores.
+
+Usage (also ``python -m benchmarks --headline``):
+    python -m benchmarks.headline [--pairs 21] [--block-ms 60] [--out DIR] [--fbgemm-python PY] [--smoke]
+    python -m benchmarks.headline --compare RUN_A/headline.json RUN_B/headline.json   # do two runs agree?
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import sys
+import time
+
+from benchmarks import pairs
+
+AGREEMENT = 0.15  # two runs of the headline agree when every figure is within 15% (max / min - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """One headline ratio: ``num`` engine's ms / ``den`` engine's ms in ``group`` ("base" = the group's ours).
+
+    ``op``/``limit`` the target; ``ceiling`` = (num, den) of the same ratio for the kernel's engines (what the
+    speed-of-light kernel shows possible), or a number, or None (the kernel lacks the step).
+    An engine name ending in ``*`` is the best (lowest median) of the engines with that prefix (FBGEMM with and
+    without huge pages: the faster of the settings a PyTorch user could pick).
+    """
+
+    key: str
+    label: str
+    group: str
+    num: str
+    den: str
+    op: str
+    limit: float
+    ceiling: tuple[str, str] | float | None = None
+    note: str = ""
+
+
+# The issue's targets, each as a ratio of interleaved pairs.
+HEADLINES: tuple[Headline, ...] = (
+    *(
+        Headline(
+            f"{w}_{o}_sol",
+            f"{w} {lab}: ours / speed-of-light kernel",
+            f"{w}:{o}",
+            "base",
+            "sol",
+            "<=",
+            1.25,
+            1.0,
+        )
+        for w in ("W1", "W4")
+        for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"), ("adam", "lazy Adam"))
+    ),
+    *(
+        Headline(
+            f"{w}_sgd_fbgemm",
+            f"{w} SGD: FBGEMM EXACT_SGD / ours",
+            f"{w}:sgd",
+            "fbgemm*",
+            "base",
+            ">=",
+            1.3,
+            ("fbgemm*", "sol"),
+        )
+        for w in ("W1", "W2", "W4")
+    ),
+    Headline(
+        "W1_adagrad_fbgemm",
+        "W1 Adagrad: FBGEMM EXACT_ADAGRAD / ours",
+        "W1:adagrad",
+        "fbgemm*",
+        "base",
+        ">=",
+        2.5,
+        ("fbgemm*", "sol"),
+    ),
+    Headline(
+        "W1_rowwise_fbgemm",
+        "W1 row-wise Adagrad: FBGEMM EXACT_ROWWISE_ADAGRAD / ours",
+        "W1:rowwise_adagrad",
+        "fbgemm*",
+        "base",
+        ">=",
+        1.0,
+        ("fbgemm*", "sol"),
+        "ceiling: FBGEMM over the kernel's SGD step (the kernel has no row-wise Adagrad; SGD's work is a lower bound)",
+    ),
+    *(
+        Headline(
+            f"W1_{o}_bf16",
+            f"W1 {lab}: bf16 step / fp32 step (stochastic rounding)",
+            f"W1:{o}",
+            "bf16",
+            "base",
+            "<=",
+            0.9,
+            ("sol_bf16", "sol"),
+        )
+        for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"), ("adam", "lazy Adam"))
+    ),
+    *(
+        Headline(
+            f"W1_{o}_dynamic",
+            f"W1 {lab}: dynamic step / static step",
+            f"W1:{o}",
+            "dynamic",
+            "base",
+            "<=",
+            1.3,
+            None,
+            "a dynamic step adds one hash probe per distinct key to the static step's work",
+        )
+        for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"))
+    ),
+    Headline("W1_lookup_dynamic", "W1 lookup: dynamic / static", "W1:lookup", "dynamic", "base", "<=", 1.2),
+    Headline("W1_lookup_tf", "W1 lookup: tf.nn.embedding_lookup / ours", "W1:lookup", "tf_lookup", "base", ">=", 2.0),
+    Headline("W1_tracking", "W1 Adagrad: tracked step / untracked step", "W1:adagrad", "tracked", "base", "<=", 1.02),
+    *(
+        Headline(
+            f"{w}_{o}_threads",
+            f"{w} {lab}: 1 thread / 2 threads",
+            f"{w}:{o}",
+            "base",
+            "ours_2t",
+            ">=",
+            1.6,
+            ("sol", "sol_2t"),
+        )
+        for w in ("W1", "W4")
+        for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"), ("adam", "lazy Adam"))
+    ),
+)
+
+# The engines each group times against its base, by the headlines that read them (derived, so a new headline
+# needs no second list).
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(h.group for h in HEADLINES))
+
+
+def engines_of(group: str) -> list[str]:
+    """The engines ``group`` needs beside its base: every one a headline or ceiling of the group names."""
+    names: list[str] = []
+    for h in HEADLINES:
+        if h.group != group:
+            continue
+        for e in (h.num, h.den, *(h.ceiling if isinstance(h.ceiling, tuple) else ())):
+            variants = ["fbgemm", "fbgemm_hp"] if e == "fbgemm*" else [e]
+            names += [v for v in variants if v != "base" and v not in names]
+    return names
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+
+def _pick(group_res: dict, engine: str) -> tuple[str | None, list[float] | None]:
+    """(the engine's name, its pair ratios) in ``group_res``; ``base`` is 1 in every round; ``x*`` the best x."""
+    rounds = group_res.get("rounds", 0)
+    if engine == "base":
+        return "base", [1.0] * rounds
+    cands = [engine[:-1], engine[:-1] + "_hp"] if engine.endswith("*") else [engine]
+    live = [(c, group_res["engines"][c]["ratios"]) for c in cands if group_res["engines"].get(c, {}).get("ratios")]
+    if not live:
+        return None, None
+    return min(live, key=lambda cr: pairs.quantile(cr[1], 0.5))
+
+
+def evaluate(h: Headline, result: dict) -> dict:
+    """One headline's figure from a run's groups: stats of its per-round ratios, its ceiling, met / missed."""
+    g = result["groups"].get(h.group)
+    rec = {"key": h.key, "label": h.label, "target": f"{h.op} {h.limit:g}", "note": h.note}
+    if g is None or "error" in g:
+        rec["status"] = "not measured"
+        rec["why"] = (g or {}).get("error", "group not run")
+        return rec
+    num_name, num = _pick(g, h.num)
+    den_name, den = _pick(g, h.den)
+    if num is None or den is None:
+        missing = h.num if num is None else h.den
+        rec["status"] = "not measured"
+        rec["why"] = g["engines"].get(missing.rstrip("*"), {}).get("error", f"engine {missing} not measured")
+        return rec
+    rec["engines"] = [num_name, den_name]
+    rec.update(pairs.pair_stats(pairs.ratio_of_ratios(num, den)))
+    ok = rec["median"] <= h.limit if h.op == "<=" else rec["median"] >= h.limit
+    rec["status"] = "met" if ok else "missed"
+    if isinstance(h.ceiling, tuple):
+        cn, cnum = _pick(g, h.ceiling[0])
+        cd, cden = _pick(g, h.ceiling[1])
+        if cnum is not None and cden is not None:
+            c = pairs.pair_stats(pairs.ratio_of_ratios(cnum, cden))
+            rec["ceiling"] = {"median": c["median"], "q1": c["q1"], "q3": c["q3"], "n": c["n"], "engines": [cn, cd]}
+    elif isinstance(h.ceiling, float):
+        rec["ceiling"] = {"median": h.ceiling}
+    if rec["status"] == "missed" and "ceiling" in rec:
+        c = rec["ceiling"]["median"]
+        rec["above_ceiling"] = c > h.limit if h.op == "<=" else c < h.limit
+    return rec
+
+
+def compare(a: dict, b: dict, tolerance: float = AGREEMENT) -> list[dict]:
+    """Per headline measured in both runs: the two medians, how far apart, and whether within ``tolerance``."""
+    rows = []
+    bk = {r["key"]: r for r in b["headlines"]}
+    for ra in a["headlines"]:
+        rb = bk.get(ra["key"])
+        if rb is None or "median" not in ra or "median" not in rb:
+            rows.append({"key": ra["key"], "label": ra["label"], "agree": None})
+            continue
+        d = pairs.agreement(ra["median"], rb["median"])
+        rows.append(
+            {
+                "key": ra["key"],
+                "label": ra["label"],
+                "a": ra["median"],
+                "b": rb["median"],
+                "apart": d,
+                "agree": d <= tolerance,
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- engines
+
+
+def _local(step_fn, warmup: int):
+    for _ in range(warmup):
+        step_fn()
+    return pairs.LocalEngine(step_fn)
+
+
+class _Context:
+    """The workers of one run (started on first use, one per workload and setting) and the run's options."""
+
+    def __init__(self, smoke: bool, fbgemm_python: str | None, warmup: int):
+        self.smoke, self.fbgemm_python, self.warmup = smoke, fbgemm_python, warmup
+        self.workers: dict[tuple, object] = {}
+
+    def worker(self, key: tuple, start):
+        if key not in self.workers:
+            self.workers[key] = start()
+        return self.workers[key]
+
+    def close_workload(self, workload: str) -> None:
+        for key in [k for k in self.workers if k[1] == workload]:
+            self.workers.pop(key).close()
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+        self.workers.clear()
+
+
+def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context):
+    """Engine ``name`` of group ``workload:opt`` (local or a worker's), warmed."""
+    from benchmarks import ours
+    from benchmarks import speed_of_light as sol
+
+    w = ctx.warmup
+    kernel_opt = "sgd" if opt == "rowwise_adagrad" else opt
+    if name in ("sol", "sol_bf16", "sol_2t"):
+        worker = ctx.worker(("sol", workload), lambda: sol.worker(wl, warmup=w))
+        worker.prepare(
+            name,
+            optimizer=kernel_opt,
+            storage="bf16" if name == "sol_bf16" else "fp32",
+            threads=2 if name == "sol_2t" else 1,
+        )
+        return worker.engine(name)
+    if name in ("fbgemm", "fbgemm_hp"):
+        from benchmarks.peers import fbgemm
+
+        if ctx.fbgemm_python is None:
+            raise RuntimeError("FBGEMM absent: no interpreter with torch + fbgemm_gpu (--fbgemm-python)")
+        hp = name == "fbgemm_hp"
+        worker = ctx.worker((name, workload), lambda: fbgemm.worker(ctx.fbgemm_python, wl, warmup=w, huge_pages=hp))
+        worker.prepare(opt, optimizer=opt)
+        return worker.engine(opt)
+    if name == "ours_2t":
+        from benchmarks.workers import Worker
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        worker = ctx.worker(
+            ("ours_2t", "all"),
+            lambda: Worker(
+                [sys.executable, "-m", "benchmarks.ours_worker", "--threads", "2"], cwd=root, label="ours (2 threads)"
+            ),
+        )
+        worker.prepare(f"{workload}_{opt}", workload=workload, optimizer=opt, smoke=int(ctx.smoke), warmup=w)
+        return worker.engine(f"{workload}_{opt}")
+    if name == "bf16":
+        import tensorflow as tf
+
+        from benchmarks import low_precision_benchmark as lp
+
+        return _local(lp.fused_step(wl, opt, tf.bfloat16, "stochastic"), w)
+    if name == "tracked":
+        import tf_embed_ops as te
+
+        step = ours.fused_step(wl, opt)
+        step.keep = [te.ops.tf_embed_touched_rows_track(t.handle) for t in step.state[0]]
+        return _local(step, w)
+    if name == "dynamic":
+        from benchmarks import dynamic_benchmark as dyn
+
+        _, keys, vocab_keys = dyn.make_workload(ctx.smoke)
+        if opt == "lookup":
+            return _local(dyn.dynamic_lookup_step(wl, keys, vocab_keys), w)
+        return _local(dyn.dynamic_step(wl, keys, vocab_keys, opt), w)
+    if name == "tf_lookup":
+        from benchmarks.peers import tf_native as tn
+
+        return _local(tn.lookup_step(wl), w)
+    raise ValueError(f"engine: unknown {name!r}")
+
+
+def _base(workload: str, opt: str, wl, warmup: int):
+    from benchmarks import ours
+
+    if opt == "lookup":
+        return _local(ours.lookup_step(wl), warmup)
+    return _local(ours.fused_step(wl, opt), warmup)
+
+
+def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print) -> dict:
+    """Builds the group's engines, sizes their blocks, times ``rounds`` rounds; returns its record."""
+    from benchmarks import workloads as wls
+
+    workload, opt = group.split(":")
+    wl = wls.WORKLOADS[workload](smoke=ctx.smoke)
+    out: dict = {"workload": workload, "optimizer": opt, "engines": {}}
+    t0 = time.time()
+    try:
+        base = _base(workload, opt, wl, ctx.warmup)
+    except Exception as e:
+        return {**out, "error": f"ours: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    engines = {}
+    for name in engines_of(group):
+        try:
+            engines[name] = _build_engine(name, workload, opt, wl, ctx)
+        except Exception as e:  # an engine that cannot run is reported, the others still are
+            out["engines"][name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    steps = {"base": 1 if ctx.smoke else pairs.size_blocks(base, block_s, 0)}
+    for name, eng in list(engines.items()):
+        try:
+            steps[name] = 1 if ctx.smoke else pairs.size_blocks(eng, block_s, 0)
+        except Exception as e:
+            out["engines"][name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+            del engines[name]
+    try:
+        res = pairs.run_pairs(base, engines, steps, rounds)
+    finally:
+        for eng in engines.values():  # a worker's state goes with its group (the worker serves the next one)
+            if hasattr(eng, "worker"):
+                try:
+                    eng.worker.drop(eng.name)
+                except Exception:
+                    pass
+    out["rounds"] = rounds
+    out["base_steps"] = steps["base"]
+    for name, r in res.items():
+        out["engines"][name] = {**r, "steps": steps[name]}
+    out["seconds"] = time.time() - t0
+    log(f"{group}: {len(engines)} engines x {rounds} pairs in {out['seconds']:.0f} s")
+    return out
+
+
+def run(
+    pairs_per_ratio: int = 21,
+    block_ms: float = 60.0,
+    smoke: bool = False,
+    fbgemm_python: str | None = None,
+    groups: tuple[str, ...] = GROUPS,
+    log=print,
+) -> dict:
+    """Runs every group; returns {"meta", "groups", "headlines"}."""
+    from benchmarks import suite
+
+    opts = suite.Options(smoke=smoke)
+    meta = suite.host_meta(opts)
+    meta.update({"method": "interleaved pairs", "pairs": pairs_per_ratio, "block_ms": block_ms})
+    ctx = _Context(smoke, fbgemm_python, warmup=1 if smoke else 3)
+    result = {"meta": meta, "groups": {}}
+    t0 = time.time()
+    try:
+        for workload in dict.fromkeys(g.split(":")[0] for g in groups):
+            for g in [g for g in groups if g.startswith(workload + ":")]:
+                result["groups"][g] = run_group(g, ctx, pairs_per_ratio, block_ms / 1e3, log)
+                gc.collect()
+            ctx.close_workload(workload)
+    finally:
+        ctx.close()
+    meta["wall_s"] = time.time() - t0
+    meta["host"]["load_avg_at_end"] = os.getloadavg()
+    result["headlines"] = [evaluate(h, result) for h in HEADLINES if h.group in groups]
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def markdown(result: dict) -> str:
+    """HEADLINE.md: one row per headline ratio."""
+    m = result["meta"]
+    host = m.get("host", {})
+    lines = [
+        "# Headline ratios (interleaved pairs)",
+        "",
+        f"Run {m.get('date_utc', '?')} UTC on {host.get('cpu', '?')} ({host.get('logical_cpus', '?')} logical CPUs, "
+        f"load average at start {host.get('load_avg_at_start', ['?'])[0]}, at end "
+        f"{host.get('load_avg_at_end', ['?'])[0]}), TensorFlow {m.get('tensorflow', '?')}, "
+        f"{m.get('wall_s', 0):.0f} s.",
+        "",
+        "Each figure is the median of per-pair ratios: every block of ours (about "
+        f"{m.get('block_ms', 0):g} ms of steps) is timed next to a block of the other engine, which of the two "
+        "first alternating; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
+        "A ceiling is the same ratio for the speed-of-light kernel's engines in the same rounds (what this machine "
+        "shows possible for the target).",
+        "",
+        "| target | measured (median [IQR]) | pairs | status | vs 1 | ceiling |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for r in result["headlines"]:
+        if "median" not in r:
+            lines.append(f"| {r['label']} {r['target']} | — | 0 | not measured: {r.get('why', '')} | | |")
+            continue
+        status = r["status"] if r["status"] == "met" else f"**{r['status']}**"
+        if r.get("above_ceiling"):
+            status += " (target above the ceiling)"
+        vs1 = "level" if r["level"] else ("below 1" if r["q3"] < 1 else "above 1")
+        c = r.get("ceiling")
+        ceiling = (
+            "—" if c is None else (_fmt(c["median"]) + (f" [{_fmt(c['q1'])}-{_fmt(c['q3'])}]" if "q1" in c else ""))
+        )
+        lines.append(
+            f"| {r['label']} {r['target']} | {_fmt(r['median'])} [{_fmt(r['q1'])}-{_fmt(r['q3'])}] | {r['n']} | "
+            f"{status} | {vs1} | {ceiling} |"
+        )
+    errors = [
+        f"- {g} {e}: {rec['error']}"
+        for g, grp in result["groups"].items()
+        for e, rec in grp.get("engines", {}).items()
+        if "error" in rec
+    ]
+    if errors:
+        lines += ["", "Engines that did not run:", "", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def compare_markdown(rows: list[dict], tolerance: float = AGREEMENT) -> str:
+    lines = [f"| ratio | run A | run B | apart | within {tolerance:.0%} |", "|---|---:|---:|---:|---|"]
+    for r in rows:
+        if r["agree"] is None:
+            lines.append(f"| {r['label']} | — | — | — | not in both |")
+        else:
+            agree = "yes" if r["agree"] else "**no**"
+            lines.append(f"| {r['label']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {r['apart']:.1%} | {agree} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out: str) -> list[str]:
+    os.makedirs(out, exist_ok=True)
+    jpath, mpath = os.path.join(out, "headline.json"), os.path.join(out, "HEADLINE.md")
+    with open(jpath, "w") as f:
+        json.dump(result, f, indent=1)
+    with open(mpath, "w") as f:
+        f.write(markdown(result))
+    return [jpath, mpath]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.headline", description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=21, help="pairs per ratio (rounds per group)")
+    p.add_argument("--block-ms", type=float, default=60.0, help="target length of one block")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 pairs: an end-to-end check")
+    p.add_argument("--out", default=None, help="output directory (default: a new scratch directory)")
+    p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
+    p.add_argument("--no-fbgemm", action="store_true", help="skip FBGEMM (its figures read 'not measured')")
+    p.add_argument("--groups", default="", help=f"comma-separated groups among {', '.join(GROUPS)}")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar="JSON",
+        help="run nothing: do two headline.json files agree within 15%% (with --out: also DIR/AGREEMENT.md)?",
+    )
+    args = p.parse_args(argv)
+    if args.compare:
+        runs = []
+        for path in args.compare:
+            with open(path, encoding="utf-8") as f:
+                runs.append(json.load(f))
+        rows = compare(*runs)
+        text = compare_markdown(rows)
+        print(text, end="")
+        if args.out:
+            dates = " and ".join(r["meta"].get("date_utc", "?") + " UTC" for r in runs)
+            with open(os.path.join(args.out, "AGREEMENT.md"), "w", encoding="utf-8") as f:
+                f.write(f"# Two headline runs ({dates})\n\nA figure agrees when max / min - 1 <= {AGREEMENT:.0%}.\n\n")
+                f.write(text)
+            print("wrote", os.path.join(args.out, "AGREEMENT.md"))
+        return 0 if all(r["agree"] is not False for r in rows) else 1
+    groups = tuple(g for g in args.groups.split(",") if g) or GROUPS
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        p.error(f"--groups: unknown {bad}; choose from {GROUPS}")
+    if args.pairs < 1:
+        p.error("--pairs must be >= 1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from benchmarks.peers import fbgemm
+
+    fb = None if args.no_fbgemm else fbgemm.find_python(args.fbgemm_python)
+    result = run(
+        pairs_per_ratio=2 if args.smoke else args.pairs,
+        block_ms=args.block_ms,
+        smoke=args.smoke,
+        fbgemm_python=fb if fb is not None and fbgemm.available(fb)[0] else None,
+        groups=groups,
+        log=lambda m: print(m, flush=True),
+    )
+    out = args.out or tempfile.mkdtemp(prefix="tf_embed_ops_headline_")
+    written = write(result, out)
+    from benchmarks import readme_speed
+
+    if os.path.realpath(out) == os.path.realpath(os.path.dirname(readme_speed.HEADLINE)) and not args.smoke:
+        written.append(readme_speed.update_readme())  # the README's speed paragraph quotes the committed run
+    for path in written:
+        print("wrote", path)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
