@@ -514,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, end="")
         if args.out:
             dates = " and ".join(r["meta"].get("date_utc", "?") + " UTC" for r in runs)
+            os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "AGREEMENT.md"), "w", encoding="utf-8") as f:
                 f.write(f"# Two headline runs ({dates})\n\nA figure agrees when max / min - 1 <= {AGREEMENT:.0%}.\n\n")
                 f.write(text)

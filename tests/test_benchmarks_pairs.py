@@ -299,12 +299,17 @@ def test_readme_sentence_quotes_the_headline_run_and_is_absent_without_one(tmp_p
             {"key": "W1_adagrad_sol", "median": 1.2, "n": 21, "status": "met"},
             {"key": "W1_sgd_fbgemm", "median": 1.45, "n": 19, "status": "met"},
             {"key": "W1_adam_sol", "status": "not measured"},
+            {"key": "W1_rowwise_fbgemm", "median": 0.9, "n": 21, "status": "missed"},
         ],
     }
     text = readme_speed.headline_sentence(run)
     assert "run 2026-12-03 23:00 UTC, 19 pairs a figure" in text
     assert "2.5x (SGD), 1.2x (Adagrad) and not measured (lazy Adam)" in text
-    assert "FBGEMM's SGD takes 1.45x ours on W1; 2 of its 3 targets are met." in text
+    assert "FBGEMM's SGD takes 1.45x ours on W1 and its row-wise Adagrad 0.9x; 2 of its 4 targets are met." in text
+    one_met = dict(run, headlines=run["headlines"][:1] + [dict(run["headlines"][1], status="missed")])
+    assert "1 of its 2 targets is met" not in readme_speed.headline_sentence(one_met)
+    one_met["headlines"][0] = dict(one_met["headlines"][0], status="met")
+    assert "1 of its 2 targets is met." in readme_speed.headline_sentence(one_met)
     assert readme_speed.committed_headline(str(tmp_path / "headline.json")) is None
 
 
