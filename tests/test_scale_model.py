@@ -1,5 +1,5 @@
-"""benchmarks/scale_model.py: the step model of docs/distributed_performance.md ("Choosing a mode at scale"), checked term by
-term on a workload small enough to count by hand."""
+"""benchmarks/scale_model.py: the step model of docs/distributed_performance.md ("Choosing a mode at scale"),
+checked term by term on a workload small enough to count by hand."""
 
 from __future__ import annotations
 
