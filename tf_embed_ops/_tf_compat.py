@@ -381,3 +381,25 @@ def checkpoint_adapter_hook() -> None:
 
 
 checkpoint_adapter_hook()
+
+
+def trackable_children(obj: Any, save_type: str | None = None) -> dict:
+    """`obj`'s tracked children by name: TensorFlow's private `Trackable._trackable_children` (there is no public
+    listing; `save_type="savedmodel"` lists what a SavedModel tracks, a superset of the checkpoint's)."""
+    if save_type is None:
+        return dict(obj._trackable_children())
+    return dict(obj._trackable_children(save_type=save_type))
+
+
+def checkpoint_descendants(root: Any) -> tuple[list, dict]:
+    """(every object a checkpoint of `root` reaches, their paths): `TrackableView`'s private
+    `_descendants_with_paths` (the public `descendants()` gives no paths)."""
+    return tf.train.TrackableView(root)._descendants_with_paths()
+
+
+def flatten_layers(model: Any) -> list | None:
+    """Every layer inside `model` at any depth, `model` included, as Keras' own weight tracking walks them
+    (Keras' private `_flatten_layers`: it has no public recursive walk); None for an object without it."""
+    if not hasattr(model, "_flatten_layers"):
+        return None
+    return list(model._flatten_layers(include_self=True))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops import tracking
+from tf_embed_ops import _tf_compat, tracking
 from tf_embed_ops.checkpoint import _format, _tiered_dynamic, delta_checks, table_states
 from tf_embed_ops.checkpoint._format import CheckpointError
 from tf_embed_ops.embedding_ops import checked_int
@@ -127,7 +127,7 @@ class IncrementalCheckpointManager:
         """Every variable the checkpoint reaches other than the tables and slots, by object path (looked up at
         each save and restore: a Keras optimizer creates its variables on its first step), and each tiered table's
         rounding step."""
-        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
+        descendants, paths = _tf_compat.checkpoint_descendants(self._checkpoint)
         dense = {}
         for obj in descendants:
             var = _as_tf_variable(obj)
@@ -460,7 +460,7 @@ class IncrementalCheckpointManager:
 
     def _object_name(self, obj: Any) -> str | None:
         """`obj`'s object path in the checkpoint (the prefix of its checkpoint keys), or None if unreachable."""
-        descendants, paths = tf.train.TrackableView(self._checkpoint)._descendants_with_paths()  # noqa: SLF001
+        descendants, paths = _tf_compat.checkpoint_descendants(self._checkpoint)
         found = [d for d in descendants if d is obj]
         return "/".join(ref.name for ref in paths[found[0]]) if found else None
 

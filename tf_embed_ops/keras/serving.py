@@ -82,12 +82,10 @@ def _embedding_tables(model: Any) -> dict:
     table groups (`backends.protocol.TableGroup`) hand."""
     if isinstance(model, layer_lib.TPUEmbedding):
         layers = [model]
-    elif hasattr(model, "_flatten_layers"):
-        # Every layer at any depth (layers held by custom layers included), as Keras' own weight tracking walks them.
-        flat = model._flatten_layers(include_self=True)  # noqa: SLF001 - Keras has no public recursive walk
-        layers = [x for x in flat if isinstance(x, layer_lib.TPUEmbedding)]
     else:
-        layers = []
+        # Every layer at any depth (layers held by custom layers included), as Keras' own weight tracking walks them.
+        flat = _tf_compat.flatten_layers(model) or []
+        layers = [x for x in flat if isinstance(x, layer_lib.TPUEmbedding)]
     tables: dict = {}
     for layer in layers:
         found = [(g.kind, c, t) for g in layer.embedding.groups for c, t in g.tables.items()]

@@ -173,10 +173,10 @@ def streamed_forms_and_keys(prefix: str, root: Any) -> list[tuple[Any, str]]:
 def _trackable_children(obj: Any) -> dict:
     """`obj`'s children as a SavedModel tracks them (its checkpoint's children are a subset)."""
     try:
-        return dict(obj._trackable_children(save_type="savedmodel"))  # noqa: SLF001 - TensorFlow's tracking API
+        return _tf_compat.trackable_children(obj, save_type="savedmodel")
     except Exception:  # an object that cannot list them here: follow its checkpoint children
         try:
-            return dict(obj._trackable_children())  # noqa: SLF001
+            return _tf_compat.trackable_children(obj)
         except Exception:
             return {}
 
