@@ -12,7 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _xla, embedding_ops, table_config, update_trigger
-from tf_embed_ops.backends import served
+from tf_embed_ops.backends import row_chain, served
 
 __all__ = ["StaticGroup"]
 
@@ -104,6 +104,9 @@ class StaticGroup:
 
     def serving_group(self, context: Any) -> ServedStaticGroup:
         return ServedStaticGroup(self, context)
+
+    def chain_state(self, config: Any, view: Any) -> row_chain.RowChain:
+        return row_chain.RowChain(config.name, view)
 
 
 class ServedStaticGroup(served.ServedGroup):

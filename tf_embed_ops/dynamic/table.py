@@ -241,6 +241,11 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
         return self._tiered
 
     @property
+    def streams_checkpoint(self) -> bool:
+        """Whether a checkpoint streams the table (its registered saver: tiered), or holds it as tensors."""
+        return self._tiered is not None
+
+    @property
     def bloom_bytes(self) -> int:
         """Bytes of the table's Bloom admission filter (0 without Bloom admission)."""
         return checkpoint_check.bloom_bytes(self._attrs)
