@@ -68,6 +68,9 @@ class _Recorder:
     def chain_state(self, config, view):
         return None
 
+    def restore_checks(self):
+        return {}
+
 
 def test_the_groups_are_of_the_protocol():
     table = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.1))
@@ -183,3 +186,9 @@ def test_each_kind_gives_a_chain_state_of_the_protocol(tmp_path):
     assert states["s"].variables() and not states["t"].variables() and not states["d"].variables()
     with pytest.raises(ValueError, match="no tracked table named 'x'"):
         tracker.source("x")
+    # A restore's checks come from the groups too, one kind each (the in-memory group's: every variable child).
+    checks = {}
+    for group in emb.groups:
+        checks.update(group.restore_checks())
+    kinds = {name: type(check).__name__ for name, check in checks.items() if "/" not in name}
+    assert kinds == {"s": "VariableCheck", "d": "DynamicCheck", "t": "RestoreCheck"}

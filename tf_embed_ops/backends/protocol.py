@@ -87,6 +87,12 @@ class TableGroup(Protocol):
         """Table `config`'s part of an incremental checkpoint chain (`tf_embed_ops.checkpoint`), over the tracker's
         view of it (`view`: `tracking.Tracker.table`)."""
 
+    def restore_checks(self) -> dict:
+        """`{checkpoint child name: check}` of the group's tables (built or not): what a restore of the embedding
+        checks before any table is written (`engine.checkpoint`). A check's `check(name, node, restore)` reads
+        the child's checkpoint node (`restore`: `engine.checkpoint.Restore`), raises ValueError naming the table
+        if it does not fit, and returns what must run once every table passed (or None)."""
+
 
 @runtime_checkable
 class ChainState(Protocol):

@@ -172,6 +172,12 @@ class TieredGroup:
     def chain_state(self, config: Any, view: Any) -> chain.TieredChain:
         return chain.TieredChain(config.name, view)
 
+    def restore_checks(self) -> dict:
+        """`{table name: tiered.checkpoint.RestoreCheck}` once built ({} before: no table to check against)."""
+        from tf_embed_ops.tiered import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+
+        return {config.name: checkpoint_lib.RestoreCheck(table) for config, table in self.tables.items()}
+
     def prefetch(self, inputs: list) -> list:
         """Makes the rows of `inputs` (the group's features, group order) resident in their tables' caches;
         returns the prefetch ops (eagerly: [])."""
