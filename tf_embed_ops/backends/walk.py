@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["lookup", "send", "xla_refusals"]
+__all__ = ["lookup", "probe", "send", "xla_refusals"]
 
 
 def _take(items: Sequence[Any], positions: Sequence[int]) -> list:
@@ -54,6 +54,13 @@ def send(groups: Sequence[Any], gradients: list, inputs: list, check_trainable: 
         group.send_gradients(_take(gradients, group.positions), _take(inputs, group.positions), rates)
         for group, rates in zip(groups, learning_rates, strict=True)
     ]
+
+
+def probe(groups: Sequence[Any], sent: list) -> tf.Tensor:
+    """A float32 scalar read after every group's update (`sent`: `send`'s answer; each group's `probe`): a data
+    dependency on the whole update, for the Keras layers' trigger (`update_trigger`); zero when none reads."""
+    probes = [p for p in (g.probe(s) for g, s in zip(groups, sent, strict=True)) if p is not None]
+    return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
 
 
 def xla_refusals(groups: Sequence[Any]) -> list[str]:
