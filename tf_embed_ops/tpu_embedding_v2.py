@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import operator
 from typing import Any, NamedTuple
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops
+from tf_embed_ops import _tf_compat, _xla
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.backends import walk
@@ -54,6 +52,7 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.engine import checkpoint as engine_checkpoint
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import stacked_tiered_restore
+from tf_embed_ops.sparse_core import batch as batch_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import config_checks, stacked_variable
 from tf_embed_ops.sparse_core import coo as coo_lib
@@ -449,51 +448,14 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             tf.nest.assert_same_structure(self._feature_config, weights)
             flat_weights = tf.nest.flatten(weights)
         plans, stacks = self._plans()
-        coo = []
-        for (path, _), plan, inp, weight in zip(self._flat_features, plans, flat_inputs, flat_weights, strict=True):
-            coo.extend(coo_lib.feature_coo(path, inp, weight, plan.sample_count))
-        config = self._sparse_core_embedding_config
-        num_features = len(plans)
-
-        def run(*arrays):
-            triples = [tuple(arrays[3 * i : 3 * i + 3]) for i in range(num_features)]
-            try:
-                kept, _, _, dropped = preprocess_lib.preprocess(
-                    triples,
-                    plans,
-                    stacks,
-                    self._num_replicas,
-                    self._num_sc_per_chip,
-                    self._max_ids_per_chip_per_sample,
-                    config.allow_id_dropping,
-                )
-            except ValueError as e:
-                raise tf.errors.InvalidArgumentError(None, None, str(e)) from e
-            for name, count in dropped.items():
-                if count:
-                    logging.warning(
-                        "Table %s is dropping %d ids so that the batch fits SparseCore's buffer.", name, count
-                    )
-            out = []
-            for samples, ids, gains in kept:
-                out.extend([samples, ids, gains])
-            out.append(np.asarray([dropped[n] for n in sorted(dropped)], np.int64))
-            return out
-
-        with tf.name_scope("tpu_embedding_v2_enqueue"):
-            flat = tf.numpy_function(
-                run, coo, [tf.int64, tf.int64, tf.float32] * num_features + [tf.int64], stateful=False
-            )
-        inputs = []
-        for i, plan in enumerate(plans):
-            samples, ids, gains = flat[3 * i : 3 * i + 3]
-            ids = tf.ensure_shape(ids, [None])
-            ragged_ids = tf.RaggedTensor.from_value_rowids(
-                ids, tf.ensure_shape(samples, [None]), nrows=plan.sample_count
-            )
-            ragged_gains = ragged_ids.with_values(tf.ensure_shape(gains, [None]))
-            inputs.append(embedding_ops.normalize_feature(ragged_ids, weights=ragged_gains))
-        dropped = dict(zip(sorted(stacks), tf.unstack(tf.ensure_shape(flat[-1], [len(stacks)])), strict=True))
+        chips = batch_lib.Chips(
+            self._num_replicas,
+            self._num_sc_per_chip,
+            self._max_ids_per_chip_per_sample,
+            self._sparse_core_embedding_config.allow_id_dropping,
+        )
+        paths = [path for path, _ in self._flat_features]
+        inputs, dropped = batch_lib.host_preprocess(paths, flat_inputs, flat_weights, plans, stacks, chips)
         return SparseCoreBatch(tuple(inputs), dropped)
 
     def dequeue(self, partitioned_tensors: SparseCoreBatch) -> tuple[Any, SparseCoreBatch]:
@@ -540,22 +502,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         for table in self._table_config:
             if table.optimizer is None:
                 raise RuntimeError(f"Table {table.name!r} has no optimizer; it can be looked up but not trained.")
-        flat = []
-        for gradient, (path, feature) in zip(nest.flatten(gradients), self._flat_features, strict=True):
-            shape = feature.output_shape.as_list() + [feature.table.dim]
-            samples = functools.reduce(operator.mul, feature.output_shape.as_list(), 1)
-            if gradient is not None and not isinstance(gradient, tf.Tensor):
-                raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
-            if gradient is None:
-                logging.warning(
-                    "No gradient passed for feature %s, sending zero gradient. This may not be correct behavior for "
-                    "certain optimizers like Adam.",
-                    path,
-                )
-                gradient = tf.zeros(shape, tf.float32)
-            elif not gradient.shape.is_compatible_with(shape):
-                raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
-            flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
+        flat = batch_lib.engine_gradients(nest.flatten(gradients), self._flat_features)
         self._refuse_under_xla("apply_gradients")
         # Every group's checks before any group writes: a step one refuses changes no table (`backends.walk.send`).
         self._engine.send(flat, list(preserved_outputs.inputs))
