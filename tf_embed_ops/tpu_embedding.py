@@ -481,10 +481,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         )
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
-        if _xla.in_xla_context():
-            refusals = walk.xla_refusals(self._groups)
-            if refusals:
-                raise ValueError(f"{type(self).__name__}: {'; '.join(refusals)}. Look them up outside jit_compile.")
+        walk.refuse_under_xla(self._groups, type(self).__name__, "Look them up outside jit_compile.")
         with tf.name_scope(name or "lookup"):
             return walk.lookup(self._groups, inputs, training)
 

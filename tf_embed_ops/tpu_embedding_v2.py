@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, _xla
+from tf_embed_ops import _tf_compat
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.backends import walk
@@ -248,12 +248,8 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         return {} if group is None else {config.name: table for config, table in group.tables.items()}
 
     def _refuse_under_xla(self, what: str) -> None:
-        refusals = walk.xla_refusals(self._engine.groups) if _xla.in_xla_context() else []
-        if refusals:
-            raise ValueError(
-                f"TPUEmbeddingV2.{what}: {'; '.join(refusals)}. Run the embedding outside jit_compile (the model "
-                "after it may be compiled)."
-            )
+        advice = "Run the embedding outside jit_compile (the model after it may be compiled)."
+        walk.refuse_under_xla(self._engine.groups, f"TPUEmbeddingV2.{what}", advice)
 
     @property
     def embedding_tables(self) -> dict:
@@ -441,12 +437,6 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             `max_ids_per_chip_per_sample` and `allow_id_dropping` is set: then those ids are dropped).
         """
         del device
-        tf.nest.assert_same_structure(self._feature_config, features)
-        flat_inputs = tf.nest.flatten(features)
-        flat_weights = [None] * len(flat_inputs)
-        if weights is not None:
-            tf.nest.assert_same_structure(self._feature_config, weights)
-            flat_weights = tf.nest.flatten(weights)
         plans, stacks = self._plans()
         chips = batch_lib.Chips(
             self._num_replicas,
@@ -455,7 +445,9 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             self._sparse_core_embedding_config.allow_id_dropping,
         )
         paths = [path for path, _ in self._flat_features]
-        inputs, dropped = batch_lib.host_preprocess(paths, flat_inputs, flat_weights, plans, stacks, chips)
+        inputs, dropped = batch_lib.host_preprocess(
+            self._feature_config, paths, features, weights, plans, stacks, chips
+        )
         return SparseCoreBatch(tuple(inputs), dropped)
 
     def dequeue(self, partitioned_tensors: SparseCoreBatch) -> tuple[Any, SparseCoreBatch]:

@@ -33,20 +33,28 @@ class Chips(NamedTuple):
 
 
 def host_preprocess(
-    paths: list, flat_inputs: list, flat_weights: list, plans: list, stacks: Any, chips: Chips
+    feature_config: Any, paths: list, features: Any, weights: Any, plans: list, stacks: Any, chips: Chips
 ) -> tuple[list, dict]:
     """`(the engine's FeatureInputs in feature order, {stack: ids dropped})` of one batch.
 
     Args:
-      paths: each feature's key path (in messages); flat_inputs, flat_weights: its ids and weights (None).
+      feature_config: the features' nest; paths: each feature's key path (in messages).
+      features, weights: the batch's ids and weights (None), nests matching `feature_config`.
       plans, stacks: `preprocess.plans`' answer for the features.
       chips: the topology and limits.
 
     Raises:
+      ValueError: `features` or `weights` do not match `feature_config`'s structure.
       InvalidArgumentError: (when it runs) ids outside their table, unsorted SparseTensor rows, or a batch over a
         SparseCore capacity limit (unless `allow_id_dropping`: then the ids over `max_ids_per_chip_per_sample` are
         dropped, with a warning).
     """
+    tf.nest.assert_same_structure(feature_config, features)
+    flat_inputs = tf.nest.flatten(features)
+    flat_weights = [None] * len(flat_inputs)
+    if weights is not None:
+        tf.nest.assert_same_structure(feature_config, weights)
+        flat_weights = tf.nest.flatten(weights)
     coo = []
     for path, plan, inp, weight in zip(paths, plans, flat_inputs, flat_weights, strict=True):
         coo.extend(coo_lib.feature_coo(path, inp, weight, plan.sample_count))
