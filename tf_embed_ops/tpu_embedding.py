@@ -516,17 +516,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self.advance_rounding_step([update])
         return update
 
-    def _rounding_step_variable(self) -> tf.Variable | None:
-        step = getattr(self, "_rounding_step", None)
-        if step is not None and not isinstance(step, tf.Variable):
-            step = step.value  # a keras.Variable's backing tf.Variable
-        return step
-
     @property
     def rounding_step_variable(self) -> tf.Variable | None:
         """The step counter keying the stochastic rounding of the in-memory 16-bit tables (the checkpoint's
         `rounding_step`), or None without such tables (or before `build`)."""
-        return self._rounding_step_variable()
+        step = getattr(self, "_rounding_step", None)
+        if step is not None and not isinstance(step, tf.Variable):
+            step = step.value  # a keras.Variable's backing tf.Variable
+        return step
 
     def rounding_arguments(self) -> dict:
         """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
@@ -535,14 +532,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         table rounds as it does with every table in memory)."""
         return update_lib.rounding_arguments(
             self._table_config,
-            self._rounding_step_variable(),
+            self.rounding_step_variable,
             tiered_engine.rounding_table_ids(self._every_table, self._table_config),
         )
 
     def advance_rounding_step(self, updates: list) -> None:
         """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a
         rejected step leaves the counter unchanged."""
-        update_lib.advance_rounding_step(self._rounding_step_variable(), updates)
+        update_lib.advance_rounding_step(self.rounding_step_variable, updates)
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""

@@ -55,7 +55,6 @@ from tf_embed_ops.engine import stacked_tiered_restore
 from tf_embed_ops.sparse_core import batch as batch_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import config_checks, stacked_variable
-from tf_embed_ops.sparse_core import coo as coo_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
 from tf_embed_ops.tiered import config as tiered_config
@@ -421,6 +420,12 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     def _plans(self) -> tuple[list, dict]:
         return preprocess_lib.plans(self._flat_features, self._stacking, self._max_ids, self._max_unique_ids)
 
+    def _chips(self) -> batch_lib.Chips:
+        config = self._sparse_core_embedding_config
+        return batch_lib.Chips(
+            self._num_replicas, self._num_sc_per_chip, self._max_ids_per_chip_per_sample, config.allow_id_dropping
+        )
+
     def enqueue(self, features: Any, weights: Any = None, device: str | None = None) -> SparseCoreBatch:
         """Preprocesses a batch on the host, as SparseCore does; returns what `dequeue` takes.
 
@@ -438,12 +443,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         """
         del device
         plans, stacks = self._plans()
-        chips = batch_lib.Chips(
-            self._num_replicas,
-            self._num_sc_per_chip,
-            self._max_ids_per_chip_per_sample,
-            self._sparse_core_embedding_config.allow_id_dropping,
-        )
+        chips = self._chips()
         paths = [path for path, _ in self._flat_features]
         inputs, dropped = batch_lib.host_preprocess(
             self._feature_config, paths, features, weights, plans, stacks, chips
@@ -547,20 +547,5 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         config = sparse_core_embedding_config or _emb.SparseCoreEmbeddingConfig()
         emb = cls(feature_config, optimizer, False, config, num_replicas=num_tpu_chips, num_sc_per_chip=num_sc_per_chip)
         plans, stacks = emb._plans()
-        tf.nest.assert_same_structure(emb._feature_config, features)
-        triples = []
-        for (path, _), plan, inp in zip(emb._flat_features, plans, tf.nest.flatten(features), strict=True):
-            rows, ids, w = coo_lib.feature_coo(path, inp, None, plan.sample_count)
-            triples.append((rows.numpy(), ids.numpy(), w.numpy()))
-        _, max_ids, max_unique, _ = preprocess_lib.preprocess(
-            triples,
-            plans,
-            stacks,
-            num_tpu_chips,
-            num_sc_per_chip,
-            emb._max_ids_per_chip_per_sample,
-            config.allow_id_dropping,
-            check_capacity=False,
-        )
-        as_tensors = functools.partial(tf.constant, dtype=tf.int32)
-        return ({k: as_tensors(v) for k, v in max_ids.items()}, {k: as_tensors(v) for k, v in max_unique.items()})
+        paths = [path for path, _ in emb._flat_features]
+        return batch_lib.sparse_core_stats(emb._feature_config, paths, features, plans, stacks, emb._chips())

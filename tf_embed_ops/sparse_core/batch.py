@@ -1,5 +1,6 @@
 """A batch into and out of `TPUEmbeddingV2`: the host preprocessing of its ids, run as a `tf.numpy_function`, into
-the engine's inputs, and the activations' gradients into the engine's form.
+the engine's inputs (or counted, `compute_sparse_core_stats`), and the activations' gradients into the engine's
+form.
 
 The preprocessing is SparseCore's (`preprocess`: repeated ids merged, the combiner folded into per-id gains,
 capacity limits checked or ids dropped); each feature comes out as a ragged batch of ids with their gains as
@@ -20,7 +21,7 @@ from tf_embed_ops import embedding_ops
 from tf_embed_ops.sparse_core import coo as coo_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
 
-__all__ = ["Chips", "engine_gradients", "host_preprocess"]
+__all__ = ["Chips", "engine_gradients", "host_preprocess", "sparse_core_stats"]
 
 
 class Chips(NamedTuple):
@@ -30,6 +31,20 @@ class Chips(NamedTuple):
     num_sc_per_chip: int
     max_ids_per_chip_per_sample: Any
     allow_id_dropping: bool
+
+
+def _preprocess(triples: list, plans: list, stacks: Any, chips: Chips, check_capacity: bool = True) -> tuple:
+    """`preprocess.preprocess` of one batch's `(rows, ids, weights)` per feature, laid out for `chips`."""
+    return preprocess_lib.preprocess(
+        triples,
+        plans,
+        stacks,
+        chips.num_replicas,
+        chips.num_sc_per_chip,
+        chips.max_ids_per_chip_per_sample,
+        chips.allow_id_dropping,
+        check_capacity,
+    )
 
 
 def host_preprocess(
@@ -63,15 +78,7 @@ def host_preprocess(
     def run(*arrays):
         triples = [tuple(arrays[3 * i : 3 * i + 3]) for i in range(num_features)]
         try:
-            kept, _, _, dropped = preprocess_lib.preprocess(
-                triples,
-                plans,
-                stacks,
-                chips.num_replicas,
-                chips.num_sc_per_chip,
-                chips.max_ids_per_chip_per_sample,
-                chips.allow_id_dropping,
-            )
+            kept, _, _, dropped = _preprocess(triples, plans, stacks, chips)
         except ValueError as e:
             raise tf.errors.InvalidArgumentError(None, None, str(e)) from e
         for name, count in dropped.items():
@@ -94,6 +101,21 @@ def host_preprocess(
         inputs.append(embedding_ops.normalize_feature(ragged_ids, weights=ragged_gains))
     dropped = dict(zip(sorted(stacks), tf.unstack(tf.ensure_shape(flat[-1], [len(stacks)])), strict=True))
     return inputs, dropped
+
+
+def sparse_core_stats(
+    feature_config: Any, paths: list, features: Any, plans: list, stacks: Any, chips: Chips
+) -> tuple[dict, dict]:
+    """`(max_ids, max_unique_ids)` per stacked table (int32 scalars) of one chip's batch `features` (a nest matching
+    `feature_config`), counted as the preprocessing counts them, capacity limits unchecked."""
+    tf.nest.assert_same_structure(feature_config, features)
+    triples = []
+    for path, plan, inp in zip(paths, plans, tf.nest.flatten(features), strict=True):
+        rows, ids, w = coo_lib.feature_coo(path, inp, None, plan.sample_count)
+        triples.append((rows.numpy(), ids.numpy(), w.numpy()))
+    _, max_ids, max_unique, _ = _preprocess(triples, plans, stacks, chips, check_capacity=False)
+    as_tensors = functools.partial(tf.constant, dtype=tf.int32)
+    return ({k: as_tensors(v) for k, v in max_ids.items()}, {k: as_tensors(v) for k, v in max_unique.items()})
 
 
 def engine_gradients(flat_gradients: list, flat_features: list) -> list:
