@@ -11,249 +11,24 @@ Files written into the output directory:
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 
-from benchmarks import checkpoint_benchmark, report_dynamic, report_serving, report_serving_quant, tiered_benchmark
-
-ENGINE_LABELS = {
-    "ours": "tf_embed_ops (fused)",
-    "keras": "Keras 3 optimizer",
-    "raw_op": "tf.raw_ops sparse apply",
-    "fbgemm": "FBGEMM TBE (CPU)",
-    "fbgemm_rowwise": "FBGEMM row-wise Adagrad",
-    "tf_lookup": "tf.nn.embedding_lookup(_sparse)",
-    "keras_rs": "keras-rs DistributedEmbedding on CPU (the model's Adam)",
-    "ours_keras_rs": "tf_embed_ops.keras.DistributedEmbedding (table Adam)",
-    "speed_of_light": "speed-of-light kernel (C++, no framework)",
-    "tf_empty_step": "empty tf.function step",
-    "ours_one_id": "ours, fused SGD step on one id",
-}
-OPT_LABELS = {
-    "sgd": "SGD",
-    "adagrad": "Adagrad",
-    "adagrad_momentum": "AdagradMomentum",
-    "adam": "Adam (lazy)",
-    "adam_nonlazy": "Adam (non-lazy)",
-    "ftrl": "FTRL",
-    "momentum": "Momentum",
-    "rms_prop": "RMSProp",
-    "centered_rms_prop": "CenteredRMSProp",
-    "rowwise_adagrad": "RowWiseAdagrad",
-    "lookup": "lookup only",
-}
-PEERS = ("keras", "raw_op", "fbgemm", "fbgemm_rowwise", "speed_of_light")
-
-
-# --------------------------------------------------------------------------------------------------- helpers
-def _index(runs: list[dict], section: str) -> dict[tuple[str, str, str], dict]:
-    return {(r["workload"], r["optimizer"], r["engine"]): r for r in runs if r.get("section") == section}
-
-
-def _find(recs: list[dict], **match) -> dict | None:
-    """The first record whose fields equal ``match``."""
-    return next((r for r in recs if all(r.get(k) == v for k, v in match.items())), None)
-
-
-def _ms(rec: dict | None) -> str:
-    if rec is None:
-        return "—"
-    if "error" in rec:
-        return "n/a"
-    return f"{rec['median_ms']:.3g} ± {rec['iqr_ms'] / 2:.2g}"
-
-
-def _ratio(peer: dict | None, mine: dict | None) -> float | None:
-    if not peer or not mine or "median_ms" not in peer or "median_ms" not in mine or mine["median_ms"] <= 0:
-        return None
-    return peer["median_ms"] / mine["median_ms"]
-
-
-def _fmt_ratio(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"**{x:.3g}x**" if x >= 1 else f"{x:.2g}x"
-
-
-def _peer_cell(peer: dict | None, mine: dict | None) -> str:
-    if peer is None:
-        return "—"
-    if "error" in peer:
-        return "n/a"
-    return f"{peer['median_ms']:.3g} ({_fmt_ratio(_ratio(peer, mine))})"
-
-
-def _rate(x: float | None) -> str:
-    if not x:
-        return "—"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g}"
-
-
-# --------------------------------------------------------------------------------------------------- targets
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """One target of the report: ``measured = num's median_ms / den's median_ms`` (a speedup: a peer's time, or
-    ours at one thread, over ours), or, with ``fraction``, that record's fraction of the bandwidth bound.
-
-    Records are picked by matching fields (``_rec``).  Met when measured >= goal; "not measured" when a record is
-    missing or failed.  Adding a target is one line in ``TARGETS``.
-    """
-
-    name: str
-    goal: float
-    how: str
-    num: dict | None = None
-    den: dict | None = None
-    fraction: dict | None = None
-
-
-def _rec(workload: str, optimizer: str, engine: str = "ours", section: str | None = None, **extra) -> dict:
-    """The fields that pick one run record (section defaults to the workload's own section)."""
-    return {"section": section or workload, "workload": workload, "optimizer": optimizer, "engine": engine, **extra}
-
-
-# The speed targets, measured against the speed-of-light kernel (benchmarks/speed_of_light.cc: the step's work as
-# one hand-written loop) on W1 and W4 for the lazy optimizers it implements; against FBGEMM for SGD and Adagrad;
-# serving lookups against tf.nn.embedding_lookup; two threads against one; plus the earlier Keras 3 Adam targets.
-_SOL_OPTIMIZERS = ("sgd", "adagrad", "adam")
-TARGETS: list[Target] = (
-    [
-        Target(
-            f"{w} {OPT_LABELS[o]}: >= 0.8x the speed-of-light kernel",
-            0.8,
-            "speed-of-light ms / ours ms",
-            _rec(w, o, "speed_of_light"),
-            _rec(w, o),
-        )
-        for w in ("W1", "W4")
-        for o in _SOL_OPTIMIZERS
-    ]
-    + [
-        Target(
-            f"{w} SGD: >= 1.3x FBGEMM EXACT_SGD",
-            1.3,
-            "FBGEMM EXACT_SGD ms / ours ms",
-            _rec(w, "sgd", "fbgemm"),
-            _rec(w, "sgd"),
-        )
-        for w in ("W1", "W2", "W4")
-    ]
-    + [
-        Target(
-            "W1 element-wise Adagrad: >= 2.5x FBGEMM",
-            2.5,
-            "FBGEMM EXACT_ADAGRAD ms / ours ms",
-            _rec("W1", "adagrad", "fbgemm"),
-            _rec("W1", "adagrad"),
-        ),
-        Target(
-            "W1 RowWiseAdagrad: >= 1.0x FBGEMM EXACT_ROWWISE_ADAGRAD",
-            1.0,
-            "FBGEMM EXACT_ROWWISE_ADAGRAD ms / our RowWiseAdagrad ms",
-            _rec("W1", "adagrad", "fbgemm_rowwise"),
-            _rec("W1", "rowwise_adagrad"),
-        ),
-        Target(
-            "W1 serving lookup: >= 2x tf.nn.embedding_lookup",
-            2.0,
-            "tf.nn.embedding_lookup ms / our lookup ms (Lookup section)",
-            _rec("W1", "lookup", "tf_lookup", section="lookup"),
-            _rec("W1", "lookup", section="lookup"),
-        ),
-    ]
-    + [
-        Target(
-            f"{w} {OPT_LABELS[o]}: 2 threads >= 1.6x 1 thread",
-            1.6,
-            "ours ms at 1 thread / ours ms at 2 threads (Threads section)",
-            _rec(w, o, section="threads", threads=1),
-            _rec(w, o, section="threads", threads=2),
-        )
-        for w in ("W1", "W4")
-        for o in ("sgd", "adagrad", "adam")
-    ]
-    + [
-        Target(
-            "W1 Adam (lazy): >= 100x Keras 3 Adam",
-            100.0,
-            "Keras 3 Adam ms / our lazy Adam ms",
-            _rec("W1", "adam", "keras"),
-            _rec("W1", "adam"),
-        ),
-        Target(
-            "W1 Adam (non-lazy): >= 100x Keras 3 Adam",
-            100.0,
-            "same update rule on every row",
-            _rec("W1", "adam_nonlazy", "keras"),
-            _rec("W1", "adam_nonlazy"),
-        ),
-        Target(
-            "W1 Adam (non-lazy): within 2x of the bandwidth bound",
-            0.5,
-            "bound ms / ours ms (>= 0.5; every row is read and written: a streaming pass the bound models well)",
-            fraction=_rec("W1", "adam_nonlazy"),
-        ),
-    ]
+from benchmarks import (
+    checkpoint_benchmark,
+    report_dynamic,
+    report_plots,
+    report_serving,
+    report_serving_quant,
+    report_targets,
+    tiered_benchmark,
 )
-
-
-def _ceiling(runs: list[dict], t: Target) -> float | None:
-    """The most the target's ratio could show on this machine, from the speed-of-light kernel's time.
-
-    A speedup over a peer: the peer's time over the kernel's (no engine beats a hand-written loop of the same
-    work); a ratio to the kernel: 1; two threads over one: the kernel's own 2-thread speedup. Where the kernel has
-    no such step (an optimizer or a lookup it does not implement), the peer's time over our bandwidth bound.
-    """
-    if t.fraction is not None:
-        return 1.0
-    num, den = _find(runs, **t.num), _find(runs, **t.den)
-    if t.num.get("engine") == "speed_of_light":
-        return 1.0
-    if t.num.get("engine") == "ours":  # threads: ours at 1 over ours at 2 -> the kernel's 1 over its 2
-        return _ratio(
-            _find(runs, **{**t.num, "engine": "speed_of_light"}), _find(runs, **{**t.den, "engine": "speed_of_light"})
-        )
-    sol = _find(runs, **{**t.den, "engine": "speed_of_light"})
-    if num and sol and "median_ms" in num and "median_ms" in sol:
-        return num["median_ms"] / sol["median_ms"]
-    bound = (den or {}).get("bound", {}).get("bound_ms")
-    if num and "median_ms" in num and bound:
-        return num["median_ms"] / bound
-    return None
-
-
-def targets(result: dict) -> list[dict]:
-    """Every target of ``TARGETS`` with its measured value, met / missed / not measured, and its ceiling."""
-    runs = result["runs"]
-    out = []
-    for t in TARGETS:
-        if t.fraction is not None:
-            rec = _find(runs, **t.fraction)
-            measured = rec.get("fraction_of_bound") if rec and "error" not in rec else None
-        else:
-            measured = _ratio(_find(runs, **t.num), _find(runs, **t.den))
-        status = "not measured" if measured is None else ("met" if measured >= t.goal else "missed")
-        out.append(
-            {
-                "target": t.name,
-                "measured": measured,
-                "goal": t.goal,
-                "status": status,
-                "how": t.how,
-                "ceiling": _ceiling(runs, t),
-            }
-        )
-    return out
+from benchmarks import report_format as fmt
 
 
 # --------------------------------------------------------------------------------------------------- markdown
 def _workload_table(result: dict, name: str) -> list[str]:
-    idx = _index(result["runs"], name)
+    idx = fmt.index(result["runs"], name)
     opts = []
     for _, o, _ in idx:
         if o not in opts:
@@ -270,12 +45,12 @@ def _workload_table(result: dict, name: str) -> list[str]:
         mine = idx.get((name, o, "ours"))
         frac = mine.get("fraction_of_bound") if mine and "error" not in mine else None
         cells = [
-            OPT_LABELS.get(o, o),
-            _ms(mine),
-            _rate(mine.get("unique_rows_per_s") if mine else None),
+            fmt.OPT_LABELS.get(o, o),
+            fmt.ms(mine),
+            fmt.rate(mine.get("unique_rows_per_s") if mine else None),
             f"{frac:.2f}" if frac is not None else "—",
         ]
-        cells += [_peer_cell(idx.get((name, o, p)), mine) for p in PEERS]
+        cells += [fmt.peer_cell(idx.get((name, o, p)), mine) for p in fmt.PEERS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -288,7 +63,7 @@ def _keras_rs_lines(result: dict) -> list[str]:
     out = [
         "## keras-rs `DistributedEmbedding` on CPU",
         "",
-        f"{ENGINE_LABELS['keras_rs']} against {ENGINE_LABELS['ours_keras_rs']}, same configs, same run "
+        f"{fmt.ENGINE_LABELS['keras_rs']} against {fmt.ENGINE_LABELS['ours_keras_rs']}, same configs, same run "
         "(speedup = keras-rs time / ours).",
         "",
         "| workload | optimizer | keras-rs (ms) | ours (ms) | speedup |",
@@ -296,11 +71,11 @@ def _keras_rs_lines(result: dict) -> list[str]:
     ]
     pairs = sorted({(r["workload"], r["optimizer"]) for r in runs})
     for workload, optimizer in pairs:
-        peer = _find(runs, workload=workload, optimizer=optimizer, engine="keras_rs")
-        mine = _find(runs, workload=workload, optimizer=optimizer, engine="ours_keras_rs")
+        peer = fmt.find(runs, workload=workload, optimizer=optimizer, engine="keras_rs")
+        mine = fmt.find(runs, workload=workload, optimizer=optimizer, engine="ours_keras_rs")
         out.append(
-            f"| {workload} | {OPT_LABELS.get(optimizer, optimizer)} | {_ms(peer)} | {_ms(mine)} | "
-            f"{_fmt_ratio(_ratio(peer, mine))} |"
+            f"| {workload} | {fmt.OPT_LABELS.get(optimizer, optimizer)} | {fmt.ms(peer)} | {fmt.ms(mine)} | "
+            f"{fmt.fmt_ratio(fmt.ratio(peer, mine))} |"
         )
     return out + [""]
 
@@ -310,8 +85,8 @@ def _errors(result: dict) -> list[str]:
     for r in result["runs"]:
         if "error" in r:
             lines.append(
-                f"- {r.get('workload', r.get('section'))} / {OPT_LABELS.get(r.get('optimizer'), '')} / "
-                f"{ENGINE_LABELS.get(r.get('engine'), r.get('engine'))}: `{r['error']}`"
+                f"- {r.get('workload', r.get('section'))} / {fmt.OPT_LABELS.get(r.get('optimizer'), '')} / "
+                f"{fmt.ENGINE_LABELS.get(r.get('engine'), r.get('engine'))}: `{r['error']}`"
             )
     return lines
 
@@ -362,7 +137,7 @@ def markdown(result: dict, plots: list[str]) -> str:
         out.append(f"- Bandwidth probe unavailable: {meta.get('bandwidth_error', 'not run')}")
     out.append("")
 
-    tg = targets(result)
+    tg = report_targets.targets(result)
     if any(t["status"] != "not measured" for t in tg) or "W1" in result["workloads"]:
         out += [
             "## Targets",
@@ -408,7 +183,7 @@ def markdown(result: dict, plots: list[str]) -> str:
             peer = next((r for r in lk if r["workload"] == wname and r["engine"] == "tf_lookup"), None)
             frac = mine.get("fraction_of_bound") if mine else None
             out.append(
-                f"| {wname} | {_ms(mine)} | {_peer_cell(peer, mine)} | {peer.get('detail', '') if peer else ''}"
+                f"| {wname} | {fmt.ms(mine)} | {fmt.peer_cell(peer, mine)} | {peer.get('detail', '') if peer else ''}"
                 f" | {'—' if frac is None else f'{frac:.2f}'} |"
             )
         out.append("")
@@ -432,7 +207,7 @@ def markdown(result: dict, plots: list[str]) -> str:
             "| step | ms |",
             "|---|---|",
         ]
-        out += [f"| {ENGINE_LABELS.get(e, e)} | {_ms(r)} |" for e, r in floor.items()]
+        out += [f"| {fmt.ENGINE_LABELS.get(e, e)} | {fmt.ms(r)} |" for e, r in floor.items()]
         out.append("")
 
     sweep = [r for r in result["runs"] if str(r.get("section", "")).startswith("sweep:")]
@@ -445,20 +220,20 @@ def markdown(result: dict, plots: list[str]) -> str:
         ]
         for axis in sorted({r["axis"] for r in sweep}):
             recs = [r for r in sweep if r["axis"] == axis]
-            opts = sorted({r["optimizer"] for r in recs}, key=list(OPT_LABELS).index)
+            opts = sorted({r["optimizer"] for r in recs}, key=list(fmt.OPT_LABELS).index)
             points = sorted({r["point"] for r in recs})
-            out.append(f"| {axis} | " + " | ".join(OPT_LABELS[o] for o in opts) + " |")
+            out.append(f"| {axis} | " + " | ".join(fmt.OPT_LABELS[o] for o in opts) + " |")
             out.append("|---" * (len(opts) + 1) + "|")
             for p in points:
                 cells = []
                 for o in opts:
-                    mine = _find(recs, point=p, optimizer=o, engine="ours")
+                    mine = fmt.find(recs, point=p, optimizer=o, engine="ours")
                     extra = []
                     for e, lbl in (("raw_op", "raw"), ("fbgemm", "FBGEMM")):
-                        r = _ratio(_find(recs, point=p, optimizer=o, engine=e), mine)
+                        r = fmt.ratio(fmt.find(recs, point=p, optimizer=o, engine=e), mine)
                         if r is not None:
-                            extra.append(f"{_fmt_ratio(r)} {lbl}")
-                    cells.append(f"{_ms(mine)}" + (f" ({', '.join(extra)})" if extra else ""))
+                            extra.append(f"{fmt.fmt_ratio(r)} {lbl}")
+                    cells.append(f"{fmt.ms(mine)}" + (f" ({', '.join(extra)})" if extra else ""))
                 out.append(f"| {p:g} | " + " | ".join(cells) + " |")
             out.append("")
 
@@ -477,15 +252,15 @@ def markdown(result: dict, plots: list[str]) -> str:
                 if "engine" in r and r["engine"] == "all":
                     out.append(f"| {t} | — | — | failed: `{r['error']}` | | | | |")
             for w in sorted({r["workload"] for r in recs if "workload" in r}):
-                for o in [o for o in OPT_LABELS if any(r.get("optimizer") == o for r in recs)]:
-                    mine = _find(recs, workload=w, optimizer=o, engine="ours")
+                for o in [o for o in fmt.OPT_LABELS if any(r.get("optimizer") == o for r in recs)]:
+                    mine = fmt.find(recs, workload=w, optimizer=o, engine="ours")
                     if mine is None:
                         continue
                     cells = [
-                        _peer_cell(_find(recs, workload=w, optimizer=o, engine=e), mine)
+                        fmt.peer_cell(fmt.find(recs, workload=w, optimizer=o, engine=e), mine)
                         for e in ("raw_op", "keras", "fbgemm", "speed_of_light")
                     ]
-                    out.append(f"| {t} | {w} | {OPT_LABELS[o]} | {_ms(mine)} | " + " | ".join(cells) + " |")
+                    out.append(f"| {t} | {w} | {fmt.OPT_LABELS[o]} | {fmt.ms(mine)} | " + " | ".join(cells) + " |")
         out.append("")
 
     acc = result.get("accumulator")
@@ -508,10 +283,10 @@ def markdown(result: dict, plots: list[str]) -> str:
                     continue
                 tfr = row.get("tensorflow")
                 out.append(
-                    f"| {case} | {_ms(tfr)} | {_ms(row.get('tf_embed_ops_graph'))} "
-                    f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_graph')))}) | "
-                    f"{_ms(row.get('tf_embed_ops_eager'))} "
-                    f"({_fmt_ratio(_ratio(tfr, row.get('tf_embed_ops_eager')))}) |"
+                    f"| {case} | {fmt.ms(tfr)} | {fmt.ms(row.get('tf_embed_ops_graph'))} "
+                    f"({fmt.fmt_ratio(fmt.ratio(tfr, row.get('tf_embed_ops_graph')))}) | "
+                    f"{fmt.ms(row.get('tf_embed_ops_eager'))} "
+                    f"({fmt.fmt_ratio(fmt.ratio(tfr, row.get('tf_embed_ops_eager')))}) |"
                 )
         out.append("")
 
@@ -529,8 +304,8 @@ def markdown(result: dict, plots: list[str]) -> str:
         ]
         for r in par:
             head = (
-                f"| {r['workload']} | {OPT_LABELS.get(r['optimizer'], r['optimizer'])} | "
-                f"{ENGINE_LABELS[r.get('peer', 'raw_op')]} |"
+                f"| {r['workload']} | {fmt.OPT_LABELS.get(r['optimizer'], r['optimizer'])} | "
+                f"{fmt.ENGINE_LABELS[r.get('peer', 'raw_op')]} |"
             )
             if "error" in r:
                 out.append(f"{head} not run: `{r['error'][:160]}` | |")
@@ -566,137 +341,6 @@ def markdown(result: dict, plots: list[str]) -> str:
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------------- plots
-def plot(result: dict, out_dir: str) -> list[str]:
-    """Writes the PNGs; returns their file names (empty if matplotlib is missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter
-    except ImportError:
-        return []
-    files = []
-    colors = {
-        "ours": "#1b9e77",
-        "keras": "#d95f02",
-        "raw_op": "#7570b3",
-        "fbgemm": "#e7298a",
-        "fbgemm_rowwise": "#e6ab02",
-        "tf_lookup": "#666666",
-    }
-
-    idx = _index(result["runs"], "W1")
-    opts = [o for o in OPT_LABELS if any(k[1] == o for k in idx)]
-    if opts:
-        fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
-        engines = [
-            e
-            for e in ("ours", "fbgemm", "fbgemm_rowwise", "raw_op", "keras")
-            if any(("W1", o, e) in idx and "median_ms" in idx[("W1", o, e)] for o in opts)
-        ]
-        width = 0.8 / max(1, len(engines))
-        for j, e in enumerate(engines):
-            xs, ys = [], []
-            for i, o in enumerate(opts):
-                r = idx.get(("W1", o, e))
-                if r and "median_ms" in r:
-                    xs.append(i + (j - (len(engines) - 1) / 2) * width)
-                    ys.append(r["median_ms"])
-            ax.bar(xs, ys, width, label=ENGINE_LABELS[e], color=colors[e])
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(opts)))
-        ax.set_xticklabels([OPT_LABELS[o] for o in opts], rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("ms / step (log)")
-        ax.set_title(result["workloads"]["W1"]["description"], fontsize=9, pad=22)
-        handles, names = ax.get_legend_handles_labels()
-        fig.legend(
-            handles, names, fontsize=7, loc="upper center", ncol=len(names), frameon=False, bbox_to_anchor=(0.5, 0.93)
-        )
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "w1_engines.png"))
-        plt.close(fig)
-        files.append("w1_engines.png")
-
-    # Speedup of ours over each peer, per workload and optimizer.
-    rows = []
-    for name in ("W1", "W2", "W3", "W4"):
-        wi = _index(result["runs"], name)
-        for o in OPT_LABELS:
-            mine = wi.get((name, o, "ours"))
-            for p in ("keras", "raw_op", "fbgemm"):
-                r = _ratio(wi.get((name, o, p)), mine)
-                if r is not None:
-                    rows.append((name, o, p, r))
-    if rows:
-        fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
-        labels = sorted({(n, o) for n, o, _, _ in rows}, key=lambda k: (k[0], list(OPT_LABELS).index(k[1])))
-        for j, p in enumerate(("keras", "raw_op", "fbgemm")):
-            pts = [
-                (i + (j - 1) * 0.27, r)
-                for i, lab in enumerate(labels)
-                for (n, o, q, r) in rows
-                if (n, o) == lab and q == p
-            ]
-            xs, ys = [x for x, _ in pts], [y for _, y in pts]
-            if xs:
-                ax.bar(xs, ys, 0.27, label=f"vs {ENGINE_LABELS[p]}", color=colors[p])
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels([f"{n} {OPT_LABELS[o]}" for n, o in labels], rotation=60, ha="right", fontsize=6)
-        ax.set_ylabel("speedup (peer ms / ours ms, log)", fontsize=8)
-        handles, names = ax.get_legend_handles_labels()
-        fig.legend(handles, names, fontsize=7, loc="upper center", ncol=3, frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 0.93))
-        fig.savefig(os.path.join(out_dir, "speedups.png"))
-        plt.close(fig)
-        files.append("speedups.png")
-
-    sweep = [r for r in result["runs"] if str(r.get("section", "")).startswith("sweep:") and "median_ms" in r]
-    if sweep:
-        axes_names = sorted({r["axis"] for r in sweep})
-        ncols = min(2, len(axes_names))
-        nrows = math.ceil(len(axes_names) / ncols)
-        fig, axs = plt.subplots(nrows, ncols, figsize=(8, 2.8 * nrows), dpi=80, squeeze=False)
-        styles = {"sgd": "-", "adagrad": "--", "adam": ":"}
-        for k, axis in enumerate(axes_names):
-            ax = axs[k // ncols][k % ncols]
-            for e, o in sorted({(r["engine"], r["optimizer"]) for r in sweep if r["axis"] == axis}):
-                pts = sorted(
-                    (r["point"], r["median_ms"])
-                    for r in sweep
-                    if r["axis"] == axis and r["engine"] == e and r["optimizer"] == o
-                )
-                label = ENGINE_LABELS[e] if e == "fbgemm_rowwise" else f"{ENGINE_LABELS.get(e, e)} {OPT_LABELS[o]}"
-                ax.plot(
-                    [p for p, _ in pts],
-                    [m for _, m in pts],
-                    styles.get(o, "-"),
-                    marker="o",
-                    ms=3,
-                    color=colors.get(e, "gray"),
-                    label=label,
-                )
-            if axis != "zipf":
-                ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.yaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(axis, fontsize=8)
-            ax.set_ylabel("ms / step", fontsize=8)
-            ax.tick_params(labelsize=7)
-        for k in range(len(axes_names), nrows * ncols):
-            axs[k // ncols][k % ncols].axis("off")
-        handles, labels = axs[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, fontsize=6, loc="lower center", ncol=4)
-        fig.tight_layout(rect=(0, 0.12 if nrows > 1 else 0.2, 1, 1))
-        fig.savefig(os.path.join(out_dir, "sweeps.png"))
-        plt.close(fig)
-        files.append("sweeps.png")
-    return files
-
-
 # --------------------------------------------------------------------------------------------------- files
 def _dump(path: str, obj) -> None:
     tmp = path + ".tmp"
@@ -708,7 +352,7 @@ def _dump(path: str, obj) -> None:
 def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     """Writes the JSON files (and, unless ``with_report`` is False, REPORT.md and the PNGs); returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
-    result = dict(result, targets=targets(result))
+    result = dict(result, targets=report_targets.targets(result))
     written = []
     _dump(os.path.join(out_dir, "suite.json"), result)
     written.append("suite.json")
@@ -737,7 +381,7 @@ def write(result: dict, out_dir: str, with_report: bool = True) -> list[str]:
     written += report_serving_quant.write_json(result, out_dir, common)
     written += report_serving.write_json(result, out_dir, common)
     if with_report:
-        plots = plot(result, out_dir)
+        plots = report_plots.plot(result, out_dir)
         with open(os.path.join(out_dir, "REPORT.md"), "w", encoding="utf-8") as f:
             f.write(markdown(result, plots))
         written += ["REPORT.md"] + plots

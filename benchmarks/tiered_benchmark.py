@@ -38,7 +38,7 @@ def _record_bytes(dim: int) -> int:
     return 2 * dim * 4 + 4  # Adagrad: row + accumulator in float32, the CRC
 
 
-def _sizes(wl, batches: list) -> dict:
+def cache_sizes(wl, batches: list) -> dict:
     """A cache of a tenth of the rows, or of two batches' distinct rows where that is more (smoke sizes: a step's
     rows must fit, and a prefetched batch beside them)."""
     t = wl.tables[0]
@@ -48,7 +48,8 @@ def _sizes(wl, batches: list) -> dict:
     return {"vocab": t.vocab, "dim": t.dim, "cache_rows": rows, "cache_bytes": cache}
 
 
-def _embedding(wl, storage=None):
+def w1_embedding(wl, storage=None):
+    """`(a built te.TPUEmbedding of W1's table, its TableConfig)`: Adagrad, in memory or with `storage`."""
     import tf_embed_ops as te
 
     t = wl.tables[0]
@@ -66,14 +67,17 @@ def _embedding(wl, storage=None):
     return emb, table
 
 
-def _batches(wl, n: int, seed: int = 5) -> list[tf.Tensor]:
+def w1_batches(wl, n: int, seed: int = 5) -> list[tf.Tensor]:
+    """`n` batches of W1's Zipf ids."""
     rng = np.random.default_rng(seed)
     batch, vocab = len(wl.features[0].ids), wl.tables[0].vocab
     zipf = wl.params.get("zipf", 1.05)
     return [tf.constant(wls.zipf_ids(rng, vocab, batch, zipf), tf.int64) for _ in range(n)]
 
 
-def _stepper(emb, batches, prefetch: bool):
+def stepper(emb, batches, prefetch: bool):
+    """A training step of `emb` over `batches` in turn (prefetching the next one with `prefetch`)."""
+
     @tf.function
     def step(ids, next_ids):
         emb.enqueue({"f0": ids})
@@ -96,16 +100,16 @@ def _stepper(emb, batches, prefetch: bool):
 def bench_step(opts, wl, root: str, log) -> dict:
     import tf_embed_ops as te
 
-    batches = _batches(wl, POOL if not opts.smoke else 4)
-    sizes = _sizes(wl, batches)
-    memory, _ = _embedding(wl)
-    engines = {"in_memory": _stepper(memory, batches, prefetch=False)}
+    batches = w1_batches(wl, POOL if not opts.smoke else 4)
+    sizes = cache_sizes(wl, batches)
+    memory, _ = w1_embedding(wl)
+    engines = {"in_memory": stepper(memory, batches, prefetch=False)}
     tables = {}
     for name, prefetch in (("tiered", False), ("tiered_prefetch", True)):
         storage = te.Tiered(cache_bytes=sizes["cache_bytes"], directory=os.path.join(root, name), chunk_bytes=8 << 20)
-        emb, config = _embedding(wl, storage)
+        emb, config = w1_embedding(wl, storage)
         tables[name] = emb.tiered_tables[config]
-        engines[name] = _stepper(emb, batches, prefetch)
+        engines[name] = stepper(emb, batches, prefetch)
     for fn in engines.values():  # trace
         for _ in range(max(opts.warmup, 2)):
             fn()
@@ -179,15 +183,15 @@ def memory_child(smoke: bool, directory: str, steps: int) -> dict:
 
     wl = wls.w1(smoke=smoke)
     small = wls.w1(smoke=True)
-    emb, _ = _embedding(small)  # TensorFlow, the op library and the step's functions loaded and traced
-    _stepper(emb, _batches(small, 2), prefetch=False)()
+    emb, _ = w1_embedding(small)  # TensorFlow, the op library and the step's functions loaded and traced
+    stepper(emb, w1_batches(small, 2), prefetch=False)()
     baseline_kb = _rss_kb()
-    batches = _batches(wl, 8)
-    sizes = _sizes(wl, batches)
+    batches = w1_batches(wl, 8)
+    sizes = cache_sizes(wl, batches)
     storage = te.Tiered(cache_bytes=sizes["cache_bytes"], directory=directory, chunk_bytes=8 << 20)
-    tiered, config = _embedding(wl, storage)
+    tiered, config = w1_embedding(wl, storage)
     table = tiered.tiered_tables[config]
-    run = _stepper(tiered, _batches(wl, 64 if not smoke else 8), prefetch=True)
+    run = stepper(tiered, w1_batches(wl, 64 if not smoke else 8), prefetch=True)
     # Train until the cache is full (every budgeted byte in use), at least `steps` steps.
     for i in range(10 * steps):
         run()

@@ -44,13 +44,13 @@ def _child(args) -> dict:
     from benchmarks import workloads as wls
 
     wl = wls.w1(smoke=False)
-    batches = tb._batches(wl, tb.POOL)  # noqa: SLF001 (the benchmark's own W1 set-up)
-    sizes = tb._sizes(wl, batches)  # noqa: SLF001
+    batches = tb.w1_batches(wl, tb.POOL)
+    sizes = tb.cache_sizes(wl, batches)
     storage = None
     if args.engine != "memory":
         storage = te.Tiered(cache_bytes=sizes["cache_bytes"], directory=args.directory, chunk_bytes=8 << 20)
-    emb, config = tb._embedding(wl, storage)  # noqa: SLF001
-    step = tb._stepper(emb, batches, prefetch=args.engine == "tiered_prefetch")  # noqa: SLF001
+    emb, config = tb.w1_embedding(wl, storage)
+    step = tb.stepper(emb, batches, prefetch=args.engine == "tiered_prefetch")
     table = emb.tiered_tables[config] if storage is not None else None
     if table is not None:  # the cache full and evicting, as in a long run
         for _ in range(400):

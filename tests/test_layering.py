@@ -37,7 +37,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops._optimizer_schema",
         "tf_embed_ops.features",
         "tf_embed_ops.update_trigger",
-        # The one atomic write of every file and directory other processes read (standard library only).
+        # The one atomic write of every file and directory other processes read (standard library only), and how a
+        # checkpoint delta stores 16-bit values (numpy + stock TF).
         "tf_embed_ops.formats",
         # Serving rows: encodings, pruning, export metadata, a static table's serving form (numpy + stock TF).
         "tf_embed_ops.serving.quantization",
@@ -51,7 +52,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tf_embed_ops.serving.delta_format",
         # The tiered storage option (`te.Tiered`), which every table config takes.
         "tf_embed_ops.tiered.config",
-        # The table backend protocol, the walk of one lookup and one update across groups, the serving form's base.
+        # The table backend protocol, the walk of one lookup and one update across groups, the serving form's base,
+        # a numbered-row table's part of an incremental checkpoint chain (numpy + stock TF).
         "tf_embed_ops.backends",
     ),
     # The op wrappers and the SparseCore layout.

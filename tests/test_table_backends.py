@@ -65,6 +65,12 @@ class _Recorder:
     def serving_group(self, context):
         return self
 
+    def chain_state(self, config, view):
+        return None
+
+    def restore_checks(self):
+        return {}
+
 
 def test_the_groups_are_of_the_protocol():
     table = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.1))
@@ -161,3 +167,28 @@ def test_a_step_one_kind_refuses_changes_no_table_of_any_kind(tmp_path, in_funct
     rate.assign(0.25)
     run(emb, {"s": ids, "d": ids, "t": ids})  # a good step still trains every kind
     assert not np.array_equal(emb.embedding_tables[static].numpy(), before[0])
+
+
+def test_each_kind_gives_a_chain_state_of_the_protocol(tmp_path):
+    """An incremental checkpoint asks each table's kind (`TableGroup.chain_state`), never the table's class."""
+    emb, *_ = _three_kinds(tmp_path, 0.1)
+    tracker = te.tracking.Tracker(emb)
+    states = {}
+    for name in tracker.table_names:
+        group, config = tracker.source(name)
+        assert config.name == name
+        states[name] = group.chain_state(config, tracker.table(name))
+    assert all(isinstance(s, protocol.ChainState) for s in states.values())
+    got = {n: (s.delta_kind, s.streamed, s.table is not None) for n, s in states.items()}
+    assert got == {"s": ("static", False, False), "d": ("dynamic", False, True), "t": ("static", True, True)}
+    assert states["t"].table.streams_checkpoint and not states["d"].table.streams_checkpoint
+    assert list(states["t"].dense_variables()) == ["tiered_table_step/t"]
+    assert states["s"].variables() and not states["t"].variables() and not states["d"].variables()
+    with pytest.raises(ValueError, match="no tracked table named 'x'"):
+        tracker.source("x")
+    # A restore's checks come from the groups too, one kind each (the in-memory group's: every variable child).
+    checks = {}
+    for group in emb.groups:
+        checks.update(group.restore_checks())
+    kinds = {name: type(check).__name__ for name, check in checks.items() if "/" not in name}
+    assert kinds == {"s": "VariableCheck", "d": "DynamicCheck", "t": "RestoreCheck"}

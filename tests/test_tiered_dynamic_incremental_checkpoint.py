@@ -19,8 +19,9 @@ from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, run_json_child, ste
 
 import tf_embed_ops as te
 from tf_embed_ops import config as te_config
-from tf_embed_ops.checkpoint import _format, _tiered_dynamic
+from tf_embed_ops.checkpoint import _format
 from tf_embed_ops.checkpoint._format import CheckpointError
+from tf_embed_ops.dynamic import tiered_chain_restore
 
 _emb = tf.tpu.experimental.embedding
 DIM, CACHE_ROWS, CHUNK_ROWS = 4, 8, 5
@@ -116,8 +117,8 @@ def test_a_tiered_dynamic_chain_restores_like_the_in_memory_chain(tmp_path, monk
     _round(pairs, DYNAMIC_BATCHES[:3], evict=[5, 13])
     # The tiered table's deltas are applied chunk by chunk, never through its whole export.
     applied = []
-    apply = _tiered_dynamic.TieredDynamicRestore.apply
-    monkeypatch.setattr(_tiered_dynamic.TieredDynamicRestore, "apply", lambda self: applied.append(apply(self)))
+    apply = tiered_chain_restore.TieredDynamicRestore.apply
+    monkeypatch.setattr(tiered_chain_restore.TieredDynamicRestore, "apply", lambda self: applied.append(apply(self)))
     monkeypatch.setattr(emb_t.dynamic_tables[tiered], "export", lambda: pytest.fail("the whole table was read"))
     assert mgr_m.restore() == mgr_t.restore() == 3
     assert len(applied) == 1

@@ -196,7 +196,7 @@ def test_the_keras_export_serves_bitwise_in_plain_tensorflow(tmp_path):
 def test_an_incremental_checkpoint_chain_of_a_keras_model_restores_bitwise(tmp_path, monkeypatch):
     """The tiered table inside a Keras model: the manager finds its streamed full checkpoint by the model's object
     path and applies the deltas chunk by chunk (never through the table's whole export)."""
-    from tf_embed_ops.checkpoint import _tiered_dynamic
+    from tf_embed_ops.dynamic import tiered_chain_restore
 
     memory, tiered = _pair(tmp_path)
     managers = [
@@ -214,8 +214,8 @@ def test_an_incremental_checkpoint_chain_of_a_keras_model_restores_bitwise(tmp_p
     for model in (memory, tiered):
         model.fit(X, Y, batch_size=8, shuffle=False, verbose=0)
     applied = []
-    apply = _tiered_dynamic.TieredDynamicRestore.apply
-    monkeypatch.setattr(_tiered_dynamic.TieredDynamicRestore, "apply", lambda self: applied.append(apply(self)))
+    apply = tiered_chain_restore.TieredDynamicRestore.apply
+    monkeypatch.setattr(tiered_chain_restore.TieredDynamicRestore, "apply", lambda self: applied.append(apply(self)))
     monkeypatch.setattr(_table(tiered), "export", lambda: pytest.fail("the whole table was read"))
     assert [manager.restore() for manager in managers] == [2, 2]
     assert len(applied) == 1

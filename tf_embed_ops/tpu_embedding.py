@@ -8,20 +8,8 @@ activations with our `EmbeddingActivations` op and `apply_gradients` runs our fu
 
 Variables are created and tracked exactly as TensorFlow's `TPUEmbedding`/`TPUEmbeddingForServing` create them on
 CPU (`_add_variable_with_custom_getter`, one child per table and per slot), so `tf.train.Checkpoint(embedding=emb)`
-writes the same keys and a checkpoint moves both ways between this class and TensorFlow's.
-
-Example:
-    >>> table = tf.tpu.experimental.embedding.TableConfig(vocabulary_size=100, dim=4, name="video")
-    >>> feature_config = {"watched": tf.tpu.experimental.embedding.FeatureConfig(table=table)}
-    >>> emb = TPUEmbedding(feature_config, tf.tpu.experimental.embedding.Adagrad(0.1))
-    >>> @tf.function
-    ... def step(ids):
-    ...   emb.enqueue({"watched": ids})
-    ...   with tf.GradientTape() as tape:
-    ...     acts = emb.dequeue()
-    ...     tape.watch(acts)
-    ...     loss = tf.reduce_sum(acts["watched"] ** 2)
-    ...   emb.apply_gradients(tape.gradient(loss, acts))
+writes the same keys and a checkpoint moves both ways between this class and TensorFlow's. A training step:
+`TPUEmbedding`'s example, and docs/mid_level_api.md.
 """
 
 from __future__ import annotations
@@ -34,10 +22,11 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
-from tf_embed_ops.backends import protocol, walk
 from tf_embed_ops.backends import static as static_backend
+from tf_embed_ops.backends import walk
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.engine import checkpoint as checkpoint_lib
+from tf_embed_ops.engine import groups as groups_lib
 from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import tables as tables_lib
@@ -123,29 +112,16 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         # rounding (`tiered_engine.rounding_table_ids`).
         self._every_table = list(resolved.tables)
         tables_lib.name_and_check_tables(resolved)
-        self._groups = self._make_groups(flat_features)
+        # One table group per kind of table the features use (`_BACKENDS`), after the in-memory tables' group; the
+        # tables and learning-rate tags narrowed to the in-memory tables (each group has its own).
+        split = groups_lib.make_groups(
+            self, flat_features, self._table_config, self._BACKENDS, self._IN_MEMORY_GROUP, self._check_numerics
+        )
+        self._groups, self._table_config, self._dynamic_learning_rates = split
 
         self._built = False
         self._config_proto = None
         self._pending = None
-
-    def _make_groups(self, flat_features: list) -> tuple:
-        """One table backend per kind of table the features use (`_BACKENDS`), after the in-memory tables' group
-        (the features no kind claims; absent when there are none). Narrows `_table_config` and the learning-rate
-        tags to the in-memory tables: each group has its own configuration and tags."""
-        others = [g for g in (kind.of(flat_features, self._check_numerics) for kind in self._BACKENDS) if g is not None]
-        claimed = protocol.claimed_positions(others)
-        static = [i for i in range(len(flat_features)) if i not in claimed]
-        owned = {t.name for g in others for t in g.table_configs}
-        self._table_config = [t for t in self._table_config if t.name not in owned]
-        static_features = [flat_features[i] for i in static]
-        # One entry per distinct learning-rate callable, in table order: index = the dynamic-learning-rate tag.
-        # Resolved again from the tables as they now stand (Keras optimizers converted, the global one written
-        # in), exactly as `from_feature_config` will resolve them for the config proto.
-        self._dynamic_learning_rates = list(config_lib.resolve_tables(static_features).learning_rates)
-        mine = [self._IN_MEMORY_GROUP(self, static, static_features)] if static else []
-        # A tuple of plain objects: attribute tracking leaves it alone (no node in the checkpoint's object graph).
-        return tuple(mine + others)
 
     @property
     def groups(self) -> list:
@@ -153,8 +129,12 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         `lookup_all` and `send_all` walk, and what the lifecycle modules ask for tables."""
         return list(self._groups)
 
-    def _group(self, kind: str) -> Any:
-        return next((g for g in self._groups if g.kind == kind), None)
+    def _group(self, kind: str, built: bool = False) -> Any:
+        """The group of `kind`, or None; `built`: built first (when there is one)."""
+        group = groups_lib.of_kind(self._groups, kind)
+        if built and group is not None:
+            self._maybe_build()
+        return group
 
     @property
     def check_numerics(self) -> bool:
@@ -176,11 +156,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     @property
     def tiered_tables(self) -> dict:
         """`{TableConfig: tiered.TieredTable}` of the tables with `storage=te.Tiered`; empty without any."""
-        group = self._group("tiered")
-        if group is None:
-            return {}
-        self._maybe_build()
-        return group.tables
+        group = self._group("tiered", built=True)
+        return {} if group is None else group.tables
 
     @property
     def dynamic_group(self) -> Any:
@@ -190,20 +167,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     @property
     def dynamic_tables(self) -> dict:
         """`{DynamicTableConfig: DynamicTable}` (a list of shards per table when sharded); empty without any."""
-        group = self._group("dynamic")
-        if group is None:
-            return {}
-        self._maybe_build()
-        return group.tables
+        group = self._group("dynamic", built=True)
+        return {} if group is None else group.tables
 
     @property
     def dynamic_step(self) -> Any:
         """The dynamic tables' step counter (int64 variable, advanced by each update), or None without any."""
-        group = self._group("dynamic")
-        if group is None:
-            return None
-        self._maybe_build()
-        return group.step
+        group = self._group("dynamic", built=True)
+        return None if group is None else group.step
 
     # ------------------------------------------------------------------ variables
 
@@ -221,18 +192,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """
         if self._built:
             return
-        shapes = None
-        if per_replica_input_shapes is not None and not isinstance(per_replica_input_shapes, int):
-            tf.nest.assert_same_structure(
-                tf.nest.flatten(per_replica_input_shapes), tf.nest.flatten(self._feature_config)
-            )
-            shapes = self._output_shapes_from_input_shapes(
-                [tf.TensorShape(s) for s in tf.nest.flatten(per_replica_input_shapes)]
-            )
-        else:
-            batch = per_replica_input_shapes if per_replica_input_shapes is not None else per_replica_batch_size
-            if batch is not None:
-                shapes = features_lib.batch_output_shapes(tf.nest.flatten(self._feature_config), batch)
+        shapes = inputs_lib.build_output_shapes(self._feature_config, per_replica_input_shapes, per_replica_batch_size)
         if shapes is not None:
             self.merge_output_shapes(shapes)
         with tf.init_scope():
@@ -312,12 +272,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         """
         if self._config_proto is not None:
             return self._config_proto
-        group = self._group("in-memory")
-        if group is None:  # the other groups have their own configurations
-            return config_lib.TPUEmbeddingConfiguration()
-        proto = tables_lib.config_proto(
-            self._feature_config if len(group.positions) == len(self._output_shapes) else list(group.features),
-            [self._output_shapes[i] for i in group.positions],
+        proto = tables_lib.group_config_proto(
+            self._feature_config,
+            self._group("in-memory"),
+            self._output_shapes,
             self._pipeline_execution_with_tensor_core,
         )
         # input_shape is written only once every shape is known (TF fixes them at build); until then the proto
@@ -356,9 +314,6 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def combiners(self) -> list:
         """Each table's combiner, in table order."""
         return [table.combiner for table in self._table_config]
-
-    def _output_shapes_from_input_shapes(self, input_shapes: list) -> list:
-        return inputs_lib.output_shapes_from_input_shapes(input_shapes, tf.nest.flatten(self._feature_config))
 
     def merge_output_shapes(self, incoming: list) -> None:
         """Fills still-unknown output shapes (for `config_proto`): `engine.inputs.merge_output_shapes`."""
@@ -464,9 +419,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
           A float32 scalar read after every update (what each group's update returns: its step counter or a table
           element): a data dependency on the whole update, for the Keras layers' trigger (`update_trigger`).
         """
-        sent = walk.send(self._groups, gradients, inputs, check_trainable)
-        probes = [p for p in (g.probe(s) for g, s in zip(self._groups, sent, strict=True)) if p is not None]
-        return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
+        return walk.probe(self._groups, walk.send(self._groups, gradients, inputs, check_trainable))
 
     def send(self, gradients: list, inputs: list) -> list:
         """The fused updates of every table group (as `send_all`, without the scalar read after them); returns each
@@ -528,10 +481,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         )
 
     def _lookup_all(self, inputs: list, training: bool, name: str | None = None) -> list:
-        if _xla.in_xla_context():
-            refusals = walk.xla_refusals(self._groups)
-            if refusals:
-                raise ValueError(f"{type(self).__name__}: {'; '.join(refusals)}. Look them up outside jit_compile.")
+        walk.refuse_under_xla(self._groups, type(self).__name__, "Look them up outside jit_compile.")
         with tf.name_scope(name or "lookup"):
             return walk.lookup(self._groups, inputs, training)
 
@@ -566,17 +516,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         self.advance_rounding_step([update])
         return update
 
-    def _rounding_step_variable(self) -> tf.Variable | None:
-        step = getattr(self, "_rounding_step", None)
-        if step is not None and not isinstance(step, tf.Variable):
-            step = step.value  # a keras.Variable's backing tf.Variable
-        return step
-
     @property
     def rounding_step_variable(self) -> tf.Variable | None:
         """The step counter keying the stochastic rounding of the in-memory 16-bit tables (the checkpoint's
         `rounding_step`), or None without such tables (or before `build`)."""
-        return self._rounding_step_variable()
+        step = getattr(self, "_rounding_step", None)
+        if step is not None and not isinstance(step, tf.Variable):
+            step = step.value  # a keras.Variable's backing tf.Variable
+        return step
 
     def rounding_arguments(self) -> dict:
         """The send op's rounding arguments for 16-bit tables (docs/low_precision.md), {} without them: the
@@ -585,14 +532,14 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         table rounds as it does with every table in memory)."""
         return update_lib.rounding_arguments(
             self._table_config,
-            self._rounding_step_variable(),
+            self.rounding_step_variable,
             tiered_engine.rounding_table_ids(self._every_table, self._table_config),
         )
 
     def advance_rounding_step(self, updates: list) -> None:
         """Counts one step once `updates` (the send ops of the step; None entries: ran eagerly) have run, so a
         rejected step leaves the counter unchanged."""
-        update_lib.advance_rounding_step(self._rounding_step_variable(), updates)
+        update_lib.advance_rounding_step(self.rounding_step_variable, updates)
 
     def __call__(self, features: Any, weights: Any = None) -> Any:
         """Lookup only (no queue, no training): activations for `features`, as `dequeue` would give them."""

@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import operator
 from typing import Any, NamedTuple
 
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import _tf_compat, _xla, embedding_ops
+from tf_embed_ops import _tf_compat
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops._tf_compat import nest, trackable_base
 from tf_embed_ops.backends import walk
@@ -54,9 +52,9 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.engine import checkpoint as engine_checkpoint
 from tf_embed_ops.engine import lookup as lookup_lib
 from tf_embed_ops.engine import stacked_tiered_restore
+from tf_embed_ops.sparse_core import batch as batch_lib
 from tf_embed_ops.sparse_core import checkpoint as checkpoint_lib
 from tf_embed_ops.sparse_core import config_checks, stacked_variable
-from tf_embed_ops.sparse_core import coo as coo_lib
 from tf_embed_ops.sparse_core import layout as layout_lib
 from tf_embed_ops.sparse_core import preprocess as preprocess_lib
 from tf_embed_ops.tiered import config as tiered_config
@@ -249,12 +247,8 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         return {} if group is None else {config.name: table for config, table in group.tables.items()}
 
     def _refuse_under_xla(self, what: str) -> None:
-        refusals = walk.xla_refusals(self._engine.groups) if _xla.in_xla_context() else []
-        if refusals:
-            raise ValueError(
-                f"TPUEmbeddingV2.{what}: {'; '.join(refusals)}. Run the embedding outside jit_compile (the model "
-                "after it may be compiled)."
-            )
+        advice = "Run the embedding outside jit_compile (the model after it may be compiled)."
+        walk.refuse_under_xla(self._engine.groups, f"TPUEmbeddingV2.{what}", advice)
 
     @property
     def embedding_tables(self) -> dict:
@@ -426,6 +420,12 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
     def _plans(self) -> tuple[list, dict]:
         return preprocess_lib.plans(self._flat_features, self._stacking, self._max_ids, self._max_unique_ids)
 
+    def _chips(self) -> batch_lib.Chips:
+        config = self._sparse_core_embedding_config
+        return batch_lib.Chips(
+            self._num_replicas, self._num_sc_per_chip, self._max_ids_per_chip_per_sample, config.allow_id_dropping
+        )
+
     def enqueue(self, features: Any, weights: Any = None, device: str | None = None) -> SparseCoreBatch:
         """Preprocesses a batch on the host, as SparseCore does; returns what `dequeue` takes.
 
@@ -442,58 +442,12 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
             `max_ids_per_chip_per_sample` and `allow_id_dropping` is set: then those ids are dropped).
         """
         del device
-        tf.nest.assert_same_structure(self._feature_config, features)
-        flat_inputs = tf.nest.flatten(features)
-        flat_weights = [None] * len(flat_inputs)
-        if weights is not None:
-            tf.nest.assert_same_structure(self._feature_config, weights)
-            flat_weights = tf.nest.flatten(weights)
         plans, stacks = self._plans()
-        coo = []
-        for (path, _), plan, inp, weight in zip(self._flat_features, plans, flat_inputs, flat_weights, strict=True):
-            coo.extend(coo_lib.feature_coo(path, inp, weight, plan.sample_count))
-        config = self._sparse_core_embedding_config
-        num_features = len(plans)
-
-        def run(*arrays):
-            triples = [tuple(arrays[3 * i : 3 * i + 3]) for i in range(num_features)]
-            try:
-                kept, _, _, dropped = preprocess_lib.preprocess(
-                    triples,
-                    plans,
-                    stacks,
-                    self._num_replicas,
-                    self._num_sc_per_chip,
-                    self._max_ids_per_chip_per_sample,
-                    config.allow_id_dropping,
-                )
-            except ValueError as e:
-                raise tf.errors.InvalidArgumentError(None, None, str(e)) from e
-            for name, count in dropped.items():
-                if count:
-                    logging.warning(
-                        "Table %s is dropping %d ids so that the batch fits SparseCore's buffer.", name, count
-                    )
-            out = []
-            for samples, ids, gains in kept:
-                out.extend([samples, ids, gains])
-            out.append(np.asarray([dropped[n] for n in sorted(dropped)], np.int64))
-            return out
-
-        with tf.name_scope("tpu_embedding_v2_enqueue"):
-            flat = tf.numpy_function(
-                run, coo, [tf.int64, tf.int64, tf.float32] * num_features + [tf.int64], stateful=False
-            )
-        inputs = []
-        for i, plan in enumerate(plans):
-            samples, ids, gains = flat[3 * i : 3 * i + 3]
-            ids = tf.ensure_shape(ids, [None])
-            ragged_ids = tf.RaggedTensor.from_value_rowids(
-                ids, tf.ensure_shape(samples, [None]), nrows=plan.sample_count
-            )
-            ragged_gains = ragged_ids.with_values(tf.ensure_shape(gains, [None]))
-            inputs.append(embedding_ops.normalize_feature(ragged_ids, weights=ragged_gains))
-        dropped = dict(zip(sorted(stacks), tf.unstack(tf.ensure_shape(flat[-1], [len(stacks)])), strict=True))
+        chips = self._chips()
+        paths = [path for path, _ in self._flat_features]
+        inputs, dropped = batch_lib.host_preprocess(
+            self._feature_config, paths, features, weights, plans, stacks, chips
+        )
         return SparseCoreBatch(tuple(inputs), dropped)
 
     def dequeue(self, partitioned_tensors: SparseCoreBatch) -> tuple[Any, SparseCoreBatch]:
@@ -540,22 +494,7 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         for table in self._table_config:
             if table.optimizer is None:
                 raise RuntimeError(f"Table {table.name!r} has no optimizer; it can be looked up but not trained.")
-        flat = []
-        for gradient, (path, feature) in zip(nest.flatten(gradients), self._flat_features, strict=True):
-            shape = feature.output_shape.as_list() + [feature.table.dim]
-            samples = functools.reduce(operator.mul, feature.output_shape.as_list(), 1)
-            if gradient is not None and not isinstance(gradient, tf.Tensor):
-                raise ValueError(f"found non-tensor type: {type(gradient)} at path {path}.")
-            if gradient is None:
-                logging.warning(
-                    "No gradient passed for feature %s, sending zero gradient. This may not be correct behavior for "
-                    "certain optimizers like Adam.",
-                    path,
-                )
-                gradient = tf.zeros(shape, tf.float32)
-            elif not gradient.shape.is_compatible_with(shape):
-                raise ValueError(f"Found gradient of shape {gradient.shape} at path {path}. Expected shape {shape}.")
-            flat.append(tf.reshape(tf.cast(gradient, tf.float32), [samples, feature.table.dim]))
+        flat = batch_lib.engine_gradients(nest.flatten(gradients), self._flat_features)
         self._refuse_under_xla("apply_gradients")
         # Every group's checks before any group writes: a step one refuses changes no table (`backends.walk.send`).
         self._engine.send(flat, list(preserved_outputs.inputs))
@@ -608,20 +547,5 @@ class TPUEmbeddingV2(_tf_compat.AutoTrackable):
         config = sparse_core_embedding_config or _emb.SparseCoreEmbeddingConfig()
         emb = cls(feature_config, optimizer, False, config, num_replicas=num_tpu_chips, num_sc_per_chip=num_sc_per_chip)
         plans, stacks = emb._plans()
-        tf.nest.assert_same_structure(emb._feature_config, features)
-        triples = []
-        for (path, _), plan, inp in zip(emb._flat_features, plans, tf.nest.flatten(features), strict=True):
-            rows, ids, w = coo_lib.feature_coo(path, inp, None, plan.sample_count)
-            triples.append((rows.numpy(), ids.numpy(), w.numpy()))
-        _, max_ids, max_unique, _ = preprocess_lib.preprocess(
-            triples,
-            plans,
-            stacks,
-            num_tpu_chips,
-            num_sc_per_chip,
-            emb._max_ids_per_chip_per_sample,
-            config.allow_id_dropping,
-            check_capacity=False,
-        )
-        as_tensors = functools.partial(tf.constant, dtype=tf.int32)
-        return ({k: as_tensors(v) for k, v in max_ids.items()}, {k: as_tensors(v) for k, v in max_unique.items()})
+        paths = [path for path, _ in emb._flat_features]
+        return batch_lib.sparse_core_stats(emb._feature_config, paths, features, plans, stacks, emb._chips())

@@ -378,6 +378,7 @@ class Tracker:
 
     def __init__(self, obj: Any):
         self._tables: dict = {}
+        self._sources: dict = {}
         engines = find_engines(obj)
         for engine in engines:
             engine.ensure_built()
@@ -386,6 +387,7 @@ class Tracker:
             for group in engine.groups:
                 for config, table in group.tables.items():
                     self._add(config.name, _VIEWS[group.kind](config, table, engine))
+                    self._sources[config.name] = (group, config)
 
     def _add(self, name: str, table: Any) -> None:
         if name in self._tables:
@@ -406,6 +408,12 @@ class Tracker:
         cache), `versions()`, `changed_since(since)`, `read(rows)`, `mark_all()`; a static one in memory also its
         `parameters` and `slots` shard variables and `offsets`, a tiered or dynamic one its `table`."""
         return self._table(name)
+
+    def source(self, name: str) -> tuple:
+        """`(group, TableConfig)` of table `name`: the table group (`backends.protocol.TableGroup`) that holds it,
+        which a lifecycle module asks for the table's kind's parts (`group.chain_state(config, table(name))`)."""
+        self._table(name)
+        return self._sources[name]
 
     def _table(self, name: str) -> Any:
         if name not in self._tables:

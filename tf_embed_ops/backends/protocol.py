@@ -4,7 +4,8 @@ A front end (`te.TPUEmbedding` and the classes built on it: `te.TPUEmbeddingV2`,
 classes) splits its features by the kind of their tables into groups, each an object of this protocol, and runs
 one lookup and one update across them (`tf_embed_ops.backends.walk`) without asking which kind a group is. The
 lifecycle modules (tracking, incremental checkpoints, the exporter, the publisher) ask the group's `tables` and the
-table objects' own methods (`changed rows since a cursor`, `serving form`, checkpoint hooks), never the kind.
+table objects' own methods (`changed rows since a cursor`, `serving form`, checkpoint hooks), never the kind: an
+incremental checkpoint chain asks each table's `ChainState` (`TableGroup.chain_state`).
 
 The kinds, one module each: `tf_embed_ops.backends.static.StaticGroup` (tables and slots in `tf.Variable`s),
 `tf_embed_ops.dynamic.engine.DynamicGroup` (hash-table tables keyed by int64 or string, in memory or tiered),
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["TableGroup", "claimed_positions"]
+__all__ = ["ChainState", "TableGroup", "claimed_positions"]
 
 
 @runtime_checkable
@@ -81,6 +82,63 @@ class TableGroup(Protocol):
     def serving_group(self, context: Any) -> Any:
         """The group as a serving graph reads it: an object with `positions` and `lookup(inputs, training)` built
         of stock TensorFlow ops over the tables' serving forms (`context`: the export's `ExportContext`)."""
+
+    def chain_state(self, config: Any, view: Any) -> ChainState:
+        """Table `config`'s part of an incremental checkpoint chain (`tf_embed_ops.checkpoint`), over the tracker's
+        view of it (`view`: `tracking.Tracker.table`)."""
+
+    def restore_checks(self) -> dict:
+        """`{checkpoint child name: check}` of the group's tables (built or not): what a restore of the embedding
+        checks before any table is written (`engine.checkpoint`). A check's `check(name, node, restore)` reads
+        the child's checkpoint node (`restore`: `engine.checkpoint.Restore`), raises ValueError naming the table
+        if it does not fit, and returns what must run once every table passed (or None)."""
+
+
+@runtime_checkable
+class ChainState(Protocol):
+    """One table's part of an incremental checkpoint chain: what a delta holds of it, and how it is restored.
+
+    The manager (`tf_embed_ops.checkpoint.IncrementalCheckpointManager`) saves a full checkpoint with
+    `tf.train.Checkpoint.write`, then deltas; each table's kind writes, checks and restores its part of a delta.
+
+    Attributes:
+      name: the table's name (its arrays in a delta are `<delta_kind>/<name>/...`).
+      delta_kind: the table's kind in a delta's header and the model fingerprint ("static": numbered rows;
+        "dynamic": keyed rows). A chain moves between kinds of one `delta_kind` through its full checkpoint.
+      streamed: the full checkpoint streams the table (its own saver; rows never whole in memory), so a save
+        after it changed whole is a full checkpoint, and it must be tracked (a delta would lack its changes).
+      table: the table object a checkpoint tracks (whose object path locates it there), or None when its rows
+        are the embedding's variables.
+    """
+
+    name: str
+    delta_kind: str
+    streamed: bool
+    table: Any
+
+    def variables(self) -> list:
+        """The variables a delta holds as rows (the chain saves every other variable whole)."""
+
+    def dense_variables(self) -> dict:
+        """`{path: variable}` a delta also holds whole for the table (a tiered table's rounding step)."""
+
+    def describe(self) -> dict:
+        """The table's layout (json) in the model fingerprint: deltas of another layout are refused."""
+
+    def whole(self, changes: Any) -> bool:
+        """Whether `changes` (the tracker's `TableChanges`) cover the whole table."""
+
+    def delta(self, changes: Any) -> tuple[dict, dict]:
+        """`(arrays, header entry)` of the delta of `changes` (the header entry's "kind" is `delta_kind`)."""
+
+    def check_delta(self, path: str, info: dict, arrays: dict) -> None:
+        """Raises ValueError (naming `path`, the table and the array) unless the delta's part fits the table."""
+
+    def plan_restore(self, deltas: list, prefix: str, reader: Any, object_name: str | None) -> Any:
+        """Checks the restore of the full checkpoint at `prefix` and `deltas` ([(header, arrays)], chain order),
+        writing nothing (ValueError naming the table); returns what writes the deltas once TensorFlow has read the
+        full checkpoint (`apply()`). `reader`: `tf.train.load_checkpoint(prefix)`; `object_name`: `table`'s
+        object path in it (None: not found, or no table object)."""
 
 
 def claimed_positions(groups: Sequence[Any]) -> set[int]:

@@ -12,7 +12,8 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _xla, embedding_ops, table_config, update_trigger
-from tf_embed_ops.backends import served
+from tf_embed_ops.backends import row_chain, served
+from tf_embed_ops.engine import variable_restore
 
 __all__ = ["StaticGroup"]
 
@@ -104,6 +105,13 @@ class StaticGroup:
 
     def serving_group(self, context: Any) -> ServedStaticGroup:
         return ServedStaticGroup(self, context)
+
+    def chain_state(self, config: Any, view: Any) -> row_chain.RowChain:
+        return row_chain.RowChain(config.name, view)
+
+    def restore_checks(self) -> dict:
+        """The checks of every variable child of the embedding (its tables, slots and `rounding_step`)."""
+        return variable_restore.variable_checks(self._embedding)
 
 
 class ServedStaticGroup(served.ServedGroup):

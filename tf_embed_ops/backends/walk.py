@@ -10,7 +10,9 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["lookup", "send", "xla_refusals"]
+from tf_embed_ops import _xla
+
+__all__ = ["lookup", "probe", "refuse_under_xla", "send", "xla_refusals"]
 
 
 def _take(items: Sequence[Any], positions: Sequence[int]) -> list:
@@ -56,6 +58,21 @@ def send(groups: Sequence[Any], gradients: list, inputs: list, check_trainable: 
     ]
 
 
+def probe(groups: Sequence[Any], sent: list) -> tf.Tensor:
+    """A float32 scalar read after every group's update (`sent`: `send`'s answer; each group's `probe`): a data
+    dependency on the whole update, for the Keras layers' trigger (`update_trigger`); zero when none reads."""
+    probes = [p for p in (g.probe(s) for g, s in zip(groups, sent, strict=True)) if p is not None]
+    return tf.add_n([tf.cast(p, tf.float32) for p in probes]) if probes else tf.zeros([], tf.float32)
+
+
 def xla_refusals(groups: Sequence[Any]) -> list[str]:
     """Why some of `groups` cannot be looked up under XLA ([] when every group can)."""
     return [reason for reason in (group.xla_refusal() for group in groups) if reason is not None]
+
+
+def refuse_under_xla(groups: Sequence[Any], who: str, advice: str) -> None:
+    """Raises ValueError (`who`: the call; the groups' reasons, then `advice`) when running under XLA
+    (`jit_compile=True`) and some of `groups` cannot be looked up there."""
+    refusals = xla_refusals(groups) if _xla.in_xla_context() else []
+    if refusals:
+        raise ValueError(f"{who}: {'; '.join(refusals)}. {advice}")

@@ -17,11 +17,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, tracking
-from tf_embed_ops.checkpoint import _format, _tiered_dynamic, delta_checks, table_states
+from tf_embed_ops.checkpoint import _format
 from tf_embed_ops.checkpoint._format import CheckpointError
 from tf_embed_ops.embedding_ops import checked_int
-from tf_embed_ops.formats import atomic_write
-from tf_embed_ops.tiered.table import TieredTable
+from tf_embed_ops.formats import atomic_write, delta_arrays
 
 __all__ = ["CheckpointError", "IncrementalCheckpointManager"]
 
@@ -57,7 +56,10 @@ class IncrementalCheckpointManager:
     them (`checkpoint.write`), a delta holds the rows the tracker reports changed, read from the tier, and a tiered
     table changed whole makes the save a full checkpoint. A tiered dynamic table's deltas are applied at restore
     with its keys and metadata merged in memory and its rows written from the full checkpoint one chunk at a time
-    and from the deltas (`_tiered_dynamic`).
+    and from the deltas.
+
+    What a chain holds of each table, and how a delta of it is written, checked and restored, is the table's kind's
+    (`backends.protocol.ChainState`, which each table's group makes: `TableGroup.chain_state`).
 
     Thread safety: `save`, `compact` and `restore` may be called from several threads (while others train): the
     calls on one manager run one at a time (a lock), each numbering its checkpoint after the previous one's. One
@@ -93,25 +95,17 @@ class IncrementalCheckpointManager:
         descendants = tf.train.TrackableView(checkpoint).descendants()
         self._tracker = tracking.Tracker(embeddings if embeddings is not None else descendants)
         self._tables = {}
-        embedding_vars = set()
-        tiered: list = []
         for name in self._tracker.table_names:
-            table = self._tracker.table(name)
-            if table.kind == "static" and table.tiered:
-                self._tables[name] = table_states.TieredState(name, table)
-                tiered.append(table.table)
-            elif table.kind == "static":
-                self._tables[name] = table_states.StaticState(name, table)
-                for shards in [table.parameters, *table.slots.values()]:
-                    embedding_vars.update(id(v) for v in shards)
-            else:
-                self._tables[name] = table
-                if table.tiered:
-                    tiered.append(table.table)
-        self._embedding_vars = embedding_vars
+            group, config = self._tracker.source(name)
+            self._tables[name] = group.chain_state(config, self._tracker.table(name))
+        self._embedding_vars = {id(v) for state in self._tables.values() for v in state.variables()}
         # A tiered table the checkpoint reaches but the tracker does not: a delta would lack its changes.
-        tiered_objects = [d for d in descendants if isinstance(d, TieredTable) or table_states.is_tiered_dynamic(d)]
-        untracked = [d.table_name for d in tiered_objects if all(d is not t for t in tiered)]
+        streamed = [state.table for state in self._tables.values() if state.streamed]
+        untracked = [
+            d.table_name
+            for d in descendants
+            if getattr(d, "streams_checkpoint", False) and all(d is not t for t in streamed)
+        ]
         if untracked:
             raise ValueError(
                 f"{who}: table(s) {', '.join(map(repr, untracked))} are tiered (storage=te.Tiered) and in the "
@@ -134,11 +128,8 @@ class IncrementalCheckpointManager:
             if var is None or id(var) in self._embedding_vars:
                 continue
             dense.setdefault("/".join(ref.name for ref in paths[obj]), var)
-        for name, state in self._tables.items():
-            if isinstance(state, table_states.TieredState):
-                # A tiered table's rounding step is saved by its streamed saver, not as a checkpoint variable: each
-                # delta carries it, as it carries an in-memory embedding's `rounding_step`.
-                dense[f"tiered_table_step/{name}"] = state.table.table.step
+        for state in self._tables.values():
+            dense.update(state.dense_variables())
         return dense
 
     # ------------------------------------------------------------------------------------------ properties
@@ -213,7 +204,7 @@ class IncrementalCheckpointManager:
             changes = self._tracker.changed_since(self._cursor)
             # A tiered table changed whole (non-lazy optimizer, restore) or every row of it changed one by one: a
             # full checkpoint streams it from the tier, where a delta would hold every row in memory.
-            want_full = any(self._is_tiered(n) and self._whole(n, ch) for n, ch in changes.tables.items())
+            want_full = any(self._tables[n].streamed and self._tables[n].whole(ch) for n, ch in changes.tables.items())
         if want_full:
             entry, cursor = self._save_full(name, number)
         else:
@@ -227,18 +218,6 @@ class IncrementalCheckpointManager:
         self._manifest, self._cursor = manifest, cursor
         self._delete_unlisted()
         return os.path.join(self._directory, name)
-
-    def _is_tiered(self, name: str) -> bool:
-        state = self._tables[name]
-        return isinstance(state, table_states.TieredState) or bool(getattr(state, "tiered", False))
-
-    def _whole(self, name: str, changes: Any) -> bool:
-        """The table changed whole: `full` (a restore, non-lazy Adam, `mark_all`), or every row of a static table
-        listed (training or row writes reached them all; a delta of them would be the table)."""
-        state = self._tables[name]
-        return bool(changes.full) or (
-            isinstance(state, table_states.StaticState) and changes.rows.size >= state.table.num_rows
-        )
 
     def compact(self) -> str:
         """Folds the chain into a new full checkpoint of the current state (training may continue afterwards);
@@ -265,31 +244,12 @@ class IncrementalCheckpointManager:
         arrays: dict = {}
         tables: dict = {}
         for table_name, ch in changes.tables.items():
-            state = self._tables[table_name]
-            if isinstance(state, table_states.StaticState):
-                values = self._tracker.read_rows(table_name, ch.rows)
-                arrays[f"static/{table_name}/rows"] = ch.rows
-                dtypes = {}
-                for var_name, value in values.items():
-                    arrays[f"static/{table_name}/{var_name}"], dtypes[var_name] = table_states.storage(value)
-                tables[table_name] = {
-                    "kind": "static",
-                    "full": bool(ch.full),
-                    "dtypes": dtypes,
-                    "rows": int(ch.rows.size),
-                }
-            else:
-                for k, v in ch.contents.items():
-                    arrays[f"dynamic/{table_name}/{k}"] = v
-                arrays[f"dynamic/{table_name}/evicted"] = ch.evicted
-                for k, v in table_states.policy_state(state.table).items():
-                    arrays[f"dynamic/{table_name}/policy/{k}"] = v
-                arrays[f"dynamic/{table_name}/step"] = np.asarray([int(s.step.numpy()) for s in state.shards], np.int64)
-                tables[table_name] = {"kind": "dynamic", "full": bool(ch.full), "rows": int(ch.rows.size)}
+            table_arrays, tables[table_name] = self._tables[table_name].delta(ch)
+            arrays.update(table_arrays)
         dense_dtypes = {}
         self._dense = self._dense_variables()
         for path, var in self._dense.items():
-            arrays[f"dense/{path}"], dense_dtypes[path] = table_states.storage(np.asarray(var.numpy()))
+            arrays[f"dense/{path}"], dense_dtypes[path] = delta_arrays.storage(np.asarray(var.numpy()))
         header = {
             "format": _format.FORMAT,
             "format_version": _format.FORMAT_VERSION,
@@ -389,12 +349,11 @@ class IncrementalCheckpointManager:
                 break
             deltas.append((header, arrays))
             restored.append(entry)
-        tiered = self._tiered_dynamic_restores(prefix, deltas)
-        merged = self._merged_dynamic(prefix, deltas, set(tiered))
+        plans = self._restore_plans(prefix, deltas)
         # Validated: now change state.
         status = self._checkpoint.read(prefix)
         status.expect_partial()
-        self._apply_deltas(deltas, tiered, merged)
+        self._apply_deltas(deltas, plans)
         self._tracker.mark_all()  # every consumer (publishers too) must take the restored tables whole
         self._cursor = self._tracker.cursor()
         self._manifest = {"chain": chain[: base + len(restored)], "model_id": self._model_id}
@@ -417,12 +376,12 @@ class IncrementalCheckpointManager:
             raise CheckpointError(f"{path}: holds tables {got}, this model has {sorted(self._tables)}")
         for name, info in tables.items():
             state = self._tables[name]
-            if info.get("kind") != ("static" if isinstance(state, table_states.StaticState) else "dynamic"):
+            if info.get("kind") != state.delta_kind:
                 raise CheckpointError(f"{path}: table {name!r} is not a table of this model")
-            if isinstance(state, table_states.StaticState):
-                delta_checks.check_static(path, name, state, info, arrays)
-            else:
-                delta_checks.check_dynamic(path, name, state, arrays)
+            try:
+                state.check_delta(path, info, arrays)
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
         dense = header.get("dense")
         if not isinstance(dense, dict):
             raise CheckpointError(f"{path}: malformed header (no dense variables)")
@@ -436,27 +395,26 @@ class IncrementalCheckpointManager:
                 raise CheckpointError(
                     f"{path}: dense variable {path_name!r} has shape {value.shape}, the model's is {tuple(var.shape)}"
                 )
-            if dense[path_name] != var.dtype.name or value.dtype != table_states.stored_dtype(var.dtype.name):
+            if dense[path_name] != var.dtype.name or value.dtype != delta_arrays.stored_dtype(var.dtype.name):
                 raise CheckpointError(
                     f"{path}: dense variable {path_name!r} is {dense[path_name]} ({value.dtype} stored), the model's "
                     f"is {var.dtype.name}"
                 )
 
-    def _tiered_dynamic_restores(self, prefix: str, deltas: list) -> dict:
-        """{table name: `_tiered_dynamic.TieredDynamicRestore`} of the tiered dynamic tables whose full checkpoint
-        is streamed (one saved from the table in memory is merged as in memory: it fit), checked; {} without
+    def _restore_plans(self, prefix: str, deltas: list) -> dict:
+        """{table name: its restore plan (`ChainState.plan_restore`: checked, written by `apply()`)}; {} without
         deltas."""
-        names = [n for n, s in self._tables.items() if not isinstance(s, table_states.StaticState) and s.tiered]
-        if not deltas or not names:
+        if not deltas:
             return {}
         reader = tf.train.load_checkpoint(prefix)
-        out = {}
-        for name in names:
-            table = self._tables[name].table
-            object_name = self._object_name(table)
-            if object_name is not None and _tiered_dynamic.is_streamed(reader, object_name):
-                out[name] = _tiered_dynamic.TieredDynamicRestore(name, table, object_name, prefix, reader, deltas)
-        return out
+        plans = {}
+        for name, state in self._tables.items():
+            object_name = self._object_name(state.table) if state.table is not None else None
+            try:
+                plans[name] = state.plan_restore(deltas, prefix, reader, object_name)
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
+        return plans
 
     def _object_name(self, obj: Any) -> str | None:
         """`obj`'s object path in the checkpoint (the prefix of its checkpoint keys), or None if unreachable."""
@@ -464,67 +422,15 @@ class IncrementalCheckpointManager:
         found = [d for d in descendants if d is obj]
         return "/".join(ref.name for ref in paths[found[0]]) if found else None
 
-    def _merged_dynamic(self, prefix: str, deltas: list, skip: set) -> dict:
-        """{table name: checkpoint tensors} of every dynamic table kept in memory: the full checkpoint's content
-        (read from its files) with the deltas merged in, checked against the table (`max_rows`, dims, admission
-        counters, policies' state) before the restore writes anything. Tiered tables merged by `_tiered_dynamic`
-        (`skip`) are left out."""
-        names = [n for n, s in self._tables.items() if not isinstance(s, table_states.StaticState) and n not in skip]
-        if not deltas or not names:
-            return {}
-        reader = tf.train.load_checkpoint(prefix)
-        available = reader.get_variable_to_shape_map()
-        out = {}
-        for name in names:
-            table = self._tables[name].table
-            object_name = self._object_name(table)
-            keys = [f"{object_name}/.ATTRIBUTES/{k}" for k in (*table_states.DYNAMIC, *table_states.PENDING, "step")]
-            if object_name is None or not all(k in available for k in keys):
-                continue  # the checkpoint holds the table in a form of its own: merged after the read
-            content = {
-                k: reader.get_tensor(f"{object_name}/.ATTRIBUTES/{k}")
-                for k in (*table_states.DYNAMIC, *table_states.PENDING)
-            }
-            tensors = table_states.merge_dynamic(name, content, deltas)
-            try:
-                table.spec.validate(tensors)
-            except ValueError as e:
-                raise CheckpointError(f"{prefix} and its deltas: {e}") from None
-            out[name] = tensors
-        return out
-
-    def _apply_deltas(self, deltas: list, tiered: dict | None = None, merged: dict | None = None) -> None:
+    def _apply_deltas(self, deltas: list, plans: dict) -> None:
         if not deltas:
             return
-        tiered = tiered or {}
-        merged = merged or {}
-        for name, state in self._tables.items():
-            if isinstance(state, table_states.StaticState):
-                rows, values = None, {}
-                for header, arrays in deltas:  # later deltas win: keep the last value of each row
-                    info = header["tables"][name]
-                    r = arrays[f"static/{name}/rows"]
-                    v = {
-                        k: table_states.from_storage(arrays[f"static/{name}/{k}"], d) for k, d in info["dtypes"].items()
-                    }
-                    if rows is None:
-                        rows, values = r, v
-                    else:
-                        keep = ~np.isin(rows, r)
-                        rows = np.concatenate([rows[keep], r])
-                        values = {k: np.concatenate([values[k][keep], v[k]]) for k in values}
-                if rows is not None and rows.size:
-                    state.restore_rows(rows, values)
-            elif name in tiered:
-                tiered[name].apply()  # a tiered dynamic table: its rows a chunk at a time
-            else:
-                tensors = merged.get(name) or table_states.merge_dynamic(name, None, deltas, state.table)
-                # The full-checkpoint restore path: resharding by key and capacity growth included.
-                state.table.restore_tensors({k: tf.constant(v) for k, v in tensors.items()})
+        for plan in plans.values():
+            plan.apply()
         header, arrays = deltas[-1]
         for path, var in self._dense.items():
             if path in header["dense"]:
-                var.assign(table_states.from_storage(arrays[f"dense/{path}"], header["dense"][path]))
+                var.assign(delta_arrays.from_storage(arrays[f"dense/{path}"], header["dense"][path]))
         missing = sorted(set(header["dense"]) - set(self._dense))
         if missing:
             # Not created yet (e.g. a Keras optimizer before its first step): they keep the full checkpoint's
@@ -542,9 +448,5 @@ class IncrementalCheckpointManager:
         refused (the other variables are checked one by one, by path and shape)."""
         desc = {}
         for name, state in self._tables.items():
-            if isinstance(state, table_states.StaticState):
-                desc[name] = state.describe()
-            else:
-                shard = state.shards[0]
-                desc[name] = {"kind": "dynamic", "dim": shard.dim, "slot_widths": list(shard.slot_widths)}
+            desc[name] = state.describe()
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]

@@ -20,8 +20,8 @@ file and the table (`read_tensor`, `check_data_files`); nothing was changed then
 from __future__ import annotations
 
 import glob
+import inspect
 import os
-import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -300,9 +300,10 @@ def calling_position(trackable: Any) -> Any:
     `_checkpoint_adapter` (`restore._maybe_get_adapter`, TF 2.16 - 2.21), which the hook is not given. None when
     not found. Call it from the hook, or from a function the hook calls (it looks up to four frames above its
     caller)."""
-    frame = sys._getframe(1)  # noqa: SLF001 - see the docstring
+    frame = inspect.currentframe()  # this function's frame: its first `f_back` is the caller's
+    frame = frame.f_back if frame is not None else None
     for _ in range(4):
-        frame = frame.f_back
+        frame = frame.f_back if frame is not None else None
         if frame is None:
             return None
         position = frame.f_locals.get("checkpoint_position")

@@ -22,9 +22,9 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
 from tf_embed_ops.backends import served
+from tf_embed_ops.dynamic import chain, policies, restore_check
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
-from tf_embed_ops.dynamic import policies
 
 __all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature"]
 
@@ -228,6 +228,12 @@ class DynamicGroup:
 
     def serving_group(self, context: Any) -> FrozenDynamicGroup:
         return FrozenDynamicGroup(self, context)
+
+    def chain_state(self, config: Any, view: Any) -> chain.DynamicChain:
+        return chain.DynamicChain(config.name, view)
+
+    def restore_checks(self) -> dict:
+        return restore_check.DynamicCheck.of(self.table_configs, self.num_shards, self._objects)
 
     def evaluate_learning_rates(self) -> list:
         """The group's learning rates, one float32 scalar per dynamic tag (its callables, called once)."""

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.dynamic import checkpoint_check, policies, tiered_checkpoint
+from tf_embed_ops.dynamic import checkpoint_check, eviction, tiered_checkpoint
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
 from tf_embed_ops.dynamic.table_state import (
@@ -56,7 +56,9 @@ from tf_embed_ops.dynamic.table_state import (
     EXPORT_TENSORS,
     CheckpointTensors,  # re-exported: their documented home was this module
     all_eager,
+    check_contents_shapes,
     checked_step,
+    complete_contents,
     policy_state_checks,
     policy_tensor_names,
     restrict_to_shard,
@@ -241,6 +243,11 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
         return self._tiered
 
     @property
+    def streams_checkpoint(self) -> bool:
+        """Whether a checkpoint streams the table (its registered saver: tiered), or holds it as tensors."""
+        return self._tiered is not None
+
+    @property
     def bloom_bytes(self) -> int:
         """Bytes of the table's Bloom admission filter (0 without Bloom admission)."""
         return checkpoint_check.bloom_bytes(self._attrs)
@@ -289,54 +296,8 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
             policy = getattr(self._config, "eviction", None)
             if policy is None:
                 raise ValueError(f"DynamicTable {self._table_name!r}: evict() needs a policy; the table has none")
-        if not isinstance(policy, policies.EvictionPolicy):
-            raise ValueError(
-                f"DynamicTable {self._table_name!r}: policy must be te.dynamic.LRU, LFU, TTL, L2Norm, DecayedLFU, "
-                f"CountAndAge or Score, got {policy!r}"
-            )
         step = self._step.read_value() if step is None else step
-        if isinstance(policy, policies.Score):
-            return self._score_round(policy, step)
-        attrs = policy.attrs()
-        return _ops.dynamic_table_evict(
-            self.resource_handle,
-            step,
-            policy=attrs["eviction"],
-            max_rows=attrs["eviction_max_rows"],
-            ttl_steps=attrs["eviction_ttl_steps"],
-            min_norm=attrs["eviction_min_norm"],
-            decay=attrs["eviction_decay"],
-            min_count=attrs["eviction_min_count"],
-        )
-
-    def _score_round(self, policy: Any, step: Any) -> tf.Tensor:
-        """One eviction round of a user score: the statistics of every row, one call of the score function over
-        them, then the lowest scores go (`TfEmbed>DynamicTableEvictByScore`, which checks the scores again)."""
-        step = tf.cast(step, tf.int64)
-        stats = _ops.dynamic_table_row_stats(self.resource_handle)
-        count = tf.cast(stats.counts, tf.float32)
-        scores = policy.fn(
-            count,
-            tf.cast(stats.last_steps, tf.float32),
-            stats.norms,
-            tf.fill(tf.shape(count), tf.cast(step, tf.float32)),
-        )
-        where = f"DynamicTable {self._table_name!r}: the Score function"
-        try:
-            scores = tf.convert_to_tensor(scores)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where} must return a float32 tensor of shape [n]; got {scores!r} ({e})") from None
-        if scores.dtype != tf.float32:
-            raise ValueError(
-                f"{where} returned dtype {scores.dtype.name}; it must return float32 scores, one per row (shape "
-                "[n]); nothing was evicted"
-            )
-        if scores.shape.rank is not None and scores.shape.rank != 1:
-            raise ValueError(
-                f"{where} returned shape {scores.shape}; it must return one score per row (shape [n]); nothing was "
-                "evicted"
-            )
-        return _ops.dynamic_table_evict_by_score(self.resource_handle, stats.keys, scores, step, policy.max_rows)
+        return eviction.evict(self.resource_handle, f"DynamicTable {self._table_name!r}", policy, step)
 
     def evicted_keys(self, include_refused: bool = False, strict: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
         """The keys evicted since the previous call, with the step of each eviction.
@@ -357,28 +318,14 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
         Raises:
           tf.errors.InvalidArgumentError: (strict) entries were dropped before this call read them.
         """
-        entries = _ops.dynamic_table_read_log(self.resource_handle, self._log_cursor.read_value())
-        checks = []
-        if strict:
-            checks.append(
-                tf.debugging.assert_equal(
-                    entries.dropped,
-                    tf.constant(0, tf.int64),
-                    message=(
-                        f"DynamicTable {self._table_name!r}: evicted_keys() fell behind the eviction log, which keeps "
-                        f"{self._attrs.get('eviction_log_capacity')} entries (eviction_log_capacity); this many "
-                        "evictions were dropped before they were read. Call evicted_keys() more often, raise "
-                        "eviction_log_capacity, or call evicted_keys(strict=False) to skip them"
-                    ),
-                )
-            )
-        with tf.control_dependencies(checks):
-            advance = self._log_cursor.assign(entries.next_cursor)
-        keep = (
-            tf.ones_like(entries.kinds, tf.bool) if include_refused else tf.not_equal(entries.kinds, _ops.LOG_REFUSED)
+        return eviction.read_log(
+            self.resource_handle,
+            f"DynamicTable {self._table_name!r}",
+            self._log_cursor,
+            self._attrs.get("eviction_log_capacity"),
+            include_refused,
+            strict,
         )
-        with tf.control_dependencies([advance]):
-            return tf.boolean_mask(entries.keys, keep), tf.boolean_mask(entries.steps, keep)
 
     def evict_keys(self, ids: Any) -> tf.Tensor:
         """Removes these ids' rows (ids without a row are ignored); returns how many rows were removed."""
@@ -414,7 +361,10 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
             admission (eagerly, all of `checkpoint_check.TableSpec.validate`; in a graph the op re-checks what
             it can). A rejected import changes nothing.
         """
-        contents = self._complete(
+        contents = complete_contents(
+            self._attrs.get("slot_initial_values", ()),
+            self.slot_widths,
+            self._step,
             {
                 "keys": keys,
                 "weights": weights,
@@ -424,7 +374,7 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
                 "pending_keys": pending_keys,
                 "pending_counts": pending_counts,
                 "pending_last_steps": pending_last_steps,
-            }
+            },
         )
         self.check_contents(contents, "import_")
         if all_eager(contents):
@@ -453,11 +403,16 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
         # A SavedModel serialises a copy made in its export graph; the copy must read the step's copy there (the
         # step is a SavedModel child, so it was exported first).
         tensors = super()._export_to_saved_model_graph(object_map=object_map, tensor_map=tensor_map, **kwargs)
-        if self._step in object_map:
-            object_map[self]._step = object_map[self._step]  # noqa: SLF001 - our own class's copy
-        if self._log_cursor in object_map:
-            object_map[self]._log_cursor = object_map[self._log_cursor]  # noqa: SLF001 - our own class's copy
+        object_map[self].use_counters(object_map.get(self._step), object_map.get(self._log_cursor))
         return tensors
+
+    def use_counters(self, step: tf.Variable | None, log_cursor: tf.Variable | None) -> None:
+        """Reads `step` and `log_cursor` from now on (None: keeps its own): a SavedModel's copy of the table reads
+        the copies of its counters in the export graph."""
+        if step is not None:
+            self._step = step
+        if log_cursor is not None:
+            self._log_cursor = log_cursor
 
     @property
     def handle_attrs(self) -> dict:
@@ -571,47 +526,9 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
     def _ids_kind(self) -> str:
         return "integers (any integer dtype)" if self.key_dtype == tf.int64 else "strings"
 
-    def _complete(self, c: dict) -> dict:
-        out = dict(c)
-        out["keys"] = tf.reshape(tf.convert_to_tensor(c["keys"], tf.int64), [-1])
-        out["weights"] = tf.convert_to_tensor(c["weights"], tf.float32)
-        n = tf.size(out["keys"], out_type=tf.int64)
-        if c["slots"] is None:
-            values = self._attrs.get("slot_initial_values", ())
-            init = [v for v, w in zip(values, self.slot_widths, strict=True) for _ in range(w)]
-            out["slots"] = tf.ones([n, len(init)], tf.float32) * tf.constant(init, tf.float32, shape=[len(init)])
-        else:
-            out["slots"] = tf.convert_to_tensor(c["slots"], tf.float32)
-        out["counts"] = tf.ones([n], tf.int64) if c["counts"] is None else tf.convert_to_tensor(c["counts"], tf.int64)
-        if c["last_steps"] is None:
-            out["last_steps"] = tf.fill([n], self._step.read_value())
-        else:
-            out["last_steps"] = tf.convert_to_tensor(c["last_steps"], tf.int64)
-        for name in ("pending_keys", "pending_counts", "pending_last_steps"):
-            out[name] = tf.zeros([0], tf.int64) if c[name] is None else tf.convert_to_tensor(c[name], tf.int64)
-        return out
-
     def check_contents(self, c: dict, what: str) -> None:
         """Static checks with the table's name (the op re-checks dynamically): dim and slot count first."""
-        weights, slots = c["weights"], c["slots"]
-        where = f"DynamicTable {self._table_name!r}: {what}:"
-        if weights.shape.rank is not None and weights.shape.rank != 2:
-            raise ValueError(f"{where} weights must be [n, dim], got shape {weights.shape}")
-        wdim = weights.shape[-1] if weights.shape.rank == 2 else None
-        if wdim is not None and wdim != self.dim:
-            raise ValueError(f"{where} the rows have dim {wdim} but the table has dim {self.dim}; nothing was changed")
-        width = sum(self.slot_widths)
-        if slots.shape.rank is not None:
-            if slots.shape.rank != 2:
-                raise ValueError(
-                    f"{where} slots must be [n, {width}] (the optimizer's {self.num_slots} slot(s) of widths "
-                    f"{self.slot_widths} side by side), got shape {slots.shape}; nothing was changed"
-                )
-            if slots.shape[1] is not None and slots.shape[1] != width:
-                raise ValueError(
-                    f"{where} the slots are {slots.shape[1]} values per row but the table's optimizer keeps "
-                    f"{width} ({self.num_slots} slot(s) of widths {self.slot_widths}); nothing was changed"
-                )
+        check_contents_shapes(c, f"DynamicTable {self._table_name!r}: {what}:", self.dim, self.slot_widths)
 
     def check_fits(self, c: dict) -> None:
         if tf.executing_eagerly():

@@ -18,7 +18,9 @@ __all__ = [
     "CheckpointTensors",
     "EXPORT_TENSORS",
     "all_eager",
+    "check_contents_shapes",
     "checked_step",
+    "complete_contents",
     "policy_state_checks",
     "policy_tensor_names",
     "restrict_to_shard",
@@ -165,3 +167,50 @@ class CheckpointTensors:
     def restore_tensors(self, tensors: dict) -> Any:
         """Restores the table from checkpoint tensors, checked before any row is written (`checkpoint_tensors`)."""
         return self._restore_from_tensors(tensors)
+
+
+def complete_contents(slot_initial_values: Any, slot_widths: list, step: tf.Variable, c: dict) -> dict:
+    """`import_`'s contents with every missing part a fresh row's: slots at the optimizer's initial values
+    (`slot_initial_values`, one per slot of `slot_widths`), count 1, last step `step`'s value, no admission
+    counters; each converted to its dtype."""
+    out = dict(c)
+    out["keys"] = tf.reshape(tf.convert_to_tensor(c["keys"], tf.int64), [-1])
+    out["weights"] = tf.convert_to_tensor(c["weights"], tf.float32)
+    n = tf.size(out["keys"], out_type=tf.int64)
+    if c["slots"] is None:
+        init = [v for v, w in zip(slot_initial_values, slot_widths, strict=True) for _ in range(w)]
+        out["slots"] = tf.ones([n, len(init)], tf.float32) * tf.constant(init, tf.float32, shape=[len(init)])
+    else:
+        out["slots"] = tf.convert_to_tensor(c["slots"], tf.float32)
+    out["counts"] = tf.ones([n], tf.int64) if c["counts"] is None else tf.convert_to_tensor(c["counts"], tf.int64)
+    if c["last_steps"] is None:
+        out["last_steps"] = tf.fill([n], step.read_value())
+    else:
+        out["last_steps"] = tf.convert_to_tensor(c["last_steps"], tf.int64)
+    for name in ("pending_keys", "pending_counts", "pending_last_steps"):
+        out[name] = tf.zeros([0], tf.int64) if c[name] is None else tf.convert_to_tensor(c[name], tf.int64)
+    return out
+
+
+def check_contents_shapes(c: dict, where: str, dim: int, slot_widths: list) -> None:
+    """The static checks of contents a table of `dim` and `slot_widths` takes (`where` names it and the call; the op
+    re-checks dynamically): dim and slot count first."""
+    weights, slots = c["weights"], c["slots"]
+    num_slots = len(slot_widths)
+    if weights.shape.rank is not None and weights.shape.rank != 2:
+        raise ValueError(f"{where} weights must be [n, dim], got shape {weights.shape}")
+    wdim = weights.shape[-1] if weights.shape.rank == 2 else None
+    if wdim is not None and wdim != dim:
+        raise ValueError(f"{where} the rows have dim {wdim} but the table has dim {dim}; nothing was changed")
+    width = sum(slot_widths)
+    if slots.shape.rank is not None:
+        if slots.shape.rank != 2:
+            raise ValueError(
+                f"{where} slots must be [n, {width}] (the optimizer's {num_slots} slot(s) of widths "
+                f"{slot_widths} side by side), got shape {slots.shape}; nothing was changed"
+            )
+        if slots.shape[1] is not None and slots.shape[1] != width:
+            raise ValueError(
+                f"{where} the slots are {slots.shape[1]} values per row but the table's optimizer keeps "
+                f"{width} ({num_slots} slot(s) of widths {slot_widths}); nothing was changed"
+            )

@@ -21,6 +21,7 @@ from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.dynamic import engine as dynamic_engine
 
 __all__ = [
+    "build_output_shapes",
     "Pending",
     "checked_pending",
     "complete_subset",
@@ -207,6 +208,22 @@ def output_shapes_from_input_shapes(input_shapes: list, flat_features: list) -> 
             raise ValueError(f"Received input tensor of shape {shape}. Rank must be 1 and above.")
         out.append(features_lib.output_shape(shape, feature, shape.rank == 2 and shape[-1] != 1))
     return out
+
+
+def build_output_shapes(feature_config: Any, per_replica_input_shapes: Any, per_replica_batch_size: Any) -> list | None:
+    """The output shapes `build`'s arguments fix (None: neither is given): a nest of input shapes matching
+    `feature_config`, or one batch size for every feature (either argument, the older form).
+
+    Raises:
+      ValueError: the shapes' structure does not match `feature_config`, or a shape's rank is below 1.
+    """
+    flat_features = tf.nest.flatten(feature_config)
+    if per_replica_input_shapes is not None and not isinstance(per_replica_input_shapes, int):
+        tf.nest.assert_same_structure(tf.nest.flatten(per_replica_input_shapes), flat_features)
+        shapes = [tf.TensorShape(s) for s in tf.nest.flatten(per_replica_input_shapes)]
+        return output_shapes_from_input_shapes(shapes, flat_features)
+    batch = per_replica_input_shapes if per_replica_input_shapes is not None else per_replica_batch_size
+    return None if batch is None else features_lib.batch_output_shapes(flat_features, batch)
 
 
 def merge_output_shapes(known: list, incoming: list) -> list:

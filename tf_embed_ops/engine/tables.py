@@ -70,3 +70,13 @@ def config_proto(features: Any, output_shapes: list, pipeline_execution_with_ten
         pipeline_execution_with_tensor_core=pipeline_execution_with_tensor_core,
         output_shapes=tf.nest.pack_sequence_as(features, [tf.TensorShape(s) for s in output_shapes]),
     )
+
+
+def group_config_proto(feature_config: Any, group: Any, output_shapes: list, pipeline: bool) -> Any:
+    """The configuration of the in-memory `group`'s features (`output_shapes`: every feature's; an empty one without
+    the group: the other groups have their own): the `feature_config` nest itself when the group has every
+    feature."""
+    if group is None:
+        return config_lib.TPUEmbeddingConfiguration()
+    features = feature_config if len(group.positions) == len(output_shapes) else list(group.features)
+    return config_proto(features, [output_shapes[i] for i in group.positions], pipeline)

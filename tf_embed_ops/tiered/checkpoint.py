@@ -41,7 +41,7 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat
 from tf_embed_ops.dynamic import checkpoint_check
 
-__all__ = ["FORMAT_VERSION", "SAVER_NAME", "check_restore", "register", "restore_tables", "save_tables"]
+__all__ = ["FORMAT_VERSION", "SAVER_NAME", "RestoreCheck", "check_restore", "register", "restore_tables", "save_tables"]
 
 FORMAT_VERSION = 1
 # The registered saver's name, recorded in a checkpoint's object graph for every tiered table it holds.
@@ -155,6 +155,24 @@ def restore_tables(trackables: dict, merged_prefix: Any) -> None:
     checked = [check_restore(table, key, path, reader) for key, table in sorted(trackables.items())]
     for plan in checked:
         plan.write()
+
+
+class RestoreCheck:
+    """A built `TieredTable`'s restore check for `engine.checkpoint`: its streamed checkpoint's manifest, geometry
+    and every chunk, or the in-memory table's variables it would restore from (`check_restore`), without reading any
+    row; its registered saver then restores it."""
+
+    def __init__(self, table: Any):
+        self.table = table
+
+    def check(self, name: str, node: Any, restore: Any) -> None:
+        """Checks child `name`'s checkpoint node (`restore`: the restore's checkpoint); nothing runs after."""
+        del name  # the table names itself
+        keys = {a.name: a.checkpoint_key for a in node.attributes}
+        # Streamed (its saver's object name) or the in-memory table's checkpoint (its variable's key).
+        key = node.registered_saver.object_name or keys.get("VARIABLE_VALUE")
+        if key:
+            check_restore(self.table, key, restore.path, restore.reader)
 
 
 def check_restore(table: Any, key: str, path: str, reader: Any) -> _Checked:

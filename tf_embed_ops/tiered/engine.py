@@ -22,6 +22,7 @@ from tf_embed_ops import _tf_compat, _xla, table_config, update_trigger
 from tf_embed_ops import config as te_config
 from tf_embed_ops.backends import served
 from tf_embed_ops.dynamic import config as dynamic_config
+from tf_embed_ops.tiered import chain
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
@@ -167,6 +168,15 @@ class TieredGroup:
 
     def serving_group(self, context: Any) -> ServedTieredGroup:
         return ServedTieredGroup(self, context)
+
+    def chain_state(self, config: Any, view: Any) -> chain.TieredChain:
+        return chain.TieredChain(config.name, view)
+
+    def restore_checks(self) -> dict:
+        """`{table name: tiered.checkpoint.RestoreCheck}` once built ({} before: no table to check against)."""
+        from tf_embed_ops.tiered import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+
+        return {config.name: checkpoint_lib.RestoreCheck(table) for config, table in self.tables.items()}
 
     def prefetch(self, inputs: list) -> list:
         """Makes the rows of `inputs` (the group's features, group order) resident in their tables' caches;

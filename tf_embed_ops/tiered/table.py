@@ -157,6 +157,9 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
     def table_name(self) -> str:
         return self._table_name
 
+    # A checkpoint streams the table (its registered saver, `tiered.checkpoint`): its rows are never whole in memory.
+    streams_checkpoint = True
+
     @property
     def path(self) -> str:
         """The row file."""

@@ -1,7 +1,7 @@
 """An incremental checkpoint chain's deltas applied to a tiered dynamic table without its rows in memory.
 
-`IncrementalCheckpointManager` restores a dynamic table kept in memory by merging its full checkpoint's content
-with the deltas' (later deltas win key by key; evicted keys go) and importing the result whole. A tiered dynamic
+`te.checkpoint.IncrementalCheckpointManager` restores a dynamic table kept in memory by merging its full checkpoint's
+content with the deltas' (later deltas win key by key; evicted keys go) and importing the result whole. A tiered dynamic
 table's rows can be larger than memory, so only its keys and metadata (in DRAM anyway, about 24 bytes a key) are
 merged whole; each final key's row is remembered by where it comes from: a position in the full checkpoint (its
 streamed format keeps the rows in key order as row slices, `tf_embed_ops.dynamic.tiered_checkpoint`) or a row of a
@@ -15,7 +15,8 @@ delta (the deltas are in memory already: they were read and checksummed whole). 
 
 The result is what the in-memory merge imports, key for key and bit for bit. Everything (the full checkpoint's
 part, every delta's arrays, the merged content) is checked by the constructor, before the manager changes any
-state; the full checkpoint's files were checksummed by the manager before.
+state (a ValueError naming the table, which the manager reports as a `CheckpointError`); the full checkpoint's files
+were checksummed by the manager before.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tf_embed_ops.checkpoint._format import CheckpointError
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.dynamic import tiered_checkpoint
 
@@ -52,23 +52,20 @@ class TieredDynamicRestore:
       deltas: [(header, arrays)] in chain order, every one holding the table.
 
     Raises:
-      CheckpointError: the full checkpoint's part or a delta does not fit the table (naming it); nothing changed.
+      ValueError: the full checkpoint's part or a delta does not fit the table (naming it); nothing changed.
     """
 
     def __init__(self, name: str, table: Any, object_name: str, prefix: str, reader: Any, deltas: list):
         self._table = table
-        try:
-            self._checked = tiered_checkpoint.check_streamed(
-                table.spec,
-                table.policy_tensor_names,
-                object_name,
-                prefix,
-                reader,
-                verify=False,  # checksummed file by file by the manager
-                filter_bytes=table.bloom_bytes,
-            )
-        except ValueError as e:
-            raise CheckpointError(str(e)) from None
+        self._checked = tiered_checkpoint.check_streamed(
+            table.spec,
+            table.policy_tensor_names,
+            object_name,
+            prefix,
+            reader,
+            verify=False,  # checksummed file by file by the manager
+            filter_bytes=table.bloom_bytes,
+        )
         base = self._checked.tensors
         n = int(base["keys"].shape[0])
         meta = {k: np.asarray(base[k]) for k in _META}
@@ -84,7 +81,7 @@ class TieredDynamicRestore:
             d = {k: arrays[f"dynamic/{name}/{k}"] for k in (*_META, *_PENDING, "weights", "slots")}
             m = int(d["keys"].shape[0])
             if d["keys"].ndim != 1 or d["weights"].shape != (m, dim) or d["slots"].shape != (m, width):
-                raise CheckpointError(
+                raise ValueError(
                     f"{where}: keys {list(d['keys'].shape)}, weights {list(d['weights'].shape)} and slots "
                     f"{list(d['slots'].shape)} do not fit the table's dim {dim} and slot width {width}"
                 )
@@ -124,7 +121,7 @@ class TieredDynamicRestore:
                 tensors, table.policy_tensor_names, table.bloom_bytes, f"DynamicTable {table.table_name!r}:"
             )
         except ValueError as e:
-            raise CheckpointError(f"{prefix} and its deltas: {e}") from None
+            raise ValueError(f"{prefix} and its deltas: {e}") from None
         self._meta, self._pending, self._step, self._policy = meta, pending, step, policy
         self._position, self._source = position, source
         self._weights = np.concatenate(weights) if weights else np.zeros([0, dim], np.float32)
