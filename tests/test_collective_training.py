@@ -15,6 +15,7 @@ compared here with the same model trained in this process by `train_on_batch` on
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,6 +109,32 @@ def test_a_killed_worker_stops_the_job_and_fit_resumes_across_worker_counts(tmp_
     _assert_bitwise(_load(tmp_path, "resume"), want)
     # And the 4 workers' checkpoint (epoch 2) restores into one process.
     _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "ckpt")), want)
+
+
+def test_each_worker_holds_only_its_shard_and_the_users_mid_epoch_checkpoint_holds_the_full_tables(tmp_path):
+    workers = 4
+    _assert_ran(_launch(workers, tmp_path, ["midsave"]))
+    mid = cases.reference("adagrad", steps=cases.MID_STEPS)
+    keys = mid["dynamic/dyn/keys"]
+    from tf_embed_ops.distribute.collective import layout
+    from tf_embed_ops.dynamic import sharding
+
+    owners = sharding.shard_of_keys(keys, workers).numpy()
+    for worker in range(workers):
+        with open(os.path.join(tmp_path, f"midsave_{worker}.json")) as f:
+            facts = json.load(f)
+        for name, vocabulary in (("t1", cases.V1), ("t2", cases.V2)):
+            rows = layout.shard_rows(vocabulary, workers, worker)
+            assert facts["rows"][name] == facts["rows"][f"{name}/accumulators"] == rows, (worker, facts["rows"])
+        assert facts["full_alive"] == 0  # the layer's full tables and slots were released
+        assert facts["layer_dynamic_size"] == 0
+        assert facts["shard_dynamic_keys"] == sorted(keys[owners == worker].tolist())
+    # The user's own Checkpoint, saved on every worker mid-epoch, holds the current full tables: it restores into
+    # one process as the model one process trained for the same steps.
+    assert not np.array_equal(mid["embedding/t1"], cases.reference("adagrad", steps=0)["embedding/t1"])
+    _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "midckpt")), mid)
+    # And after fit the layer holds the full tables again.
+    _assert_bitwise(_load(tmp_path, "midsave"), cases.reference("adagrad"))
 
 
 def test_bad_steps_are_refused_on_every_worker_and_change_nothing(tmp_path):
