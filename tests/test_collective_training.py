@@ -6,8 +6,10 @@ compared here with the same model trained in this process by `train_on_batch` on
   gradients are then the single process's), every static table and slot, the dynamic table's keys, rows and
   slots, and the dense weights; within float tolerance
   when the dense layer trains (the replicas' dense gradients are summed in another order);
-* checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers')
-  restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
+* memory: mid-epoch, each of 4 workers' layer holds only its shard (tables and slots of ceil(V / N) rows, its hash
+  shard of the dynamic table's keys, the full variables released);
+* checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers', and
+  4 workers' mid-epoch save by the user's own `tf.train.Checkpoint`) restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
   collective timeout, and `fit` resumes from the last checkpoint to the single process's numbers;
 * bad steps (capacity overflow, an id past the table, batch sizes that differ) are refused on every worker with
   an error naming the table / argument and the count, nothing changed, and the job goes on.
