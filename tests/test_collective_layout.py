@@ -334,3 +334,18 @@ def test_one_workers_stand_ins_save_one_processs_checkpoint_and_detach_gives_the
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_by_the_stand_ins_and_changes_no_shard(tmp_path):
+    from tf_embed_ops.distribute.collective.shards import LayerShards
+
+    emb = tf.tpu.experimental.embedding
+    other = _layer({"a": emb.TableConfig(12, 3, name="t")})
+    path = tf.train.Checkpoint(layer=other).save(str(tmp_path / "other"))
+    layer = _layer({"a": emb.TableConfig(11, 3, name="t")})
+    shards = LayerShards(layer, exchange.Exchange(2, 10.0), 1)
+    shards.attach()
+    before = [np.asarray(v).copy() for v in layer.weights]
+    with pytest.raises(ValueError, match=r"the checkpoint's 't' has shape \[12, 3\], this object's is \[11, 3\]"):
+        tf.train.Checkpoint(layer=layer).restore(path)
+    assert all(np.array_equal(b, np.asarray(v)) for b, v in zip(before, layer.weights, strict=True))

@@ -236,6 +236,14 @@ def fit(
         )
     training = CollectiveTraining(model, strategy, max_ids_per_worker, timeout_seconds)
     training.attach()
+    if checkpoint_manager is not None and checkpoint_manager.latest_checkpoint:
+        try:
+            # Into the shards: each worker reads the full tensors and keeps its rows.
+            checkpoint_manager.restore_or_initialize()
+        except Exception:
+            training.detach()  # every worker read the same files and refused them alike; nothing was changed
+            raise
+        initial_epoch = max(initial_epoch, int(checkpoint_manager.latest_checkpoint.rsplit("-", 1)[-1]))
     # After a lost worker (WorkerLostError) or an error of this worker alone no gather could complete: the layers
     # keep this worker's shards, and restarting the job resumes from the last checkpoint.
     try:
@@ -252,10 +260,6 @@ def _train(training, dataset_fn, epochs, steps_per_epoch, callbacks, verbose, in
     import keras
 
     model, strategy = training.model, training.strategy
-    if checkpoint_manager is not None and checkpoint_manager.latest_checkpoint:
-        # Into the shards: each worker reads the full tensors and keeps its rows.
-        checkpoint_manager.restore_or_initialize()
-        initial_epoch = max(initial_epoch, int(checkpoint_manager.latest_checkpoint.rsplit("-", 1)[-1]))
     if model.optimizer is not None and not model.optimizer.built:
         with strategy.scope():
             model.optimizer.build(training.dense)

@@ -188,7 +188,10 @@ class LayerShards:
             return
         name = getattr(self.layer, "name", type(self.layer).__name__)
         if attached(self.layer) is not None:
-            raise ValueError(f"Layer {name!r} is already being trained by another collective `fit`.")
+            raise ValueError(
+                f"Layer {name!r} still holds the shards of another collective `fit` (one that is running, or one "
+                "that lost a worker: restart the job, which resumes from the last checkpoint)."
+            )
         self.load()
         store = self.layer.embedding
         by_object = {id(child): key for key, child in store.checkpoint_children().items()}
