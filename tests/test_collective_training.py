@@ -9,8 +9,9 @@ compared here with the same model trained in this process by `train_on_batch` on
 * memory: mid-epoch, each of 4 workers' layer holds only its shard (tables and slots of ceil(V / N) rows, its hash
   shard of the dynamic table's keys, the full variables released);
 * checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers', and
-  4 workers' mid-epoch save by the user's own `tf.train.Checkpoint`) restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
-  collective timeout, and `fit` resumes from the last checkpoint to the single process's numbers;
+  4 workers' mid-epoch save by the user's own `tf.train.Checkpoint`) restores into a single-process model; a killed
+  worker stops the job with `WorkerLostError` within the collective timeout, and `fit` resumes from the last
+  checkpoint to the single process's numbers;
 * bad steps (capacity overflow, an id past the table, batch sizes that differ) are refused on every worker with
   an error naming the table / argument and the count, nothing changed, and the job goes on.
 """
