@@ -115,6 +115,8 @@ def test_a_killed_worker_stops_the_job_and_fit_resumes_across_worker_counts(tmp_
 
 
 def test_each_worker_holds_only_its_shard_and_the_users_mid_epoch_checkpoint_holds_the_full_tables(tmp_path):
+    import tensorflow as tf
+
     workers = 4
     _assert_ran(_launch(workers, tmp_path, ["midsave"]))
     mid = cases.reference("adagrad", steps=cases.MID_STEPS)
@@ -135,6 +137,16 @@ def test_each_worker_holds_only_its_shard_and_the_users_mid_epoch_checkpoint_hol
     # The user's own Checkpoint, saved on every worker mid-epoch, holds the current full tables: it restores into
     # one process as the model one process trained for the same steps.
     assert not np.array_equal(mid["embedding/t1"], cases.reference("adagrad", steps=0)["embedding/t1"])
+    cases.save_reference_checkpoint(os.path.join(tmp_path, "one"), epochs=1)
+    shapes = [
+        dict(tf.train.list_variables(tf.train.latest_checkpoint(os.path.join(tmp_path, d)))) for d in ("midckpt", "one")
+    ]
+    # One process's keys for the tables, slots and dynamic table, and the static ones' shapes (the dynamic table's
+    # row count differs: 2 steps against 3).
+    tables = [sorted(k for k in s if "/_tpu_embedding/" in k) for s in shapes]
+    assert tables[0] == tables[1] and len(tables[0]) == 13
+    static = [k for k in tables[1] if "/dyn/" not in k]
+    assert [shapes[0][k] for k in static] == [shapes[1][k] for k in static]
     _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "midckpt")), mid)
     # And after fit the layer holds the full tables again.
     _assert_bitwise(_load(tmp_path, "midsave"), cases.reference("adagrad"))
