@@ -9,18 +9,26 @@ runs the cases one after the other in the same worker processes (one launch for 
 frozen dense layer, so the activation gradients are those of one process and the tables must match bitwise),
 `<optimizer>_dense` (the dense layer trains too: float tolerance), `save` (one epoch, checkpointed by `fit` into
 OUT/ckpt), `resume` (fit restores OUT/ckpt and trains until epoch 2), `die` (as `resume`, but worker 1 kills
-itself at its second batch).
+itself at its second batch), `midsave` (adagrad, one epoch; after step MID_STEPS every worker records what its layer
+holds in OUT/midsave_<worker>.json and saves the model with its own `tf.train.Checkpoint`, the chief into
+OUT/midckpt).
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import weakref
 
 import numpy as np
 
 GLOBAL_BATCH, STEPS = 8, 3
+MID_STEPS = 2  # `midsave`: the steps trained when the user's own checkpoint is saved
 V1, V2, DIM = 11, 13, 4
 KEYS = np.array([-5, 3, 2**40 + 7, 123456789, 98765, 2**62, 17, -(2**50)], np.int64)  # the dynamic table's keys
 
@@ -107,16 +115,16 @@ def weights(model) -> dict:
     return out
 
 
-def reference(case: str, epochs: int = 1) -> dict:
-    """The case trained in this process with `train_on_batch` on the global batches (no strategy)."""
+def reference(case: str, epochs: int = 1, steps: int | None = None) -> dict:
+    """The case trained in this process with `train_on_batch` on the global batches (no strategy): `epochs` epochs,
+    or only the first `steps` batches."""
     import keras
     import tensorflow as tf
 
     optimizer, _, dense = case.partition("_")
     model = build_model(tf, keras, optimizer, dense == "dense")
-    for _ in range(epochs):
-        for batch in global_batches():
-            model.train_on_batch(*to_inputs(tf, batch, 0, GLOBAL_BATCH))
+    for batch in (global_batches() * epochs)[:steps]:
+        model.train_on_batch(*to_inputs(tf, batch, 0, GLOBAL_BATCH))
     return weights(model)
 
 
@@ -194,9 +202,10 @@ def main(out: str, cases: list) -> None:
             _bad_case(tf, keras, ted, strategy, out, case, worker)
             continue
         kind = case if case in ("save", "resume", "die") else None
-        optimizer, _, dense = ("adagrad", "", "") if kind else case.partition("_")
+        optimizer, _, dense = ("adagrad", "", "") if kind or case == "midsave" else case.partition("_")
         with strategy.scope():
             model = build_model(tf, keras, optimizer, dense == "dense")
+        callbacks = [_mid_epoch_save(tf, keras, model, out, worker)] if case == "midsave" else None
         manager = None
         if kind:
             manager = tf.train.CheckpointManager(checkpoint(tf, model), os.path.join(out, "ckpt"), max_to_keep=2)
@@ -209,12 +218,53 @@ def main(out: str, cases: list) -> None:
             steps_per_epoch=STEPS,
             strategy=strategy,
             verbose=0,
+            callbacks=callbacks,
             checkpoint_manager=manager,
             timeout_seconds=float(os.environ.get("COLLECTIVE_TIMEOUT", "120")),
         )
         if worker == 0:
             np.savez(os.path.join(out, f"{case}.npz"), **weights(model))
         print(f"case {case} done", flush=True)
+
+
+def _mid_epoch_save(tf, keras, model, out: str, worker: int):
+    """`midsave`'s callback: after MID_STEPS steps, what this worker's layer holds (OUT/midsave_<worker>.json: the
+    rows of every table and slot variable, the layer's and the shard's dynamic keys, how many of the layer's full
+    variables are still alive), then the model saved by the user's own Checkpoint on every worker."""
+    from tf_embed_ops.distribute.collective.loop import embedding_layers
+    from tf_embed_ops.distribute.collective.shards import attached
+
+    (layer,) = embedding_layers(model)
+    full = [weakref.ref(v.value) for v in layer.weights if len(v.shape) == 2]  # before fit: the full variables
+
+    class Callback(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch != MID_STEPS - 1:
+                return
+            gc.collect()
+            rows = {t.name: int(np.asarray(v).shape[0]) for t, v in layer.embedding_tables.items()}
+            for t, slots in layer.slot_variables.items():
+                rows.update({f"{t.name}/{s}": int(np.asarray(v).shape[0]) for s, v in slots.items()})
+            (dynamic,) = layer.dynamic_tables.values()
+            facts = {
+                "rows": rows,
+                "layer_dynamic_size": int(dynamic.size()),
+                "shard_dynamic_keys": attached(layer).dynamic_shard(0).export()["keys"].numpy().tolist(),
+                "full_alive": sum(ref() is not None for ref in full),
+            }
+            with open(os.path.join(out, f"midsave_{worker}.json"), "w") as f:
+                json.dump(facts, f)
+            ckpt = checkpoint(tf, model)  # every worker saves (MultiWorkerMirroredStrategy); the others' is scratch
+            if worker == 0:
+                ckpt.save(os.path.join(out, "midckpt", "ckpt"))
+            else:
+                scratch = tempfile.mkdtemp(prefix="midsave")
+                try:
+                    ckpt.save(os.path.join(scratch, "ckpt"))
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+
+    return Callback()
 
 
 BAD_CASES = ("overflow", "bad_id", "bad_batch")

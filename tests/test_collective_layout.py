@@ -234,3 +234,118 @@ def test_tables_the_collective_mode_cannot_shard_are_refused_naming_layer_and_ta
         with pytest.raises(ValueError, match=re.escape(match)):
             LayerShards(layer, exchange.Exchange(4, 10.0), 0)
         assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, layer.weights, strict=True))
+
+
+def _trained_case_model():
+    """The collective tests' model (two static tables with Adagrad slots, one dynamic table) after two steps in this
+    process."""
+    import keras
+
+    from tests import collective_cases as cases
+
+    model = cases.build_model(tf, keras, "adagrad", False)
+    for batch in cases.global_batches()[:2]:
+        model.train_on_batch(*cases.to_inputs(tf, batch, 0, cases.GLOBAL_BATCH))
+    return model
+
+
+def _embedding_layer(model):
+    from tf_embed_ops.distribute.collective.loop import embedding_layers
+
+    (layer,) = embedding_layers(model)
+    return layer
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_while_fit_trains_each_worker_holds_only_its_shard_and_restores_its_rows(tmp_path, workers):
+    import gc
+    import weakref
+
+    import keras
+
+    from tests import collective_cases as cases
+    from tf_embed_ops.distribute.collective.shards import LayerShards, attached
+    from tf_embed_ops.dynamic import sharding
+
+    trained = _trained_case_model()
+    path = tf.train.Checkpoint(model=trained).save(str(tmp_path / "one"))
+    reader = tf.train.load_checkpoint(path)
+    keys = cases.weights(trained)["dynamic/dyn/keys"]
+    assert keys.size > 0
+    for worker in range(workers):
+        model = cases.build_model(tf, keras, "adagrad", False)
+        layer = _embedding_layer(model)
+        fulls = [weakref.ref(v.value) for v in layer.weights if len(v.shape) == 2]
+        shards = LayerShards(layer, exchange.Exchange(workers, 10.0), worker)
+        shards.attach()
+        assert attached(layer) is shards
+        gc.collect()
+        assert all(ref() is None for ref in fulls)  # no full table or slot is left on the worker
+        for table, variable in layer.embedding_tables.items():
+            rows = layout.shard_rows(table.vocabulary_size, workers, worker)
+            assert rows <= -(-table.vocabulary_size // workers)
+            assert tuple(variable.shape) == (rows, cases.DIM) == np.asarray(variable).shape
+            for slot in layer.slot_variables[table].values():
+                assert np.asarray(slot).shape == (rows, cases.DIM)
+        # The layer's own dynamic table is empty; the shard holds what a restore gives this worker.
+        (dynamic,) = layer.dynamic_tables.values()
+        assert int(dynamic.size()) == 0
+        # A one-process checkpoint restores into the stand-ins: each worker keeps its rows and its keys.
+        tf.train.Checkpoint(model=model).restore(path).assert_existing_objects_matched()
+        prefix = _store_key(reader)
+        for table, variable in layer.embedding_tables.items():
+            full = reader.get_tensor(f"{prefix}/{table.name}/.ATTRIBUTES/VARIABLE_VALUE")
+            np.testing.assert_array_equal(np.asarray(variable), full[layout.shard_slice(workers, worker)])
+            slot = reader.get_tensor(f"{prefix}/{table.name}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE")
+            accumulators = layer.slot_variables[table]["accumulators"]
+            np.testing.assert_array_equal(np.asarray(accumulators), slot[layout.shard_slice(workers, worker)])
+        mine = keys[sharding.shard_of_keys(tf.constant(keys), workers).numpy() == worker]
+        shard_keys = shards.dynamic_shard(0).export()["keys"].numpy()
+        np.testing.assert_array_equal(shard_keys, mine)
+        assert int(shards.dynamic_shard(0).size()) == mine.size
+        assert workers == 1 or mine.size < keys.size
+
+
+def _store_key(reader) -> str:
+    """The checkpoint key of the layer's table store (its path depends on Keras' numbering of the layers)."""
+    (key,) = [k for k in reader.get_variable_to_shape_map() if k.endswith("/t1/.ATTRIBUTES/VARIABLE_VALUE")]
+    return key.rsplit("/t1/", 1)[0]
+
+
+def test_one_workers_stand_ins_save_one_processs_checkpoint_and_detach_gives_the_tables_back(tmp_path):
+    from tests import collective_cases as cases
+    from tf_embed_ops.distribute.collective.shards import LayerShards, attached
+
+    model = _trained_case_model()
+    want = cases.weights(model)
+    before = tf.train.load_checkpoint(tf.train.Checkpoint(model=model).save(str(tmp_path / "before")))
+    layer = _embedding_layer(model)
+    shards = LayerShards(layer, exchange.Exchange(1, 10.0), 0)
+    shards.attach()
+    during = tf.train.load_checkpoint(tf.train.Checkpoint(model=model).save(str(tmp_path / "during")))
+    keys = sorted(before.get_variable_to_shape_map())
+    assert keys == sorted(during.get_variable_to_shape_map())  # the same keys: no extra path to a shard
+    for key in keys:
+        if key != "_CHECKPOINTABLE_OBJECT_GRAPH":
+            np.testing.assert_array_equal(during.get_tensor(key), before.get_tensor(key), err_msg=key)
+    shards.detach()
+    assert attached(layer) is None
+    got = cases.weights(model)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_by_the_stand_ins_and_changes_no_shard(tmp_path):
+    from tf_embed_ops.distribute.collective.shards import LayerShards
+
+    emb = tf.tpu.experimental.embedding
+    other = _layer({"a": emb.TableConfig(12, 3, name="t")})
+    path = tf.train.Checkpoint(layer=other).save(str(tmp_path / "other"))
+    layer = _layer({"a": emb.TableConfig(11, 3, name="t")})
+    shards = LayerShards(layer, exchange.Exchange(2, 10.0), 1)
+    shards.attach()
+    before = [np.asarray(v).copy() for v in layer.weights]
+    with pytest.raises(ValueError, match=r"the checkpoint's 't' has shape \[12, 3\], this object's is \[11, 3\]"):
+        tf.train.Checkpoint(layer=layer).restore(path)
+    assert all(np.array_equal(b, np.asarray(v)) for b, v in zip(before, layer.weights, strict=True))

@@ -6,15 +6,19 @@ compared here with the same model trained in this process by `train_on_batch` on
   gradients are then the single process's), every static table and slot, the dynamic table's keys, rows and
   slots, and the dense weights; within float tolerance
   when the dense layer trains (the replicas' dense gradients are summed in another order);
-* checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers')
-  restores into a single-process model; a killed worker stops the job with `WorkerLostError` within the
-  collective timeout, and `fit` resumes from the last checkpoint to the single process's numbers;
+* memory: mid-epoch, each of 4 workers' layer holds only its shard (tables and slots of ceil(V / N) rows, its hash
+  shard of the dynamic table's keys, the full variables released);
+* checkpoints: one written by a single process trains on in 4 workers; 4 workers' checkpoint (and 2 workers', and
+  4 workers' mid-epoch save by the user's own `tf.train.Checkpoint`) restores into a single-process model; a killed
+  worker stops the job with `WorkerLostError` within the collective timeout, and `fit` resumes from the last
+  checkpoint to the single process's numbers;
 * bad steps (capacity overflow, an id past the table, batch sizes that differ) are refused on every worker with
   an error naming the table / argument and the count, nothing changed, and the job goes on.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,6 +112,44 @@ def test_a_killed_worker_stops_the_job_and_fit_resumes_across_worker_counts(tmp_
     _assert_bitwise(_load(tmp_path, "resume"), want)
     # And the 4 workers' checkpoint (epoch 2) restores into one process.
     _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "ckpt")), want)
+
+
+def test_each_worker_holds_only_its_shard_and_the_users_mid_epoch_checkpoint_holds_the_full_tables(tmp_path):
+    import tensorflow as tf
+
+    workers = 4
+    _assert_ran(_launch(workers, tmp_path, ["midsave"]))
+    mid = cases.reference("adagrad", steps=cases.MID_STEPS)
+    keys = mid["dynamic/dyn/keys"]
+    from tf_embed_ops.distribute.collective import layout
+    from tf_embed_ops.dynamic import sharding
+
+    owners = sharding.shard_of_keys(keys, workers).numpy()
+    for worker in range(workers):
+        with open(os.path.join(tmp_path, f"midsave_{worker}.json")) as f:
+            facts = json.load(f)
+        for name, vocabulary in (("t1", cases.V1), ("t2", cases.V2)):
+            rows = layout.shard_rows(vocabulary, workers, worker)
+            assert facts["rows"][name] == facts["rows"][f"{name}/accumulators"] == rows, (worker, facts["rows"])
+        assert facts["full_alive"] == 0  # the layer's full tables and slots were released
+        assert facts["layer_dynamic_size"] == 0
+        assert facts["shard_dynamic_keys"] == sorted(keys[owners == worker].tolist())
+    # The user's own Checkpoint, saved on every worker mid-epoch, holds the current full tables: it restores into
+    # one process as the model one process trained for the same steps.
+    assert not np.array_equal(mid["embedding/t1"], cases.reference("adagrad", steps=0)["embedding/t1"])
+    cases.save_reference_checkpoint(os.path.join(tmp_path, "one"), epochs=1)
+    shapes = [
+        dict(tf.train.list_variables(tf.train.latest_checkpoint(os.path.join(tmp_path, d)))) for d in ("midckpt", "one")
+    ]
+    # One process's keys for the tables, slots and dynamic table, and the static ones' shapes (the dynamic table's
+    # row count differs: 2 steps against 3).
+    tables = [sorted(k for k in s if "/_tpu_embedding/" in k) for s in shapes]
+    assert tables[0] == tables[1] and len(tables[0]) == 13
+    static = [k for k in tables[1] if "/dyn/" not in k]
+    assert [shapes[0][k] for k in static] == [shapes[1][k] for k in static]
+    _assert_bitwise(cases.restore_in_one_process(os.path.join(tmp_path, "midckpt")), mid)
+    # And after fit the layer holds the full tables again.
+    _assert_bitwise(_load(tmp_path, "midsave"), cases.reference("adagrad"))
 
 
 def test_bad_steps_are_refused_on_every_worker_and_change_nothing(tmp_path):

@@ -84,6 +84,11 @@ from tensorflow.python.trackable import base as trackable_base
 # an in-memory table finds its slots' keys (`<table>/<slot>` children) beside the table's. (TF 2.5 - 2.21.)
 from tensorflow.python.trackable.trackable_utils import escape_local_name
 
+# A checkpoint tensor produced only when the checkpoint writes it (`SaveSpec(callable, ...)`): the collective mode's
+# stand-ins gather a sharded table from every worker at save time, and a restore (which asks for the tensors'
+# dtypes, never their values) runs no collective. (TF 2.0 - 2.21.)
+from tensorflow.python.training.saving.saveable_object import SaveSpec
+
 # Structure helpers TensorFlow's TPUEmbedding uses to match `output_shapes` and name features by path; the public
 # `tf.nest` has neither `flatten_up_to` nor joined-string paths. (TF 2.0 - 2.21.)
 from tensorflow.python.util import nest
@@ -107,6 +112,7 @@ __all__ = [
     "nest",
     "on_unreadable_checkpoint",
     "optimization_parameters_pb2",
+    "rebind_keras_variable",
     "register_checkpoint_saver",
     "slot_initializers",
     "slot_names",
@@ -115,6 +121,7 @@ __all__ = [
     "stack_sparse_core_tables",
     "clone_feature_config",
     "REFERENCE_ADDED_IN",
+    "SaveSpec",
     "require_reference",
     "require_tensorflow",
     "TensorFlowVersionError",
@@ -294,10 +301,18 @@ def add_tracked_variable(trackable: Any, **kwargs: Any) -> Any:
     return trackable._add_variable_with_custom_getter(**kwargs)
 
 
-def track_child(trackable: Any, child: Any, name: str) -> Any:
+def track_child(trackable: Any, child: Any, name: str, overwrite: bool = False) -> Any:
     """Makes `child` a named checkpoint child of `trackable` (Trackable's protected `_track_trackable`,
-    TF 2.0 - 2.21)."""
-    return trackable._track_trackable(child, name=name)
+    TF 2.0 - 2.21); `overwrite` replaces the child of that name (the collective mode's checkpoint stand-ins)."""
+    return trackable._track_trackable(child, name=name, overwrite=overwrite)
+
+
+def rebind_keras_variable(variable: Any, backing: tf.Variable) -> None:
+    """Makes the `keras.Variable` `variable` hold `backing` (a tf.Variable of any shape, which it then reports):
+    Keras 3's TensorFlow backend keeps the tf.Variable in `_value` and the shape in `_shape`, with no public way to
+    replace either. The collective mode swaps a layer's full tables for this worker's shards, and back."""
+    variable._value = backing
+    variable._shape = tuple(backing.shape)
 
 
 # TensorFlow 2.16's TPUEmbeddingV2 has the two functions below as methods of its class, reading the layer's own

@@ -12,8 +12,12 @@ the loop, written with `strategy.run` and explicit collectives; every worker run
 * the logs hold `loss` (the global batch's, averaged over the epoch's steps), the compiled metrics (this
   worker's batches) and `exchange_bytes`: the bytes this worker's table exchange sent per step (padding included,
   the dense gradients' all-reduce not);
-* Keras callbacks run on every worker; the layers' full tables are assembled from the shards (`LayerShards.store`)
-  before every `on_epoch_end` and at the end, so a checkpoint or `model.save` in a callback sees the trained rows.
+* each worker holds only its shards while it trains (`LayerShards.attach`: the layers' table and slot variables are
+  the shards); a `tf.train.Checkpoint` of the model, saved on every worker at any time (a callback mid-epoch, or
+  `checkpoint_manager` after each epoch), holds the full tables under the single-process keys, gathered at save
+  time; when `fit` returns (or refuses a step on every worker) the layers hold the full tables again
+  (`LayerShards.detach`);
+* Keras callbacks run on every worker.
 
 Example:
     >>> history = te.distribute.fit(model, dataset_fn, epochs=2, steps_per_epoch=50, strategy=strategy)
@@ -103,13 +107,15 @@ class CollectiveTraining:
         self._tape = None
         self._train = None
 
-    def load(self) -> None:
+    def attach(self) -> None:
+        """Every layer onto this worker's shards (no collective)."""
         for s in self.shards:
-            s.load()
+            s.attach()
 
-    def store(self) -> None:
+    def detach(self) -> None:
+        """Every layer's full tables back from the shards (collective: every worker calls it)."""
         for s in self.shards:
-            s.store()
+            s.detach()
 
     @contextlib.contextmanager
     def _collective_calls(self, tape: tf.GradientTape):
@@ -218,8 +224,6 @@ def fit(
     timeout_seconds: float = 300.0,
 ) -> Any:
     """`te.distribute.fit` under a MultiWorkerMirroredStrategy (see `tf_embed_ops.distribute.fit`)."""
-    import keras
-
     verbose = check_arguments(epochs, steps_per_epoch, verbose, initial_epoch, max_ids_per_worker, timeout_seconds)
     if not callable(dataset_fn):
         raise ValueError(f"Argument `dataset_fn` must be a function of an InputContext; got {dataset_fn!r}.")
@@ -231,10 +235,31 @@ def fit(
             "are plain variables of each worker, which the scope would mirror."
         )
     training = CollectiveTraining(model, strategy, max_ids_per_worker, timeout_seconds)
+    training.attach()
     if checkpoint_manager is not None and checkpoint_manager.latest_checkpoint:
-        checkpoint_manager.restore_or_initialize()
+        try:
+            # Into the shards: each worker reads the full tensors and keeps its rows.
+            checkpoint_manager.restore_or_initialize()
+        except Exception:
+            training.detach()  # every worker read the same files and refused them alike; nothing was changed
+            raise
         initial_epoch = max(initial_epoch, int(checkpoint_manager.latest_checkpoint.rsplit("-", 1)[-1]))
-    training.load()
+    # After a lost worker (WorkerLostError) or an error of this worker alone no gather could complete: the layers
+    # keep this worker's shards, and restarting the job resumes from the last checkpoint.
+    try:
+        history = _train(
+            training, dataset_fn, epochs, steps_per_epoch, callbacks, verbose, initial_epoch, checkpoint_manager
+        )
+    except tf.errors.InvalidArgumentError:
+        training.detach()  # a refused step is refused on every worker alike: they all gather
+        raise
+    return history
+
+
+def _train(training, dataset_fn, epochs, steps_per_epoch, callbacks, verbose, initial_epoch, checkpoint_manager):
+    import keras
+
+    model, strategy = training.model, training.strategy
     if model.optimizer is not None and not model.optimizer.built:
         with strategy.scope():
             model.optimizer.build(training.dense)
@@ -268,7 +293,6 @@ def fit(
                 callbacks.on_train_batch_end(step, logs)
                 if model.stop_training:
                     break
-            training.store()
             if checkpoint_manager is not None:
                 save(checkpoint_manager, epoch + 1, training.worker)
             callbacks.on_epoch_end(epoch, logs)
@@ -286,6 +310,7 @@ def fit(
             f"({type(e).__name__}: {_cause(e)}); a worker has stopped or is unreachable. "
             f"Updates after the last checkpoint are lost; {resume}."
         ) from e
+    training.detach()  # the callbacks' on_train_end and the caller see the full tables
     callbacks.on_train_end(logs=logs)
     return model.history
 

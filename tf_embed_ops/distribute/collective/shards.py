@@ -5,31 +5,47 @@ mid-level `tf_embed_ops.TPUEmbedding` of its own (plain variables of this proces
 combiner "sum"): its fused update is the one the single-process kernels run, on the shard's local rows. A dynamic
 table's shard is a dynamic table of its own holding the keys `shard_of_keys` gives this worker.
 
-The layer keeps its full tables (the checkpoint form: a checkpoint holds the single-process keys and shapes).
-`load` slices them into the shards (at the start of training, after a restore); `store` assembles them back from
-every worker's shard with an all-gather (before callbacks and checkpoints see the layer).
+While `fit` trains, the layer holds its shards only (`attach`): each table and slot `keras.Variable` of the layer
+is backed by this worker's shard variable (so `layer.embedding_tables[t].shape` is the shard's), the full
+variables are released, and the layer's dynamic tables are emptied. A checkpoint still holds the single-process
+tensors under the single-process keys: the layer's checkpoint children are replaced, under the same names, by
+stand-ins whose tensors are produced when the checkpoint writes them (an all-gather of every worker's shard:
+every worker saves, as MultiWorkerMirroredStrategy requires) and whose restore keeps this worker's rows of the
+full tensor (no collective: a restore asks for the tensors' dtypes only). `detach` gathers the full tables back
+into the layer (after training: the model one process would hold).
 
 Example:
     >>> shards = LayerShards(layer, exchange, worker=0)
-    >>> shards.load()          # shards <- layer
-    >>> ...                    # training steps
-    >>> shards.store()         # layer <- all shards (every worker calls it)
+    >>> shards.attach()        # shards <- layer; the layer now holds its shards
+    >>> ...                    # training steps; tf.train.Checkpoint(model=model).save(...) on every worker
+    >>> shards.detach()        # layer <- all shards (every worker calls it)
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops import _tf_compat
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.distribute.collective import layout
 from tf_embed_ops.distribute.collective.exchange import Exchange
 from tf_embed_ops.dynamic import table as table_lib
+from tf_embed_ops.dynamic import table_state
 
-__all__ = ["LayerShards"]
+__all__ = ["LayerShards", "attached"]
+
+# The layers whose tables are attached to their shards now, and those shards (`attached`).
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def attached(layer: Any) -> LayerShards | None:
+    """The `LayerShards` holding `layer`'s tables while `fit` trains it (None outside training)."""
+    return _ATTACHED.get(layer)
 
 
 class LayerShards:
@@ -114,8 +130,12 @@ class LayerShards:
             self._dynamic_embeddings.append(embedding)
         # The padded shard height: every worker's static shard gathers as ceil(V / N) rows.
         self.padded_rows = [-(-t.vocabulary_size // n) for t in self.static_tables]
-        self._gather = None  # traced once: every trace takes new collective keys
-        self._gather_dynamic = None
+        # Traced once each, on first use: every trace takes new collective keys.
+        self._gather: dict[int, Any] = {}
+        self._gather_dynamic: dict[int, Any] = {}
+        # While attached: (checkpoint name, the layer's object) per static variable, then per dynamic table.
+        self._attached: list | None = None
+        self._variables_child: Any = None
 
     @property
     def trained(self) -> list[bool]:
@@ -127,6 +147,11 @@ class LayerShards:
 
     def dynamic_group(self, index: int):
         return self.dynamic_groups[index - len(self.static_tables)]
+
+    def dynamic_shard(self, index: int) -> Any:
+        """This worker's shard of dynamic table `index` (an index into `dynamic_configs`): a `DynamicTable`."""
+        (table,) = self.dynamic_groups[index].tables.values()
+        return table
 
     def _pairs(self):
         """(layer variable, shard variable, table index) for every static table and slot."""
@@ -143,34 +168,176 @@ class LayerShards:
         for full, shard, _ in self._pairs():
             shard.assign(tf.convert_to_tensor(full)[rows])
         n = self.exchange.num_workers
-        for config, group in zip(self.dynamic_configs, self.dynamic_groups, strict=True):
+        for j, config in enumerate(self.dynamic_configs):
             full = self.layer.dynamic_tables[config]
-            (shard,) = group.tables.values()
+            shard = self.dynamic_shard(j)
             shard.import_contents(table_lib.restrict_to_shard(full.export(), n, self.worker))
             shard.step.assign(full.step)
 
-    def store(self) -> None:
-        """The layer's full tables and slots <- every worker's shard (an all-gather; every worker must call it)."""
-        pairs = list(self._pairs())
-        if pairs:
-            for (layer_var, _, _), value in zip(pairs, self.full_values(), strict=True):
-                layer_var.assign(value)
-        if self.dynamic_configs:
-            if self._gather_dynamic is None:
-                self._gather_dynamic = _dynamic_gather_function(self)
-            for config, group, contents in zip(
-                self.dynamic_configs, self.dynamic_groups, self._gather_dynamic(), strict=True
-            ):
-                full = self.layer.dynamic_tables[config]
-                full.import_contents(contents)
-                (shard,) = group.tables.values()
-                full.step.assign(shard.step)
+    @property
+    def is_attached(self) -> bool:
+        return self._attached is not None
 
-    def full_values(self) -> list[tf.Tensor]:
-        """The full tables and slots assembled from every worker's shard, in `_pairs` order (collective)."""
-        if self._gather is None:
-            self._gather = _gather_function(self, list(self._pairs()))
-        return self._gather()
+    def attach(self) -> None:
+        """The layer onto this worker's shards (see the module docstring); no collective.
+
+        The shards take their rows from the layer's full tables (`load`); then each table and slot variable of the
+        layer is backed by its shard variable (the full one is released), each dynamic table of the layer is
+        emptied, and the layer's checkpoint children become the stand-ins."""
+        if self._attached is not None:
+            return
+        name = getattr(self.layer, "name", type(self.layer).__name__)
+        if attached(self.layer) is not None:
+            raise ValueError(
+                f"Layer {name!r} still holds the shards of another collective `fit` (one that is running, or one "
+                "that lost a worker: restart the job, which resumes from the last checkpoint)."
+            )
+        self.load()
+        store = self.layer.embedding
+        by_object = {id(child): key for key, child in store.checkpoint_children().items()}
+        saved = []
+        # The store also reaches its variables through `_variables` ({table: {"parameters" | slot: variable}}):
+        # that path gets the stand-ins too, so the checkpoint's object graph keeps one process's shape.
+        variables = _tf_compat.AutoTrackable()
+        by_table: dict = {}
+        for k, (variable, shard, i) in enumerate(self._pairs()):
+            key = by_object[id(variable)]
+            stand_in = _FullVariable(self, k, tuple(variable.shape), shard)
+            _tf_compat.track_child(store, stand_in, key, overwrite=True)
+            table = self.static_tables[i].name
+            if table not in by_table:
+                by_table[table] = _tf_compat.AutoTrackable()
+                _tf_compat.track_child(variables, by_table[table], table)
+            slot = "parameters" if key == table else key[len(table) + 1 :]
+            _tf_compat.track_child(by_table[table], stand_in, slot)
+            _tf_compat.rebind_keras_variable(variable, shard)
+            saved.append((key, variable))
+        if "_variables" in by_object.values():
+            original = store.checkpoint_children()["_variables"]
+            _tf_compat.track_child(store, variables, "_variables", overwrite=True)
+            self._variables_child = original
+        for j, config in enumerate(self.dynamic_configs):
+            full = self.layer.dynamic_tables[config]
+            key = by_object[id(full)]
+            _tf_compat.track_child(store, _FullDynamicTable(self, j, full), key, overwrite=True)
+            full.import_contents({field: value[:0] for field, value in full.export().items()})
+            saved.append((key, full))
+        self._attached = saved
+        _ATTACHED[self.layer] = self
+
+    def detach(self) -> None:
+        """The layer's full tables and slots <- every worker's shard (an all-gather: every worker must call it);
+        its checkpoint children are its own variables and dynamic tables again."""
+        if self._attached is None:
+            return
+        store = self.layer.embedding
+        pairs = list(self._pairs())
+        for k, (key, variable) in enumerate(self._attached[: len(pairs)]):
+            full = tf.Variable(self.full_value(k), trainable=False, name=variable.name)
+            _tf_compat.rebind_keras_variable(variable, full)
+            _tf_compat.track_child(store, variable, key, overwrite=True)
+        for j, (key, full) in enumerate(self._attached[len(pairs) :]):
+            contents = self.full_dynamic(j)
+            step = contents.pop("step")
+            full.import_contents(contents)
+            full.step.assign(step)
+            _tf_compat.track_child(store, full, key, overwrite=True)
+        if self._variables_child is not None:
+            _tf_compat.track_child(store, self._variables_child, "_variables", overwrite=True)
+            self._variables_child = None
+        self._attached = None
+        _ATTACHED.pop(self.layer, None)
+
+    def full_value(self, k: int) -> tf.Tensor:
+        """Static variable `k` (in `_pairs` order) assembled from every worker's shard (collective)."""
+        if k not in self._gather:
+            _, shard, i = list(self._pairs())[k]
+            self._gather[k] = _gather_function(self, shard, i)
+        return self._gather[k]()
+
+    def full_dynamic(self, j: int) -> dict:
+        """Dynamic table `j`'s content assembled from every worker's shard, sorted by key, and its step
+        (collective): the tensors one process's table checkpoints."""
+        if j not in self._gather_dynamic:
+            self._gather_dynamic[j] = _dynamic_gather_function(self, j)
+        return self._gather_dynamic[j]()
+
+
+class _FullVariable(_tf_compat.trackable_base.Trackable):
+    """The checkpoint child that stands for a layer's table or slot variable while its shard trains: saves the
+    full variable (gathered when the checkpoint writes it), restores this worker's rows of it.
+
+    `shape` and `dtype` are the full variable's: what `TPUEmbedding`'s restore check compares a checkpoint with."""
+
+    def __init__(self, shards: LayerShards, index: int, shape: tuple, shard: tf.Variable):
+        self._shards = shards
+        self._index = index
+        self._shard = shard
+        self.shape = tf.TensorShape(shape)
+        self.dtype = shard.dtype
+
+    def _serialize_to_tensors(self) -> dict:
+        key = _tf_compat.trackable_base.VARIABLE_VALUE_KEY
+        spec = _tf_compat.SaveSpec(
+            lambda: self._shards.full_value(self._index), "", key, dtype=self.dtype, device=self._shard.device
+        )
+        return {key: spec}
+
+    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+        full = restored_tensors[_tf_compat.trackable_base.VARIABLE_VALUE_KEY]
+        if not self.shape.is_compatible_with(full.shape):
+            raise ValueError(
+                f"Restore of a {self.shape.as_list()} variable of layer {self._shards.layer.name!r}: the checkpoint's "
+                f"tensor has shape {full.shape.as_list()}; nothing was changed"
+            )
+        rows = layout.shard_slice(self._shards.exchange.num_workers, self._shards.worker)
+        return self._shard.assign(tf.cast(full, self.dtype)[rows])
+
+
+_DTYPES = {"weights": tf.float32, "slots": tf.float32}
+
+
+class _FullDynamicTable(_tf_compat.trackable_base.Trackable):
+    """The checkpoint child that stands for a layer's dynamic table while its shards train: saves the full content
+    (every worker's keys, gathered and sorted by key, when the checkpoint writes it), restores this worker's keys.
+
+    `spec` and `config` are the full table's: what `TPUEmbedding`'s restore check validates a checkpoint with."""
+
+    def __init__(self, shards: LayerShards, index: int, full: Any):
+        self._shards = shards
+        self._index = index
+        self.spec = full.spec
+        self.config = full.config
+
+    def _serialize_to_tensors(self) -> dict:
+        shard = self._shards.dynamic_shard(self._index)
+        device = shard.step.device
+        gathered: dict = {}  # one gather per save, for all the tensors
+
+        def tensor(field: str):
+            def value() -> tf.Tensor:
+                if not gathered:
+                    gathered.update(self._shards.full_dynamic(self._index))
+                return gathered[field]
+
+            return value
+
+        return {
+            field: _tf_compat.SaveSpec(tensor(field), "", field, dtype=_DTYPES.get(field, tf.int64), device=device)
+            for field in (*table_lib.EXPORT_TENSORS, "step")
+        }
+
+    def _restore_from_tensors(self, restored_tensors: dict) -> Any:
+        shard = self._shards.dynamic_shard(self._index)
+        contents = {field: restored_tensors[field] for field in table_lib.EXPORT_TENSORS}
+        shard.check_contents(contents, "restore")
+        step = table_state.checked_step(restored_tensors["step"], self._shards.dynamic_configs[self._index].name)
+        mine = table_lib.restrict_to_shard(contents, self._shards.exchange.num_workers, self._shards.worker)
+        shard.check_fits(mine)
+        with tf.control_dependencies([step]):
+            imported = shard.import_contents(mine)
+        with tf.control_dependencies([imported]):
+            return shard.step.assign(step)
 
 
 def _unshard_order(vocabulary_size: int, num_workers: int, padded: int) -> np.ndarray:
@@ -179,20 +346,16 @@ def _unshard_order(vocabulary_size: int, num_workers: int, padded: int) -> np.nd
     return (r % num_workers) * padded + r // num_workers
 
 
-def _gather_function(shards: LayerShards, pairs: list):
+def _gather_function(shards: LayerShards, var: tf.Variable, i: int):
     n = shards.exchange.num_workers
+    order = _unshard_order(shards.tables[i].vocabulary_size, n, shards.padded_rows[i])
 
     @tf.function(autograph=False)
     def gather():
-        out = []
-        for _, var, i in pairs:
-            value = tf.convert_to_tensor(var)
-            pad = shards.padded_rows[i] - tf.shape(value)[0]
-            padded = tf.pad(value, [[0, pad], [0, 0]])
-            gathered = shards.exchange.all_gather(padded)
-            order = _unshard_order(shards.tables[i].vocabulary_size, n, shards.padded_rows[i])
-            out.append(tf.gather(gathered, order))
-        return out
+        value = tf.convert_to_tensor(var)
+        pad = shards.padded_rows[i] - tf.shape(value)[0]
+        gathered = shards.exchange.all_gather(tf.pad(value, [[0, pad], [0, 0]]))
+        return tf.gather(gathered, order)
 
     return gather
 
@@ -200,36 +363,34 @@ def _gather_function(shards: LayerShards, pairs: list):
 _ROW_FIELDS = ("keys", "weights", "slots", "counts", "last_steps")
 
 
-def _dynamic_gather_function(shards: LayerShards):
-    """Every worker's dynamic shards, gathered: per table the full content (sorted by key) to import."""
+def _dynamic_gather_function(shards: LayerShards, j: int):
+    """Every worker's shard of dynamic table `j`, gathered: the full content (sorted by key) and the step."""
     ex = shards.exchange
+    table = shards.dynamic_shard(j)
 
     @tf.function(autograph=False)
     def gather():
-        out = []
-        for group in shards.dynamic_groups:
-            (table,) = group.tables.values()
-            c = table.export()
-            size = tf.shape(c["keys"], out_type=tf.int64)[0]
-            # At least one row: TensorFlow's gather of an empty tensor crashes the process.
-            most = tf.maximum(ex.all_reduce(tf.reshape(size, [1]), "Max")[0], 1)
-            pad = most - size
-            valid = ex.all_gather(tf.pad(tf.ones([size], tf.int64), [[0, pad]]), most)
-            keep = tf.equal(valid, 1)
-            gathered = {}
-            kept = tf.reduce_sum(valid)
-            for field in _ROW_FIELDS:
-                value = c[field]
-                if value.shape.rank == 2 and value.shape[1] == 0:  # no slots (SGD): nothing to send (see above)
-                    gathered[field] = tf.zeros([kept, 0], value.dtype)
-                    continue
-                paddings = [[0, pad]] + [[0, 0]] * (value.shape.rank - 1)
-                gathered[field] = tf.boolean_mask(ex.all_gather(tf.pad(value, paddings), most), keep)
-            order = tf.argsort(gathered["keys"], stable=True)
-            full = {field: tf.gather(value, order) for field, value in gathered.items()}
-            for field in ("pending_keys", "pending_counts", "pending_last_steps"):  # no admission in this mode
-                full[field] = tf.zeros([0], tf.int64)
-            out.append(full)
-        return out
+        c = table.export()
+        size = tf.shape(c["keys"], out_type=tf.int64)[0]
+        # At least one row: TensorFlow's gather of an empty tensor crashes the process.
+        most = tf.maximum(ex.all_reduce(tf.reshape(size, [1]), "Max")[0], 1)
+        pad = most - size
+        valid = ex.all_gather(tf.pad(tf.ones([size], tf.int64), [[0, pad]]), most)
+        keep = tf.equal(valid, 1)
+        gathered = {}
+        kept = tf.reduce_sum(valid)
+        for field in _ROW_FIELDS:
+            value = c[field]
+            if value.shape.rank == 2 and value.shape[1] == 0:  # no slots (SGD): nothing to send (see above)
+                gathered[field] = tf.zeros([kept, 0], value.dtype)
+                continue
+            paddings = [[0, pad]] + [[0, 0]] * (value.shape.rank - 1)
+            gathered[field] = tf.boolean_mask(ex.all_gather(tf.pad(value, paddings), most), keep)
+        order = tf.argsort(gathered["keys"], stable=True)
+        full = {field: tf.gather(value, order) for field, value in gathered.items()}
+        for field in ("pending_keys", "pending_counts", "pending_last_steps"):  # no admission in this mode
+            full[field] = tf.zeros([0], tf.int64)
+        full["step"] = table.step.read_value()
+        return full
 
     return gather
