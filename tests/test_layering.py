@@ -28,6 +28,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # What everything stands on: TensorFlow's internals, the loader, table options, the feature nest.
     (
         "tf_embed_ops._tf_compat",
+        # The package faces' names loaded on first use (standard library only).
+        "tf_embed_ops._lazy_exports",
         "tf_embed_ops._xla",
         "tf_embed_ops._loader",
         # The compiled config view (pybind11), which the loader imports.

@@ -14,8 +14,7 @@ docs/dynamic_tables.md describes the semantics.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tf_embed_ops._lazy_exports import lazy_exports
 
 _LAZY: dict[str, tuple[str, str]] = {
     "DynamicTableConfig": ("tf_embed_ops.dynamic.config", "DynamicTableConfig"),
@@ -33,17 +32,4 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DynamicTable": ("tf_embed_ops.dynamic.table", "DynamicTable"),
 }
 
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tf_embed_ops.dynamic' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -18,12 +18,10 @@ alternative (``refused``). docs/migrating.md is the guide.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from tf_embed_ops._lazy_exports import lazy_exports
 from tf_embed_ops.tfra import refused
 
-_LAZY: dict[str, tuple[str, str]] = {
+_LAZY: dict[str, tuple[str, str | None]] = {
     "Variable": ("tf_embed_ops.tfra.variable", "Variable"),
     "get_variable": ("tf_embed_ops.tfra.variable", "get_variable"),
     "embedding_lookup": ("tf_embed_ops.tfra.lookup", "embedding_lookup"),
@@ -40,20 +38,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "keras": ("tf_embed_ops.tfra.keras", None),
 }
 
-__all__ = sorted(_LAZY)
+
+def _refusal(name: str) -> NotImplementedError | None:
+    """A TFRA name this package refuses, with the reason and the alternative (`refused`)."""
+    return refused.refusal(name) if name in refused.REFUSED else None
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        module = importlib.import_module(module_name)
-        value = module if attribute is None else getattr(module, attribute)
-        globals()[name] = value
-        return value
-    if name in refused.REFUSED:
-        raise refused.refusal(name)
-    raise AttributeError(f"module 'tf_embed_ops.tfra' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY, refusal=_refusal)

@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tf_embed_ops._lazy_exports import lazy_exports
 
 _LAZY: dict[str, tuple[str, str]] = {
     "Tiered": ("tf_embed_ops.tiered.config", "Tiered"),
@@ -19,17 +18,4 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TieredTable": ("tf_embed_ops.tiered.table", "TieredTable"),
 }
 
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tf_embed_ops.tiered' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
