@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.backends.table_resource import TableResource
 from tf_embed_ops.dynamic import checkpoint_check, eviction, tiered_checkpoint
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as _ops
@@ -73,7 +74,7 @@ __all__ = ["CHECKPOINT_TENSORS", "EXPORT_TENSORS", "DynamicTable", "policy_tenso
 _uid = itertools.count()
 
 
-class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResource):
+class DynamicTable(CheckpointTensors, TableResource):
     """One dynamic-vocabulary table (or one shard of it) as a TensorFlow resource.
 
     Args:
@@ -146,26 +147,7 @@ class DynamicTable(CheckpointTensors, tf.saved_model.experimental.TrackableResou
     def _create_resource(self) -> tf.Tensor:
         return _ops.dynamic_table_handle(shared_name=self._shared_name, **self._attrs)
 
-    def _initialize(self) -> None:
-        # The handle op creates the table on its first run; nothing else to do.
-        return None
-
-    def _destroy_resource(self) -> None:
-        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
-
     # --------------------------------------------------------------------------------------- public surface
-    @property
-    def handle(self) -> tf.Tensor:
-        return self.resource_handle
-
-    @property
-    def config(self) -> Any:
-        return self._config
-
-    @property
-    def table_name(self) -> str:
-        return self._table_name
-
     @property
     def step(self) -> tf.Variable:
         return self._step

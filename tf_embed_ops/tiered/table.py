@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, table_config
 from tf_embed_ops import config as config_lib
+from tf_embed_ops.backends.table_resource import TableResource
 from tf_embed_ops.tiered import checkpoint
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
@@ -52,7 +53,7 @@ def _var_name(name: str) -> str:
     return cleaned if cleaned[0].isalpha() else "t_" + cleaned
 
 
-class TieredTable(tf.saved_model.experimental.TrackableResource):
+class TieredTable(TableResource):
     """One tiered table as a TensorFlow resource.
 
     Args:
@@ -138,25 +139,7 @@ class TieredTable(tf.saved_model.experimental.TrackableResource):
             shared_name=self._shared_name,
         )
 
-    def _initialize(self) -> None:
-        return None
-
-    def _destroy_resource(self) -> None:
-        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
-
     # --------------------------------------------------------------------------------------- public surface
-    @property
-    def handle(self) -> tf.Tensor:
-        return self.resource_handle
-
-    @property
-    def config(self) -> Any:
-        return self._config
-
-    @property
-    def table_name(self) -> str:
-        return self._table_name
-
     # A checkpoint streams the table (its registered saver, `tiered.checkpoint`): its rows are never whole in memory.
     streams_checkpoint = True
 
