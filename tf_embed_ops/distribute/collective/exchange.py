@@ -58,6 +58,22 @@ class Exchange:
         size = tf.cast(tf.size(x, out_type=tf.int64), tf.float64) * x.dtype.size * factor
         self.sent_bytes.assign_add(tf.cast(size, tf.int64))
 
+    def _collective(self, op: Any, x: tf.Tensor, capacity: tf.Tensor | None = None, **attrs: Any) -> tf.Tensor:
+        """Runs the collective `op` on `x` in this group, in call order (`_ordered`), with `attrs` of its own."""
+        return self._ordered(
+            lambda key: op(
+                input=x,
+                group_size=self.num_workers,
+                group_key=self._group_key,
+                instance_key=key,
+                ordering_token=[],
+                communication_hint="ring",
+                timeout_seconds=self.timeout_seconds,
+                **attrs,
+            ),
+            capacity,
+        )
+
     def _ordered(self, fn, capacity: tf.Tensor | None = None):
         site = next(_SITES)
         if site >= _MAX_SITES:
@@ -88,37 +104,14 @@ class Exchange:
         if self.num_workers == 1:
             return tf.identity(x)
         self._count(x, (self.num_workers - 1) / self.num_workers)  # every row but its own
-        return self._ordered(
-            lambda key: tf.raw_ops.CollectiveAllToAllV2(
-                input=x,
-                group_size=self.num_workers,
-                group_key=self._group_key,
-                instance_key=key,
-                ordering_token=[],
-                communication_hint="ring",
-                timeout_seconds=self.timeout_seconds,
-            ),
-            capacity,
-        )
+        return self._collective(tf.raw_ops.CollectiveAllToAllV2, x, capacity)
 
     def all_reduce(self, x: tf.Tensor, op: str = "Max") -> tf.Tensor:
         """Elementwise "Max", "Min", "Add" or "Mul" over the workers."""
         if self.num_workers == 1:
             return tf.identity(x)
         self._count(x, 2 * (self.num_workers - 1) / self.num_workers)  # a ring all-reduce
-        return self._ordered(
-            lambda key: tf.raw_ops.CollectiveReduceV2(
-                input=x,
-                group_size=self.num_workers,
-                group_key=self._group_key,
-                instance_key=key,
-                ordering_token=[],
-                merge_op=op,
-                final_op="Id",
-                communication_hint="ring",
-                timeout_seconds=self.timeout_seconds,
-            )
-        )
+        return self._collective(tf.raw_ops.CollectiveReduceV2, x, merge_op=op, final_op="Id")
 
     def all_gather(self, x: tf.Tensor, capacity: tf.Tensor | None = None) -> tf.Tensor:
         """Concatenates every worker's `x` (one shape on every worker) along axis 0.
@@ -127,18 +120,7 @@ class Exchange:
         if self.num_workers == 1:
             return tf.identity(x)
         self._count(x, self.num_workers - 1)  # a ring all-gather passes on every other worker's part
-        return self._ordered(
-            lambda key: tf.raw_ops.CollectiveGatherV2(
-                input=x,
-                group_size=self.num_workers,
-                group_key=self._group_key,
-                instance_key=key,
-                ordering_token=[],
-                communication_hint="ring",
-                timeout_seconds=self.timeout_seconds,
-            ),
-            capacity,
-        )
+        return self._collective(tf.raw_ops.CollectiveGatherV2, x, capacity)
 
 
 def _same_graph(t: Any) -> bool:
