@@ -23,8 +23,8 @@ why:
 
 - imports: `de` is `tf_embed_ops.tfra`; Keras is Keras 3 (`keras`: its layers, initializers, `Adam`), where TFRA
   tries `tf_keras` first; the docstring and `test.main()` are dropped (pytest runs the classes).
-- TFRA's training loop and its product of layer options, written out in several tests, are written once
-  (`fit_growing_batches`, `layer_creation_options`, `_fit_checking_size`), with the same steps and assertions.
+- TFRA's training loop and its layer-creation loop, written out in several tests, are written once
+  (`fit_growing_batches`, `check_layer_creation`, `_fit_checking_size`), with the same steps and assertions.
 - `BY_DESIGN` below: the tests that fail by design, each with its reason, marked `xfail` (their failing eager
   subtest shows as xfailed; the test around it as XPASS).
 """
@@ -45,10 +45,10 @@ import tf_embed_ops.tfra as de
 from tests.tfra.tfra_port_support import (
     AMSGRAD,
     FLOAT64,
+    check_layer_creation,
     default_config,
     fit_growing_batches,
     get_sequential_model,
-    layer_creation_options,
     mark_by_design,
 )
 
@@ -70,25 +70,7 @@ class EmbeddingLayerTest(test.TestCase):
         if not context.executing_eagerly():
             self.skipTest("Only test in eager mode")
 
-        rnd = 0
-
-        with self.session(use_gpu=test_util.is_gpu_available(), config=default_config):
-            for comb in layer_creation_options():
-                name = "test_creation" + str(rnd)
-                embedding = de.keras.layers.Embedding(
-                    comb[0],
-                    key_dtype=comb[1],
-                    value_dtype=comb[2],
-                    initializer=comb[3]((1,), dtype=comb[2]),
-                    trainable=comb[4],
-                    bp_v2=comb[5],
-                    restrict_policy=comb[6],
-                    init_capacity=64,
-                    name=name,
-                )
-                rnd += 1
-                self.assertAllEqual(embedding.name, name)
-                self.assertAllEqual(self.evaluate(embedding.params.size()), 0)
+        check_layer_creation(self, de.keras.layers.Embedding)
 
     def test_forward(self):
         if not context.executing_eagerly():
@@ -159,7 +141,6 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
         if not context.executing_eagerly():
             self.skipTest("Only test in eager mode")
 
-        rnd = 0
         nslots = 100
 
         @tf.function
@@ -168,25 +149,9 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
             x = tf.strings.to_hash_bucket_fast(x, nslots)
             return x
 
-        with self.session(use_gpu=test_util.is_gpu_available(), config=default_config):
-            for comb in layer_creation_options():
-                name = "test_creation" + str(rnd)
-                embedding = de.keras.layers.FieldWiseEmbedding(
-                    comb[0],
-                    nslots,
-                    slot_map_fn,
-                    key_dtype=comb[1],
-                    value_dtype=comb[2],
-                    initializer=comb[3]((1,), dtype=comb[2]),
-                    trainable=comb[4],
-                    bp_v2=comb[5],
-                    restrict_policy=comb[6],
-                    init_capacity=64,
-                    name=name,
-                )
-                rnd += 1
-                self.assertAllEqual(embedding.name, name)
-                self.assertAllEqual(self.evaluate(embedding.params.size()), 0)
+        check_layer_creation(
+            self, lambda dim, **kwargs: de.keras.layers.FieldWiseEmbedding(dim, nslots, slot_map_fn, **kwargs)
+        )
 
     def test_forward(self):
         if not context.executing_eagerly():

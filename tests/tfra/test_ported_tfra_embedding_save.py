@@ -17,9 +17,9 @@
 files at other shard and process counts), run against tf_embed_ops.tfra (`de`).
 
 Ported from TFRA's keras/layers/embedding_test.py with the changes `test_ported_tfra_embedding.py` lists. The
-model of two file-saved tables and one plain table, and the load-and-check TFRA wrote out once per shard or process
-count, are written once here (`_file_system_tables_model`, the loops over counts), with the same steps and
-assertions in the same order.
+models' layers, the model of two file-saved tables and one plain table, and the load-and-check TFRA wrote out once
+per shard or process count are written once here (`_embedding`, `_compiled_model`, `_file_system_tables_model`,
+the loops over counts), with the same steps and assertions in the same order.
 """
 
 import os
@@ -41,36 +41,42 @@ from tests.tfra.tfra_port_support import LAYER_FILE_SAVER, mark_by_design
 tf.config.set_soft_device_placement(True)
 
 
+def _embedding(name, devices, **kwargs):
+    """The one-wide table layer of TFRA's save tests."""
+    return de.keras.layers.Embedding(
+        embedding_size=1,
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        initializer=RandomNormal(),
+        devices=devices,
+        name=name,
+        **kwargs,
+    )
+
+
+def _compiled_model(input_tensor, output):
+    model = Model(inputs=input_tensor, outputs=output)
+    optimizer = Adam(learning_rate=1e-4, amsgrad=False)
+    optimizer = de.DynamicEmbeddingOptimizer(optimizer)
+    model.compile(optimizer=optimizer)
+    return model
+
+
 def _file_system_tables_model(table_devices, **saver_kwargs):
     """TFRA's model of two tables saved to files (`de.FileSystemSaver(**saver_kwargs)`) and one plain table."""
     input_tensor = layers.Input(shape=(1,), dtype=tf.int64)
     embedding_outs = []
     for t in range(2):
-        embedding_out = de.keras.layers.Embedding(
-            embedding_size=1,
-            key_dtype=tf.int64,
-            value_dtype=tf.float32,
-            initializer=RandomNormal(),
-            devices=table_devices,
-            name=f"test_keras_save_restore_{t}",
+        embedding_out = _embedding(
+            f"test_keras_save_restore_{t}",
+            table_devices,
             kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver(**saver_kwargs)),
         )(input_tensor)
         embedding_outs.append(embedding_out)
-    normal_embedding_out = de.keras.layers.Embedding(
-        embedding_size=1,
-        key_dtype=tf.int64,
-        value_dtype=tf.float32,
-        initializer=RandomNormal(),
-        devices=table_devices,
-        name="test_keras_save_restore_normal",
-    )(input_tensor)
+    normal_embedding_out = _embedding("test_keras_save_restore_normal", table_devices)(input_tensor)
     embedding_outs.append(normal_embedding_out)
     concat = tf.concat(embedding_outs, axis=0)
-    model = Model(inputs=input_tensor, outputs=concat)
-    optimizer = Adam(learning_rate=1e-4, amsgrad=False)
-    optimizer = de.DynamicEmbeddingOptimizer(optimizer)
-    model.compile(optimizer=optimizer)
-    return model
+    return _compiled_model(input_tensor, concat)
 
 
 @test_util.run_all_in_graph_and_eager_modes
@@ -83,19 +89,8 @@ class EmbeddingLayerTest(test.TestCase):
 
         def model_fn(table_device):
             input_tensor = layers.Input(shape=(1,), dtype=tf.int64)
-            embedding_out = de.keras.layers.Embedding(
-                embedding_size=1,
-                key_dtype=tf.int64,
-                value_dtype=tf.float32,
-                initializer=RandomNormal(),
-                devices=table_device,
-                name="test_keras_save_restore",
-            )(input_tensor)
-            model = Model(inputs=input_tensor, outputs=embedding_out)
-            optimizer = Adam(learning_rate=1e-4, amsgrad=False)
-            optimizer = de.DynamicEmbeddingOptimizer(optimizer)
-            model.compile(optimizer=optimizer)
-            return model
+            embedding_out = _embedding("test_keras_save_restore", table_device)(input_tensor)
+            return _compiled_model(input_tensor, embedding_out)
 
         table_device_ = ["/device:CPU:0"]
         if test_util.is_gpu_available():

@@ -30,7 +30,7 @@ reformatted by ruff. Changed, and why:
   of the imports and the optional `tensorflow_io` import are dropped, as are the docstring and `test.main()`
   (pytest runs the classes).
 - a few steps TFRA wrote out again and again are written once, with the same operations and assertions in the same
-  order: `_convert` here, the Saver round trip in `_saver`, the two restricted variables in `_training`.
+  order: `_convert` and `_dtype_and_dim_cases` here, the Saver round trip in `_saver`, the two restricted variables in `_training`.
 - `BY_DESIGN` in each file: the tests that fail by design, each with its reason, marked `xfail` (their failing
   subtests show as xfailed; the test around them as XPASS).
 """
@@ -68,48 +68,36 @@ def _convert(v, t):
     return np.array(v).astype(_type_converter(t))
 
 
+def _dtype_and_dim_cases(gpu_pairs: str, cpu_pairs: str):
+    """TFRA's loop of its dtype tests: (id, key dtype, value dtype, dim) for each pair ("key:value" dtype names) of
+    the device's list and each dim; ids count from 1, over the 16-bit value dtypes too, which macOS arm64 skips."""
+    if test_util.is_gpu_available():
+        dim_list = [1, 2, 4, 8, 10, 16, 32, 64, 100, 200]
+        pairs = gpu_pairs
+    else:
+        dim_list = [1, 8, 16, 128]
+        pairs = cpu_pairs
+    kv_list = [[getattr(dtypes, name) for name in pair.split(":")] for pair in pairs.split()]
+    id = 0
+    for (key_dtype, value_dtype), dim in itertools.product(kv_list, dim_list):
+        id += 1
+        # Skip float16 and bfloat16 tests if the platform is macOS arm64 architecture
+        if is_macos() and is_arm64():
+            if value_dtype == dtypes.half or value_dtype == dtypes.bfloat16:
+                continue
+        yield id, key_dtype, value_dtype, dim
+
+
 @test_util.run_all_in_graph_and_eager_modes
 class VariableTest(test.TestCase):
     def test_variable(self):
-        id = 0
-        if test_util.is_gpu_available():
-            dim_list = [1, 2, 4, 8, 10, 16, 32, 64, 100, 200]
-            kv_list = [
-                [dtypes.int64, dtypes.float32],
-                [dtypes.int64, dtypes.int32],
-                [dtypes.int64, dtypes.half],
-                [dtypes.int64, dtypes.int8],
-                [dtypes.int64, dtypes.int64],
-                [dtypes.int64, dtypes.bfloat16],
-            ]
-        else:
-            dim_list = [1, 8, 16, 128]
-            kv_list = [
-                [dtypes.int32, dtypes.double],
-                [dtypes.int32, dtypes.float32],
-                [dtypes.int32, dtypes.int32],
-                [dtypes.int64, dtypes.double],
-                [dtypes.int64, dtypes.float32],
-                [dtypes.int64, dtypes.int32],
-                [dtypes.int64, dtypes.int64],
-                [dtypes.int64, dtypes.string],
-                [dtypes.int64, dtypes.int8],
-                [dtypes.int64, dtypes.half],
-                [dtypes.int64, dtypes.bfloat16],
-                [dtypes.string, dtypes.double],
-                [dtypes.string, dtypes.float32],
-                [dtypes.string, dtypes.int32],
-                [dtypes.string, dtypes.int64],
-                [dtypes.string, dtypes.int8],
-                [dtypes.string, dtypes.half],
-            ]
-
-        for (key_dtype, value_dtype), dim in itertools.product(kv_list, dim_list):
-            id += 1
-            # Skip float16 and bfloat16 tests if the platform is macOS arm64 architecture
-            if is_macos() and is_arm64():
-                if value_dtype == dtypes.half or value_dtype == dtypes.bfloat16:
-                    continue
+        cases = _dtype_and_dim_cases(
+            gpu_pairs="int64:float32 int64:int32 int64:half int64:int8 int64:int64 int64:bfloat16",
+            cpu_pairs="int32:double int32:float32 int32:int32 int64:double int64:float32 int64:int32 int64:int64 "
+            "int64:string int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 "
+            "string:int8 string:half",
+        )
+        for id, key_dtype, value_dtype, dim in cases:
             with self.session(config=default_config, use_gpu=test_util.is_gpu_available()) as sess:
                 keys = constant_op.constant(np.array([0, 1, 2, 3]).astype(_type_converter(key_dtype)), key_dtype)
                 values = constant_op.constant(
@@ -153,43 +141,13 @@ class VariableTest(test.TestCase):
                 del table
 
     def test_variable_find_with_exists_and_accum(self):
-        id = 0
-        if test_util.is_gpu_available():
-            dim_list = [1, 2, 4, 8, 10, 16, 32, 64, 100, 200]
-            kv_list = [
-                [dtypes.int64, dtypes.float32],
-                [dtypes.int64, dtypes.int32],
-                [dtypes.int64, dtypes.half],
-                [dtypes.int64, dtypes.int8],
-            ]
-        else:
-            dim_list = [1, 8, 16, 128]
-            kv_list = [
-                [dtypes.int32, dtypes.double],
-                [dtypes.int32, dtypes.float32],
-                [dtypes.int32, dtypes.int32],
-                [dtypes.int32, dtypes.bfloat16],
-                [dtypes.int64, dtypes.double],
-                [dtypes.int64, dtypes.float32],
-                [dtypes.int64, dtypes.int32],
-                [dtypes.int64, dtypes.int64],
-                [dtypes.int64, dtypes.int8],
-                [dtypes.int64, dtypes.half],
-                [dtypes.int64, dtypes.bfloat16],
-                [dtypes.string, dtypes.double],
-                [dtypes.string, dtypes.float32],
-                [dtypes.string, dtypes.int32],
-                [dtypes.string, dtypes.int64],
-                [dtypes.string, dtypes.int8],
-                [dtypes.string, dtypes.half],
-            ]
-
-        for (key_dtype, value_dtype), dim in itertools.product(kv_list, dim_list):
-            id += 1
-            # Skip float16 and bfloat16 tests if the platform is macOS arm64 archtecture
-            if is_macos() and is_arm64():
-                if value_dtype == dtypes.half or value_dtype == dtypes.bfloat16:
-                    continue
+        cases = _dtype_and_dim_cases(
+            gpu_pairs="int64:float32 int64:int32 int64:half int64:int8",
+            cpu_pairs="int32:double int32:float32 int32:int32 int32:bfloat16 int64:double int64:float32 int64:int32 "
+            "int64:int64 int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 "
+            "string:int8 string:half",
+        )
+        for id, key_dtype, value_dtype, dim in cases:
             with self.session(config=default_config, use_gpu=test_util.is_gpu_available()) as sess:
                 base_keys = constant_op.constant(np.array([0, 1, 2, 3]).astype(_type_converter(key_dtype)), key_dtype)
                 base_values = constant_op.constant(

@@ -75,6 +75,18 @@ def _guarded_variables(embed_dim, **kwargs):
     )
 
 
+# TFRA's restrict tests: (data_len, maxval, num_reserved, trigger, embed_dim).
+_RESTRICT_TEST_SIZES = (32, 256, 100, 150, 8)
+
+
+def _slot_params(sparse_vars, optmz):
+    """The slot variables of `sparse_vars` under `optmz`, each once."""
+    slot_params = []
+    for spv in sparse_vars:
+        slot_params += spv.get_slot_variables(optmz)
+    return list(set(slot_params))
+
+
 @test_util.run_all_in_graph_and_eager_modes
 class VariableTest(test.TestCase):
     def test_training_save_restore(self):
@@ -326,11 +338,7 @@ class VariableTest(test.TestCase):
             self.skipTest("skip eager test when using legacy optimizers.")
 
         optmz = de.DynamicEmbeddingOptimizer(adam.AdamOptimizer(0.1))
-        data_len = 32
-        maxval = 256
-        num_reserved = 100
-        trigger = 150
-        embed_dim = 8
+        data_len, maxval, num_reserved, trigger, embed_dim = _RESTRICT_TEST_SIZES
 
         var_guard_by_tstp, var_guard_by_freq = _guarded_variables(embed_dim, init_size=256)
 
@@ -357,10 +365,7 @@ class VariableTest(test.TestCase):
         var_sizes = self.evaluate([spv.size() for spv in sparse_vars])
         self.assertAllEqual(var_sizes, [num_reserved, num_reserved])
 
-        slot_params = []
-        for spv in sparse_vars:
-            slot_params += spv.get_slot_variables(optmz)
-        slot_params = list(set(slot_params))
+        slot_params = _slot_params(sparse_vars, optmz)
 
         for sp in slot_params:
             self.assertAllEqual(self.evaluate(sp.size()), num_reserved)
@@ -374,11 +379,7 @@ class VariableTest(test.TestCase):
             self.skipTest("Test in eager mode only.")
 
         optmz = de.DynamicEmbeddingOptimizer(optimizer_v2.adam.Adam(0.1))
-        data_len = 32
-        maxval = 256
-        num_reserved = 100
-        trigger = 150
-        embed_dim = 8
+        data_len, maxval, num_reserved, trigger, embed_dim = _RESTRICT_TEST_SIZES
         trainables = []
 
         var_guard_by_tstp, var_guard_by_freq = _guarded_variables(embed_dim)
@@ -407,10 +408,7 @@ class VariableTest(test.TestCase):
         var_sizes = [spv.size() for spv in sparse_vars]
         self.assertAllEqual(var_sizes, [num_reserved, num_reserved])
 
-        slot_params = []
-        for spv in sparse_vars:
-            slot_params += spv.get_slot_variables(optmz)
-        slot_params = list(set(slot_params))
+        slot_params = _slot_params(sparse_vars, optmz)
 
         for sp in slot_params:
             self.assertAllEqual(sp.size(), num_reserved)

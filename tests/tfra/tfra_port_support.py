@@ -17,7 +17,7 @@
 The helpers are TFRA v0.8.1's (commit bfd611e716a48065b1574c9fcea6e3807e62a086), from
 dynamic_embedding_variable_test.py and keras/layers/embedding_test.py, under the Apache-2.0 license above, with the
 same changes as the test files say. TFRA's helpers that no ported test calls are left out. Two are new and only
-name a loop TFRA's tests wrote out several times: `fit_growing_batches` and `layer_creation_options`.
+name a loop TFRA's tests wrote out several times: `fit_growing_batches` and `check_layer_creation`.
 """
 
 import itertools
@@ -130,9 +130,9 @@ def fit_growing_batches(model, after_fit=None):
             after_fit(start)
 
 
-def layer_creation_options():
-    """The product of options TFRA's `test_create` builds a layer with: (dim, key dtype, value dtype, initializer,
-    trainable, bp_v2, restrict policy)."""
+def check_layer_creation(test, make_layer):
+    """TFRA's `test_create`: `make_layer(dim, **options)` for each of its product of options (dim, key and value
+    dtype, initializer, trainable, bp_v2, restrict policy) makes a layer of that name and no rows."""
     dims = [1, 4]
     key_dtypes = [dtypes.int32, dtypes.int64]
     if test_util.is_gpu_available():
@@ -145,9 +145,28 @@ def layer_creation_options():
     trainable_options = [True, False]
     bp_options = [True, False]
     restrict_policies = [None, de.TimestampRestrictPolicy, de.FrequencyRestrictPolicy]
-    return itertools.product(
-        dims, key_dtypes, value_dtypes, initializers, trainable_options, bp_options, restrict_policies
-    )
+
+    rnd = 0
+
+    with test.session(use_gpu=test_util.is_gpu_available(), config=default_config):
+        for comb in itertools.product(
+            dims, key_dtypes, value_dtypes, initializers, trainable_options, bp_options, restrict_policies
+        ):
+            name = "test_creation" + str(rnd)
+            embedding = make_layer(
+                comb[0],
+                key_dtype=comb[1],
+                value_dtype=comb[2],
+                initializer=comb[3]((1,), dtype=comb[2]),
+                trainable=comb[4],
+                bp_v2=comb[5],
+                restrict_policy=comb[6],
+                init_capacity=64,
+                name=name,
+            )
+            rnd += 1
+            test.assertAllEqual(embedding.name, name)
+            test.assertAllEqual(test.evaluate(embedding.params.size()), 0)
 
 
 # --- dynamic_embedding_variable_test.py
