@@ -24,7 +24,8 @@ why:
 - imports: `de` is `tf_embed_ops.tfra`; Keras is Keras 3 (`keras`: its layers, initializers, `Adam`), where TFRA
   tries `tf_keras` first; the docstring and `test.main()` are dropped (pytest runs the classes).
 - TFRA's training loop and its layer-creation loop, written out in several tests, are written once
-  (`fit_growing_batches`, `check_layer_creation`, `_fit_checking_size`), with the same steps and assertions.
+  (`fit_growing_batches`, `check_layer_creation`, `_fit_checking_size`, `_check_backward`), with the same steps
+  and assertions.
 - `BY_DESIGN` below: the tests that fail by design, each with its reason, marked `xfail` (their failing eager
   subtest shows as xfailed; the test around it as XPASS).
 """
@@ -64,6 +65,25 @@ def _fit_checking_size(test, model, optimizer):
     fit_growing_batches(model, lambda start: test.assertAllEqual(emb_layer.params.size(), start))
 
 
+def _two_slots_map_fn():
+    """A new `slot_map_fn` of TFRA's field-wise tests: the id modulo 2, as a tf.function."""
+
+    @tf.function
+    def slot_map_fn(x):
+        return tf.math.floormod(x, 2)
+
+    return slot_map_fn
+
+
+def _check_backward(test, make_optimizer, name):
+    """TFRA's `test_backward*`: an Embedding model trained with `make_optimizer()` holds every id it has seen."""
+    if not context.executing_eagerly():
+        test.skipTest("Only test in eager mode")
+    init = RandomNormal(seed=0)
+    model = get_sequential_model(de.keras.layers.Embedding, 4, initializer=init, bp_v2=False, name=name)
+    _fit_checking_size(test, model, make_optimizer())
+
+
 @test_util.run_all_in_graph_and_eager_modes
 class EmbeddingLayerTest(test.TestCase):
     def test_create(self):
@@ -91,25 +111,13 @@ class EmbeddingLayerTest(test.TestCase):
             self.assertAllClose(embedding_value, expected_value, rtol=1e-6, atol=1e-7)
 
     def test_backward(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        init = RandomNormal(seed=0)
-        model = get_sequential_model(de.keras.layers.Embedding, 4, initializer=init, bp_v2=False, name="go582")
-        _fit_checking_size(self, model, adam.AdamOptimizer(1e-4))
+        _check_backward(self, lambda: adam.AdamOptimizer(1e-4), name="go582")
 
     def test_backward_adagrad(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        init = RandomNormal(seed=0)
-        model = get_sequential_model(de.keras.layers.Embedding, 4, initializer=init, bp_v2=False, name="go582")
-        _fit_checking_size(self, model, optimizers.Adagrad(1e-4))
+        _check_backward(self, lambda: optimizers.Adagrad(1e-4), name="go582")
 
     def test_backward_bp_v2(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        init = RandomNormal(seed=0)
-        model = get_sequential_model(de.keras.layers.Embedding, 4, initializer=init, bp_v2=False, name="iu702")
-        _fit_checking_size(self, model, Adam(learning_rate=1e-4, amsgrad=True))
+        _check_backward(self, lambda: Adam(learning_rate=1e-4, amsgrad=True), name="iu702")
 
 
 @test_util.run_all_in_graph_and_eager_modes
@@ -175,9 +183,7 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
         if not context.executing_eagerly():
             self.skipTest("Only test in eager mode")
 
-        @tf.function
-        def slot_map_fn(x):
-            return tf.math.floormod(x, 2)
+        slot_map_fn = _two_slots_map_fn()
 
         init = RandomNormal(seed=0)
         model = get_sequential_model(
@@ -189,9 +195,7 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
         if not context.executing_eagerly():
             self.skipTest("Only test in eager mode.")
 
-        @tf.function
-        def slot_map_fn(x):
-            return tf.math.floormod(x, 2)
+        slot_map_fn = _two_slots_map_fn()
 
         init = RandomNormal(seed=0)
         model = get_sequential_model(
@@ -262,9 +266,7 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
         if not context.executing_eagerly():
             self.skipTest("Only test in eager mode.")
 
-        @tf.function
-        def slot_map_fn(x):
-            return tf.math.floormod(x, 2)
+        slot_map_fn = _two_slots_map_fn()
 
         init = RandomNormal(seed=0)
 

@@ -41,6 +41,14 @@ from tests.tfra.tfra_port_support import LAYER_FILE_SAVER, mark_by_design
 tf.config.set_soft_device_placement(True)
 
 
+def _eager_save_path(test):
+    """A new path to save to; the tests run in eager mode only."""
+    if not context.executing_eagerly():
+        test.skipTest("Only test in eager mode")
+    save_dir = os.path.join(test.get_temp_dir(), "save_restore")
+    return os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
+
+
 def _embedding(name, devices, **kwargs):
     """The one-wide table layer of TFRA's save tests."""
     return de.keras.layers.Embedding(
@@ -82,10 +90,7 @@ def _file_system_tables_model(table_devices, **saver_kwargs):
 @test_util.run_all_in_graph_and_eager_modes
 class EmbeddingLayerTest(test.TestCase):
     def test_keras_save_load_weights(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        save_dir = os.path.join(self.get_temp_dir(), "save_restore")
-        save_path = os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
+        save_path = _eager_save_path(self)
 
         def model_fn(table_device):
             input_tensor = layers.Input(shape=(1,), dtype=tf.int64)
@@ -125,10 +130,7 @@ class EmbeddingLayerTest(test.TestCase):
                     self.assertEqual(table_device_[0], node.device)
 
     def test_keras_save_load_weights_file_system(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        save_dir = os.path.join(self.get_temp_dir(), "save_restore")
-        save_path = os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
+        save_path = _eager_save_path(self)
 
         def model_fn(table_devices):
             return _file_system_tables_model(table_devices)
@@ -166,10 +168,7 @@ class EmbeddingLayerTest(test.TestCase):
                 self.assertAllEqual(test_values, np.sort(values, axis=0))
 
     def test_mpi_keras_save_load_weights_file_system(self):
-        if not context.executing_eagerly():
-            self.skipTest("Only test in eager mode")
-        save_dir = os.path.join(self.get_temp_dir(), "save_restore")
-        save_path = os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
+        save_path = _eager_save_path(self)
         de_dir = os.path.join(save_path, "variables", "TFRADynamicEmbedding")
 
         def model_fn(proc_size, proc_rank):

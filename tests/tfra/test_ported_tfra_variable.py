@@ -30,7 +30,7 @@ reformatted by ruff. Changed, and why:
   of the imports and the optional `tensorflow_io` import are dropped, as are the docstring and `test.main()`
   (pytest runs the classes).
 - a few steps TFRA wrote out again and again are written once, with the same operations and assertions in the same
-  order: `_convert` and `_dtype_and_dim_cases` here, the Saver round trip in `_saver`, the two restricted variables in `_training`.
+  order: `_convert`, `_four_rows` and `_dtype_and_dim_cases` here, the Saver round trip in `_saver`, the two restricted variables in `_training`.
 - `BY_DESIGN` in each file: the tests that fail by design, each with its reason, marked `xfail` (their failing
   subtests show as xfailed; the test around them as XPASS).
 """
@@ -64,8 +64,31 @@ from tests.tfra.tfra_port_support import (
 )
 
 
+# The (key dtype, value dtype) pairs ("key:value" dtype names) test_variable and
+# test_variable_find_with_exists_and_accum loop over: (on a GPU, on a CPU).
+_VARIABLE_PAIRS = (
+    "int64:float32 int64:int32 int64:half int64:int8 int64:int64 int64:bfloat16",
+    "int32:double int32:float32 int32:int32 int64:double int64:float32 int64:int32 int64:int64 int64:string "
+    "int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 string:int8 "
+    "string:half",
+)
+_FIND_WITH_EXISTS_PAIRS = (
+    "int64:float32 int64:int32 int64:half int64:int8",
+    "int32:double int32:float32 int32:int32 int32:bfloat16 int64:double int64:float32 int64:int32 int64:int64 "
+    "int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 string:int8 "
+    "string:half",
+)
+
+
 def _convert(v, t):
     return np.array(v).astype(_type_converter(t))
+
+
+def _four_rows(key_dtype, value_dtype, dim):
+    """Keys 0, 1, 2, 3 and rows of `dim` times their key, the table both dtype tests start from."""
+    keys = constant_op.constant(np.array([0, 1, 2, 3]).astype(_type_converter(key_dtype)), key_dtype)
+    values = constant_op.constant(_convert([[0] * dim, [1] * dim, [2] * dim, [3] * dim], value_dtype), value_dtype)
+    return keys, values
 
 
 def _dtype_and_dim_cases(gpu_pairs: str, cpu_pairs: str):
@@ -91,18 +114,9 @@ def _dtype_and_dim_cases(gpu_pairs: str, cpu_pairs: str):
 @test_util.run_all_in_graph_and_eager_modes
 class VariableTest(test.TestCase):
     def test_variable(self):
-        cases = _dtype_and_dim_cases(
-            gpu_pairs="int64:float32 int64:int32 int64:half int64:int8 int64:int64 int64:bfloat16",
-            cpu_pairs="int32:double int32:float32 int32:int32 int64:double int64:float32 int64:int32 int64:int64 "
-            "int64:string int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 "
-            "string:int8 string:half",
-        )
-        for id, key_dtype, value_dtype, dim in cases:
+        for id, key_dtype, value_dtype, dim in _dtype_and_dim_cases(*_VARIABLE_PAIRS):
             with self.session(config=default_config, use_gpu=test_util.is_gpu_available()) as sess:
-                keys = constant_op.constant(np.array([0, 1, 2, 3]).astype(_type_converter(key_dtype)), key_dtype)
-                values = constant_op.constant(
-                    _convert([[0] * dim, [1] * dim, [2] * dim, [3] * dim], value_dtype), value_dtype
-                )
+                keys, values = _four_rows(key_dtype, value_dtype, dim)
                 table = de.get_variable(
                     "t1-" + str(id),
                     key_dtype=key_dtype,
@@ -141,18 +155,9 @@ class VariableTest(test.TestCase):
                 del table
 
     def test_variable_find_with_exists_and_accum(self):
-        cases = _dtype_and_dim_cases(
-            gpu_pairs="int64:float32 int64:int32 int64:half int64:int8",
-            cpu_pairs="int32:double int32:float32 int32:int32 int32:bfloat16 int64:double int64:float32 int64:int32 "
-            "int64:int64 int64:int8 int64:half int64:bfloat16 string:double string:float32 string:int32 string:int64 "
-            "string:int8 string:half",
-        )
-        for id, key_dtype, value_dtype, dim in cases:
+        for id, key_dtype, value_dtype, dim in _dtype_and_dim_cases(*_FIND_WITH_EXISTS_PAIRS):
             with self.session(config=default_config, use_gpu=test_util.is_gpu_available()) as sess:
-                base_keys = constant_op.constant(np.array([0, 1, 2, 3]).astype(_type_converter(key_dtype)), key_dtype)
-                base_values = constant_op.constant(
-                    _convert([[0] * dim, [1] * dim, [2] * dim, [3] * dim], value_dtype), value_dtype
-                )
+                base_keys, base_values = _four_rows(key_dtype, value_dtype, dim)
 
                 simulate_other_process_add_keys = constant_op.constant(
                     np.array([100]).astype(_type_converter(key_dtype)), key_dtype

@@ -55,30 +55,34 @@ def _save_path(test):
     return os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
 
 
+def _t1(**kwargs):
+    """The one-wide float32 table the Saver tests save and restore."""
+    return de.Variable(key_dtype=dtypes.int64, value_dtype=dtypes.float32, initializer=-1.0, name="t1", dim=1, **kwargs)
+
+
+def _dense_variables(v0, v1):
+    return variables.Variable(v0, name="v0"), variables.Variable(v1, name="v1")
+
+
+def _assert_dense(test, v0, v1, want0, want1):
+    test.assertEqual(want0, test.evaluate(v0))
+    test.assertEqual(want1, test.evaluate(v1))
+
+
 def _save_three_rows(test, save_path, file_system_path=None, **table_kwargs):
     """Saves `v0`, `v1` and a table `t1` of keys 0, 1, 2: the table in the checkpoint, or with `file_system_path`,
     each of its tables to `file_system_path + index`."""
     with test.session(config=default_config, graph=ops.Graph()) as sess:
-        v0 = variables.Variable(10.0, name="v0")
-        v1 = variables.Variable(20.0, name="v1")
+        v0, v1 = _dense_variables(10.0, 20.0)
 
         keys = constant_op.constant([0, 1, 2], dtypes.int64)
         values = constant_op.constant([[0.0], [1.0], [2.0]], dtypes.float32)
-        table = de.Variable(
-            key_dtype=dtypes.int64,
-            value_dtype=dtypes.float32,
-            initializer=-1.0,
-            name="t1",
-            dim=1,
-            **table_kwargs,
-        )
+        table = _t1(**table_kwargs)
 
         save = saver.Saver(var_list=[v0, v1] if file_system_path else [v0, v1, table])
         test.evaluate(variables.global_variables_initializer())
 
-        # Check that the parameter nodes have been initialized.
-        test.assertEqual(10.0, test.evaluate(v0))
-        test.assertEqual(20.0, test.evaluate(v1))
+        _assert_dense(test, v0, v1, 10.0, 20.0)  # the parameter nodes have been initialized
 
         test.assertAllEqual(0, test.evaluate(table.size()))
         test.evaluate(table.upsert(keys, values))
@@ -101,17 +105,8 @@ def _restore_over_two_rows(test, save_path, dense=True, file_system_path=None, c
     saved three (and `v0`, `v1` their saved values, with `dense`)."""
     with test.session(config=default_config, graph=ops.Graph()) as sess:
         if dense:
-            v0 = variables.Variable(-1.0, name="v0")
-            v1 = variables.Variable(-1.0, name="v1")
-        table = de.Variable(
-            key_dtype=dtypes.int64,
-            value_dtype=dtypes.float32,
-            initializer=-1.0,
-            name="t1",
-            dim=1,
-            checkpoint=True,
-            **table_kwargs,
-        )
+            v0, v1 = _dense_variables(-1.0, -1.0)
+        table = _t1(checkpoint=True, **table_kwargs)
         if clear:
             test.evaluate(table.clear())
         test.evaluate(
@@ -137,9 +132,7 @@ def _restore_over_two_rows(test, save_path, dense=True, file_system_path=None, c
             for k, v in enumerate(table.tables):
                 test.evaluate(v.load_from_file_system(file_system_path + str(k), buffer_size=4096))
         if dense:
-            # Check that the parameter nodes have been restored.
-            test.assertEqual([10.0], test.evaluate(v0))
-            test.assertEqual([20.0], test.evaluate(v1))
+            _assert_dense(test, v0, v1, [10.0], [20.0])  # the parameter nodes have been restored
 
         test.assertAllEqual(3, test.evaluate(table.size()))
 
@@ -258,8 +251,7 @@ class VariableTest(test.TestCase):
             graph=ops.Graph(),
             use_gpu=test_util.is_gpu_available(),
         ) as sess:
-            v0 = variables.Variable(10.0, name="v0")
-            v1 = variables.Variable(20.0, name="v1")
+            v0, v1 = _dense_variables(10.0, 20.0)
 
             default_val = -1
             keys = constant_op.constant([0, 1, 2], dtypes.int64)
@@ -275,9 +267,7 @@ class VariableTest(test.TestCase):
             save = saver.Saver(table.tables)
             self.evaluate(variables.global_variables_initializer())
 
-            # Check that the parameter nodes have been initialized.
-            self.assertEqual(10.0, self.evaluate(v0))
-            self.assertEqual(20.0, self.evaluate(v1))
+            _assert_dense(self, v0, v1, 10.0, 20.0)  # the parameter nodes have been initialized
 
             self.assertAllEqual(0, self.evaluate(table.size()))
             self.evaluate(table.upsert(keys, values))
