@@ -75,6 +75,13 @@ def _two_slots_map_fn():
     return slot_map_fn
 
 
+def _sorted_export(var):
+    """`var.export()` sorted by key."""
+    keys, values = var.export()
+    seq = tf.argsort(keys)
+    return tf.sort(keys), tf.gather(values, seq)
+
+
 def _check_backward(test, make_optimizer, name):
     """TFRA's `test_backward*`: an Embedding model trained with `make_optimizer()` holds every id it has seen."""
     if not context.executing_eagerly():
@@ -197,17 +204,20 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
 
         slot_map_fn = _two_slots_map_fn()
 
+        def make_model(initializer):
+            return get_sequential_model(
+                de.keras.layers.FieldWiseEmbedding,
+                4,
+                2,
+                slot_map_fn,
+                bp_v2=False,
+                initializer=initializer,
+                restrict_policy=de.FrequencyRestrictPolicy,
+                name="pc053",
+            )
+
         init = RandomNormal(seed=0)
-        model = get_sequential_model(
-            de.keras.layers.FieldWiseEmbedding,
-            4,
-            2,
-            slot_map_fn,
-            bp_v2=False,
-            initializer=init,
-            restrict_policy=de.FrequencyRestrictPolicy,
-            name="pc053",
-        )
+        model = make_model(init)
         optmz = Adam(learning_rate=1e-2, amsgrad=True)
         optmz = de.DynamicEmbeddingOptimizer(optmz)
         emb_layer = model.layers[0]
@@ -222,40 +232,16 @@ class FieldWiseEmbeddingLayerTest(test.TestCase):
         options = tf.saved_model.SaveOptions(namespace_whitelist=["TFRA"])
         model.save(save_dir, signatures=None, options=options)
         copied_init = RandomNormal(seed=0)
-        new_model = get_sequential_model(
-            de.keras.layers.FieldWiseEmbedding,
-            4,
-            2,
-            slot_map_fn,
-            bp_v2=False,
-            initializer=copied_init,
-            restrict_policy=de.FrequencyRestrictPolicy,
-            name="pc053",
-        )
+        new_model = make_model(copied_init)
         new_emb_layer = new_model.layers[0]
         new_model.load_weights(save_dir).expect_partial()
         evaluate = new_model(ids)
         self.assertAllEqual(evaluate, expected)
 
-        keys, values = emb_layer.params.export()
-        seq = tf.argsort(keys)
-        keys = tf.sort(keys)
-        values = tf.gather(values, seq)
-
-        rp_keys, rp_values = emb_layer.params.restrict_policy.freq_var.export()
-        rp_seq = tf.argsort(rp_keys)
-        rp_keys = tf.sort(rp_keys)
-        rp_values = tf.gather(rp_values, rp_seq)
-
-        new_keys, new_values = new_emb_layer.params.export()
-        seq = tf.argsort(new_keys)
-        new_keys = tf.sort(new_keys)
-        new_values = tf.gather(new_values, seq)
-
-        new_rp_keys, new_rp_values = new_emb_layer.params.restrict_policy.freq_var.export()
-        new_rp_seq = tf.argsort(new_rp_keys)
-        new_rp_keys = tf.sort(new_rp_keys)
-        new_rp_values = tf.gather(new_rp_values, new_rp_seq)
+        keys, values = _sorted_export(emb_layer.params)
+        rp_keys, rp_values = _sorted_export(emb_layer.params.restrict_policy.freq_var)
+        new_keys, new_values = _sorted_export(new_emb_layer.params)
+        new_rp_keys, new_rp_values = _sorted_export(new_emb_layer.params.restrict_policy.freq_var)
 
         self.assertAllEqual(keys, new_keys)
         self.assertAllEqual(rp_keys, new_rp_keys)

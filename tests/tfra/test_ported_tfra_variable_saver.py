@@ -243,6 +243,16 @@ class VariableTest(test.TestCase):
     def test_save_restore_only_table(self):
         if context.executing_eagerly():
             self.skipTest("skip eager test when using legacy Saver.")
+
+        def make_table(default_val):
+            return de.Variable(
+                dtypes.int64,
+                dtypes.int32,
+                name="t1",
+                initializer=default_val,
+                checkpoint=True,
+            )
+
         save_dir = os.path.join(self.get_temp_dir(), "save_restore")
         save_path = os.path.join(tempfile.mkdtemp(prefix=save_dir), "hash")
 
@@ -256,13 +266,7 @@ class VariableTest(test.TestCase):
             default_val = -1
             keys = constant_op.constant([0, 1, 2], dtypes.int64)
             values = constant_op.constant([[0], [1], [2]], dtypes.int32)
-            table = de.Variable(
-                dtypes.int64,
-                dtypes.int32,
-                name="t1",
-                initializer=default_val,
-                checkpoint=True,
-            )
+            table = make_table(default_val)
 
             save = saver.Saver(table.tables)
             self.evaluate(variables.global_variables_initializer())
@@ -284,13 +288,7 @@ class VariableTest(test.TestCase):
             use_gpu=test_util.is_gpu_available(),
         ) as sess:
             default_val = -1
-            table = de.Variable(
-                dtypes.int64,
-                dtypes.int32,
-                name="t1",
-                initializer=default_val,
-                checkpoint=True,
-            )
+            table = make_table(default_val)
             self.evaluate(
                 table.upsert(
                     constant_op.constant([0, 2], dtypes.int64),
