@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import json
 import os
 import platform
@@ -417,6 +418,18 @@ def bench_threads(opts: Options) -> list[dict]:
     return records
 
 
+# The sections that are one module's ``run(opts, log)``, in the order they run: (section, module under
+# benchmarks/, whether to log "<section>: done" after it).
+_MODULE_SECTIONS = (
+    ("serving_delta", "serving_delta_benchmark", False),
+    ("checkpoint", "checkpoint_benchmark", False),
+    ("tiered", "tiered_benchmark", False),
+    ("serving_quant", "serving_quant", False),
+    ("lifecycle", "lifecycle_benchmark", True),
+    ("ps_wire_bytes", "ps_wire_bytes", False),
+)
+
+
 def run(opts: Options, log=print) -> dict:
     """Runs the selected sections; returns {"meta", "bandwidth", "workloads", "runs", "accumulator", "peers"}."""
     meta = host_meta(opts)
@@ -526,42 +539,12 @@ def run(opts: Options, log=print) -> dict:
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
-    if opts.wants("serving_delta"):
-        section("serving_delta")
-        from benchmarks import serving_delta_benchmark
-
-        result["serving_delta"] = serving_delta_benchmark.run(opts, log)
-
-    if opts.wants("checkpoint"):
-        section("checkpoint")
-        from benchmarks import checkpoint_benchmark
-
-        result["checkpoint"] = checkpoint_benchmark.run(opts, log)
-
-    if opts.wants("tiered"):
-        section("tiered")
-        from benchmarks import tiered_benchmark
-
-        result["tiered"] = tiered_benchmark.run(opts, log)
-
-    if opts.wants("serving_quant"):
-        section("serving_quant")
-        from benchmarks import serving_quant
-
-        result["serving_quant"] = serving_quant.run(opts, log)
-
-    if opts.wants("lifecycle"):
-        section("lifecycle")
-        from benchmarks import lifecycle_benchmark
-
-        result["lifecycle"] = lifecycle_benchmark.run(opts, log)
-        log("lifecycle: done")
-
-    if opts.wants("ps_wire_bytes"):
-        section("ps_wire_bytes")
-        from benchmarks import ps_wire_bytes
-
-        result["ps_wire_bytes"] = ps_wire_bytes.run(opts, log)
+    for name, module, log_done in _MODULE_SECTIONS:
+        if opts.wants(name):
+            section(name)
+            result[name] = importlib.import_module(f"benchmarks.{module}").run(opts, log)
+            if log_done:
+                log(f"{name}: done")
 
     if opts.wants("accumulator"):
         section("accumulator")
