@@ -76,7 +76,8 @@ class Snapshot:
 
 # The serving process: plain TensorFlow, with tf_embed_ops made unimportable. It reads a JSON list of steps on
 # stdin and prints one JSON result per step.
-SERVER = r"""
+# The start of a serving process's code: plain TensorFlow, with tf_embed_ops made unimportable.
+WITHOUT_TF_EMBED_OPS = r"""
 import importlib.abc, json, sys
 class _Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -84,7 +85,11 @@ class _Block(importlib.abc.MetaPathFinder):
             raise ImportError("tf_embed_ops is not available in the serving process")
 sys.meta_path.insert(0, _Block())
 import tensorflow as tf
-steps = json.loads(sys.stdin.read())
+"""
+
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""steps = json.loads(sys.stdin.read())
 model = None
 for step in steps:
     try:
@@ -105,6 +110,7 @@ for step in steps:
     print(json.dumps(out), flush=True)
 assert not any(m.split(".")[0] == "tf_embed_ops" for m in sys.modules)
 """
+)
 
 
 def run_server(steps: list, timeout: int = 600) -> list:

@@ -416,15 +416,9 @@ def test_a_publish_killed_at_random_points_leaves_a_consistent_chain(tmp_path):
     assert pub.publish_full() > max(used + [chain[-1]["version"]])
 
 
-_SESSION_SERVER = r"""
-import importlib.abc, json, sys
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("tf_embed_ops is not available in the serving process")
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-args = json.loads(sys.stdin.read())
+_SESSION_SERVER = (
+    util.WITHOUT_TF_EMBED_OPS
+    + r"""args = json.loads(sys.stdin.read())
 with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
     sigs = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args["load"]).signature_def
     ap, sv, serve = sigs["apply_delta"], sigs["served_version"], sigs["serving_default"]
@@ -434,6 +428,7 @@ with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
     out = sess.run(serve.outputs["output_0"].name, feed)
     print(json.dumps({"version": int(sess.run(sv.outputs["version"].name)), "out": out.tolist()}))
 """
+)
 
 
 @pytest.mark.slow
