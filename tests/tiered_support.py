@@ -75,6 +75,16 @@ def table_pair(directory, optimizer, vocab: int, dim: int, cache_rows: int, name
     return memory, tiered
 
 
+def chunked_dynamic_pair(directory, optimizer, dim: int, cache_rows: int, chunk_rows: int, **options):
+    """The same `te.DynamicTableConfig` "t" (seed 11) in memory and tiered in `directory`: a cache of `cache_rows`
+    rows, checkpoint chunks of `chunk_rows` float32 records."""
+    slot_width = sum(w for _, w in te_config.slot_shapes(optimizer, 1, dim).values())
+    cache = cache_bytes_for(cache_rows, optimizer, dim, options.get("storage_dtype", tf.float32))
+    common = dict(optimizer=optimizer, seed=11, **options)
+    storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=chunk_rows * 4 * (dim + slot_width))
+    return te.DynamicTableConfig("t", dim, **common), te.DynamicTableConfig("t", dim, storage=storage, **common)
+
+
 def embedding(table, **kwargs) -> te.TPUEmbedding:
     """A built `te.TPUEmbedding` of one feature "f" over `table`."""
     emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, **kwargs)
