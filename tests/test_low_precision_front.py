@@ -3,10 +3,6 @@ conversion on restore), the Keras layer and its serving lookup (docs/low_precisi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import keras
 import ml_dtypes
 import numpy as np
@@ -14,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests.embedding_test_util import script_digest
 from tests.keras_test_util import _data, _dataset
 from tf_embed_ops import config as te_config
 from tf_embed_ops import keras as te_keras
@@ -253,16 +250,7 @@ print(hashlib.sha256(b"".join(out)).hexdigest())
 
 
 def _digest(threads: int, isa: str | None = None) -> str:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_EMBED_OPS_ISA", None)
-    if isa is not None:
-        env["TF_EMBED_OPS_ISA"] = isa
-    here = os.path.dirname(os.path.abspath(__file__))
-    result = subprocess.run(
-        [sys.executable, "-c", _THREADS_SCRIPT, str(threads), here], capture_output=True, text=True, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
+    return script_digest(_THREADS_SCRIPT, threads, isa)
 
 
 @pytest.mark.slow
