@@ -113,17 +113,23 @@ assert not any(m.split(".")[0] == "tf_embed_ops" for m in sys.modules)
 )
 
 
-def run_server(steps: list, timeout: int = 600) -> list:
+def run_plain(code: str, payload, timeout: int | None = None) -> subprocess.CompletedProcess:
+    """Runs `code` (a serving process: WITHOUT_TF_EMBED_OPS + ...) in a fresh interpreter, from / and without
+    PYTHONPATH, `payload` as JSON on its stdin."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", SERVER],
-        input=json.dumps(steps),
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(payload),
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd="/",
         env=env,
     )
+
+
+def run_server(steps: list, timeout: int = 600) -> list:
+    result = run_plain(SERVER, steps, timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 

@@ -436,8 +436,6 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     """TensorFlow Serving loads a SavedModel with the TF1 loader (restore, then the init op) and runs signatures
     in a session: the same path here, in a process without tf_embed_ops."""
     import json
-    import subprocess
-    import sys
 
     model, _, table = util.dynamic_model()
     util.fit(model, seed=0)
@@ -452,15 +450,7 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     probe = _probe()
     expected = _serve(_full_export(model, str(tmp_path / "full")), probe)
     args = {"load": str(tmp_path / "chain" / "1"), "deltas": deltas, "feed": util.feed_of(probe)}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", _SESSION_SERVER],
-        input=json.dumps(args),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-    )
+    result = util.run_plain(_SESSION_SERVER, args)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["version"] == 3
