@@ -11,9 +11,8 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tests.embedding_test_util import script_digest
-from tests.keras_test_util import _data, _dataset
+from tests.keras_test_util import _data, _dataset, _model
 from tf_embed_ops import config as te_config
-from tf_embed_ops import keras as te_keras
 from tf_embed_ops.keras import serving
 
 emb_api = tf.tpu.experimental.embedding
@@ -191,15 +190,7 @@ def _keras_feature_config():
 
 
 def test_keras_layer_trains_16_bit_tables_and_serves_float32():
-    layer = te_keras.TPUEmbedding(_keras_feature_config(), emb_api.SGD(0.1), name="embedding")
-    inputs = {
-        "user": keras.Input(shape=(), dtype="int64", name="user"),
-        "items": keras.Input(shape=(None,), dtype="int64", ragged=True, name="items"),
-        "history": keras.Input(shape=(None,), dtype="int64", ragged=True, name="history"),
-    }
-    acts = layer(inputs)
-    x = keras.layers.Concatenate()([acts["user"], acts["items"], keras.layers.Flatten()(acts["history"])])
-    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model, layer = _model(_keras_feature_config())
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     tables = {t.name: v for t, v in layer.embedding_tables.items()}
     assert tables["user"].dtype == "bfloat16" and tables["item"].dtype == "float16"
