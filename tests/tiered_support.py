@@ -92,6 +92,20 @@ def embedding(table, **kwargs) -> te.TPUEmbedding:
     return emb
 
 
+def keras_model(table):
+    """A compiled Keras model of `te.keras.TPUEmbedding` (one feature "f" over `table`) and a seeded Dense(2) head."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
+
+    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
+    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
+    model = keras.Model(inputs, head(layer(inputs)["f"]))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
 def step(emb: te.TPUEmbedding, features, weights=None, target: float = 1.0):
     """One training step (enqueue, dequeue, a loss, apply_gradients); returns the activations."""
     emb.enqueue(features, weights)
