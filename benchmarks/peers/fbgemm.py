@@ -1,7 +1,6 @@
-"""Suite side of the FBGEMM peer: finds its interpreter, writes the ids, runs ``fbgemm_peer.py``, reads its JSON.
-
-The interpreter is ``--fbgemm-python``, else $TF_EMBED_OPS_FBGEMM_PYTHON, else /opt/fbgemm-venv/bin/python (what
-``setup_fbgemm.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
+"""Suite side of the FBGEMM peer: finds its interpreter (``INTERPRETER``: ``--fbgemm-python``, else
+$TF_EMBED_OPS_FBGEMM_PYTHON, else what ``setup_fbgemm.sh`` creates), writes the ids, runs ``fbgemm_peer.py``, reads
+its JSON. Without an interpreter ``available()`` says why and the suite reports the peer as absent.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Suite side of the TFRA peer: finds its interpreter, writes the keys, runs ``tfra_peer.py``, reads its JSON.
-
-The interpreter is ``--tfra-python``, else $TF_EMBED_OPS_TFRA_PYTHON, else /opt/tfra-venv/bin/python (what
-``setup_tfra.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
+"""Suite side of the TFRA peer: finds its interpreter (``INTERPRETER``: ``--tfra-python``, else
+$TF_EMBED_OPS_TFRA_PYTHON, else what ``setup_tfra.sh`` creates), writes the keys, runs ``tfra_peer.py``, reads its
+JSON. Without an interpreter ``available()`` says why and the suite reports the peer as absent.
 """
 
 from __future__ import annotations
