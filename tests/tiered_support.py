@@ -92,14 +92,15 @@ def embedding(table, **kwargs) -> te.TPUEmbedding:
     return emb
 
 
-def keras_model(table):
-    """A compiled Keras model of `te.keras.TPUEmbedding` (one feature "f" over `table`) and a seeded Dense(2) head."""
+def keras_model(table, key_dtype: str = "int64"):
+    """A compiled Keras model of `te.keras.TPUEmbedding` (one feature "f" of `key_dtype` ids over `table`) and a
+    seeded Dense(2) head."""
     import keras  # pylint: disable=import-outside-toplevel
 
     from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
 
     layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
-    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+    inputs = {"f": keras.Input(shape=(), dtype=key_dtype, name="f")}
     head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
     model = keras.Model(inputs, head(layer(inputs)["f"]))
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
