@@ -153,23 +153,6 @@ def memory_per_row(wl: wls.Workload, vocab_keys: np.ndarray, optimizer: str) -> 
     }
 
 
-def _time(engines: dict, opts) -> dict:
-    steps, warm, errors = {}, {}, {}
-    for name, fn in engines.items():
-        try:
-            for _ in range(opts.warmup):
-                fn()
-            steps[name] = 1 if opts.smoke else harness.steps_for(harness.estimate_ms(fn), opts.block_ms)
-            warm[name] = fn
-        except Exception as e:  # an engine that cannot run is reported with its error
-            errors[name] = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e) else ''}"}
-    res = harness.time_alternating(warm, steps, opts.blocks, warmup=0)
-    for name, r in res.items():
-        r["steps_per_block"] = steps.get(name)
-    res.update(errors)
-    return res
-
-
 def _build(make, *args):
     try:
         return make(*args)
@@ -210,7 +193,7 @@ def run(opts, log=print, tfra_python: str | None = None) -> dict:
                 vocab_keys,
             ),
         }
-        for engine, r in _time(engines, opts).items():
+        for engine, r in harness.time_engines(engines, opts).items():
             out["runs"].append({"kind": "training", "optimizer": opt, "engine": engine, **r})
         del engines
         gc.collect()
@@ -227,7 +210,7 @@ def run(opts, log=print, tfra_python: str | None = None) -> dict:
                 tnd.lookup_step, keys, wl.tables[0].dim, int(vocab_keys.shape[0]), vocab_keys
             ),
         }
-        for engine, r in _time(engines, opts).items():
+        for engine, r in harness.time_engines(engines, opts).items():
             out["runs"].append({"kind": "lookup", "optimizer": "lookup", "engine": engine, **r})
         del engines
         gc.collect()

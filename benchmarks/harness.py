@@ -103,3 +103,35 @@ def estimate_ms(fn: Callable[[], object], budget_ms: float = 300.0, max_calls: i
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+def time_engines(engines: dict, opts) -> dict:
+    """Warms every engine, sizes its blocks (``opts``: warmup, smoke, block_ms, blocks), then times them alternating;
+    an engine that cannot run is reported with its error (``error_text``)."""
+    steps: dict[str, int] = {}
+    warm: dict = {}
+    errors: dict = {}
+    for name, fn in engines.items():
+        try:
+            for _ in range(opts.warmup):
+                fn()
+            steps[name] = 1 if opts.smoke else steps_for(estimate_ms(fn), opts.block_ms)
+            warm[name] = fn
+        except Exception as e:
+            errors[name] = {"error": error_text(e)}
+    res = time_alternating(warm, steps, opts.blocks, warmup=0)
+    for name, r in res.items():
+        r["steps_per_block"] = steps.get(name)
+    res.update(errors)
+    return res
+
+
+def error_text(e: BaseException) -> str:
+    """The message of ``e`` for a report: its last line, without TensorFlow's node dump, named by its type."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    # TF's staging errors start with "in user code:" and end with the real message.
+    text = lines[-1] if lines else ""
+    # Drop TF's node dump after the message proper ("... for '{{node ...}} = ...' with input shapes: ...").
+    text = text.split(" for '{{node ")[0]
+    name = type(e).__name__
+    return text[:400] if text.startswith(name) else f"{name}: {text[:400]}"

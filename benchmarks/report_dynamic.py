@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import json
-import os
+from benchmarks.report_format import write_section_json
 
 LABELS = {
     "ours_static": "tf_embed_ops static table (row ids), the baseline",
@@ -28,13 +27,7 @@ ORDER = (
 
 def write_json(result: dict, out_dir: str, common: dict) -> list[str]:
     """Writes ``dynamic.json``; returns its file name in a list (empty without a dynamic section)."""
-    if not result.get("dynamic"):
-        return []
-    path = os.path.join(out_dir, "dynamic.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({**common, "dynamic": result["dynamic"]}, f, indent=1, default=float)
-    os.replace(path + ".tmp", path)
-    return ["dynamic.json"]
+    return write_section_json(result, out_dir, common, "dynamic")
 
 
 def _cell(rec: dict | None) -> str:

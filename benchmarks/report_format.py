@@ -3,6 +3,9 @@ record's time, a peer's time and our speedup over it, a rate) with the look-ups 
 
 from __future__ import annotations
 
+import json
+import os
+
 __all__ = [
     "ENGINE_LABELS",
     "OPT_LABELS",
@@ -14,6 +17,7 @@ __all__ = [
     "peer_cell",
     "rate",
     "ratio",
+    "write_section_json",
 ]
 
 ENGINE_LABELS = {
@@ -43,6 +47,19 @@ OPT_LABELS = {
     "lookup": "lookup only",
 }
 PEERS = ("keras", "raw_op", "fbgemm", "fbgemm_rowwise", "speed_of_light")
+
+
+def write_section_json(result: dict, out_dir: str, common: dict, section: str, **extra) -> list[str]:
+    """Writes ``<section>.json`` (``common``, the run's ``section`` and ``extra``) through a temporary name; returns
+    its file name in a list (empty when the run had no such section)."""
+    if not result.get(section):
+        return []
+    name = f"{section}.json"
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({**common, section: result[section], **extra}, f, indent=1, default=float)
+    os.replace(path + ".tmp", path)
+    return [name]
 
 
 def index(runs: list[dict], section: str) -> dict[tuple[str, str, str], dict]:

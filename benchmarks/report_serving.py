@@ -3,19 +3,12 @@ calls ``write_json`` and ``section``; both do nothing when the run had no servin
 
 from __future__ import annotations
 
-import json
-import os
+from benchmarks.report_format import write_section_json
 
 
 def write_json(result: dict, out_dir: str, common: dict) -> list[str]:
     """Writes ``serving_delta.json``; returns its file name in a list (empty without the section)."""
-    if not result.get("serving_delta"):
-        return []
-    path = os.path.join(out_dir, "serving_delta.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({**common, "serving_delta": result["serving_delta"]}, f, indent=1, default=float)
-    os.replace(path + ".tmp", path)
-    return ["serving_delta.json"]
+    return write_section_json(result, out_dir, common, "serving_delta")
 
 
 def section(result: dict) -> list[str]:

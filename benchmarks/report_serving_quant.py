@@ -3,21 +3,14 @@
 
 from __future__ import annotations
 
-import json
-import os
+from benchmarks.report_format import write_section_json
 
 TARGETS = {"int8_size": 3.5, "int4_size": 6.0, "latency": 1.2, "int8_auc": 0.001}
 
 
 def write_json(result: dict, out_dir: str, common: dict) -> list[str]:
     """Writes ``serving_quant.json``; returns its file name in a list (empty without the section)."""
-    if not result.get("serving_quant"):
-        return []
-    path = os.path.join(out_dir, "serving_quant.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({**common, "serving_quant": result["serving_quant"], "targets": TARGETS}, f, indent=1, default=float)
-    os.replace(path + ".tmp", path)
-    return ["serving_quant.json"]
+    return write_section_json(result, out_dir, common, "serving_quant", targets=TARGETS)
 
 
 def _met(ok: bool) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import json
 import os
 import platform
@@ -88,41 +89,11 @@ def _rows_per_s(summary: dict, ms: float) -> float:
     return float(sum(summary["unique_rows"])) / (ms / 1e3) if ms > 0 else 0.0
 
 
-def _time_engines(engines: dict, opts: Options) -> dict:
-    """Warm every engine, size its blocks, then time them alternating."""
-    steps: dict[str, int] = {}
-    warm: dict = {}
-    errors: dict = {}
-    for name, fn in engines.items():
-        try:
-            for _ in range(opts.warmup):
-                fn()
-            steps[name] = 1 if opts.smoke else harness.steps_for(harness.estimate_ms(fn), opts.block_ms)
-            warm[name] = fn
-        except Exception as e:
-            errors[name] = {"error": _error_text(e)}
-    res = harness.time_alternating(warm, steps, opts.blocks, warmup=0)
-    for name, r in res.items():
-        r["steps_per_block"] = steps.get(name)
-    res.update(errors)
-    return res
-
-
-def _error_text(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    # TF's staging errors start with "in user code:" and end with the real message.
-    text = lines[-1] if lines else ""
-    # Drop TF's node dump after the message proper ("... for '{{node ...}} = ...' with input shapes: ...").
-    text = text.split(" for '{{node ")[0]
-    name = type(e).__name__
-    return text[:400] if text.startswith(name) else f"{name}: {text[:400]}"
-
-
 def _build(builder, *args) -> object:
     try:
         return builder(*args)
     except Exception as e:
-        err = _error_text(e)
+        err = harness.error_text(e)
 
         def failing():
             raise RuntimeError(err)
@@ -154,7 +125,7 @@ def bench_training(
             engines["keras"] = _build(tn.keras_step, wl, opt)
         if keras and opt == "adam" and section == "W1":  # keras-rs's layer (model Adam) vs ours (table Adam)
             engines.update({name: _build(make, wl) for name, make in keras_rs_peer.ENGINES.items()})
-        res = _time_engines(engines, opts)
+        res = harness.time_engines(engines, opts)
         for engine, r in res.items():
             rec = {"section": section, "workload": wl.name, "optimizer": opt, "engine": engine, **r}
             if engine == "raw_op":
@@ -224,7 +195,7 @@ def _speed_of_light(wl: wls.Workload, optimizers: list[str], opts: Options, sect
             block_ms=opts.block_ms,
         )
     except Exception as e:
-        return [{**base, "optimizer": o, "error": _error_text(e)} for o in sol_opts]
+        return [{**base, "optimizer": o, "error": harness.error_text(e)} for o in sol_opts]
     records = []
     for o in sol_opts:
         rec = {**base, "optimizer": o, **harness.summarize(res[o]["block_ms"]), "steps_per_block": res[o]["steps"]}
@@ -241,14 +212,14 @@ def bench_floor(opts: Options) -> list[dict]:
     """
     empty = tf.function(lambda: tf.constant(0.0))
     engines = {"tf_empty_step": empty, "ours_one_id": _build(ours.fused_step, wls.w1(vocab=1000, batch=1), "sgd")}
-    res = _time_engines(engines, opts)
+    res = harness.time_engines(engines, opts)
     return [{"section": "floor", "workload": "W1", "optimizer": "sgd", "engine": e, **r} for e, r in res.items()]
 
 
 def bench_lookup(wl: wls.Workload, opts: Options, probe: dict | None) -> list[dict]:
     """Serving: our forward op vs tf.nn.embedding_lookup(_sparse)."""
     summary = wl.summary()
-    res = _time_engines({"ours": _build(ours.lookup_step, wl), "tf_lookup": _build(tn.lookup_step, wl)}, opts)
+    res = harness.time_engines({"ours": _build(ours.lookup_step, wl), "tf_lookup": _build(tn.lookup_step, wl)}, opts)
     out = []
     for engine, r in res.items():
         rec = {"section": "lookup", "workload": wl.name, "optimizer": "lookup", "engine": engine, **r}
@@ -302,7 +273,7 @@ def parity(smoke_workloads: list[wls.Workload], optimizers: list[str], steps: in
                 )
                 rec.update({"max_abs_diff": max(diffs), "max_abs_update": moved, "steps": steps})
             except Exception as e:
-                rec["error"] = _error_text(e)
+                rec["error"] = harness.error_text(e)
             out.append(rec)
     return out
 
@@ -334,7 +305,7 @@ def parity_speed_of_light(smoke_workloads: list[wls.Workload], optimizers: list[
                     float(np.max(np.abs(t.numpy() - i), initial=0.0)) for t, i in zip(tables, init, strict=True)
                 )
             except Exception as e:
-                rec["error"] = _error_text(e)
+                rec["error"] = harness.error_text(e)
             out.append(rec)
     return out
 
@@ -344,7 +315,7 @@ def bench_accumulator(opts: Options) -> dict:
     try:
         from benchmarks import accumulator_benchmark as ab
     except Exception as e:
-        return {"error": f"accumulator benchmark unavailable: {_error_text(e)}"}
+        return {"error": f"accumulator benchmark unavailable: {harness.error_text(e)}"}
     applies, rows, width, repeats = (4, 256, 8, 2) if opts.smoke else (32, 16384, 64, 5)
     out = {"config": {"applies": applies, "rows": rows, "width": width, "repeats": repeats}, "cases": {}}
     for case in ("disjoint", "overlapping"):
@@ -353,7 +324,7 @@ def bench_accumulator(opts: Options) -> dict:
             graph = ab.time_graph(indices, values, repeats)
             eager = ab.time_eager(indices, values, repeats)
         except Exception as e:
-            out["cases"][case] = {"error": _error_text(e)}
+            out["cases"][case] = {"error": harness.error_text(e)}
             continue
         row = {name: harness.summarize([x * 1e3 for x in t]) for name, t in graph.items()}
         row["tf_embed_ops_eager"] = harness.summarize([x * 1e3 for x in eager])
@@ -417,6 +388,18 @@ def bench_threads(opts: Options) -> list[dict]:
     return records
 
 
+# The sections that are one module's ``run(opts, log)``, in the order they run: (section, module under
+# benchmarks/, whether to log "<section>: done" after it).
+_MODULE_SECTIONS = (
+    ("serving_delta", "serving_delta_benchmark", False),
+    ("checkpoint", "checkpoint_benchmark", False),
+    ("tiered", "tiered_benchmark", False),
+    ("serving_quant", "serving_quant", False),
+    ("lifecycle", "lifecycle_benchmark", True),
+    ("ps_wire_bytes", "ps_wire_bytes", False),
+)
+
+
 def run(opts: Options, log=print) -> dict:
     """Runs the selected sections; returns {"meta", "bandwidth", "workloads", "runs", "accumulator", "peers"}."""
     meta = host_meta(opts)
@@ -445,7 +428,7 @@ def run(opts: Options, log=print) -> dict:
         )
     except Exception as e:
         probe = None
-        meta["bandwidth_error"] = _error_text(e)
+        meta["bandwidth_error"] = harness.error_text(e)
         log(f"bandwidth probe unavailable: {meta['bandwidth_error']}")
 
     result = {"meta": meta, "peers": peers, "bandwidth": probe, "workloads": {}, "runs": []}
@@ -526,42 +509,12 @@ def run(opts: Options, log=print) -> dict:
 
         result["dynamic"] = dynamic_benchmark.run(opts, log, opts.tfra_python)
 
-    if opts.wants("serving_delta"):
-        section("serving_delta")
-        from benchmarks import serving_delta_benchmark
-
-        result["serving_delta"] = serving_delta_benchmark.run(opts, log)
-
-    if opts.wants("checkpoint"):
-        section("checkpoint")
-        from benchmarks import checkpoint_benchmark
-
-        result["checkpoint"] = checkpoint_benchmark.run(opts, log)
-
-    if opts.wants("tiered"):
-        section("tiered")
-        from benchmarks import tiered_benchmark
-
-        result["tiered"] = tiered_benchmark.run(opts, log)
-
-    if opts.wants("serving_quant"):
-        section("serving_quant")
-        from benchmarks import serving_quant
-
-        result["serving_quant"] = serving_quant.run(opts, log)
-
-    if opts.wants("lifecycle"):
-        section("lifecycle")
-        from benchmarks import lifecycle_benchmark
-
-        result["lifecycle"] = lifecycle_benchmark.run(opts, log)
-        log("lifecycle: done")
-
-    if opts.wants("ps_wire_bytes"):
-        section("ps_wire_bytes")
-        from benchmarks import ps_wire_bytes
-
-        result["ps_wire_bytes"] = ps_wire_bytes.run(opts, log)
+    for name, module, log_done in _MODULE_SECTIONS:
+        if opts.wants(name):
+            section(name)
+            result[name] = importlib.import_module(f"benchmarks.{module}").run(opts, log)
+            if log_done:
+                log(f"{name}: done")
 
     if opts.wants("accumulator"):
         section("accumulator")
@@ -582,7 +535,7 @@ def run(opts: Options, log=print) -> dict:
                 f"random-row RMW {bandwidth.rmw_gbs(result['bandwidth'], 64):.1f} GB/s at dim 64"
             )
         except Exception as e:
-            log(f"second bandwidth probe failed ({_error_text(e)}); keeping the first")
+            log(f"second bandwidth probe failed ({harness.error_text(e)}); keeping the first")
     return result
 
 

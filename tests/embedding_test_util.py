@@ -3,6 +3,10 @@ and features of every input kind built from ragged Python rows together with the
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import numpy_reference as ref
 import tensorflow as tf
@@ -135,3 +139,18 @@ def make_feature(kind, rows, weights=None, max_sequence_length=2, rank3_inner=2)
         entries = [((p[0] // rank3_inner, p[0] % rank3_inner), i, wt) for p, i, wt in flat_entries]
         return x, w, entries, (outer, rank3_inner), {}
     raise ValueError(kind)
+
+
+def script_digest(script: str, threads: int, isa: str | None = None) -> str:
+    """The last line `script` prints (a digest of what it computed), run by a fresh interpreter as
+    `python -c script <threads> <tests dir>` with TF_EMBED_OPS_ISA unset, or set to `isa`."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_EMBED_OPS_ISA", None)
+    if isa is not None:
+        env["TF_EMBED_OPS_ISA"] = isa
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(threads), here], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]

@@ -76,7 +76,8 @@ class Snapshot:
 
 # The serving process: plain TensorFlow, with tf_embed_ops made unimportable. It reads a JSON list of steps on
 # stdin and prints one JSON result per step.
-SERVER = r"""
+# The start of a serving process's code: plain TensorFlow, with tf_embed_ops made unimportable.
+WITHOUT_TF_EMBED_OPS = r"""
 import importlib.abc, json, sys
 class _Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -84,7 +85,11 @@ class _Block(importlib.abc.MetaPathFinder):
             raise ImportError("tf_embed_ops is not available in the serving process")
 sys.meta_path.insert(0, _Block())
 import tensorflow as tf
-steps = json.loads(sys.stdin.read())
+"""
+
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""steps = json.loads(sys.stdin.read())
 model = None
 for step in steps:
     try:
@@ -105,19 +110,26 @@ for step in steps:
     print(json.dumps(out), flush=True)
 assert not any(m.split(".")[0] == "tf_embed_ops" for m in sys.modules)
 """
+)
 
 
-def run_server(steps: list, timeout: int = 600) -> list:
+def run_plain(code: str, payload, timeout: int | None = None) -> subprocess.CompletedProcess:
+    """Runs `code` (a serving process: WITHOUT_TF_EMBED_OPS + ...) in a fresh interpreter, from / and without
+    PYTHONPATH, `payload` as JSON on its stdin."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", SERVER],
-        input=json.dumps(steps),
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(payload),
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd="/",
         env=env,
     )
+
+
+def run_server(steps: list, timeout: int = 600) -> list:
+    result = run_plain(SERVER, steps, timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 

@@ -12,6 +12,23 @@ import numpy as np
 
 FBGEMM_PYTHON = os.environ.get("TF_EMBED_OPS_FBGEMM_PYTHON", "/opt/fbgemm-venv/bin/python")
 
+
+def _serve(code_and_args: list, feed: dict, cwd: str, timeout: int):
+    """Runs `python -c code args...` from `cwd` without PYTHONPATH, `feed` as JSON on stdin; the JSON it prints
+    last."""
+    result = subprocess.run(
+        [sys.executable, "-c", *code_and_args],
+        input=json.dumps(feed),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 # Feeds the JSON on stdin to the export's serving_default signature (`string_inputs` are tf.string, the rest int64)
 # and prints output_0 as JSON. tf_embed_ops is made unimportable before TensorFlow loads the export.
 _SERVE_CODE = """
@@ -31,17 +48,8 @@ def serve_without_plugin(export_dir: str, feed: dict, cwd: str, string_inputs: t
     """output_0 of `export_dir`'s serving_default on `feed` ({name: tensor}), computed by a fresh interpreter in
     which `tf_embed_ops` cannot be imported, run from `cwd` (outside the source tree) without PYTHONPATH."""
     plain = {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()] for k, v in feed.items()}
-    result = subprocess.run(
-        [sys.executable, "-c", _SERVE_CODE, export_dir, json.dumps(list(string_inputs))],
-        input=json.dumps(plain),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return np.array(json.loads(result.stdout.strip().splitlines()[-1]), np.float32)
+    out = _serve([_SERVE_CODE, export_dir, json.dumps(list(string_inputs))], plain, cwd, timeout=300)
+    return np.array(out, np.float32)
 
 
 # The same for several exports in one interpreter (inputs int64 unless argv[2] names their dtype): prints the list
@@ -68,17 +76,8 @@ def serve_many_without_plugin(export_dirs: list, feed: dict, cwd: str) -> list:
     (as `serve_without_plugin`)."""
     plain = {k: v.numpy().tolist() for k, v in feed.items()}
     dtypes = {k: v.dtype.name for k, v in feed.items() if v.dtype.is_floating}
-    result = subprocess.run(
-        [sys.executable, "-c", _SERVE_MANY_CODE, json.dumps([str(d) for d in export_dirs]), json.dumps(dtypes)],
-        input=json.dumps(plain),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [np.array(x, np.float32) for x in json.loads(result.stdout.strip().splitlines()[-1])]
+    out = _serve([_SERVE_MANY_CODE, json.dumps([str(d) for d in export_dirs]), json.dumps(dtypes)], plain, cwd, 600)
+    return [np.array(x, np.float32) for x in out]
 
 
 def fbgemm_available() -> bool:

@@ -1,4 +1,5 @@
-"""Test support for the sparse accumulator suites: execution modes and an independent numpy reference.
+"""Test support for the sparse accumulator suites: execution modes, the helpers the
+suites call them through, and an independent numpy reference.
 
 The reference is written from the semantics (docs/sparse_accumulator.md, canonical mode), not from the kernels:
 per-row sums and counts, a row's count growing by one per gradient touching it, duplicates within one
@@ -8,6 +9,7 @@ gradient summed first, rows returned in ascending order.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
@@ -68,6 +70,37 @@ class GraphRunner:
 
 
 RUNNERS = {"eager": EagerRunner, "function": FunctionRunner, "graph": GraphRunner}
+
+
+IA = tf.errors.InvalidArgumentError
+
+
+@pytest.fixture(params=sorted(RUNNERS), name="runner")
+def runner_fixture(request):
+    """`runner`: each execution mode of RUNNERS (import `runner_fixture` into a test module to use it)."""
+    r = RUNNERS[request.param]()
+    yield r
+    r.close()
+
+
+def count(runner, acc) -> int:
+    return int(runner.run(lambda: acc.num_accumulated()))
+
+
+def take(runner, acc, n=1):
+    return runner.run(lambda: tuple(acc.take_grad(n, timeout=30.0)))
+
+
+def apply(runner, acc, indices, values, grad_shape=None, local_step=0):
+    return runner.run(lambda: acc.apply_grad(indices, values, grad_shape=grad_shape, local_step=local_step))
+
+
+def assert_take(result, indices, values, shape):
+    """A take's (indices, values, shape) is the one expected."""
+    got_indices, got_values, got_shape = result
+    np.testing.assert_array_equal(got_indices, np.asarray(indices, np.int64))
+    np.testing.assert_allclose(got_values, np.asarray(values, got_values.dtype), rtol=1e-6)
+    np.testing.assert_array_equal(got_shape, np.asarray(shape, np.int64))
 
 
 def _to_numpy(out):

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.benchmarks_import import import_benchmark as _import
+
 # The benchmark suite runs in a subprocess: the slow tier.
 pytestmark = pytest.mark.slow
 
@@ -203,14 +205,6 @@ def test_rerender_reproduces_the_report_and_rederives_targets(smoke_run, tmp_pat
 
 # ---------------------------------------------------------------------------------------------- the suite's pieces
 # Pure-Python parts the report's numbers rest on, checked against hand computations.
-
-
-def _import(name):
-    sys.path.insert(0, ROOT)
-    try:
-        return __import__(f"benchmarks.{name}", fromlist=[name])
-    finally:
-        sys.path.remove(ROOT)
 
 
 @pytest.mark.parametrize(

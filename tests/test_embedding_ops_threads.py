@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from embedding_test_util import script_digest
 
 _SCRIPT = r"""
 import sys
@@ -51,16 +48,7 @@ print(hashlib.sha256(b"".join(out)).hexdigest())
 
 
 def _digest(threads: int, isa: str | None = None) -> str:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_EMBED_OPS_ISA", None)
-    if isa is not None:
-        env["TF_EMBED_OPS_ISA"] = isa
-    here = os.path.dirname(os.path.abspath(__file__))
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(threads), here], capture_output=True, text=True, env=env, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
+    return script_digest(_SCRIPT, threads, isa)
 
 
 @pytest.mark.slow

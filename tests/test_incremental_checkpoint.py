@@ -15,20 +15,10 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tests import fault_support as support
+from tests.tracked_optimizers import DIM, OPTIMIZERS, VA, VB
 from tf_embed_ops.checkpoint import _format
 
 _emb = tf.tpu.experimental.embedding
-VA, VB, DIM = 40, 30, 4
-
-OPTIMIZERS = {
-    "sgd": lambda: _emb.SGD(0.1),
-    "adagrad": lambda: _emb.Adagrad(0.1),
-    "adagrad_momentum": lambda: _emb.AdagradMomentum(0.1, momentum=0.9),
-    "lazy_adam": lambda: _emb.Adam(0.1, lazy_adam=True),
-    "adam": lambda: _emb.Adam(0.1, lazy_adam=False),
-    "ftrl": lambda: _emb.FTRL(0.1),
-    "rowwise_adagrad": lambda: te.optimizers.RowWiseAdagrad(0.1),
-}
 
 
 class _Model(tf.Module):

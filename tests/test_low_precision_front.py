@@ -3,10 +3,6 @@ conversion on restore), the Keras layer and its serving lookup (docs/low_precisi
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import keras
 import ml_dtypes
 import numpy as np
@@ -14,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
-from tests.keras_test_util import _data, _dataset
+from tests.embedding_test_util import script_digest
+from tests.keras_test_util import _data, _dataset, _model
 from tf_embed_ops import config as te_config
-from tf_embed_ops import keras as te_keras
 from tf_embed_ops.keras import serving
 
 emb_api = tf.tpu.experimental.embedding
@@ -194,15 +190,7 @@ def _keras_feature_config():
 
 
 def test_keras_layer_trains_16_bit_tables_and_serves_float32():
-    layer = te_keras.TPUEmbedding(_keras_feature_config(), emb_api.SGD(0.1), name="embedding")
-    inputs = {
-        "user": keras.Input(shape=(), dtype="int64", name="user"),
-        "items": keras.Input(shape=(None,), dtype="int64", ragged=True, name="items"),
-        "history": keras.Input(shape=(None,), dtype="int64", ragged=True, name="history"),
-    }
-    acts = layer(inputs)
-    x = keras.layers.Concatenate()([acts["user"], acts["items"], keras.layers.Flatten()(acts["history"])])
-    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model, layer = _model(_keras_feature_config())
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     tables = {t.name: v for t, v in layer.embedding_tables.items()}
     assert tables["user"].dtype == "bfloat16" and tables["item"].dtype == "float16"
@@ -253,16 +241,7 @@ print(hashlib.sha256(b"".join(out)).hexdigest())
 
 
 def _digest(threads: int, isa: str | None = None) -> str:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TF_EMBED_OPS_ISA", None)
-    if isa is not None:
-        env["TF_EMBED_OPS_ISA"] = isa
-    here = os.path.dirname(os.path.abspath(__file__))
-    result = subprocess.run(
-        [sys.executable, "-c", _THREADS_SCRIPT, str(threads), here], capture_output=True, text=True, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
+    return script_digest(_THREADS_SCRIPT, threads, isa)
 
 
 @pytest.mark.slow

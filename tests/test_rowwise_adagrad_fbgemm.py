@@ -22,25 +22,16 @@ import pytest
 
 import tf_embed_ops.optimizers as teo
 from tests import rowwise_adagrad_support as support
+from tests.serving_support import FBGEMM_PYTHON, fbgemm_available
 
 pytestmark = pytest.mark.slow  # starts a PyTorch interpreter per case
 
-FBGEMM_PYTHON = os.environ.get("TF_EMBED_OPS_FBGEMM_PYTHON", "/opt/fbgemm-venv/bin/python")
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fbgemm_rowwise_driver.py")
 LR, EPS = 0.1, 1e-8
 
 
-def _fbgemm_available() -> bool:
-    if not os.access(FBGEMM_PYTHON, os.X_OK):
-        return False
-    probe = subprocess.run(
-        [FBGEMM_PYTHON, "-c", "import fbgemm_gpu, torch"], capture_output=True, timeout=300, check=False
-    )
-    return probe.returncode == 0
-
-
 requires_fbgemm = pytest.mark.skipif(
-    not _fbgemm_available(),
+    not fbgemm_available(),
     reason=f"no FBGEMM interpreter at {FBGEMM_PYTHON} (create it with `bash benchmarks/peers/setup_fbgemm.sh "
     "/opt/fbgemm-venv`, or point TF_EMBED_OPS_FBGEMM_PYTHON at one with torch and fbgemm-gpu-cpu)",
 )

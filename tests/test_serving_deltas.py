@@ -416,15 +416,9 @@ def test_a_publish_killed_at_random_points_leaves_a_consistent_chain(tmp_path):
     assert pub.publish_full() > max(used + [chain[-1]["version"]])
 
 
-_SESSION_SERVER = r"""
-import importlib.abc, json, sys
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("tf_embed_ops is not available in the serving process")
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-args = json.loads(sys.stdin.read())
+_SESSION_SERVER = (
+    util.WITHOUT_TF_EMBED_OPS
+    + r"""args = json.loads(sys.stdin.read())
 with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
     sigs = tf.compat.v1.saved_model.loader.load(sess, ["serve"], args["load"]).signature_def
     ap, sv, serve = sigs["apply_delta"], sigs["served_version"], sigs["serving_default"]
@@ -434,6 +428,7 @@ with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
     out = sess.run(serve.outputs["output_0"].name, feed)
     print(json.dumps({"version": int(sess.run(sv.outputs["version"].name)), "out": out.tolist()}))
 """
+)
 
 
 @pytest.mark.slow
@@ -441,8 +436,6 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     """TensorFlow Serving loads a SavedModel with the TF1 loader (restore, then the init op) and runs signatures
     in a session: the same path here, in a process without tf_embed_ops."""
     import json
-    import subprocess
-    import sys
 
     model, _, table = util.dynamic_model()
     util.fit(model, seed=0)
@@ -457,15 +450,7 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     probe = _probe()
     expected = _serve(_full_export(model, str(tmp_path / "full")), probe)
     args = {"load": str(tmp_path / "chain" / "1"), "deltas": deltas, "feed": util.feed_of(probe)}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run(
-        [sys.executable, "-c", _SESSION_SERVER],
-        input=json.dumps(args),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-    )
+    result = util.run_plain(_SESSION_SERVER, args)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["version"] == 3

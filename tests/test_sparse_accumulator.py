@@ -4,44 +4,20 @@ sparse_accumulator_support.py, never from the kernels."""
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 import tensorflow as tf
-from sparse_accumulator_support import RUNNERS, ReferenceAccumulator
+from sparse_accumulator_support import (
+    IA,
+    ReferenceAccumulator,
+    apply,
+    assert_take,
+    count,
+    runner_fixture,  # noqa: F401 (the `runner` fixture)
+    take,
+)
 
-from tf_embed_ops import _loader
 from tf_embed_ops.sparse_accumulator import SparseConditionalAccumulator
-
-IA = tf.errors.InvalidArgumentError
-
-
-@pytest.fixture(params=sorted(RUNNERS))
-def runner(request):
-    r = RUNNERS[request.param]()
-    yield r
-    r.close()
-
-
-def count(runner, acc) -> int:
-    return int(runner.run(lambda: acc.num_accumulated()))
-
-
-def take(runner, acc, n=1):
-    return runner.run(lambda: tuple(acc.take_grad(n, timeout=30.0)))
-
-
-def apply(runner, acc, indices, values, grad_shape=None, local_step=0):
-    return runner.run(lambda: acc.apply_grad(indices, values, grad_shape=grad_shape, local_step=local_step))
-
-
-def assert_take(result, indices, values, shape):
-    got_indices, got_values, got_shape = result
-    np.testing.assert_array_equal(got_indices, np.asarray(indices, np.int64))
-    np.testing.assert_allclose(got_values, np.asarray(values, got_values.dtype), rtol=1e-6)
-    np.testing.assert_array_equal(got_shape, np.asarray(shape, np.int64))
-
 
 # --- construction ------------------------------------------------------------------------------------------
 
@@ -394,59 +370,6 @@ def test_validate_shape_sequence(runner):
     assert_take(take(runner, acc), [1], ones(1, 2, 2, 3), [2, 2, 2, 3])
 
 
-BAD_GRADIENTS = [
-    # (accumulator shape, kwargs, message) — each after one valid gradient [[1, 2]] at row 0 is held.
-    ([3, 2], dict(indices=[[0]], values=[[1.0, 1.0]]), r"Input indices should be vector but received shape: \[1,1\]"),
-    ([3, 2], dict(indices=[0], values=1.0), "Values cannot be 0-dimensional"),
-    ([3, 2], dict(indices=[0, 1], values=[[1.0, 1.0]]), "Expected 2 non-empty input values, got 1"),
-    ([3, 2], dict(indices=[0], values=[[1.0, 1.0]], grad_shape=[3]), "expected shape rank at least 2, got 1"),
-    ([3, 2], dict(indices=[0], values=[[1.0, 1.0]], grad_shape=[]), "expected shape rank at least 2, got 0"),
-    ([3, 2], dict(indices=[0], values=[[1.0, 1.0]], grad_shape=[-1, 2]), "expected shape dim 0 to be 3, got -1"),
-    ([3, 2], dict(indices=[1, 3], values=[[1.0, 1.0]] * 2), "index of slice 1 exceeded limits of shape; index is 3"),
-    ([3, 2], dict(indices=[1, -5], values=[[1.0, 1.0]] * 2), r"gradient_indices\[1\] = -5 is negative"),
-    (None, dict(indices=[-1], values=[[1.0, 1.0]]), r"gradient_indices\[0\] = -1 is negative"),
-    ([3, 2], dict(indices=[1], values=[[1.0]]), "expected values dim 1 to be 2, got 1"),
-    ([3, 2], dict(indices=[1], values=[1.0]), "expected values rank 2, got 1"),
-    # The first failing check wins: nnz before range, grad_shape before range, range before values dims.
-    ([3, 2], dict(indices=[5, 6], values=[[1.0, 1.0]]), "Expected 2 non-empty input values"),
-    ([3, 2], dict(indices=[5], values=[[1.0]], grad_shape=[4, 2]), "expected shape dim 0 to be 3, got 4"),
-    ([3, 2], dict(indices=[5], values=[[1.0]]), "index of slice 0 exceeded limits"),
-]
-
-
-@pytest.mark.parametrize("shape,kwargs,message", BAD_GRADIENTS)
-@pytest.mark.parametrize("local_step", [0, -1])
-def test_bad_gradient_is_rejected_without_side_effect(runner, shape, kwargs, message, local_step):
-    """Also when stale (local_step -1 < global step 0): ours validates before the stale check."""
-    acc = runner.make(tf.float32, shape=shape)
-    apply(runner, acc, [0], [[1.0, 2.0]])
-    with pytest.raises(IA, match=message):
-        apply(runner, acc, local_step=local_step, **kwargs)
-    assert count(runner, acc) == 1
-    assert_take(take(runner, acc), [0], [[1.0, 2.0]], [shape[0] if shape else -1, 2])
-    # The step advanced exactly once (by the take): local_step 1 is accepted, 0 is stale.
-    apply(runner, acc, [0], [[9.0, 9.0]], local_step=0)
-    apply(runner, acc, [0], [[3.0, 4.0]], local_step=1)
-    assert_take(take(runner, acc), [0], [[3.0, 4.0]], [shape[0] if shape else -1, 2])
-
-
-def test_stale_valid_gradient_is_dropped_silently(runner):
-    acc = runner.make(tf.float32)
-    runner.run(lambda: acc.set_global_step(5))
-    apply(runner, acc, [0], [[1.0]], local_step=4)
-    assert count(runner, acc) == 0
-
-
-@pytest.mark.parametrize("num_required", [0, -3])
-def test_num_required_must_be_positive(runner, num_required):
-    acc = runner.make(tf.float32)
-    apply(runner, acc, [0], [[2.0]])
-    with pytest.raises(IA, match=f"Argument num_required must be positive, but was {num_required}"):
-        runner.run(lambda: acc.take_grad(num_required))
-    assert count(runner, acc) == 1
-    assert_take(take(runner, acc), [0], [[2.0]], [-1, 1])
-
-
 # --- set_global_step ---------------------------------------------------------------------------------------
 
 
@@ -475,173 +398,3 @@ def test_python_lists_and_ints_convert_to_dtype(runner):
     apply(runner, acc, [0, 2], [[1, 2], [3, 4]], grad_shape=[3, 2])
     apply(runner, acc, np.array([2], np.int32), np.array([[1.0, 1.0]], np.float32))
     assert_take(take(runner, acc), [0, 2], [[1, 2], [2, 2.5]], [-1, 2])
-
-
-@pytest.mark.parametrize("values", [tf.constant([[1, 2]]), tf.constant([[1.0, 2.0]], tf.float64)])
-def test_values_tensor_of_other_dtype_is_value_error(values):
-    acc = SparseConditionalAccumulator(tf.float32)
-    with pytest.raises(ValueError, match="grad_values has dtype"):
-        acc.apply_grad([0], values)
-    assert int(acc.num_accumulated()) == 0
-
-
-def test_indices_of_float_dtype_is_value_error():
-    acc = SparseConditionalAccumulator(tf.float32)
-    with pytest.raises(ValueError, match="grad_indices"):
-        acc.apply_grad(tf.constant([0.0]), [[1.0]])
-
-
-def test_raw_apply_with_mismatched_dtype_is_invalid_argument():
-    ops = _loader.load_ops()
-    acc = SparseConditionalAccumulator(tf.float32)
-    acc.apply_grad([0], [[1.0]])
-    with pytest.raises(IA, match="holds float but gradient_values is double"):
-        ops.tf_embed_sparse_accumulator_apply_gradient(
-            acc.handle,
-            tf.constant(0, tf.int64),
-            tf.constant([0], tf.int64),
-            tf.constant([[5.0]], tf.float64),
-            tf.constant([], tf.int64),
-            has_known_shape=False,
-        )
-    assert int(acc.num_accumulated()) == 1
-    assert_take(tuple(t.numpy() for t in acc.take_grad(1)), [0], [[1.0]], [-1, 1])
-
-
-def test_raw_take_with_mismatched_dtype_is_invalid_argument():
-    ops = _loader.load_ops()
-    acc = SparseConditionalAccumulator(tf.float32)
-    acc.apply_grad([0], [[1.0]])
-    with pytest.raises(IA, match="holds float but the dtype attr is half"):
-        ops.tf_embed_sparse_accumulator_take_gradient(acc.handle, 1, -1.0, dtype=tf.float16)
-    assert int(acc.num_accumulated()) == 1
-    assert_take(tuple(t.numpy() for t in acc.take_grad(1)), [0], [[1.0]], [-1, 1])
-
-
-@pytest.mark.parametrize("bad", [[1], [1, 2]])
-def test_non_scalar_runtime_inputs_fail_without_side_effect(bad):
-    """Fed at run time through placeholders (static shapes unknown), as TensorFlow's crash cases are."""
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        acc = SparseConditionalAccumulator(tf.float32)
-        step = tf.compat.v1.placeholder(tf.int64)
-        num = tf.compat.v1.placeholder(tf.int32)
-        apply_op = acc.apply_grad([0], [[1.0]], local_step=step)
-        take_op = acc.take_grad(num, timeout=5.0)
-        set_op = acc.set_global_step(step)
-        size = acc.num_accumulated()
-        sess.run(apply_op, {step: 0})
-        with pytest.raises(IA, match="local_step must be scalar"):
-            sess.run(apply_op, {step: bad})
-        with pytest.raises(IA, match="num_required must be scalar"):
-            sess.run(take_op, {num: bad})
-        with pytest.raises(IA, match="new_global_step must be scalar"):
-            sess.run(set_op, {step: bad})
-        assert sess.run(size) == 1
-        assert_take(sess.run(take_op, {num: 1}), [0], [[1.0]], [-1, 1])
-        sess.run(apply_op, {step: 1})  # the step is exactly 1: the bad set_global_step changed nothing
-        assert sess.run(size) == 1
-
-
-def test_static_non_scalar_step_is_value_error():
-    with tf.Graph().as_default():
-        acc = SparseConditionalAccumulator(tf.float32)
-        with pytest.raises(ValueError, match="rank 0"):
-            acc.apply_grad([0], [[1.0]], local_step=[1, 2])
-        with pytest.raises(ValueError, match="rank 0"):
-            acc.take_grad([1, 2])
-
-
-@pytest.mark.parametrize("timeout", [-1.0, float("nan")])
-def test_bad_timeout_is_value_error(timeout):
-    acc = SparseConditionalAccumulator(tf.float32)
-    with pytest.raises(ValueError, match="timeout"):
-        acc.take_grad(1, timeout=timeout)
-
-
-# --- sharing and lifetime ----------------------------------------------------------------------------------
-
-
-def test_eager_instances_are_independent_and_survive_each_other():
-    a = SparseConditionalAccumulator(tf.float32)
-    b = SparseConditionalAccumulator(tf.float32)
-    a.apply_grad([0], [[1.0]])
-    assert int(a.num_accumulated()) == 1 and int(b.num_accumulated()) == 0
-    del a
-    gc.collect()
-    c = SparseConditionalAccumulator(tf.float32)
-    b.apply_grad([1], [[2.0]])
-    c.apply_grad([2], [[3.0]])
-    assert_take(tuple(t.numpy() for t in b.take_grad(1)), [1], [[2.0]], [-1, 1])
-    assert_take(tuple(t.numpy() for t in c.take_grad(1)), [2], [[3.0]], [-1, 1])
-
-
-def test_eager_shared_name_shares_and_checks_compatibility():
-    a = SparseConditionalAccumulator(tf.float32, shape=[None, 2], shared_name="accum_test_shared")
-    b = SparseConditionalAccumulator(tf.float32, shape=[None, 2], shared_name="accum_test_shared")
-    a.apply_grad([0], [[1.0, 1.0]])
-    assert int(b.num_accumulated()) == 1
-    for kwargs in (
-        dict(dtype=tf.float64, shape=[None, 2]),
-        dict(dtype=tf.float32, shape=[None, 3]),
-        dict(dtype=tf.float32, shape=[None, 2], reduction_type="SUM"),
-    ):
-        with pytest.raises(IA, match="Shared accumulator mismatch"):
-            SparseConditionalAccumulator(shared_name="accum_test_shared", **kwargs)
-    assert int(a.num_accumulated()) == 1
-
-
-def test_graph_shared_name_container_and_private_per_session():
-    with tf.Graph().as_default() as g:
-        a = SparseConditionalAccumulator(tf.float32, shared_name="s")
-        b = SparseConditionalAccumulator(tf.float32, shared_name="s")
-        private = SparseConditionalAccumulator(tf.float32)
-        with g.container("other"):
-            c = SparseConditionalAccumulator(tf.float32, shared_name="s")
-        apply_a = a.apply_grad([0], [[1.0]])
-        apply_private = private.apply_grad([0], [[1.0]])
-        sizes = [acc.num_accumulated() for acc in (a, b, c, private)]
-        with tf.compat.v1.Session() as sess:
-            sess.run([apply_a, apply_private])
-            assert sess.run(sizes) == [1, 1, 0, 1]
-        with tf.compat.v1.Session() as sess:  # a new session: fresh accumulators
-            assert sess.run(sizes) == [0, 0, 0, 0]
-
-
-def test_graph_shared_name_mismatch_is_invalid_argument():
-    with tf.Graph().as_default():
-        a = SparseConditionalAccumulator(tf.float32, shared_name="m")
-        b = SparseConditionalAccumulator(tf.float64, shared_name="m")
-        with tf.compat.v1.Session() as sess:
-            sess.run(a.num_accumulated())
-            with pytest.raises(IA, match="Shared accumulator mismatch"):
-                sess.run(b.num_accumulated())
-
-
-# --- control flow ------------------------------------------------------------------------------------------
-
-
-def test_handle_works_inside_cond_and_while_loop():
-    acc = SparseConditionalAccumulator(tf.float32, shape=[None, 1], reduction_type="SUM")
-
-    @tf.function
-    def step(n):
-        def body(i):
-            acc.apply_grad(tf.reshape(tf.cast(i, tf.int64), [1]), tf.ones([1, 1]))
-            return i + 1
-
-        tf.while_loop(lambda i: i < n, body, [tf.constant(0)])
-        return tf.cond(acc.num_accumulated() >= n, lambda: acc.take_grad(n).values, lambda: tf.zeros([0, 1]))
-
-    np.testing.assert_array_equal(step(tf.constant(3)).numpy(), np.ones([3, 1]))
-    assert int(acc.num_accumulated()) == 0
-
-
-def test_function_created_accumulator_persists_across_calls():
-    @tf.function
-    def make_and_count():
-        acc = SparseConditionalAccumulator(tf.float32, reduction_type="SUM")
-        acc.apply_grad([0], [[1.0]], local_step=100)
-        return acc.num_accumulated()
-
-    assert int(make_and_count()) == 1
-    assert int(make_and_count()) == 2  # kernel-private, as TensorFlow's accumulator in a function

@@ -24,6 +24,9 @@ from tiered_support import (
     schemas,
     step,
 )
+from tiered_support import (
+    embedding as _embedding,
+)
 
 import tf_embed_ops as te
 
@@ -42,12 +45,6 @@ def _pair(tmp_path, optimizer, eviction=None, admission=None, mode="create", **o
     storage = te.Tiered(cache_bytes=cache, directory=str(tmp_path), mode=mode)
     tiered = te.DynamicTableConfig("t", DIM, storage=storage, **common)
     return memory, tiered
-
-
-def _embedding(table) -> te.TPUEmbedding:
-    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")})
-    emb.build()
-    return emb
 
 
 def _export(emb: te.TPUEmbedding, table) -> dict:

@@ -19,16 +19,18 @@ import pytest
 import tensorflow as tf
 from tiered_support import (
     DYNAMIC_BATCHES,
-    cache_bytes_for,
+    chunked_dynamic_pair,
     corrupt_every_record,
     kill_child_after_lines,
     record_bytes,
     run_json_child,
     step,
 )
+from tiered_support import (
+    embedding as _embedding,
+)
 
 import tf_embed_ops as te
-from tf_embed_ops import config as te_config
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.dynamic import tiered_checkpoint
 
@@ -40,17 +42,9 @@ _STATS = ("size", "inserts", "refused", "evictions")
 
 def _configs(directory, optimizer, dim=DIM, storage_dtype=tf.float32, **options):
     """The same DynamicTableConfig in memory and tiered (a cache of CACHE_ROWS rows, chunks of CHUNK_ROWS rows)."""
-    slot_width = sum(w for _, w in te_config.slot_shapes(optimizer, 1, dim).values())
-    cache = cache_bytes_for(CACHE_ROWS, optimizer, dim, storage_dtype)
-    common = dict(optimizer=optimizer, seed=11, storage_dtype=storage_dtype, **options)
-    storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=CHUNK_ROWS * 4 * (dim + slot_width))
-    return te.DynamicTableConfig("t", dim, **common), te.DynamicTableConfig("t", dim, storage=storage, **common)
-
-
-def _embedding(table) -> te.TPUEmbedding:
-    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")})
-    emb.build()
-    return emb
+    return chunked_dynamic_pair(
+        directory, optimizer, dim, CACHE_ROWS, CHUNK_ROWS, storage_dtype=storage_dtype, **options
+    )
 
 
 def _state(emb: te.TPUEmbedding, table) -> dict:

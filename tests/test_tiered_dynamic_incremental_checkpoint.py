@@ -15,10 +15,10 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import DYNAMIC_BATCHES, cache_bytes_for, run_json_child, step
+from tiered_support import DYNAMIC_BATCHES, chunked_dynamic_pair, run_json_child, step
+from tiered_support import embedding as _embedding
 
 import tf_embed_ops as te
-from tf_embed_ops import config as te_config
 from tf_embed_ops.checkpoint import _format
 from tf_embed_ops.checkpoint._format import CheckpointError
 from tf_embed_ops.dynamic import tiered_chain_restore
@@ -30,17 +30,9 @@ _CONTENT = ("keys", "weights", "slots", "counts", "last_steps", "pending_keys", 
 
 def _configs(directory, optimizer, storage_dtype=tf.float32, **options):
     """The same DynamicTableConfig in memory and tiered (a cache of 8 rows, chunks of 5 rows)."""
-    slot_width = sum(w for _, w in te_config.slot_shapes(optimizer, 1, DIM).values())
-    cache = cache_bytes_for(CACHE_ROWS, optimizer, DIM, storage_dtype)
-    common = dict(optimizer=optimizer, seed=11, storage_dtype=storage_dtype, **options)
-    storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=CHUNK_ROWS * 4 * (DIM + slot_width))
-    return te.DynamicTableConfig("t", DIM, **common), te.DynamicTableConfig("t", DIM, storage=storage, **common)
-
-
-def _embedding(table) -> te.TPUEmbedding:
-    emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")})
-    emb.build()
-    return emb
+    return chunked_dynamic_pair(
+        directory, optimizer, DIM, CACHE_ROWS, CHUNK_ROWS, storage_dtype=storage_dtype, **options
+    )
 
 
 def _state(emb, table) -> dict:

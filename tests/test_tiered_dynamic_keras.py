@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import cache_bytes_for
+from tiered_support import cache_bytes_for, keras_model
 
 import tf_embed_ops as te
 from tests.serving_support import serve_many_without_plugin
@@ -44,12 +44,7 @@ def _config(directory, **options):
 
 
 def _model(directory, **options):
-    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(_config(directory, **options), name="f")}, name="embedding")
-    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
-    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
-    model = keras.Model(inputs, head(layer(inputs)["f"]))
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    return model
+    return keras_model(_config(directory, **options))
 
 
 def _table(model):

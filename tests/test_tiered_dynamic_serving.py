@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from tiered_support import (
     DYNAMIC_BATCHES,
-    cache_bytes_for,
+    chunked_dynamic_pair,
     corrupt_every_record,
     kill_child_after_lines,
     record_bytes,
@@ -30,7 +30,6 @@ from tiered_support import (
 
 import tf_embed_ops as te
 from tests.serving_support import serve_many_without_plugin
-from tf_embed_ops import config as te_config
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.dynamic import serving as dynamic_serving
 from tf_embed_ops.serving import quantization
@@ -47,11 +46,9 @@ _EMBEDDINGS: dict = {}
 def _configs(directory, optimizer=None, storage_dtype=tf.float32, **options):
     """The same DynamicTableConfig in memory and tiered (a cache of CACHE_ROWS rows, chunks of CHUNK_ROWS rows)."""
     optimizer = optimizer or te.optimizers.Adagrad(0.1)
-    slot_width = sum(w for _, w in te_config.slot_shapes(optimizer, 1, DIM).values())
-    cache = cache_bytes_for(CACHE_ROWS, optimizer, DIM, storage_dtype)
-    common = dict(optimizer=optimizer, seed=11, storage_dtype=storage_dtype, **options)
-    storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=CHUNK_ROWS * 4 * (DIM + slot_width))
-    return te.DynamicTableConfig("t", DIM, **common), te.DynamicTableConfig("t", DIM, storage=storage, **common)
+    return chunked_dynamic_pair(
+        directory, optimizer, DIM, CACHE_ROWS, CHUNK_ROWS, storage_dtype=storage_dtype, **options
+    )
 
 
 def _trained(tmp_path, batches=DYNAMIC_BATCHES, **options):

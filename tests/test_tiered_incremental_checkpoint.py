@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import assert_same_state, embedding, memory_state, step, table_pair, tiered_state
+from tiered_support import assert_same_state, embedding, keras_model, memory_state, step, table_pair, tiered_state
 
 import tf_embed_ops as te
 from tf_embed_ops.checkpoint import _format
@@ -115,24 +115,12 @@ def test_every_row_written_makes_the_save_a_full_checkpoint(tmp_path):
 
 
 def test_a_keras_model_with_a_tiered_table_in_fit(tmp_path):
-    import keras  # pylint: disable=import-outside-toplevel
-
-    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
-
-    def model_of(table):
-        layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
-        inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
-        head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
-        model = keras.Model(inputs, head(layer(inputs)["f"]))
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-        return model
-
     rng = np.random.default_rng(1)
     x = [{"f": rng.integers(0, V, size=16).astype(np.int64)} for _ in range(3)]
     y = rng.normal(size=(16, 2)).astype(np.float32)
     models, managers = [], []
     for kind, table in zip("mt", table_pair(tmp_path / "rows", _emb.Adagrad(0.1), V, DIM, CACHE_ROWS), strict=True):
-        model = model_of(table)
+        model = keras_model(table)
         models.append(model)
         managers.append(
             te.checkpoint.IncrementalCheckpointManager(tf.train.Checkpoint(model=model), str(tmp_path / kind))

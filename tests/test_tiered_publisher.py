@@ -16,7 +16,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiered_support import cache_bytes_for, corrupt_every_record, record_bytes, run_json_child, table_pair
+from tiered_support import (
+    cache_bytes_for,
+    corrupt_every_record,
+    keras_model,
+    record_bytes,
+    run_json_child,
+    table_pair,
+)
 
 import tf_embed_ops as te
 from tests import serving_delta_util as util
@@ -229,12 +236,7 @@ def _dynamic_model(directory, storage_dtype=tf.float32, key_dtype=tf.int64) -> k
         combiner="sum",
         key_dtype=key_dtype,
     )
-    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(config, name="f")}, name="embedding")
-    inputs = {"f": keras.Input(shape=(), dtype=key_dtype.name, name="f")}
-    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
-    model = keras.Model(inputs, head(layer(inputs)["f"]))
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    return model
+    return keras_model(config, key_dtype.name)
 
 
 def _dynamic_table(model):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from tiered_support import embedding, run_json_child, table_pair
+from tiered_support import keras_model as _keras_model
 
 import tf_embed_ops as te
 import tf_embed_ops.distribute as ted
@@ -26,15 +26,6 @@ V, DIM, CACHE_ROWS, BATCH = 64, 5, 8, 8
 SIGNATURE = {"f": tf.TensorSpec([None], tf.int64)}
 # Every id, twice over in another order: the first and last ids included.
 IDS = np.concatenate([np.arange(V), np.arange(V)[::-1]]).astype(np.int64)
-
-
-def _keras_model(table):
-    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
-    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
-    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
-    model = keras.Model(inputs, head(layer(inputs)["f"]))
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    return model
 
 
 def _configs(tmp_path, **options):

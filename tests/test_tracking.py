@@ -10,20 +10,10 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests.tracked_optimizers import DIM, OPTIMIZERS, VA, VB
 from tf_embed_ops import tracking
 
 _emb = tf.tpu.experimental.embedding
-VA, VB, DIM = 40, 30, 4
-
-OPTIMIZERS = {
-    "sgd": lambda: _emb.SGD(0.1),
-    "adagrad": lambda: _emb.Adagrad(0.1),
-    "adagrad_momentum": lambda: _emb.AdagradMomentum(0.1, momentum=0.9),
-    "lazy_adam": lambda: _emb.Adam(0.1, lazy_adam=True),
-    "adam": lambda: _emb.Adam(0.1, lazy_adam=False),
-    "ftrl": lambda: _emb.FTRL(0.1),
-    "rowwise_adagrad": lambda: te.optimizers.RowWiseAdagrad(0.1),
-}
 KINDS = ["static", "bfloat16", "sharded", "dynamic", "sharded_dynamic"]
 
 

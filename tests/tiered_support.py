@@ -75,11 +75,36 @@ def table_pair(directory, optimizer, vocab: int, dim: int, cache_rows: int, name
     return memory, tiered
 
 
+def chunked_dynamic_pair(directory, optimizer, dim: int, cache_rows: int, chunk_rows: int, **options):
+    """The same `te.DynamicTableConfig` "t" (seed 11) in memory and tiered in `directory`: a cache of `cache_rows`
+    rows, checkpoint chunks of `chunk_rows` float32 records."""
+    slot_width = sum(w for _, w in te_config.slot_shapes(optimizer, 1, dim).values())
+    cache = cache_bytes_for(cache_rows, optimizer, dim, options.get("storage_dtype", tf.float32))
+    common = dict(optimizer=optimizer, seed=11, **options)
+    storage = te.Tiered(cache_bytes=cache, directory=str(directory), chunk_bytes=chunk_rows * 4 * (dim + slot_width))
+    return te.DynamicTableConfig("t", dim, **common), te.DynamicTableConfig("t", dim, storage=storage, **common)
+
+
 def embedding(table, **kwargs) -> te.TPUEmbedding:
     """A built `te.TPUEmbedding` of one feature "f" over `table`."""
     emb = te.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, **kwargs)
     emb.build()
     return emb
+
+
+def keras_model(table, key_dtype: str = "int64"):
+    """A compiled Keras model of `te.keras.TPUEmbedding` (one feature "f" of `key_dtype` ids over `table`) and a
+    seeded Dense(2) head."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tf_embed_ops import keras as te_keras  # pylint: disable=import-outside-toplevel
+
+    layer = te_keras.TPUEmbedding({"f": _emb.FeatureConfig(table, name="f")}, name="embedding")
+    inputs = {"f": keras.Input(shape=(), dtype=key_dtype, name="f")}
+    head = keras.layers.Dense(2, kernel_initializer=keras.initializers.RandomNormal(seed=3), name="head")
+    model = keras.Model(inputs, head(layer(inputs)["f"]))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
 
 
 def step(emb: te.TPUEmbedding, features, weights=None, target: float = 1.0):

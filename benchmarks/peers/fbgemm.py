@@ -1,7 +1,6 @@
-"""Suite side of the FBGEMM peer: finds its interpreter, writes the ids, runs ``fbgemm_peer.py``, reads its JSON.
-
-The interpreter is ``--fbgemm-python``, else $TF_EMBED_OPS_FBGEMM_PYTHON, else /opt/fbgemm-venv/bin/python (what
-``setup_fbgemm.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
+"""Suite side of the FBGEMM peer: finds its interpreter (``INTERPRETER``: ``--fbgemm-python``, else
+$TF_EMBED_OPS_FBGEMM_PYTHON, else what ``setup_fbgemm.sh`` creates), writes the ids, runs ``fbgemm_peer.py``, reads
+its JSON. Without an interpreter ``available()`` says why and the suite reports the peer as absent.
 """
 
 from __future__ import annotations
@@ -13,36 +12,29 @@ import tempfile
 
 import numpy as np
 
+from benchmarks.peers import interpreter
 from benchmarks.workloads import Workload
 
 _PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fbgemm_peer.py")
 DEFAULT_PYTHON = "/opt/fbgemm-venv/bin/python"
+INTERPRETER = interpreter.Interpreter(
+    "FBGEMM", "setup_fbgemm.sh", "--fbgemm-python", "TF_EMBED_OPS_FBGEMM_PYTHON", DEFAULT_PYTHON
+)
 # Ours -> what FBGEMM runs for it (FBGEMM's CPU kernels: exact SGD, element-wise and row-wise Adagrad only).
 OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 
 
 def find_python(explicit: str | None = None) -> str | None:
-    for cand in (explicit, os.environ.get("TF_EMBED_OPS_FBGEMM_PYTHON"), DEFAULT_PYTHON):
-        if cand and os.path.exists(cand):
-            return cand
-    return None
+    return INTERPRETER.find(explicit)
 
 
 def available(python: str | None) -> tuple[bool, str]:
     """(True, versions) if ``python`` imports torch and fbgemm_gpu, else (False, the reason)."""
-    if python is None:
-        return False, (
-            "no FBGEMM interpreter: run benchmarks/peers/setup_fbgemm.sh or pass --fbgemm-python "
-            f"(looked at $TF_EMBED_OPS_FBGEMM_PYTHON and {DEFAULT_PYTHON})"
-        )
     code = "import torch, fbgemm_gpu; print(torch.__version__, getattr(fbgemm_gpu, '__version__', '?'))"
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=180, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"{python}: {e}"
-    if proc.returncode != 0:
-        return False, f"{python} cannot import torch/fbgemm_gpu: {proc.stderr.strip().splitlines()[-1:]}"
-    torch_v, fb_v = proc.stdout.split()
+    ok, out = INTERPRETER.probe(python, code, "torch/fbgemm_gpu", timeout=180)
+    if not ok:
+        return False, out
+    torch_v, fb_v = out.split()
     return True, f"torch {torch_v}, fbgemm_gpu {fb_v}"
 
 
@@ -122,10 +114,7 @@ def run(
         proc = subprocess.run(
             [python, _PEER, path], capture_output=True, text=True, timeout=timeout, env=env, check=False
         )
-    if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {o: {"error": f"fbgemm_peer.py failed: {msg[:300]}"} for o in optimizers}
-    return json.loads(proc.stdout.strip().splitlines()[-1])["results"]
+    return interpreter.failed(proc, "fbgemm_peer.py", optimizers) or interpreter.last_json(proc)["results"]
 
 
 def _pooling(wl: Workload) -> str | None:

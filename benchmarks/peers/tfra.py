@@ -1,7 +1,6 @@
-"""Suite side of the TFRA peer: finds its interpreter, writes the keys, runs ``tfra_peer.py``, reads its JSON.
-
-The interpreter is ``--tfra-python``, else $TF_EMBED_OPS_TFRA_PYTHON, else /opt/tfra-venv/bin/python (what
-``setup_tfra.sh`` creates). If none works, ``available()`` says why and the suite reports the peer as absent.
+"""Suite side of the TFRA peer: finds its interpreter (``INTERPRETER``: ``--tfra-python``, else
+$TF_EMBED_OPS_TFRA_PYTHON, else what ``setup_tfra.sh`` creates), writes the keys, runs ``tfra_peer.py``, reads its
+JSON. Without an interpreter ``available()`` says why and the suite reports the peer as absent.
 """
 
 from __future__ import annotations
@@ -13,37 +12,31 @@ import tempfile
 
 import numpy as np
 
+from benchmarks.peers import interpreter
+
 _PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfra_peer.py")
 DEFAULT_PYTHON = "/opt/tfra-venv/bin/python"
+INTERPRETER = interpreter.Interpreter(
+    "TFRA", "setup_tfra.sh", "--tfra-python", "TF_EMBED_OPS_TFRA_PYTHON", DEFAULT_PYTHON
+)
 
 
 def find_python(explicit: str | None = None) -> str | None:
-    for cand in (explicit, os.environ.get("TF_EMBED_OPS_TFRA_PYTHON"), DEFAULT_PYTHON):
-        if cand and os.path.exists(cand):
-            return cand
-    return None
+    return INTERPRETER.find(explicit)
 
 
 def available(python: str | None) -> tuple[bool, str]:
     """(True, versions) if ``python`` imports TFRA's dynamic embedding, else (False, the reason)."""
-    if python is None:
-        return False, (
-            "no TFRA interpreter: run benchmarks/peers/setup_tfra.sh or pass --tfra-python "
-            f"(looked at $TF_EMBED_OPS_TFRA_PYTHON and {DEFAULT_PYTHON})"
-        )
     code = (
         "import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
         "import tensorflow as tf, tensorflow_recommenders_addons as tfra\n"
         "import tensorflow_recommenders_addons.dynamic_embedding\n"
         "print(tf.__version__, tfra.__version__)"
     )
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"{python}: {e}"
-    if proc.returncode != 0:
-        return False, f"{python} cannot import TFRA: {proc.stderr.strip().splitlines()[-1:]}"
-    tf_v, tfra_v = proc.stdout.split()[-2:]
+    ok, out = INTERPRETER.probe(python, code, "TFRA", timeout=300)
+    if not ok:
+        return False, out
+    tf_v, tfra_v = out.split()[-2:]
     return True, f"TensorFlow {tf_v}, TFRA {tfra_v}"
 
 
@@ -91,10 +84,10 @@ def run(
             )
         except subprocess.TimeoutExpired:
             return {n: {"error": f"tfra_peer.py timed out after {timeout} s"} for n in names}
-    if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {n: {"error": f"tfra_peer.py failed: {msg[:300]}"} for n in names}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    failure = interpreter.failed(proc, "tfra_peer.py", names)
+    if failure:
+        return failure
+    out = interpreter.last_json(proc)
     for r in out["results"].values():
         r["versions"] = f"TensorFlow {out['tensorflow']}, TFRA {out['tfra']}"
     return out["results"]

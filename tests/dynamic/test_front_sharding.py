@@ -5,18 +5,9 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests.dynamic.key_hash_reference import MASK as _MASK
+from tests.dynamic.key_hash_reference import fmix64 as _fmix64
 from tf_embed_ops.dynamic import sharding
-
-_MASK = (1 << 64) - 1
-
-
-def _fmix64(x: int) -> int:
-    # MurmurHash3's fmix64, on Python ints (the reference).
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & _MASK
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & _MASK
-    return x ^ (x >> 33)
 
 
 def _reference_shard(key: int, n: int) -> int:

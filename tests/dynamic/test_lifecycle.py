@@ -11,18 +11,10 @@ import pytest
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tests.dynamic.key_hash_reference import MASK as _MASK
+from tests.dynamic.key_hash_reference import fmix64 as _fmix64
 from tests.dynamic.state_util import DynamicTable, ShardedDynamicTable, config, content, train_lookup
 from tf_embed_ops.dynamic import config as config_lib
-
-_MASK = (1 << 64) - 1
-
-
-def _fmix64(x: int) -> int:
-    x ^= x >> 33
-    x = (x * 0xFF51AFD7ED558CCD) & _MASK
-    x ^= x >> 33
-    x = (x * 0xC4CEB9FE1A85EC53) & _MASK
-    return x ^ (x >> 33)
 
 
 def _bloom_positions(key: int, num_counters: int, num_hashes: int) -> list[int]:

@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.benchmarks_import import import_benchmark as _import
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -65,14 +67,6 @@ def test_dynamic_section_is_written_with_every_engine(smoke_run):
             while j < len(lines) and lines[j].startswith("|"):
                 assert lines[j].count("|") == lines[i - 1].count("|"), lines[j]
                 j += 1
-
-
-def _import(name):
-    sys.path.insert(0, ROOT)
-    try:
-        return __import__(f"benchmarks.{name}", fromlist=[name])
-    finally:
-        sys.path.remove(ROOT)
 
 
 def test_workload_keys_are_the_fingerprints_of_the_w1_ids():
