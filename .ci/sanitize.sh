@@ -41,7 +41,8 @@ cd "$tree"
 "$python" -m pytest -x -q -p no:cacheprovider --capture=sys -m "not slow" \
   tests/test_embedding_ops.py tests/test_embedding_ops_errors.py tests/test_tpu_embedding_errors.py \
   tests/test_config_load.py tests/test_config_validation.py \
-  tests/test_sparse_accumulator.py tests/test_hardening_inputs.py tests/test_hardening_config.py \
+  tests/test_sparse_accumulator.py tests/test_sparse_accumulator_errors.py tests/test_sparse_accumulator_lifetime.py \
+  tests/test_hardening_inputs.py tests/test_hardening_config.py \
   tests/test_tiered_kernels.py tests/test_tiered_training.py tests/test_tiered_faults.py tests/test_tiered_checkpoint.py \
   tests/test_tiered_dynamic.py
 # Seed 1: the slow tier's pass (tests/fuzz/test_fuzz.py) runs seed 0, so the two passes try different inputs.
