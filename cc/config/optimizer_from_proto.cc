@@ -184,27 +184,23 @@ absl::Status ReadExtensionHyperParameters(const OptimizerSchema& schema, const s
   return absl::OkStatus();
 }
 
-// The struct's members by their proto names, in ForEachHyperParameter order.  Members are written through the
-// const references that (const) ForEachHyperParameter hands out: `o` is a non-const local, so the const_cast
-// is well defined, and the math header stays the only list of its struct's fields.
+// The struct's members, in schema order (`values` is index-aligned with schema.hyper_parameters, which
+// registry.h checks against the struct's HyperParameters() when it compiles).  Members are written through the
+// const references that ForEachHyperParameter hands out: `o` is a non-const local, so the const_cast is well
+// defined, and the math header stays the only list of its struct's fields.
 template <typename Optimizer>
 absl::Status Build(const OptimizerSchema& schema, const std::vector<float>& values, const std::string& ctx,
                    OptimizerParams* out) {
+  if (values.size() != schema.hyper_parameters.size) {
+    return absl::InternalError(absl::StrCat(ctx, ": ", values.size(), " hyper-parameter values for the ",
+                                            schema.hyper_parameters.size, " of ", schema.kind));
+  }
   Optimizer o{};
   size_t i = 0;
-  bool aligned = true;
-  o.ForEachHyperParameter([&](const char* name, const auto& member) {
+  ForEachHyperParameter(o, [&](const char* /*name*/, const auto& member) {
     using T = std::decay_t<decltype(member)>;
-    if (i >= values.size() || std::string_view(name) != schema.hyper_parameters[i].proto_name) {
-      aligned = false;
-      return;
-    }
     const_cast<T&>(member) = static_cast<T>(values[i++]);
   });
-  if (!aligned || i != values.size()) {
-    return absl::InternalError(absl::StrCat(ctx, ": the schema of ", schema.kind,
-                                            " lists other hyper-parameters than its struct's ForEachHyperParameter"));
-  }
   *out = o;
   return absl::OkStatus();
 }
@@ -261,7 +257,7 @@ absl::Status CheckOptimizerAccumulation(const OptimizerParams& optimizer, bool g
   if (rule.when_set != nullptr) {
     std::visit(
         [&](const auto& o) {
-          o.ForEachHyperParameter([&](const char* name, auto value) {
+          ForEachHyperParameter(o, [&](const char* name, auto value) {
             if constexpr (std::is_same_v<decltype(value), bool>) {
               if (std::string_view(name) == rule.when_set && value) triggered = true;
             }

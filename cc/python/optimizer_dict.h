@@ -1,5 +1,5 @@
 // The optimizers as Python data.  OptimizerDict: a validated table's optimizer (kind = the proto field name,
-// hyper-parameters by proto field name from the struct's ForEachHyperParameter, slots in Load/Retrieve order with
+// hyper-parameters by proto field name from registry.h's ForEachHyperParameter, slots in Load/Retrieve order with
 // their default initial values).  OptimizerSchemaList: the whole schema (cc/lib/optimizers/schema.h), from which
 // tf_embed_ops builds its optimizer classes, argument checks, docstrings and proto mapping.  A new optimizer
 // needs nothing here.
@@ -18,7 +18,7 @@ namespace tf_embed_ops {
 template <typename Optimizer>
 pybind11::dict HyperParameters(const Optimizer& o) {
   pybind11::dict d;
-  o.ForEachHyperParameter([&d](const char* name, auto value) { d[name] = value; });
+  ForEachHyperParameter(o, [&d](const char* name, auto value) { d[name] = value; });
   return d;
 }
 

@@ -6,37 +6,26 @@
 
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Adadelta {
+struct Adadelta : ElementWiseOptimizer<Adadelta> {
   static constexpr const char* kName = "adadelta";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"accumulators", 0.0f}, {"updates", 0.0f}}};
 
   float rho = 0.0f;
   float epsilon = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("rho", rho);
-    visit("epsilon", epsilon);
-  }
+  auto HyperParameters() const { return std::tie(rho, epsilon); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    float* upd = slots[1];
-    for (int64_t i = 0; i < dim; ++i) {
-      a[i] = a[i] * rho + g[i] * g[i] * (1.0f - rho);
-      const float u = std::sqrt(upd[i] + epsilon) / std::sqrt(a[i] + epsilon) * g[i];
-      upd[i] = upd[i] * rho + u * u * (1.0f - rho);
-      w[i] -= u * lr;
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& a, float& upd) const {
+    a = a * rho + g * g * (1.0f - rho);
+    const float u = std::sqrt(upd + epsilon) / std::sqrt(a + epsilon) * g;
+    upd = upd * rho + u * u * (1.0f - rho);
+    w -= u * lr;
   }
 };
 

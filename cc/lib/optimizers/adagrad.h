@@ -5,27 +5,18 @@
 
 #include <array>
 #include <cmath>
-#include <cstdint>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Adagrad {
+struct Adagrad : ElementWiseOptimizer<Adagrad> {
   static constexpr const char* kName = "adagrad";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"accumulators", 0.1f}}};
 
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
-
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      a[i] += g[i] * g[i];
-      w[i] -= lr * g[i] / std::sqrt(a[i]);
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& a) const {
+    a += g * g;
+    w -= lr * g / std::sqrt(a);
   }
 };
 

@@ -11,12 +11,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct AdagradMomentum {
+struct AdagradMomentum : OptimizerDefaults {
   static constexpr const char* kName = "adagrad_momentum";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"accumulators", 0.0f}, {"momenta", 0.0f}}};
 
@@ -26,17 +27,7 @@ struct AdagradMomentum {
   float beta2 = 1.0f;
   float epsilon = 1e-10f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("momentum", momentum);
-    visit("use_nesterov", use_nesterov);
-    visit("exponent", exponent);
-    visit("beta2", beta2);
-    visit("epsilon", epsilon);
-  }
-
-  bool UpdatesAllRows() const { return false; }
+  auto HyperParameters() const { return std::tie(momentum, use_nesterov, exponent, beta2, epsilon); }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
     // The options are loop-invariant: dispatch once so each variant's loop is branch-free and vectorises.
@@ -58,17 +49,20 @@ struct AdagradMomentum {
  private:
   template <bool kNesterov, bool kSumAccumulator, bool kSqrtExponent>
   void Update(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    float* m = slots[1];
     const float power = -1.0f / exponent;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float g2 = g[i] * g[i];
-      a[i] = kSumAccumulator ? a[i] + g2 : beta2 * a[i] + (1.0f - beta2) * g2;
-      const float scale = kSqrtExponent ? 1.0f / std::sqrt(a[i] + epsilon) : std::pow(a[i] + epsilon, power);
-      const float s = g[i] * scale;
-      m[i] = momentum * m[i] + s;
-      w[i] -= lr * (kNesterov ? momentum * m[i] + s : m[i]);
-    }
+    ForEachElement<kSlots.size()>(g, w, slots, dim, [&](auto&... e) {
+      UpdateElement<kNesterov, kSumAccumulator, kSqrtExponent>(lr, power, e...);
+    });
+  }
+
+  template <bool kNesterov, bool kSumAccumulator, bool kSqrtExponent>
+  void UpdateElement(float lr, float power, const float& g, float& w, float& a, float& m) const {
+    const float g2 = g * g;
+    a = kSumAccumulator ? a + g2 : beta2 * a + (1.0f - beta2) * g2;
+    const float scale = kSqrtExponent ? 1.0f / std::sqrt(a + epsilon) : std::pow(a + epsilon, power);
+    const float s = g * scale;
+    m = momentum * m + s;
+    w -= lr * (kNesterov ? momentum * m + s : m);
   }
 };
 

@@ -10,12 +10,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Adam {
+struct Adam : OptimizerDefaults {
   static constexpr const char* kName = "adam";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"momenta", 0.0f}, {"velocities", 0.0f}}};
 
@@ -25,28 +26,21 @@ struct Adam {
   bool use_non_lazy_adam = false;
   bool use_sum_inside_sqrt = true;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("beta1", beta1);
-    visit("beta2", beta2);
-    visit("epsilon", epsilon);
-    visit("use_non_lazy_adam", use_non_lazy_adam);
-    visit("use_sum_inside_sqrt", use_sum_inside_sqrt);
-  }
+  auto HyperParameters() const { return std::tie(beta1, beta2, epsilon, use_non_lazy_adam, use_sum_inside_sqrt); }
 
   bool UpdatesAllRows() const { return use_non_lazy_adam; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* m = slots[0];
-    float* v = slots[1];
-    const float eps2 = epsilon * epsilon;
-    for (int64_t i = 0; i < dim; ++i) {
-      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
-      v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-      const float denom = use_sum_inside_sqrt ? std::sqrt(v[i] + eps2) : std::sqrt(v[i]) + epsilon;
-      w[i] -= lr * m[i] / denom;
-    }
+    const float eps2 = epsilon * epsilon;  // once per row
+    ForEachElement<kSlots.size()>(g, w, slots, dim, [&](auto&... e) { UpdateElement(lr, eps2, e...); });
+  }
+
+ private:
+  void UpdateElement(float lr, float eps2, const float& g, float& w, float& m, float& v) const {
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    const float denom = use_sum_inside_sqrt ? std::sqrt(v + eps2) : std::sqrt(v) + epsilon;
+    w -= lr * m / denom;
   }
 };
 

@@ -4,24 +4,16 @@
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_ASSIGN_H_
 
 #include <array>
-#include <cstdint>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Assign {
+struct Assign : ElementWiseOptimizer<Assign> {
   static constexpr const char* kName = "assign";
   static constexpr std::array<SlotInfo, 0> kSlots = {};
 
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
-
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float /*lr*/, const float* g, float* w, float* const* /*slots*/, int64_t dim) const {
-    for (int64_t i = 0; i < dim; ++i) w[i] = g[i];
-  }
+  void UpdateElement(float /*lr*/, const float& g, float& w) const { w = g; }
 };
 
 }  // namespace tf_embed_ops

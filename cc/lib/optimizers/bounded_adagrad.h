@@ -10,13 +10,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct BoundedAdagrad {
+struct BoundedAdagrad : ElementWiseOptimizer<BoundedAdagrad> {
   static constexpr const char* kName = "bounded_adagrad";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"accumulators", 0.1f}}};
 
@@ -24,27 +24,16 @@ struct BoundedAdagrad {
   float max_var_update = 0.0f;
   float max_accumulator = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("update_accumulator_first", update_accumulator_first);
-    visit("max_var_update", max_var_update);
-    visit("max_accumulator", max_accumulator);
-  }
-
-  bool UpdatesAllRows() const { return false; }
+  auto HyperParameters() const { return std::tie(update_accumulator_first, max_var_update, max_accumulator); }
 
   float Bound(float a) const { return max_accumulator > 0.0f ? std::min(a, max_accumulator) : a; }
 
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float a_new = Bound(a[i] + g[i] * g[i]);
-      float step = lr * g[i] / std::sqrt(update_accumulator_first ? a_new : a[i]);
-      if (max_var_update > 0.0f) step = std::clamp(step, -max_var_update, max_var_update);
-      w[i] -= step;
-      a[i] = a_new;
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& a) const {
+    const float a_new = Bound(a + g * g);
+    float step = lr * g / std::sqrt(update_accumulator_first ? a_new : a);
+    if (max_var_update > 0.0f) step = std::clamp(step, -max_var_update, max_var_update);
+    w -= step;
+    a = a_new;
   }
 };
 

@@ -6,13 +6,13 @@
 
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct CenteredRmsProp {
+struct CenteredRmsProp : ElementWiseOptimizer<CenteredRmsProp> {
   static constexpr const char* kName = "centered_rms_prop";
   static constexpr std::array<SlotInfo, 3> kSlots = {{{"ms", 1.0f}, {"mom", 0.0f}, {"mg", 0.0f}}};
 
@@ -20,27 +20,14 @@ struct CenteredRmsProp {
   float momentum = 0.0f;
   float epsilon = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("rho", rho);
-    visit("momentum", momentum);
-    visit("epsilon", epsilon);
-  }
+  auto HyperParameters() const { return std::tie(rho, momentum, epsilon); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* ms = slots[0];
-    float* mom = slots[1];
-    float* mg = slots[2];
-    for (int64_t i = 0; i < dim; ++i) {
-      ms[i] += (g[i] * g[i] - ms[i]) * (1.0f - rho);
-      mg[i] += (g[i] - mg[i]) * (1.0f - rho);
-      const float denom = ms[i] - mg[i] * mg[i] + epsilon;
-      mom[i] = mom[i] * momentum + lr * g[i] / std::sqrt(denom);
-      w[i] -= mom[i];
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& ms, float& mom, float& mg) const {
+    ms += (g * g - ms) * (1.0f - rho);
+    mg += (g - mg) * (1.0f - rho);
+    const float denom = ms - mg * mg + epsilon;
+    mom = mom * momentum + lr * g / std::sqrt(denom);
+    w -= mom;
   }
 };
 

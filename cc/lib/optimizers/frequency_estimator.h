@@ -9,13 +9,13 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct FrequencyEstimator {
+struct FrequencyEstimator : ElementWiseOptimizer<FrequencyEstimator> {
   static constexpr const char* kName = "frequency_estimator";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"last_hit_step", 0.0f}}};
 
@@ -24,26 +24,14 @@ struct FrequencyEstimator {
   float outlier_threshold = 0.0f;
   float weight_exponent = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("tau", tau);
-    visit("max_delta", max_delta);
-    visit("outlier_threshold", outlier_threshold);
-    visit("weight_exponent", weight_exponent);
-  }
+  auto HyperParameters() const { return std::tie(tau, max_delta, outlier_threshold, weight_exponent); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float step, const float* /*g*/, float* d, float* const* slots, int64_t dim) const {
-    float* last_hit = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float delta = step - last_hit[i];
-      const float clipped = std::min(delta, max_delta);
-      const bool outlier = delta >= outlier_threshold * d[i];
-      d[i] = outlier ? clipped : d[i] * (1.0f - tau) + clipped * tau;
-      last_hit[i] = step;
-    }
+  void UpdateElement(float step, const float& /*g*/, float& d, float& last_hit) const {
+    const float delta = step - last_hit;
+    const float clipped = std::min(delta, max_delta);
+    const bool outlier = delta >= outlier_threshold * d;
+    d = outlier ? clipped : d * (1.0f - tau) + clipped * tau;
+    last_hit = step;
   }
 };
 

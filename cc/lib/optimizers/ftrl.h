@@ -11,12 +11,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Ftrl {
+struct Ftrl : OptimizerDefaults {
   static constexpr const char* kName = "ftrl";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"accumulators", 0.1f}, {"linears", 0.0f}}};
 
@@ -27,18 +28,9 @@ struct Ftrl {
   bool multiply_linear_by_lr = false;
   bool allow_zero_accumulator = false;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("l1", l1);
-    visit("l2", l2);
-    visit("lr_power", lr_power);
-    visit("beta", beta);
-    visit("multiply_linear_by_lr", multiply_linear_by_lr);
-    visit("allow_zero_accumulator", allow_zero_accumulator);
+  auto HyperParameters() const {
+    return std::tie(l1, l2, lr_power, beta, multiply_linear_by_lr, allow_zero_accumulator);
   }
-
-  bool UpdatesAllRows() const { return false; }
 
   void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
     // The options are loop-invariant: dispatch once so each variant's loop is branch-free and vectorises.
@@ -59,25 +51,27 @@ struct Ftrl {
 
   template <bool kMultiplyLinearByLr, bool kSqrtPower>
   void Update(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    float* lin = slots[1];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float a_new = a[i] + g[i] * g[i];
-      const float p_new = Power<kSqrtPower>(a_new);
-      const float sigma = p_new - Power<kSqrtPower>(a[i]);
-      float quad, thr;
-      if (kMultiplyLinearByLr) {
-        lin[i] += lr * g[i] - sigma * w[i];
-        quad = p_new + 2.0f * lr * l2 + beta;
-        thr = lr * l1;
-      } else {
-        lin[i] += g[i] - sigma / lr * w[i];
-        quad = (p_new + beta) / lr + 2.0f * l2;
-        thr = l1;
-      }
-      w[i] = (std::clamp(lin[i], -thr, thr) - lin[i]) / quad;
-      a[i] = a_new;
+    ForEachElement<kSlots.size()>(g, w, slots, dim,
+                                  [&](auto&... e) { UpdateElement<kMultiplyLinearByLr, kSqrtPower>(lr, e...); });
+  }
+
+  template <bool kMultiplyLinearByLr, bool kSqrtPower>
+  void UpdateElement(float lr, const float& g, float& w, float& a, float& lin) const {
+    const float a_new = a + g * g;
+    const float p_new = Power<kSqrtPower>(a_new);
+    const float sigma = p_new - Power<kSqrtPower>(a);
+    float quad, thr;
+    if (kMultiplyLinearByLr) {
+      lin += lr * g - sigma * w;
+      quad = p_new + 2.0f * lr * l2 + beta;
+      thr = lr * l1;
+    } else {
+      lin += g - sigma / lr * w;
+      quad = (p_new + beta) / lr + 2.0f * l2;
+      thr = l1;
     }
+    w = (std::clamp(lin, -thr, thr) - lin) / quad;
+    a = a_new;
   }
 };
 

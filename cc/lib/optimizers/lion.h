@@ -6,13 +6,13 @@
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_LION_H_
 
 #include <array>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Lion {
+struct Lion : ElementWiseOptimizer<Lion> {
   static constexpr const char* kName = "lion";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"momenta", 0.0f}}};
 
@@ -20,24 +20,15 @@ struct Lion {
   float beta2 = 0.0f;
   bool use_non_lazy_lion = false;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("beta1", beta1);
-    visit("beta2", beta2);
-    visit("use_non_lazy_lion", use_non_lazy_lion);
-  }
+  auto HyperParameters() const { return std::tie(beta1, beta2, use_non_lazy_lion); }
 
   bool UpdatesAllRows() const { return use_non_lazy_lion; }
 
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* m = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float c = beta1 * m[i] + (1.0f - beta1) * g[i];
-      const float sign = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
-      w[i] -= lr * sign;
-      m[i] = beta2 * m[i] + (1.0f - beta2) * g[i];
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& m) const {
+    const float c = beta1 * m + (1.0f - beta1) * g;
+    const float sign = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+    w -= lr * sign;
+    m = beta2 * m + (1.0f - beta2) * g;
   }
 };
 

@@ -4,34 +4,24 @@
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_MOMENTUM_H_
 
 #include <array>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Momentum {
+struct Momentum : ElementWiseOptimizer<Momentum> {
   static constexpr const char* kName = "momentum";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"momenta", 0.0f}}};
 
   float momentum = 0.0f;
   bool use_nesterov = false;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("momentum", momentum);
-    visit("use_nesterov", use_nesterov);
-  }
+  auto HyperParameters() const { return std::tie(momentum, use_nesterov); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* m = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      m[i] = momentum * m[i] + g[i];
-      w[i] -= use_nesterov ? g[i] * lr + m[i] * momentum * lr : m[i] * lr;
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& m) const {
+    m = momentum * m + g;
+    w -= use_nesterov ? g * lr + m * momentum * lr : m * lr;
   }
 };
 

@@ -10,13 +10,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct OnlineYogi {
+struct OnlineYogi : ElementWiseOptimizer<OnlineYogi> {
   static constexpr const char* kName = "online_yogi";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"vs", 0.1f}, {"linears", 0.0f}}};
 
@@ -24,29 +24,17 @@ struct OnlineYogi {
   float l2 = 0.0f;
   float beta2 = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("l1", l1);
-    visit("l2", l2);
-    visit("beta2", beta2);
-  }
+  auto HyperParameters() const { return std::tie(l1, l2, beta2); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* v = slots[0];
-    float* lin = slots[1];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float g2 = g[i] * g[i];
-      const float d = v[i] - g2;
-      const float sign = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
-      const float v_new = v[i] - (1.0f - beta2) * sign * g2;
-      const float root_new = std::sqrt(v_new);
-      lin[i] += g[i] - (root_new - std::sqrt(v[i])) / lr * w[i];
-      w[i] = (std::clamp(lin[i], -l1, l1) - lin[i]) / (root_new / lr + 2.0f * l2);
-      v[i] = v_new;
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& v, float& lin) const {
+    const float g2 = g * g;
+    const float d = v - g2;
+    const float sign = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
+    const float v_new = v - (1.0f - beta2) * sign * g2;
+    const float root_new = std::sqrt(v_new);
+    lin += g - (root_new - std::sqrt(v)) / lr * w;
+    w = (std::clamp(lin, -l1, l1) - lin) / (root_new / lr + 2.0f * l2);
+    v = v_new;
   }
 };
 

@@ -8,40 +8,30 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct ProximalAdagrad {
+struct ProximalAdagrad : ElementWiseOptimizer<ProximalAdagrad> {
   static constexpr const char* kName = "proximal_adagrad";
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"accumulators", 0.1f}}};
 
   float l1 = 0.0f;
   float l2 = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("l1", l1);
-    visit("l2", l2);
-  }
+  auto HyperParameters() const { return std::tie(l1, l2); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* a = slots[0];
-    for (int64_t i = 0; i < dim; ++i) {
-      a[i] += g[i] * g[i];
-      const float eta = lr / std::sqrt(a[i]);
-      const float x = w[i] - eta * g[i];
-      if (l1 > 0.0f) {
-        const float sign = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
-        w[i] = sign * std::max(std::fabs(x) - eta * l1, 0.0f) / (1.0f + eta * l2);
-      } else {
-        w[i] = x / (1.0f + eta * l2);
-      }
+  void UpdateElement(float lr, const float& g, float& w, float& a) const {
+    a += g * g;
+    const float eta = lr / std::sqrt(a);
+    const float x = w - eta * g;
+    if (l1 > 0.0f) {
+      const float sign = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+      w = sign * std::max(std::fabs(x) - eta * l1, 0.0f) / (1.0f + eta * l2);
+    } else {
+      w = x / (1.0f + eta * l2);
     }
   }
 };

@@ -11,13 +11,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct ProximalYogi {
+struct ProximalYogi : ElementWiseOptimizer<ProximalYogi> {
   static constexpr const char* kName = "proximal_yogi";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"v", 0.1f}, {"m", 0.0f}}};
 
@@ -27,35 +27,21 @@ struct ProximalYogi {
   float beta2 = 0.0f;
   float epsilon = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("l1", l1);
-    visit("l2", l2);
-    visit("beta1", beta1);
-    visit("beta2", beta2);
-    visit("epsilon", epsilon);
-  }
+  auto HyperParameters() const { return std::tie(l1, l2, beta1, beta2, epsilon); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* v = slots[0];
-    float* m = slots[1];
-    for (int64_t i = 0; i < dim; ++i) {
-      const float g2 = g[i] * g[i];
-      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
-      const float d = v[i] - g2;
-      const float sign = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
-      v[i] -= (1.0f - beta2) * sign * g2;
-      const float eta = lr / (std::sqrt(v[i]) + epsilon);
-      float x = w[i] - eta * m[i];
-      if (l1 > 0.0f) {
-        const float sx = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
-        x = sx * std::max(std::fabs(x) - eta * l1, 0.0f);
-      }
-      w[i] = x / (1.0f + eta * l2);
+  void UpdateElement(float lr, const float& g, float& w, float& v, float& m) const {
+    const float g2 = g * g;
+    m = beta1 * m + (1.0f - beta1) * g;
+    const float d = v - g2;
+    const float sign = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
+    v -= (1.0f - beta2) * sign * g2;
+    const float eta = lr / (std::sqrt(v) + epsilon);
+    float x = w - eta * m;
+    if (l1 > 0.0f) {
+      const float sx = x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+      x = sx * std::max(std::fabs(x) - eta * l1, 0.0f);
     }
+    w = x / (1.0f + eta * l2);
   }
 };
 

@@ -5,13 +5,13 @@
 
 #include <array>
 #include <cmath>
-#include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct RmsProp {
+struct RmsProp : ElementWiseOptimizer<RmsProp> {
   static constexpr const char* kName = "rms_prop";
   static constexpr std::array<SlotInfo, 2> kSlots = {{{"ms", 1.0f}, {"mom", 0.0f}}};
 
@@ -19,24 +19,12 @@ struct RmsProp {
   float momentum = 0.0f;
   float epsilon = 0.0f;
 
-  // The hyper-parameters by their optimization_parameters.proto field names (views, serialisation).
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("rho", rho);
-    visit("momentum", momentum);
-    visit("epsilon", epsilon);
-  }
+  auto HyperParameters() const { return std::tie(rho, momentum, epsilon); }
 
-  bool UpdatesAllRows() const { return false; }
-
-  void UpdateRow(float lr, const float* g, float* w, float* const* slots, int64_t dim) const {
-    float* ms = slots[0];
-    float* mom = slots[1];
-    for (int64_t i = 0; i < dim; ++i) {
-      ms[i] += (g[i] * g[i] - ms[i]) * (1.0f - rho);
-      mom[i] = mom[i] * momentum + lr * g[i] / std::sqrt(ms[i] + epsilon);
-      w[i] -= mom[i];
-    }
+  void UpdateElement(float lr, const float& g, float& w, float& ms, float& mom) const {
+    ms += (g * g - ms) * (1.0f - rho);
+    mom = mom * momentum + lr * g / std::sqrt(ms + epsilon);
+    w -= mom;
   }
 };
 

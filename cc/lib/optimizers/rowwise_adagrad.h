@@ -15,12 +15,14 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct RowWiseAdagrad {
+// Not element-wise: the row shares one accumulator, grown by a sum over the row before any weight moves.
+struct RowWiseAdagrad : OptimizerDefaults {
   static constexpr const char* kName = "rowwise_adagrad";
   // FBGEMM starts momentum1 at 0 (epsilon keeps the first step finite).
   static constexpr std::array<SlotInfo, 1> kSlots = {{{"row_accumulators", 0.0f, /*per_row=*/true}}};
@@ -29,14 +31,7 @@ struct RowWiseAdagrad {
   float weight_decay = 0.0f;
   bool decoupled_weight_decay = false;
 
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& visit) const {
-    visit("epsilon", epsilon);
-    visit("weight_decay", weight_decay);
-    visit("decoupled_weight_decay", decoupled_weight_decay);
-  }
-
-  bool UpdatesAllRows() const { return false; }
+  auto HyperParameters() const { return std::tie(epsilon, weight_decay, decoupled_weight_decay); }
 
   // sum_d (g_d + l2 * w_d)^2 in eight partial sums added pairwise: the order of FBGEMM's fp32 kernel
   // (fbgemm::GenerateSparseAdaGrad with rowwise=true; its reference is rowwise_sparse_adagrad_ref in

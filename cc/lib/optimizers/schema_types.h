@@ -152,9 +152,11 @@ struct OptimizerSchema {
   // not in the TPU proto".
   int extension_field;
   AccumulationRule accumulation;
-  Span<HyperParameterSpec> hyper_parameters;  // the proto message's fields, in field order
-  Span<SlotInfo> slots;                       // the math header's kSlots (Load/Retrieve order)
-  Span<SlotArgumentSpec> slot_arguments;      // index-aligned with slots
+  // The proto message's fields, in field order: also the order of the math struct's HyperParameters(), whose
+  // members they name (registry.h, ForEachHyperParameter).
+  Span<HyperParameterSpec> hyper_parameters;
+  Span<SlotInfo> slots;                   // the math header's kSlots (Load/Retrieve order)
+  Span<SlotArgumentSpec> slot_arguments;  // index-aligned with slots
 };
 
 // The per-optimizer parts of a schema entry, built as Describe(...).LoadOp(...)... so every part is named;

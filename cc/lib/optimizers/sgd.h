@@ -3,26 +3,17 @@
 #define TF_EMBED_OPS_CC_LIB_OPTIMIZERS_SGD_H_
 
 #include <array>
-#include <cstdint>
 
-#include "cc/lib/optimizers/slot.h"
+#include "cc/lib/optimizers/optimizer.h"
 
 namespace tf_embed_ops {
 
-struct Sgd {
+struct Sgd : ElementWiseOptimizer<Sgd> {
   static constexpr const char* kName = "stochastic_gradient_descent";
   static constexpr std::array<SlotInfo, 0> kSlots = {};
 
-  // A zero gradient is a no-op, so only touched rows ever need visiting.
-  template <typename Visitor>
-  void ForEachHyperParameter(Visitor&& /*visit*/) const {}
-
-  bool UpdatesAllRows() const { return false; }
-
-  // `slots` holds kSlots.size() row pointers, each of `dim` floats.
-  void UpdateRow(float lr, const float* g, float* w, float* const* /*slots*/, int64_t dim) const {
-    for (int64_t i = 0; i < dim; ++i) w[i] -= lr * g[i];
-  }
+  // A zero gradient is a no-op, so only touched rows ever need visiting (the default UpdatesAllRows).
+  void UpdateElement(float lr, const float& g, float& w) const { w -= lr * g; }
 };
 
 }  // namespace tf_embed_ops

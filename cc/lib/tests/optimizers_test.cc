@@ -398,5 +398,26 @@ TEST(OptimizerRegistryTest, NamesSlotsAndLaziness) {
   EXPECT_TRUE(OptimizerUpdatesAllRows(non_lazy));
 }
 
+// ForEachHyperParameter pairs the schema's proto names with the struct's own members, in the schema's order, so
+// what a config sets reaches the member of that name (the names written out from FtrlParameters, not the schema).
+TEST(OptimizerRegistryTest, HyperParametersPairProtoNamesWithMembers) {
+  Ftrl o;
+  o.l1 = 1.5f;
+  o.l2 = 2.5f;
+  o.lr_power = -0.25f;
+  o.beta = 3.5f;
+  o.multiply_linear_by_lr = true;
+  std::vector<std::string> names;
+  std::vector<float> values;
+  ForEachHyperParameter(o, [&](const char* name, auto value) {
+    names.push_back(name);
+    values.push_back(static_cast<float>(value));
+  });
+  EXPECT_EQ(names, (std::vector<std::string>{"l1", "l2", "lr_power", "beta", "multiply_linear_by_lr",
+                                             "allow_zero_accumulator"}));
+  EXPECT_EQ(values, (std::vector<float>{1.5f, 2.5f, -0.25f, 3.5f, 1.0f, 0.0f}));
+  ForEachHyperParameter(Sgd{}, [](const char* name, auto) { ADD_FAILURE() << "Sgd has no hyper-parameter " << name; });
+}
+
 }  // namespace
 }  // namespace tf_embed_ops
