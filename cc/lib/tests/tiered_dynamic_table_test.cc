@@ -41,6 +41,7 @@ namespace tf_embed_ops {
 namespace {
 
 using tiered_test::EveryOptimizer;
+using tiered_test::Step;
 using tiered_test::TempDir;
 using tiered_test::Threads;
 
@@ -82,26 +83,6 @@ std::unique_ptr<TieredDynamicTable> Tiered(const DynamicTableOptions& o, const s
   EXPECT_EQ((*table)->cache().capacity(), capacity_rows);
   return *std::move(table);
 }
-
-// One feature with one id per sample over the rows of a training lookup (rows without a key, -1, contribute nothing).
-struct Step {
-  std::vector<int64_t> rows;
-  FeatureLayout layout;
-  std::vector<float> gradient;
-  std::vector<GradientSource> sources;
-  RowGradientPlan plan;
-
-  Step(std::vector<int64_t> rows_in, int64_t dim, std::mt19937_64* rng) : rows(std::move(rows_in)) {
-    layout.num_samples = static_cast<int64_t>(rows.size());
-    layout.one_id_per_sample = true;
-    layout.scale.assign(rows.size(), 1.0f);
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    gradient.resize(rows.size() * dim);
-    for (float& x : gradient) x = g(*rng);
-    sources = {GradientSource{rows.data(), static_cast<int64_t>(rows.size()), &layout, gradient.data()}};
-    plan.Build(&sources);
-  }
-};
 
 // Skewed keys over a key space of `num_keys` (a few keys take most of them), spread out as hashed ids are.
 std::vector<int64_t> SkewedKeys(int64_t count, int64_t num_keys, std::mt19937_64* rng) {
@@ -229,7 +210,8 @@ void ExpectTrainsLikeInMemory(const TableOptimization& o, StorageType storage, c
     }
     tier->cache().Release(&pin, /*dirty=*/false);
 
-    Step update(mem_rows, kDim, &rng);
+    Step update(mem_rows, kDim, &rng);  // (rows without a key, -1, contribute nothing)
+    update.Build();
     const float lr = 0.04f * static_cast<float>(step + 1);
     const RoundingSpec rounding{Rounding::kStochastic, 9, step, 1};
     UpdateDynamicTable(o, lr, update.plan, mem.get(), shard, rounding);
@@ -436,6 +418,7 @@ TEST(TieredDynamicTableTest, ImportsAndExportsLikeTheInMemoryTableWholeOrStreame
       std::vector<int64_t> rows(keys.size());
       ASSERT_TRUE(source->FindOrInsert(keys.data(), 25, step, rows.data()).ok());
       Step update(rows, 3, &rng);
+      update.Build();
       UpdateDynamicTable(o, 0.1f, update.plan, source.get(), Threads(1), RoundingSpec{Rounding::kStochastic, 1, step});
     }
     const DynamicTableContents c = source->Export();

@@ -453,7 +453,9 @@ TEST(TieredRowLogTest, AFullDiskWhileCleaningKeepsTheReserveAndCleaningGoesOn) {
     const TieredLogStats after = file->log_stats();
     EXPECT_EQ(after.segments_cleaned, before.segments_cleaned);
     EXPECT_GE(after.free_segments, 1) << "the cleaning reserve, batch " << b;
-    if (new_rows == 0) EXPECT_EQ(after.free_segments, before.free_segments) << "batch " << b;
+    if (new_rows == 0) {
+      EXPECT_EQ(after.free_segments, before.free_segments) << "batch " << b;
+    }
     // With room: this batch (it needs a cleaning again), then more.
     const absl::Status written = batch.Write(file.get());
     ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
