@@ -42,6 +42,22 @@ absl::Status ReadKeys(const tensorflow::Tensor& keys, const DynamicTableResource
 absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op,
                            const char* consequence = "");
 
+// An op on one dynamic table (input 0): Compute resolves it and runs ComputeOn (as TieredTableOp does for tiered
+// tables).
+class DynamicTableOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(tensorflow::OpKernelContext* ctx) final {
+    DynamicTableRef table;
+    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+    ComputeOn(ctx, table.get());
+  }
+
+ protected:
+  virtual void ComputeOn(tensorflow::OpKernelContext* ctx, DynamicTableResource* table) = 0;
+};
+
 // The base of the kernels whose op has a num_slots attr: reads it, and looks up the table of input 0 checked
 // against it.
 class DynamicTableSlotsKernel : public tensorflow::OpKernel {

@@ -302,13 +302,11 @@ class DynamicTableLookupOp : public tf::OpKernel {
   }
 };
 
-class DynamicTableStatsOp : public tf::OpKernel {
+class DynamicTableStatsOp : public DynamicTableOp {
  public:
-  explicit DynamicTableStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     std::vector<int64_t> values;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -445,9 +443,9 @@ class DynamicTableImportOp : public DynamicTableSlotsKernel {
   }
 };
 
-class DynamicTableEvictOp : public tf::OpKernel {
+class DynamicTableEvictOp : public DynamicTableOp {
  public:
-  explicit DynamicTableEvictOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicTableEvictOp(tf::OpKernelConstruction* ctx) : DynamicTableOp(ctx) {
     std::string policy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("policy", &policy));
     absl::StatusOr<EvictionPolicy> parsed = ParsePolicy(policy);
@@ -463,9 +461,7 @@ class DynamicTableEvictOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &policy_.min_count));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     int64_t step = 0;
     OP_REQUIRES_OK(ctx, Named(ReadStep(ctx->input(1), &step), absl::StrCat("dynamic table '", table->name(), "'")));
     tf::Tensor* out = nullptr;
@@ -496,13 +492,11 @@ class DynamicTableEvictKeysOp : public tf::OpKernel {
 };
 
 // A tiered table's row-cache counters, in TieredCacheStats order (as TfEmbed>TieredTableStats).
-class DynamicTableTieredStatsOp : public tf::OpKernel {
+class DynamicTableTieredStatsOp : public DynamicTableOp {
  public:
-  explicit DynamicTableTieredStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     const TieredDynamicTable* tiered = table->tiered();
     OP_REQUIRES(ctx, tiered != nullptr,
                 absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
