@@ -255,6 +255,16 @@ struct RefRow {
   double norm;
 };
 
+// A threshold rule's reference: the keys of the rows for which `evicted(row, step)` is false.
+template <typename Evicted>
+std::set<int64_t> KeysKept(const std::map<int64_t, RefRow>& rows, int64_t step, Evicted evicted) {
+  std::set<int64_t> keep;
+  for (const auto& [k, r] : rows) {
+    if (!evicted(r, step)) keep.insert(k);
+  }
+  return keep;
+}
+
 // Runs the same seeded stream through a table and the brute-force reference of `rule`, checking the kept keys
 // after every eviction round.
 template <typename Rule>
@@ -282,12 +292,8 @@ TEST(ScoredEviction, L2NormMatchesReference) {
   DynamicTableOptions o = Options();
   o.eviction.policy = EvictionPolicy::kL2Norm;
   o.eviction.min_norm = 0.9;
-  CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t) {
-    std::set<int64_t> keep;
-    for (const auto& [k, r] : rows) {
-      if (!(r.norm < 0.9)) keep.insert(k);
-    }
-    return keep;
+  CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t step) {
+    return KeysKept(rows, step, [](const RefRow& r, int64_t) { return r.norm < 0.9; });
   });
 }
 
@@ -297,11 +303,7 @@ TEST(ScoredEviction, CountAndAgeMatchesReference) {
   o.eviction.min_count = 3;
   o.eviction.ttl_steps = 2;
   CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t step) {
-    std::set<int64_t> keep;
-    for (const auto& [k, r] : rows) {
-      if (!(r.count < 3 && step - r.last > 2)) keep.insert(k);
-    }
-    return keep;
+    return KeysKept(rows, step, [](const RefRow& r, int64_t now) { return r.count < 3 && now - r.last > 2; });
   });
 }
 

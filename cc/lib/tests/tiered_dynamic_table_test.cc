@@ -5,12 +5,10 @@
 // an error naming the key and the path; a full disk refuses the growth before any state changes.
 #include "cc/lib/tiered_dynamic_table.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +39,7 @@ namespace tf_embed_ops {
 namespace {
 
 using tiered_test::EveryOptimizer;
+using tiered_test::PatchFile;
 using tiered_test::Step;
 using tiered_test::TempDir;
 using tiered_test::Threads;
@@ -518,11 +517,7 @@ TEST(TieredDynamicTableTest, ACorruptedRecordIsAnErrorNamingTheKeyAndThePath) {
   }
   ASSERT_TRUE(tier->cache().Flush().ok());
   // Row 0 (key 0) was written back long ago: flip a byte of its record on disk.
-  const int fd = open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  const char flip = 0x5a;
-  ASSERT_EQ(pwrite(fd, &flip, 1, TieredRowFile::kHeaderBytes + 2), 1);
-  close(fd);
+  PatchFile(path, TieredRowFile::kHeaderBytes + 2, {'\x5a'});
   std::vector<int64_t> row0 = {0};
   TieredPin pin;
   const absl::Status s = tier->PinRows(row0.data(), 1, &pin);
