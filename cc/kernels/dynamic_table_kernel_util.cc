@@ -40,6 +40,12 @@ absl::Status LookupTableAndKeys(tensorflow::OpKernelContext* ctx, TableAndKeys* 
   return absl::OkStatus();
 }
 
+void DynamicTableOp::Compute(tensorflow::OpKernelContext* ctx) {
+  DynamicTableRef table;
+  OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  ComputeOn(ctx, table.get());
+}
+
 absl::Status LookupConfigTables(tensorflow::OpKernelContext* ctx, int first_input, const EmbeddingConfig& config,
                                 bool check_slots, std::vector<DynamicTableRef>* out) {
   const int num_tables = static_cast<int>(config.tables.size());

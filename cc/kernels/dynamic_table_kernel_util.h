@@ -48,11 +48,7 @@ class DynamicTableOp : public tensorflow::OpKernel {
  public:
   using OpKernel::OpKernel;
 
-  void Compute(tensorflow::OpKernelContext* ctx) final {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    ComputeOn(ctx, table.get());
-  }
+  void Compute(tensorflow::OpKernelContext* ctx) final;
 
  protected:
   virtual void ComputeOn(tensorflow::OpKernelContext* ctx, DynamicTableResource* table) = 0;

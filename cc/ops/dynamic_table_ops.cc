@@ -242,12 +242,7 @@ REGISTER_OP("TfEmbed>DynamicTableLookup")
     .Output("values: float32")
     .Attr("Tkey: {int64, string}")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(HandleAndKeys(c, &keys));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(KeyedRowsShapeFn)
     .Doc(R"doc(
 The weights row of each key, [n, dim]; zeros for a key without a row.  Never inserts (shared access).
 

@@ -78,12 +78,7 @@ REGISTER_OP("TfEmbed>DynamicTableTieredReadRows")
     .Output("slots: num_slots * float32")
     .Attr("num_slots: int >= 0")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(HandleAndKeys(c, &keys));
-      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(KeyedRowsShapeFn)
     .Doc(R"doc(
 The rows of `keys` of a tiered table (shared access), float32: weights [n, dim] and one [n, w_k] tensor per slot,
 read through the cache (dirty rows included) without filling it.  keys: as the table stores them (a string

@@ -27,6 +27,13 @@ absl::Status HandleAndKeys(InferenceContext* c, ShapeHandle* keys) {
   return VectorInput(c, 1, keys);
 }
 
+absl::Status KeyedRowsShapeFn(InferenceContext* c) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(HandleAndKeys(c, &keys));
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
+  return absl::OkStatus();
+}
+
 absl::Status ContentOutputShapes(InferenceContext* c, int first) {
   int num_slots = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));

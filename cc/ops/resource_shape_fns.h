@@ -25,6 +25,10 @@ absl::Status HandleInput(tensorflow::shape_inference::InferenceContext* c);
 absl::Status HandleAndKeys(tensorflow::shape_inference::InferenceContext* c,
                            tensorflow::shape_inference::ShapeHandle* keys);
 
+// The table handle and a vector of keys [n] in, every output a matrix [n, ?] (a row per key; the row's width is
+// the table's, known at run time).
+absl::Status KeyedRowsShapeFn(tensorflow::shape_inference::InferenceContext* c);
+
 // A dynamic table's content as outputs from `first` on (DynamicTableExport, DynamicTableChangedSince): keys [n],
 // weights [n, ?], num_slots (attr) slots [n, ?], counts [n], last_steps [n], then pending_keys, pending_counts,
 // pending_last_steps [p].  The dimension is a creation attr of the handle op, so it is only known at run time.
