@@ -55,12 +55,8 @@ inline void InitialiseRows(TieredRowCache* cache) {
   ASSERT_TRUE(cache->WriteRecords(0, l.num_rows, records.data()).ok());
 }
 
-// Every row of the table as float32, buffer by buffer ([b][r * width + d]).
-inline std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
-  const TieredRowLayout& l = cache->layout();
-  std::vector<char> records(l.num_rows * l.record_bytes());
-  const absl::Status s = cache->ReadRecords(0, l.num_rows, records.data());
-  EXPECT_TRUE(s.ok()) << s;
+// Consecutive records of rows 0, 1, ... decoded to float32, buffer by buffer ([b][r * width + d]).
+inline std::vector<std::vector<float>> DecodeRows(const TieredRowLayout& l, const std::vector<char>& records) {
   std::vector<std::vector<float>> out(l.num_buffers());
   for (int64_t b = 0; b < l.num_buffers(); ++b) out[b].resize(l.num_rows * l.widths[b]);
   std::vector<float*> pointers(l.num_buffers());
@@ -71,6 +67,15 @@ inline std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
   return out;
 }
 
+// Every row of the table as float32 (through the cache), buffer by buffer.
+inline std::vector<std::vector<float>> ReadAll(TieredRowCache* cache) {
+  const TieredRowLayout& l = cache->layout();
+  std::vector<char> records(l.num_rows * l.record_bytes());
+  const absl::Status s = cache->ReadRecords(0, l.num_rows, records.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return DecodeRows(l, records);
+}
+
 // Every row as the row file holds it now (not through the cache), buffer by buffer.
 inline std::vector<std::vector<float>> FileRows(const TieredRowCache& cache) {
   const TieredRowLayout& l = cache.layout();
@@ -79,14 +84,7 @@ inline std::vector<std::vector<float>> FileRows(const TieredRowCache& cache) {
   for (int64_t r = 0; r < l.num_rows; ++r) pointers[r] = records.data() + r * l.record_bytes();
   const absl::Status s = cache.file().ReadRecords(0, l.num_rows, pointers.data());
   EXPECT_TRUE(s.ok()) << s;
-  std::vector<std::vector<float>> out(l.num_buffers());
-  for (int64_t b = 0; b < l.num_buffers(); ++b) out[b].resize(l.num_rows * l.widths[b]);
-  std::vector<float*> buffers(l.num_buffers());
-  for (int64_t r = 0; r < l.num_rows; ++r) {
-    for (int64_t b = 0; b < l.num_buffers(); ++b) buffers[b] = out[b].data() + r * l.widths[b];
-    DecodeRecord(l, pointers[r], buffers.data());
-  }
-  return out;
+  return DecodeRows(l, records);
 }
 
 inline std::unique_ptr<TieredRowCache> NewCache(const std::string& path, const TieredRowLayout& layout,
