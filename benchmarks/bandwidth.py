@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -65,8 +66,22 @@ def build_probe() -> str:
     return native_binary(_SOURCE, "bandwidth_probe", ["-ffast-math", "-pthread"])
 
 
+def _source_text(source: str) -> bytes:
+    """The source and the headers it includes from its own folder (``#include "x.h"``), for the cache key."""
+    with open(source, "rb") as f:
+        text = f.read()
+    folder = os.path.dirname(source)
+    for header in re.findall(rb'^#include "([^"/]+)"', text, re.MULTILINE):
+        path = os.path.join(folder, header.decode())
+        if os.path.exists(path):
+            text += _source_text(path)
+    return text
+
+
 def native_binary(source: str, name: str, flags: list[str], libs: tuple[str, ...] | list[str] = ()) -> str:
-    """Compiles a standalone benchmark program once per source hash (into ``cache_dir()``); returns its path.
+    """Compiles a standalone benchmark program once per hash of its source and headers (into ``cache_dir()``).
+
+    Returns the binary's path.
 
     -O3 -march=native always: these programs measure what the machine can do, and the op library is built for
     the machine it runs on too. `libs` (e.g. ``-lrocksdb``) follow the source on the command line, where the
@@ -75,8 +90,7 @@ def native_binary(source: str, name: str, flags: list[str], libs: tuple[str, ...
     Raises:
         RuntimeError: no C++ compiler, or the compile failed (its stderr is in the message).
     """
-    with open(source, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join([*flags, *libs]).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(_source_text(source) + " ".join([*flags, *libs]).encode()).hexdigest()[:12]
     binary = os.path.join(cache_dir(), f"{name}_{digest}")
     if os.path.exists(binary):
         return binary

@@ -15,15 +15,7 @@
 // Threads (OpenMP): the forward pass over samples and the update over distinct rows; de-duplication and
 // accumulation stay serial (they are a small share of the step at one thread, and serial keeps them simple).
 //
-// Usage: speed_of_light JOB_DIR
-//   JOB_DIR/job.txt   one "key value..." per line (written by benchmarks/peers/speed_of_light.py):
-//                       threads N | blocks N | warmup N | block_ms X | steps N (0: size blocks to block_ms)
-//                       lr X | beta1 X | beta2 X | epsilon X | adagrad_init X (the suite's hyper-parameters)
-//                       combiner sum|mean | storage fp32|bf16 | optimizers NAME... | check_steps N
-//                       table ROWS DIM                 (one line per table, in order)
-//                       feature TABLE BATCH SEQ_LEN    (one per feature; ids in ids<i>.bin (int64); bags and
-//                                                        sequences also splits<i>.bin (int64, BATCH+1);
-//                                                        upstream<i>.bin float32 [BATCH * max(SEQ_LEN,1) * DIM])
+// Usage: speed_of_light JOB_DIR (the job's files: speed_of_light_job.h)
 // Output: one JSON line {"results": {optimizer: {"block_ms": [...], "steps": n}}}. With check_steps > 0 it runs
 // that many steps per optimizer from the tables in init<t>.bin (float32) instead of timing, and writes
 // final_<optimizer>_<t>.bin (float32) for the suite's parity check.
@@ -31,32 +23,26 @@
 // speed_of_light --serve JOB_DIR: a persistent worker (benchmarks/workers.py's protocol) on the job's ids, for
 // the interleaved pairs: "prepare NAME optimizer=sgd storage=fp32 threads=1 warmup=3" builds and warms one state,
 // "time NAME STEPS" runs STEPS steps and answers "seconds S", "drop NAME" frees it, "quit" ends.
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "speed_of_light_job.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+namespace speed_of_light {
 namespace {
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "speed_of_light: %s\n", what.c_str());
-  std::exit(2);
-}
 
 // ----------------------------------------------------------------------------------------------- bf16 storage
 
@@ -65,6 +51,13 @@ inline float Bf16ToFloat(uint16_t b) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// The initial rows in bf16 storage: truncated.
+inline uint16_t FloatToBf16Truncated(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 inline uint64_t Mix64(uint64_t x) {  // MurmurHash3's 64-bit finaliser
@@ -99,32 +92,6 @@ inline uint16_t RoundStochastic(float f, uint64_t row_key, uint32_t column) {
   return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
-// ----------------------------------------------------------------------------------------------- memory
-
-// Tables and slots on 2 MiB pages where the kernel grants them: a random row costs a cache miss, not a cache
-// miss plus a page walk (our op library advises huge pages for its tables too).
-template <typename T>
-struct HugePageAllocator {
-  using value_type = T;
-  HugePageAllocator() = default;
-  template <typename U>
-  HugePageAllocator(const HugePageAllocator<U>&) {}
-  T* allocate(size_t n) {
-    const size_t bytes = n * sizeof(T);
-    void* p = nullptr;
-    if (posix_memalign(&p, size_t{1} << 21, bytes) != 0) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-  bool operator==(const HugePageAllocator&) const { return true; }
-  bool operator!=(const HugePageAllocator&) const { return false; }
-};
-template <typename T>
-using HugeVector = std::vector<T, HugePageAllocator<T>>;
-
 // Rows are fetched this many ids ahead: enough to cover a DRAM miss at a few ns of work per row.
 constexpr int64_t kPrefetchAhead = 8;
 
@@ -133,117 +100,10 @@ inline void PrefetchRow(const void* row, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
 }
 
-// ----------------------------------------------------------------------------------------------- the job
+// ----------------------------------------------------------------------------------------------- the step
 
-struct Table {
-  int64_t rows = 0, dim = 0;
-  HugeVector<float> w32;               // fp32 storage
-  HugeVector<uint16_t> w16;            // bf16 storage
-  std::vector<HugeVector<float>> s32;  // slots
-  std::vector<HugeVector<uint16_t>> s16;
-  HugeVector<int32_t> slot_of;  // id -> distinct index in this step, -1 when absent
-  std::vector<int64_t> uniq;    // distinct index -> id
-  std::vector<float> grad;      // [distinct, dim]
-};
-
-struct Feature {
-  int table = 0;
-  int64_t batch = 0, seq_len = 0;
-  std::vector<int64_t> ids, splits;  // splits empty: one id per sample
-  std::vector<float> upstream, act;
-};
-
-struct Job {
-  int threads = 1, blocks = 7, warmup = 3, steps = 0, check_steps = 0;
-  double block_ms = 150.0;
-  float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, adagrad_init = 0.1f;
-  bool mean = false, bf16 = false;
-  std::vector<std::string> optimizers;
-  std::vector<Table> tables;
-  std::vector<Feature> features;
-};
-
-template <typename T>
-std::vector<T> ReadArray(const std::string& path, size_t count) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) Fail("cannot open " + path);
-  std::vector<T> out(count);
-  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(count * sizeof(T)));
-  if (static_cast<size_t>(in.gcount()) != count * sizeof(T)) Fail(path + ": short file");
-  return out;
-}
-
-Job ReadJob(const std::string& dir) {
-  Job job;
-  std::ifstream in(dir + "/job.txt");
-  if (!in) Fail("cannot open " + dir + "/job.txt");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string key;
-    if (!(ls >> key)) continue;
-    if (key == "threads")
-      ls >> job.threads;
-    else if (key == "blocks")
-      ls >> job.blocks;
-    else if (key == "warmup")
-      ls >> job.warmup;
-    else if (key == "steps")
-      ls >> job.steps;
-    else if (key == "check_steps")
-      ls >> job.check_steps;
-    else if (key == "block_ms")
-      ls >> job.block_ms;
-    else if (key == "lr")
-      ls >> job.lr;
-    else if (key == "beta1")
-      ls >> job.beta1;
-    else if (key == "beta2")
-      ls >> job.beta2;
-    else if (key == "epsilon")
-      ls >> job.epsilon;
-    else if (key == "adagrad_init")
-      ls >> job.adagrad_init;
-    else if (key == "combiner") {
-      std::string c;
-      ls >> c;
-      job.mean = c == "mean";
-    } else if (key == "storage") {
-      std::string s;
-      ls >> s;
-      job.bf16 = s == "bf16";
-    } else if (key == "optimizers") {
-      std::string o;
-      while (ls >> o) job.optimizers.push_back(o);
-    } else if (key == "table") {
-      Table t;
-      ls >> t.rows >> t.dim;
-      job.tables.push_back(std::move(t));
-    } else if (key == "feature") {
-      Feature f;
-      ls >> f.table >> f.batch >> f.seq_len;
-      job.features.push_back(std::move(f));
-    } else
-      Fail("unknown job key " + key);
-  }
-  for (size_t i = 0; i < job.features.size(); ++i) {
-    Feature& f = job.features[i];
-    if (f.table < 0 || f.table >= static_cast<int>(job.tables.size())) Fail("feature table out of range");
-    const int64_t dim = job.tables[f.table].dim;
-    std::ifstream probe(dir + "/splits" + std::to_string(i) + ".bin", std::ios::binary);
-    if (probe) f.splits = ReadArray<int64_t>(dir + "/splits" + std::to_string(i) + ".bin", f.batch + 1);
-    const int64_t n = f.splits.empty() ? f.batch : f.splits.back();
-    f.ids = ReadArray<int64_t>(dir + "/ids" + std::to_string(i) + ".bin", n);
-    for (int64_t id : f.ids)
-      if (id < 0 || id >= job.tables[f.table].rows) Fail("id out of range in feature " + std::to_string(i));
-    const int64_t out_rows = f.batch * std::max<int64_t>(f.seq_len, 1);
-    f.upstream = ReadArray<float>(dir + "/upstream" + std::to_string(i) + ".bin", out_rows * dim);
-    f.act.assign(out_rows * dim, 0.0f);
-  }
-  return job;
-}
-
-int NumSlots(const std::string& opt) {
+// The optimizer's index in UpdateRow (sgd 0, adagrad 1, adam 2), which is also its number of slots.
+int OptimizerIndex(const std::string& opt) {
   if (opt == "sgd") return 0;
   if (opt == "adagrad") return 1;
   if (opt == "adam") return 2;
@@ -255,25 +115,18 @@ float SlotInit(const Job& job, const std::string& opt) { return opt == "adagrad"
 // Tables start from init<t>.bin when it exists (the parity check), else from a cheap pattern (values do not
 // change the speed).
 void ResetState(Job& job, const std::string& opt, const std::string& dir) {
-  const int slots = NumSlots(opt);
+  const int slots = OptimizerIndex(opt);
   for (size_t t = 0; t < job.tables.size(); ++t) {
     Table& tb = job.tables[t];
     const size_t n = static_cast<size_t>(tb.rows * tb.dim);
-    std::vector<float> init;
-    std::ifstream probe(dir + "/init" + std::to_string(t) + ".bin", std::ios::binary);
-    if (probe) init = ReadArray<float>(dir + "/init" + std::to_string(t) + ".bin", n);
+    const std::vector<float> init = ReadArrayIfPresent<float>(dir + "/init" + std::to_string(t) + ".bin", n);
     if (job.bf16) {
       tb.w16.assign(n, 0);
       for (size_t i = 0; i < n; ++i) {
-        const float v = init.empty() ? 0.01f * static_cast<float>(static_cast<int>(i % 11) - 5) : init[i];
-        uint32_t u;
-        std::memcpy(&u, &v, 4);
-        tb.w16[i] = static_cast<uint16_t>(u >> 16);
+        tb.w16[i] =
+            FloatToBf16Truncated(init.empty() ? 0.01f * static_cast<float>(static_cast<int>(i % 11) - 5) : init[i]);
       }
-      uint32_t s;
-      const float sv = SlotInit(job, opt);
-      std::memcpy(&s, &sv, 4);
-      tb.s16.assign(slots, HugeVector<uint16_t>(n, static_cast<uint16_t>(s >> 16)));
+      tb.s16.assign(slots, HugeVector<uint16_t>(n, FloatToBf16Truncated(SlotInit(job, opt))));
       tb.w32.clear();
       tb.s32.clear();
     } else {
@@ -409,7 +262,7 @@ inline void UpdateRow(const Job& job, int opt, const float* g, float* w, float* 
 void Update(Job& job, int t, int64_t distinct, int opt, int64_t step) {
   Table& tb = job.tables[t];
   const int64_t d = tb.dim;
-  const int slots = opt == 0 ? 0 : (opt == 1 ? 1 : 2);
+  const int slots = opt;  // OptimizerIndex
 #pragma omp parallel for schedule(static) num_threads(job.threads)
   for (int64_t u = 0; u < distinct; ++u) {
     const int64_t row = tb.uniq[u];
@@ -460,11 +313,6 @@ void Step(Job& job, int opt, int64_t step) {
 
 double NowMs() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void CheckTables(const Job& job) {
-  for (const Table& t : job.tables)
-    if (t.dim <= 0 || t.dim > 1024 || t.rows <= 0) Fail("table dims must be in [1, 1024] and rows > 0");
 }
 
 // One prepared state of the worker: its own tables and slots (so fp32 and bf16, or two optimizers, coexist).
@@ -525,7 +373,7 @@ int Serve(const std::string& dir) {
       s.job = base;
       s.job.bf16 = storage == "bf16";
       s.job.threads = threads;
-      s.opt = opt_name == "sgd" ? 0 : (opt_name == "adagrad" ? 1 : 2);
+      s.opt = OptimizerIndex(opt_name);
       ResetState(s.job, opt_name, dir);
       for (int i = 0; i < warmup; ++i) Step(s.job, s.opt, s.step++);
       engines.emplace_back(name, std::move(s));
@@ -552,9 +400,7 @@ int Serve(const std::string& dir) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--serve") return Serve(argv[2]);
   if (argc != 2) Fail("usage: speed_of_light JOB_DIR | speed_of_light --serve JOB_DIR");
   const std::string dir = argv[1];
@@ -563,8 +409,7 @@ int main(int argc, char** argv) {
   std::string out = "{\"results\": {";
   for (size_t o = 0; o < job.optimizers.size(); ++o) {
     const std::string& name = job.optimizers[o];
-    const int opt = name == "sgd" ? 0 : (name == "adagrad" ? 1 : 2);
-    NumSlots(name);
+    const int opt = OptimizerIndex(name);
     ResetState(job, name, dir);
     int64_t step = 0;
     if (o) out += ", ";
@@ -603,3 +448,8 @@ int main(int argc, char** argv) {
   std::printf("%s\n", out.c_str());
   return 0;
 }
+
+}  // namespace
+}  // namespace speed_of_light
+
+int main(int argc, char** argv) { return speed_of_light::Main(argc, argv); }

@@ -26,6 +26,26 @@ absl::Status LookupDynamicTable(tensorflow::OpKernelContext* ctx, int input, con
   return Named(tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, input), out), what);
 }
 
+absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op, const char* consequence) {
+  if (num_slots == table.num_slots()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': ", op,
+                                                 ": num_slots = ", num_slots, " but the table has ", table.num_slots(),
+                                                 " optimizer slots", consequence));
+}
+
+absl::Status LookupTableAndKeys(tensorflow::OpKernelContext* ctx, TableAndKeys* out) {
+  TF_RETURN_IF_ERROR(LookupDynamicTable(ctx, 0, "table", &out->table));
+  TF_RETURN_IF_ERROR(ReadKeys(ctx->input(1), *out->table, "keys", &out->scratch, &out->keys));
+  out->n = ctx->input(1).NumElements();
+  return absl::OkStatus();
+}
+
+void DynamicTableOp::Compute(tensorflow::OpKernelContext* ctx) {
+  DynamicTableRef table;
+  OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  ComputeOn(ctx, table.get());
+}
+
 absl::Status LookupConfigTables(tensorflow::OpKernelContext* ctx, int first_input, const EmbeddingConfig& config,
                                 bool check_slots, std::vector<DynamicTableRef>* out) {
   const int num_tables = static_cast<int>(config.tables.size());

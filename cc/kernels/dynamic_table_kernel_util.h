@@ -37,6 +37,54 @@ absl::Status LookupConfigTables(tensorflow::OpKernelContext* ctx, int first_inpu
 absl::Status ReadKeys(const tensorflow::Tensor& keys, const DynamicTableResource& table, const std::string& what,
                       std::vector<int64_t>* scratch, const int64_t** out);
 
+// The num_slots attr of an op that reads or writes rows with their slots (the length of its slots list) equals
+// the table's slot count; `op` names the op in the error and `consequence` ends it (e.g. "; nothing was changed").
+absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op,
+                           const char* consequence = "");
+
+// An op on one dynamic table (input 0): Compute resolves it and runs ComputeOn (as TieredTableOp does for tiered
+// tables).
+class DynamicTableOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(tensorflow::OpKernelContext* ctx) final;
+
+ protected:
+  virtual void ComputeOn(tensorflow::OpKernelContext* ctx, DynamicTableResource* table) = 0;
+};
+
+// The base of the kernels whose op has a num_slots attr: reads it, and looks up the table of input 0 checked
+// against it.
+class DynamicTableSlotsKernel : public tensorflow::OpKernel {
+ public:
+  explicit DynamicTableSlotsKernel(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+  }
+
+ protected:
+  int num_slots() const { return num_slots_; }
+
+  // The table of input 0, with num_slots slots (CheckNumSlots).
+  absl::Status LookupTable(tensorflow::OpKernelContext* ctx, const char* op, const char* consequence,
+                           DynamicTableRef* table) const {
+    TF_RETURN_IF_ERROR(LookupDynamicTable(ctx, 0, "table", table));
+    return CheckNumSlots(**table, num_slots_, op, consequence);
+  }
+
+ private:
+  int num_slots_ = 0;
+};
+
+// The table of input 0 and the keys of input 1 (ReadKeys) of a keyed op (Find, Lookup, EvictKeys).
+struct TableAndKeys {
+  DynamicTableRef table;
+  std::vector<int64_t> scratch;  // string keys' fingerprints
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+};
+absl::Status LookupTableAndKeys(tensorflow::OpKernelContext* ctx, TableAndKeys* out);
+
 // The Tkeys attr has one entry per feature (the shape function checks it too, but only in graphs).
 absl::Status CheckKeysPerFeature(tensorflow::OpKernelConstruction* ctx, int num_features);
 

@@ -230,16 +230,12 @@ class DynamicTableFindOp : public tf::OpKernel {
   explicit DynamicTableFindOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    std::vector<int64_t> scratch;
-    const int64_t* keys = nullptr;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx->input(1), *table, "keys", &scratch, &keys));
-    const int64_t n = ctx->input(1).NumElements();
+    TableAndKeys k;
+    OP_REQUIRES_OK(ctx, LookupTableAndKeys(ctx, &k));
     tf::Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &rows));
-    tsl::tf_shared_lock lock(*table->mu());
-    table->reader().Find(keys, n, rows->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({k.n}), &rows));
+    tsl::tf_shared_lock lock(*k.table->mu());
+    k.table->reader().Find(k.keys, k.n, rows->flat<int64_t>().data());
   }
 };
 
@@ -281,21 +277,18 @@ class DynamicTableLookupOp : public tf::OpKernel {
   explicit DynamicTableLookupOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    std::vector<int64_t> scratch;
-    const int64_t* keys = nullptr;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx->input(1), *table, "keys", &scratch, &keys));
-    const int64_t n = ctx->input(1).NumElements();
-    const int64_t dim = table->dim();
+    TableAndKeys k;
+    OP_REQUIRES_OK(ctx, LookupTableAndKeys(ctx, &k));
+    const int64_t n = k.n;
+    const int64_t dim = k.table->dim();
     tf::Tensor* values = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n, dim}), &values));
     std::vector<int64_t> rows(n);
     float* out = values->flat<float>().data();
-    tsl::tf_shared_lock lock(*table->mu());
-    const DynamicTable& t = table->reader();
-    t.Find(keys, n, rows.data());
-    if (TieredDynamicTable* tiered = table->tiered(); tiered != nullptr) {
+    tsl::tf_shared_lock lock(*k.table->mu());
+    const DynamicTable& t = k.table->reader();
+    t.Find(k.keys, n, rows.data());
+    if (TieredDynamicTable* tiered = k.table->tiered(); tiered != nullptr) {
       OP_REQUIRES_OK(ctx, ReadTieredWeights(tiered, rows, out));
       return;
     }
@@ -309,13 +302,11 @@ class DynamicTableLookupOp : public tf::OpKernel {
   }
 };
 
-class DynamicTableStatsOp : public tf::OpKernel {
+class DynamicTableStatsOp : public DynamicTableOp {
  public:
-  explicit DynamicTableStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     std::vector<int64_t> values;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -333,15 +324,10 @@ class DynamicTableStatsOp : public tf::OpKernel {
   }
 };
 
-// Copies a vector into a new output tensor of `shape`.
-// The export/import op's num_slots attr (the length of its slots list) equals the table's slot count.
-absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op) {
-  if (num_slots == table.num_slots()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': ", op,
-                                                 ": num_slots = ", num_slots, " but the table has ", table.num_slots(),
-                                                 " optimizer slots; nothing was changed"));
-}
+// Export and import refuse a num_slots that is not the table's before they read or write anything.
+constexpr char kNothingChanged[] = "; nothing was changed";
 
+// Copies a vector into a new output tensor of `shape`.
 template <typename T>
 absl::Status Output(tf::OpKernelContext* ctx, int index, const tf::TensorShape& shape, const std::vector<T>& values,
                     int64_t offset = 0) {
@@ -351,16 +337,13 @@ absl::Status Output(tf::OpKernelContext* ctx, int index, const tf::TensorShape& 
   return absl::OkStatus();
 }
 
-class DynamicTableExportOp : public tf::OpKernel {
+class DynamicTableExportOp : public DynamicTableSlotsKernel {
  public:
-  explicit DynamicTableExportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
-  }
+  using DynamicTableSlotsKernel::DynamicTableSlotsKernel;
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "Export"));
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, "Export", kNothingChanged, &table));
     DynamicTableContents c;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -386,9 +369,6 @@ class DynamicTableExportOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, Output(ctx, 5 + s, tf::TensorShape({p}), c.pending_counts));
     OP_REQUIRES_OK(ctx, Output(ctx, 6 + s, tf::TensorShape({p}), c.pending_last_steps));
   }
-
- private:
-  int num_slots_ = 0;
 };
 
 template <typename T>
@@ -397,18 +377,15 @@ std::vector<T> ToVector(const tf::Tensor& t) {
   return std::vector<T>(flat.data(), flat.data() + flat.size());
 }
 
-class DynamicTableImportOp : public tf::OpKernel {
+class DynamicTableImportOp : public DynamicTableSlotsKernel {
  public:
-  explicit DynamicTableImportOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
-  }
+  using DynamicTableSlotsKernel::DynamicTableSlotsKernel;
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "Import"));
+    OP_REQUIRES_OK(ctx, LookupTable(ctx, "Import", kNothingChanged, &table));
     DynamicTableContents c;
-    OP_REQUIRES_OK(ctx, ReadContents(ctx, *table, num_slots_, &c));
+    OP_REQUIRES_OK(ctx, ReadContents(ctx, *table, num_slots(), &c));
     tsl::mutex_lock lock(*table->mu());
     TieredDynamicTable* tiered = table->tiered();
     OP_REQUIRES_OK(ctx, tiered != nullptr ? tiered->Import(c) : table->table()->Import(c));
@@ -464,13 +441,11 @@ class DynamicTableImportOp : public tf::OpKernel {
     c->pending_last_steps = ToVector<int64_t>(ctx->input(rest + 4));
     return absl::OkStatus();
   }
-
-  int num_slots_ = 0;
 };
 
-class DynamicTableEvictOp : public tf::OpKernel {
+class DynamicTableEvictOp : public DynamicTableOp {
  public:
-  explicit DynamicTableEvictOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicTableEvictOp(tf::OpKernelConstruction* ctx) : DynamicTableOp(ctx) {
     std::string policy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("policy", &policy));
     absl::StatusOr<EvictionPolicy> parsed = ParsePolicy(policy);
@@ -486,9 +461,7 @@ class DynamicTableEvictOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &policy_.min_count));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     int64_t step = 0;
     OP_REQUIRES_OK(ctx, Named(ReadStep(ctx->input(1), &step), absl::StrCat("dynamic table '", table->name(), "'")));
     tf::Tensor* out = nullptr;
@@ -509,26 +482,21 @@ class DynamicTableEvictKeysOp : public tf::OpKernel {
   explicit DynamicTableEvictKeysOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
-    std::vector<int64_t> scratch;
-    const int64_t* keys = nullptr;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx->input(1), *table, "keys", &scratch, &keys));
+    TableAndKeys k;
+    OP_REQUIRES_OK(ctx, LookupTableAndKeys(ctx, &k));
     tf::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
-    tsl::mutex_lock lock(*table->mu());
-    out->scalar<int64_t>()() = table->table()->EvictKeys(keys, ctx->input(1).NumElements());
+    tsl::mutex_lock lock(*k.table->mu());
+    out->scalar<int64_t>()() = k.table->table()->EvictKeys(k.keys, k.n);
   }
 };
 
 // A tiered table's row-cache counters, in TieredCacheStats order (as TfEmbed>TieredTableStats).
-class DynamicTableTieredStatsOp : public tf::OpKernel {
+class DynamicTableTieredStatsOp : public DynamicTableOp {
  public:
-  explicit DynamicTableTieredStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     const TieredDynamicTable* tiered = table->tiered();
     OP_REQUIRES(ctx, tiered != nullptr,
                 absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),

@@ -40,15 +40,13 @@ absl::Status Vector(const DynamicTableResource& table, const tf::Tensor& t, cons
                                                  " must have rank 1, got shape ", t.shape().DebugString()));
 }
 
-class DynamicTableReadLogOp : public tf::OpKernel {
+class DynamicTableReadLogOp : public DynamicTableOp {
  public:
-  explicit DynamicTableReadLogOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicTableReadLogOp(tf::OpKernelConstruction* ctx) : DynamicTableOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_entries", &max_entries_));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     const tf::Tensor& cursor = ctx->input(1);
     OP_REQUIRES(ctx, tf::TensorShapeUtils::IsScalar(cursor.shape()),
                 absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
@@ -73,13 +71,11 @@ class DynamicTableReadLogOp : public tf::OpKernel {
   int64_t max_entries_ = -1;
 };
 
-class DynamicTableRowStatsOp : public tf::OpKernel {
+class DynamicTableRowStatsOp : public DynamicTableOp {
  public:
-  explicit DynamicTableRowStatsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     DynamicTableRowStats st;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -98,15 +94,13 @@ class DynamicTableRowStatsOp : public tf::OpKernel {
   }
 };
 
-class DynamicTableEvictByScoreOp : public tf::OpKernel {
+class DynamicTableEvictByScoreOp : public DynamicTableOp {
  public:
-  explicit DynamicTableEvictByScoreOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicTableEvictByScoreOp(tf::OpKernelConstruction* ctx) : DynamicTableOp(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &max_rows_));
   }
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     const tf::Tensor& keys = ctx->input(1);
     const tf::Tensor& scores = ctx->input(2);
     OP_REQUIRES_OK(ctx, Vector(*table, keys, "EvictByScore", "keys"));
@@ -130,13 +124,11 @@ class DynamicTableEvictByScoreOp : public tf::OpKernel {
   int64_t max_rows_ = 0;
 };
 
-class DynamicTableExportPolicyStateOp : public tf::OpKernel {
+class DynamicTableExportPolicyStateOp : public DynamicTableOp {
  public:
-  explicit DynamicTableExportPolicyStateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     DynamicTablePolicyState st;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -148,13 +140,11 @@ class DynamicTableExportPolicyStateOp : public tf::OpKernel {
   }
 };
 
-class DynamicTableImportPolicyStateOp : public tf::OpKernel {
+class DynamicTableImportPolicyStateOp : public DynamicTableOp {
  public:
-  explicit DynamicTableImportPolicyStateOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  using DynamicTableOp::DynamicTableOp;
 
-  void Compute(tf::OpKernelContext* ctx) override {
-    DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
+  void ComputeOn(tf::OpKernelContext* ctx, DynamicTableResource* table) override {
     const tf::Tensor& bloom = ctx->input(1);
     OP_REQUIRES(ctx, bloom.dims() == 2,
                 absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),

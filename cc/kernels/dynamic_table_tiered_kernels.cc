@@ -18,20 +18,15 @@ namespace {
 
 namespace tf = ::tensorflow;
 
-// The table's tiered core, or InvalidArgument naming the op for a table kept in memory.
-absl::Status Tiered(const DynamicTableResource& table, const char* op, TieredDynamicTable** out) {
-  *out = table.tiered();
-  if (*out != nullptr) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': ", op,
+// The table of input 0 and its tiered core, or InvalidArgument naming the op for a table kept in memory.
+absl::Status LookupTiered(tf::OpKernelContext* ctx, const char* op, DynamicTableRef* table,
+                          TieredDynamicTable** tiered) {
+  TF_RETURN_IF_ERROR(LookupDynamicTable(ctx, 0, "table", table));
+  *tiered = (*table)->tiered();
+  if (*tiered != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", (*table)->name(), "': ", op,
                                                  " takes a tiered table (storage=te.Tiered); this one is kept in "
                                                  "memory"));
-}
-
-absl::Status CheckNumSlots(const DynamicTableResource& table, int num_slots, const char* op) {
-  if (num_slots == table.num_slots()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("dynamic table '", table.name(), "': ", op,
-                                                 ": num_slots = ", num_slots, " but the table has ", table.num_slots(),
-                                                 " optimizer slots"));
 }
 
 absl::Status OutputVector(tf::OpKernelContext* ctx, int index, const std::vector<int64_t>& values) {
@@ -52,9 +47,8 @@ class DynamicTableTieredExportKeysOp : public tf::OpKernel {
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
     TieredDynamicTable* tiered = nullptr;
-    OP_REQUIRES_OK(ctx, Tiered(*table, "TieredExportKeys", &tiered));
+    OP_REQUIRES_OK(ctx, LookupTiered(ctx, "TieredExportKeys", &table, &tiered));
     DynamicTableContents c;
     {
       tsl::tf_shared_lock lock(*table->mu());
@@ -72,9 +66,8 @@ class DynamicTableTieredImportKeysOp : public tf::OpKernel {
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
     TieredDynamicTable* tiered = nullptr;
-    OP_REQUIRES_OK(ctx, Tiered(*table, "TieredImportKeys", &tiered));
+    OP_REQUIRES_OK(ctx, LookupTiered(ctx, "TieredImportKeys", &table, &tiered));
     static const char* const kNames[] = {"keys",         "counts",         "last_steps",
                                          "pending_keys", "pending_counts", "pending_last_steps"};
     for (int i = 0; i < 6; ++i) {
@@ -99,18 +92,28 @@ class DynamicTableTieredImportKeysOp : public tf::OpKernel {
   }
 };
 
-class DynamicTableTieredReadRowsOp : public tf::OpKernel {
+// The rows of a tiered table by key (TieredReadRows, TieredWriteRows): the table of input 0, tiered, with num_slots
+// slots.
+class TieredRowsOfKeysOp : public DynamicTableSlotsKernel {
  public:
-  explicit DynamicTableTieredReadRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
+  using DynamicTableSlotsKernel::DynamicTableSlotsKernel;
+
+ protected:
+  absl::Status LookupTieredWithSlots(tf::OpKernelContext* ctx, const char* op, DynamicTableRef* table,
+                                     TieredDynamicTable** tiered) const {
+    TF_RETURN_IF_ERROR(LookupTiered(ctx, op, table, tiered));
+    return CheckNumSlots(**table, num_slots(), op);
   }
+};
+
+class DynamicTableTieredReadRowsOp : public TieredRowsOfKeysOp {
+ public:
+  using TieredRowsOfKeysOp::TieredRowsOfKeysOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
     TieredDynamicTable* tiered = nullptr;
-    OP_REQUIRES_OK(ctx, Tiered(*table, "TieredReadRows", &tiered));
-    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "TieredReadRows"));
+    OP_REQUIRES_OK(ctx, LookupTieredWithSlots(ctx, "TieredReadRows", &table, &tiered));
     const tf::Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
                 absl::InvalidArgumentError(absl::StrCat("dynamic table '", table->name(),
@@ -118,7 +121,7 @@ class DynamicTableTieredReadRowsOp : public tf::OpKernel {
                                                         keys.shape().DebugString())));
     const int64_t n = keys.dim_size(0);
     std::vector<float*> out;
-    for (int b = 0; b <= num_slots_; ++b) {
+    for (int b = 0; b <= num_slots(); ++b) {
       const int64_t width = b == 0 ? table->dim() : table->slot_width(b - 1);
       tf::Tensor* t = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(b, tf::TensorShape({n, width}), &t));
@@ -127,27 +130,20 @@ class DynamicTableTieredReadRowsOp : public tf::OpKernel {
     tsl::tf_shared_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, tiered->ReadRowsOfKeys(keys.flat<int64_t>().data(), n, out));
   }
-
- private:
-  int num_slots_ = 0;
 };
 
-class DynamicTableTieredWriteRowsOp : public tf::OpKernel {
+class DynamicTableTieredWriteRowsOp : public TieredRowsOfKeysOp {
  public:
-  explicit DynamicTableTieredWriteRowsOp(tf::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots_));
-  }
+  using TieredRowsOfKeysOp::TieredRowsOfKeysOp;
 
   void Compute(tf::OpKernelContext* ctx) override {
     DynamicTableRef table;
-    OP_REQUIRES_OK(ctx, LookupDynamicTable(ctx, 0, "table", &table));
     TieredDynamicTable* tiered = nullptr;
-    OP_REQUIRES_OK(ctx, Tiered(*table, "TieredWriteRows", &tiered));
-    OP_REQUIRES_OK(ctx, CheckNumSlots(*table, num_slots_, "TieredWriteRows"));
+    OP_REQUIRES_OK(ctx, LookupTieredWithSlots(ctx, "TieredWriteRows", &table, &tiered));
     const tf::Tensor& keys = ctx->input(1);
     const int64_t n = keys.dims() == 1 ? keys.dim_size(0) : -1;
     std::vector<const float*> values;
-    for (int b = 0; b <= num_slots_; ++b) {
+    for (int b = 0; b <= num_slots(); ++b) {
       const tf::Tensor& t = ctx->input(2 + b);
       const int64_t width = b == 0 ? table->dim() : table->slot_width(b - 1);
       const bool ok = n >= 0 && t.dims() == 2 && t.dim_size(0) == n && t.dim_size(1) == width;
@@ -162,9 +158,6 @@ class DynamicTableTieredWriteRowsOp : public tf::OpKernel {
     tsl::mutex_lock lock(*table->mu());
     OP_REQUIRES_OK(ctx, tiered->WriteRowsOfKeys(keys.flat<int64_t>().data(), n, values));
   }
-
- private:
-  int num_slots_ = 0;
 };
 
 #define REGISTER(name, kernel) REGISTER_KERNEL_BUILDER(Name("TfEmbed>" name).Device(tf::DEVICE_CPU), kernel)

@@ -4,7 +4,7 @@
 //   * Capacity rules (LRU, LFU, decayed LFU, a user score) give each row a score and keep the target_rows rows of
 //     highest score; the order is total, (score, then last step, then key), so the victims never depend on where
 //     the rows are stored or on threads.
-// The table runs the sweep (dynamic_table.cc); this header holds the per-row rules and the selection.
+// The table runs the sweep (dynamic_table_eviction.cc); this header holds the per-row rules and the selection.
 #ifndef TF_EMBED_OPS_CC_LIB_EVICTION_POLICY_H_
 #define TF_EMBED_OPS_CC_LIB_EVICTION_POLICY_H_
 

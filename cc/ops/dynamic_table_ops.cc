@@ -6,10 +6,14 @@
 // weights, sample shape), with the keys in place of row ids and the table handles in place of the variables.
 // String keys are fingerprinted inside the kernels with TensorFlow's Fingerprint64 (farmhash64), so
 // tf.bitcast(tf.fingerprint(s, "farmhash64"), tf.int64) gives a string's int64 key with plain TensorFlow ops.
+//
+// The lifecycle ops (export, import, eviction, the log, the policies' state) are in dynamic_table_lifecycle_ops.cc,
+// those of a tiered dynamic table in dynamic_table_tiered_ops.cc.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cc/ops/embedding_shape_fns.h"
+#include "cc/ops/resource_shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -17,28 +21,13 @@
 namespace tf_embed_ops {
 namespace {
 
-using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-absl::Status ScalarInput(InferenceContext* c, int input) {
-  ShapeHandle unused;
-  return c->WithRank(c->input(input), 0, &unused);
-}
-
-absl::Status VectorInput(InferenceContext* c, int input, ShapeHandle* out) {
-  return c->WithRank(c->input(input), 1, out);
-}
-
-// The table handle (input 0) is a scalar resource.
-absl::Status HandleInput(InferenceContext* c) { return ScalarInput(c, 0); }
-
-// The per-table dimension of every value-shaped tensor is only known at run time (it is a creation attr of the
-// handle op), so value shapes are [n, ?].
+// Find: the rows of the keys, [n].
 absl::Status KeysToVectorShapeFn(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(HandleInput(c));
   ShapeHandle keys;
-  TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
+  TF_RETURN_IF_ERROR(HandleAndKeys(c, &keys));
   c->set_output(0, keys);
   return absl::OkStatus();
 }
@@ -64,37 +53,6 @@ absl::Status DynamicSendGradientsShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckKeysPerFeature(c));
   TF_RETURN_IF_ERROR(SendGradientsShapeFn(c));
   return ScalarInput(c, c->num_inputs() - 1);  // step
-}
-
-// The content tensors: keys [n], weights [n, d], S slots [n, w_k] (w_k = d, or 1 for a per-row slot), counts
-// [n], last_steps [n], pending_keys [p], pending_counts [p], pending_last_steps [p].  Shapes are per input index:
-// the slots list takes S inputs.
-absl::Status ContentShapes(InferenceContext* c, int first, std::vector<ShapeHandle>* shapes) {
-  int num_slots = 0;
-  TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
-  ShapeHandle keys, weights, counts, last_steps, pending_keys, pending_counts, pending_last_steps;
-  TF_RETURN_IF_ERROR(VectorInput(c, first, &keys));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 1), 2, &weights));
-  std::vector<ShapeHandle> slots(num_slots);
-  for (int k = 0; k < num_slots; ++k) TF_RETURN_IF_ERROR(c->WithRank(c->input(first + 2 + k), 2, &slots[k]));
-  const int rest = first + 2 + num_slots;
-  TF_RETURN_IF_ERROR(VectorInput(c, rest, &counts));
-  TF_RETURN_IF_ERROR(VectorInput(c, rest + 1, &last_steps));
-  TF_RETURN_IF_ERROR(VectorInput(c, rest + 2, &pending_keys));
-  TF_RETURN_IF_ERROR(VectorInput(c, rest + 3, &pending_counts));
-  TF_RETURN_IF_ERROR(VectorInput(c, rest + 4, &pending_last_steps));
-  // Rows agree in number (the slots' too; their widths are the table's to check), pending entries too.
-  DimensionHandle n = c->Dim(keys, 0), p = c->Dim(pending_keys, 0);
-  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(weights, 0), &n));
-  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(counts, 0), &n));
-  TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(last_steps, 0), &n));
-  for (const ShapeHandle& s : slots) TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(s, 0), &n));
-  TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_counts, 0), &p));
-  TF_RETURN_IF_ERROR(c->Merge(p, c->Dim(pending_last_steps, 0), &p));
-  *shapes = {keys, weights};
-  shapes->insert(shapes->end(), slots.begin(), slots.end());
-  shapes->insert(shapes->end(), {counts, last_steps, pending_keys, pending_counts, pending_last_steps});
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -284,13 +242,7 @@ REGISTER_OP("TfEmbed>DynamicTableLookup")
     .Output("values: float32")
     .Attr("Tkey: {int64, string}")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
-      return absl::OkStatus();
-    })
+    .SetShapeFn(KeyedRowsShapeFn)
     .Doc(R"doc(
 The weights row of each key, [n, dim]; zeros for a key without a row.  Never inserts (shared access).
 
@@ -325,322 +277,4 @@ inserts, below_admission, untracked, refused_full, evictions: totals since creat
 last_step_inserts, last_step_refused, last_step_evictions: the same for the latest step number the table saw (a
   training lookup, a fused update's end-of-step eviction or an explicit eviction at that step).
 )doc");
-
-REGISTER_OP("TfEmbed>DynamicTableTieredStats")
-    .Input("table: resource")
-    .Output("stats: int64")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      c->set_output(0, c->Vector(10));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-A tiered dynamic table's row-cache counters, int64 [10] in the order of TfEmbed>TieredTableStats: hits, misses,
-rows_read, rows_written, bytes_read, bytes_written, evictions (totals), resident_rows, capacity_rows, pinned_rows
-(now).  InvalidArgument for a table kept in memory.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableExport")
-    .Input("table: resource")
-    .Output("keys: int64")
-    .Output("weights: float32")
-    .Output("slots: num_slots * float32")
-    .Output("counts: int64")
-    .Output("last_steps: int64")
-    .Output("pending_keys: int64")
-    .Output("pending_counts: int64")
-    .Output("pending_last_steps: int64")
-    .Attr("num_slots: int >= 0")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      DimensionHandle n = c->UnknownDim(), p = c->UnknownDim();
-      c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Matrix(n, c->UnknownDim()));
-      int num_slots = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
-      for (int k = 0; k < num_slots; ++k) c->set_output(2 + k, c->Matrix(n, c->UnknownDim()));
-      const int rest = 2 + num_slots;
-      c->set_output(rest, c->Vector(n));
-      c->set_output(rest + 1, c->Vector(n));
-      for (int i = rest + 2; i < rest + 5; ++i) c->set_output(i, c->Vector(p));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The table's whole content, sorted by key (deterministic checkpoints; shared access).
-
-keys: [n] (for string tables, the fingerprints).  weights: [n, dim].  slots: one [n, w_k] tensor per optimizer
-  slot, Load/Retrieve order (w_k = dim, or 1 for a per-row slot).  num_slots must be the table's slot count.
-counts: [n] frequency counts.  last_steps: [n] last step each key was seen.
-pending_keys, pending_counts, pending_last_steps: [p] the admission counts of keys without a row yet, by key.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableImport")
-    .Input("table: resource")
-    .Input("keys: int64")
-    .Input("weights: float32")
-    .Input("slots: num_slots * float32")
-    .Input("counts: int64")
-    .Input("last_steps: int64")
-    .Input("pending_keys: int64")
-    .Input("pending_counts: int64")
-    .Input("pending_last_steps: int64")
-    .Attr("num_slots: int >= 0")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      std::vector<ShapeHandle> unused;
-      return ContentShapes(c, 1, &unused);
-    })
-    .Doc(R"doc(
-Replaces the table's content with the given one (DynamicTableExport's eight tensors; held exclusively).
-
-The content may have any number of rows up to max_rows (the table grows to fit).  dim, the slot count and widths, every
-size, unique keys, counts and steps are validated first: a rejected import changes nothing.  The counters
-restart from zero.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableEvict")
-    .Input("table: resource")
-    .Input("step: int64")
-    .Output("evicted: int64")
-    .Attr("policy: {'lru', 'lfu', 'ttl', 'l2_norm', 'decayed_lfu', 'count_and_age'}")
-    .Attr("max_rows: int = 0")
-    .Attr("ttl_steps: int = 0")
-    .Attr("min_norm: float = 0")
-    .Attr("decay: float = 1")
-    .Attr("min_count: int = 0")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
-      c->set_output(0, c->Scalar());
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Evicts rows now by `policy` (held exclusively); returns the number of rows evicted.
-
-policy: lru / lfu shrink the table to max_rows rows (least recently / least frequently seen first, ties broken
-  by key); ttl evicts the rows with step - last step > ttl_steps; l2_norm the rows with norm < min_norm;
-  count_and_age the rows with count < min_count and step - last step > ttl_steps; decayed_lfu runs one decay
-  round (factor `decay`) and shrinks to max_rows (only on a table whose own policy is decayed_lfu).
-step: the current global step (>= 0).
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableEvictKeys")
-    .Input("table: resource")
-    .Input("keys: Tkey")
-    .Output("evicted: int64")
-    .Attr("Tkey: {int64, string}")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(VectorInput(c, 1, &unused));
-      c->set_output(0, c->Scalar());
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Removes these keys' rows (absent keys are ignored, duplicates count once); returns the number of rows evicted.
-
-keys: rank 1; the dtype must be the table's key_dtype.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableReadLog")
-    .Input("table: resource")
-    .Input("cursor: int64")
-    .Output("keys: int64")
-    .Output("steps: int64")
-    .Output("kinds: int32")
-    .Output("next_cursor: int64")
-    .Output("resync: bool")
-    .Output("dropped: int64")
-    .Attr("max_entries: int = -1")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
-      DimensionHandle m = c->UnknownDim();
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(m));
-      for (int i = 3; i < 6; ++i) c->set_output(i, c->Scalar());
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Reads the table's eviction log from `cursor` (shared access; changes nothing, so readers keep their own cursors).
-
-keys, steps, kinds: the entries with sequence numbers in [max(cursor, first), next): the key, the step, and the
-  kind (0: evicted by a policy, 1: removed by key, 2: refused admission).  At most max_entries (-1: all).
-next_cursor: the cursor of the next read.
-resync: the cursor wanted entries the log no longer holds (it keeps eviction_log_capacity entries; an import or a
-  restore restarts it): the reader must rebuild from the table's content.  dropped: how many it missed.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableRowStats")
-    .Input("table: resource")
-    .Output("keys: int64")
-    .Output("counts: int64")
-    .Output("last_steps: int64")
-    .Output("norms: float32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      DimensionHandle n = c->UnknownDim();
-      for (int i = 0; i < 4; ++i) c->set_output(i, c->Vector(n));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Every row's statistics in row order (shared access): key, count, last step seen, L2 norm of the weights.  The
-input of a user score (te.dynamic.Score), computed for all rows at once.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableEvictByScore")
-    .Input("table: resource")
-    .Input("keys: int64")
-    .Input("scores: float32")
-    .Input("step: int64")
-    .Output("evicted: int64")
-    .Attr("max_rows: int")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle keys, scores;
-      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
-      TF_RETURN_IF_ERROR(VectorInput(c, 2, &scores));
-      TF_RETURN_IF_ERROR(c->Merge(keys, scores, &keys));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 3));
-      c->set_output(0, c->Scalar());
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-A user score's eviction round (held exclusively): the rows of `keys` with the lowest scores are evicted until at
-most max_rows rows remain (ties: older last step, then smaller key).  keys without a row are ignored.  Scores must
-be finite and a key may appear once: a rejected call evicts nothing.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableExportPolicyState")
-    .Input("table: resource")
-    .Output("bloom_counters: uint8")
-    .Output("decayed_keys: int64")
-    .Output("decayed_counts: float32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      DimensionHandle n = c->UnknownDim();
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Vector(n));
-      c->set_output(2, c->Vector(n));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The lifecycle policies' state beyond the rows (shared access): the Bloom admission filter's packed counters ([0]
-without Bloom admission) and decayed LFU's decayed counts by key, sorted ([0] without decayed LFU).
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableImportPolicyState")
-    .Input("table: resource")
-    .Input("bloom_counters: uint8")
-    .Input("decayed_keys: int64")
-    .Input("decayed_counts: float32")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle bloom, keys, counts;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &bloom));
-      TF_RETURN_IF_ERROR(VectorInput(c, 2, &keys));
-      TF_RETURN_IF_ERROR(VectorInput(c, 3, &counts));
-      return c->Merge(keys, counts, &keys).ok() ? absl::OkStatus()
-                                                : absl::InvalidArgumentError("decayed keys and counts differ in size");
-    })
-    .Doc(R"doc(
-Restores the policies' state after an import (held exclusively).  bloom_counters: [parts, bytes], one filter per
-shard the state was saved from; one part is taken as is, several are added (saturating: a key's estimate never
-drops).  Decayed counts are set for the keys that have a row (others are ignored).  Validated first.
-)doc");
-
-// A tiered table's streamed checkpoint (tf_embed_ops/dynamic/tiered_checkpoint.py): the keys and metadata whole,
-// the rows one chunk of keys at a time.
-REGISTER_OP("TfEmbed>DynamicTableTieredExportKeys")
-    .Input("table: resource")
-    .Output("keys: int64")
-    .Output("counts: int64")
-    .Output("last_steps: int64")
-    .Output("pending_keys: int64")
-    .Output("pending_counts: int64")
-    .Output("pending_last_steps: int64")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      DimensionHandle n = c->UnknownDim(), p = c->UnknownDim();
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(n));
-      for (int i = 3; i < 6; ++i) c->set_output(i, c->Vector(p));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-A tiered table's DynamicTableExport without the rows (shared access): keys [n] sorted, counts, last_steps [n], and
-the pending admission counters [p].  The rows of the keys are read with DynamicTableTieredReadRows.
-InvalidArgument for a table kept in memory.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableTieredImportKeys")
-    .Input("table: resource")
-    .Input("keys: int64")
-    .Input("counts: int64")
-    .Input("last_steps: int64")
-    .Input("pending_keys: int64")
-    .Input("pending_counts: int64")
-    .Input("pending_last_steps: int64")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle v;
-      for (int i = 1; i < 7; ++i) TF_RETURN_IF_ERROR(VectorInput(c, i, &v));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-A tiered table's DynamicTableImport of the keys alone (held exclusively): validated as DynamicTableImport validates
-them (a refused import changes nothing), the file grown first; key i gets a row whose values are then written with
-DynamicTableTieredWriteRows (until then they are undefined).  InvalidArgument for a table kept in memory.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableTieredReadRows")
-    .Input("table: resource")
-    .Input("keys: int64")
-    .Output("weights: float32")
-    .Output("slots: num_slots * float32")
-    .Attr("num_slots: int >= 0")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
-      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(c->Dim(keys, 0), c->UnknownDim()));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The rows of `keys` of a tiered table (shared access), float32: weights [n, dim] and one [n, w_k] tensor per slot,
-read through the cache (dirty rows included) without filling it.  keys: as the table stores them (a string
-table's fingerprints, as DynamicTableExport gives them); every key must have a row.
-)doc");
-
-REGISTER_OP("TfEmbed>DynamicTableTieredWriteRows")
-    .Input("table: resource")
-    .Input("keys: int64")
-    .Input("weights: float32")
-    .Input("slots: num_slots * float32")
-    .Attr("num_slots: int >= 0")
-    .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(HandleInput(c));
-      ShapeHandle keys, m;
-      TF_RETURN_IF_ERROR(VectorInput(c, 1, &keys));
-      for (int i = 2; i < c->num_inputs(); ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &m));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-Writes the rows of `keys` of a tiered table (held exclusively) from float32 weights [n, dim] and slots [n, w_k]
-(16-bit storage rounds to nearest).  Every key must have a row and appear once; everything is checked before the
-first row is written.
-)doc");
-
 }  // namespace tf_embed_ops

@@ -7,6 +7,7 @@
 // or updated, and the update is the in-memory tables' row walk, so results are bitwise those of the in-memory
 // table.
 #include "cc/ops/embedding_shape_fns.h"
+#include "cc/ops/resource_shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -18,15 +19,10 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-absl::Status Scalar(InferenceContext* c, int input) {
-  ShapeHandle unused;
-  return c->WithRank(c->input(input), 0, &unused);
-}
-
 // WriteRows: table, first_row, values [n, dim], S slots [n, w_k]: rows agree in number.
 absl::Status WriteRowsShapeFn(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(Scalar(c, 0));
-  TF_RETURN_IF_ERROR(Scalar(c, 1));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 0));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 1));
   ShapeHandle values;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &values));
   DimensionHandle n = c->Dim(values, 0);
@@ -40,9 +36,9 @@ absl::Status WriteRowsShapeFn(InferenceContext* c) {
 
 // ReadRows: values [num_rows, ?] and S slots [num_rows, ?] (widths are creation attrs of the handle).
 absl::Status ReadRowsShapeFn(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(Scalar(c, 0));
-  TF_RETURN_IF_ERROR(Scalar(c, 1));
-  TF_RETURN_IF_ERROR(Scalar(c, 2));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 0));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 2));
   DimensionHandle n;
   TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(2, &n));
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->Matrix(n, c->UnknownDim()));
@@ -51,7 +47,7 @@ absl::Status ReadRowsShapeFn(InferenceContext* c) {
 
 absl::Status TieredSendGradientsShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(SendGradientsShapeFn(c));
-  return Scalar(c, c->num_inputs() - 1);  // step
+  return ScalarInput(c, c->num_inputs() - 1);  // step
 }
 
 }  // namespace
@@ -113,7 +109,7 @@ validated before anything is written.
 REGISTER_OP("TfEmbed>TieredTableMarkAllTouched")
     .Input("table: resource")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return Scalar(c, 0); })
+    .SetShapeFn([](InferenceContext* c) { return ScalarInput(c, 0); })
     .Doc(R"doc(
 Marks every row of a tiered table changed for its touched-row trackers (docs/tracking.md): each consumer's next
 query reads full.  A streamed restore runs it after its last chunk (TieredTableWriteRows marks only the rows of
@@ -140,7 +136,7 @@ REGISTER_OP("TfEmbed>TieredTablePrefetch")
     .Input("table: resource")
     .Input("ids: int64")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return Scalar(c, 0); })
+    .SetShapeFn([](InferenceContext* c) { return ScalarInput(c, 0); })
     .Doc(R"doc(
 Starts making the rows of `ids` (any shape; duplicates allowed) resident in the table's cache, without pinning
 them, as far as unpinned cache slots allow, and returns: a thread of the table's cache reads them while the
@@ -152,7 +148,7 @@ InvalidArgument; a prefetch that failed (an I/O error) is reported by the table'
 REGISTER_OP("TfEmbed>TieredTableFlush")
     .Input("table: resource")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return Scalar(c, 0); })
+    .SetShapeFn([](InferenceContext* c) { return ScalarInput(c, 0); })
     .Doc(R"doc(
 Writes every dirty cached row of a tiered table back to its row file, then fsyncs the file.
 )doc");
@@ -162,7 +158,7 @@ REGISTER_OP("TfEmbed>TieredTableStats")
     .Output("stats: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(Scalar(c, 0));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 0));
       c->set_output(0, c->Vector(10));
       return absl::OkStatus();
     })

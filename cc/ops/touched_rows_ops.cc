@@ -1,29 +1,19 @@
 // Registration of the touched-row tracking ops (docs/tracking.md): which rows of a table changed since a
 // version, for consumers that each keep their own version (serving deltas, incremental checkpoints).
+#include "cc/ops/resource_shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tf_embed_ops {
-namespace {
-
 using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
-
-absl::Status Scalars(InferenceContext* c, int first, int count) {
-  ShapeHandle unused;
-  for (int i = first; i < first + count; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 REGISTER_OP("TfEmbed>TouchedRowsTrack")
     .Input("table: resource")
     .Output("tracker: resource")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(Scalars(c, 0, 1));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 0, 1));
       c->set_output(0, c->Scalar());
       return absl::OkStatus();
     })
@@ -47,7 +37,7 @@ REGISTER_OP("TfEmbed>TouchedRowsSince")
     .Output("rows: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(Scalars(c, 0, 3));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 0, 3));
       c->set_output(0, c->Scalar());
       c->set_output(1, c->Scalar());
       c->set_output(2, c->Scalar());
@@ -65,7 +55,7 @@ full: every row must be taken as changed (rows is then empty): `since` is from b
 REGISTER_OP("TfEmbed>TouchedRowsMarkAll")
     .Input("tracker: resource")
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) { return Scalars(c, 0, 1); })
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputs(c, 0, 1); })
     .Doc(R"doc(
 Marks every row of the tracked table changed (after a restore): each consumer's next query reads full.
 )doc");
@@ -91,21 +81,10 @@ REGISTER_OP("TfEmbed>DynamicTableChangedSince")
     .Attr("version_only: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(Scalars(c, 0, 3));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 0, 3));
       for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
       c->set_output(3, c->Vector(c->UnknownDim()));
-      auto n = c->UnknownDim();
-      c->set_output(4, c->Vector(n));
-      c->set_output(5, c->Matrix(n, c->UnknownDim()));
-      int num_slots = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
-      for (int k = 0; k < num_slots; ++k) c->set_output(6 + k, c->Matrix(n, c->UnknownDim()));
-      const int rest = 6 + num_slots;
-      c->set_output(rest, c->Vector(n));
-      c->set_output(rest + 1, c->Vector(n));
-      auto p = c->UnknownDim();
-      for (int i = rest + 2; i < rest + 5; ++i) c->set_output(i, c->Vector(p));
-      return absl::OkStatus();
+      return ContentOutputShapes(c, 4);
     })
     .Doc(R"doc(
 A dynamic table's changes after version `since` of its tracker `tracker_id`, with their content.

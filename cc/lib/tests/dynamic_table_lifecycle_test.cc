@@ -13,45 +13,24 @@
 #include "cc/lib/bloom_admission.h"
 #include "cc/lib/dynamic_table.h"
 #include "cc/lib/eviction_log.h"
+#include "cc/lib/tests/dynamic_table_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tf_embed_ops {
 namespace {
 
+using dynamic_test::ExpectInvalid;
+using dynamic_test::Insert;
+using dynamic_test::Make;
+
+// These tables have dim 3.
 DynamicTableOptions Options(int64_t max_rows = 1000) {
-  DynamicTableOptions o;
-  o.name = "items";
-  o.dim = 3;
-  o.initial_capacity = 8;
-  o.max_rows = max_rows;
-  o.rows_per_chunk = 4;
-  o.initializer.kind = RowInitializerKind::kUniform;
-  o.initializer.minval = -1.0f;
-  o.initializer.maxval = 1.0f;
-  o.initializer.seed = 7;
-  return o;
-}
-
-std::unique_ptr<DynamicTable> Make(const DynamicTableOptions& o) {
-  absl::StatusOr<std::unique_ptr<DynamicTable>> t = DynamicTable::Create(o);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? std::move(*t) : nullptr;
-}
-
-std::vector<int64_t> Insert(DynamicTable* t, const std::vector<int64_t>& keys, int64_t step) {
-  std::vector<int64_t> rows(keys.size());
-  EXPECT_TRUE(t->FindOrInsert(keys.data(), static_cast<int64_t>(keys.size()), step, rows.data()).ok());
-  return rows;
+  return dynamic_test::Options(/*dim=*/3, /*initial_capacity=*/8, max_rows);
 }
 
 std::set<int64_t> Keys(const DynamicTable& t) {
   const DynamicTableContents c = t.Export();
   return std::set<int64_t>(c.keys.begin(), c.keys.end());
-}
-
-void ExpectInvalid(const absl::Status& s, const std::vector<std::string>& parts) {
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  for (const std::string& p : parts) EXPECT_NE(std::string(s.message()).find(p), std::string::npos) << s << " / " << p;
 }
 
 TEST(EvictionLog, CursorsAreIndependentAndBounded) {
@@ -276,6 +255,16 @@ struct RefRow {
   double norm;
 };
 
+// A threshold rule's reference: the keys of the rows for which `evicted(row, step)` is false.
+template <typename Evicted>
+std::set<int64_t> KeysKept(const std::map<int64_t, RefRow>& rows, int64_t step, Evicted evicted) {
+  std::set<int64_t> keep;
+  for (const auto& [k, r] : rows) {
+    if (!evicted(r, step)) keep.insert(k);
+  }
+  return keep;
+}
+
 // Runs the same seeded stream through a table and the brute-force reference of `rule`, checking the kept keys
 // after every eviction round.
 template <typename Rule>
@@ -303,12 +292,8 @@ TEST(ScoredEviction, L2NormMatchesReference) {
   DynamicTableOptions o = Options();
   o.eviction.policy = EvictionPolicy::kL2Norm;
   o.eviction.min_norm = 0.9;
-  CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t) {
-    std::set<int64_t> keep;
-    for (const auto& [k, r] : rows) {
-      if (!(r.norm < 0.9)) keep.insert(k);
-    }
-    return keep;
+  CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t step) {
+    return KeysKept(rows, step, [](const RefRow& r, int64_t) { return r.norm < 0.9; });
   });
 }
 
@@ -318,11 +303,7 @@ TEST(ScoredEviction, CountAndAgeMatchesReference) {
   o.eviction.min_count = 3;
   o.eviction.ttl_steps = 2;
   CheckAgainstReference(o, [](const std::map<int64_t, RefRow>& rows, int64_t step) {
-    std::set<int64_t> keep;
-    for (const auto& [k, r] : rows) {
-      if (!(r.count < 3 && step - r.last > 2)) keep.insert(k);
-    }
-    return keep;
+    return KeysKept(rows, step, [](const RefRow& r, int64_t now) { return r.count < 3 && now - r.last > 2; });
   });
 }
 

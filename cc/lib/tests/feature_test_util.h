@@ -1,5 +1,5 @@
-// Helpers of the tests that build features by hand (row_pipeline_test.cc, embedding_forward_test.cc): a feature's
-// ids, layout and gradient in one value.
+// Helpers of the tests that build features by hand (row_pipeline_test.cc, embedding_forward_test.cc,
+// dynamic_table_update_test.cc): a feature's ids, layout and gradient in one value.
 #ifndef TF_EMBED_OPS_CC_LIB_TESTS_FEATURE_TEST_UTIL_H_
 #define TF_EMBED_OPS_CC_LIB_TESTS_FEATURE_TEST_UTIL_H_
 

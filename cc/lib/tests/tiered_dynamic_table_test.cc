@@ -5,12 +5,10 @@
 // an error naming the key and the path; a full disk refuses the growth before any state changes.
 #include "cc/lib/tiered_dynamic_table.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +39,8 @@ namespace tf_embed_ops {
 namespace {
 
 using tiered_test::EveryOptimizer;
+using tiered_test::PatchFile;
+using tiered_test::Step;
 using tiered_test::TempDir;
 using tiered_test::Threads;
 
@@ -82,26 +82,6 @@ std::unique_ptr<TieredDynamicTable> Tiered(const DynamicTableOptions& o, const s
   EXPECT_EQ((*table)->cache().capacity(), capacity_rows);
   return *std::move(table);
 }
-
-// One feature with one id per sample over the rows of a training lookup (rows without a key, -1, contribute nothing).
-struct Step {
-  std::vector<int64_t> rows;
-  FeatureLayout layout;
-  std::vector<float> gradient;
-  std::vector<GradientSource> sources;
-  RowGradientPlan plan;
-
-  Step(std::vector<int64_t> rows_in, int64_t dim, std::mt19937_64* rng) : rows(std::move(rows_in)) {
-    layout.num_samples = static_cast<int64_t>(rows.size());
-    layout.one_id_per_sample = true;
-    layout.scale.assign(rows.size(), 1.0f);
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    gradient.resize(rows.size() * dim);
-    for (float& x : gradient) x = g(*rng);
-    sources = {GradientSource{rows.data(), static_cast<int64_t>(rows.size()), &layout, gradient.data()}};
-    plan.Build(&sources);
-  }
-};
 
 // Skewed keys over a key space of `num_keys` (a few keys take most of them), spread out as hashed ids are.
 std::vector<int64_t> SkewedKeys(int64_t count, int64_t num_keys, std::mt19937_64* rng) {
@@ -229,7 +209,8 @@ void ExpectTrainsLikeInMemory(const TableOptimization& o, StorageType storage, c
     }
     tier->cache().Release(&pin, /*dirty=*/false);
 
-    Step update(mem_rows, kDim, &rng);
+    Step update(mem_rows, kDim, &rng);  // (rows without a key, -1, contribute nothing)
+    update.Build();
     const float lr = 0.04f * static_cast<float>(step + 1);
     const RoundingSpec rounding{Rounding::kStochastic, 9, step, 1};
     UpdateDynamicTable(o, lr, update.plan, mem.get(), shard, rounding);
@@ -436,6 +417,7 @@ TEST(TieredDynamicTableTest, ImportsAndExportsLikeTheInMemoryTableWholeOrStreame
       std::vector<int64_t> rows(keys.size());
       ASSERT_TRUE(source->FindOrInsert(keys.data(), 25, step, rows.data()).ok());
       Step update(rows, 3, &rng);
+      update.Build();
       UpdateDynamicTable(o, 0.1f, update.plan, source.get(), Threads(1), RoundingSpec{Rounding::kStochastic, 1, step});
     }
     const DynamicTableContents c = source->Export();
@@ -535,11 +517,7 @@ TEST(TieredDynamicTableTest, ACorruptedRecordIsAnErrorNamingTheKeyAndThePath) {
   }
   ASSERT_TRUE(tier->cache().Flush().ok());
   // Row 0 (key 0) was written back long ago: flip a byte of its record on disk.
-  const int fd = open(path.c_str(), O_WRONLY);
-  ASSERT_GE(fd, 0);
-  const char flip = 0x5a;
-  ASSERT_EQ(pwrite(fd, &flip, 1, TieredRowFile::kHeaderBytes + 2), 1);
-  close(fd);
+  PatchFile(path, TieredRowFile::kHeaderBytes + 2, {'\x5a'});
   std::vector<int64_t> row0 = {0};
   TieredPin pin;
   const absl::Status s = tier->PinRows(row0.data(), 1, &pin);

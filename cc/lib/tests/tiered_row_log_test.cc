@@ -348,122 +348,123 @@ void ExpectReopens(std::unique_ptr<TieredRowFile> file, const std::vector<std::v
   ExpectRows(**reopened, want, "reopened");
 }
 
+// A full file (FullFile) in a fresh directory, the rows it holds, and the state of the batches written to it.
+struct FullFileRun {
+  explicit FullFileRun(uint32_t seed) : path(dir.File("t.rows")), file(FullFile(path, &want)), rng(seed) {}
+
+  TempDir dir;
+  std::string path;
+  std::vector<std::vector<char>> want;
+  std::unique_ptr<TieredRowFile> file;
+  std::mt19937 rng;
+  int64_t version = 0;
+};
+
 TEST(TieredRowLogTest, WritesRefusedByAFullDiskChangeNothingAndWritingGoesOnOnceThereIsRoom) {
   // Each batch is first written on a full disk (refused: every row, the segments and the cleaning counters as
   // they were; the free segments never fewer), then with room (written).  Batches of 1 to 6 rows fill segments
   // at every offset, so some refused writes needed a cleaning first: its write failed too.
-  TempDir dir;
-  const std::string path = dir.File("t.rows");
-  std::vector<std::vector<char>> want;
-  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
-  ASSERT_NE(file, nullptr);
-  std::mt19937 rng(5);
-  int64_t version = 0;
+  FullFileRun run(5);
+  ASSERT_NE(run.file, nullptr);
   int cleanings_refused = 0;
   for (int b = 0; b < 300; ++b) {
-    Batch batch(file->layout(), 1 + static_cast<int64_t>(rng() % 6), &rng, &version);
-    const TieredLogStats before = file->log_stats();
+    Batch batch(run.file->layout(), 1 + static_cast<int64_t>(run.rng() % 6), &run.rng, &run.version);
+    const TieredLogStats before = run.file->log_stats();
     std::vector<int64_t> offsets;
-    for (int64_t r = 0; r < 64; ++r) offsets.push_back(file->RecordOffset(r));
+    for (int64_t r = 0; r < 64; ++r) offsets.push_back(run.file->RecordOffset(r));
     const int reads = g_reads;
     g_writes_left = 0;
-    const absl::Status refused = batch.Write(file.get());
+    const absl::Status refused = batch.Write(run.file.get());
     g_writes_left = -1;
-    ExpectFullDiskError(refused, path);
+    ExpectFullDiskError(refused, run.path);
     if (g_reads > reads) ++cleanings_refused;
-    const TieredLogStats after = file->log_stats();
+    const TieredLogStats after = run.file->log_stats();
     EXPECT_EQ(after.segments_cleaned, before.segments_cleaned) << "batch " << b;
     EXPECT_EQ(after.records_moved, before.records_moved) << "batch " << b;
     // (A cleaning of a segment with no live record writes nothing: it may free one.)
     EXPECT_GE(after.free_segments, before.free_segments) << "batch " << b;
-    for (int64_t r = 0; r < 64; ++r) EXPECT_EQ(file->RecordOffset(r), offsets[r]) << "row " << r << " batch " << b;
-    const absl::Status written = batch.Write(file.get());
+    for (int64_t r = 0; r < 64; ++r) EXPECT_EQ(run.file->RecordOffset(r), offsets[r]) << "row " << r << " batch " << b;
+    const absl::Status written = batch.Write(run.file.get());
     ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
-    batch.Apply(&want);
-    ASSERT_GE(file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
+    batch.Apply(&run.want);
+    ASSERT_GE(run.file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
   }
-  ExpectRows(*file, want, "after 300 refused and 300 written batches");
+  ExpectRows(*run.file, run.want, "after 300 refused and 300 written batches");
   EXPECT_GT(cleanings_refused, 10);
-  EXPECT_GT(file->log_stats().segments_cleaned, 10);
-  ExpectReopens(std::move(file), want);
+  EXPECT_GT(run.file->log_stats().segments_cleaned, 10);
+  ExpectReopens(std::move(run.file), run.want);
 }
 
 TEST(TieredRowLogTest, AFullDiskInTheMiddleOfAnAppendLeavesEachRowOldOrNew) {
   // Batches of 20 rows span three or four segments (one pwritev each, and cleaning's): the disk fills after 0 to
   // 3 more writes.  The rows of the pieces written before are new, the others old; the next writes succeed.
-  TempDir dir;
-  const std::string path = dir.File("t.rows");
-  std::vector<std::vector<char>> want;
-  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
-  ASSERT_NE(file, nullptr);
-  std::mt19937 rng(13);
-  int64_t version = 0;
+  FullFileRun run(13);
+  ASSERT_NE(run.file, nullptr);
   int partly_written = 0;
   for (int b = 0; b < 120; ++b) {
-    Batch batch(file->layout(), 20, &rng, &version);
+    Batch batch(run.file->layout(), 20, &run.rng, &run.version);
     g_writes_left = b % 4;
-    const absl::Status refused = batch.Write(file.get());
+    const absl::Status refused = batch.Write(run.file.get());
     g_writes_left = -1;
     if (refused.ok()) {  // (cleaning needed no write, and the batch fit in the writes left)
-      batch.Apply(&want);
+      batch.Apply(&run.want);
       continue;
     }
-    ExpectFullDiskError(refused, path);
-    const int64_t new_rows = TakeOldOrNew(*file, batch, &want, "after batch " + std::to_string(b) + " was refused");
+    ExpectFullDiskError(refused, run.path);
+    const int64_t new_rows =
+        TakeOldOrNew(*run.file, batch, &run.want, "after batch " + std::to_string(b) + " was refused");
     if (new_rows > 0) ++partly_written;
     EXPECT_LT(new_rows, 20);
-    ASSERT_GE(file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
-    Batch again(file->layout(), 20, &rng, &version);
-    const absl::Status written = again.Write(file.get());
+    ASSERT_GE(run.file->log_stats().free_segments, 1) << "the cleaning reserve, batch " << b;
+    Batch again(run.file->layout(), 20, &run.rng, &run.version);
+    const absl::Status written = again.Write(run.file.get());
     ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
-    again.Apply(&want);
+    again.Apply(&run.want);
   }
   EXPECT_GT(partly_written, 10);
-  ExpectRows(*file, want, "at the end");
-  ExpectReopens(std::move(file), want);
+  ExpectRows(*run.file, run.want, "at the end");
+  ExpectReopens(std::move(run.file), run.want);
 }
 
 TEST(TieredRowLogTest, AFullDiskWhileCleaningKeepsTheReserveAndCleaningGoesOn) {
   // Only cleaning's writes fail (a write after cleaning's read): the refused write leaves the free segments as
   // they were (the reserve cleaning took for the failed write is free again), and cleaning works once there is room.
-  TempDir dir;
-  const std::string path = dir.File("t.rows");
-  std::vector<std::vector<char>> want;
-  std::unique_ptr<TieredRowFile> file = FullFile(path, &want);
-  ASSERT_NE(file, nullptr);
-  std::mt19937 rng(17);
-  int64_t version = 0;
+  FullFileRun run(17);
+  ASSERT_NE(run.file, nullptr);
   int refusals = 0;
   for (int b = 0; b < 200 && refusals < 20; ++b) {
-    Batch batch(file->layout(), 1 + static_cast<int64_t>(rng() % 6), &rng, &version);
-    const TieredLogStats before = file->log_stats();
+    Batch batch(run.file->layout(), 1 + static_cast<int64_t>(run.rng() % 6), &run.rng, &run.version);
+    const TieredLogStats before = run.file->log_stats();
     g_read_seen = false;
     g_fail_after_read = true;
-    const absl::Status s = batch.Write(file.get());
+    const absl::Status s = batch.Write(run.file.get());
     g_fail_after_read = false;
     if (s.ok()) {
-      batch.Apply(&want);
+      batch.Apply(&run.want);
       continue;
     }
     ++refusals;
-    ExpectFullDiskError(s, path);
+    ExpectFullDiskError(s, run.path);
     EXPECT_NE(s.message().find("rows"), std::string::npos) << s;
     // (The rows of a piece appended before the cleaning was needed are new.)
-    const int64_t new_rows = TakeOldOrNew(*file, batch, &want, "after batch " + std::to_string(b) + " was refused");
-    const TieredLogStats after = file->log_stats();
+    const int64_t new_rows =
+        TakeOldOrNew(*run.file, batch, &run.want, "after batch " + std::to_string(b) + " was refused");
+    const TieredLogStats after = run.file->log_stats();
     EXPECT_EQ(after.segments_cleaned, before.segments_cleaned);
     EXPECT_GE(after.free_segments, 1) << "the cleaning reserve, batch " << b;
-    if (new_rows == 0) EXPECT_EQ(after.free_segments, before.free_segments) << "batch " << b;
+    if (new_rows == 0) {
+      EXPECT_EQ(after.free_segments, before.free_segments) << "batch " << b;
+    }
     // With room: this batch (it needs a cleaning again), then more.
-    const absl::Status written = batch.Write(file.get());
+    const absl::Status written = batch.Write(run.file.get());
     ASSERT_TRUE(written.ok()) << written << " (batch " << b << ")";
-    batch.Apply(&want);
-    EXPECT_GT(file->log_stats().segments_cleaned, before.segments_cleaned);
+    batch.Apply(&run.want);
+    EXPECT_GT(run.file->log_stats().segments_cleaned, before.segments_cleaned);
   }
   EXPECT_EQ(refusals, 20);
-  WriteRandomBatches(file.get(), 40, &rng, &version, &want);
-  ExpectRows(*file, want, "at the end");
-  ExpectReopens(std::move(file), want);
+  WriteRandomBatches(run.file.get(), 40, &run.rng, &run.version, &run.want);
+  ExpectRows(*run.file, run.want, "at the end");
+  ExpectReopens(std::move(run.file), run.want);
 }
 
 }  // namespace

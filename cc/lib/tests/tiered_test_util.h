@@ -1,5 +1,5 @@
-// Helpers of the tiered-table tests (tiered_table_test.cc, tiered_dynamic_table_test.cc): a scratch directory,
-// a shard function over real threads, and every optimizer of the schema.
+// Helpers of the tiered-table tests (tiered_*_test.cc): a scratch directory, a shard function over real threads,
+// a one-feature training step, and every optimizer of the schema.
 #ifndef TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
 #define TF_EMBED_OPS_CC_LIB_TESTS_TIERED_TEST_UTIL_H_
 
@@ -10,12 +10,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "cc/lib/feature_layout.h"
+#include "cc/lib/gradient_accumulation.h"
 #include "cc/lib/optimizers/registry.h"
 #include "cc/lib/shard.h"
 #include "gtest/gtest.h"
@@ -58,6 +61,27 @@ template <size_t... I>
 std::vector<OptimizerParams> EveryOptimizer(std::index_sequence<I...>) {
   return {OptimizerParams(std::in_place_index<I>)...};
 }
+
+// One feature with one id per sample: its ids (or rows), layout and a random gradient ([ids, dim]).
+struct Step {
+  std::vector<int64_t> ids;
+  FeatureLayout layout;
+  std::vector<float> gradient;
+  std::vector<GradientSource> sources;
+  RowGradientPlan plan;
+
+  Step(std::vector<int64_t> ids_in, int64_t dim, std::mt19937_64* rng) : ids(std::move(ids_in)) {
+    layout.num_samples = static_cast<int64_t>(ids.size());
+    layout.one_id_per_sample = true;
+    layout.scale.assign(ids.size(), 1.0f);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    gradient.resize(ids.size() * dim);
+    for (float& x : gradient) x = g(*rng);
+    sources = {GradientSource{ids.data(), static_cast<int64_t>(ids.size()), &layout, gradient.data()}};
+  }
+  // The plan over the ids (row ids < vocabulary_size when it is given: a dense plan).
+  void Build(int64_t vocabulary_size = 0) { plan.Build(&sources, vocabulary_size); }
+};
 
 // Every optimizer of the schema with its default hyper-parameters, plus the non-lazy variants.
 inline std::vector<OptimizerParams> EveryOptimizer() {

@@ -1,0 +1,143 @@
+// The key side of dynamic tables (docs/dynamic_tables_internals.md): the key fingerprint mix, the chunked arena
+// whose rows never move, and the key index against a map.
+#include "cc/lib/dynamic_table_index.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "cc/lib/dynamic_table.h"
+#include "cc/lib/dynamic_table_arena.h"
+#include "cc/lib/dynamic_table_key.h"
+#include "cc/lib/tests/dynamic_table_test_util.h"
+#include "gtest/gtest.h"
+
+namespace tf_embed_ops {
+namespace dynamic_test {
+namespace {
+
+// --- dynamic_table_key.h -----------------------------------------------------------------------------------
+
+TEST(DynamicTableKeyTest, MixKeyIsMurmurHash3Fmix64) {
+  EXPECT_EQ(MixKey(1), 0xb456bcfc34c2cb2cULL);
+  EXPECT_EQ(MixKey(0), 0u);  // fmix64 fixes 0; the index is still correct for key 0 (tested below)
+}
+
+// --- dynamic_table_arena.h and dynamic_table_index.h -------------------------------------------------------
+
+TEST(ChunkedArenaTest, GrowthNeverMovesARow) {
+  ChunkedArena<float> arena(3, 2);  // 4 rows per chunk
+  ASSERT_TRUE(arena.Reserve(1));
+  EXPECT_EQ(arena.capacity(), 4);
+  float* first = arena.At(0);
+  std::fill_n(first, 3, 1.5f);
+  ASSERT_TRUE(arena.Reserve(1000));
+  EXPECT_EQ(arena.capacity(), 1000);
+  EXPECT_EQ(arena.At(0), first);
+  EXPECT_EQ(first[2], 1.5f);
+  // Rows inside one chunk are contiguous; rows of different chunks need not be.
+  EXPECT_EQ(arena.At(3), first + 9);
+  EXPECT_TRUE(arena.Reserve(10));  // never shrinks
+  EXPECT_EQ(arena.capacity(), 1000);
+}
+
+TEST(KeyIndexTest, MatchesAMapUnderRandomInsertsAndErases) {
+  // Backward-shift deletion must keep every remaining key reachable; a std::map is the reference.
+  std::vector<int64_t> key_of_row;
+  std::map<int64_t, int64_t> reference;
+  std::vector<int64_t> free_rows;
+  KeyIndex index;
+  auto key_of = [&](int64_t row) { return key_of_row[row]; };
+  ASSERT_TRUE(index.Rehash(1, key_of));
+  std::mt19937_64 rng(5);
+  for (int op = 0; op < 20000; ++op) {
+    // Small key range (collisions, re-inserts) including negative keys, 0 and the extremes.
+    int64_t key = static_cast<int64_t>(rng() % 300) - 150;
+    if (op % 97 == 0) key = std::numeric_limits<int64_t>::min();
+    if (op % 89 == 0) key = std::numeric_limits<int64_t>::max();
+    const bool erase = rng() % 3 == 0;
+    auto it = reference.find(key);
+    ASSERT_EQ(index.Find(key, key_of), it == reference.end() ? KeyIndex::kNotFound : it->second);
+    if (erase && it != reference.end()) {
+      index.Erase(key, key_of);
+      free_rows.push_back(it->second);
+      reference.erase(it);
+    } else if (!erase && it == reference.end()) {
+      if (!index.Fits(static_cast<int64_t>(reference.size()) + 1)) {
+        ASSERT_TRUE(index.Rehash(static_cast<int64_t>(reference.size()) + 1, key_of));
+      }
+      int64_t row;
+      if (!free_rows.empty()) {
+        row = free_rows.back();
+        free_rows.pop_back();
+        key_of_row[row] = key;
+      } else {
+        row = static_cast<int64_t>(key_of_row.size());
+        key_of_row.push_back(key);
+      }
+      index.Insert(key, row);
+      reference[key] = row;
+    }
+  }
+  for (int64_t k = -160; k < 160; ++k) {
+    auto it = reference.find(k);
+    EXPECT_EQ(index.Find(k, key_of), it == reference.end() ? KeyIndex::kNotFound : it->second) << k;
+  }
+  int64_t indexed = 0;
+  index.ForEachRow([&](int64_t) { ++indexed; });
+  EXPECT_EQ(indexed, static_cast<int64_t>(reference.size()));
+}
+
+TEST(KeyIndexTest, FindBatchMatchesFindForEveryBatchLengthAndPattern) {
+  // FindBatch pipelines the probes (home buckets 2 * distance ahead, rows 1 * distance ahead, a ring of homes):
+  // every batch length around those distances and the ring size, duplicates, absent keys and long probe runs
+  // (a small key range after churn) must give exactly Find's rows, and only live rows are prefetched.
+  std::vector<int64_t> key_of_row;
+  KeyIndex index;
+  auto key_of = [&](int64_t row) { return key_of_row[row]; };
+  std::vector<int64_t> prefetched;
+  auto prefetch = [&](int64_t row) { prefetched.push_back(row); };
+  std::vector<int64_t> rows(8, -2);
+  const std::vector<int64_t> some = {1, 2, 3};
+  index.FindBatch(some.data(), 3, key_of, prefetch, rows.data());  // no buckets yet
+  EXPECT_EQ(std::vector<int64_t>(rows.begin(), rows.begin() + 3), std::vector<int64_t>(3, KeyIndex::kNotFound));
+  EXPECT_EQ(rows[3], -2);
+  ASSERT_TRUE(index.Rehash(200, key_of));
+  std::mt19937_64 rng(11);
+  for (int64_t k = 0; k < 150; ++k) {
+    key_of_row.push_back(static_cast<int64_t>(rng()));
+    index.Insert(key_of_row.back(), k);
+  }
+  for (int64_t r = 0; r < 150; r += 3) index.Erase(key_of_row[r], key_of);  // churn: backward shifts
+  for (int64_t n = 0; n <= 70; ++n) {
+    std::vector<int64_t> keys(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t pick = rng() % 4;
+      keys[i] = pick == 0   ? static_cast<int64_t>(rng())             // absent
+                : pick == 1 ? key_of_row[7]                           // a hot duplicate
+                            : key_of_row[rng() % key_of_row.size()];  // present or erased
+    }
+    std::vector<int64_t> got(n + 1, -2);
+    prefetched.clear();
+    index.FindBatch(keys.data(), n, key_of, prefetch, got.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], index.Find(keys[i], key_of)) << "n " << n << " i " << i;
+    EXPECT_EQ(got[n], -2) << "wrote past the batch, n " << n;
+    EXPECT_LE(static_cast<int64_t>(prefetched.size()), n);
+    for (const int64_t r : prefetched) ASSERT_TRUE(r >= 0 && r < 150) << r;
+  }
+}
+
+TEST(KeyIndexTest, LoadFactorStaysAtMostThreeQuarters) {
+  EXPECT_EQ(KeyIndex::BucketsFor(0), 16);
+  EXPECT_EQ(KeyIndex::BucketsFor(12), 16);
+  EXPECT_EQ(KeyIndex::BucketsFor(13), 32);
+  EXPECT_EQ(KeyIndex::BucketsFor(786432), 1 << 20);
+  EXPECT_EQ(KeyIndex::BucketsFor(786433), 1 << 21);
+}
+
+}  // namespace
+}  // namespace dynamic_test
+}  // namespace tf_embed_ops
