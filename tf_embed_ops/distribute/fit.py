@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from tf_embed_ops.distribute.fit_callbacks import begin_training
+
 if TYPE_CHECKING:  # keras is imported on the first call: `import tf_embed_ops.distribute` does not need it
     import keras
 
@@ -106,7 +108,6 @@ def fit(
       ValueError: for a bad argument (named, with its value), a model that is not compiled, or a model built
         outside the strategy's scope.
     """
-    import keras
 
     strategy = strategy if strategy is not None else getattr(model, "distribute_strategy", None)
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -159,18 +160,7 @@ def fit(
     test_function = _step_function(strategy, model.test_step) if validation_data is not None else None
     in_flight = _STEPS_IN_FLIGHT_PER_WORKER * _num_workers()
 
-    if not isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0,
-            verbose=verbose,
-            epochs=epochs,
-            steps=steps_per_epoch,
-            model=model,
-        )
-    model.stop_training = False
-    callbacks.on_train_begin()
+    callbacks = begin_training(callbacks, model, verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     training_logs = None
     for epoch in range(initial_epoch, epochs):
         try:
