@@ -15,9 +15,7 @@ the day-1 servable.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tf_embed_ops.examples.json_lines_child import JsonLinesChild
 
 emb = tf.tpu.experimental.embedding
 
@@ -137,35 +136,11 @@ def build_model(args: argparse.Namespace) -> tuple:
     return model, signature
 
 
-class Server:
+class Server(JsonLinesChild):
     """The serving process (see SERVER)."""
 
     def __init__(self, directory: str):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, directory],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd="/",
-        )
-
-    def ask(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the serving process exited ({self.proc.wait()}) on {cmd}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        try:
-            self.ask(op="quit")
-        except (RuntimeError, BrokenPipeError, ValueError):
-            pass
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        super().__init__(SERVER, directory)
 
 
 def run(args: argparse.Namespace) -> dict:
