@@ -6,6 +6,7 @@ The child starts without PYTHONPATH and in `/`, so it cannot import this checkou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -49,5 +50,6 @@ class JsonLinesChild:
             self.ask(op="quit")
         except (RuntimeError, BrokenPipeError, ValueError):
             pass
-        self.proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):  # a child gone already leaves the quit line unflushed
+            self.proc.stdin.close()
         self.proc.wait(timeout=self._close_timeout)
