@@ -60,6 +60,16 @@ def _assert_same_state(a, b):
             np.testing.assert_array_equal(a[k], b[k])
 
 
+def _published_once(tmp_path, dtype=tf.float32, **publisher_args):
+    """A trained dynamic model (`util.dynamic_model`), its dynamic table, and a `Publisher` into tmp_path/chain that
+    has published version 1 (full)."""
+    model, _, table = util.dynamic_model(dtype)
+    util.fit(model, seed=0)
+    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, **publisher_args)
+    assert pub.publish_full() == 1
+    return model, table, pub
+
+
 def _train_round(model, table, round_):
     util.fit(model, seed=round_, high=30 + 10 * round_)  # new dynamic keys every round
     table.evict_keys(tf.constant([round_, 30 + round_], tf.int64))
@@ -67,10 +77,7 @@ def _train_round(model, table, round_):
 
 @pytest.mark.slow  # several publish rounds and exports (several seconds)
 def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    assert pub.publish_full() == 1
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
@@ -99,10 +106,7 @@ def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
 def test_publish_delta_with_the_tracker_keeps_the_servable_bit_identical(tmp_path, dtype):
     """The touched-row tracker's deltas: a superset of the rows that changed (reference: table comparison), and a
     servable equal to a full export after each; 16-bit tables travel as stored."""
-    model, _, table = util.dynamic_model(dtype)
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, dtype, min_free_slots=64)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
@@ -267,10 +271,7 @@ def _bad_deltas(tmp_path, pub, model, table):
 
 
 def test_every_bad_delta_is_refused_with_its_file_and_reason_and_nothing_changes(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, dynamic_headroom=0.0, min_free_slots=40)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, dynamic_headroom=0.0, min_free_slots=40)
     good, bad = _bad_deltas(tmp_path, pub, model, table)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
@@ -321,10 +322,7 @@ def test_publish_delta_needs_a_full_version_first(tmp_path):
 
 @pytest.mark.slow
 def test_a_serving_process_without_tf_embed_ops_applies_the_chain(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     probe = _probe()
     steps = [{"load": str(tmp_path / "chain" / "1")}, {"version": True}]
     expected = []
@@ -437,10 +435,7 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     in a session: the same path here, in a process without tf_embed_ops."""
     import json
 
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     deltas = []
     for round_ in range(1, 3):
         before = util.Snapshot(pub)
