@@ -144,9 +144,9 @@ _CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(_TESTS
 
 
 @contextlib.contextmanager
-def _killed_child(script: str, *args: str):
+def killed_child(script: str, *args: str):
     """Runs tests/<script> with `args` in a new interpreter (its stdout a text pipe) for the block, and SIGKILLs it
-    wherever it is when the block ends."""
+    wherever it is when the block ends (and closes its stdout)."""
     proc = subprocess.Popen(
         [sys.executable, os.path.join(_TESTS, script), *args],
         stdout=subprocess.PIPE,
@@ -160,6 +160,7 @@ def _killed_child(script: str, *args: str):
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
@@ -167,7 +168,7 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
     while longer, SIGKILLs it wherever it is, then `resume` in a new process over the same directory. Returns the
     path of the resumed run's saved table (.npz)."""
     directory, checkpoint = str(tmp_path / "rows"), str(tmp_path / "ckpt" / "c")
-    with _killed_child("tiered_kill_child.py", "train", directory, checkpoint, *extra) as proc:
+    with killed_child("tiered_kill_child.py", "train", directory, checkpoint, *extra) as proc:
         assert proc.stdout.readline().strip() == "saved"
         # Let it run a few more steps (evicting and writing rows back), then kill it wherever it is.
         try:
@@ -188,7 +189,7 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
 def kill_child_after_lines(script: str, args: list, lines: list) -> None:
     """Runs tests/<script> with `args` in a new interpreter (the repository and tests/ importable), waits for it to
     print `lines` in order, then SIGKILLs it wherever it is."""
-    with _killed_child(script, *args) as proc:
+    with killed_child(script, *args) as proc:
         for line in lines:
             assert proc.stdout.readline().strip() == line
 
