@@ -21,15 +21,12 @@ import time
 
 import numpy as np
 
-from tf_embed_ops.examples.json_lines_child import JsonLinesChild
+from tf_embed_ops.examples.json_lines_child import WITHOUT_TF_EMBED_OPS, JsonLinesChild
 
-SERVER = r"""
-import importlib.abc, json, os, sys, threading, time
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("the serving process runs without tf_embed_ops")
-sys.meta_path.insert(0, _Block())
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""
+import json, os, sys, threading, time
 import numpy as np
 import tensorflow as tf
 
@@ -84,6 +81,7 @@ for line in sys.stdin:
         break
     print(json.dumps(out), flush=True)
 """
+)
 
 
 def _model(vocab: int, dim: int, dynamic_keys: int):

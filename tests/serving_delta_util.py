@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tf_embed_ops.examples import json_lines_child
 
 _emb = tf.tpu.experimental.embedding
 V, DIM = 64, 4
@@ -77,15 +78,7 @@ class Snapshot:
 # The serving process: plain TensorFlow, with tf_embed_ops made unimportable. It reads a JSON list of steps on
 # stdin and prints one JSON result per step.
 # The start of a serving process's code: plain TensorFlow, with tf_embed_ops made unimportable.
-WITHOUT_TF_EMBED_OPS = r"""
-import importlib.abc, json, sys
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("tf_embed_ops is not available in the serving process")
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-"""
+WITHOUT_TF_EMBED_OPS = json_lines_child.WITHOUT_TF_EMBED_OPS + "import json\nimport tensorflow as tf\n"
 
 SERVER = (
     WITHOUT_TF_EMBED_OPS

@@ -12,7 +12,18 @@ import os
 import subprocess
 import sys
 
-__all__ = ["JsonLinesChild"]
+__all__ = ["WITHOUT_TF_EMBED_OPS", "JsonLinesChild"]
+
+# The start of a child's code that must run on plain TensorFlow (a serving process): any import of tf_embed_ops
+# fails. Imports importlib.abc and sys.
+WITHOUT_TF_EMBED_OPS = r"""
+import importlib.abc, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "tf_embed_ops":
+            raise ImportError("the serving process runs without tf_embed_ops")
+sys.meta_path.insert(0, _Block())
+"""
 
 
 class JsonLinesChild:

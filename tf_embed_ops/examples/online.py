@@ -25,19 +25,16 @@ import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
-from tf_embed_ops.examples.json_lines_child import JsonLinesChild
+from tf_embed_ops.examples.json_lines_child import WITHOUT_TF_EMBED_OPS, JsonLinesChild
 
 emb = tf.tpu.experimental.embedding
 
 # The serving process. It blocks any import of tf_embed_ops, then reads one JSON command per line on stdin and
 # answers one JSON line on stdout.
-SERVER = r"""
-import importlib.abc, json, os, sys, time
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("the serving process runs without tf_embed_ops")
-sys.meta_path.insert(0, _Block())
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""
+import json, os, sys, time
 import numpy as np
 import tensorflow as tf
 
@@ -82,6 +79,7 @@ for line in sys.stdin:
     print(json.dumps(out), flush=True)
 assert not any(m.split(".")[0] == "tf_embed_ops" for m in sys.modules)
 """
+)
 
 
 class World:
