@@ -30,6 +30,7 @@ from tests.distribute_fit_support import (
     STEPS,
     USED_ROWS,
     epoch_data,
+    epoch_dataset_fn,
     make_layer,
     make_model,
     table_values,
@@ -68,10 +69,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = epoch_data()
-
-    def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+    dataset_fn = epoch_dataset_fn(tf)
 
     class Recorder(keras.callbacks.Callback):
         def __init__(self):

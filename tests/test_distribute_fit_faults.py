@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model, table_values
+from tests.distribute_fit_support import STEPS, epoch_dataset_fn, make_layer, make_model, table_values
 
 _START_TIMEOUT_S, _CHIEF_TIMEOUT_S, EPOCHS = 180, 300, 3
 pytestmark = pytest.mark.slow
@@ -38,10 +38,7 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = epoch_data()
-
-    def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+    dataset_fn = epoch_dataset_fn(tf)
 
     class Faults(keras.callbacks.Callback):
         def __init__(self):
