@@ -70,9 +70,13 @@ def _published_once(tmp_path, dtype=tf.float32, **publisher_args):
     return model, table, pub
 
 
-def _train_round(model, table, round_):
+def _train_round(pub, model, table, round_) -> dict:
+    """Trains a round (new dynamic keys, two evicted); returns the rows it touched by comparing the publisher's
+    tables before and after (`util.Snapshot`), the reference the tracker's deltas are held to."""
+    before = util.Snapshot(pub)
     util.fit(model, seed=round_, high=30 + 10 * round_)  # new dynamic keys every round
     table.evict_keys(tf.constant([round_, 30 + round_], tf.int64))
+    return util.Snapshot(pub).touched_since(before)
 
 
 @pytest.mark.slow  # several publish rounds and exports (several seconds)
@@ -81,9 +85,7 @@ def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        touched = util.Snapshot(pub).touched_since(before)
+        touched = _train_round(pub, model, table, round_)
         assert touched["dynamic"][1].size > 0  # evictions are part of the delta
         version = pub.write_delta(touched)
         assert version == round_ + 1
@@ -110,9 +112,7 @@ def test_publish_delta_with_the_tracker_keeps_the_servable_bit_identical(tmp_pat
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        reference = util.Snapshot(pub).touched_since(before)
+        reference = _train_round(pub, model, table, round_)
         version = pub.publish_delta()
         entry = read_manifest(str(tmp_path / "chain"))["chain"][-1]
         assert (entry["version"], entry["kind"], entry["base"]) == (version, "delta", version - 1)
@@ -143,9 +143,7 @@ def test_dense_weights_follow_their_cadence(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "1"))
     head = model.get_layer("head").kernel.numpy().copy()
     for round_, carries in ((1, False), (2, True)):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         path = str(tmp_path / "deltas" / f"{version}.delta")
         names = [d["name"] for d in pub._served.layout["dense"]]
         assert {"head/kernel", "head/bias"} <= set(names)
@@ -181,13 +179,9 @@ def _static(layer):
 def _bad_deltas(tmp_path, pub, model, table):
     """{name: (path, words the error must contain)}; the servable serves version 1 when they are applied."""
     good = {}
-    before = util.Snapshot(pub)
-    _train_round(model, table, 1)
-    v2 = pub.write_delta(util.Snapshot(pub).touched_since(before))
+    v2 = pub.write_delta(_train_round(pub, model, table, 1))
     good["v2"] = str(tmp_path / "chain" / "deltas" / f"{v2}.delta")
-    before = util.Snapshot(pub)
-    _train_round(model, table, 2)
-    v3 = pub.write_delta(util.Snapshot(pub).touched_since(before))
+    v3 = pub.write_delta(_train_round(pub, model, table, 2))
     data = open(good["v2"], "rb").read()
     bad = {}
 
@@ -327,9 +321,7 @@ def test_a_serving_process_without_tf_embed_ops_applies_the_chain(tmp_path):
     steps = [{"load": str(tmp_path / "chain" / "1")}, {"version": True}]
     expected = []
     for round_ in range(1, 3):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         path = str(tmp_path / "chain" / "deltas" / f"{version}.delta")
         if round_ == 2:  # a corrupted copy first: refused, the server keeps serving version 2
             data = bytearray(open(path, "rb").read())
@@ -438,9 +430,7 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     model, table, pub = _published_once(tmp_path, min_free_slots=64)
     deltas = []
     for round_ in range(1, 3):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         deltas.append(str(tmp_path / "chain" / "deltas" / f"{version}.delta"))
     probe = _probe()
     expected = _serve(_full_export(model, str(tmp_path / "full")), probe)
