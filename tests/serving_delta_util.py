@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import tf_embed_ops as te
 from tf_embed_ops.examples import json_lines_child
+from tf_embed_ops.serving import delta_format, read_manifest
 
 _emb = tf.tpu.experimental.embedding
 V, DIM = 64, 4
@@ -152,3 +153,18 @@ class DiffTracker:
             for n, (rows, evicted) in touched.items()
         }
         return types.SimpleNamespace(tables=tables, cursor=now)
+
+
+def consistent_chain(directory: str) -> list:
+    """The chain a publisher killed at any point left in `directory`, asserted consistent: it is what the manifest
+    lists, starts with a full version, its versions increase, and every delta builds on the version before (its
+    file, checksum verified, says so)."""
+    chain = read_manifest(directory)["chain"]
+    assert chain[0]["kind"] == "full"
+    for previous, entry in zip(chain, chain[1:], strict=False):
+        assert entry["version"] > previous["version"]
+        if entry["kind"] == "delta":
+            assert entry["base"] == previous["version"]
+            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksum verified
+            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    return chain

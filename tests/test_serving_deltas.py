@@ -383,16 +383,7 @@ def test_a_publish_killed_at_random_points_leaves_a_consistent_chain(tmp_path):
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
         child.stdout.close()
-    # The chain is what the manifest lists; every listed version is complete and builds on the one before.
-    manifest = read_manifest(directory)
-    chain = manifest["chain"]
-    assert chain[0]["kind"] == "full"
-    for previous, entry in zip(chain, chain[1:], strict=False):
-        assert entry["version"] > previous["version"]
-        if entry["kind"] == "delta":
-            assert entry["base"] == previous["version"]
-            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksums verified
-            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    chain = util.consistent_chain(directory)
     last_full = [e for e in chain if e["kind"] == "full"][-1]
     served = tf.saved_model.load(os.path.join(directory, last_full["path"]))
     for entry in chain[chain.index(last_full) + 1 :]:
