@@ -19,8 +19,6 @@ import zipfile
 
 import numpy as np
 
-from tf_embed_ops.formats.json_file import read_json
-
 FORMAT = "tf_embed_ops.incremental_checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -122,7 +120,11 @@ def read_manifest(directory: str) -> dict | None:
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return None
-    manifest = read_json(path, lambda e: CheckpointError(f"{path}: unreadable manifest ({e})"))
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable manifest ({e})") from e
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path}: not an incremental-checkpoint manifest (a JSON {type(manifest).__name__})")
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:

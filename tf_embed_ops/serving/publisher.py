@@ -35,7 +35,6 @@ import tensorflow as tf
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.embedding_ops import checked_int
 from tf_embed_ops.formats import atomic_write
-from tf_embed_ops.formats.json_file import read_json
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import servable as servable_lib
 from tf_embed_ops.serving import streamed as streamed_lib
@@ -57,11 +56,11 @@ def read_manifest(directory: str) -> dict | None:
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return None
-    manifest = read_json(
-        path,
-        lambda e: ValueError(f"{path}: unreadable manifest ({e}); restore it or publish into another directory"),
-        catch=(UnicodeDecodeError, json.JSONDecodeError),
-    )
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable manifest ({e}); restore it or publish into another directory") from e
     chain = manifest.get("chain") if isinstance(manifest, dict) else None
     entries_ok = isinstance(chain, list) and all(
         isinstance(e, dict)
