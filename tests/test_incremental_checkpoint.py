@@ -21,7 +21,7 @@ from tf_embed_ops.checkpoint import _format
 _emb = tf.tpu.experimental.embedding
 
 
-class _Model(tf.Module):
+class _Model(support.EmbeddingModel):
     def __init__(self, optimizer_name, kind, num_shards=3, dim=DIM):
         super().__init__()
         opt = OPTIMIZERS[optimizer_name]()
@@ -58,13 +58,7 @@ class _Model(tf.Module):
         if self.kind == "dynamic_lifecycle":
             a = np.concatenate([a[:3], a[:3]])  # seen twice: admitted by the Bloom filter
         ids = {"a": tf.constant(a, tf.int64), "b": tf.constant(rng.integers(0, VB, 6), tf.int64)}
-        self.emb.enqueue(ids)
-        acts = self.emb.dequeue()
-        self.emb.apply_gradients({k: v - 1.0 for k, v in acts.items()})
-        self.dense.assign_add(tf.reduce_mean(acts["b"], 0))
-
-    def state(self):
-        return {"dense": self.dense.numpy(), **support.embedding_state(self.emb)}
+        self.train(ids, "b")
 
 
 def _manager(model, directory, **kwargs):
