@@ -15,22 +15,18 @@ is measured in the fused-step section.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-SERVER = r"""
-import importlib.abc, json, os, sys, threading, time
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("the serving process runs without tf_embed_ops")
-sys.meta_path.insert(0, _Block())
+from tf_embed_ops.examples.json_lines_child import WITHOUT_TF_EMBED_OPS, JsonLinesChild
+
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""
+import json, os, sys, threading, time
 import numpy as np
 import tensorflow as tf
 
@@ -85,31 +81,7 @@ for line in sys.stdin:
         break
     print(json.dumps(out), flush=True)
 """
-
-
-class _Server:
-    def __init__(self):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/"
-        )
-
-    def ask(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the serving process exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def close(self) -> None:
-        try:
-            self.ask(op="quit")
-        except (RuntimeError, BrokenPipeError):
-            pass
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
+)
 
 
 def _model(vocab: int, dim: int, dynamic_keys: int):
@@ -158,7 +130,7 @@ def run(opts, log=print) -> dict:
     t = time.perf_counter()
     pub.publish_full()
     full_s = time.perf_counter() - t
-    server = _Server()
+    server = JsonLinesChild(SERVER, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, close_timeout=120)
     points = []
     try:
         loaded = server.ask(op="load", path=os.path.join(directory, "1"), feed=probe, **{"as": "live"})

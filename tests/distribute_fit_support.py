@@ -19,6 +19,12 @@ def epoch_data() -> tuple:
     return ids, y
 
 
+def epoch_dataset_fn(tf):
+    """A `dataset_fn` for `fit`: the epoch's batches (`epoch_data`), repeated."""
+    ids, y = epoch_data()
+    return lambda input_context: tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+
+
 def make_model(tf, keras, layer):
     keras.utils.set_random_seed(3)
     ids = keras.Input(shape=(), dtype="int64", name="watched")

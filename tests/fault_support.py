@@ -72,3 +72,20 @@ def race(call, times: int, threads: int, train) -> list:
     stop.set()
     trainer.join()
     return errors
+
+
+class EmbeddingModel(tf.Module):
+    """A checkpointed model of the fault tests: a te.TPUEmbedding `emb` and a dense variable `dense` that a subclass
+    creates, trained by `train` and read whole by `state`."""
+
+    def train(self, ids: dict, dense_feature: str) -> None:
+        """One step on `ids`: every activation's gradient is itself minus 1; `dense` moves by the mean activation
+        of `dense_feature`."""
+        self.emb.enqueue(ids)
+        acts = self.emb.dequeue()
+        self.emb.apply_gradients({k: v - 1.0 for k, v in acts.items()})
+        self.dense.assign_add(tf.reduce_mean(acts[dense_feature], 0))
+
+    def state(self) -> dict:
+        """`dense` and every embedding table, slot and dynamic table, as numpy by name."""
+        return {"dense": self.dense.numpy(), **embedding_state(self.emb)}

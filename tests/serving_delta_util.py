@@ -13,6 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tf_embed_ops.examples import json_lines_child
+from tf_embed_ops.serving import delta_format, read_manifest
 
 _emb = tf.tpu.experimental.embedding
 V, DIM = 64, 4
@@ -77,15 +79,7 @@ class Snapshot:
 # The serving process: plain TensorFlow, with tf_embed_ops made unimportable. It reads a JSON list of steps on
 # stdin and prints one JSON result per step.
 # The start of a serving process's code: plain TensorFlow, with tf_embed_ops made unimportable.
-WITHOUT_TF_EMBED_OPS = r"""
-import importlib.abc, json, sys
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("tf_embed_ops is not available in the serving process")
-sys.meta_path.insert(0, _Block())
-import tensorflow as tf
-"""
+WITHOUT_TF_EMBED_OPS = json_lines_child.WITHOUT_TF_EMBED_OPS + "import json\nimport tensorflow as tf\n"
 
 SERVER = (
     WITHOUT_TF_EMBED_OPS
@@ -159,3 +153,18 @@ class DiffTracker:
             for n, (rows, evicted) in touched.items()
         }
         return types.SimpleNamespace(tables=tables, cursor=now)
+
+
+def consistent_chain(directory: str) -> list:
+    """The chain a publisher killed at any point left in `directory`, asserted consistent: it is what the manifest
+    lists, starts with a full version, its versions increase, and every delta builds on the version before (its
+    file, checksum verified, says so)."""
+    chain = read_manifest(directory)["chain"]
+    assert chain[0]["kind"] == "full"
+    for previous, entry in zip(chain, chain[1:], strict=False):
+        assert entry["version"] > previous["version"]
+        if entry["kind"] == "delta":
+            assert entry["base"] == previous["version"]
+            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksum verified
+            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    return chain

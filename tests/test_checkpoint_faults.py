@@ -24,7 +24,7 @@ _emb = tf.tpu.experimental.embedding
 VS, DIM = 24, 4
 
 
-class _Model(tf.Module):
+class _Model(support.EmbeddingModel):
     """A static table `s` and a dynamic table `d` (optionally with DecayedLFU eviction), SGD, one dense variable."""
 
     def __init__(self, max_rows=1000, lifecycle=False, seed=0):
@@ -43,13 +43,7 @@ class _Model(tf.Module):
             "d": tf.constant(rng.choice(keys, 4), tf.int64),
             "s": tf.constant(rng.integers(0, VS, 4), tf.int64),
         }
-        self.emb.enqueue(ids)
-        acts = self.emb.dequeue()
-        self.emb.apply_gradients({k: v - 1.0 for k, v in acts.items()})
-        self.dense.assign_add(tf.reduce_mean(acts["s"], 0))
-
-    def state(self):
-        return {"dense": self.dense.numpy(), **support.embedding_state(self.emb)}
+        self.train(ids, "s")
 
 
 def _manager(model, directory, **kwargs):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -30,10 +29,12 @@ from tests.distribute_fit_support import (
     STEPS,
     USED_ROWS,
     epoch_data,
+    epoch_dataset_fn,
     make_layer,
     make_model,
     table_values,
 )
+from tests.script_support import run_script_for_json
 
 _TIMEOUT_S = 300
 
@@ -68,10 +69,7 @@ def _run_scenario(scenario: str, out_dir: str) -> None:
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = epoch_data()
-
-    def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+    dataset_fn = epoch_dataset_fn(tf)
 
     class Recorder(keras.callbacks.Callback):
         def __init__(self):
@@ -171,17 +169,13 @@ def _run_cluster(scenario: str, out_dir) -> tuple:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), scenario, str(out_dir)],
+    return run_script_for_json(
+        [os.path.abspath(__file__), scenario, str(out_dir)],
+        os.path.join(out_dir, f"{scenario}.json"),
         env=env,
-        capture_output=True,
-        text=True,
         timeout=_TIMEOUT_S,
-        check=False,
+        what=scenario,
     )
-    assert proc.returncode == 0, f"{scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    with open(os.path.join(out_dir, f"{scenario}.json")) as f:
-        return json.load(f), proc.stdout
 
 
 def _single_machine(epochs: int) -> dict:

@@ -22,7 +22,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model, table_values
+from tests.distribute_fit_support import STEPS, epoch_dataset_fn, make_layer, make_model, table_values
+from tests.script_support import run_script_for_json
 
 _START_TIMEOUT_S, _CHIEF_TIMEOUT_S, EPOCHS = 180, 300, 3
 pytestmark = pytest.mark.slow
@@ -38,10 +39,7 @@ def _chief(scenario: str, out_dir: str, kill_pid: int, kill_epoch: int, kill_ste
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = epoch_data()
-
-    def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+    dataset_fn = epoch_dataset_fn(tf)
 
     class Faults(keras.callbacks.Callback):
         def __init__(self):
@@ -140,17 +138,14 @@ class _Job:
     def run_chief(self, scenario: str, out_dir, kill=None, at=(0, 0)) -> dict:
         config = json.dumps({"cluster": self.cluster, "task": {"type": "chief", "index": 0}})
         pid = str(self.tasks[kill].pid) if kill else "0"
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), scenario, str(out_dir), pid, str(at[0]), str(at[1])],
+        result, _ = run_script_for_json(
+            [os.path.abspath(__file__), scenario, str(out_dir), pid, str(at[0]), str(at[1])],
+            os.path.join(out_dir, f"{scenario}.json"),
             env=_env(TF_CONFIG=config),
-            capture_output=True,
-            text=True,
             timeout=_CHIEF_TIMEOUT_S,
-            check=False,
+            what=f"chief {scenario}",
         )
-        assert proc.returncode == 0, f"chief {scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        with open(os.path.join(out_dir, f"{scenario}.json")) as f:
-            return json.load(f)
+        return result
 
 
 def test_a_worker_killed_mid_epoch_is_replaced_and_training_finishes(tmp_path):

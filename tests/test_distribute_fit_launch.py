@@ -45,16 +45,14 @@ _TRAIN = textwrap.dedent("""
     import json, os, sys
     import keras
     import tensorflow as tf
-    from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model
+    from tests.distribute_fit_support import STEPS, epoch_dataset_fn, make_layer, make_model
     from tf_embed_ops import distribute as ted
 
-    ids, y = epoch_data()
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver())
     with strategy.scope():
         model = make_model(tf, keras, make_layer(tf, ted.ShardedEmbeddingLayer))
-    dataset_fn = lambda ctx: tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
-    history = ted.fit(model, dataset_fn, epochs=2, steps_per_epoch=STEPS, verbose=2)
+    history = ted.fit(model, epoch_dataset_fn(tf), epochs=2, steps_per_epoch=STEPS, verbose=2)
     with open(sys.argv[1], "w") as f:
         json.dump({"history": history.history, "pids": json.loads(os.environ["TF_EMBED_OPS_TASK_PIDS"]),
                    "tf_config": json.loads(os.environ["TF_CONFIG"])}, f)

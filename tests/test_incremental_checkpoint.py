@@ -21,7 +21,7 @@ from tf_embed_ops.checkpoint import _format
 _emb = tf.tpu.experimental.embedding
 
 
-class _Model(tf.Module):
+class _Model(support.EmbeddingModel):
     def __init__(self, optimizer_name, kind, num_shards=3, dim=DIM):
         super().__init__()
         opt = OPTIMIZERS[optimizer_name]()
@@ -58,13 +58,7 @@ class _Model(tf.Module):
         if self.kind == "dynamic_lifecycle":
             a = np.concatenate([a[:3], a[:3]])  # seen twice: admitted by the Bloom filter
         ids = {"a": tf.constant(a, tf.int64), "b": tf.constant(rng.integers(0, VB, 6), tf.int64)}
-        self.emb.enqueue(ids)
-        acts = self.emb.dequeue()
-        self.emb.apply_gradients({k: v - 1.0 for k, v in acts.items()})
-        self.dense.assign_add(tf.reduce_mean(acts["b"], 0))
-
-    def state(self):
-        return {"dense": self.dense.numpy(), **support.embedding_state(self.emb)}
+        self.train(ids, "b")
 
 
 def _manager(model, directory, **kwargs):
@@ -92,6 +86,16 @@ def _train_and_save(model, mgr, rng, saves=4, steps=2, evict=False):
     return states
 
 
+def _assert_restores_last_save(model, mgr, rng, states, other, tmp_path):
+    """After `_train_and_save` (four saves): `model`, trained on past its last save, and a new object `other`
+    restore the chain to version 4, bitwise the state saved last."""
+    model.step(rng)  # move away from the saved state
+    assert mgr.restore() == 4
+    _assert_same(model.state(), states[-1])
+    assert _manager(other, tmp_path).restore() == 4
+    _assert_same(other.state(), states[-1])
+
+
 @pytest.mark.parametrize("kind", ["static", "bfloat16", "sharded", "dynamic", "sharded_dynamic"])
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_chain_restores_bit_identical(tmp_path, optimizer_name, kind):
@@ -100,13 +104,8 @@ def test_chain_restores_bit_identical(tmp_path, optimizer_name, kind):
     mgr = _manager(model, tmp_path, full_every=0)
     states = _train_and_save(model, mgr, rng, evict="dynamic" in kind)
     assert [e["kind"] for e in mgr.chain] == ["full", "delta", "delta", "delta"]
-    model.step(rng)  # move away from the saved state
-    assert mgr.restore() == 4
-    _assert_same(model.state(), states[-1])
-    # A new object, another shard count / dynamic capacity.
-    other = _Model(optimizer_name, kind, num_shards=2)
-    assert _manager(other, tmp_path).restore() == 4
-    _assert_same(other.state(), states[-1])
+    # The new object: another shard count / dynamic capacity.
+    _assert_restores_last_save(model, mgr, rng, states, _Model(optimizer_name, kind, num_shards=2), tmp_path)
 
 
 def test_dynamic_lifecycle_policies_restore_bit_identical(tmp_path):
@@ -115,12 +114,7 @@ def test_dynamic_lifecycle_policies_restore_bit_identical(tmp_path):
     model = _Model("adagrad", "dynamic_lifecycle")
     mgr = _manager(model, tmp_path, full_every=0)
     states = _train_and_save(model, mgr, rng)
-    model.step(rng)
-    assert mgr.restore() == 4
-    _assert_same(model.state(), states[-1])
-    other = _Model("adagrad", "dynamic_lifecycle")
-    assert _manager(other, tmp_path).restore() == 4
-    _assert_same(other.state(), states[-1])
+    _assert_restores_last_save(model, mgr, rng, states, _Model("adagrad", "dynamic_lifecycle"), tmp_path)
 
 
 def test_deltas_hold_only_changed_rows_and_full_every(tmp_path):

@@ -7,12 +7,12 @@ run's last ones, and it trains epoch 3 only.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tests.distribute_fit_support import BATCH, STEPS, epoch_data, make_layer, make_model, table_values
+from tests.distribute_fit_support import STEPS, epoch_dataset_fn, make_layer, make_model, table_values
+from tests.script_support import run_script_for_json
 
 
 def _run(stage: str, out_dir: str) -> None:
@@ -23,10 +23,7 @@ def _run(stage: str, out_dir: str) -> None:
     from tf_embed_ops import distribute as ted
     from tf_embed_ops.distribute.keras_layer import ShardedEmbeddingLayer
 
-    ids, y = epoch_data()
-
-    def dataset_fn(input_context):
-        return tf.data.Dataset.from_tensor_slices(({"watched": ids}, y)).batch(BATCH).repeat()
+    dataset_fn = epoch_dataset_fn(tf)
 
     strategy = ted.create_local_cluster(num_workers=1, num_ps=2)
     with strategy.scope():
@@ -64,17 +61,14 @@ def _run(stage: str, out_dir: str) -> None:
 def _subprocess(stage: str, out_dir) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=root)
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), stage, str(out_dir)],
+    result, _ = run_script_for_json(
+        [os.path.abspath(__file__), stage, str(out_dir)],
+        os.path.join(out_dir, f"{stage}.json"),
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
-        check=False,
+        what=stage,
     )
-    assert proc.returncode == 0, f"{stage} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    with open(os.path.join(out_dir, f"{stage}.json")) as f:
-        return json.load(f)
+    return result
 
 
 @pytest.mark.slow

@@ -60,23 +60,32 @@ def _assert_same_state(a, b):
             np.testing.assert_array_equal(a[k], b[k])
 
 
-def _train_round(model, table, round_):
+def _published_once(tmp_path, dtype=tf.float32, **publisher_args):
+    """A trained dynamic model (`util.dynamic_model`), its dynamic table, and a `Publisher` into tmp_path/chain that
+    has published version 1 (full)."""
+    model, _, table = util.dynamic_model(dtype)
+    util.fit(model, seed=0)
+    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, **publisher_args)
+    assert pub.publish_full() == 1
+    return model, table, pub
+
+
+def _train_round(pub, model, table, round_) -> dict:
+    """Trains a round (new dynamic keys, two evicted); returns the rows it touched by comparing the publisher's
+    tables before and after (`util.Snapshot`), the reference the tracker's deltas are held to."""
+    before = util.Snapshot(pub)
     util.fit(model, seed=round_, high=30 + 10 * round_)  # new dynamic keys every round
     table.evict_keys(tf.constant([round_, 30 + round_], tf.int64))
+    return util.Snapshot(pub).touched_since(before)
 
 
 @pytest.mark.slow  # several publish rounds and exports (several seconds)
 def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    assert pub.publish_full() == 1
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        touched = util.Snapshot(pub).touched_since(before)
+        touched = _train_round(pub, model, table, round_)
         assert touched["dynamic"][1].size > 0  # evictions are part of the delta
         version = pub.write_delta(touched)
         assert version == round_ + 1
@@ -99,16 +108,11 @@ def test_deltas_make_the_servable_bit_identical_to_a_full_export(tmp_path):
 def test_publish_delta_with_the_tracker_keeps_the_servable_bit_identical(tmp_path, dtype):
     """The touched-row tracker's deltas: a superset of the rows that changed (reference: table comparison), and a
     servable equal to a full export after each; 16-bit tables travel as stored."""
-    model, _, table = util.dynamic_model(dtype)
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, dtype, min_free_slots=64)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
     for round_ in range(1, 4):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        reference = util.Snapshot(pub).touched_since(before)
+        reference = _train_round(pub, model, table, round_)
         version = pub.publish_delta()
         entry = read_manifest(str(tmp_path / "chain"))["chain"][-1]
         assert (entry["version"], entry["kind"], entry["base"]) == (version, "delta", version - 1)
@@ -139,9 +143,7 @@ def test_dense_weights_follow_their_cadence(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "1"))
     head = model.get_layer("head").kernel.numpy().copy()
     for round_, carries in ((1, False), (2, True)):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         path = str(tmp_path / "deltas" / f"{version}.delta")
         names = [d["name"] for d in pub._served.layout["dense"]]
         assert {"head/kernel", "head/bias"} <= set(names)
@@ -177,13 +179,9 @@ def _static(layer):
 def _bad_deltas(tmp_path, pub, model, table):
     """{name: (path, words the error must contain)}; the servable serves version 1 when they are applied."""
     good = {}
-    before = util.Snapshot(pub)
-    _train_round(model, table, 1)
-    v2 = pub.write_delta(util.Snapshot(pub).touched_since(before))
+    v2 = pub.write_delta(_train_round(pub, model, table, 1))
     good["v2"] = str(tmp_path / "chain" / "deltas" / f"{v2}.delta")
-    before = util.Snapshot(pub)
-    _train_round(model, table, 2)
-    v3 = pub.write_delta(util.Snapshot(pub).touched_since(before))
+    v3 = pub.write_delta(_train_round(pub, model, table, 2))
     data = open(good["v2"], "rb").read()
     bad = {}
 
@@ -267,10 +265,7 @@ def _bad_deltas(tmp_path, pub, model, table):
 
 
 def test_every_bad_delta_is_refused_with_its_file_and_reason_and_nothing_changes(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, dynamic_headroom=0.0, min_free_slots=40)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, dynamic_headroom=0.0, min_free_slots=40)
     good, bad = _bad_deltas(tmp_path, pub, model, table)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
@@ -321,17 +316,12 @@ def test_publish_delta_needs_a_full_version_first(tmp_path):
 
 @pytest.mark.slow
 def test_a_serving_process_without_tf_embed_ops_applies_the_chain(tmp_path):
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     probe = _probe()
     steps = [{"load": str(tmp_path / "chain" / "1")}, {"version": True}]
     expected = []
     for round_ in range(1, 3):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         path = str(tmp_path / "chain" / "deltas" / f"{version}.delta")
         if round_ == 2:  # a corrupted copy first: refused, the server keeps serving version 2
             data = bytearray(open(path, "rb").read())
@@ -393,16 +383,7 @@ def test_a_publish_killed_at_random_points_leaves_a_consistent_chain(tmp_path):
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
         child.stdout.close()
-    # The chain is what the manifest lists; every listed version is complete and builds on the one before.
-    manifest = read_manifest(directory)
-    chain = manifest["chain"]
-    assert chain[0]["kind"] == "full"
-    for previous, entry in zip(chain, chain[1:], strict=False):
-        assert entry["version"] > previous["version"]
-        if entry["kind"] == "delta":
-            assert entry["base"] == previous["version"]
-            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksums verified
-            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    chain = util.consistent_chain(directory)
     last_full = [e for e in chain if e["kind"] == "full"][-1]
     served = tf.saved_model.load(os.path.join(directory, last_full["path"]))
     for entry in chain[chain.index(last_full) + 1 :]:
@@ -437,15 +418,10 @@ def test_a_graph_mode_session_loader_applies_deltas_as_tensorflow_serving_would(
     in a session: the same path here, in a process without tf_embed_ops."""
     import json
 
-    model, _, table = util.dynamic_model()
-    util.fit(model, seed=0)
-    pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
-    pub.publish_full()
+    model, table, pub = _published_once(tmp_path, min_free_slots=64)
     deltas = []
     for round_ in range(1, 3):
-        before = util.Snapshot(pub)
-        _train_round(model, table, round_)
-        version = pub.write_delta(util.Snapshot(pub).touched_since(before))
+        version = pub.write_delta(_train_round(pub, model, table, round_))
         deltas.append(str(tmp_path / "chain" / "deltas" / f"{version}.delta"))
     probe = _probe()
     expected = _serve(_full_export(model, str(tmp_path / "full")), probe)

@@ -57,19 +57,15 @@ def _empty(dtype):
     return tf.zeros([0], dtype)
 
 
-def test_activations_shape_is_sample_shape_plus_each_tables_dim(ops, setup):
+def _dense_activations(ops, setup, ids, sample_shapes):
+    """Both features' activations for dense ids (no row splits, no weights)."""
     config, tables = setup
+    return _activations(ops, config, tables, [_empty(tf.int64)] * 2, ids, [_empty(tf.float32)] * 2, sample_shapes)
 
+
+def test_activations_shape_is_sample_shape_plus_each_tables_dim(ops, setup):
     def lookup(ids0, ids1):
-        acts = _activations(
-            ops,
-            config,
-            tables,
-            [_empty(tf.int64), _empty(tf.int64)],
-            [ids0, ids1],
-            [_empty(tf.float32)] * 2,
-            [tf.constant([4], tf.int64), tf.constant([2, 3], tf.int64)],
-        )
+        acts = _dense_activations(ops, setup, [ids0, ids1], [tf.constant([4], tf.int64), tf.constant([2, 3], tf.int64)])
         return [a.shape.as_list() for a in acts]
 
     spec = tf.TensorSpec([None], tf.int64)
@@ -77,18 +73,8 @@ def test_activations_shape_is_sample_shape_plus_each_tables_dim(ops, setup):
 
 
 def test_activations_with_symbolic_sample_shapes(ops, setup):
-    config, tables = setup
-
     def lookup(ids, shape_of_known_rank, shape_of_unknown_length):
-        acts = _activations(
-            ops,
-            config,
-            tables,
-            [_empty(tf.int64), _empty(tf.int64)],
-            [ids, ids],
-            [_empty(tf.float32)] * 2,
-            [shape_of_known_rank, shape_of_unknown_length],
-        )
+        acts = _dense_activations(ops, setup, [ids, ids], [shape_of_known_rank, shape_of_unknown_length])
         return [a.shape for a in acts]
 
     known, unknown = _trace(

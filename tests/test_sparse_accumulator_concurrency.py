@@ -19,6 +19,25 @@ def _thread(fn, *args):
     return t
 
 
+def _cancelled_errors(blocking, cancel) -> list:
+    """Runs `blocking` on a thread, calls `cancel` once it has blocked (0.3 s) and returns the `CancelledError`s it
+    raised, after its thread has ended."""
+    errors = []
+
+    def run():
+        try:
+            blocking()
+        except tf.errors.CancelledError as e:
+            errors.append(e)
+
+    t = _thread(run)
+    time.sleep(0.3)
+    cancel()
+    t.join(20.0)
+    assert not t.is_alive()
+    return errors
+
+
 def _wait_until(predicate, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -91,19 +110,7 @@ def test_session_close_cancels_blocked_take():
         acc = SparseConditionalAccumulator(tf.float32)
         take = acc.take_grad(1)
     sess = tf.compat.v1.Session(graph=graph)
-    errors = []
-
-    def run_take():
-        try:
-            sess.run(take)
-        except tf.errors.CancelledError as e:
-            errors.append(e)
-
-    t = _thread(run_take)
-    time.sleep(0.3)
-    sess.close()
-    t.join(20.0)
-    assert not t.is_alive()
+    errors = _cancelled_errors(lambda: sess.run(take), sess.close)
     assert len(errors) == 1 and "TakeGrad operation was cancelled" in str(errors[0])
 
 
@@ -263,18 +270,7 @@ def test_eager_cancellation_manager_cancels_blocked_take():
     take = tf.function(lambda: acc.take_grad(2).values).get_concrete_function()
     manager = cancellation.CancellationManager()
     cancelable = manager.get_cancelable_function(take)
-    errors = []
-
-    def run():
-        try:
-            cancelable()
-        except tf.errors.CancelledError as e:
-            errors.append(e)
-
-    t = _thread(run)
-    time.sleep(0.3)
-    manager.start_cancel()
-    t.join(20.0)
+    errors = _cancelled_errors(cancelable, manager.start_cancel)
     assert len(errors) == 1 and "TakeGrad operation was cancelled" in str(errors[0])
     assert int(acc.num_accumulated()) == 1  # untouched
     acc.apply_grad([0], [[3.0]], local_step=0)  # step not incremented

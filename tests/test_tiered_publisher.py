@@ -20,6 +20,7 @@ from tiered_support import (
     cache_bytes_for,
     corrupt_every_record,
     keras_model,
+    killed_child,
     record_bytes,
     run_json_child,
     table_pair,
@@ -463,41 +464,15 @@ def test_a_tiered_publish_killed_at_random_points_leaves_a_chain_a_plain_server_
     only, each delta builds on the previous version, and a server without tf_embed_ops loads the last full version
     and applies the deltas after it; a new Publisher removes the temporaries and continues past every number."""
     import random
-    import signal
-    import subprocess
-    import sys
     import time
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
     rng = random.Random(11)
     for _ in range(3):
-        child = subprocess.Popen(
-            [sys.executable, os.path.join(here, "tiered_publish_kill_child.py"), str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        try:
+        with killed_child("tiered_publish_kill_child.py", str(tmp_path)) as child:
             assert child.stdout.readline().startswith("full")  # up, and published once
             time.sleep(rng.uniform(0.0, 3.0))
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=60)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            child.stdout.close()
     directory = str(tmp_path / "chain")
-    chain = read_manifest(directory)["chain"]
-    assert chain[0]["kind"] == "full"
-    for previous, entry in zip(chain, chain[1:], strict=False):
-        assert entry["version"] > previous["version"]
-        if entry["kind"] == "delta":
-            assert entry["base"] == previous["version"]
-            parsed = delta_format.read_delta(os.path.join(directory, entry["path"]))  # checksum verified
-            assert (parsed["version"], parsed["base_version"]) == (entry["version"], entry["base"])
+    chain = util.consistent_chain(directory)
     last_full = [e for e in chain if e["kind"] == "full"][-1]
     steps = [{"load": os.path.join(directory, last_full["path"])}]
     steps += [{"apply": os.path.join(directory, e["path"])} for e in chain[chain.index(last_full) + 1 :]]

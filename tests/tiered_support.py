@@ -3,6 +3,7 @@ same initial rows, a training step, and the record size the cache budget is coun
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -137,22 +138,37 @@ def assert_same_state(a: tuple, b: tuple) -> None:
         np.testing.assert_array_equal(a[1][name], b[1][name], err_msg=name)
 
 
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+# A child interpreter's environment: the repository and tests/ importable.
+_CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(_TESTS), _TESTS]))
+
+
+@contextlib.contextmanager
+def killed_child(script: str, *args: str):
+    """Runs tests/<script> with `args` in a new interpreter (its stdout a text pipe) for the block, and SIGKILLs it
+    wherever it is when the block ends (and closes its stdout)."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(_TESTS, script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=_CHILD_ENV,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
 def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
     """Runs tiered_kill_child.py: `train` (with `extra` arguments) until it has saved its checkpoint and trained a
     while longer, SIGKILLs it wherever it is, then `resume` in a new process over the same directory. Returns the
     path of the resumed run's saved table (.npz)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    child = os.path.join(here, "tiered_kill_child.py")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + here)
     directory, checkpoint = str(tmp_path / "rows"), str(tmp_path / "ckpt" / "c")
-    proc = subprocess.Popen(
-        [sys.executable, child, "train", directory, checkpoint, *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
+    with killed_child("tiered_kill_child.py", "train", directory, checkpoint, *extra) as proc:
         assert proc.stdout.readline().strip() == "saved"
         # Let it run a few more steps (evicting and writing rows back), then kill it wherever it is.
         try:
@@ -160,15 +176,12 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
         except subprocess.TimeoutExpired:
             pass
         assert proc.poll() is None, "the child stopped by itself"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     out = str(tmp_path / "resumed.npz")
     subprocess.run(
-        [sys.executable, child, "resume", directory, checkpoint, out, *extra], env=env, check=True, timeout=300
+        [sys.executable, os.path.join(_TESTS, "tiered_kill_child.py"), "resume", directory, checkpoint, out, *extra],
+        env=_CHILD_ENV,
+        check=True,
+        timeout=300,
     )
     return out
 
@@ -176,24 +189,9 @@ def kill_child_after_checkpoint(tmp_path, *extra: str) -> str:
 def kill_child_after_lines(script: str, args: list, lines: list) -> None:
     """Runs tests/<script> with `args` in a new interpreter (the repository and tests/ importable), waits for it to
     print `lines` in order, then SIGKILLs it wherever it is."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, script), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        text=True,
-    )
-    try:
+    with killed_child(script, *args) as proc:
         for line in lines:
             assert proc.stdout.readline().strip() == line
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def corrupt_every_record(path: str, record: int) -> None:

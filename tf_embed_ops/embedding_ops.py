@@ -266,6 +266,22 @@ def checked_int(value, argument: str, minimum: int = INT64_MIN, maximum: int = I
     return out
 
 
+def int64_scalar(value, argument: str, minimum: int = INT64_MIN) -> tf.Tensor:
+    """An integer scalar (Python/numpy int, checked by `checked_int`, or an integer tensor) as an int64 tensor.
+
+    Raises:
+      ValueError: naming the argument, for a non-integer, a Python int out of range or a tensor of another rank.
+    """
+    if isinstance(value, (int, np.integer)):
+        value = checked_int(value, argument, minimum)
+    value = tf.convert_to_tensor(value)
+    if not value.dtype.is_integer:
+        raise ValueError(f"{argument}: must be an integer, got {value.dtype.name}")
+    if value.shape.rank not in (None, 0):
+        raise ValueError(f"{argument}: must be a scalar, got shape {value.shape}")
+    return tf.cast(value, tf.int64)
+
+
 def checked_combiners(combiners) -> list[str]:
     if combiners is None:
         return []

@@ -164,6 +164,23 @@ def int_feature(kind: str, rows, weights=None) -> embedding_ops.FeatureInput:
     raise ValueError(kind)
 
 
+# The start of a `digest_in_subprocess` script: its thread count set, this module and the dynamic ops imported, and
+# `rng`, `n` ids a batch, `dim` and the `out` list of bytes it hashes.
+DIGEST_SCRIPT_START = r"""
+import hashlib, sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+sys.path.insert(0, sys.argv[2])
+from dynamic_ops_test_util import int_feature, make_config, new_table, schema, slot_defaults
+from tf_embed_ops.dynamic import ops as dyn
+
+rng = np.random.default_rng(11)
+n, dim = 30000, 32  # large enough that every loop splits over 2 threads
+out = []
+"""
+
+
 def digest_in_subprocess(script: str, threads: int) -> str:
     """The last stdout line of `script` run in a fresh interpreter as `script threads this_directory` (a process
     fixes its intra-op pool size once, so 1- and 2-thread runs need their own processes)."""

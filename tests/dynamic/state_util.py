@@ -69,6 +69,18 @@ def random_content(rng, n, dim, num_slots, pending=0, key_range=2**62, slot_colu
     }
 
 
+def random_sharded_table(cfg, rng, n, directory) -> tuple[ShardedDynamicTable, dict[str, np.ndarray]]:
+    """A 2-shard table holding `random_content` of n rows (restored from one table's checkpoint in `directory`), and
+    that content."""
+    whole = DynamicTable(cfg)
+    c = random_content(rng, n, cfg.dim, whole.num_slots)
+    whole.import_(**c)
+    sharded = ShardedDynamicTable(cfg, 2)
+    path = tf.train.Checkpoint(t=whole).write(str(directory / "ckpt"))
+    tf.train.Checkpoint(t=sharded).read(path).assert_consumed()
+    return sharded, c
+
+
 def train_lookup(table, keys, step=None):
     """The training lookup (inserts admitted new keys) of one feature over `table`; returns the activations."""
     feature = tf.tpu.experimental.embedding.FeatureConfig(table=table.config, name="f")

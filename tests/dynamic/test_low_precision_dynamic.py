@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from dynamic_ops_test_util import (
+    DIGEST_SCRIPT_START,
     digest_in_subprocess,
     int_feature,
     make_config,
@@ -287,18 +288,9 @@ def test_checkpoint_round_trip_of_a_16_bit_table(tmp_path):
     np.testing.assert_array_equal(saved["weights"].numpy(), _round_nearest(saved["weights"].numpy(), tf.float16))
 
 
-_THREADS_SCRIPT = r"""
-import hashlib, sys
-import numpy as np
-import tensorflow as tf
-tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
-sys.path.insert(0, sys.argv[2])
-from dynamic_ops_test_util import int_feature, make_config, new_table, schema, slot_defaults
-from tf_embed_ops.dynamic import ops as dyn
-
-rng = np.random.default_rng(11)
-n, dim = 30000, 32  # large enough that every loop splits over 2 threads
-out = []
+_THREADS_SCRIPT = (
+    DIGEST_SCRIPT_START
+    + r"""
 for kind, overrides, dtype in (("adagrad", {}, "bfloat16"), ("adam", {"lazy_adam": False}, "float16")):
     s = schema(kind)
     config = make_config([{"name": "t", "vocab": 1 << 20, "dim": dim, "schema": s, "overrides": overrides,
@@ -315,6 +307,7 @@ for kind, overrides, dtype in (("adagrad", {}, "bfloat16"), ("adam", {"lazy_adam
     out += [t.numpy().tobytes() for t in (*c[:2], *c.slots, *c[3:])]
 print(hashlib.sha256(b"".join(out)).hexdigest())
 """
+)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from dynamic_ops_test_util import digest_in_subprocess, int_feature, make_config, new_table, schema
+from dynamic_ops_test_util import DIGEST_SCRIPT_START, digest_in_subprocess, int_feature, make_config, new_table, schema
 
 from tf_embed_ops.dynamic import ops as dyn
 
@@ -63,18 +63,9 @@ def test_concurrent_lookup_and_update_steps_lose_nothing():
     assert int(stats.size) == int(stats.inserts) == len(keys)
 
 
-_SCRIPT = r"""
-import hashlib, sys
-import numpy as np
-import tensorflow as tf
-tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
-sys.path.insert(0, sys.argv[2])
-from dynamic_ops_test_util import int_feature, make_config, new_table, schema
-from tf_embed_ops.dynamic import ops as dyn
-
-rng = np.random.default_rng(11)
-n, dim = 30000, 32  # large enough that every loop splits over 2 threads
-out = []
+_SCRIPT = (
+    DIGEST_SCRIPT_START
+    + r"""
 for kind, overrides, options in (("adagrad_momentum", {"momentum": 0.9, "use_nesterov": True}, {}),
                                  ("adam", {"lazy_adam": False}, {}),
                                  ("ftrl", {"l1_regularization_strength": 0.01}, {"gradient_clip": (-0.3, 0.3)}),
@@ -97,6 +88,7 @@ for kind, overrides, options in (("adagrad_momentum", {"momentum": 0.9, "use_nes
     out += [t.numpy().tobytes() for t in (*c[:2], *c.slots, *c[3:])]
 print(hashlib.sha256(b"".join(out)).hexdigest())
 """
+)
 
 
 @pytest.mark.slow

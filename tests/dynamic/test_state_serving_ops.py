@@ -14,9 +14,8 @@ import tensorflow as tf
 from tests.dynamic.state_util import (
     SERVING_SIGNATURE,
     DynamicTable,
-    ShardedDynamicTable,
     config,
-    random_content,
+    random_sharded_table,
     serving_data,
     train_lookup,
     trained_serving_model,
@@ -48,12 +47,7 @@ def test_string_keys_are_what_the_kernel_inserts_and_serve_the_same_rows():
 
 def test_a_sharded_table_freezes_into_one(tmp_path):
     cfg = config()
-    whole = DynamicTable(cfg)
-    c = random_content(np.random.default_rng(1), 40, 4, whole.num_slots)
-    whole.import_(**c)
-    sharded = ShardedDynamicTable(cfg, 2)
-    path = tf.train.Checkpoint(t=whole).write(str(tmp_path / "ckpt"))
-    tf.train.Checkpoint(t=sharded).read(path).assert_consumed()
+    sharded, c = random_sharded_table(cfg, np.random.default_rng(1), 40, tmp_path)
     frozen = serving.freeze(sharded)
     np.testing.assert_array_equal(frozen.keys.numpy(), c["keys"])
     np.testing.assert_array_equal(frozen.lookup(c["keys"]).numpy(), c["weights"])

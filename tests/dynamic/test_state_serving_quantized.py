@@ -11,10 +11,10 @@ import tensorflow as tf
 from tests.dynamic.state_util import (
     SERVING_SIGNATURE,
     DynamicTable,
-    ShardedDynamicTable,
     config,
     content,
     random_content,
+    random_sharded_table,
     serving_data,
     trained_serving_model,
 )
@@ -84,12 +84,7 @@ def test_max_rows_keeps_the_top_scores_smaller_key_first_on_ties(score):
 
 def test_max_rows_caps_each_shard_of_a_sharded_table(tmp_path):
     cfg = config(dim=4)
-    whole = DynamicTable(cfg)
-    c = random_content(np.random.default_rng(3), 50, 4, whole.num_slots)
-    whole.import_(**c)
-    sharded = ShardedDynamicTable(cfg, 2)
-    path = tf.train.Checkpoint(t=whole).write(str(tmp_path / "ckpt"))
-    tf.train.Checkpoint(t=sharded).read(path).assert_consumed()
+    sharded, c = random_sharded_table(cfg, np.random.default_rng(3), 50, tmp_path)
     frozen = serving.freeze(sharded, "int4", Prune(max_rows=6))
     shard = shard_of_keys(tf.constant(c["keys"]), 2).numpy()
     norms = np.sqrt((c["weights"].astype(np.float64) ** 2).sum(1))

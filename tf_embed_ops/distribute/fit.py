@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
+
+from tf_embed_ops.distribute.fit_callbacks import begin_training
 
 if TYPE_CHECKING:  # keras is imported on the first call: `import tf_embed_ops.distribute` does not need it
     import keras
@@ -106,7 +108,6 @@ def fit(
       ValueError: for a bad argument (named, with its value), a model that is not compiled, or a model built
         outside the strategy's scope.
     """
-    import keras
 
     strategy = strategy if strategy is not None else getattr(model, "distribute_strategy", None)
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -153,40 +154,28 @@ def fit(
         checkpoint_manager.restore_or_initialize()
         initial_epoch = max(initial_epoch, _completed_epochs(checkpoint_manager))
 
-    train_iterator = _per_worker_iterator(coordinator, strategy, dataset_fn)
-    val_iterator = _per_worker_iterator(coordinator, strategy, validation_data) if validation_data is not None else None
-    train_function = _step_function(strategy, model.train_step)
-    test_function = _step_function(strategy, model.test_step) if validation_data is not None else None
+    train = _Steps(
+        _step_function(strategy, model.train_step),
+        _per_worker_iterator(coordinator, strategy, dataset_fn),
+        steps_per_epoch,
+    )
+    validation = (
+        _Steps(
+            _step_function(strategy, model.test_step),
+            _per_worker_iterator(coordinator, strategy, validation_data),
+            validation_steps,
+        )
+        if validation_data is not None
+        else None
+    )
     in_flight = _STEPS_IN_FLIGHT_PER_WORKER * _num_workers()
 
-    if not isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0,
-            verbose=verbose,
-            epochs=epochs,
-            steps=steps_per_epoch,
-            model=model,
-        )
-    model.stop_training = False
-    callbacks.on_train_begin()
+    callbacks = begin_training(callbacks, model, verbose=verbose, epochs=epochs, steps=steps_per_epoch)
     training_logs = None
     for epoch in range(initial_epoch, epochs):
         try:
             epoch_logs = _run_epoch(
-                model,
-                coordinator,
-                callbacks,
-                epoch,
-                train_function,
-                train_iterator,
-                steps_per_epoch,
-                test_function,
-                val_iterator,
-                validation_steps,
-                in_flight,
-                checkpoint_manager,
+                model, coordinator, callbacks, epoch, train, validation, in_flight, checkpoint_manager
             )
         except _LOST_TASK_ERRORS as e:
             latest = checkpoint_manager.latest_checkpoint if checkpoint_manager is not None else None
@@ -209,42 +198,39 @@ def fit(
     return model.history
 
 
-def _run_epoch(
-    model,
-    coordinator,
-    callbacks,
-    epoch,
-    train_function,
-    train_iterator,
-    steps_per_epoch,
-    test_function,
-    val_iterator,
-    validation_steps,
-    in_flight,
-    checkpoint_manager,
-) -> dict:
-    """One epoch: training steps, validation, checkpoint; returns the epoch's logs (callbacks not yet told)."""
+class _Steps(NamedTuple):
+    """One kind of step of an epoch (training or validation): the scheduled step function, the per-worker iterator
+    it reads, and how many steps an epoch runs."""
+
+    function: Callable
+    iterator: Any
+    count: int
+
+
+def _run_epoch(model, coordinator, callbacks, epoch, train, validation, in_flight, checkpoint_manager) -> dict:
+    """One epoch: training steps, validation (`validation` None: none), checkpoint; returns the epoch's logs
+    (callbacks not yet told)."""
     model.reset_metrics()
     callbacks.on_epoch_begin(epoch)
     _run_steps(
         coordinator,
-        train_function,
-        train_iterator,
-        steps_per_epoch,
+        train.function,
+        train.iterator,
+        train.count,
         in_flight,
         callbacks.on_train_batch_begin,
         callbacks.on_train_batch_end,
         lambda: model.stop_training,
     )
     epoch_logs = _metrics(model)
-    if val_iterator is not None:
+    if validation is not None:
         model.reset_metrics()
         callbacks.on_test_begin()
         _run_steps(
             coordinator,
-            test_function,
-            val_iterator,
-            validation_steps,
+            validation.function,
+            validation.iterator,
+            validation.count,
             in_flight,
             callbacks.on_test_batch_begin,
             callbacks.on_test_batch_end,

@@ -22,10 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from tf_embed_ops.distribute.sharded_embedding import ShardedTPUEmbedding
-from tf_embed_ops.keras.layer import activation_specs, apply_frozen_tables
+from tf_embed_ops.keras.layer import activation_specs, apply_frozen_tables, layer_activations
 
 __all__ = ["ShardedEmbeddingLayer"]
 
@@ -102,12 +101,7 @@ class ShardedEmbeddingLayer(keras.layers.Layer):
         store.merge_output_shapes(shapes)
         # Its groups are the sharded kinds (`sharded_groups`): the training lookup hangs the per-server updates on the
         # trigger's gradient, as `te.keras.TPUEmbedding`'s does.
-        if training:
-            acts = store.lookup_and_update_all(inputs, tf.convert_to_tensor(self._update_trigger.value))
-        else:
-            acts = store.lookup_all(inputs, training=False)
-        acts = store.reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store.feature_config, acts)
+        return layer_activations(store, inputs, self._update_trigger, training)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self._tpu_embedding.feature_config)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import embedding_ops
-from tf_embed_ops.embedding_ops import FeatureInput, checked_int
+from tf_embed_ops.embedding_ops import FeatureInput, int64_scalar
 
 __all__ = ["feature_arguments", "feature_inputs", "handle_tensor", "handle_tensors", "keys_tensor", "step_tensor"]
 
@@ -61,11 +60,4 @@ def feature_inputs(features, argument: str) -> list[FeatureInput]:
 
 
 def step_tensor(step) -> tf.Tensor:
-    if isinstance(step, (int, np.integer)):
-        step = checked_int(step, "step")
-    step = tf.convert_to_tensor(step)
-    if not step.dtype.is_integer:
-        raise ValueError(f"step: must be an integer, got {step.dtype.name}")
-    if step.shape.rank not in (None, 0):
-        raise ValueError(f"step: must be a scalar, got shape {step.shape}")
-    return tf.cast(step, tf.int64)
+    return int64_scalar(step, "step")

@@ -15,9 +15,7 @@ the day-1 servable.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,18 +25,16 @@ import numpy as np
 import tensorflow as tf
 
 import tf_embed_ops as te
+from tf_embed_ops.examples.json_lines_child import WITHOUT_TF_EMBED_OPS, JsonLinesChild
 
 emb = tf.tpu.experimental.embedding
 
 # The serving process. It blocks any import of tf_embed_ops, then reads one JSON command per line on stdin and
 # answers one JSON line on stdout.
-SERVER = r"""
-import importlib.abc, json, os, sys, time
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "tf_embed_ops":
-            raise ImportError("the serving process runs without tf_embed_ops")
-sys.meta_path.insert(0, _Block())
+SERVER = (
+    WITHOUT_TF_EMBED_OPS
+    + r"""
+import json, os, sys, time
 import numpy as np
 import tensorflow as tf
 
@@ -83,6 +79,7 @@ for line in sys.stdin:
     print(json.dumps(out), flush=True)
 assert not any(m.split(".")[0] == "tf_embed_ops" for m in sys.modules)
 """
+)
 
 
 class World:
@@ -137,35 +134,11 @@ def build_model(args: argparse.Namespace) -> tuple:
     return model, signature
 
 
-class Server:
+class Server(JsonLinesChild):
     """The serving process (see SERVER)."""
 
     def __init__(self, directory: str):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, directory],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd="/",
-        )
-
-    def ask(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the serving process exited ({self.proc.wait()}) on {cmd}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        try:
-            self.ask(op="quit")
-        except (RuntimeError, BrokenPipeError, ValueError):
-            pass
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        super().__init__(SERVER, directory)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -85,6 +85,17 @@ def activation_specs(features: Any, feature_config: Any) -> Any:
     return tf.nest.pack_sequence_as(feature_config, outputs)
 
 
+def layer_activations(store: Any, inputs: list, trigger: Any, training: bool | None) -> Any:
+    """A layer's output from its table store (a `te.TPUEmbedding`): the activations of normalised `inputs` as the
+    feature nest. In training the lookup hangs the tables' fused update on the gradient of `trigger` (the layer's
+    update-trigger variable); otherwise it only looks up."""
+    if training:
+        acts = store.lookup_and_update_all(inputs, tf.convert_to_tensor(trigger.value))
+    else:
+        acts = store.lookup_all(inputs, training=False)
+    return tf.nest.pack_sequence_as(store.feature_config, store.reshape_activations(list(acts)))
+
+
 def untrained_table_names(feature_config: Any, optimizer: Any) -> list[str]:
     """The tables of `feature_config` that would have no optimizer: neither their own nor `optimizer`."""
     resolved = config_lib.resolve_tables(features_lib.check_feature_configs(feature_config), optimizer)
@@ -263,15 +274,11 @@ class TPUEmbedding(keras.layers.Layer):
         context = export_context.current()
         if context is not None:
             acts = walk.lookup([group.serving_group(context) for group in groups], inputs, False)
-        elif training:
-            # The fused update hangs on the trigger's gradient (see the module docstring): one group's own, or one
-            # update of every group as `te.TPUEmbedding.apply_gradients` runs it (every group's checks before any
-            # group writes, so a step one refuses changes no table).
-            acts = store.lookup_and_update_all(inputs, tf.convert_to_tensor(self._update_trigger.value))
-        else:
-            acts = store.lookup_all(inputs, training=False)
-        acts = store.reshape_activations(list(acts))
-        return tf.nest.pack_sequence_as(store.feature_config, acts)
+            return tf.nest.pack_sequence_as(store.feature_config, store.reshape_activations(list(acts)))
+        # In training the fused update hangs on the trigger's gradient (see the module docstring): one group's own, or
+        # one update of every group as `te.TPUEmbedding.apply_gradients` runs it (every group's checks before any
+        # group writes, so a step one refuses changes no table).
+        return layer_activations(store, inputs, self._update_trigger, training)
 
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)

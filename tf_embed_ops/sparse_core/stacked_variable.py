@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -61,17 +62,9 @@ class StackedVariable:
         self._dtype = tf.as_dtype(dtype)
         self._num_shards = num_shards
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tf.TensorShape:
-        return self._shape
-
-    @property
-    def dtype(self) -> tf.DType:
-        return self._dtype
+    name = property(operator.attrgetter("_name"), doc="The stacked table's name (str).")
+    shape = property(operator.attrgetter("_shape"), doc="The stacked shape `[rows, dim]` (`tf.TensorShape`).")
+    dtype = property(operator.attrgetter("_dtype"), doc="The stored `tf.DType`.")
 
     def read_value(self) -> tf.Tensor:
         """The stacked values, read from the tables now."""

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import numbers
+import operator
 import weakref
 from typing import Any
 
@@ -148,37 +149,18 @@ class Variable(_tf_compat.AutoTrackable):
             optimizer.follow_latest(self)
 
     # ------------------------------------------------------------------------------------------- properties
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dim(self) -> int:
-        return self.table.dim
-
-    @property
-    def key_dtype(self) -> tf.DType:
-        return self._key_dtype
+    # Read-only, under TFRA's `de.Variable` names: the constructor's arguments, and the table's width.
+    name = property(operator.attrgetter("_name"), doc="The variable's name (str).")
+    dim = property(operator.attrgetter("table.dim"), doc="The row width (int).")
+    key_dtype = property(operator.attrgetter("_key_dtype"), doc="The keys' `tf.DType`.")
+    trainable = property(operator.attrgetter("_trainable"), doc="Whether training updates the table (bool).")
+    initializer = property(operator.attrgetter("_initializer"), doc="The new rows' initializer.")
+    devices = property(operator.attrgetter("_devices"), doc="The devices given at construction.")
+    restrict_policy = property(operator.attrgetter("_restrict_policy"), doc="The restrict policy, or None.")
 
     @property
     def value_dtype(self) -> tf.DType:
         return tf.float32
-
-    @property
-    def trainable(self) -> bool:
-        return self._trainable
-
-    @property
-    def initializer(self) -> Any:
-        return self._initializer
-
-    @property
-    def devices(self) -> Any:
-        return self._devices
-
-    @property
-    def restrict_policy(self) -> Any:
-        return self._restrict_policy
 
     @property
     def optimizer(self) -> Any:

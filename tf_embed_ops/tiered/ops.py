@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops import _loader
@@ -18,6 +17,7 @@ from tf_embed_ops.embedding_ops import (
     as_feature_inputs,
     checked_combiners,
     checked_int,
+    int64_scalar,
     learning_rate_values,
     serialized_config,
 )
@@ -68,14 +68,7 @@ def _ops():
 def _row(value, argument: str, table_name: str | None = None) -> tf.Tensor:
     """A row number or count as an int64 scalar tensor; errors name the table when the caller knows it."""
     where = argument if table_name is None else f"tiered table {table_name!r}: {argument}"
-    if isinstance(value, (int, np.integer)):
-        value = checked_int(value, where, 0)
-    value = tf.convert_to_tensor(value)
-    if not value.dtype.is_integer:
-        raise ValueError(f"{where}: must be an integer, got {value.dtype.name}")
-    if value.shape.rank not in (None, 0):
-        raise ValueError(f"{where}: must be a scalar, got shape {value.shape}")
-    return tf.cast(value, tf.int64)
+    return int64_scalar(value, where, 0)
 
 
 def tiered_table_handle(

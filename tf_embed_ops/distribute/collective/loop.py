@@ -40,6 +40,7 @@ from tf_embed_ops.distribute.collective import lookup as lookup_lib
 from tf_embed_ops.distribute.collective import update as update_lib
 from tf_embed_ops.distribute.collective.exchange import Exchange
 from tf_embed_ops.distribute.collective.shards import LayerShards
+from tf_embed_ops.distribute.fit_callbacks import begin_training
 
 __all__ = ["CollectiveTraining", "WorkerLostError", "check_arguments", "embedding_layers", "fit", "worker_index"]
 
@@ -257,7 +258,6 @@ def fit(
 
 
 def _train(training, dataset_fn, epochs, steps_per_epoch, callbacks, verbose, initial_epoch, checkpoint_manager):
-    import keras
 
     model, strategy = training.model, training.strategy
     if model.optimizer is not None and not model.optimizer.built:
@@ -265,18 +265,9 @@ def _train(training, dataset_fn, epochs, steps_per_epoch, callbacks, verbose, in
             model.optimizer.build(training.dense)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     train = training.train_function()
-    if not isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0 and training.worker == 0,
-            verbose=verbose,
-            epochs=epochs,
-            steps=steps_per_epoch,
-            model=model,
-        )
-    model.stop_training = False
-    callbacks.on_train_begin()
+    callbacks = begin_training(
+        callbacks, model, verbose=verbose, epochs=epochs, steps=steps_per_epoch, progbar=training.worker == 0
+    )
     logs: dict = {}
     try:
         for epoch in range(initial_epoch, epochs):
