@@ -118,15 +118,20 @@ def ours_midlevel_step_fn(optimizer, table, target):
     return step
 
 
+def native_gradient(table, target, ids) -> tf.IndexedSlices:
+    """The peers' gradient of `sum(lookup * target)` with respect to the table (tf.nn.embedding_lookup + tape)."""
+    with tf.GradientTape() as tape:
+        act = tf.nn.embedding_lookup(table, ids)
+        loss = tf.reduce_sum(act * target)
+    return tape.gradient(loss, table)
+
+
 def native_adagrad_step_fn(table, target):
     acc = tf.Variable(tf.fill([VOCAB, DIM], 0.1))
 
     @tf.function
     def step(ids):
-        with tf.GradientTape() as tape:
-            act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(act * target)
-        grad = tape.gradient(loss, table)  # IndexedSlices
+        grad = native_gradient(table, target, ids)
         unique, idx = tf.unique(grad.indices)
         summed = tf.math.unsorted_segment_sum(grad.values, idx, tf.size(unique))
         tf.raw_ops.ResourceSparseApplyAdagradV2(
@@ -142,10 +147,7 @@ def native_lazy_adam_step_fn(table, target):
 
     @tf.function
     def step(ids):
-        with tf.GradientTape() as tape:
-            act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(act * target)
-        grad = tape.gradient(loss, table)
+        grad = native_gradient(table, target, ids)
         unique, idx = tf.unique(grad.indices)
         g = tf.math.unsorted_segment_sum(grad.values, idx, tf.size(unique))
         m_new = 0.9 * tf.gather(m, unique) + 0.1 * g
@@ -165,10 +167,7 @@ def keras_adam_step_fn(table, target):
 
     @tf.function
     def step(ids):
-        with tf.GradientTape() as tape:
-            act = tf.nn.embedding_lookup(table, ids)
-            loss = tf.reduce_sum(act * target)
-        grad = tape.gradient(loss, table)
+        grad = native_gradient(table, target, ids)
         optimizer.apply_gradients([(grad, table)])
 
     return step

@@ -173,15 +173,19 @@ def w1(
     )
 
 
+def fixed_bags(seed: int, vocab: int, batch: int, size: int, zipf: float) -> tuple[np.ndarray, np.ndarray]:
+    """``batch`` bags of ``size`` Zipf ids each, drawn with ``seed``: the ids and their row splits."""
+    ids = zipf_ids(np.random.default_rng(seed), vocab, batch * size, zipf)
+    return ids, np.arange(0, batch * size + 1, size, dtype=np.int64)
+
+
 def w2(
     smoke: bool = False, vocab: int = 1_000_000, batch: int = 4_096, dim: int = 64, bag: int = 8, zipf: float = 1.05
 ) -> Workload:
     """Multi-hot bags of ``bag`` ids per sample, mean combiner."""
     if smoke:
         vocab, batch, dim = 1000, 64, 16
-    rng = np.random.default_rng(SEED + 2)
-    ids = zipf_ids(rng, vocab, batch * bag, zipf)
-    splits = np.arange(0, batch * bag + 1, bag, dtype=np.int64)
+    ids, splits = fixed_bags(SEED + 2, vocab, batch, bag, zipf)
     return Workload(
         "W2",
         f"1 table {vocab:,} x {dim}, {batch:,} bags of {bag} Zipf({zipf}) ids, mean combiner",
@@ -198,9 +202,7 @@ def w3(
     """A sequence feature: ``length`` ids per sample, activation [batch, length, dim]."""
     if smoke:
         vocab, batch, dim, length = 1000, 32, 16, 5
-    rng = np.random.default_rng(SEED + 3)
-    ids = zipf_ids(rng, vocab, batch * length, zipf)
-    splits = np.arange(0, batch * length + 1, length, dtype=np.int64)
+    ids, splits = fixed_bags(SEED + 3, vocab, batch, length, zipf)
     return Workload(
         "W3",
         f"1 table {vocab:,} x {dim}, sequence feature L={length}, {batch:,} samples",

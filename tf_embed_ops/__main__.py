@@ -18,29 +18,34 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
+# Each command: (its line in the command list, its own help page's description).
+_COMMANDS = {
+    "inspect": (
+        "validate a TPUEmbeddingConfiguration and print its tables, features, optimizers and tags",
+        "Validate a TPUEmbeddingConfiguration (the same C++ checks the ops run) and print it.",
+    ),
+    "inspect-export": (
+        "print the tables of a serving export: rows, bytes, quantization and pruning",
+        "Print what export_for_serving recorded about each table of a SavedModel (no TensorFlow needed).",
+    ),
+    "import-tfra": (
+        "convert a TensorFlow Recommenders-Addons checkpoint for tf_embed_ops.tfra (docs/migrating.md)",
+        "Convert a TFRA tf.train.Checkpoint (de.Variable tables, optimizer slots, dense weights).",
+    ),
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tf_embed_ops", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser(
-        "inspect",
-        help="validate a TPUEmbeddingConfiguration and print its tables, features, optimizers and tags",
-        description="Validate a TPUEmbeddingConfiguration (the same C++ checks the ops run) and print it.",
-    )
+    parsers = {
+        name: commands.add_parser(name, help=summary, description=text) for name, (summary, text) in _COMMANDS.items()
+    }
+    inspect, export, tfra = parsers["inspect"], parsers["inspect-export"], parsers["import-tfra"]
     inspect.add_argument("config", help="path to a .pb (binary) or .pbtxt (text) config, or 'example'")
     inspect.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
-    export = commands.add_parser(
-        "inspect-export",
-        help="print the tables of a serving export: rows, bytes, quantization and pruning",
-        description="Print what export_for_serving recorded about each table of a SavedModel (no TensorFlow needed).",
-    )
     export.add_argument("directory", help="the SavedModel directory export_for_serving wrote")
     export.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
-    tfra = commands.add_parser(
-        "import-tfra",
-        help="convert a TensorFlow Recommenders-Addons checkpoint for tf_embed_ops.tfra (docs/migrating.md)",
-        description="Convert a TFRA tf.train.Checkpoint (de.Variable tables, optimizer slots, dense weights).",
-    )
     tfra.add_argument("src", help="the TFRA checkpoint prefix (or its directory)")
     tfra.add_argument("dst", help="the prefix of the checkpoint to write")
     tfra.add_argument(

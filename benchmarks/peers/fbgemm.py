@@ -38,17 +38,9 @@ def available(python: str | None) -> tuple[bool, str]:
     return True, f"torch {torch_v}, fbgemm_gpu {fb_v}"
 
 
-def run_best(
-    python: str,
-    wl: Workload,
-    optimizers: list[str],
-    steps: int,
-    blocks: int,
-    warmup: int,
-    threads: int = 1,
-    block_ms: float = 150.0,
-) -> dict:
-    """``run`` under each setting a PyTorch user could pick, keeping FBGEMM's faster result per optimizer.
+def run_best(python: str, wl: Workload, optimizers: list[str], *, threads: int = 1, **run_args) -> dict:
+    """``run`` (with ``run_args``: steps, blocks, warmup, block_ms, ...) under each setting a PyTorch user could
+    pick, keeping FBGEMM's faster result per optimizer.
 
     Settings: huge pages for PyTorch's tensors (``THP_MEM_ALLOC_ENABLE=1``, as our op library advises huge pages
     for its tables: cc/lib/huge_pages.h) or not; with several threads also OMP_WAIT_POLICY=PASSIVE.
@@ -58,16 +50,7 @@ def run_best(
     for policy in policies:
         for huge_pages in (False, True):
             res = run(
-                python,
-                wl,
-                optimizers,
-                steps,
-                blocks,
-                warmup,
-                threads,
-                block_ms,
-                omp_wait_policy=policy,
-                huge_pages=huge_pages,
+                python, wl, optimizers, threads=threads, omp_wait_policy=policy, huge_pages=huge_pages, **run_args
             )
             for opt, r in res.items():
                 mine = best.get(opt, {})

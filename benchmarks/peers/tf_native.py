@@ -172,8 +172,10 @@ def _raw_apply(optimizer: str, table: tf.Variable, slots: list[tf.Variable], uni
         return tf.raw_ops.ResourceSparseApplyMomentum(
             var=table.handle, accum=slots[0].handle, lr=lr, grad=g, indices=uniq, momentum=tf.constant(MOMENTUM)
         )
-    if optimizer == "rms_prop":
-        return tf.raw_ops.ResourceSparseApplyRMSProp(
+    if optimizer in ("rms_prop", "centered_rms_prop"):
+        centered = optimizer == "centered_rms_prop"
+        apply = tf.raw_ops.ResourceSparseApplyCenteredRMSProp if centered else tf.raw_ops.ResourceSparseApplyRMSProp
+        return apply(
             var=table.handle,
             ms=slots[0].handle,
             mom=slots[1].handle,
@@ -183,19 +185,7 @@ def _raw_apply(optimizer: str, table: tf.Variable, slots: list[tf.Variable], uni
             epsilon=tf.constant(EPS),
             grad=g,
             indices=uniq,
-        )
-    if optimizer == "centered_rms_prop":
-        return tf.raw_ops.ResourceSparseApplyCenteredRMSProp(
-            var=table.handle,
-            mg=slots[2].handle,
-            ms=slots[0].handle,
-            mom=slots[1].handle,
-            lr=lr,
-            rho=tf.constant(RHO),
-            momentum=tf.constant(MOMENTUM),
-            epsilon=tf.constant(EPS),
-            grad=g,
-            indices=uniq,
+            **({"mg": slots[2].handle} if centered else {}),
         )
     if optimizer == "adam":
         # Lazy Adam, TPU form (no bias correction): gather the touched rows, update, scatter them back.

@@ -90,13 +90,21 @@ def make_day(world: World, day: int, n: int, users_per_day: int, items_per_day: 
     return features, labels
 
 
-def feature_config(args: argparse.Namespace) -> dict:
-    user = te.DynamicTableConfig(
-        "user",
+def _dynamic_table(name: str, **options) -> te.DynamicTableConfig:
+    """A dynamic table of the example: Adagrad, sum combiner, normal initial rows; `options` as `DynamicTableConfig`."""
+    return te.DynamicTableConfig(
+        name,
         DIM,
         optimizer=te.optimizers.Adagrad(0.05),
         combiner="sum",
         initializer=keras.initializers.RandomNormal(0.0, 0.05),
+        **options,
+    )
+
+
+def feature_config(args: argparse.Namespace) -> dict:
+    user = _dynamic_table(
+        "user",
         key_dtype=tf.int64,
         max_rows=2 * args.max_users,  # headroom within a step; LRU trims to max_users at its end
         admission=te.dynamic.BloomAdmission(2, num_counters=args.bloom_counters, num_hashes=3, counter_bits=4)
@@ -105,16 +113,7 @@ def feature_config(args: argparse.Namespace) -> dict:
         eviction=te.dynamic.LRU(args.max_users),
         seed=1,
     )
-    item = te.DynamicTableConfig(
-        "item",
-        DIM,
-        optimizer=te.optimizers.Adagrad(0.05),
-        combiner="sum",
-        initializer=keras.initializers.RandomNormal(0.0, 0.05),
-        key_dtype=tf.string,
-        eviction=te.dynamic.TTL(args.item_ttl),
-        seed=2,
-    )
+    item = _dynamic_table("item", key_dtype=tf.string, eviction=te.dynamic.TTL(args.item_ttl), seed=2)
     category = emb.TableConfig(CATEGORIES, DIM, name="category", combiner="sum", optimizer=emb.Adam(0.003))
     device = emb.TableConfig(DEVICES, DIM, name="device", combiner="sum", optimizer=emb.FTRL(0.05))
     return {
