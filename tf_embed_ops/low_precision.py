@@ -66,6 +66,13 @@ def storage_options(
     return storage, slots, rounding
 
 
+def set_storage_attributes(config: Any, options: tuple[tf.DType, tf.DType, str], tiered: Any) -> None:
+    """Sets the storage attributes every table config carries: `storage_dtype`, `slot_storage_dtype` and `rounding`
+    (`options`, as `storage_options` returns them) and `storage` (the tiered placement, or None)."""
+    config.storage_dtype, config.slot_storage_dtype, config.rounding = options
+    config.storage = tiered
+
+
 def storage_initializer(initializer: Callable, dtype: tf.DType) -> Callable:
     """`initializer(shape, dtype)` giving `dtype` values: float32 values (or a checkpoint's, in its saved dtype)
     cast to `dtype`. A float32 `dtype` with a float32 initializer is returned unchanged."""

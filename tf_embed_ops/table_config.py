@@ -30,7 +30,13 @@ from typing import Any
 import tensorflow as tf
 
 from tf_embed_ops import _tf_compat
-from tf_embed_ops.low_precision import ROUNDINGS, STORAGE_DTYPES, is_low_precision, storage_options
+from tf_embed_ops.low_precision import (
+    ROUNDINGS,
+    STORAGE_DTYPES,
+    is_low_precision,
+    set_storage_attributes,
+    storage_options,
+)
 from tf_embed_ops.tiered import config as tiered_config
 
 __all__ = [
@@ -82,7 +88,8 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
         label = repr(name) if name is not None else f"(unnamed, vocabulary_size={vocabulary_size}, dim={dim})"
         tiered = tiered_config.check_storage(f"TableConfig {label}", storage)
         owner = f"TableConfig {label}"
-        row_dtype, slots, rounding = storage_options(owner, storage_dtype, slot_storage_dtype, rounding)
+        options = storage_options(owner, storage_dtype, slot_storage_dtype, rounding)
+        row_dtype = options[0]
         if row_dtype != tf.float32 and tf.as_dtype(dtype) != tf.float32:
             raise ValueError(
                 f"TableConfig {label}: storage_dtype={row_dtype.name} needs dtype=tf.float32, got {dtype!r}"
@@ -101,10 +108,7 @@ class TableConfig(tf.tpu.experimental.embedding.TableConfig):
             **_tf_compat.table_config_dtype_kwargs(dtype),
             **kwargs,
         )
-        self.storage_dtype = row_dtype
-        self.slot_storage_dtype = slots
-        self.rounding = rounding
-        self.storage = tiered
+        set_storage_attributes(self, options, tiered)
 
     def __repr__(self) -> str:
         base = super().__repr__()

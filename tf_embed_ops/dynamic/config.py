@@ -206,9 +206,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
             raise ValueError(f"DynamicTableConfig: `name` must be a non-empty string; got {name!r}.")
         owner = f"DynamicTableConfig {name!r}"
         tiered = _check_tiered(owner, storage, eviction)
-        storage, slot_storage, rounding = low_precision.storage_options(
-            owner, storage_dtype, slot_storage_dtype, rounding
-        )
+        storage_attributes = low_precision.storage_options(owner, storage_dtype, slot_storage_dtype, rounding)
         check_count(owner, "dim", dim, 1, MAX_DIM)
         check_count(owner, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
         if initial_capacity is None:
@@ -275,10 +273,7 @@ class DynamicTableConfig(tf.tpu.experimental.embedding.TableConfig):
         self.seed = seed
         self.initializer_kind = kind
         self.initializer_params = params
-        self.storage_dtype = storage
-        self.slot_storage_dtype = slot_storage
-        self.rounding = rounding
-        self.storage = tiered
+        low_precision.set_storage_attributes(self, storage_attributes, tiered)
 
     def __repr__(self) -> str:
         return (

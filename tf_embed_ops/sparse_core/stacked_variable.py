@@ -118,18 +118,19 @@ class StackedVariable:
         self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
     ) -> StackedVariable:
         """Adds `delta` (the stacked shape) to the stacked value; returns this variable. Raises as `assign`."""
-        del use_locking, name, read_value
-        delta = self._checked(delta, "assign_add")
-        self._write(self._read() + delta)
-        return self
+        return self._update("assign_add", operator.add, delta)
 
     def assign_sub(
         self, delta: Any, use_locking: Any = None, name: Any = None, read_value: bool = True
     ) -> StackedVariable:
         """Subtracts `delta` (the stacked shape) from the stacked value; returns this variable. Raises as `assign`."""
-        del use_locking, name, read_value
-        delta = self._checked(delta, "assign_sub")
-        self._write(self._read() - delta)
+        return self._update("assign_sub", operator.sub, delta)
+
+    def _update(self, verb: str, op: Callable[[tf.Tensor, tf.Tensor], tf.Tensor], delta: Any) -> StackedVariable:
+        """`verb` (for errors): writes `op(value, delta)`, `delta` checked first. The locking, name and read_value
+        arguments of `tf.Variable`'s signature do not apply: the write is one assignment of the shards' value."""
+        delta = self._checked(delta, verb)
+        self._write(op(self._read(), delta))
         return self
 
     def _checked(self, value: Any, what: str) -> tf.Tensor:
