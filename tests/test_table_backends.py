@@ -18,6 +18,8 @@ V, DIM, CACHE_ROWS = 40, 4, 8
 class _Recorder:
     """A group of one kind for the walk: records what the walk asks of it, in one log shared by every group."""
 
+    prefetches = False
+
     def __init__(self, kind: str, positions: list, log: list, refuse: bool = False):
         self.kind, self.positions, self.features, self.table_configs = kind, positions, [], []
         self._log, self._refuse = log, refuse
@@ -28,6 +30,9 @@ class _Recorder:
     @property
     def tables(self):
         return {}
+
+    def normalize_input(self, feature, x, weights, max_sequence_length, name):
+        return x
 
     def xla_refusal(self):
         return None
@@ -64,6 +69,15 @@ class _Recorder:
 
     def serving_group(self, context):
         return self
+
+    def check_prune(self, name, prune):
+        del name, prune
+
+    def export_form(self, config, table, mode, prune):
+        return protocol.ExportForm()
+
+    def tracking_view(self, config, table):
+        return None
 
     def chain_state(self, config, view):
         return None
