@@ -55,7 +55,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         # The tiered storage option (`te.Tiered`), which every table config takes.
         "tf_embed_ops.tiered.config",
         # The table backend protocol, the walk of one lookup and one update across groups, the serving form's base,
-        # a numbered-row table's part of an incremental checkpoint chain (numpy + stock TF).
+        # a numbered-row table's part of an incremental checkpoint chain and its tracker's view (numpy + stock TF).
         "tf_embed_ops.backends",
     ),
     # The op wrappers and the SparseCore layout.

@@ -18,6 +18,8 @@ V, DIM, CACHE_ROWS = 40, 4, 8
 class _Recorder:
     """A group of one kind for the walk: records what the walk asks of it, in one log shared by every group."""
 
+    prefetches = False
+
     def __init__(self, kind: str, positions: list, log: list, refuse: bool = False):
         self.kind, self.positions, self.features, self.table_configs = kind, positions, [], []
         self._log, self._refuse = log, refuse
@@ -28,6 +30,9 @@ class _Recorder:
     @property
     def tables(self):
         return {}
+
+    def normalize_input(self, feature, x, weights, max_sequence_length, name):
+        return x
 
     def xla_refusal(self):
         return None
@@ -64,6 +69,15 @@ class _Recorder:
 
     def serving_group(self, context):
         return self
+
+    def check_prune(self, name, prune):
+        del name, prune
+
+    def export_form(self, config, table, mode, prune):
+        return protocol.ExportForm()
+
+    def tracking_view(self, config, table):
+        return None
 
     def chain_state(self, config, view):
         return None
@@ -192,3 +206,50 @@ def test_each_kind_gives_a_chain_state_of_the_protocol(tmp_path):
         checks.update(group.restore_checks())
     kinds = {name: type(check).__name__ for name, check in checks.items() if "/" not in name}
     assert kinds == {"s": "VariableCheck", "d": "DynamicCheck", "t": "RestoreCheck"}
+
+
+def test_nothing_branches_on_a_groups_kind_name(tmp_path, monkeypatch):
+    """The front end, the tracker and the exporter ask the groups (`prefetches`, `normalize_input`, `tracking_view`,
+    `check_prune`, `export_form`): renamed kinds change nothing they do."""
+    emb, static, dynamic, tiered = _three_kinds(tmp_path, 0.1)
+    for group in emb.groups:
+        monkeypatch.setattr(group, "kind", "renamed " + group.kind)
+    ids = tf.constant([1, 2, 3], tf.int64)
+    step(emb, {"s": ids, "d": ids, "t": ids})
+    table = emb.tiered_tables[tiered]
+    before = int(table.stats()["rows_read"])
+    assert emb.prefetch({"s": ids, "d": ids, "t": tf.constant([20, 21], tf.int64)}) == []  # eager: it has run
+    assert int(table.stats()["rows_read"]) - before == 2
+    tracker = te.tracking.Tracker(emb)
+    assert {n: (tracker.kind(n), tracker.table(n).tiered) for n in "sdt"} == {
+        "s": ("static", False),
+        "d": ("dynamic", False),
+        "t": ("static", True),
+    }
+    assert set(tracker.changed_since(None).tables["s"].rows) == set(range(V))  # before tracking: full
+    # Each table's serving form for an export, as its group gives it.
+    forms = {c.name: (g, g.export_form(c, t, None, None)) for g in emb.groups for c, t in g.tables.items()}
+    assert forms["s"][1].served is None and forms["s"][1].metadata["rows_exported"] == V
+    assert forms["d"][1] == protocol.ExportForm(freeze=(None, None))
+    assert forms["t"][1].streamed and forms["t"][1].metadata["rows_trained"] == V
+    group, trained = forms["s"][0], emb.embedding_tables[static].numpy()
+    encoded = group.export_form(static, group.tables[static], "int8", None)
+    assert encoded.served.gather_rows(tf.constant([0])).shape == [1, DIM] and not encoded.streamed
+    assert encoded.metadata["quantization"] == "int8"
+    np.testing.assert_array_equal(emb.embedding_tables[static].numpy(), trained)  # the training table is only read
+    with pytest.raises(ValueError, match="'t' is tiered"):
+        forms["t"][0].check_prune("t", te.serving.Prune(min_l2_norm=0.1))
+    with pytest.raises(ValueError, match="min_count"):
+        group.check_prune("s", te.serving.Prune(min_count=2))
+    forms["d"][0].check_prune("d", te.serving.Prune(min_count=2))  # a dynamic table tracks counts
+
+
+def test_prefetch_without_a_group_that_prefetches_does_nothing():
+    """No group prefetches (in-memory and dynamic tables): `prefetch` returns before it reads the batch."""
+    table = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.1))
+    emb = te.TPUEmbedding({"s": _emb.FeatureConfig(table), "d": _emb.FeatureConfig(te.DynamicTableConfig("d", DIM))})
+    assert not any(g.prefetches for g in emb.groups)
+    assert emb.prefetch({"s": tf.constant([1]), "d": tf.constant(["a string key"])}) == []
+    assert not emb.built
+    with pytest.raises(ValueError, match="Feature d: table 'd' has key_dtype int64"):
+        emb.normalize_inputs({"s": tf.constant([1]), "d": tf.constant(["a string key"])}, None)

@@ -129,9 +129,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         `lookup_all` and `send_all` walk, and what the lifecycle modules ask for tables."""
         return list(self._groups)
 
-    def _group(self, kind: str, built: bool = False) -> Any:
-        """The group of `kind`, or None; `built`: built first (when there is one)."""
-        group = groups_lib.of_kind(self._groups, kind)
+    def _group(self, cls: type, built: bool = False) -> Any:
+        """The group of class `cls` (a kind's class, or its sharded subclass), or None; `built`: built first (when
+        there is one)."""
+        group = groups_lib.of_class(self._groups, cls)
         if built and group is not None:
             self._maybe_build()
         return group
@@ -145,35 +146,35 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
     def static_features(self) -> list:
         """The flattened `FeatureConfig`s over static in-memory tables: the features `lookup` and `send_gradients`
         see."""
-        group = self._group("in-memory")
+        group = self._group(self._IN_MEMORY_GROUP)
         return [] if group is None else list(group.features)
 
     @property
     def tiered_group(self) -> Any:
         """The `tiered.engine.TieredGroup` running the tiered tables' features, or None without any."""
-        return self._group("tiered")
+        return self._group(tiered_engine.TieredGroup)
 
     @property
     def tiered_tables(self) -> dict:
         """`{TableConfig: tiered.TieredTable}` of the tables with `storage=te.Tiered`; empty without any."""
-        group = self._group("tiered", built=True)
+        group = self._group(tiered_engine.TieredGroup, built=True)
         return {} if group is None else group.tables
 
     @property
     def dynamic_group(self) -> Any:
         """The `dynamic.engine.DynamicGroup` running the dynamic tables' features, or None without any."""
-        return self._group("dynamic")
+        return self._group(dynamic_engine.DynamicGroup)
 
     @property
     def dynamic_tables(self) -> dict:
         """`{DynamicTableConfig: DynamicTable}` (a list of shards per table when sharded); empty without any."""
-        group = self._group("dynamic", built=True)
+        group = self._group(dynamic_engine.DynamicGroup, built=True)
         return {} if group is None else group.tables
 
     @property
     def dynamic_step(self) -> Any:
         """The dynamic tables' step counter (int64 variable, advanced by each update), or None without any."""
-        group = self._group("dynamic", built=True)
+        group = self._group(dynamic_engine.DynamicGroup, built=True)
         return None if group is None else group.step
 
     # ------------------------------------------------------------------ variables
@@ -274,7 +275,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             return self._config_proto
         proto = tables_lib.group_config_proto(
             self._feature_config,
-            self._group("in-memory"),
+            self._group(self._IN_MEMORY_GROUP),
             self._output_shapes,
             self._pipeline_execution_with_tensor_core,
         )
@@ -330,7 +331,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
         Returns the FeatureInputs and the incoming output shapes (input shape per TF's rule).
         """
-        return inputs_lib.normalize_inputs(self._feature_config, features, weights)
+        return inputs_lib.normalize_inputs(self._feature_config, self._groups, features, weights)
 
     def enqueue(self, features: Any, weights: Any = None, training: bool = True, name: str | None = None) -> None:
         """Queues a batch of ids for `dequeue` (and, if `training`, for `apply_gradients`).
@@ -433,8 +434,8 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         `apply_gradients` (a function runs the ops of one table in program order). It returns at once: a thread of
         each table's cache reads the rows while the rest of the step runs, and the next step's lookup waits for it
         only if it has rows to read, so the rows it brought are hits (docs/tiered_tables.md). A failed prefetch is
-        reported by the table's next one. Ids of in-memory tables are ignored. Without tiered tables this does
-        nothing.
+        reported by the table's next one. Ids of in-memory tables are ignored. Without a group that prefetches
+        (`TableGroup.prefetches`: the tiered tables') this does nothing.
 
         Args:
           features, weights: a batch, as `enqueue` takes it.
@@ -445,7 +446,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         Raises:
           ValueError: as `enqueue`, for a batch that does not match `feature_config`.
         """
-        if all(g.kind == "in-memory" for g in self._groups):
+        if not any(g.prefetches for g in self._groups):
             return []
         with tf.name_scope("tpu_embedding_prefetch"):
             inputs, _ = self.normalize_inputs(features, weights)
@@ -490,7 +491,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         XLA, the op's stock-TensorFlow equivalent (`tf_embed_ops._xla.lookup`, equal bit for bit)."""
         if _xla.in_xla_context():
             # The in-memory group read as a serving graph reads it, without a context: the variables themselves.
-            return self._group("in-memory").serving_group(None).lookup(inputs)
+            return self._group(self._IN_MEMORY_GROUP).serving_group(None).lookup(inputs)
         tables, _ = self.tables_and_slots()
         return list(
             embedding_ops.embedding_activations(

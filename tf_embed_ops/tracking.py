@@ -21,16 +21,9 @@ import dataclasses
 import json
 from typing import Any
 
-import numpy as np
-import tensorflow as tf
-
-from tf_embed_ops import _loader
+from tf_embed_ops.backends.touched_rows import TableChanges
 
 __all__ = ["Changes", "Cursor", "TableChanges", "Tracker", "find_engines"]
-
-
-def _ops():
-    return _loader.load_ops()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,30 +42,6 @@ class Cursor:
     def from_json(cls, text: str) -> Cursor:
         raw = json.loads(text)
         return cls({k: tuple((int(i), int(v)) for i, v in parts) for k, parts in raw.items()})
-
-
-@dataclasses.dataclass
-class TableChanges:
-    """What changed in one table since a cursor.
-
-    Attributes:
-      kind: "static" or "dynamic".
-      full: every row must be taken as changed (a restore, tracking started after the cursor, non-lazy Adam,
-        a dropped eviction-log entry); `rows` then lists every row (static: all ids; dynamic: all live keys)
-        and `evicted` is empty: a consumer replaces its whole copy.
-      rows: int64, ascending: global row ids (static) or keys (dynamic) inserted or changed.
-      evicted: int64 keys evicted since the cursor and not live now (dynamic only).  Apply order: remove
-        `evicted`, then write `rows`.
-      contents: dynamic tables only: the changed rows' content in key order (`keys`, `weights`, `slots` [n, W]
-        side by side, `counts`, `last_steps`) and the whole admission table (`pending_keys`, `pending_counts`,
-        `pending_last_steps`), read under the table's lock together with `rows`.
-    """
-
-    kind: str
-    full: bool
-    rows: np.ndarray
-    evicted: np.ndarray
-    contents: dict | None = None
 
 
 @dataclasses.dataclass
@@ -122,246 +91,6 @@ def find_engines(obj: Any) -> list:
     return found
 
 
-def _backing(var: Any) -> Any:
-    """The tf.Variable behind a keras.Variable (its `.value`), or the variable itself."""
-    return var if isinstance(var, tf.Variable) else getattr(var, "value", var)
-
-
-def _shards(var: Any) -> list:
-    """The tf.Variable shards of a table or slot variable (one for an unsharded one)."""
-    var = _backing(var)
-    inner = getattr(var, "variables", None)
-    if isinstance(inner, (list, tuple)) and inner and all(isinstance(v, tf.Variable) for v in inner):
-        return list(inner)
-    return [var]
-
-
-class _StaticTable:
-    """A static table in memory (all its shards): one tracker per shard variable, which its fused update marks."""
-
-    kind = "static"
-    tiered = False
-
-    def __init__(self, name: str, variables: dict, slot_names: list):
-        self.name = name
-        self.parameters = _shards(variables["parameters"])
-        self.slots = {s: _shards(variables[s]) for s in slot_names}
-        sizes = [int(v.shape[0]) for v in self.parameters]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.num_rows = int(self.offsets[-1])
-        self.devices = [v.device for v in self.parameters]
-        self.trackers = []
-        for v in self.parameters:
-            with tf.init_scope(), tf.device(v.device):
-                self.trackers.append(_ops().tf_embed_touched_rows_track(v.handle))
-
-    def versions(self) -> tuple:
-        out = []
-        for tracker, device in zip(self.trackers, self.devices, strict=True):
-            with tf.device(device):
-                tid, version, _, _ = _ops().tf_embed_touched_rows_since(tracker, tf.constant(-1, tf.int64), -1)
-            out.append((int(tid), int(version)))
-        return tuple(out)
-
-    def changed_since(self, since: tuple | None) -> tuple[TableChanges, tuple]:
-        since = since or ((-1, -1),) * len(self.trackers)
-        if len(since) != len(self.trackers):
-            since = ((-1, -1),) * len(self.trackers)  # another shard count: everything
-        full = False
-        parts, now = [], []
-        for p, (tracker, device) in enumerate(zip(self.trackers, self.devices, strict=True)):
-            with tf.device(device):
-                tid, version, shard_full, rows = _ops().tf_embed_touched_rows_since(
-                    tracker, tf.constant(since[p][0], tf.int64), tf.constant(since[p][1], tf.int64)
-                )
-            now.append((int(tid), int(version)))
-            full = full or bool(shard_full)
-            parts.append(rows.numpy() + self.offsets[p])
-        if full:
-            rows = np.arange(self.num_rows, dtype=np.int64)
-        else:
-            rows = np.concatenate(parts).astype(np.int64) if parts else np.zeros([0], np.int64)
-        return TableChanges("static", full, rows, np.zeros([0], np.int64)), tuple(now)
-
-    def read(self, rows: np.ndarray) -> dict:
-        rows = np.asarray(rows, np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
-            raise ValueError(
-                f"table {self.name!r}: rows must be in [0, {self.num_rows}), got {rows.min()}..{rows.max()}"
-            )
-        out = {"parameters": self._gather(self.parameters, rows)}
-        for slot, shards in self.slots.items():
-            out[slot] = self._gather(shards, rows)
-        return out
-
-    def _gather(self, shards: list, rows: np.ndarray) -> np.ndarray:
-        if len(shards) == 1:
-            with tf.device(shards[0].device):
-                return tf.gather(shards[0], rows).numpy()
-        shard = np.searchsorted(self.offsets, rows, side="right") - 1
-        width = int(shards[0].shape[1])
-        out = np.zeros([rows.size, width], shards[0].dtype.as_numpy_dtype)
-        for p, v in enumerate(shards):
-            mine = np.nonzero(shard == p)[0]
-            if mine.size:
-                with tf.device(v.device):
-                    out[mine] = tf.gather(v, rows[mine] - self.offsets[p]).numpy()
-        return out
-
-    def mark_all(self) -> None:
-        for tracker, device in zip(self.trackers, self.devices, strict=True):
-            with tf.device(device):
-                _ops().tf_embed_touched_rows_mark_all(tracker)
-
-
-class _TieredTable(_StaticTable):
-    """A static tiered table (`storage=te.Tiered`): one tracker on its TieredTableResource, which its fused
-    update (TieredSendTPUEmbeddingGradients) and its row writes (initialisation, restore) mark; rows are read
-    from the tier through the cache's dirty rows, without filling the cache."""
-
-    tiered = True
-
-    def __init__(self, name: str, table: Any):  # pylint: disable=super-init-not-called
-        self.name = name
-        self.table = table
-        self.devices = [table.handle.device]  # one "shard"
-        self.offsets = np.array([0, table.num_rows], np.int64)
-        self.num_rows = int(table.num_rows)
-        with tf.init_scope(), tf.device(table.handle.device):
-            self.trackers = [_ops().tf_embed_touched_rows_track(table.handle)]
-
-    def read(self, rows: np.ndarray) -> dict:
-        rows = np.asarray(rows, np.int64).reshape([-1])
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
-            raise ValueError(
-                f"table {self.name!r}: rows must be in [0, {self.num_rows}), got {rows.min()}..{rows.max()}"
-            )
-        with tf.device(self.table.handle.device):
-            values, slots = self.table.gather_rows(rows)
-        # The storage dtype, as the in-memory table's variables give it (float32 -> 16-bit is exact here).
-        dtypes = self.table.dtypes
-        out = {"parameters": tf.cast(values, dtypes[0]).numpy()}
-        for k, slot in enumerate(self.table.slot_names):
-            out[slot] = tf.cast(slots[slot], dtypes[1 + k]).numpy()
-        return out
-
-
-_CONTENT = ("keys", "weights", "slots", "counts", "last_steps", "pending_keys", "pending_counts", "pending_last_steps")
-
-
-class _DynamicTable:
-    """A dynamic table (all its shards), in memory or tiered: its resource's own change log and eviction log."""
-
-    kind = "dynamic"
-
-    def __init__(self, name: str, table: Any):
-        self.name = name
-        self.table = table
-        self.shards = list(getattr(table, "shards", None) or [table])
-        # A tiered dynamic table (unsharded): changed rows' values are read through its cache by the query op; a
-        # full answer carries keys and metadata only (`read` gives the values by key).
-        self.tiered = getattr(table, "tiered", None) is not None
-
-    def _query(self, shard: Any, since: tuple, mark_all: bool = False, version_only: bool = False) -> tuple:
-        with tf.device(shard.resource_handle.device):
-            out = _ops().tf_embed_dynamic_table_changed_since(
-                shard.resource_handle,
-                tf.constant(since[0], tf.int64),
-                tf.constant(since[1], tf.int64),
-                num_slots=shard.num_slots,
-                mark_all=mark_all,
-                version_only=version_only,
-            )
-        return out
-
-    def versions(self) -> tuple:
-        out = []
-        for shard in self.shards:
-            r = self._query(shard, (-1, -1), version_only=True)
-            out.append((int(r.id), int(r.version)))
-        return tuple(out)
-
-    def changed_since(self, since: tuple | None) -> tuple[TableChanges, tuple]:
-        since = since or ((-1, -1),) * len(self.shards)
-        if len(since) != len(self.shards):
-            since = ((-1, -1),) * len(self.shards)
-        full, now, evicted, parts = False, [], [], []
-        for p, shard in enumerate(self.shards):
-            r = self._query(shard, since[p])
-            now.append((int(r.id), int(r.version)))
-            full = full or bool(r.full)
-            evicted.append(r.evicted_keys.numpy())
-            n = int(r.keys.shape[0])
-            part = {k: getattr(r, k).numpy() for k in _CONTENT if k != "slots"}
-            part["slots"] = np.concatenate([s.numpy() for s in r.slots], 1) if r.slots else np.zeros([n, 0], np.float32)
-            if self.tiered and bool(r.full):  # keys and metadata only: the values are read by key (`read`)
-                part["weights"] = part["slots"] = None
-            parts.append(part)
-        if full and len(self.shards) > 1:
-            # One shard's full answer means a restore or a non-lazy update: take every shard whole.
-            parts = []
-            for p, shard in enumerate(self.shards):
-                c = {k: v.numpy() for k, v in shard.export().items()}
-                parts.append(c)
-                evicted[p] = np.zeros([0], np.int64)
-        contents = _union(parts)
-        ev = np.unique(np.concatenate(evicted)).astype(np.int64) if evicted else np.zeros([0], np.int64)
-        if full:
-            ev = np.zeros([0], np.int64)
-        return TableChanges("dynamic", full, contents["keys"], ev, contents), tuple(now)
-
-    def mark_all(self) -> None:
-        for shard in self.shards:
-            self._query(shard, (-1, -1), mark_all=True, version_only=True)
-
-    def read(self, keys: Any) -> dict:
-        if not self.tiered:
-            raise ValueError(
-                f"table {self.name!r} is dynamic: its rows come with changed_since(...).tables[name].contents"
-            )
-        from tf_embed_ops.dynamic import ops as dynamic_ops  # pylint: disable=import-outside-toplevel
-
-        keys = np.asarray(keys, np.int64).reshape([-1])
-        shard = self.shards[0]
-        with tf.device(shard.resource_handle.device):
-            weights, slots = dynamic_ops.dynamic_table_tiered_read_rows(
-                shard.resource_handle, keys, num_slots=shard.num_slots
-            )
-        n = int(keys.size)
-        out_slots = np.concatenate([x.numpy() for x in slots], 1) if slots else np.zeros([n, 0], np.float32)
-        return {"weights": weights.numpy(), "slots": out_slots}
-
-
-def _union(parts: list) -> dict:
-    """Shard contents (disjoint keys) joined and sorted by key."""
-    # None: not read (a tiered table's full answer carries no values).
-    out = {k: None if any(p[k] is None for p in parts) else np.concatenate([p[k] for p in parts], 0) for k in _CONTENT}
-    order = np.argsort(out["keys"], kind="stable")
-    for k in ("keys", "weights", "slots", "counts", "last_steps"):
-        out[k] = None if out[k] is None else out[k][order]
-    porder = np.argsort(out["pending_keys"], kind="stable")
-    for k in ("pending_keys", "pending_counts", "pending_last_steps"):
-        out[k] = out[k][porder]
-    return out
-
-
-def _static_view(config: Any, table: Any, engine: Any) -> _StaticTable:
-    del table  # the view reads the table's and its slots' variables
-    from tf_embed_ops import _tf_compat  # pylint: disable=import-outside-toplevel
-
-    names = _tf_compat.slot_names(config.optimizer) if config.optimizer is not None else []
-    return _StaticTable(config.name, engine.variables[config.name], names)
-
-
-# The view of each kind of table group's tables (`backends.protocol.TableGroup.kind`), made from (TableConfig, the
-# group's table object, the engine). A new kind of table registers its view here.
-_VIEWS = {
-    "in-memory": _static_view,
-    "tiered": lambda config, table, engine: _TieredTable(config.name, table),
-    "dynamic": lambda config, table, engine: _DynamicTable(config.name, table),
-}
-
-
 class Tracker:
     """Touched-row tracking over every table of an embedding object (static and dynamic, sharded or not).
 
@@ -382,11 +111,11 @@ class Tracker:
         engines = find_engines(obj)
         for engine in engines:
             engine.ensure_built()
-            # Each table group (`backends.protocol.TableGroup`) hands its tables; the view that reads a table's
-            # changes is the one its group's kind registers (`_VIEWS`).
+            # Each table group (`backends.protocol.TableGroup`) hands its tables and the view that reads a table's
+            # changes (`tracking_view`).
             for group in engine.groups:
                 for config, table in group.tables.items():
-                    self._add(config.name, _VIEWS[group.kind](config, table, engine))
+                    self._add(config.name, group.tracking_view(config, table))
                     self._sources[config.name] = (group, config)
 
     def _add(self, name: str, table: Any) -> None:

@@ -1,17 +1,22 @@
 """The table backend protocol: what a front end asks of a group of tables of one kind.
 
 A front end (`te.TPUEmbedding` and the classes built on it: `te.TPUEmbeddingV2`, the Keras layers, the sharded
-classes) splits its features by the kind of their tables into groups, each an object of this protocol, and runs
-one lookup and one update across them (`tf_embed_ops.backends.walk`) without asking which kind a group is. The
-lifecycle modules (tracking, incremental checkpoints, the exporter, the publisher) ask the group's `tables` and the
-table objects' own methods (`changed rows since a cursor`, `serving form`, checkpoint hooks), never the kind: an
-incremental checkpoint chain asks each table's `ChainState` (`TableGroup.chain_state`).
+classes) splits its features by the kind of their tables into groups, each an object of this protocol, normalises
+each feature's input through its group (`normalize_input`), and runs one lookup and one update across them
+(`tf_embed_ops.backends.walk`) without asking which kind a group is; it prefetches only where a group says it
+can (`prefetches`). The lifecycle modules ask the group, never its kind: the tracker each table's view of its
+changed rows (`tracking_view`), an incremental checkpoint chain each table's `ChainState` (`chain_state`), a
+restore the checks of its checkpoint children (`restore_checks`), the exporter each table's serving form
+(`check_prune`, `export_form`) and a serving trace the group's plain-TensorFlow lookup (`serving_group`). `kind`
+is a name for messages only.
 
 The kinds, one module each: `tf_embed_ops.backends.static.StaticGroup` (tables and slots in `tf.Variable`s),
 `tf_embed_ops.dynamic.engine.DynamicGroup` (hash-table tables keyed by int64 or string, in memory or tiered),
 `tf_embed_ops.tiered.engine.TieredGroup` (static tables behind a DRAM row cache). Adding a kind is one module with a
-class of this protocol, and a line where the front end lists the kinds (`TPUEmbedding._BACKENDS`). The
-parameter-server sharded class lists its own (`tf_embed_ops.distribute.sharded_groups`).
+class of this protocol (and the modules of its parts: its tracking view, chain state, serving form), and a line
+where the front end lists the kinds (`TPUEmbedding._BACKENDS`). The parameter-server sharded class lists its own
+(`tf_embed_ops.distribute.sharded_groups`). A front end's accessors of one kind's tables (`dynamic_tables`,
+`tiered_tables`) find its group by class (`engine.groups.of_class`).
 
 Order of one update (`walk.send`): every group's `check_trainable`, then its learning rates (in group order), then
 `validate_send` of every group but the first (checks that write nothing), then the groups' `send_gradients` in
@@ -22,9 +27,28 @@ group rejects changes no table of any group.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["ChainState", "TableGroup", "claimed_positions"]
+__all__ = ["ChainState", "ExportForm", "TableGroup", "claimed_positions"]
+
+
+class ExportForm(NamedTuple):
+    """How an export serves one table (`TableGroup.export_form`); every field may be left out.
+
+    Attributes:
+      served: the object the serving trace reads in place of the table (`ExportContext.served`: an object with
+        `gather_rows(ids)`), or None (the table itself, or frozen by `freeze`).
+      streamed: `served` has no value yet: the export writes its rows into the SavedModel after saving it
+        (`tf_embed_ops.serving.streamed`).
+      metadata: the table's entry in the export's metadata, or None when the frozen copy gives it after the trace.
+      freeze: `(quantization mode, Prune or None)`: how the trace freezes the table (`ExportContext.dynamic`), or
+        None.
+    """
+
+    served: Any = None
+    streamed: bool = False
+    metadata: dict | None = None
+    freeze: tuple | None = None
 
 
 @runtime_checkable
@@ -32,13 +56,16 @@ class TableGroup(Protocol):
     """A group of tables of one kind, and the features of an embedding that look them up.
 
     Attributes:
-      kind: the kind's name in messages ("in-memory", "dynamic", "tiered").
+      kind: the kind's name in messages ("in-memory", "dynamic", "tiered"); nothing branches on it.
+      prefetches: whether `prefetch` can have work to do (rows not resident): `TPUEmbedding.prefetch` normalises a
+        batch only when a group does.
       positions: the group's features' positions among the embedding's flattened features, in group order.
       features: the group's `FeatureConfig`s, in group order.
       table_configs: the group's tables, in the order its ops take them.
     """
 
     kind: str
+    prefetches: bool
     positions: list[int]
     features: list
     table_configs: list
@@ -49,6 +76,11 @@ class TableGroup(Protocol):
     @property
     def tables(self) -> dict:
         """`{TableConfig: table object}`: what tracking, checkpoints, the exporter and Keras' weights walk."""
+
+    def normalize_input(self, feature: Any, x: Any, weights: Any, max_sequence_length: int, name: str) -> Any:
+        """The `FeatureInput` of one of the group's features (`feature`: its `FeatureConfig`) from its ids `x`
+        (dense, sparse or ragged) and `weights`, as `embedding_ops.normalize_feature` lays them out; a key dtype the
+        table does not take is a ValueError naming the table (`engine.inputs` prefixes the feature, `name`)."""
 
     def xla_refusal(self) -> str | None:
         """Why the group cannot be looked up under XLA (`jit_compile=True`), or None when it can."""
@@ -82,6 +114,20 @@ class TableGroup(Protocol):
     def serving_group(self, context: Any) -> Any:
         """The group as a serving graph reads it: an object with `positions` and `lookup(inputs, training)` built
         of stock TensorFlow ops over the tables' serving forms (`context`: the export's `ExportContext`)."""
+
+    def check_prune(self, name: str, prune: Any) -> None:
+        """Raises ValueError naming table `name` unless its kind can be exported pruned by `prune` (a
+        `te.serving.Prune`: the criteria the kind tracks). Called for every pruned table before any is encoded."""
+
+    def export_form(self, config: Any, table: Any, mode: Any, prune: Any) -> ExportForm:
+        """How `te.keras.export_for_serving` serves table `config` (`table`: its object in `tables`), stored in
+        quantization `mode` (None: as trained) and pruned by `prune` (None, or checked by `check_prune`); encoder
+        errors (ValueError naming the table) are raised here, before anything is written."""
+
+    def tracking_view(self, config: Any, table: Any) -> Any:
+        """The tracker's view of table `config` (`table`: its object in `tables`), tracking enabled on it: what
+        `tracking.Tracker.table` gives (`kind`, `tiered`, `versions()`, `changed_since(since)`, `read(rows)`,
+        `mark_all()`; `backends.touched_rows`)."""
 
     def chain_state(self, config: Any, view: Any) -> ChainState:
         """Table `config`'s part of an incremental checkpoint chain (`tf_embed_ops.checkpoint`), over the tracker's

@@ -11,9 +11,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _xla, embedding_ops, table_config, update_trigger
-from tf_embed_ops.backends import row_chain, served
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
+from tf_embed_ops.backends import protocol, row_chain, served, touched_rows
 from tf_embed_ops.engine import variable_restore
+from tf_embed_ops.serving import prune as prune_lib
+from tf_embed_ops.serving.tables import ServedTable, table_metadata
 
 __all__ = ["StaticGroup"]
 
@@ -34,6 +36,7 @@ class StaticGroup:
     """
 
     kind = "in-memory"
+    prefetches = False  # every row is resident
 
     def __init__(self, embedding: Any, positions: list[int], features: list):
         self._embedding = embedding
@@ -64,6 +67,10 @@ class StaticGroup:
     def prefetch(self, inputs: list) -> list:
         del inputs  # every row is resident
         return []
+
+    def normalize_input(self, feature: Any, x: Any, weights: Any, max_sequence_length: int, name: str) -> Any:
+        del feature  # numbered rows: every table takes the one normalisation
+        return embedding_ops.normalize_feature(x, weights, max_sequence_length, name)
 
     def check_trainable(self) -> None:
         table_config.check_trainable(self._embedding.table_configs)
@@ -105,6 +112,27 @@ class StaticGroup:
 
     def serving_group(self, context: Any) -> ServedStaticGroup:
         return ServedStaticGroup(self, context)
+
+    def tracking_view(self, config: Any, table: Any) -> touched_rows.StaticRowsView:
+        """The tracker's view of `config`'s table: its variable and its slots' (every shard), each tracked."""
+        del table  # the view reads the table's and its slots' variables
+        slots = _tf_compat.slot_names(config.optimizer) if config.optimizer is not None else []
+        return touched_rows.StaticRowsView(config.name, self._embedding.variables[config.name], slots)
+
+    def check_prune(self, name: str, prune: Any) -> None:
+        prune_lib.check_applicable(prune, name, dynamic=False)
+
+    def export_form(self, config: Any, table: Any, mode: Any, prune: Any) -> protocol.ExportForm:
+        """Read as trained (its metadata only), or from an encoded / pruned copy of its rows (`ServedTable`; the
+        training variable `table` is only read)."""
+        dtype = tf.as_dtype(table.dtype)
+        if mode is None and prune is None:
+            rows, dim = (int(d) for d in table.shape)
+            metadata = table_metadata("static", dim, rows, rows, None, None, rows * dim * dtype.size, dtype.name)
+            return protocol.ExportForm(metadata=metadata)
+        with tf.init_scope():
+            form = ServedTable(config.name, table.numpy(), mode, prune, dtype.name)
+        return protocol.ExportForm(served=form, metadata=form.metadata)
 
     def chain_state(self, config: Any, view: Any) -> row_chain.RowChain:
         return row_chain.RowChain(config.name, view)

@@ -21,10 +21,11 @@ import tensorflow as tf
 
 from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
-from tf_embed_ops.backends import served
-from tf_embed_ops.dynamic import chain, policies, restore_check
+from tf_embed_ops.backends import protocol, served
+from tf_embed_ops.dynamic import chain, policies, restore_check, touched_rows
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
+from tf_embed_ops.serving import prune as prune_lib
 
 __all__ = ["DynamicGroup", "FrozenDynamicGroup", "normalize_dynamic_feature"]
 
@@ -87,6 +88,7 @@ class DynamicGroup:
     """
 
     kind = "dynamic"
+    prefetches = False  # keys and rows are resident (a tiered dynamic table reads its misses in its lookup)
 
     def __init__(
         self,
@@ -223,11 +225,27 @@ class DynamicGroup:
         )
 
     def prefetch(self, inputs: list) -> list:
-        del inputs  # keys and rows are resident (a tiered dynamic table reads its misses in its lookup)
+        del inputs  # see `prefetches`
         return []
+
+    def normalize_input(self, feature: Any, x: Any, weights: Any, max_sequence_length: int, name: str) -> Any:
+        """`normalize_dynamic_feature` of `feature`'s input: int64 or string keys, as its table's `key_dtype`."""
+        return normalize_dynamic_feature(x, feature.table, weights, max_sequence_length, name)
 
     def serving_group(self, context: Any) -> FrozenDynamicGroup:
         return FrozenDynamicGroup(self, context)
+
+    def tracking_view(self, config: Any, table: Any) -> touched_rows.DynamicRowsView:
+        return touched_rows.DynamicRowsView(config.name, table)
+
+    def check_prune(self, name: str, prune: Any) -> None:
+        prune_lib.check_applicable(prune, name, dynamic=True)
+
+    def export_form(self, config: Any, table: Any, mode: Any, prune: Any) -> protocol.ExportForm:
+        """Frozen as the trace reads it (`ExportContext.frozen`: quantized and pruned as asked); its metadata is the
+        frozen copy's."""
+        del config, table
+        return protocol.ExportForm(freeze=(mode, prune))
 
     def chain_state(self, config: Any, view: Any) -> chain.DynamicChain:
         return chain.DynamicChain(config.name, view)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from tf_embed_ops import config as config_lib
 from tf_embed_ops.backends import protocol
 
-__all__ = ["Groups", "make_groups", "of_kind"]
+__all__ = ["Groups", "make_groups", "of_class"]
 
 
 class Groups(NamedTuple):
@@ -52,6 +52,7 @@ def make_groups(
     return Groups(tuple(mine + others), [t for t in tables if t.name not in owned], rates)
 
 
-def of_kind(groups: Sequence[Any], kind: str) -> Any:
-    """The group of `kind` among `groups`, or None."""
-    return next((g for g in groups if g.kind == kind), None)
+def of_class(groups: Sequence[Any], cls: type) -> Any:
+    """The group of `groups` that is a `cls` (a kind's class, or its sharded subclass), or None: what a front end's
+    accessors of one kind's tables ask (`TPUEmbedding.dynamic_tables`), never the kind's name."""
+    return next((g for g in groups if isinstance(g, cls)), None)

@@ -1,9 +1,9 @@
 """Input normalisation: a nest of ids (and weights) -> one `FeatureInput` per feature, in feature order.
 
 The checks and wording are TensorFlow's (`TPUEmbedding.enqueue` / `TPUEmbeddingForServing.embedding_lookup`),
-then ours: every error names the feature's key path. Features over dynamic tables are normalised by
-`dynamic.engine.normalize_dynamic_feature` (int64 or string keys), the others by
-`embedding_ops.normalize_feature`.
+then ours: every error names the feature's key path. Each feature's input is normalised by the table group that
+looks it up (`backends.protocol.TableGroup.normalize_input`: a dynamic table's int64 or string keys, the others'
+numbered rows).
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from tf_embed_ops import embedding_ops
 from tf_embed_ops import features as features_lib
-from tf_embed_ops.dynamic import config as dynamic_config
-from tf_embed_ops.dynamic import engine as dynamic_engine
 
 __all__ = [
     "build_output_shapes",
@@ -34,11 +31,13 @@ __all__ = [
 ]
 
 
-def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[list, list]:
+def normalize_inputs(feature_config: Any, groups: Any, features: Any, weights: Any) -> tuple[list, list]:
     """Validates and normalises `features` (and `weights`) to `FeatureInput`s in flattened feature order.
 
     Args:
       feature_config: the nest of `FeatureConfig`s.
+      groups: the embedding's table groups (`backends.protocol.TableGroup`), which between them look up every
+        feature: each normalises its features' inputs.
       features: a nest matching it of dense, sparse or ragged ids.
       weights: None, or a nest matching it of weights of the ids' kind (None entries allowed).
 
@@ -52,8 +51,11 @@ def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[
     flat_weights = [None] * len(flat_features) if weights is None else _flatten_like(feature_config, weights, "weights")
 
     inputs, shapes = [], []
+    group_of = {i: group for group in groups for i in group.positions}
     paths_and_configs = features_lib.flatten_with_paths(feature_config)
-    for (path, feature), inp, weight in zip(paths_and_configs, flat_features, flat_weights, strict=False):
+    for position, ((path, feature), inp, weight) in enumerate(
+        zip(paths_and_configs, flat_features, flat_weights, strict=False)
+    ):
         if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
             pass
         elif inp is None:
@@ -89,12 +91,7 @@ def normalize_inputs(feature_config: Any, features: Any, weights: Any) -> tuple[
                 )
             max_len = 0
         try:
-            if dynamic_config.is_dynamic(feature.table):
-                normalized = dynamic_engine.normalize_dynamic_feature(inp, feature.table, weight, max_len, path)
-            else:
-                normalized = embedding_ops.normalize_feature(
-                    inp, weights=weight, max_sequence_length=max_len, feature_name=path
-                )
+            normalized = group_of[position].normalize_input(feature, inp, weight, max_len, path)
         except ValueError as e:
             raise ValueError(f"Feature {path}: {e}") from e
         inputs.append(normalized)

@@ -28,10 +28,8 @@ from tf_embed_ops import _tf_compat, _xla
 from tf_embed_ops.keras import layer as layer_lib
 from tf_embed_ops.keras.export_context import ExportContext, serving_mode
 from tf_embed_ops.serving import metadata as metadata_lib
-from tf_embed_ops.serving import prune as prune_lib
 from tf_embed_ops.serving import quantization as quantization_lib
 from tf_embed_ops.serving import streamed as streamed_lib
-from tf_embed_ops.serving.tables import ServedTable, table_metadata
 
 __all__ = ["ExportContext", "export_for_serving", "plain_lookup", "serving_mode", "trace_serving_function"]
 
@@ -77,9 +75,9 @@ def _arg_name(path: str, used: set) -> str:
 
 
 def _embedding_tables(model: Any) -> dict:
-    """{table name: (its group's kind: "in-memory" | "dynamic" | "tiered", its TableConfig, the group's table object)}
-    of every `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included) inside `model`: what each layer's
-    table groups (`backends.protocol.TableGroup`) hand."""
+    """{table name: (its table group, its TableConfig, the group's table object)} of every
+    `tf_embed_ops.keras.TPUEmbedding` layer (DistributedEmbedding included) inside `model`: what each layer's table
+    groups (`backends.protocol.TableGroup`) hand. Two tables of one name: (None, config, None)."""
     if isinstance(model, layer_lib.TPUEmbedding):
         layers = [model]
     else:
@@ -88,13 +86,13 @@ def _embedding_tables(model: Any) -> dict:
         layers = [x for x in flat if isinstance(x, layer_lib.TPUEmbedding)]
     tables: dict = {}
     for layer in layers:
-        found = [(g.kind, c, t) for g in layer.embedding.groups for c, t in g.tables.items()]
-        for kind, config, obj in found:
+        found = [(g, c, t) for g in layer.embedding.groups for c, t in g.tables.items()]
+        for group, config, obj in found:
             if config.name in tables and tables[config.name][2] is not obj:
                 # Per-table options are given by name: two tables of one name could not be told apart.
-                tables[config.name] = ("ambiguous", config, None)
+                tables[config.name] = (None, config, None)
             else:
-                tables[config.name] = (kind, config, obj)
+                tables[config.name] = (group, config, obj)
     return tables
 
 
@@ -110,7 +108,7 @@ def _per_table(argument: str, value: Any, tables: dict) -> dict:
 
 
 def _check_unambiguous(argument: str, name: str, tables: dict) -> None:
-    if tables[name][0] == "ambiguous":
+    if tables[name][0] is None:
         raise ValueError(
             f"{argument}: the model has two embedding tables named {name!r} (in different layers); give them "
             "different names to quantize or prune them"
@@ -136,12 +134,7 @@ def _plan(tables: dict, quantization: Any, prune: Any) -> dict:
         modes = dict.fromkeys(tables, quantization)
     prunes = {} if prune is None else _per_table("prune", prune, tables)
     for name, criteria in prunes.items():
-        if tables[name][0] == "tiered":
-            raise ValueError(
-                f"prune: table {name!r} is tiered (storage=te.Tiered): pruning at export is not supported for tiered "
-                "tables yet (it ranks the whole table's rows); export it unpruned, quantized if it must be smaller"
-            )
-        prune_lib.check_applicable(criteria, name, dynamic=tables[name][0] == "dynamic")
+        tables[name][0].check_prune(name, criteria)  # the criteria the table's kind tracks
     plan = {}
     for name in tables:
         mode, criteria = modes.get(name), prunes.get(name)
@@ -237,33 +230,22 @@ def export_for_serving(
     """
     tables = _embedding_tables(model)
     plan = _plan(tables, quantization, prune)
-    # Static tables the export replaces by their serving form (encoded / pruned copies: the training variable is
-    # only read). Every check above and every encoder error happens before anything is written.
+    # Each table's serving form, as its group gives it (`TableGroup.export_form`: an encoded / pruned copy, rows
+    # streamed after the save, or how the trace freezes it). Every check above and every encoder error happens
+    # before anything is written.
     served, metadata, dynamic, streamed = {}, {}, {}, []
-    for name, (kind, _config, obj) in tables.items():
-        mode, criteria = plan.get(name, (None, None))
-        if kind == "ambiguous":  # no option names it (refused above): exported as trained, not in the metadata
+    for name, (group, config, obj) in tables.items():
+        if group is None:  # no option names it (refused above): exported as trained, not in the metadata
             continue
-        if kind == "dynamic":
-            dynamic[name] = (mode, criteria)
-            continue
-        if kind == "tiered":
-            # Its serving form has no value yet: the rows are streamed into the SavedModel after it is saved.
-            table = streamed_lib.StreamedTable(obj, mode)
-            served[id(obj)] = (obj, table)
-            streamed.append(table)
-            metadata[name] = table.metadata
-            continue
-        backing = obj  # an in-memory table: the group hands its rows' tf.Variable
-        if name in plan:
-            with tf.init_scope():
-                table = ServedTable(name, backing.numpy(), mode, criteria, tf.as_dtype(backing.dtype).name)
-            served[id(backing)] = (backing, table)
-            metadata[name] = table.metadata
-        else:
-            rows, dim = (int(d) for d in backing.shape)
-            nbytes = rows * dim * tf.as_dtype(backing.dtype).size
-            metadata[name] = table_metadata("static", dim, rows, rows, None, None, nbytes, backing.dtype.name)
+        form = group.export_form(config, obj, *plan.get(name, (None, None)))
+        if form.served is not None:
+            served[id(obj)] = (obj, form.served)
+        if form.streamed:  # no value yet: its rows are streamed into the SavedModel after it is saved
+            streamed.append(form.served)
+        if form.metadata is not None:
+            metadata[name] = form.metadata
+        if form.freeze is not None:
+            dynamic[name] = form.freeze
 
     concrete, inputs, frozen = trace_serving_function(model, input_signature, served=served, dynamic=dynamic)
     for table in frozen:

@@ -18,11 +18,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops import _tf_compat, _xla, table_config, update_trigger
+from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
-from tf_embed_ops.backends import served
+from tf_embed_ops.backends import protocol, served
 from tf_embed_ops.dynamic import config as dynamic_config
-from tf_embed_ops.tiered import chain
+from tf_embed_ops.serving import streamed as streamed_lib
+from tf_embed_ops.tiered import chain, touched_rows
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
@@ -80,6 +81,7 @@ class TieredGroup:
     """
 
     kind = "tiered"
+    prefetches = True  # rows behind a cache: `prefetch` reads the next batch's misses
 
     def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False):
         self.positions = [i for i, f in enumerate(flat_features) if is_static_tiered(f.table)]
@@ -169,6 +171,23 @@ class TieredGroup:
     def serving_group(self, context: Any) -> ServedTieredGroup:
         return ServedTieredGroup(self, context)
 
+    def tracking_view(self, config: Any, table: Any) -> touched_rows.TieredRowsView:
+        return touched_rows.TieredRowsView(config.name, table)
+
+    def check_prune(self, name: str, prune: Any) -> None:
+        del prune
+        raise ValueError(
+            f"prune: table {name!r} is tiered (storage=te.Tiered): pruning at export is not supported for tiered "
+            "tables yet (it ranks the whole table's rows); export it unpruned, quantized if it must be smaller"
+        )
+
+    def export_form(self, config: Any, table: Any, mode: Any, prune: Any) -> protocol.ExportForm:
+        """A `StreamedTable` (never pruned: `check_prune` refuses), whose rows are written into the SavedModel
+        chunk by chunk after it is saved: it has no value until then."""
+        del config, prune
+        form = streamed_lib.StreamedTable(table, mode)
+        return protocol.ExportForm(served=form, streamed=True, metadata=form.metadata)
+
     def chain_state(self, config: Any, view: Any) -> chain.TieredChain:
         return chain.TieredChain(config.name, view)
 
@@ -192,6 +211,10 @@ class TieredGroup:
                 if op is not None:
                     ops.append(op)
         return ops
+
+    def normalize_input(self, feature: Any, x: Any, weights: Any, max_sequence_length: int, name: str) -> Any:
+        del feature  # numbered rows, as an in-memory table's
+        return embedding_ops.normalize_feature(x, weights, max_sequence_length, name)
 
     def evaluate_learning_rates(self) -> list:
         """The group's learning rates, one float32 scalar per tag (its callables, called once)."""

@@ -27,7 +27,6 @@ from tf_embed_ops import _xla, embedding_ops
 from tf_embed_ops.distribute.collective import exchange as exchange_lib
 from tf_embed_ops.distribute.collective.shards import LayerShards
 from tf_embed_ops.dynamic import sharding
-from tf_embed_ops.engine import inputs as inputs_lib
 from tf_embed_ops.engine import lookup as lookup_lib
 
 __all__ = ["TableLookup", "lookup", "owner"]
@@ -86,7 +85,7 @@ def lookup(
     Must run in a function traced identically on every worker (the collectives pair up by order)."""
     ex = shards.exchange
     n = ex.num_workers
-    inputs, _ = inputs_lib.normalize_inputs(shards.layer.feature_config, features, weights)
+    inputs, _ = shards.layer.embedding.normalize_inputs(features, weights)
     acts: list = [None] * len(inputs)
     pending = []
     for t, table in enumerate(shards.tables):
