@@ -55,7 +55,32 @@ def check_count(owner: str, argument: str, value: Any, minimum: int, maximum: in
     return value
 
 
-class FrequencyAdmission:
+class _Admission:
+    """What both admissions share: the handle op's attributes, `get_config` and `repr` from their fields."""
+
+    _KIND = ""  # `get_config`'s "kind", which `from_config_dict` reads
+    _FIELDS: tuple[str, ...] = ()  # the constructor's arguments, in its order
+
+    def _attrs(self, max_pending_keys: int = 0, pending_ttl_steps: int = 0, bloom: tuple = (0, 0, 8)) -> dict:
+        return {
+            "admission_min_count": self.min_count,
+            "max_pending_keys": max_pending_keys,
+            "pending_ttl_steps": pending_ttl_steps,
+            "bloom_num_counters": bloom[0],
+            "bloom_num_hashes": bloom[1],
+            "bloom_counter_bits": bloom[2],
+            "log_refused": self.log_refused,
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {"kind": self._KIND, **{field: getattr(self, field) for field in self._FIELDS}}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{field}={getattr(self, field)}" for field in self._FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+
+class FrequencyAdmission(_Admission):
     """Admission by frequency: a key gets a row once it has been seen `min_count` times.
 
     Counts are exact (one counter per key without a row), bounded by `max_pending_keys`; a key that finds the
@@ -72,6 +97,9 @@ class FrequencyAdmission:
     Raises:
       ValueError: for a value out of range (naming the argument and the value).
     """
+
+    _KIND = "frequency"
+    _FIELDS = ("min_count", "max_pending_keys", "pending_ttl_steps", "log_refused")
 
     def __init__(
         self,
@@ -90,33 +118,10 @@ class FrequencyAdmission:
     def attrs(self) -> dict[str, Any]:
         """The admission's attributes of the handle op."""
         counting = self.min_count > 1  # the core wants no counters when every key is admitted on first sight
-        return {
-            "admission_min_count": self.min_count,
-            "max_pending_keys": self.max_pending_keys if counting else 0,
-            "pending_ttl_steps": self.pending_ttl_steps if counting else 0,
-            "bloom_num_counters": 0,
-            "bloom_num_hashes": 0,
-            "bloom_counter_bits": 8,
-            "log_refused": self.log_refused,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "kind": "frequency",
-            "min_count": self.min_count,
-            "max_pending_keys": self.max_pending_keys,
-            "pending_ttl_steps": self.pending_ttl_steps,
-            "log_refused": self.log_refused,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"FrequencyAdmission(min_count={self.min_count}, max_pending_keys={self.max_pending_keys}, "
-            f"pending_ttl_steps={self.pending_ttl_steps}, log_refused={self.log_refused})"
-        )
+        return self._attrs(self.max_pending_keys if counting else 0, self.pending_ttl_steps if counting else 0)
 
 
-class BloomAdmission:
+class BloomAdmission(_Admission):
     """Admission through a counting Bloom filter: bounded memory however many distinct ids arrive.
 
     Every sighting of a key without a row adds to `num_hashes` of `num_counters` saturating counters of
@@ -145,6 +150,9 @@ class BloomAdmission:
       >>> admission = te.dynamic.BloomAdmission(min_count=3, num_counters=1 << 24, num_hashes=3, counter_bits=4)
     """
 
+    _KIND = "bloom"
+    _FIELDS = ("min_count", "num_counters", "num_hashes", "counter_bits", "log_refused")
+
     def __init__(
         self,
         min_count: int,
@@ -168,31 +176,7 @@ class BloomAdmission:
 
     def attrs(self) -> dict[str, Any]:
         """The admission's attributes of the handle op."""
-        return {
-            "admission_min_count": self.min_count,
-            "max_pending_keys": 0,
-            "pending_ttl_steps": 0,
-            "bloom_num_counters": self.num_counters,
-            "bloom_num_hashes": self.num_hashes,
-            "bloom_counter_bits": self.counter_bits,
-            "log_refused": self.log_refused,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "kind": "bloom",
-            "min_count": self.min_count,
-            "num_counters": self.num_counters,
-            "num_hashes": self.num_hashes,
-            "counter_bits": self.counter_bits,
-            "log_refused": self.log_refused,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"BloomAdmission(min_count={self.min_count}, num_counters={self.num_counters}, "
-            f"num_hashes={self.num_hashes}, counter_bits={self.counter_bits}, log_refused={self.log_refused})"
-        )
+        return self._attrs(bloom=(self.num_counters, self.num_hashes, self.counter_bits))
 
 
 def check_bool(owner: str, argument: str, value: Any) -> bool:
