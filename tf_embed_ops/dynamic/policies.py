@@ -55,11 +55,23 @@ def check_count(owner: str, argument: str, value: Any, minimum: int, maximum: in
     return value
 
 
-class _Admission:
-    """What both admissions share: the handle op's attributes, `get_config` and `repr` from their fields."""
+class _Fields:
+    """A policy whose `repr` and configuration are its constructor's arguments (`_FIELDS`, in its order)."""
 
-    _KIND = ""  # `get_config`'s "kind", which `from_config_dict` reads
-    _FIELDS: tuple[str, ...] = ()  # the constructor's arguments, in its order
+    _FIELDS: tuple[str, ...] = ()
+
+    def _fields(self) -> dict[str, Any]:
+        return {field: getattr(self, field) for field in self._FIELDS}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in self._fields().items())})"
+
+
+class _Admission(_Fields):
+    """What both admissions share: the handle op's attributes and `get_config` (with the "kind"
+    `from_config_dict` reads)."""
+
+    _KIND = ""
 
     def _attrs(self, max_pending_keys: int = 0, pending_ttl_steps: int = 0, bloom: tuple = (0, 0, 8)) -> dict:
         return {
@@ -73,11 +85,7 @@ class _Admission:
         }
 
     def get_config(self) -> dict[str, Any]:
-        return {"kind": self._KIND, **{field: getattr(self, field) for field in self._FIELDS}}
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{field}={getattr(self, field)}" for field in self._FIELDS)
-        return f"{type(self).__name__}({fields})"
+        return {"kind": self._KIND, **self._fields()}
 
 
 class FrequencyAdmission(_Admission):
@@ -204,7 +212,7 @@ NO_EVICTION = {
 }
 
 
-class EvictionPolicy:
+class EvictionPolicy(_Fields):
     """An eviction policy, applied at the end of every training step (and by an explicit `evict()`)."""
 
     kind = "none"
@@ -215,21 +223,17 @@ class EvictionPolicy:
 
     def get_config(self) -> dict[str, Any]:
         """JSON-able arguments (the Keras layer's get_config); `from_config_dict` rebuilds the policy."""
-        raise NotImplementedError
+        return self._fields()
 
 
 class RowBound(EvictionPolicy):
+    _FIELDS = ("max_rows",)
+
     def __init__(self, max_rows: int):
         self.max_rows = check_count(type(self).__name__, "max_rows", max_rows, 1, MAX_ROWS_LIMIT)
 
     def attrs(self) -> dict[str, Any]:
         return {**NO_EVICTION, "eviction": self.kind, "eviction_max_rows": self.max_rows}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"max_rows": self.max_rows}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_rows={self.max_rows})"
 
 
 class LRU(RowBound):
@@ -250,18 +254,13 @@ class TTL(EvictionPolicy):
     """Time to live: at a step boundary, evicts every row not seen for more than `steps` steps."""
 
     kind = "ttl"
+    _FIELDS = ("steps",)
 
     def __init__(self, steps: int):
         self.steps = check_count("TTL", "steps", steps, 1)
 
     def attrs(self) -> dict[str, Any]:
         return {**NO_EVICTION, "eviction": self.kind, "eviction_ttl_steps": self.steps}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"steps": self.steps}
-
-    def __repr__(self) -> str:
-        return f"TTL(steps={self.steps})"
 
 
 class L2Norm(EvictionPolicy):
@@ -279,18 +278,13 @@ class L2Norm(EvictionPolicy):
     """
 
     kind = "l2_norm"
+    _FIELDS = ("min_norm",)
 
     def __init__(self, min_norm: float):
         self.min_norm = check_float("L2Norm", "min_norm", min_norm, 0.0, math.inf)
 
     def attrs(self) -> dict[str, Any]:
         return {**NO_EVICTION, "eviction": self.kind, "eviction_min_norm": self.min_norm}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"min_norm": self.min_norm}
-
-    def __repr__(self) -> str:
-        return f"L2Norm(min_norm={self.min_norm})"
 
 
 class DecayedLFU(RowBound):
@@ -311,6 +305,7 @@ class DecayedLFU(RowBound):
     """
 
     kind = "decayed_lfu"
+    _FIELDS = ("max_rows", "decay")
 
     def __init__(self, max_rows: int, decay: float):
         super().__init__(max_rows)
@@ -318,12 +313,6 @@ class DecayedLFU(RowBound):
 
     def attrs(self) -> dict[str, Any]:
         return {**super().attrs(), "eviction_decay": self.decay}
-
-    def get_config(self) -> dict[str, Any]:
-        return {"max_rows": self.max_rows, "decay": self.decay}
-
-    def __repr__(self) -> str:
-        return f"DecayedLFU(max_rows={self.max_rows}, decay={self.decay})"
 
 
 class CountAndAge(EvictionPolicy):
@@ -340,6 +329,7 @@ class CountAndAge(EvictionPolicy):
     """
 
     kind = "count_and_age"
+    _FIELDS = ("min_count", "max_age_steps")
 
     def __init__(self, min_count: int, max_age_steps: int):
         self.min_count = check_count("CountAndAge", "min_count", min_count, 1, 2**32 - 1)
@@ -352,12 +342,6 @@ class CountAndAge(EvictionPolicy):
             "eviction_min_count": self.min_count,
             "eviction_ttl_steps": self.max_age_steps,
         }
-
-    def get_config(self) -> dict[str, Any]:
-        return {"min_count": self.min_count, "max_age_steps": self.max_age_steps}
-
-    def __repr__(self) -> str:
-        return f"CountAndAge(min_count={self.min_count}, max_age_steps={self.max_age_steps})"
 
 
 class Score(EvictionPolicy):
