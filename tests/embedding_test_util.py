@@ -154,3 +154,16 @@ def script_digest(script: str, threads: int, isa: str | None = None) -> str:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
+
+
+def embedding_state(emb) -> dict[str, np.ndarray]:
+    """Copies of every table and slot of a built `TPUEmbedding`, by "table/slot"."""
+    return {f"{t}/{s}": v.numpy().copy() for t, slots in emb.variables.items() for s, v in slots.items()}
+
+
+def assert_embedding_unchanged(emb, before: dict[str, np.ndarray]) -> None:
+    """Every table and slot of `emb` is bitwise what `embedding_state` copied into `before`."""
+    after = embedding_state(emb)
+    assert after.keys() == before.keys()
+    for k in before:
+        np.testing.assert_array_equal(after[k].view(np.uint32), before[k].view(np.uint32), err_msg=k)

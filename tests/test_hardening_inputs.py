@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from embedding_test_util import make_config
+from embedding_test_util import assert_embedding_unchanged, embedding_state, make_config
 
 import tf_embed_ops as te
 from tf_embed_ops import embedding_ops as eo
@@ -117,22 +117,11 @@ def _mid_level(max_sequence_length=0, check_numerics=False, lr=0.1):
     return emb
 
 
-def _mid_state(emb):
-    return {f"{t}/{s}": v.numpy().copy() for t, slots in emb.variables.items() for s, v in slots.items()}
-
-
-def _assert_mid_unchanged(emb, before):
-    after = _mid_state(emb)
-    assert after.keys() == before.keys()
-    for k in before:
-        np.testing.assert_array_equal(after[k].view(np.uint32), before[k].view(np.uint32), err_msg=k)
-
-
 @pytest.mark.parametrize("max_sequence_length", [0, 3])
 @pytest.mark.parametrize("splits", [s for s, _ in BAD_SPLITS[:2]])
 def test_unvalidated_ragged_tensor_through_tpu_embedding(splits, max_sequence_length):
     emb = _mid_level(max_sequence_length)
-    before = _mid_state(emb)
+    before = embedding_state(emb)
     ragged = tf.RaggedTensor.from_row_splits(
         tf.constant([1, 2, 3, 4], tf.int64), tf.constant(splits, tf.int64), validate=False
     )
@@ -149,7 +138,7 @@ def test_unvalidated_ragged_tensor_through_tpu_embedding(splits, max_sequence_le
         gradients = {"watched": tf.ones([3, DIM]), "liked": tf.ones([2, DIM])}
         with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
             emb.apply_gradients(gradients)
-    _assert_mid_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
     # The object still works afterwards.
     emb.enqueue({"watched": tf.ragged.constant([[1, 2], [3]], dtype=tf.int64), "liked": tf.constant([0, 9], tf.int64)})
     emb.dequeue()
@@ -234,13 +223,13 @@ def test_bad_dynamic_learning_rate_names_tag_and_tables(bad):
 def test_bad_dynamic_learning_rate_through_tpu_embedding():
     rate = tf.Variable(0.1)
     emb = _mid_level(lr=lambda: rate)
-    before = _mid_state(emb)
+    before = embedding_state(emb)
     rate.assign(float("nan"))
     emb.enqueue({"watched": tf.ragged.constant([[1, 2], [3]], dtype=tf.int64), "liked": tf.constant([0, 9], tf.int64)})
     emb.dequeue()
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"tag 0, used by table 'video'\) = nan"):
         emb.apply_gradients({"watched": tf.ones([2, DIM]), "liked": tf.ones([2, DIM])})
-    _assert_mid_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -264,12 +253,12 @@ def test_non_finite_gradients_are_applied_by_default_and_rejected_on_request(bad
 
 def test_check_numerics_on_tpu_embedding():
     emb = _mid_level(check_numerics=True)
-    before = _mid_state(emb)
+    before = embedding_state(emb)
     emb.enqueue({"watched": tf.ragged.constant([[1, 2], [3]], dtype=tf.int64), "liked": tf.constant([0, 9], tf.int64)})
     emb.dequeue()
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"\('watched'\): the gradient .* holds nan .* 'video'"):
         emb.apply_gradients({"watched": tf.fill([2, DIM], float("nan")), "liked": tf.ones([2, DIM])})
-    _assert_mid_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
 
 def test_check_numerics_on_keras_layer():

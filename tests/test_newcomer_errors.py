@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from embedding_test_util import embedding_state
 
 import tf_embed_ops
 from tf_embed_ops import keras as te_keras
@@ -30,17 +31,13 @@ def _emb():
     return emb
 
 
-def _state(emb):
-    return {f"{t}/{s}": v.numpy().copy() for t, slots in emb.variables.items() for s, v in slots.items()}
-
-
 def _ids(*values):
     return tf.constant(values, tf.int64)
 
 
 def test_misspelled_key_names_the_missing_and_unexpected_keys_and_the_expected_ones():
     emb = _emb()
-    before = _state(emb)
+    before = embedding_state(emb)
     features = {"watched": _ids(1, 2), "liked": _ids(3, 4), "usr": _ids(0, 1)}
     with pytest.raises(ValueError) as e:
         emb.enqueue(features, training=True)
@@ -53,7 +50,7 @@ def test_misspelled_key_names_the_missing_and_unexpected_keys_and_the_expected_o
         ValueError, match=r"not a subset of feature_config.*Unknown keys: 'usr' \(did you mean 'user'\?\)"
     ):
         emb(features)  # embedding_lookup / __call__
-    for key, value in _state(emb).items():
+    for key, value in embedding_state(emb).items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
 
 
@@ -93,7 +90,7 @@ def test_keras_functional_model_with_a_misspelled_input_names_it():
 
 def test_out_of_range_id_says_what_to_do_and_changes_nothing():
     emb = _emb()
-    before = _state(emb)
+    before = embedding_state(emb)
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         emb.enqueue({"watched": _ids(1, 6), "liked": _ids(0, 1), "user": _ids(0, 1)}, training=True)
         with tf.GradientTape() as tape:
@@ -104,7 +101,7 @@ def test_out_of_range_id_says_what_to_do_and_changes_nothing():
     assert "ids[1] = 6 is not in [0, 6) (vocabulary_size of table 'video')" in message
     assert "raise the table's vocabulary_size, or hash the ids into range" in message
     assert "te.DynamicTableConfig" in message
-    for key, value in _state(emb).items():
+    for key, value in embedding_state(emb).items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
 
 

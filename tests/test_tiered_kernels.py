@@ -14,6 +14,7 @@ from embedding_test_util import initial_slots, make_config
 
 import tf_embed_ops
 from tf_embed_ops import embedding_ops as eo
+from tf_embed_ops.dynamic.op_inputs import feature_arguments
 
 ops = tf_embed_ops.ops
 STATS = ("hits", "misses", "rows_read", "rows_written", "bytes_read", "bytes_written", "evictions", "resident",
@@ -65,14 +66,7 @@ def _feature(ids):
 
 def _lookup(config, tables, ids_per_feature):
     feats = [_feature(ids) for ids in ids_per_feature]
-    return ops.tf_embed_tiered_embedding_activations(
-        sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-        keys=[f.ids for f in feats],
-        aggregation_weights=[f.weights for f in feats],
-        sample_shapes=[f.sample_shape for f in feats],
-        tables=tables,
-        config=config,
-    )
+    return ops.tf_embed_tiered_embedding_activations(**feature_arguments(feats), tables=tables, config=config)
 
 
 def _send(config, tables, ids_per_feature, grads, step, rounding=("stochastic",), seed=0, **kwargs):
@@ -80,10 +74,7 @@ def _send(config, tables, ids_per_feature, grads, step, rounding=("stochastic",)
     ops.tf_embed_tiered_send_tpu_embedding_gradients(
         inputs=[tf.constant(g) for g in grads],
         learning_rates=[],
-        sample_indices_or_row_splits=[f.sample_indices_or_row_splits for f in feats],
-        keys=[f.ids for f in feats],
-        aggregation_weights=[f.weights for f in feats],
-        sample_shapes=[f.sample_shape for f in feats],
+        **feature_arguments(feats),
         tables=tables,
         step=tf.constant(step, tf.int64),
         config=config,

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from embedding_test_util import assert_embedding_unchanged, embedding_state
 
 import tf_embed_ops
 
@@ -18,16 +19,6 @@ def _emb(optimizer=None, **table_kwargs):
     emb = tf_embed_ops.TPUEmbedding(fc, optimizer if optimizer is not None else emb_api.Adagrad(0.1))
     emb.build()
     return emb
-
-
-def _state(emb):
-    return {f"{t}/{s}": v.numpy().copy() for t, slots in emb.variables.items() for s, v in slots.items()}
-
-
-def _assert_unchanged(emb, before):
-    after = _state(emb)
-    for k in before:
-        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
 
 
 def test_constructor_rejects_bad_configs():
@@ -70,10 +61,10 @@ def test_unnamed_tables_get_tensorflows_names():
 )
 def test_enqueue_rejects_bad_inputs_and_changes_nothing(features, weights, match):
     emb = _emb()
-    before = _state(emb)
+    before = embedding_state(emb)
     with pytest.raises(ValueError, match=match):
         emb.enqueue(features, weights=weights)
-    _assert_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
 
 def test_apply_gradients_misuse():
@@ -88,30 +79,30 @@ def test_apply_gradients_misuse():
 
     emb = _emb()
     emb.enqueue({"a": tf.constant([1, 2], tf.int64), "b": tf.constant([3, 4], tf.int64)})
-    before = _state(emb)
+    before = embedding_state(emb)
     with pytest.raises(ValueError, match="Expected shape"):
         emb.apply_gradients({"a": tf.zeros([2, 3]), "b": tf.zeros([2, 2])})
     with pytest.raises(ValueError, match="non-tensor"):
         emb.apply_gradients({"a": np.zeros([2, 2], np.float32), "b": tf.zeros([2, 2])})
     with pytest.raises(ValueError, match="structure"):
         emb.apply_gradients({"a": tf.zeros([2, 2])})
-    _assert_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
     emb.enqueue({"a": tf.constant([1, 2], tf.int64), "b": tf.constant([3, 4], tf.int64)}, training=False)
     with pytest.raises(RuntimeError, match="training=False"):
         emb.apply_gradients({"a": tf.ones([2, 2]), "b": tf.ones([2, 2])})
-    _assert_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
 
 def test_out_of_range_id_is_rejected_by_the_kernel_without_writes():
     emb = _emb()
     emb.enqueue({"a": tf.constant([1, 6], tf.int64), "b": tf.constant([3, 4], tf.int64)})
-    before = _state(emb)
+    before = embedding_state(emb)
     with pytest.raises(tf.errors.InvalidArgumentError, match="6"):
         emb.dequeue()
     with pytest.raises(tf.errors.InvalidArgumentError, match="6"):
         emb.apply_gradients({"a": tf.ones([2, 2]), "b": tf.ones([2, 2])})
-    _assert_unchanged(emb, before)
+    assert_embedding_unchanged(emb, before)
 
 
 def test_table_without_optimizer_looks_up_but_cannot_train():

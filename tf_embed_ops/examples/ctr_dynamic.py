@@ -125,12 +125,8 @@ def feature_config(args: argparse.Namespace) -> dict:
 
 
 def build_model(layer: keras.layers.Layer) -> keras.Model:
-    inputs = {
-        "user": keras.Input(shape=(), dtype="int64", name="user"),
-        "item": keras.Input(shape=(), dtype="string", name="item"),
-        "category": keras.Input(shape=(), dtype="int64", name="category"),
-        "device": keras.Input(shape=(), dtype="int64", name="device"),
-    }
+    dtypes = {"user": "int64", "item": "string", "category": "int64", "device": "int64"}
+    inputs = {name: keras.Input(shape=(), dtype=dtype, name=name) for name, dtype in dtypes.items()}
     acts = layer(inputs)
     match = keras.ops.sum(acts["user"] * acts["item"], axis=-1, keepdims=True)
     top = keras.layers.Concatenate()([match, acts["user"], acts["item"], acts["category"], acts["device"]])
