@@ -47,13 +47,18 @@ def embedding_state(emb) -> dict:
 
 
 def race(call, times: int, threads: int, train) -> list:
-    """Runs `call()` `times` times in each of `threads` threads while another thread runs `train()` in a loop;
-    returns the exceptions the callers raised."""
+    """Runs `call()` `times` times in each of `threads` threads while another thread runs `train()` in a loop (at
+    least once, to the end of a round after the callers are done); returns the exceptions the callers and the
+    training raised."""
     stop, errors = threading.Event(), []
 
     def training():
-        while not stop.is_set():
+        try:
             train()
+            while not stop.is_set():
+                train()
+        except Exception as e:  # returned: a training thread that died would leave the calls uncontended
+            errors.append(e)
 
     def calls():
         try:

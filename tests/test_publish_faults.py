@@ -32,7 +32,9 @@ def test_concurrent_publishes_while_training_make_one_ordered_chain(tmp_path):
     pub = Publisher(model, directory, util.SIGNATURE, min_free_slots=4096)
     pub.publish_full()
     seeds = iter(range(1, 10**6))
-    errors = support.race(pub.publish_delta, times=4, threads=2, train=lambda: util.fit(model, next(seeds), high=200))
+    errors = support.race(
+        pub.publish_delta, times=4, threads=2, train=lambda: util.fit(model, next(seeds), high=util.V)
+    )
     assert errors == []
     chain = read_manifest(directory)["chain"]
     assert [e["version"] for e in chain] == list(range(1, 10))
