@@ -10,6 +10,7 @@ import tensorflow as tf
 from tiered_support import step, table_pair, tiered_state
 
 import tf_embed_ops as te
+from tf_embed_ops import distribute as ted
 from tf_embed_ops import keras as te_keras
 from tf_embed_ops.backends import protocol, walk
 
@@ -315,6 +316,10 @@ def test_model_save_and_load_of_every_kind_never_ask_a_kind_name(tmp_path, monke
     )
     only_static.load_own_variables(store)
     np.testing.assert_array_equal(next(iter(only_static.embedding_tables.values())).numpy(), saved[0])
+    # The sharded class's kinds own the same store keys (its tiered kind refuses tiered tables, not their entries).
+    prefixes = {k.keras_weights_prefix for k in te.TPUEmbedding.table_kinds()}
+    assert prefixes == {None, "dynamic.", "tiered."}
+    assert {k.keras_weights_prefix for k in ted.ShardedTPUEmbedding.table_kinds()} == prefixes
 
 
 def test_prefetch_without_a_group_that_prefetches_does_nothing():
