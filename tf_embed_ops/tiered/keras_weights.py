@@ -12,9 +12,9 @@ slots are stored beside them, one chunk of rows per entry (`te.Tiered(chunk_byte
 | `tiered.<t>.<k>.slot<j>` | float32 [n_k, width_j]: slot j (Load/Retrieve order) of the same rows |
 
 Loading checks every entry of every tiered table (manifest, keys, shapes) before it writes a row, so a refused
-load changes no tiered table (the Keras layer runs every kind's checks before any write: `TableGroup.
-check_keras_weights`). Memory: one chunk, on top of what the Keras format itself holds (a zipped `.keras`
-file is assembled in memory by Keras; `model.save(..., zipped=False)` writes the weights file directly).
+load changes no tiered table (the Keras layer runs every group's `check_keras_weights` before any write).
+Memory: one chunk, on top of what the Keras format itself holds (a zipped `.keras` file is assembled in memory by
+Keras; `model.save(..., zipped=False)` writes the weights file directly).
 """
 
 from __future__ import annotations
