@@ -3,12 +3,15 @@ group's checks before any group writes (`tf_embed_ops.backends`)."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from tiered_support import step, table_pair, tiered_state
 
 import tf_embed_ops as te
+from tf_embed_ops import distribute as ted
+from tf_embed_ops import keras as te_keras
 from tf_embed_ops.backends import protocol, walk
 
 _emb = tf.tpu.experimental.embedding
@@ -84,6 +87,15 @@ class _Recorder:
 
     def restore_checks(self):
         return {}
+
+    keras_weights_prefix = None
+
+    def save_keras_weights(self, store):
+        del store
+
+    def check_keras_weights(self, store):
+        del store
+        return []
 
 
 def test_the_groups_are_of_the_protocol():
@@ -242,6 +254,72 @@ def test_nothing_branches_on_a_groups_kind_name(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="min_count"):
         group.check_prune("s", te.serving.Prune(min_count=2))
     forms["d"][0].check_prune("d", te.serving.Prune(min_count=2))  # a dynamic table tracks counts
+
+
+def _keras_three_kinds(tmp_path, directory):
+    """A Keras model over a layer with a table of each kind ("s", "d", "t"; the tiered rows in `directory`) and a
+    Dense head, trained one step; returns (model, layer, the three configs)."""
+    static = te.TableConfig(V, DIM, name="s", optimizer=te.optimizers.SGD(0.5))
+    dynamic = te.DynamicTableConfig("d", DIM, optimizer=te.optimizers.SGD(0.3))
+    _, tiered = table_pair(tmp_path / directory, te.optimizers.Adagrad(0.1), V, DIM, CACHE_ROWS, name="t")
+    configs = {"s": static, "d": dynamic, "t": tiered}
+    layer = te_keras.TPUEmbedding({n: _emb.FeatureConfig(c, name=n) for n, c in configs.items()}, name="embedding")
+    inputs = {n: keras.Input(shape=(), dtype="int64", name=n) for n in configs}
+    acts = layer(inputs)
+    head = keras.layers.Dense(1, kernel_initializer=keras.initializers.RandomNormal(seed=7), name="head")
+    model = keras.Model(inputs, head(keras.layers.Concatenate()([acts[n] for n in configs])))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    ids = np.array([1, 2, 3, 5], np.int64)
+    model.fit({n: ids for n in configs}, np.ones([4, 1], np.float32), batch_size=4, verbose=0)
+    return model, layer, configs
+
+
+def _keras_tables(layer, configs):
+    """Every table's rows as numpy: the in-memory table, the dynamic table's keys and rows, the tiered rows."""
+    exported = layer.dynamic_tables[configs["d"]].export()
+    rows, slots = layer.tiered_tables[configs["t"]].read_all()
+    return (
+        [layer.embedding_tables[configs["s"]].numpy(), exported["keys"].numpy(), exported["weights"].numpy()]
+        + [np.asarray(rows)]
+        + [np.asarray(v) for v in slots.values()]
+    )
+
+
+def _by_name(layer):
+    """`{table name: config}` of a layer's tables of every kind."""
+    tables = {**layer.embedding_tables, **layer.dynamic_tables, **layer.tiered_tables}
+    return {c.name: c for c in tables}
+
+
+def test_model_save_and_load_of_every_kind_never_ask_a_kind_name(tmp_path, monkeypatch):
+    """`model.save` / `load_model` of a layer with a table of each kind ask the groups (`save_keras_weights`,
+    `check_keras_weights`, the kinds' `keras_weights_prefix`): renamed kinds change nothing; a store holding every
+    kind's entries loads into a layer without those kinds (their keys are filtered out of Keras' own load)."""
+    for kind in te.TPUEmbedding.table_kinds():
+        monkeypatch.setattr(kind, "kind", "renamed " + kind.kind)
+    model, layer, configs = _keras_three_kinds(tmp_path, "rows")
+    saved = _keras_tables(layer, configs)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    with te_keras.tiered_storage(lambda name, old: te.Tiered(**{**old.get_config(), "directory": str(tmp_path / "l")})):
+        loaded = keras.models.load_model(path)
+    loaded_layer = loaded.get_layer("embedding")
+    assert {g.kind for g in loaded_layer.embedding.groups} == {"renamed in-memory", "renamed dynamic", "renamed tiered"}
+    for got, want in zip(_keras_tables(loaded_layer, _by_name(loaded_layer)), saved, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    store: dict = {}
+    layer.save_own_variables(store)
+    assert any(k.startswith("dynamic.d.") for k in store) and any(k.startswith("tiered.t.") for k in store)
+    only_static = te_keras.TPUEmbedding(
+        {"s": _emb.FeatureConfig(te.TableConfig(V, DIM, name="s"), name="s")}, optimizer=te.optimizers.SGD(0.5)
+    )
+    only_static.load_own_variables(store)
+    np.testing.assert_array_equal(next(iter(only_static.embedding_tables.values())).numpy(), saved[0])
+    # The sharded class's kinds own the same store keys (its tiered kind refuses tiered tables, not their entries).
+    prefixes = {k.keras_weights_prefix for k in te.TPUEmbedding.table_kinds()}
+    assert prefixes == {None, "dynamic.", "tiered."}
+    assert {k.keras_weights_prefix for k in ted.ShardedTPUEmbedding.table_kinds()} == prefixes
 
 
 def test_prefetch_without_a_group_that_prefetches_does_nothing():

@@ -129,6 +129,13 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
         `lookup_all` and `send_all` walk, and what the lifecycle modules ask for tables."""
         return list(self._groups)
 
+    @classmethod
+    def table_kinds(cls) -> tuple:
+        """The classes of the groups this class can make (`backends.protocol.TableGroup`), the in-memory group's
+        first: what asks a kind rather than a group (the Keras layer's load filters every kind's
+        `keras_weights_prefix`, kinds the embedding has no group of included)."""
+        return (cls._IN_MEMORY_GROUP, *cls._BACKENDS)
+
     def _group(self, cls: type, built: bool = False) -> Any:
         """The group of class `cls` (a kind's class, or its sharded subclass), or None; `built`: built first (when
         there is one)."""

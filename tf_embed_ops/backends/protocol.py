@@ -7,14 +7,18 @@ each feature's input through its group (`normalize_input`), and runs one lookup 
 can (`prefetches`). The lifecycle modules ask the group, never its kind: the tracker each table's view of its
 changed rows (`tracking_view`), an incremental checkpoint chain each table's `ChainState` (`chain_state`), a
 restore the checks of its checkpoint children (`restore_checks`), the exporter each table's serving form
-(`check_prune`, `export_form`) and a serving trace the group's plain-TensorFlow lookup (`serving_group`). `kind`
-is a name for messages only.
+(`check_prune`, `export_form`), a serving trace the group's plain-TensorFlow lookup (`serving_group`), and the Keras
+layer's `model.save` / `load_model` / `save_weights` the entries its tables store beside the layer's variables
+(`save_keras_weights`, `check_keras_weights`; every group's checks before any write), under the store-key prefix
+the kind owns (`keras_weights_prefix`, a class attribute: a load filters every kind's, the layer's kinds or not,
+out of what Keras loads itself). `kind` is a name for messages only.
 
 The kinds, one module each: `tf_embed_ops.backends.static.StaticGroup` (tables and slots in `tf.Variable`s),
 `tf_embed_ops.dynamic.engine.DynamicGroup` (hash-table tables keyed by int64 or string, in memory or tiered),
 `tf_embed_ops.tiered.engine.TieredGroup` (static tables behind a DRAM row cache). Adding a kind is one module with a
-class of this protocol (and the modules of its parts: its tracking view, chain state, serving form), and a line
-where the front end lists the kinds (`TPUEmbedding._BACKENDS`). The parameter-server sharded class lists its own
+class of this protocol (and the modules of its parts: its tracking view, chain state, serving form, Keras weights),
+and a line where the front end lists the kinds (`TPUEmbedding._BACKENDS`; `TPUEmbedding.table_kinds()` gives them
+with the in-memory group's class). The parameter-server sharded class lists its own
 (`tf_embed_ops.distribute.sharded_groups`). A front end's accessors of one kind's tables (`dynamic_tables`,
 `tiered_tables`) find its group by class (`engine.groups.of_class`).
 
@@ -59,6 +63,9 @@ class TableGroup(Protocol):
       kind: the kind's name in messages ("in-memory", "dynamic", "tiered"); nothing branches on it.
       prefetches: whether `prefetch` can have work to do (rows not resident): `TPUEmbedding.prefetch` normalises a
         batch only when a group does.
+      keras_weights_prefix: the prefix of the Keras weights store keys the kind's tables own (`save_keras_weights`),
+        or None when its tables are the layer's `keras.Variable`s, which Keras stores itself. A class attribute: the
+        Keras layer filters every kind's prefix out of what it hands Keras, kinds it has no group of included.
       positions: the group's features' positions among the embedding's flattened features, in group order.
       features: the group's `FeatureConfig`s, in group order.
       table_configs: the group's tables, in the order its ops take them.
@@ -66,6 +73,7 @@ class TableGroup(Protocol):
 
     kind: str
     prefetches: bool
+    keras_weights_prefix: str | None
     positions: list[int]
     features: list
     table_configs: list
@@ -132,6 +140,14 @@ class TableGroup(Protocol):
     def chain_state(self, config: Any, view: Any) -> ChainState:
         """Table `config`'s part of an incremental checkpoint chain (`tf_embed_ops.checkpoint`), over the tracker's
         view of it (`view`: `tracking.Tracker.table`)."""
+
+    def save_keras_weights(self, store: Any) -> None:
+        """Writes the group's tables into a Keras weights `store` (the layer's `save_own_variables`), every key under
+        `keras_weights_prefix`."""
+
+    def check_keras_weights(self, store: Any) -> list:
+        """Checks the group's tables' entries in a Keras weights `store` (the layer's `load_own_variables`), writing
+        nothing (ValueError naming the table); returns the writes to run (callables) once every group passed."""
 
     def restore_checks(self) -> dict:
         """`{checkpoint child name: check}` of the group's tables (built or not): what a restore of the embedding

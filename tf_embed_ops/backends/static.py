@@ -37,6 +37,7 @@ class StaticGroup:
 
     kind = "in-memory"
     prefetches = False  # every row is resident
+    keras_weights_prefix = None  # its tables are the embedding's variables: a Keras layer's own weights
 
     def __init__(self, embedding: Any, positions: list[int], features: list):
         self._embedding = embedding
@@ -133,6 +134,15 @@ class StaticGroup:
         with tf.init_scope():
             form = ServedTable(config.name, table.numpy(), mode, prune, dtype.name)
         return protocol.ExportForm(served=form, metadata=form.metadata)
+
+    def save_keras_weights(self, store: Any) -> None:
+        """Nothing: Keras saves the layer's `keras.Variable`s (these tables and slots) itself."""
+        del store
+
+    def check_keras_weights(self, store: Any) -> list:
+        """Nothing to check or write: Keras loads the layer's `keras.Variable`s itself."""
+        del store
+        return []
 
     def chain_state(self, config: Any, view: Any) -> row_chain.RowChain:
         return row_chain.RowChain(config.name, view)

@@ -24,6 +24,7 @@ from tf_embed_ops.backends import static as static_backend
 from tf_embed_ops.distribute import partition
 from tf_embed_ops.dynamic import engine as dynamic_engine
 from tf_embed_ops.tiered import config as tiered_config
+from tf_embed_ops.tiered import keras_weights as tiered_keras_weights
 
 __all__ = ["ShardedDynamicGroup", "ShardedStaticGroup", "UnshardableTiered"]
 
@@ -77,6 +78,9 @@ class ShardedDynamicGroup(dynamic_engine.DynamicGroup):
 class UnshardableTiered:
     """The tiered kind of the sharded classes: there is none yet. `of` refuses every tiered table (static, or
     dynamic with `storage=te.Tiered`), naming them, before any table exists."""
+
+    # The tiered kind's Keras weights store keys, which a load of the class's kinds filters (`table_kinds`).
+    keras_weights_prefix = tiered_keras_weights.PREFIX
 
     @classmethod
     def of(cls, flat_features: Sequence[Any], check_numerics: bool = False) -> None:

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tf_embed_ops import _tf_compat, _xla, embedding_ops, table_config, update_trigger
 from tf_embed_ops import config as te_config
 from tf_embed_ops.backends import protocol, served
-from tf_embed_ops.dynamic import chain, policies, restore_check, touched_rows
+from tf_embed_ops.dynamic import chain, keras_weights, policies, restore_check, touched_rows
 from tf_embed_ops.dynamic import config as config_lib
 from tf_embed_ops.dynamic import ops as dynamic_ops
 from tf_embed_ops.serving import prune as prune_lib
@@ -89,6 +89,7 @@ class DynamicGroup:
 
     kind = "dynamic"
     prefetches = False  # keys and rows are resident (a tiered dynamic table reads its misses in its lookup)
+    keras_weights_prefix = keras_weights.PREFIX
 
     def __init__(
         self,
@@ -246,6 +247,16 @@ class DynamicGroup:
         frozen copy's."""
         del config, table
         return protocol.ExportForm(freeze=(mode, prune))
+
+    def save_keras_weights(self, store: Any) -> None:
+        """Writes the tables' contents into a Keras weights `store` (a tiered one's rows chunk by chunk;
+        `dynamic.keras_weights`)."""
+        keras_weights.save(store, self.tables)
+
+    def check_keras_weights(self, store: Any) -> list:
+        """Checks every table's entries in a Keras weights `store`, writing nothing; returns the writes to run (a
+        table without entries, saved before it existed, stays empty)."""
+        return keras_weights.check(store, self.tables)
 
     def chain_state(self, config: Any, view: Any) -> chain.DynamicChain:
         return chain.DynamicChain(config.name, view)

@@ -27,7 +27,7 @@ from tf_embed_ops import config as config_lib
 from tf_embed_ops import features as features_lib
 from tf_embed_ops import tpu_embedding as mid_level
 from tf_embed_ops.backends import walk
-from tf_embed_ops.keras import dynamic_weights, export_context, optimizer_mapping, serialization, tiered_weights
+from tf_embed_ops.keras import export_context, optimizer_mapping, serialization
 
 __all__ = ["TPUEmbedding"]
 
@@ -283,22 +283,23 @@ class TPUEmbedding(keras.layers.Layer):
     def compute_output_spec(self, features: Any, weights: Any = None, training: bool | None = None) -> Any:
         return activation_specs(features, self.feature_config)
 
-    # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; dynamic tables are
-    # resources, so their content (the checkpoint's tensors, sorted by key; a tiered one's rows chunk by chunk) is
-    # stored beside them under `dynamic.<table>.` (`dynamic_weights`). Tiered tables are stored chunk by chunk under
-    # `tiered.<table>.` (`tiered_weights`). Every entry of both is checked before any table is written.
+    # `model.save` / `keras.models.load_model` save a layer's keras.Variables by index; tables that are resources
+    # (dynamic, tiered) are stored beside them by their groups, each under its kind's key prefix
+    # (`TableGroup.save_keras_weights`: `dynamic.<table>.`, `tiered.<table>.`). Every entry of every group is
+    # checked before any table is written.
     def save_own_variables(self, store: Any) -> None:
         super().save_own_variables(store)
-        tiered_weights.save(store, self.tiered_tables)
-        dynamic_weights.save(store, self.dynamic_tables)
+        for group in self._tpu_embedding.groups:
+            group.save_keras_weights(store)
 
     def load_own_variables(self, store: Any) -> None:
-        tiered = tiered_weights.check(store, self.tiered_tables)
-        dynamic = dynamic_weights.check(store, self.dynamic_tables)
-        for write in dynamic:
+        writes = [write for group in self._tpu_embedding.groups for write in group.check_keras_weights(store)]
+        for write in writes:
             write()
-        tiered_weights.write(store, tiered)
-        prefixes = (dynamic_weights.PREFIX, tiered_weights.PREFIX)
+        # Every kind's entries, the layer's kinds or not (a store saved with tiered tables, loaded without them):
+        # Keras loads the rest by index.
+        kinds = self._tpu_embedding.table_kinds()
+        prefixes = tuple(kind.keras_weights_prefix for kind in kinds if kind.keras_weights_prefix is not None)
         super().load_own_variables({k: store[k] for k in store.keys() if not str(k).startswith(prefixes)})
 
     def get_config(self) -> dict:

@@ -23,7 +23,7 @@ from tf_embed_ops import config as te_config
 from tf_embed_ops.backends import protocol, served
 from tf_embed_ops.dynamic import config as dynamic_config
 from tf_embed_ops.serving import streamed as streamed_lib
-from tf_embed_ops.tiered import chain, touched_rows
+from tf_embed_ops.tiered import chain, keras_weights, touched_rows
 from tf_embed_ops.tiered import config as tiered_config
 from tf_embed_ops.tiered import ops as tiered_ops
 
@@ -82,6 +82,7 @@ class TieredGroup:
 
     kind = "tiered"
     prefetches = True  # rows behind a cache: `prefetch` reads the next batch's misses
+    keras_weights_prefix = keras_weights.PREFIX
 
     def __init__(self, flat_features: Sequence[Any], check_numerics: bool = False):
         self.positions = [i for i, f in enumerate(flat_features) if is_static_tiered(f.table)]
@@ -187,6 +188,14 @@ class TieredGroup:
         del config, prune
         form = streamed_lib.StreamedTable(table, mode)
         return protocol.ExportForm(served=form, streamed=True, metadata=form.metadata)
+
+    def save_keras_weights(self, store: Any) -> None:
+        """Writes the tables into a Keras weights `store`, chunk by chunk (`tiered.keras_weights`)."""
+        keras_weights.save(store, self.tables)
+
+    def check_keras_weights(self, store: Any) -> list:
+        """Checks every table's entries in a Keras weights `store`, writing nothing; returns the writes to run."""
+        return keras_weights.check(store, self.tables)
 
     def chain_state(self, config: Any, view: Any) -> chain.TieredChain:
         return chain.TieredChain(config.name, view)

@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tf_embed_ops.keras import dynamic_weights
+from tf_embed_ops.dynamic import keras_weights
 from tf_embed_ops.tfra import optimizer, variable
 
 __all__ = ["BasicEmbedding", "Embedding", "FieldWiseEmbedding", "SquashedEmbedding"]
@@ -137,16 +137,16 @@ class Embedding(keras.layers.Layer):
         return keras.KerasTensor(self.compute_output_shape(ids.shape), dtype="float32")
 
     # `model.save` / `save_weights` / `load_weights` store a layer's keras.Variables; the table is a resource, so
-    # its content is stored beside them (`keras.dynamic_weights`: `dynamic.<table>.<tensor>`), checked whole before
+    # its content is stored beside them (`dynamic.keras_weights`: `dynamic.<table>.<tensor>`), checked whole before
     # it is written. The table's slots follow its optimizer: wrap the optimizer before loading.
     def save_own_variables(self, store: Any) -> None:
         super().save_own_variables(store)
-        dynamic_weights.save(store, {self.params.config: self.params.table})
+        keras_weights.save(store, {self.params.config: self.params.table})
 
     def load_own_variables(self, store: Any) -> None:
-        for write in dynamic_weights.check(store, {self.params.config: self.params.table}):
+        for write in keras_weights.check(store, {self.params.config: self.params.table}):
             write()
-        super().load_own_variables({k: store[k] for k in store.keys() if not str(k).startswith(dynamic_weights.PREFIX)})
+        super().load_own_variables({k: store[k] for k in store.keys() if not str(k).startswith(keras_weights.PREFIX)})
 
     def get_config(self) -> dict:
         config = super().get_config()

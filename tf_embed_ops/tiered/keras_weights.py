@@ -12,18 +12,20 @@ slots are stored beside them, one chunk of rows per entry (`te.Tiered(chunk_byte
 | `tiered.<t>.<k>.slot<j>` | float32 [n_k, width_j]: slot j (Load/Retrieve order) of the same rows |
 
 Loading checks every entry of every tiered table (manifest, keys, shapes) before it writes a row, so a refused
-load changes no tiered table. Memory: one chunk, on top of what the Keras format itself holds (a zipped `.keras`
-file is assembled in memory by Keras; `model.save(..., zipped=False)` writes the weights file directly).
+load changes no tiered table (the Keras layer runs every group's `check_keras_weights` before any write).
+Memory: one chunk, on top of what the Keras format itself holds (a zipped `.keras` file is assembled in memory by
+Keras; `model.save(..., zipped=False)` writes the weights file directly).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["PREFIX", "check", "save", "write"]
+__all__ = ["PREFIX", "check", "save"]
 
 PREFIX = "tiered."
 _FORMAT = 1
@@ -85,20 +87,20 @@ def _check(store: Any, keys: set, config: Any, table: Any) -> tuple[list, int]:
     return chunks, step
 
 
-def check(store: Any, tables: dict) -> list:
+def check(store: Any, tables: dict) -> list[Callable[[], None]]:
     """Checks every entry of `tables` ({TableConfig: TieredTable}) in the Keras weights `store`, writing nothing;
-    returns the plan `write` runs.
+    returns the writes to run, one per table (each restores its table chunk by chunk).
 
     Raises:
       ValueError: naming the table and the entry that does not match.
     """
     keys = {str(k) for k in store.keys()}
-    return [(config, table, *_check(store, keys, config, table)) for config, table in tables.items()]
+    checked = [(config, table, *_check(store, keys, config, table)) for config, table in tables.items()]
+    return [_writer(store, *plan) for plan in checked]
 
 
-def write(store: Any, plans: list) -> None:
-    """Restores the tables of `plans` (from `check`) chunk by chunk."""
-    for config, table, chunks, step in plans:
+def _writer(store: Any, config: Any, table: Any, chunks: list, step: int) -> Callable[[], None]:
+    def write() -> None:
         prefix = _prefix(config.name)
         for k, (start, _) in enumerate(chunks):
             values = tf.constant(np.asarray(store[f"{prefix}{k}.values"], np.float32))
@@ -108,3 +110,5 @@ def write(store: Any, plans: list) -> None:
             table.write_rows(start, values, slots)
         table.step.assign(step)
         table.mark_all_touched()  # replaced whole: every touched-row tracker reads `full` (docs/tracking.md)
+
+    return write
