@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tf_embed_ops.dynamic import serving as dynamic_serving
 from tf_embed_ops.serving import delta_format as fmt
+from tf_embed_ops.serving import delta_reader as reader
 from tf_embed_ops.serving import streamed as streamed_lib
 from tf_embed_ops.serving.tables import module_name
 
@@ -100,7 +101,7 @@ def layout_id(layout: dict) -> int:
 
 def _fail(ok: Any, path: tf.Tensor, *message: Any) -> tf.Operation:
     """An Assert whose message is `delta <path>: <message...>` (strings and numbers joined)."""
-    parts = [m if isinstance(m, str) else tf.strings.as_string(m) for m in message]
+    parts = [m if isinstance(m, str) or m.dtype == tf.string else tf.strings.as_string(m) for m in message]
     text = tf.strings.join([tf.constant("delta "), path, tf.constant(": ")] + [tf.convert_to_tensor(p) for p in parts])
     return tf.debugging.Assert(ok, [text])
 
@@ -177,36 +178,59 @@ class Servable(tf.Module):
 
     # ---------------------------------------------------------------------------------------- apply_delta
     def _apply_delta(self, path: tf.Tensor) -> dict:
-        data = tf.io.read_file(path)
-        size = tf.cast(tf.strings.length(data), tf.int64)
-        checks = [_fail(size >= fmt.PREAMBLE, path, "truncated: ", size, " bytes, shorter than the preamble")]
-        data = _gate(checks, data)
-        checks = [_fail(tf.equal(_substr(data, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
-        pre = _gate(checks, _int64s(data, 8, 4))
+        # Pass 1 reads the file range by range (`delta_reader`) and checks all of it; pass 2 (below the last check)
+        # reads the rows again, a chunk at a time, and writes them. The whole file is never in memory.
+        pre = reader.head(path, fmt.PREAMBLE)
+        got = tf.cast(tf.strings.length(pre), tf.int64)
+        checks = [_fail(got >= fmt.PREAMBLE, path, "truncated: ", got, " bytes, shorter than the preamble")]
+        pre = _gate(checks, pre)
+        checks = [_fail(tf.equal(_substr(pre, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
+        pre = _gate(checks, _int64s(pre, 8, 4))
         fmt_version, h, b, check = pre[0], pre[1], pre[2], pre[3]
         checks = [
             _fail(tf.equal(fmt_version, fmt.FORMAT_VERSION), path, "format version ", fmt_version, " unsupported"),
             _fail(
-                # h + b without overflow: each is checked against what the file holds before they are added.
+                # Bounded before they are added: PREAMBLE + h + b cannot wrap int64.
                 tf.logical_and(
-                    tf.logical_and(h >= 0, b >= 0),
-                    tf.logical_and(h <= size - fmt.PREAMBLE, tf.equal(b, size - fmt.PREAMBLE - h)),
+                    tf.logical_and(h >= 0, b >= 0), tf.logical_and(h <= reader.MAX_SEGMENT, b <= reader.MAX_SEGMENT)
                 ),
                 path,
-                "truncated or extended: the file has ",
-                size,
-                " bytes, its preamble says ",
-                fmt.PREAMBLE + h + b,
+                "truncated or extended: its preamble says a header of ",
+                h,
+                " and a payload of ",
+                b,
+                " bytes",
             ),
         ]
-        data, h, b = _gate(checks, data, h, b)
-        checks = [_fail(tf.equal(_checksum(data, h + b), check), path, "checksum mismatch (the file is corrupted)")]
-        data, h = _gate(checks, data, h)
+        h, b = _gate(checks, h, b)
+        size = fmt.PREAMBLE + h + b
+        longer = reader.size_matches(path, size)
+        checks = [
+            _fail(
+                tf.equal(longer, 0),
+                path,
+                "truncated or extended: the file is ",
+                tf.where(longer < 0, tf.constant("shorter"), tf.constant("longer")),
+                " than the ",
+                size,
+                " bytes its preamble says",
+            )
+        ]
+        h, b, size = _gate(checks, h, b, size)
+        checks = [
+            _fail(
+                tf.equal(reader.checksum(path, size, h + b), check), path, "checksum mismatch (the file is corrupted)"
+            )
+        ]
+        h = _gate(checks, h)
         checks = [_fail(tf.equal(h % 8, 0), path, "header size ", h, " is not a multiple of 8")]
-        header = _gate(checks, _int64s(data, fmt.PREAMBLE, h // 8))
         num_tables, num_dense = len(self.tables), len(self.dense)
         want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
-        hsize = tf.size(header, out_type=tf.int64)
+        # At most the longest valid header is read; a longer one is refused below by its size.
+        longest = 8 * (want_words + fmt.DENSE_FIELDS * num_dense)
+        header = _gate(checks, reader.read(path, size, fmt.PREAMBLE, tf.minimum(h, longest)))
+        header = tf.reshape(tf.io.decode_raw(header, tf.int64), [-1])
+        hsize = h // 8
         checks = [
             _fail(hsize >= fmt.HEADER_FIXED, path, "header of ", hsize, " words is too short"),
         ]
@@ -281,7 +305,7 @@ class Servable(tf.Module):
         plans, checks = [], []
         for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
             fields = [header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)]
-            plan, table_checks = _check_table(entry, table, fields, data, payload, b, path)
+            plan, table_checks = _check_table(entry, table, fields, path, size, payload, b)
             plans.append(plan)
             checks += table_checks
         dense_plans = []
@@ -298,26 +322,27 @@ class Servable(tf.Module):
             checks.append(
                 _fail(ok, path, f"dense variable {name}: ", nbytes, f" bytes, its shape {var.shape} needs {expected}")
             )
+            # Read once its size is known good, and only when carried (else 0 bytes from the payload's start); the
+            # value read is checked and then assigned (a dense variable is held whole by the servable anyway).
+            carried = _gate(checks, tf.logical_and(carries_dense, sized))
+            at = tf.where(carried, payload + off, payload)
+            value = reader.read(path, size, at, tf.where(carried, nbytes, tf.zeros_like(nbytes)))
             if var.dtype.is_floating:
-                # Read once its size is known good, and only when carried (else 0 bytes from the payload's start).
-                read = _gate(checks, tf.logical_and(carries_dense, sized))
-                at = tf.where(read, payload + off, payload)
-                length = tf.where(read, nbytes, tf.zeros_like(nbytes))
-                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(_substr(data, at, length), var.dtype)))
+                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(value, var.dtype)))
                 checks.append(_fail(finite, path, f"dense variable {name}: a value is not finite (NaN or infinity)"))
-            dense_plans.append((var, off, nbytes))
+            dense_plans.append((var, value))
         # Everything is checked: now write. Nothing below can fail on the delta's content.
         with tf.control_dependencies(checks):
             writes = []
             for plan in plans:
-                writes.append(plan(data))
+                writes.append(plan())
             with tf.control_dependencies(writes):
                 dense_writes = []
-                for var, off, nbytes in dense_plans:
+                for var, value in dense_plans:
                     dense_writes.append(
                         tf.cond(
                             carries_dense,
-                            lambda var=var, off=off, nbytes=nbytes: _assign_dense(var, data, payload + off, nbytes),
+                            lambda var=var, value=value: _assign_dense(var, value),
                             lambda: tf.constant(True),
                         )
                     )
@@ -361,38 +386,13 @@ def _count_in_payload(off: tf.Tensor, count: tf.Tensor, unit: int, b: tf.Tensor)
     )
 
 
-def _checksum(data: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
-    """`delta_format.checksum` of data[PREAMBLE:PREAMBLE + length], one CHECKSUM_PIECE at a time."""
-    piece = tf.constant(fmt.CHECKSUM_PIECE, tf.int64)
-    count = tf.maximum((length + piece - 1) // piece, 1)
-
-    def body(i, acc):
-        chunk = _substr(data, fmt.PREAMBLE + i * piece, tf.minimum(piece, length - i * piece))
-        return i + 1, acc.write(tf.cast(i, tf.int32), tf.fingerprint(tf.reshape(chunk, [1]), "farmhash64")[0])
-
-    _, acc = tf.while_loop(
-        lambda i, _: i < count,
-        body,
-        [tf.constant(0, tf.int64), tf.TensorArray(tf.uint8, size=tf.cast(count, tf.int32), element_shape=[8])],
-    )
-    joined = _bytes_of(acc.stack())
-    return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
-
-
-def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
-    """A scalar string of the bytes of a uint8 tensor (no stock op encodes raw bytes: each byte is looked up in
-    a 256-entry alphabet; the digests are 8 bytes per MiB of delta, so this stays tiny)."""
-    chars = tf.gather(tf.constant([bytes([i]) for i in range(256)]), tf.cast(tf.reshape(u8, [-1]), tf.int32))
-    return tf.strings.reduce_join(chars)
-
-
-def _assign_dense(var: tf.Variable, data: tf.Tensor, offset: tf.Tensor, nbytes: tf.Tensor) -> tf.Tensor:
-    value = tf.reshape(tf.io.decode_raw(_substr(data, offset, nbytes), var.dtype), var.shape)
+def _assign_dense(var: tf.Variable, value: tf.Tensor) -> tf.Tensor:
+    value = tf.reshape(tf.io.decode_raw(value, var.dtype), var.shape)
     with tf.control_dependencies([var.assign(value)]):
         return tf.constant(True)
 
 
-def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload: Any, b: Any, path: Any):
+def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, payload: Any, b: Any):
     """The checks of one table's segments, and the function that writes them once every check has passed."""
     name = entry["name"]
     dim, enc, n, m, k_off, r_off, e_off, r_bytes = fields
@@ -427,7 +427,9 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
             ")",
         ),
     ]
-    keys, evicted = _gate(checks, _int64s(data, payload + k_off, n), _int64s(data, payload + e_off, m))
+    keys, evicted = _gate(
+        checks, _read_int64s(path, size, payload + k_off, n), _read_int64s(path, size, payload + e_off, m)
+    )
     rows_at = payload + r_off
     # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
     # same bytes); otherwise the variable's dtype is the encoding.
@@ -436,7 +438,9 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     row_bytes = entry["dim"] * itemsize
     chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
     # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN).
-    bad_row = _first_non_finite_row(data, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], checks)
+    bad_row = reader.first_non_finite_row(
+        path, size, rows_at, _gate(checks, n), tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows
+    )
     checks = [
         *checks,
         _fail(
@@ -462,15 +466,15 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
             ),
         ]
 
-        def write(data):
-            return _scatter_chunks(table, keys, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
+        def write():
+            return _write_rows(table, keys, path, size, rows_at, dtype, entry["dim"], chunk_rows)
 
         return write, checks
     # A dynamic table.
     capacity = table.capacity
     unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
     overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
-    existing = tf.reshape(table.index.lookup(keys), [-1])
+    existing = _lookup_in_chunks(table.index, keys, chunk_rows)
     n_new = tf.reduce_sum(tf.cast(tf.equal(existing, capacity), tf.int64))
     available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
     checks += [
@@ -487,15 +491,16 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
         ),
     ]
 
-    def write_dynamic(data):
+    def write_dynamic():
         # Slots released by the previous delta become free; new keys take the first free ones.
         state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
         is_new = tf.equal(existing, capacity)
         free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
         slots = tf.tensor_scatter_nd_update(existing, tf.where(is_new), free)
-        written = _scatter_chunks(table.values, slots, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
-        with tf.control_dependencies([written]):
-            inserted = table.index.insert(keys, slots)  # the rows are in place before their keys appear
+        # Each chunk's rows are in place before its keys appear.
+        inserted = _write_rows(
+            table.values, slots, path, size, rows_at, dtype, entry["dim"], chunk_rows, table.index, keys
+        )
         with tf.control_dependencies([inserted]):
             gone = tf.reshape(table.index.lookup(evicted), [-1])
             present = tf.not_equal(gone, capacity)
@@ -516,35 +521,41 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
     return write_dynamic, checks
 
 
-def _first_non_finite_row(data, rows_at, n, dtype, dim, checks) -> tf.Tensor:
-    """The position of the first row of a table's segment with a NaN or infinity, or -1 (read once `checks`
-    pass). The segment is decoded whole, once: a loop over chunks would add a while loop per table to the graph,
-    which costs more memory to trace and save (each full version) than the rows cost to check."""
-    n = _gate(checks, n)
-    if dim == 0:
-        return tf.constant(-1, tf.int64)
-    rows = tf.reshape(tf.io.decode_raw(_substr(data, rows_at, n * (dim * dtype.size)), dtype), [-1, dim])
-    ok = tf.reduce_all(tf.math.is_finite(rows), axis=1)
-    first = tf.argmin(tf.concat([tf.cast(ok, tf.int32), [0]], 0), output_type=tf.int64)
-    return tf.where(tf.reduce_all(ok), tf.constant(-1, tf.int64), first)
+def _read_int64s(path: tf.Tensor, size: tf.Tensor, offset: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    return tf.reshape(tf.io.decode_raw(reader.read(path, size, offset, count * 8), tf.int64), [-1])
 
 
-def _scatter_chunks(var, slots, keys, data, rows_at, dtype, dim, chunk_rows) -> tf.Tensor:
-    """Writes the delta's rows into `var` at `slots`, `chunk_rows` at a time (decoded per chunk)."""
-    del keys
+def _lookup_in_chunks(index: Any, keys: tf.Tensor, chunk_rows: int) -> tf.Tensor:
+    """`index.lookup(keys)`, `chunk_rows` keys at a time: a lookup holds the table's lock, which concurrent lookups
+    wait for."""
+    n = tf.size(keys, out_type=tf.int64)
+    chunks = (n + chunk_rows - 1) // chunk_rows
+    padded = tf.reshape(tf.pad(keys, [[0, chunks * chunk_rows - n]]), [-1, chunk_rows])
+    slots = tf.map_fn(index.lookup, padded, parallel_iterations=1, fn_output_signature=tf.int64)
+    return tf.reshape(slots, [-1])[:n]
+
+
+def _write_rows(var, slots, path, size, rows_at, dtype, dim, chunk_rows, index=None, keys=None) -> tf.Tensor:
+    """Writes the delta's rows into `var` at `slots`, read and decoded `chunk_rows` at a time; with `index`, each
+    chunk's `keys` are then inserted (key -> slot). A reader waits for one chunk's write at most."""
     n = tf.size(slots, out_type=tf.int64)
     row_bytes = dim * dtype.size
+    if row_bytes == 0:  # no rows to read: only the keys
+        return tf.constant(True) if index is None else index.insert(keys, slots)
 
-    def body(i):
-        start = i * chunk_rows
-        count = tf.minimum(n - start, chunk_rows)
-        rows = tf.reshape(
-            tf.io.decode_raw(_substr(data, rows_at + start * row_bytes, count * row_bytes), dtype), [-1, dim]
-        )
-        update = var.scatter_update(tf.IndexedSlices(rows, slots[start : start + count]))
-        with tf.control_dependencies([update]):
-            return i + 1
+    def step(start, chunk):
+        rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
+        count = tf.shape(rows, out_type=tf.int64)[0]
+        at = slots[start : start + count]
+        done = var.scatter_update(tf.IndexedSlices(rows, at))
+        if index is not None:
+            with tf.control_dependencies([done]):
+                done = index.insert(keys[start : start + count], at)
+        with tf.control_dependencies([done]):
+            return start + count
 
-    out = tf.while_loop(lambda i: i * chunk_rows < n, body, [tf.constant(0, tf.int64)])[0]
-    with tf.control_dependencies([out]):
+    written = reader.records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes).reduce(
+        tf.constant(0, tf.int64), step
+    )
+    with tf.control_dependencies([written]):
         return tf.constant(True)

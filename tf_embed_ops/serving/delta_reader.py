@@ -1,0 +1,120 @@
+"""Reads a delta file piece by piece with stock TensorFlow ops, never whole (the servable's `apply_delta`).
+
+`tf.io.read_file` is the only stock op that reads a file into a tensor, and it reads all of it: a delta of a
+million rows would sit in the serving process beside the model. These helpers read byte ranges instead, through
+`tf.data.FixedLengthRecordDataset` (stock, in every TensorFlow a servable loads in): a range is a dataset of
+consecutive records, `Dataset.reduce` consumes them one at a time, so memory holds one record.
+
+A record dataset skips its `header_bytes` by reading them (it does not seek): a range that starts deep in the file
+costs a pass over the bytes before it, through a small buffer (memory bandwidth, no allocation). Each helper opens
+as few ranges as it can for that reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tf_embed_ops.serving import delta_format as fmt
+
+__all__ = ["checksum", "first_non_finite_row", "head", "read", "records", "size_matches"]
+
+# What a range dataset buffers while it reads (and skips its header).
+_BUFFER_BYTES = 1 << 18
+# Sizes beyond this are refused before they are added (2 ** 61 + 2 ** 61 + 40 cannot wrap int64).
+MAX_SEGMENT = 1 << 61
+
+
+def _sequential(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """No prefetching or autotuning: one record in memory, read when `reduce` asks for it."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.apply_default_optimizations = False
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
+def records(path: tf.Tensor, size: Any, start: Any, length: Any, record: Any) -> tf.data.Dataset:
+    """The bytes [start, start + length) of a file of `size` bytes (checked before: `size_matches`), as records of
+    `record` bytes in order, the last one shorter when `length` is not a multiple (a dataset of scalar strings)."""
+    start, length, size = (tf.cast(x, tf.int64) for x in (start, length, size))
+    record = tf.maximum(tf.cast(record, tf.int64), 1)
+    full = length // record
+    tail = length - full * record
+    # `take`: an empty part is never opened (opening one reads through its header).
+    body = tf.data.FixedLengthRecordDataset(
+        path, record, header_bytes=start, footer_bytes=size - start - full * record, buffer_size=_BUFFER_BYTES
+    ).take(full)
+    rest = tf.data.FixedLengthRecordDataset(
+        path,
+        tf.maximum(tail, 1),
+        header_bytes=start + full * record,
+        footer_bytes=size - start - length,
+        buffer_size=_BUFFER_BYTES,
+    ).take(tf.cast(tail > 0, tf.int64))
+    return _sequential(body.concatenate(rest))
+
+
+def read(path: tf.Tensor, size: Any, start: Any, length: Any) -> tf.Tensor:
+    """The bytes [start, start + length) as one scalar string (a segment small enough to hold: keys, a header)."""
+    return records(path, size, start, length, length).reduce(tf.constant(b""), lambda _, r: r)
+
+
+def head(path: tf.Tensor, length: int) -> tf.Tensor:
+    """The first `length` bytes of a file of unknown size, or all of it when shorter (a byte at a time: for the
+    preamble only)."""
+    ds = _sequential(tf.data.FixedLengthRecordDataset(path, 1, buffer_size=length).take(length))
+    return ds.reduce(tf.constant(b""), lambda acc, r: tf.strings.join([acc, r]))
+
+
+def size_matches(path: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+    """-1, 0 or 1: the file is shorter than, exactly or longer than `size` (>= 1) bytes; reads two bytes at most.
+
+    A record dataset whose footer is all but the last expected byte holds one 1-byte record for a file of exactly
+    `size` bytes, none for a shorter file (a footer past the end leaves no body) and more for a longer one."""
+    ds = tf.data.FixedLengthRecordDataset(path, 1, header_bytes=0, footer_bytes=size - 1, buffer_size=2).take(2)
+    count = _sequential(ds).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+    return count - 1
+
+
+def checksum(path: tf.Tensor, size: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
+    """`delta_format.checksum` of the `length` bytes after the preamble, one CHECKSUM_PIECE at a time."""
+
+    def digest(acc, piece):
+        u8 = tf.fingerprint(tf.reshape(piece, [1]), "farmhash64")[0]
+        return tf.strings.join([acc, _bytes_of(u8)])
+
+    pieces = records(path, size, fmt.PREAMBLE, length, fmt.CHECKSUM_PIECE)
+    # An empty range is one empty piece (as `delta_format.checksum` counts it).
+    pieces = pieces.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).take(tf.cast(length <= 0, tf.int64)))
+    joined = pieces.reduce(tf.constant(b""), digest)
+    return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
+
+
+def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
+    """A scalar string of the bytes of a uint8 tensor (no stock op encodes raw bytes: each byte is looked up in a
+    256-entry alphabet; a digest is 8 bytes)."""
+    chars = tf.gather(tf.constant([bytes([i]) for i in range(256)]), tf.cast(tf.reshape(u8, [-1]), tf.int32))
+    return tf.strings.reduce_join(chars)
+
+
+def first_non_finite_row(
+    path: tf.Tensor, size: tf.Tensor, rows_at: tf.Tensor, n: tf.Tensor, dtype: Any, dim: int, chunk_rows: int
+) -> tf.Tensor:
+    """The position of the first of `n` rows [dim] of `dtype` from byte `rows_at` with a NaN or infinity, or -1;
+    read `chunk_rows` rows at a time."""
+    if dim == 0:
+        return tf.constant(-1, tf.int64)
+    row_bytes = dim * dtype.size
+
+    def step(state, chunk):
+        seen, bad = state
+        rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
+        ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
+        first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
+        found = tf.logical_and(bad < 0, first < tf.size(ok, out_type=tf.int64))
+        return seen + tf.size(ok, out_type=tf.int64), tf.where(found, seen + first, bad)
+
+    chunks = records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
+    return chunks.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), step)[1]
