@@ -3,7 +3,7 @@
 `tf.io.read_file` is the only stock op that reads a file into a tensor, and it reads all of it: a delta of a
 million rows would sit in the serving process beside the model. These helpers read byte ranges instead, through
 `tf.data.FixedLengthRecordDataset` (stock, in every TensorFlow a servable loads in): a range is a dataset of
-consecutive records, `Dataset.reduce` consumes them one at a time, so memory holds one record.
+consecutive records, `each_record` consumes them one at a time, so memory holds one record.
 
 A record dataset skips its `header_bytes` by reading them (it does not seek): a range that starts deep in the file
 costs a pass over the bytes before it, through a small buffer (memory bandwidth, no allocation). Each helper opens
@@ -18,21 +18,24 @@ import tensorflow as tf
 
 from tf_embed_ops.serving import delta_format as fmt
 
-__all__ = ["checksum", "first_non_finite_row", "head", "read", "records", "size_matches"]
+__all__ = ["checksum", "each_record", "first_non_finite_row", "head", "read", "records", "size_matches"]
 
 # What a range dataset buffers while it reads (and skips its header).
 _BUFFER_BYTES = 1 << 18
 # Sizes beyond this are refused before they are added (2 ** 61 + 2 ** 61 + 40 cannot wrap int64).
 MAX_SEGMENT = 1 << 61
+_MANY = 1 << 62
 
 
-def _sequential(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """No prefetching or autotuning: one record in memory, read when `reduce` asks for it."""
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    options.experimental_optimization.apply_default_optimizations = False
-    options.experimental_optimization.inject_prefetch = False
-    return ds.with_options(options)
+def each_record(records: tf.data.Dataset, fn: Any, empty: Any) -> Any:
+    """`fn(i, record)` for the records in order, one record in memory at a time; returns fn's outputs stacked
+    ([count, ...]; `empty`, a [0, ...] tensor of their dtype and shape, when there is no record).
+
+    A map consumed by `get_single_element` (`DatasetToSingleElement`): unlike `Dataset.reduce` or an iterator,
+    it does not rewrite the dataset's graph each call (about 10 ms a dataset), and a plain `map` runs its function
+    on one element at a time, in order, so `fn` may write state (a chunk's rows)."""
+    mapped = tf.data.Dataset.zip(tf.data.Dataset.range(_MANY), records).map(fn)
+    return mapped.batch(_MANY).concatenate(tf.data.Dataset.from_tensors(empty)).take(1).get_single_element()
 
 
 def records(path: tf.Tensor, size: Any, start: Any, length: Any, record: Any) -> tf.data.Dataset:
@@ -53,19 +56,23 @@ def records(path: tf.Tensor, size: Any, start: Any, length: Any, record: Any) ->
         footer_bytes=size - start - length,
         buffer_size=_BUFFER_BYTES,
     ).take(tf.cast(tail > 0, tf.int64))
-    return _sequential(body.concatenate(rest))
+    return body.concatenate(rest)
+
+
+def _joined(ds: tf.data.Dataset) -> tf.Tensor:
+    """A dataset of scalar strings, concatenated (small ones only: it is held whole)."""
+    return tf.strings.reduce_join(each_record(ds, lambda _, r: r, tf.zeros([0], tf.string)))
 
 
 def read(path: tf.Tensor, size: Any, start: Any, length: Any) -> tf.Tensor:
     """The bytes [start, start + length) as one scalar string (a segment small enough to hold: keys, a header)."""
-    return records(path, size, start, length, length).reduce(tf.constant(b""), lambda _, r: r)
+    return _joined(records(path, size, start, length, length))
 
 
 def head(path: tf.Tensor, length: int) -> tf.Tensor:
     """The first `length` bytes of a file of unknown size, or all of it when shorter (a byte at a time: for the
     preamble only)."""
-    ds = _sequential(tf.data.FixedLengthRecordDataset(path, 1, buffer_size=length).take(length))
-    return ds.reduce(tf.constant(b""), lambda acc, r: tf.strings.join([acc, r]))
+    return _joined(tf.data.FixedLengthRecordDataset(path, 1, buffer_size=length).take(length))
 
 
 def size_matches(path: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
@@ -74,21 +81,20 @@ def size_matches(path: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
     A record dataset whose footer is all but the last expected byte holds one 1-byte record for a file of exactly
     `size` bytes, none for a shorter file (a footer past the end leaves no body) and more for a longer one."""
     ds = tf.data.FixedLengthRecordDataset(path, 1, header_bytes=0, footer_bytes=size - 1, buffer_size=2).take(2)
-    count = _sequential(ds).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
-    return count - 1
+    return tf.size(each_record(ds, lambda i, _: i, tf.zeros([0], tf.int64)), out_type=tf.int64) - 1
 
 
 def checksum(path: tf.Tensor, size: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
     """`delta_format.checksum` of the `length` bytes after the preamble, one CHECKSUM_PIECE at a time."""
-
-    def digest(acc, piece):
-        u8 = tf.fingerprint(tf.reshape(piece, [1]), "farmhash64")[0]
-        return tf.strings.join([acc, _bytes_of(u8)])
-
     pieces = records(path, size, fmt.PREAMBLE, length, fmt.CHECKSUM_PIECE)
     # An empty range is one empty piece (as `delta_format.checksum` counts it).
     pieces = pieces.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).take(tf.cast(length <= 0, tf.int64)))
-    joined = pieces.reduce(tf.constant(b""), digest)
+    digests = each_record(
+        pieces,
+        lambda _, piece: _bytes_of(tf.fingerprint(tf.reshape(piece, [1]), "farmhash64")[0]),
+        tf.zeros([0], tf.string),
+    )
+    joined = tf.strings.reduce_join(digests)
     return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
 
 
@@ -108,13 +114,12 @@ def first_non_finite_row(
         return tf.constant(-1, tf.int64)
     row_bytes = dim * dtype.size
 
-    def step(state, chunk):
-        seen, bad = state
+    def first_in_chunk(i, chunk):
         rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
         ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
         first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
-        found = tf.logical_and(bad < 0, first < tf.size(ok, out_type=tf.int64))
-        return seen + tf.size(ok, out_type=tf.int64), tf.where(found, seen + first, bad)
+        return tf.where(first < tf.size(ok, out_type=tf.int64), i * chunk_rows + first, _MANY)
 
     chunks = records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
-    return chunks.reduce((tf.constant(0, tf.int64), tf.constant(-1, tf.int64)), step)[1]
+    first = tf.reduce_min(tf.concat([each_record(chunks, first_in_chunk, tf.zeros([0], tf.int64)), [_MANY]], 0))
+    return tf.where(first < _MANY, first, tf.constant(-1, tf.int64))

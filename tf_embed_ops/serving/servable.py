@@ -531,7 +531,12 @@ def _lookup_in_chunks(index: Any, keys: tf.Tensor, chunk_rows: int) -> tf.Tensor
     n = tf.size(keys, out_type=tf.int64)
     chunks = (n + chunk_rows - 1) // chunk_rows
     padded = tf.reshape(tf.pad(keys, [[0, chunks * chunk_rows - n]]), [-1, chunk_rows])
-    slots = tf.map_fn(index.lookup, padded, parallel_iterations=1, fn_output_signature=tf.int64)
+    slots = tf.map_fn(
+        lambda part: tf.reshape(index.lookup(part), [chunk_rows]),
+        padded,
+        parallel_iterations=1,
+        fn_output_signature=tf.TensorSpec([chunk_rows], tf.int64),  # fully defined: no chunk at all stacks too
+    )
     return tf.reshape(slots, [-1])[:n]
 
 
@@ -543,19 +548,18 @@ def _write_rows(var, slots, path, size, rows_at, dtype, dim, chunk_rows, index=N
     if row_bytes == 0:  # no rows to read: only the keys
         return tf.constant(True) if index is None else index.insert(keys, slots)
 
-    def step(start, chunk):
+    def write_chunk(i, chunk):
         rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
-        count = tf.shape(rows, out_type=tf.int64)[0]
-        at = slots[start : start + count]
+        start = i * chunk_rows
+        at = slots[start : start + tf.shape(rows, out_type=tf.int64)[0]]
         done = var.scatter_update(tf.IndexedSlices(rows, at))
         if index is not None:
             with tf.control_dependencies([done]):
-                done = index.insert(keys[start : start + count], at)
+                done = index.insert(keys[start : start + tf.size(at, out_type=tf.int64)], at)
         with tf.control_dependencies([done]):
-            return start + count
+            return tf.identity(start)
 
-    written = reader.records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes).reduce(
-        tf.constant(0, tf.int64), step
-    )
+    chunks = reader.records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
+    written = reader.each_record(chunks, write_chunk, tf.zeros([0], tf.int64))
     with tf.control_dependencies([written]):
         return tf.constant(True)
