@@ -6,19 +6,22 @@ key -> slot over a preallocated row variable; dense weights are variables (a del
 version it serves is an int64 variable. Three signatures:
 
 - `serving_default`: the model (as `tf_embed_ops.keras.export_for_serving` traces it);
-- `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`), checks *all* of it
-  (size, checksum, model, version chain, layout, every table's dim, encoding, counts, ids and capacity, every row
-  and dense value finite) and only then writes it; a refused delta raises `InvalidArgumentError` naming the file
-  and the problem and changes nothing. Sizes are checked by division, never by a product that could overflow
-  int64 (a header claiming 2**61 rows is refused, not wrapped);
+- `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`) range by range
+  (`delta_reader`: stock record datasets, never the whole file in memory). A first pass checks *all* of it (size,
+  checksum piece by piece, model, version chain, layout, every table's dim, encoding, counts, ids and capacity, every
+  row finite chunk by chunk, every dense value finite) and writes nothing; a refused delta raises
+  `InvalidArgumentError` naming the file and the problem and changes nothing, whichever chunk holds the fault. Sizes
+  are checked by division, never by a product that could overflow int64 (a header claiming 2**61 rows is refused,
+  not wrapped). A second pass reads the rows again, APPLY_CHUNK_BYTES at a time, and writes them;
 - `served_version() -> {"version": int64}`.
 
-Readers and an apply run concurrently. A row is never seen half-written: each `scatter_update` holds the
-variable's lock and `ResourceGather` reads under it. A dynamic table's new rows are written before their keys are
-inserted; a slot freed by an eviction is reused only by the next delta (so a lookup that found the old key an
-instant before does not read another key's row). While a delta applies, a request may see some rows of the new
-version and some of the old one; the served version changes only after the last write. Deltas are applied one
-at a time (one caller of `apply_delta`, e.g. a watcher thread).
+Readers and an apply run concurrently; a reader waits for one chunk's write at most. A row is never seen
+half-written: each chunk's `scatter_update` holds the variable's lock and `ResourceGather` reads under it. A dynamic
+table's new rows are written before their keys are inserted (chunk by chunk); a slot freed by an eviction is reused
+only by the next delta (so a lookup that found the old key an instant before does not read another key's row).
+While a delta applies, a request may see some rows of the new version and some of the old one, across chunks (a
+torn view, as before chunking); the served version changes only after the last write. Deltas are applied one at a
+time (one caller of `apply_delta`, e.g. a watcher thread).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from tf_embed_ops.serving.tables import module_name
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
 
-# Bytes of rows per scatter: bounds what an apply allocates beside the delta file, and how long one scatter holds
-# the variable's lock against concurrent lookups.
+# Bytes of rows per chunk (read, checked, written): bounds what an apply holds, and how long one scatter holds the
+# variable's lock against concurrent lookups. Traced into `apply_delta` when a servable is saved.
 APPLY_CHUNK_BYTES = 1 << 20
 # Slot states of a MutableRowTable.
 _FREE, _USED, _RELEASED = 0, 1, 2
