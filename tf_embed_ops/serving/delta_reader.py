@@ -34,8 +34,12 @@ def each_record(records: tf.data.Dataset, fn: Any, empty: Any) -> Any:
     A map consumed by `get_single_element` (`DatasetToSingleElement`): unlike `Dataset.reduce` or an iterator,
     it does not rewrite the dataset's graph each call (about 10 ms a dataset), and a plain `map` runs its function
     on one element at a time, in order, so `fn` may write state (a chunk's rows)."""
-    mapped = _on_own_thread(tf.data.Dataset.zip(tf.data.Dataset.range(_MANY), records).map(fn))
-    return mapped.batch(_MANY).concatenate(tf.data.Dataset.from_tensors(empty)).take(1).get_single_element()
+    return _stacked(_on_own_thread(tf.data.Dataset.zip(tf.data.Dataset.range(_MANY), records).map(fn)), empty)
+
+
+def _stacked(ds: tf.data.Dataset, empty: tf.Tensor) -> tf.Tensor:
+    """A dataset's elements stacked ([count, ...]), `empty` when it has none."""
+    return ds.batch(_MANY).concatenate(tf.data.Dataset.from_tensors(empty)).take(1).get_single_element()
 
 
 def _on_own_thread(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -77,8 +81,9 @@ def records(path: tf.Tensor, size: Any, start: Any, length: Any, record: Any) ->
 
 
 def _joined(ds: tf.data.Dataset) -> tf.Tensor:
-    """A dataset of scalar strings, concatenated (small ones only: it is held whole)."""
-    return tf.strings.reduce_join(each_record(ds, lambda _, r: r, tf.zeros([0], tf.string)))
+    """A dataset of scalar strings, concatenated (small ones only: it is held whole). No function: every function
+    in `apply_delta`'s graph costs memory to trace and save, in every full version's export."""
+    return tf.strings.reduce_join(_stacked(ds, tf.zeros([0], tf.string)))
 
 
 def read(path: tf.Tensor, size: Any, start: Any, length: Any) -> tf.Tensor:
@@ -98,7 +103,7 @@ def size_matches(path: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
     A record dataset whose footer is all but the last expected byte holds one 1-byte record for a file of exactly
     `size` bytes, none for a shorter file (a footer past the end leaves no body) and more for a longer one."""
     ds = tf.data.FixedLengthRecordDataset(path, 1, header_bytes=0, footer_bytes=size - 1, buffer_size=2).take(2)
-    return tf.size(each_record(ds, lambda i, _: i, tf.zeros([0], tf.int64)), out_type=tf.int64) - 1
+    return tf.size(_stacked(ds, tf.zeros([0], tf.string)), out_type=tf.int64) - 1
 
 
 def checksum(path: tf.Tensor, size: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
@@ -123,20 +128,32 @@ def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
 
 
 def first_non_finite_row(
-    path: tf.Tensor, size: tf.Tensor, rows_at: tf.Tensor, n: tf.Tensor, dtype: Any, dim: int, chunk_rows: int
-) -> tf.Tensor:
+    path: tf.Tensor,
+    size: tf.Tensor,
+    rows_at: tf.Tensor,
+    n: tf.Tensor,
+    dtype: Any,
+    dim: int,
+    chunk_rows: int,
+    per_chunk: Any = None,
+) -> Any:
     """The position of the first of `n` rows [dim] of `dtype` from byte `rows_at` with a NaN or infinity, or -1;
-    read `chunk_rows` rows at a time."""
-    if dim == 0:
-        return tf.constant(-1, tf.int64)
+    read `chunk_rows` rows at a time (dim > 0).
+
+    With `per_chunk(i)` (an int64 [chunk_rows] of chunk i, e.g. a lookup of its keys), also returns their
+    concatenation ([chunks * chunk_rows]), computed in the same pass: one function in the graph, not two."""
     row_bytes = dim * dtype.size
 
     def first_in_chunk(i, chunk):
         rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
         ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
         first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
-        return tf.where(first < tf.size(ok, out_type=tf.int64), i * chunk_rows + first, _MANY)
+        first = tf.where(first < tf.size(ok, out_type=tf.int64), i * chunk_rows + first, _MANY)
+        return tf.concat([[first], per_chunk(i) if per_chunk else tf.zeros([0], tf.int64)], 0)
 
+    width = 1 + (chunk_rows if per_chunk else 0)
     chunks = records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
-    first = tf.reduce_min(tf.concat([each_record(chunks, first_in_chunk, tf.zeros([0], tf.int64)), [_MANY]], 0))
-    return tf.where(first < _MANY, first, tf.constant(-1, tf.int64))
+    out = each_record(chunks, first_in_chunk, tf.zeros([0, width], tf.int64))
+    first = tf.reduce_min(tf.concat([out[:, 0], [_MANY]], 0))
+    first = tf.where(first < _MANY, first, tf.constant(-1, tf.int64))
+    return (first, tf.reshape(out[:, 1:], [-1])) if per_chunk else first

@@ -440,10 +440,30 @@ def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, pa
     dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
     chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
-    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN).
-    bad_row = reader.first_non_finite_row(
-        path, size, rows_at, _gate(checks, n), tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows
-    )
+    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN); a dynamic
+    # table's keys are looked up in the same pass, a chunk at a time (a lookup holds the table's lock, which
+    # concurrent lookups wait for).
+    n = _gate(checks, n)
+    existing = None
+    if entry["dim"] == 0:
+        bad_row = tf.constant(-1, tf.int64)
+        if entry["kind"] == "dynamic":
+            existing = tf.reshape(table.index.lookup(keys), [-1])
+    elif entry["kind"] == "dynamic":
+
+        def lookup(i):
+            part = keys[i * chunk_rows : (i + 1) * chunk_rows]
+            slots = tf.reshape(table.index.lookup(part), [-1])
+            return tf.pad(slots, [[0, chunk_rows - tf.size(slots)]])
+
+        bad_row, existing = reader.first_non_finite_row(
+            path, size, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows, lookup
+        )
+        existing = existing[:n]
+    else:
+        bad_row = reader.first_non_finite_row(
+            path, size, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows
+        )
     checks = [
         *checks,
         _fail(
@@ -477,7 +497,6 @@ def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, pa
     capacity = table.capacity
     unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
     overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
-    existing = _lookup_in_chunks(table.index, keys, chunk_rows)
     n_new = tf.reduce_sum(tf.cast(tf.equal(existing, capacity), tf.int64))
     available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
     checks += [
@@ -526,21 +545,6 @@ def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, pa
 
 def _read_int64s(path: tf.Tensor, size: tf.Tensor, offset: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.io.decode_raw(reader.read(path, size, offset, count * 8), tf.int64), [-1])
-
-
-def _lookup_in_chunks(index: Any, keys: tf.Tensor, chunk_rows: int) -> tf.Tensor:
-    """`index.lookup(keys)`, `chunk_rows` keys at a time: a lookup holds the table's lock, which concurrent lookups
-    wait for."""
-    n = tf.size(keys, out_type=tf.int64)
-    chunks = (n + chunk_rows - 1) // chunk_rows
-    padded = tf.reshape(tf.pad(keys, [[0, chunks * chunk_rows - n]]), [-1, chunk_rows])
-    slots = tf.map_fn(
-        lambda part: tf.reshape(index.lookup(part), [chunk_rows]),
-        padded,
-        parallel_iterations=1,
-        fn_output_signature=tf.TensorSpec([chunk_rows], tf.int64),  # fully defined: no chunk at all stacks too
-    )
-    return tf.reshape(slots, [-1])[:n]
 
 
 def _write_rows(var, slots, path, size, rows_at, dtype, dim, chunk_rows, index=None, keys=None) -> tf.Tensor:
