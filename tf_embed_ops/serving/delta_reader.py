@@ -3,7 +3,7 @@
 `tf.io.read_file` is the only stock op that reads a file into a tensor, and it reads all of it: a delta of a
 million rows would sit in the serving process beside the model. These helpers read byte ranges instead, through
 `tf.data.FixedLengthRecordDataset` (stock, in every TensorFlow a servable loads in): a range is a dataset of
-consecutive records, `each_record` consumes them one at a time, so memory holds one record.
+consecutive records, `scan_records` consumes them one at a time, so memory holds one record.
 
 A record dataset skips its `header_bytes` by reading them (it does not seek): a range that starts deep in the file
 costs a pass over the bytes before it, through a small buffer (memory bandwidth, no allocation). Each helper opens
@@ -16,9 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tf_embed_ops.serving import delta_format as fmt
-
-__all__ = ["checksum", "each_record", "first_non_finite_row", "head", "read", "records", "size_matches"]
+__all__ = ["bytes_of", "head", "read", "read_ranges", "records", "scan_records", "size_matches"]
 
 # What a range dataset buffers while it reads (and skips its header).
 _BUFFER_BYTES = 1 << 18
@@ -27,14 +25,17 @@ MAX_SEGMENT = 1 << 61
 _MANY = 1 << 62
 
 
-def each_record(records: tf.data.Dataset, fn: Any, empty: Any) -> Any:
-    """`fn(i, record)` for the records in order, one record in memory at a time; returns fn's outputs stacked
-    ([count, ...]; `empty`, a [0, ...] tensor of their dtype and shape, when there is no record).
+def scan_records(records: tf.data.Dataset, initial: Any, fn: Any, empty: tf.Tensor) -> tf.Tensor:
+    """`fn(state, (i, record)) -> (state, output)` over the records in order, one record in memory at a time;
+    returns the outputs stacked ([count, ...]; `empty`, a [0, ...] tensor of their dtype and shape, when there is no
+    record).
 
-    A map consumed by `get_single_element` (`DatasetToSingleElement`): unlike `Dataset.reduce` or an iterator,
-    it does not rewrite the dataset's graph each call (about 10 ms a dataset), and a plain `map` runs its function
-    on one element at a time, in order, so `fn` may write state (a chunk's rows)."""
-    return _stacked(_on_own_thread(tf.data.Dataset.zip(tf.data.Dataset.range(_MANY), records).map(fn)), empty)
+    A scan consumed by `get_single_element` (`DatasetToSingleElement`): unlike `Dataset.reduce` or an iterator, it
+    does not rewrite the dataset's graph each call (about 10 ms a dataset), and it runs `fn` on one element at a
+    time, in order, so `fn` may write state (a chunk's rows). One function in the graph: every function in
+    `apply_delta` costs memory to trace and save, in every full version's export."""
+    indexed = tf.data.Dataset.zip(tf.data.Dataset.range(_MANY), records)
+    return _stacked(_on_own_thread(indexed.scan(initial, fn)), empty)
 
 
 def _stacked(ds: tf.data.Dataset, empty: tf.Tensor) -> tf.Tensor:
@@ -91,6 +92,19 @@ def read(path: tf.Tensor, size: Any, start: Any, length: Any) -> tf.Tensor:
     return _joined(records(path, size, start, length, length))
 
 
+def read_ranges(path: tf.Tensor, size: Any, ranges: list) -> list:
+    """The bytes of each (start, length) range, as scalar strings, read by one dataset (small ranges only: keys,
+    dense weights; they are held whole)."""
+    parts = None
+    for start, length in ranges:
+        # Exactly one element a range: its one record, or b"" when it is empty.
+        part = records(path, size, start, length, length).concatenate(tf.data.Dataset.from_tensors(b"")).take(1)
+        parts = part if parts is None else parts.concatenate(part)
+    if parts is None:
+        return []
+    return tf.unstack(_stacked(parts, tf.zeros([0], tf.string)), num=len(ranges))
+
+
 def head(path: tf.Tensor, length: int) -> tf.Tensor:
     """The first `length` bytes of a file of unknown size, or all of it when shorter (a byte at a time: for the
     preamble only)."""
@@ -106,54 +120,8 @@ def size_matches(path: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
     return tf.size(_stacked(ds, tf.zeros([0], tf.string)), out_type=tf.int64) - 1
 
 
-def checksum(path: tf.Tensor, size: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
-    """`delta_format.checksum` of the `length` bytes after the preamble, one CHECKSUM_PIECE at a time."""
-    pieces = records(path, size, fmt.PREAMBLE, length, fmt.CHECKSUM_PIECE)
-    # An empty range is one empty piece (as `delta_format.checksum` counts it).
-    pieces = pieces.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).take(tf.cast(length <= 0, tf.int64)))
-    digests = each_record(
-        pieces,
-        lambda _, piece: _bytes_of(tf.fingerprint(tf.reshape(piece, [1]), "farmhash64")[0]),
-        tf.zeros([0], tf.string),
-    )
-    joined = tf.strings.reduce_join(digests)
-    return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
-
-
-def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
+def bytes_of(u8: tf.Tensor) -> tf.Tensor:
     """A scalar string of the bytes of a uint8 tensor (no stock op encodes raw bytes: each byte is looked up in a
     256-entry alphabet; a digest is 8 bytes)."""
     chars = tf.gather(tf.constant([bytes([i]) for i in range(256)]), tf.cast(tf.reshape(u8, [-1]), tf.int32))
     return tf.strings.reduce_join(chars)
-
-
-def first_non_finite_row(
-    path: tf.Tensor,
-    size: tf.Tensor,
-    rows_at: tf.Tensor,
-    n: tf.Tensor,
-    dtype: Any,
-    dim: int,
-    chunk_rows: int,
-    per_chunk: Any = None,
-) -> Any:
-    """The position of the first of `n` rows [dim] of `dtype` from byte `rows_at` with a NaN or infinity, or -1;
-    read `chunk_rows` rows at a time (dim > 0).
-
-    With `per_chunk(i)` (an int64 [chunk_rows] of chunk i, e.g. a lookup of its keys), also returns their
-    concatenation ([chunks * chunk_rows]), computed in the same pass: one function in the graph, not two."""
-    row_bytes = dim * dtype.size
-
-    def first_in_chunk(i, chunk):
-        rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
-        ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
-        first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
-        first = tf.where(first < tf.size(ok, out_type=tf.int64), i * chunk_rows + first, _MANY)
-        return tf.concat([[first], per_chunk(i) if per_chunk else tf.zeros([0], tf.int64)], 0)
-
-    width = 1 + (chunk_rows if per_chunk else 0)
-    chunks = records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
-    out = each_record(chunks, first_in_chunk, tf.zeros([0, width], tf.int64))
-    first = tf.reduce_min(tf.concat([out[:, 0], [_MANY]], 0))
-    first = tf.where(first < _MANY, first, tf.constant(-1, tf.int64))
-    return (first, tf.reshape(out[:, 1:], [-1])) if per_chunk else first

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops.dynamic import serving as dynamic_serving
+from tf_embed_ops.serving import chunks
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import delta_reader as reader
 from tf_embed_ops.serving import streamed as streamed_lib
@@ -181,12 +182,17 @@ class Servable(tf.Module):
 
     # ---------------------------------------------------------------------------------------- apply_delta
     def _apply_delta(self, path: tf.Tensor) -> dict:
-        # Pass 1 reads the file range by range (`delta_reader`) and checks all of it; pass 2 (below the last check)
-        # reads the rows again, a chunk at a time, and writes them. The whole file is never in memory.
-        pre = reader.head(path, fmt.PREAMBLE)
-        got = tf.cast(tf.strings.length(pre), tf.int64)
+        # The file is read range by range (`delta_reader`), never whole, in four datasets (each costs memory to save
+        # with every full version): the preamble and header; the size; the keys and dense weights; one pass over
+        # the rest (`chunks`).
+        num_tables, num_dense = len(self.tables), len(self.dense)
+        want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
+        # At most the longest valid header is read; a longer one is refused below by its size.
+        longest = 8 * (want_words + fmt.DENSE_FIELDS * num_dense)
+        start = reader.head(path, fmt.PREAMBLE + longest)
+        got = tf.cast(tf.strings.length(start), tf.int64)
         checks = [_fail(got >= fmt.PREAMBLE, path, "truncated: ", got, " bytes, shorter than the preamble")]
-        pre = _gate(checks, pre)
+        pre = _gate(checks, start)
         checks = [_fail(tf.equal(_substr(pre, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
         pre = _gate(checks, _int64s(pre, 8, 4))
         fmt_version, h, b, check = pre[0], pre[1], pre[2], pre[3]
@@ -220,18 +226,8 @@ class Servable(tf.Module):
             )
         ]
         h, b, size = _gate(checks, h, b, size)
-        checks = [
-            _fail(
-                tf.equal(reader.checksum(path, size, h + b), check), path, "checksum mismatch (the file is corrupted)"
-            )
-        ]
-        h = _gate(checks, h)
         checks = [_fail(tf.equal(h % 8, 0), path, "header size ", h, " is not a multiple of 8")]
-        num_tables, num_dense = len(self.tables), len(self.dense)
-        want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
-        # At most the longest valid header is read; a longer one is refused below by its size.
-        longest = 8 * (want_words + fmt.DENSE_FIELDS * num_dense)
-        header = _gate(checks, reader.read(path, size, fmt.PREAMBLE, tf.minimum(h, longest)))
+        header = _gate(checks, _substr(start, fmt.PREAMBLE, tf.minimum(h, longest)))
         header = tf.reshape(tf.io.decode_raw(header, tf.int64), [-1])
         hsize = h // 8
         checks = [
@@ -305,12 +301,13 @@ class Servable(tf.Module):
         header = _gate(checks, header)
         payload = fmt.PREAMBLE + h
         layout = self.layout
-        plans, checks = [], []
-        for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
-            fields = [header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)]
-            plan, table_checks = _check_table(entry, table, fields, path, size, payload, b)
-            plans.append(plan)
-            checks += table_checks
+        checks, ranges = [], []
+        fields = []
+        for t, entry in enumerate(layout["tables"]):
+            fields.append([header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)])
+            checks += _check_segments(entry, fields[-1], path, b)
+            _, _, n, m, k_off, _, e_off, _ = fields[-1]
+            ranges += [(payload + k_off, n * 8), (payload + e_off, m * 8)]
         dense_plans = []
         for d, var in enumerate(self.dense):
             base_word = want_words + fmt.DENSE_FIELDS * d
@@ -327,18 +324,31 @@ class Servable(tf.Module):
             )
             # Read once its size is known good, and only when carried (else 0 bytes from the payload's start); the
             # value read is checked and then assigned (a dense variable is held whole by the servable anyway).
-            carried = _gate(checks, tf.logical_and(carries_dense, sized))
-            at = tf.where(carried, payload + off, payload)
-            value = reader.read(path, size, at, tf.where(carried, nbytes, tf.zeros_like(nbytes)))
+            carried = tf.logical_and(carries_dense, sized)
+            ranges.append((tf.where(carried, payload + off, payload), tf.where(carried, nbytes, tf.zeros_like(nbytes))))
+            dense_plans.append((var, name))
+        # The keys, evicted keys and dense weights: one dataset, once every segment is known to be in the file.
+        values = reader.read_ranges(path, _gate(checks, size), ranges)
+        plans, content = [], []
+        for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
+            keys, evicted = (tf.reshape(tf.io.decode_raw(v, tf.int64), [-1]) for v in values[2 * t : 2 * t + 2])
+            plan, table_checks, table_content = _check_table(entry, table, fields[t], keys, evicted, path, payload)
+            plans.append(plan)
+            checks += table_checks
+            content += table_content
+        for d, (var, name) in enumerate(dense_plans):
+            value = values[2 * num_tables + d]
             if var.dtype.is_floating:
                 finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(value, var.dtype)))
-                checks.append(_fail(finite, path, f"dense variable {name}: a value is not finite (NaN or infinity)"))
-            dense_plans.append((var, value))
-        # Everything is checked: now write. Nothing below can fail on the delta's content.
+                content.append((finite, [f"dense variable {name}: a value is not finite (NaN or infinity)"]))
+            dense_plans[d] = (var, value)
+        # The header and the segments' bounds are checked; one pass over the file (`chunks.apply`) checks the
+        # rest (the checksum, every row finite, `content`) and, past its barrier, writes the rows. Nothing below
+        # can fail on the delta's content once the pass's last checks hold.
         with tf.control_dependencies(checks):
-            writes = []
-            for plan in plans:
-                writes.append(plan())
+            final = chunks.apply(path, size, h + b, check, plans, content, _fail)
+        with tf.control_dependencies(final):
+            writes = [plan["after"]() for plan in plans if plan["after"] is not None]
             with tf.control_dependencies(writes):
                 dense_writes = []
                 for var, value in dense_plans:
@@ -395,13 +405,13 @@ def _assign_dense(var: tf.Variable, value: tf.Tensor) -> tf.Tensor:
         return tf.constant(True)
 
 
-def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, payload: Any, b: Any):
-    """The checks of one table's segments, and the function that writes them once every check has passed."""
+def _check_segments(entry: dict, fields: list, path: Any, b: Any) -> list:
+    """The checks of one table's header fields: dim, encoding, its segments inside the payload."""
     name = entry["name"]
     dim, enc, n, m, k_off, r_off, e_off, r_bytes = fields
     code = fmt.ROW_ENCODINGS[entry["encoding"]]
     itemsize = tf.as_dtype(entry["encoding"]).size
-    checks = [
+    return [
         _fail(tf.equal(dim, entry["dim"]), path, f"table {name}: dim ", dim, f", the servable's is {entry['dim']}"),
         _fail(
             tf.equal(enc, code),
@@ -430,143 +440,91 @@ def _check_table(entry: dict, table: Any, fields: list, path: Any, size: Any, pa
             ")",
         ),
     ]
-    keys, evicted = _gate(
-        checks, _read_int64s(path, size, payload + k_off, n), _read_int64s(path, size, payload + e_off, m)
-    )
+
+
+def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any, path: Any, payload: Any):
+    """One table's plan for `chunks.apply`, its checks (the header's) and its content checks (keys: checked once
+    the checksum holds), and, for a dynamic table, the plan's `after` (evictions, slot states)."""
+    name = entry["name"]
+    _, _, n, m, _, r_off, _, _ = fields
+    itemsize = tf.as_dtype(entry["encoding"]).size
+    checks = []
     rows_at = payload + r_off
     # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
     # same bytes); otherwise the variable's dtype is the encoding.
     values = table if entry["kind"] == "static" else table.values
-    dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
-    chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
-    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN); a dynamic
-    # table's keys are looked up in the same pass, a chunk at a time (a lookup holds the table's lock, which
-    # concurrent lookups wait for).
-    n = _gate(checks, n)
-    existing = None
-    if entry["dim"] == 0:
-        bad_row = tf.constant(-1, tf.int64)
-        if entry["kind"] == "dynamic":
-            existing = tf.reshape(table.index.lookup(keys), [-1])
-    elif entry["kind"] == "dynamic":
-
-        def lookup(i):
-            part = keys[i * chunk_rows : (i + 1) * chunk_rows]
-            slots = tf.reshape(table.index.lookup(part), [-1])
-            return tf.pad(slots, [[0, chunk_rows - tf.size(slots)]])
-
-        bad_row, existing = reader.first_non_finite_row(
-            path, size, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows, lookup
-        )
-        existing = existing[:n]
-    else:
-        bad_row = reader.first_non_finite_row(
-            path, size, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], chunk_rows
-        )
-    checks = [
-        *checks,
-        _fail(
-            bad_row < 0,
-            path,
-            f"table {name}: row ",
-            bad_row,
-            " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
-        ),
-    ]
+    plan = {
+        "name": name,
+        "rows_at": rows_at,
+        "n": n,
+        "dim": entry["dim"],
+        "encoding": tf.as_dtype(entry["encoding"]),
+        "var": values,
+        "chunk_rows": max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1)),
+        "slots": keys,
+        "keys": None,
+        "index": None,
+        "after": None,
+    }
+    # Checks of the payload's content: made by `chunks.apply` once the checksum holds (a corrupted file is refused
+    # for its checksum, whatever its bytes look like).
     if entry["kind"] == "static":
         vocab = entry["rows"]
         bad = tf.logical_or(keys < 0, keys >= vocab)
         first_bad = tf.gather(tf.concat([tf.boolean_mask(keys, bad), tf.zeros([1], tf.int64)], 0), 0)
-        checks += [
-            _fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m),
-            _fail(
-                tf.logical_not(tf.reduce_any(bad)),
-                path,
-                f"table {name}: row id ",
-                first_bad,
-                f" outside [0, {vocab})",
-            ),
+        checks.append(_fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m))
+        content = [
+            (tf.logical_not(tf.reduce_any(bad)), [f"table {name}: row id ", first_bad, f" outside [0, {vocab})"])
         ]
-
-        def write():
-            return _write_rows(table, keys, path, size, rows_at, dtype, entry["dim"], chunk_rows)
-
-        return write, checks
+        return plan, checks, content
     # A dynamic table.
     capacity = table.capacity
+    existing = tf.reshape(table.index.lookup(keys), [-1])
     unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
     overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
-    n_new = tf.reduce_sum(tf.cast(tf.equal(existing, capacity), tf.int64))
+    is_new = tf.equal(existing, capacity)
+    n_new = tf.reduce_sum(tf.cast(is_new, tf.int64))
     available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
-    checks += [
-        _fail(unique, path, f"table {name}: repeated keys"),
-        _fail(tf.equal(overlap, 0), path, f"table {name}: ", overlap, " keys are both written and evicted"),
-        _fail(
+    content = [
+        (unique, [f"table {name}: repeated keys"]),
+        (tf.equal(overlap, 0), [f"table {name}: ", overlap, " keys are both written and evicted"]),
+        (
             n_new <= available,
-            path,
-            f"table {name}: ",
-            n_new,
-            " new keys, only ",
-            available,
-            f" free slots of {capacity} (publish a full version)",
+            [
+                f"table {name}: ",
+                n_new,
+                " new keys, only ",
+                available,
+                f" free slots of {capacity} (publish a full version)",
+            ],
         ),
     ]
+    # Slots released by the previous delta become free; new keys take the first free ones (computed whatever the
+    # checks say, with shapes that hold either way: nothing is written unless they pass).
+    state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
+    free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
+    new_at = tf.reshape(tf.where(is_new), [-1, 1])[: tf.size(free)]
+    plan.update(slots=tf.tensor_scatter_nd_update(existing, new_at, free), keys=keys, index=table.index)
 
-    def write_dynamic():
-        # Slots released by the previous delta become free; new keys take the first free ones.
-        state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
-        is_new = tf.equal(existing, capacity)
-        free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
-        slots = tf.tensor_scatter_nd_update(existing, tf.where(is_new), free)
-        # Each chunk's rows are in place before its keys appear.
-        inserted = _write_rows(
-            table.values, slots, path, size, rows_at, dtype, entry["dim"], chunk_rows, table.index, keys
-        )
-        with tf.control_dependencies([inserted]):
-            gone = tf.reshape(table.index.lookup(evicted), [-1])
-            present = tf.not_equal(gone, capacity)
-            with tf.control_dependencies([gone]):
-                removed = table.index.remove(evicted)
+    def after():
+        # The rows and their keys are in place (`chunks.apply`, chunk by chunk): remove the evicted keys, then
+        # mark the slots.
+        gone = tf.reshape(table.index.lookup(evicted), [-1])
+        present = tf.not_equal(gone, capacity)
+        with tf.control_dependencies([gone]):
+            removed = table.index.remove(evicted)
         with tf.control_dependencies([removed]):
-            state = tf.tensor_scatter_nd_update(
+            marked = tf.tensor_scatter_nd_update(
                 state, free[:, tf.newaxis], tf.fill(tf.shape(free), tf.constant(_USED, tf.int8))
             )
             released = tf.boolean_mask(gone, present)
-            state = tf.tensor_scatter_nd_update(
-                state, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
+            marked = tf.tensor_scatter_nd_update(
+                marked, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
             )
-            assigned = table.state.assign(tf.cast(state, tf.int8))
+            assigned = table.state.assign(tf.cast(marked, tf.int8))
         with tf.control_dependencies([assigned]):
             return tf.constant(True)
 
-    return write_dynamic, checks
-
-
-def _read_int64s(path: tf.Tensor, size: tf.Tensor, offset: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    return tf.reshape(tf.io.decode_raw(reader.read(path, size, offset, count * 8), tf.int64), [-1])
-
-
-def _write_rows(var, slots, path, size, rows_at, dtype, dim, chunk_rows, index=None, keys=None) -> tf.Tensor:
-    """Writes the delta's rows into `var` at `slots`, read and decoded `chunk_rows` at a time; with `index`, each
-    chunk's `keys` are then inserted (key -> slot). A reader waits for one chunk's write at most."""
-    n = tf.size(slots, out_type=tf.int64)
-    row_bytes = dim * dtype.size
-    if row_bytes == 0:  # no rows to read: only the keys
-        return tf.constant(True) if index is None else index.insert(keys, slots)
-
-    def write_chunk(i, chunk):
-        rows = tf.reshape(tf.io.decode_raw(chunk, dtype), [-1, dim])
-        start = i * chunk_rows
-        at = slots[start : start + tf.shape(rows, out_type=tf.int64)[0]]
-        done = var.scatter_update(tf.IndexedSlices(rows, at))
-        if index is not None:
-            with tf.control_dependencies([done]):
-                done = index.insert(keys[start : start + tf.size(at, out_type=tf.int64)], at)
-        with tf.control_dependencies([done]):
-            return tf.identity(start)
-
-    chunks = reader.records(path, size, rows_at, n * row_bytes, chunk_rows * row_bytes)
-    written = reader.each_record(chunks, write_chunk, tf.zeros([0], tf.int64))
-    with tf.control_dependencies([written]):
-        return tf.constant(True)
+    plan["after"] = after
+    return plan, checks, content
