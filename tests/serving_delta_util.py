@@ -76,6 +76,34 @@ class Snapshot:
         return out
 
 
+def served_state(loaded) -> dict:
+    """Everything a served model holds, as numpy (variables, and each dynamic table's key -> slot map)."""
+    out = {"version": int(loaded.signatures["served_version"]()["version"])}
+    for i, t in enumerate(loaded.tables):
+        if hasattr(t, "index"):
+            keys, slots = tf.raw_ops.LookupTableExportV2(
+                table_handle=t.index.resource_handle, Tkeys=tf.int64, Tvalues=tf.int64
+            )
+            order = np.argsort(keys.numpy())
+            out[f"t{i}"] = (keys.numpy()[order], slots.numpy()[order], t.values.numpy(), t.state.numpy())
+        else:
+            out[f"t{i}"] = t.numpy()
+    for i, v in enumerate(loaded.dense):
+        out[f"d{i}"] = v.numpy()
+    return out
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """Two `served_state`s equal, array for array."""
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], tuple):
+            for x, y in zip(a[k], b[k], strict=True):
+                np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
 # The serving process: plain TensorFlow, with tf_embed_ops made unimportable. It reads a JSON list of steps on
 # stdin and prints one JSON result per step.
 # The start of a serving process's code: plain TensorFlow, with tf_embed_ops made unimportable.

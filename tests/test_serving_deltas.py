@@ -33,33 +33,6 @@ def _probe():
     return {"ids": tf.ragged.constant(ids, tf.int64)}
 
 
-def _state(loaded):
-    """Everything a served model holds, as numpy (variables, and each dynamic table's key -> slot map)."""
-    out = {"version": int(loaded.signatures["served_version"]()["version"])}
-    for i, t in enumerate(loaded.tables):
-        if hasattr(t, "index"):
-            keys, slots = tf.raw_ops.LookupTableExportV2(
-                table_handle=t.index.resource_handle, Tkeys=tf.int64, Tvalues=tf.int64
-            )
-            order = np.argsort(keys.numpy())
-            out[f"t{i}"] = (keys.numpy()[order], slots.numpy()[order], t.values.numpy(), t.state.numpy())
-        else:
-            out[f"t{i}"] = t.numpy()
-    for i, v in enumerate(loaded.dense):
-        out[f"d{i}"] = v.numpy()
-    return out
-
-
-def _assert_same_state(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], tuple):
-            for x, y in zip(a[k], b[k], strict=True):
-                np.testing.assert_array_equal(x, y)
-        else:
-            np.testing.assert_array_equal(a[k], b[k])
-
-
 def _published_once(tmp_path, dtype=tf.float32, **publisher_args):
     """A trained dynamic model (`util.dynamic_model`), its dynamic table, and a `Publisher` into tmp_path/chain that
     has published version 1 (full)."""
@@ -269,12 +242,12 @@ def test_every_bad_delta_is_refused_with_its_file_and_reason_and_nothing_changes
     good, bad = _bad_deltas(tmp_path, pub, model, table)
     served = tf.saved_model.load(str(tmp_path / "chain" / "1"))
     probe = _probe()
-    state, out = _state(served), _serve(served, probe)
+    state, out = util.served_state(served), _serve(served, probe)
     for name, (path, words) in bad.items():
         with pytest.raises(tf.errors.InvalidArgumentError) as err:
             served.signatures["apply_delta"](path=tf.constant(path))
         assert path in err.value.message and words in err.value.message, (name, err.value.message)
-        _assert_same_state(_state(served), state)
+        util.assert_same_state(util.served_state(served), state)
         np.testing.assert_array_equal(_serve(served, probe), out)
     # After all the refusals, the good delta still applies.
     assert int(served.signatures["apply_delta"](path=tf.constant(good["v2"]))["version"]) == 2
