@@ -137,7 +137,7 @@ def test_a_bad_last_chunk_is_refused_and_nothing_changes(tmp_path, chunked, n):
 
 def test_a_reader_during_an_apply_sees_each_row_whole_old_or_new(tmp_path, chunked):
     """Readers are not blocked for the whole delta: between two chunks a lookup may see rows of both versions (a
-    torn view across chunks), never a row half-written; the served version changes after the
+    torn view across chunks, as before chunking), never a row half-written; the served version changes after the
     last write."""
     _, layer, _, pub, served = chunked
     var, index = _static_variable(layer), _static_index(pub)

@@ -1,8 +1,8 @@
 """The delta file: the rows a training run changed since the previous version, as stock TensorFlow reads them.
 
-A delta is one file, read by the servable with `tf.io.read_file`, `tf.strings.substr`, `tf.io.decode_raw` and
-`tf.fingerprint` only (no JSON, no proto parser), so that a process without `tf_embed_ops` validates and applies
-it. All integers are little-endian.
+A delta is one file, read by the servable range by range with `tf.data.FixedLengthRecordDataset`,
+`tf.io.decode_raw` and `tf.fingerprint` only (no JSON, no proto parser; `delta_reader`), so that a process without
+`tf_embed_ops` validates and applies it. All integers are little-endian.
 
     offset  size  field
     0       8     magic  b"TFEDELTA"

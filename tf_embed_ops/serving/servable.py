@@ -6,19 +6,22 @@ key -> slot over a preallocated row variable; dense weights are variables (a del
 version it serves is an int64 variable. Three signatures:
 
 - `serving_default`: the model (as `tf_embed_ops.keras.export_for_serving` traces it);
-- `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`), checks *all* of it
-  (size, checksum, model, version chain, layout, every table's dim, encoding, counts, ids and capacity, every row
-  and dense value finite) and only then writes it; a refused delta raises `InvalidArgumentError` naming the file
-  and the problem and changes nothing. Sizes are checked by division, never by a product that could overflow
-  int64 (a header claiming 2**61 rows is refused, not wrapped);
+- `apply_delta(path: string) -> {"version": int64}`: reads a delta file (`delta_format`) range by range
+  (`delta_reader`: stock record datasets, never the whole file in memory). A first pass checks *all* of it (size,
+  checksum piece by piece, model, version chain, layout, every table's dim, encoding, counts, ids and capacity, every
+  row finite chunk by chunk, every dense value finite) and writes nothing; a refused delta raises
+  `InvalidArgumentError` naming the file and the problem and changes nothing, whichever chunk holds the fault. Sizes
+  are checked by division, never by a product that could overflow int64 (a header claiming 2**61 rows is refused,
+  not wrapped). A second pass reads the rows again, APPLY_CHUNK_BYTES at a time, and writes them;
 - `served_version() -> {"version": int64}`.
 
-Readers and an apply run concurrently. A row is never seen half-written: each `scatter_update` holds the
-variable's lock and `ResourceGather` reads under it. A dynamic table's new rows are written before their keys are
-inserted; a slot freed by an eviction is reused only by the next delta (so a lookup that found the old key an
-instant before does not read another key's row). While a delta applies, a request may see some rows of the new
-version and some of the old one; the served version changes only after the last write. Deltas are applied one
-at a time (one caller of `apply_delta`, e.g. a watcher thread).
+Readers and an apply run concurrently; a reader waits for one chunk's write at most. A row is never seen
+half-written: each chunk's `scatter_update` holds the variable's lock and `ResourceGather` reads under it. A dynamic
+table's new rows are written before their keys are inserted (chunk by chunk); a slot freed by an eviction is reused
+only by the next delta (so a lookup that found the old key an instant before does not read another key's row).
+While a delta applies, a request may see some rows of the new version and some of the old one, across chunks (a
+torn view, as before chunking); the served version changes only after the last write. Deltas are applied one at a
+time (one caller of `apply_delta`, e.g. a watcher thread).
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ import numpy as np
 import tensorflow as tf
 
 from tf_embed_ops.dynamic import serving as dynamic_serving
+from tf_embed_ops.serving import chunks
 from tf_embed_ops.serving import delta_format as fmt
+from tf_embed_ops.serving import delta_reader as reader
 from tf_embed_ops.serving import streamed as streamed_lib
 from tf_embed_ops.serving.tables import module_name
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
 
-# Bytes of rows per scatter: bounds what an apply allocates beside the delta file, and how long one scatter holds
-# the variable's lock against concurrent lookups.
+# Bytes of rows per chunk (read, checked, written): bounds what an apply holds, and how long one scatter holds the
+# variable's lock against concurrent lookups. Traced into `apply_delta` when a servable is saved.
 APPLY_CHUNK_BYTES = 1 << 20
 # Slot states of a MutableRowTable.
 _FREE, _USED, _RELEASED = 0, 1, 2
@@ -100,7 +105,7 @@ def layout_id(layout: dict) -> int:
 
 def _fail(ok: Any, path: tf.Tensor, *message: Any) -> tf.Operation:
     """An Assert whose message is `delta <path>: <message...>` (strings and numbers joined)."""
-    parts = [m if isinstance(m, str) else tf.strings.as_string(m) for m in message]
+    parts = [m if isinstance(m, str) or m.dtype == tf.string else tf.strings.as_string(m) for m in message]
     text = tf.strings.join([tf.constant("delta "), path, tf.constant(": ")] + [tf.convert_to_tensor(p) for p in parts])
     return tf.debugging.Assert(ok, [text])
 
@@ -177,36 +182,54 @@ class Servable(tf.Module):
 
     # ---------------------------------------------------------------------------------------- apply_delta
     def _apply_delta(self, path: tf.Tensor) -> dict:
-        data = tf.io.read_file(path)
-        size = tf.cast(tf.strings.length(data), tf.int64)
-        checks = [_fail(size >= fmt.PREAMBLE, path, "truncated: ", size, " bytes, shorter than the preamble")]
-        data = _gate(checks, data)
-        checks = [_fail(tf.equal(_substr(data, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
-        pre = _gate(checks, _int64s(data, 8, 4))
+        # The file is read range by range (`delta_reader`), never whole, in four datasets (each costs memory to save
+        # with every full version): the preamble and header; the size; the keys and dense weights; one pass over
+        # the rest (`chunks`).
+        num_tables, num_dense = len(self.tables), len(self.dense)
+        want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
+        # At most the longest valid header is read; a longer one is refused below by its size.
+        longest = 8 * (want_words + fmt.DENSE_FIELDS * num_dense)
+        start = reader.head(path, fmt.PREAMBLE + longest)
+        got = tf.cast(tf.strings.length(start), tf.int64)
+        checks = [_fail(got >= fmt.PREAMBLE, path, "truncated: ", got, " bytes, shorter than the preamble")]
+        pre = _gate(checks, start)
+        checks = [_fail(tf.equal(_substr(pre, 0, 8), fmt.MAGIC), path, "not a delta file (bad magic)")]
+        pre = _gate(checks, _int64s(pre, 8, 4))
         fmt_version, h, b, check = pre[0], pre[1], pre[2], pre[3]
         checks = [
             _fail(tf.equal(fmt_version, fmt.FORMAT_VERSION), path, "format version ", fmt_version, " unsupported"),
             _fail(
-                # h + b without overflow: each is checked against what the file holds before they are added.
+                # Bounded before they are added: PREAMBLE + h + b cannot wrap int64.
                 tf.logical_and(
-                    tf.logical_and(h >= 0, b >= 0),
-                    tf.logical_and(h <= size - fmt.PREAMBLE, tf.equal(b, size - fmt.PREAMBLE - h)),
+                    tf.logical_and(h >= 0, b >= 0), tf.logical_and(h <= reader.MAX_SEGMENT, b <= reader.MAX_SEGMENT)
                 ),
                 path,
-                "truncated or extended: the file has ",
-                size,
-                " bytes, its preamble says ",
-                fmt.PREAMBLE + h + b,
+                "truncated or extended: its preamble says a header of ",
+                h,
+                " and a payload of ",
+                b,
+                " bytes",
             ),
         ]
-        data, h, b = _gate(checks, data, h, b)
-        checks = [_fail(tf.equal(_checksum(data, h + b), check), path, "checksum mismatch (the file is corrupted)")]
-        data, h = _gate(checks, data, h)
+        h, b = _gate(checks, h, b)
+        size = fmt.PREAMBLE + h + b
+        longer = reader.size_matches(path, size)
+        checks = [
+            _fail(
+                tf.equal(longer, 0),
+                path,
+                "truncated or extended: the file is ",
+                tf.where(longer < 0, tf.constant("shorter"), tf.constant("longer")),
+                " than the ",
+                size,
+                " bytes its preamble says",
+            )
+        ]
+        h, b, size = _gate(checks, h, b, size)
         checks = [_fail(tf.equal(h % 8, 0), path, "header size ", h, " is not a multiple of 8")]
-        header = _gate(checks, _int64s(data, fmt.PREAMBLE, h // 8))
-        num_tables, num_dense = len(self.tables), len(self.dense)
-        want_words = fmt.HEADER_FIXED + fmt.TABLE_FIELDS * num_tables
-        hsize = tf.size(header, out_type=tf.int64)
+        header = _gate(checks, _substr(start, fmt.PREAMBLE, tf.minimum(h, longest)))
+        header = tf.reshape(tf.io.decode_raw(header, tf.int64), [-1])
+        hsize = h // 8
         checks = [
             _fail(hsize >= fmt.HEADER_FIXED, path, "header of ", hsize, " words is too short"),
         ]
@@ -278,12 +301,13 @@ class Servable(tf.Module):
         header = _gate(checks, header)
         payload = fmt.PREAMBLE + h
         layout = self.layout
-        plans, checks = [], []
-        for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
-            fields = [header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)]
-            plan, table_checks = _check_table(entry, table, fields, data, payload, b, path)
-            plans.append(plan)
-            checks += table_checks
+        checks, ranges = [], []
+        fields = []
+        for t, entry in enumerate(layout["tables"]):
+            fields.append([header[fmt.HEADER_FIXED + fmt.TABLE_FIELDS * t + i] for i in range(fmt.TABLE_FIELDS)])
+            checks += _check_segments(entry, fields[-1], path, b)
+            _, _, n, m, k_off, _, e_off, _ = fields[-1]
+            ranges += [(payload + k_off, n * 8), (payload + e_off, m * 8)]
         dense_plans = []
         for d, var in enumerate(self.dense):
             base_word = want_words + fmt.DENSE_FIELDS * d
@@ -298,26 +322,40 @@ class Servable(tf.Module):
             checks.append(
                 _fail(ok, path, f"dense variable {name}: ", nbytes, f" bytes, its shape {var.shape} needs {expected}")
             )
+            # Read once its size is known good, and only when carried (else 0 bytes from the payload's start); the
+            # value read is checked and then assigned (a dense variable is held whole by the servable anyway).
+            carried = tf.logical_and(carries_dense, sized)
+            ranges.append((tf.where(carried, payload + off, payload), tf.where(carried, nbytes, tf.zeros_like(nbytes))))
+            dense_plans.append((var, name))
+        # The keys, evicted keys and dense weights: one dataset, once every segment is known to be in the file.
+        values = reader.read_ranges(path, _gate(checks, size), ranges)
+        plans, content = [], []
+        for t, (entry, table) in enumerate(zip(layout["tables"], self.tables, strict=True)):
+            keys, evicted = (tf.reshape(tf.io.decode_raw(v, tf.int64), [-1]) for v in values[2 * t : 2 * t + 2])
+            plan, table_checks, table_content = _check_table(entry, table, fields[t], keys, evicted, path, payload)
+            plans.append(plan)
+            checks += table_checks
+            content += table_content
+        for d, (var, name) in enumerate(dense_plans):
+            value = values[2 * num_tables + d]
             if var.dtype.is_floating:
-                # Read once its size is known good, and only when carried (else 0 bytes from the payload's start).
-                read = _gate(checks, tf.logical_and(carries_dense, sized))
-                at = tf.where(read, payload + off, payload)
-                length = tf.where(read, nbytes, tf.zeros_like(nbytes))
-                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(_substr(data, at, length), var.dtype)))
-                checks.append(_fail(finite, path, f"dense variable {name}: a value is not finite (NaN or infinity)"))
-            dense_plans.append((var, off, nbytes))
-        # Everything is checked: now write. Nothing below can fail on the delta's content.
+                finite = tf.reduce_all(tf.math.is_finite(tf.io.decode_raw(value, var.dtype)))
+                content.append((finite, [f"dense variable {name}: a value is not finite (NaN or infinity)"]))
+            dense_plans[d] = (var, value)
+        # The header and the segments' bounds are checked; one pass over the file (`chunks.apply`) checks the
+        # rest (the checksum, every row finite, `content`) and, past its barrier, writes the rows. Nothing below
+        # can fail on the delta's content once the pass's last checks hold.
         with tf.control_dependencies(checks):
-            writes = []
-            for plan in plans:
-                writes.append(plan(data))
+            final = chunks.apply(path, size, h + b, check, plans, content, _fail)
+        with tf.control_dependencies(final):
+            writes = [plan["after"]() for plan in plans if plan["after"] is not None]
             with tf.control_dependencies(writes):
                 dense_writes = []
-                for var, off, nbytes in dense_plans:
+                for var, value in dense_plans:
                     dense_writes.append(
                         tf.cond(
                             carries_dense,
-                            lambda var=var, off=off, nbytes=nbytes: _assign_dense(var, data, payload + off, nbytes),
+                            lambda var=var, value=value: _assign_dense(var, value),
                             lambda: tf.constant(True),
                         )
                     )
@@ -361,44 +399,19 @@ def _count_in_payload(off: tf.Tensor, count: tf.Tensor, unit: int, b: tf.Tensor)
     )
 
 
-def _checksum(data: tf.Tensor, length: tf.Tensor) -> tf.Tensor:
-    """`delta_format.checksum` of data[PREAMBLE:PREAMBLE + length], one CHECKSUM_PIECE at a time."""
-    piece = tf.constant(fmt.CHECKSUM_PIECE, tf.int64)
-    count = tf.maximum((length + piece - 1) // piece, 1)
-
-    def body(i, acc):
-        chunk = _substr(data, fmt.PREAMBLE + i * piece, tf.minimum(piece, length - i * piece))
-        return i + 1, acc.write(tf.cast(i, tf.int32), tf.fingerprint(tf.reshape(chunk, [1]), "farmhash64")[0])
-
-    _, acc = tf.while_loop(
-        lambda i, _: i < count,
-        body,
-        [tf.constant(0, tf.int64), tf.TensorArray(tf.uint8, size=tf.cast(count, tf.int32), element_shape=[8])],
-    )
-    joined = _bytes_of(acc.stack())
-    return tf.bitcast(tf.fingerprint(tf.reshape(joined, [1]), "farmhash64"), tf.int64)[0]
-
-
-def _bytes_of(u8: tf.Tensor) -> tf.Tensor:
-    """A scalar string of the bytes of a uint8 tensor (no stock op encodes raw bytes: each byte is looked up in
-    a 256-entry alphabet; the digests are 8 bytes per MiB of delta, so this stays tiny)."""
-    chars = tf.gather(tf.constant([bytes([i]) for i in range(256)]), tf.cast(tf.reshape(u8, [-1]), tf.int32))
-    return tf.strings.reduce_join(chars)
-
-
-def _assign_dense(var: tf.Variable, data: tf.Tensor, offset: tf.Tensor, nbytes: tf.Tensor) -> tf.Tensor:
-    value = tf.reshape(tf.io.decode_raw(_substr(data, offset, nbytes), var.dtype), var.shape)
+def _assign_dense(var: tf.Variable, value: tf.Tensor) -> tf.Tensor:
+    value = tf.reshape(tf.io.decode_raw(value, var.dtype), var.shape)
     with tf.control_dependencies([var.assign(value)]):
         return tf.constant(True)
 
 
-def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload: Any, b: Any, path: Any):
-    """The checks of one table's segments, and the function that writes them once every check has passed."""
+def _check_segments(entry: dict, fields: list, path: Any, b: Any) -> list:
+    """The checks of one table's header fields: dim, encoding, its segments inside the payload."""
     name = entry["name"]
     dim, enc, n, m, k_off, r_off, e_off, r_bytes = fields
     code = fmt.ROW_ENCODINGS[entry["encoding"]]
     itemsize = tf.as_dtype(entry["encoding"]).size
-    checks = [
+    return [
         _fail(tf.equal(dim, entry["dim"]), path, f"table {name}: dim ", dim, f", the servable's is {entry['dim']}"),
         _fail(
             tf.equal(enc, code),
@@ -427,124 +440,91 @@ def _check_table(entry: dict, table: Any, fields: list, data: tf.Tensor, payload
             ")",
         ),
     ]
-    keys, evicted = _gate(checks, _int64s(data, payload + k_off, n), _int64s(data, payload + e_off, m))
+
+
+def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any, path: Any, payload: Any):
+    """One table's plan for `chunks.apply`, its checks (the header's) and its content checks (keys: checked once
+    the checksum holds), and, for a dynamic table, the plan's `after` (evictions, slot states)."""
+    name = entry["name"]
+    _, _, n, m, _, r_off, _, _ = fields
+    itemsize = tf.as_dtype(entry["encoding"]).size
+    checks = []
     rows_at = payload + r_off
     # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
     # same bytes); otherwise the variable's dtype is the encoding.
     values = table if entry["kind"] == "static" else table.values
-    dtype = tf.as_dtype(values.dtype)
     row_bytes = entry["dim"] * itemsize
-    chunk_rows = max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1))
-    # Every row finite, checked before the first write (a checksum-valid delta may still carry NaN).
-    bad_row = _first_non_finite_row(data, rows_at, n, tf.as_dtype(entry["encoding"]), entry["dim"], checks)
-    checks = [
-        *checks,
-        _fail(
-            bad_row < 0,
-            path,
-            f"table {name}: row ",
-            bad_row,
-            " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
-        ),
-    ]
+    plan = {
+        "name": name,
+        "rows_at": rows_at,
+        "n": n,
+        "dim": entry["dim"],
+        "encoding": tf.as_dtype(entry["encoding"]),
+        "var": values,
+        "chunk_rows": max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1)),
+        "slots": keys,
+        "keys": None,
+        "index": None,
+        "after": None,
+    }
+    # Checks of the payload's content: made by `chunks.apply` once the checksum holds (a corrupted file is refused
+    # for its checksum, whatever its bytes look like).
     if entry["kind"] == "static":
         vocab = entry["rows"]
         bad = tf.logical_or(keys < 0, keys >= vocab)
         first_bad = tf.gather(tf.concat([tf.boolean_mask(keys, bad), tf.zeros([1], tf.int64)], 0), 0)
-        checks += [
-            _fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m),
-            _fail(
-                tf.logical_not(tf.reduce_any(bad)),
-                path,
-                f"table {name}: row id ",
-                first_bad,
-                f" outside [0, {vocab})",
-            ),
+        checks.append(_fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m))
+        content = [
+            (tf.logical_not(tf.reduce_any(bad)), [f"table {name}: row id ", first_bad, f" outside [0, {vocab})"])
         ]
-
-        def write(data):
-            return _scatter_chunks(table, keys, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
-
-        return write, checks
+        return plan, checks, content
     # A dynamic table.
     capacity = table.capacity
+    existing = tf.reshape(table.index.lookup(keys), [-1])
     unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
     overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
-    existing = tf.reshape(table.index.lookup(keys), [-1])
-    n_new = tf.reduce_sum(tf.cast(tf.equal(existing, capacity), tf.int64))
+    is_new = tf.equal(existing, capacity)
+    n_new = tf.reduce_sum(tf.cast(is_new, tf.int64))
     available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
-    checks += [
-        _fail(unique, path, f"table {name}: repeated keys"),
-        _fail(tf.equal(overlap, 0), path, f"table {name}: ", overlap, " keys are both written and evicted"),
-        _fail(
+    content = [
+        (unique, [f"table {name}: repeated keys"]),
+        (tf.equal(overlap, 0), [f"table {name}: ", overlap, " keys are both written and evicted"]),
+        (
             n_new <= available,
-            path,
-            f"table {name}: ",
-            n_new,
-            " new keys, only ",
-            available,
-            f" free slots of {capacity} (publish a full version)",
+            [
+                f"table {name}: ",
+                n_new,
+                " new keys, only ",
+                available,
+                f" free slots of {capacity} (publish a full version)",
+            ],
         ),
     ]
+    # Slots released by the previous delta become free; new keys take the first free ones (computed whatever the
+    # checks say, with shapes that hold either way: nothing is written unless they pass).
+    state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
+    free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
+    new_at = tf.reshape(tf.where(is_new), [-1, 1])[: tf.size(free)]
+    plan.update(slots=tf.tensor_scatter_nd_update(existing, new_at, free), keys=keys, index=table.index)
 
-    def write_dynamic(data):
-        # Slots released by the previous delta become free; new keys take the first free ones.
-        state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
-        is_new = tf.equal(existing, capacity)
-        free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
-        slots = tf.tensor_scatter_nd_update(existing, tf.where(is_new), free)
-        written = _scatter_chunks(table.values, slots, keys, data, rows_at, dtype, entry["dim"], chunk_rows)
-        with tf.control_dependencies([written]):
-            inserted = table.index.insert(keys, slots)  # the rows are in place before their keys appear
-        with tf.control_dependencies([inserted]):
-            gone = tf.reshape(table.index.lookup(evicted), [-1])
-            present = tf.not_equal(gone, capacity)
-            with tf.control_dependencies([gone]):
-                removed = table.index.remove(evicted)
+    def after():
+        # The rows and their keys are in place (`chunks.apply`, chunk by chunk): remove the evicted keys, then
+        # mark the slots.
+        gone = tf.reshape(table.index.lookup(evicted), [-1])
+        present = tf.not_equal(gone, capacity)
+        with tf.control_dependencies([gone]):
+            removed = table.index.remove(evicted)
         with tf.control_dependencies([removed]):
-            state = tf.tensor_scatter_nd_update(
+            marked = tf.tensor_scatter_nd_update(
                 state, free[:, tf.newaxis], tf.fill(tf.shape(free), tf.constant(_USED, tf.int8))
             )
             released = tf.boolean_mask(gone, present)
-            state = tf.tensor_scatter_nd_update(
-                state, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
+            marked = tf.tensor_scatter_nd_update(
+                marked, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
             )
-            assigned = table.state.assign(tf.cast(state, tf.int8))
+            assigned = table.state.assign(tf.cast(marked, tf.int8))
         with tf.control_dependencies([assigned]):
             return tf.constant(True)
 
-    return write_dynamic, checks
-
-
-def _first_non_finite_row(data, rows_at, n, dtype, dim, checks) -> tf.Tensor:
-    """The position of the first row of a table's segment with a NaN or infinity, or -1 (read once `checks`
-    pass). The segment is decoded whole, once: a loop over chunks would add a while loop per table to the graph,
-    which costs more memory to trace and save (each full version) than the rows cost to check."""
-    n = _gate(checks, n)
-    if dim == 0:
-        return tf.constant(-1, tf.int64)
-    rows = tf.reshape(tf.io.decode_raw(_substr(data, rows_at, n * (dim * dtype.size)), dtype), [-1, dim])
-    ok = tf.reduce_all(tf.math.is_finite(rows), axis=1)
-    first = tf.argmin(tf.concat([tf.cast(ok, tf.int32), [0]], 0), output_type=tf.int64)
-    return tf.where(tf.reduce_all(ok), tf.constant(-1, tf.int64), first)
-
-
-def _scatter_chunks(var, slots, keys, data, rows_at, dtype, dim, chunk_rows) -> tf.Tensor:
-    """Writes the delta's rows into `var` at `slots`, `chunk_rows` at a time (decoded per chunk)."""
-    del keys
-    n = tf.size(slots, out_type=tf.int64)
-    row_bytes = dim * dtype.size
-
-    def body(i):
-        start = i * chunk_rows
-        count = tf.minimum(n - start, chunk_rows)
-        rows = tf.reshape(
-            tf.io.decode_raw(_substr(data, rows_at + start * row_bytes, count * row_bytes), dtype), [-1, dim]
-        )
-        update = var.scatter_update(tf.IndexedSlices(rows, slots[start : start + count]))
-        with tf.control_dependencies([update]):
-            return i + 1
-
-    out = tf.while_loop(lambda i: i * chunk_rows < n, body, [tf.constant(0, tf.int64)])[0]
-    with tf.control_dependencies([out]):
-        return tf.constant(True)
+    plan["after"] = after
+    return plan, checks, content

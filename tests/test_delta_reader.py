@@ -1,0 +1,64 @@
+"""te.serving.delta_reader: byte ranges, the size probe and the stateful scan, read with stock ops (record datasets).
+
+Reference: Python slicing of the file's bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_embed_ops.serving import delta_reader as reader
+
+
+def _file(tmp_path, size: int, seed: int = 0) -> tuple[str, bytes]:
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = str(tmp_path / f"f{size}")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path, data
+
+
+@pytest.mark.parametrize(
+    "start,length,record",
+    [(0, 100, 100), (0, 100, 7), (13, 87, 29), (13, 87, 1), (40, 0, 16), (99, 1, 64), (0, 100, 1000), (5, 64, 16)],
+)
+def test_records_are_the_range_in_order_the_last_one_shorter(tmp_path, start, length, record):
+    path, data = _file(tmp_path, 100)
+    ds = reader.records(tf.constant(path), len(data), start, length, record)
+    got = [r.numpy() for r in ds]
+    want = [data[i : i + record] for i in range(start, start + length, record)]
+    assert got == want
+    assert reader.read(tf.constant(path), len(data), start, length).numpy() == data[start : start + length]
+
+
+def test_the_size_probe_says_shorter_exact_or_longer(tmp_path):
+    path, data = _file(tmp_path, 100)
+    for size, want in [(1, 1), (99, 1), (100, 0), (101, -1), (2**61, -1)]:
+        assert int(reader.size_matches(tf.constant(path), tf.constant(size, tf.int64))) == want, size
+
+
+def test_head_reads_the_first_bytes_or_all_of_a_shorter_file(tmp_path):
+    path, data = _file(tmp_path, 100)
+    assert reader.head(tf.constant(path), 40).numpy() == data[:40]
+    short, data = _file(tmp_path, 20)
+    assert reader.head(tf.constant(short), 40).numpy() == data
+
+
+def test_scan_records_runs_in_order_with_state_and_stacks_the_outputs(tmp_path):
+    path, data = _file(tmp_path, 100)
+
+    def step(total, element):
+        i, record = element
+        total = total + tf.cast(tf.strings.length(record), tf.int64)
+        return total, tf.stack([i, total])
+
+    got = reader.scan_records(
+        reader.records(tf.constant(path), 100, 10, 45, 20), tf.constant(0, tf.int64), step, tf.zeros([0, 2], tf.int64)
+    )
+    np.testing.assert_array_equal(got.numpy(), [[0, 20], [1, 40], [2, 45]])
+    empty = reader.scan_records(
+        reader.records(tf.constant(path), 100, 10, 0, 20), tf.constant(0, tf.int64), step, tf.zeros([0, 2], tf.int64)
+    )
+    assert empty.shape == (0, 2)
