@@ -14,6 +14,9 @@
 //             (the same bits our kernels use, so the two are comparable and results are identical).
 // Threads (OpenMP): the forward pass over samples and the update over distinct rows; de-duplication and
 // accumulation stay serial (they are a small share of the step at one thread, and serial keeps them simple).
+// Keyed engines (a dynamic table's step): the features hold 64-bit keys, and the step starts by finding each
+// key's row through an open-addressing index (one probe per id, home buckets prefetched ahead), then does the
+// above on those rows. The optimizer `lookup` is the forward pass alone.
 //
 // Usage: speed_of_light JOB_DIR (the job's files: speed_of_light_job.h)
 // Output: one JSON line {"results": {optimizer: {"block_ms": [...], "steps": n}}}. With check_steps > 0 it runs
@@ -102,12 +105,14 @@ inline void PrefetchRow(const void* row, int64_t bytes) {
 
 // ----------------------------------------------------------------------------------------------- the step
 
-// The optimizer's index in UpdateRow (sgd 0, adagrad 1, adam 2), which is also its number of slots.
+// The optimizer's index in UpdateRow (sgd 0, adagrad 1, adam 2), which is also its number of slots; -1 for
+// `lookup` (the forward pass only).
 int OptimizerIndex(const std::string& opt) {
+  if (opt == "lookup") return -1;
   if (opt == "sgd") return 0;
   if (opt == "adagrad") return 1;
   if (opt == "adam") return 2;
-  Fail("optimizer " + opt + " is not in the speed-of-light kernel (sgd, adagrad, adam)");
+  Fail("optimizer " + opt + " is not in the speed-of-light kernel (sgd, adagrad, adam, lookup)");
 }
 
 float SlotInit(const Job& job, const std::string& opt) { return opt == "adagrad" ? job.adagrad_init : 0.0f; }
@@ -115,7 +120,7 @@ float SlotInit(const Job& job, const std::string& opt) { return opt == "adagrad"
 // Tables start from init<t>.bin when it exists (the parity check), else from a cheap pattern (values do not
 // change the speed).
 void ResetState(Job& job, const std::string& opt, const std::string& dir) {
-  const int slots = OptimizerIndex(opt);
+  const int slots = std::max(OptimizerIndex(opt), 0);
   for (size_t t = 0; t < job.tables.size(); ++t) {
     Table& tb = job.tables[t];
     const size_t n = static_cast<size_t>(tb.rows * tb.dim);
@@ -161,6 +166,67 @@ inline const void* RowAddress(const Table& tb, bool bf16, int64_t row) {
               : static_cast<const void*>(tb.w32.data() + row * tb.dim);
 }
 inline int64_t RowBytes(const Table& tb, bool bf16) { return tb.dim * (bf16 ? 2 : 4); }
+
+// ----------------------------------------------------------------------------------------------- keyed engines
+
+// Home buckets are prefetched this many ids ahead (one cache miss a probe: key and row share a bucket).
+constexpr int64_t kProbeAhead = 16;
+
+inline uint64_t HomeOf(int64_t key, uint64_t mask) { return Mix64(static_cast<uint64_t>(key)) & mask; }
+
+// Builds every table's index from keys<t>.bin and gives each feature its ids' keys (untimed: a dynamic table's
+// keys are in its index before a step). False, with `why`, when a key file is absent or a key repeats.
+bool LoadKeys(Job& job, const std::string& dir, std::string* why) {
+  for (size_t t = 0; t < job.tables.size(); ++t) {
+    Table& tb = job.tables[t];
+    const std::string path = dir + "/keys" + std::to_string(t) + ".bin";
+    const std::vector<int64_t> keys = ReadArrayIfPresent<int64_t>(path, tb.rows);
+    if (keys.empty()) {
+      *why = "no key file " + path;
+      return false;
+    }
+    uint64_t buckets = 16;
+    while (buckets < 2 * static_cast<uint64_t>(tb.rows)) buckets *= 2;
+    tb.index.assign(buckets, Table::Bucket{});
+    tb.index_mask = buckets - 1;
+    for (int64_t r = 0; r < tb.rows; ++r) {
+      uint64_t b = HomeOf(keys[r], tb.index_mask);
+      for (; tb.index[b].row >= 0; b = (b + 1) & tb.index_mask) {
+        if (tb.index[b].key == keys[r]) {
+          *why = path + ": key " + std::to_string(keys[r]) + " repeats";
+          return false;
+        }
+      }
+      tb.index[b] = {keys[r], r};
+    }
+    for (Feature& f : job.features) {
+      if (f.table != static_cast<int>(t)) continue;
+      f.keys.resize(f.ids.size());
+      for (size_t i = 0; i < f.ids.size(); ++i) f.keys[i] = keys[f.ids[i]];
+    }
+  }
+  return true;
+}
+
+// Every feature's keys to their rows, written into its ids (which the rest of the step reads).
+void Resolve(Job& job) {
+  for (Feature& f : job.features) {
+    const Table& tb = job.tables[f.table];
+    const int64_t n = static_cast<int64_t>(f.keys.size());
+#pragma omp parallel for schedule(static) num_threads(job.threads)
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kProbeAhead < n) __builtin_prefetch(tb.index.data() + HomeOf(f.keys[i + kProbeAhead], tb.index_mask));
+      const int64_t key = f.keys[i];
+      uint64_t b = HomeOf(key, tb.index_mask);
+      for (; tb.index[b].key != key || tb.index[b].row < 0; b = (b + 1) & tb.index_mask) {
+        if (tb.index[b].row < 0) Fail("key " + std::to_string(key) + " is not in its table");
+      }
+      f.ids[i] = tb.index[b].row;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------------- the passes
 
 void Forward(Job& job) {
   for (Feature& f : job.features) {
@@ -304,7 +370,9 @@ void Update(Job& job, int t, int64_t distinct, int opt, int64_t step) {
 }
 
 void Step(Job& job, int opt, int64_t step) {
+  if (job.keyed) Resolve(job);
   Forward(job);
+  if (opt < 0) return;  // a lookup
   for (int t = 0; t < static_cast<int>(job.tables.size()); ++t) {
     const int64_t distinct = Accumulate(job, t);
     Update(job, t, distinct, opt, step);
@@ -346,7 +414,7 @@ int Serve(const std::string& dir) {
     if (!(ls >> cmd)) continue;
     if (cmd == "quit") return 0;
     if (cmd == "prepare" && (ls >> name)) {
-      std::string opt_name = "sgd", storage = "fp32", word;
+      std::string opt_name = "sgd", storage = "fp32", keys = "ids", word;
       int threads = base.threads, warmup = base.warmup;
       bool ok = true;
       while (ls >> word) {
@@ -356,6 +424,8 @@ int Serve(const std::string& dir) {
           opt_name = value;
         else if (key == "storage")
           storage = value;
+        else if (key == "keys")
+          keys = value;
         else if (key == "threads")
           threads = std::atoi(value.c_str());
         else if (key == "warmup")
@@ -363,9 +433,10 @@ int Serve(const std::string& dir) {
         else
           ok = false;
       }
-      if (!ok || (opt_name != "sgd" && opt_name != "adagrad" && opt_name != "adam") ||
-          (storage != "fp32" && storage != "bf16") || threads < 1) {
-        reply("error prepare " + name + ": expected optimizer=sgd|adagrad|adam storage=fp32|bf16 threads>=1 warmup=N");
+      if (!ok || (opt_name != "sgd" && opt_name != "adagrad" && opt_name != "adam" && opt_name != "lookup") ||
+          (storage != "fp32" && storage != "bf16") || (keys != "ids" && keys != "hashed") || threads < 1) {
+        reply("error prepare " + name +
+              ": expected optimizer=sgd|adagrad|adam|lookup storage=fp32|bf16 keys=ids|hashed threads>=1 warmup=N");
         continue;
       }
       drop(name);
@@ -373,6 +444,12 @@ int Serve(const std::string& dir) {
       s.job = base;
       s.job.bf16 = storage == "bf16";
       s.job.threads = threads;
+      s.job.keyed = keys == "hashed";
+      std::string why;
+      if (s.job.keyed && !LoadKeys(s.job, dir, &why)) {
+        reply("error prepare " + name + ": " + why);
+        continue;
+      }
       s.opt = OptimizerIndex(opt_name);
       ResetState(s.job, opt_name, dir);
       for (int i = 0; i < warmup; ++i) Step(s.job, s.opt, s.step++);
@@ -406,6 +483,8 @@ int Main(int argc, char** argv) {
   const std::string dir = argv[1];
   Job job = ReadJob(dir);
   CheckTables(job);
+  std::string why;
+  if (job.keyed && !LoadKeys(job, dir, &why)) Fail(why);
   std::string out = "{\"results\": {";
   for (size_t o = 0; o < job.optimizers.size(); ++o) {
     const std::string& name = job.optimizers[o];

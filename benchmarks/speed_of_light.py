@@ -4,6 +4,8 @@ The kernel does one step's work (forward gather/combine, de-duplication, accumul
 fast way, with no framework, on the same ids and upstream gradients as every engine of the suite. Its time is the
 yardstick for ours: ``ours / speed_of_light`` per optimizer and workload (1.0 = as fast as a hand-written loop).
 ``final_tables`` runs it for a few steps from given tables, so the suite can check it does the same work as ours.
+With ``keys`` (each table's row keys) the kernel does a dynamic table's step: the features carry their ids' keys
+and each step first finds every key's row through a hash index; ``lookup`` is the forward pass alone.
 
 Example:
     >>> res = run(w1(smoke=True), ["sgd"], steps=2, blocks=3, warmup=1)  # doctest: +SKIP
@@ -25,6 +27,8 @@ from benchmarks.workloads import Workload
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speed_of_light.cc")
 # The optimizers the kernel implements (the issue's lazy optimizers: SGD, Adagrad, lazy Adam), with our names.
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+# The forward pass alone (no update), for lookup ceilings.
+LOOKUP = "lookup"
 STORAGES = ("fp32", "bf16")
 
 
@@ -40,8 +44,21 @@ def upstream_gradients(wl: Workload) -> list[np.ndarray]:
     return [f["upstream"].numpy() for f in tf_native.make_inputs(wl)["features"]]
 
 
+def write_keys(directory: str, keys: list[np.ndarray]) -> None:
+    """Writes each table's row keys (``keys[t][r]``: row r's int64 key, all distinct) into a job directory, for
+    keyed engines (``keys=hashed``)."""
+    for t, k in enumerate(keys):
+        np.ascontiguousarray(k, np.int64).tofile(os.path.join(directory, f"keys{t}.bin"))
+
+
 def _write_job(
-    tmp: str, wl: Workload, optimizers: list[str], storage: str, settings: dict, init: list | None = None
+    tmp: str,
+    wl: Workload,
+    optimizers: list[str],
+    storage: str,
+    settings: dict,
+    init: list | None = None,
+    keys: list[np.ndarray] | None = None,
 ) -> None:
     from benchmarks.peers import tf_native as tn  # the hyper-parameters every engine of the suite runs
 
@@ -56,6 +73,9 @@ def _write_job(
         if f.row_splits is not None:
             np.ascontiguousarray(f.row_splits, np.int64).tofile(os.path.join(tmp, f"splits{i}.bin"))
         np.ascontiguousarray(up, np.float32).tofile(os.path.join(tmp, f"upstream{i}.bin"))
+    if keys is not None:
+        write_keys(tmp, keys)
+        lines.append("keys hashed")
     for t, table in enumerate(init or []):
         np.ascontiguousarray(table, np.float32).tofile(os.path.join(tmp, f"init{t}.bin"))
     with open(os.path.join(tmp, "job.txt"), "w") as f:
@@ -63,9 +83,11 @@ def _write_job(
 
 
 def _check(optimizers: list[str], storage: str) -> None:
-    bad = [o for o in optimizers if o not in OPTIMIZERS]
+    bad = [o for o in optimizers if o not in (*OPTIMIZERS, LOOKUP)]
     if bad:
-        raise ValueError(f"optimizers: {bad} not in the speed-of-light kernel; expected some of {OPTIMIZERS}")
+        raise ValueError(
+            f"optimizers: {bad} not in the speed-of-light kernel; expected some of {(*OPTIMIZERS, LOOKUP)}"
+        )
     if storage not in STORAGES:
         raise ValueError(f"storage: {storage!r}; expected one of {STORAGES}")
 
@@ -99,8 +121,9 @@ def run(
 def worker(wl: Workload, threads: int = 1, warmup: int = 3):
     """The kernel as a persistent worker on ``wl`` (``speed_of_light --serve``; ``benchmarks/workers.py``).
 
-    Engines are prepared with ``optimizer=``, ``storage=`` (fp32/bf16) and ``threads=``. The job directory is
-    removed when the worker is closed.
+    Engines are prepared with ``optimizer=`` (or ``lookup``), ``storage=`` (fp32/bf16), ``threads=`` and
+    ``keys=hashed`` for a keyed engine (after ``write_keys(worker.scratch, keys)``). The job directory is removed
+    when the worker is closed.
     """
     from benchmarks.workers import Worker
 
@@ -113,12 +136,20 @@ def worker(wl: Workload, threads: int = 1, warmup: int = 3):
     return Worker([binary, "--serve", tmp], env=env, label="speed_of_light", scratch=tmp)
 
 
-def final_tables(wl: Workload, optimizer: str, init: list[np.ndarray], steps: int, storage: str = "fp32") -> list:
-    """The tables after ``steps`` kernel steps from ``init`` (for the parity check against ours)."""
+def final_tables(
+    wl: Workload,
+    optimizer: str,
+    init: list[np.ndarray],
+    steps: int,
+    storage: str = "fp32",
+    keys: list[np.ndarray] | None = None,
+) -> list:
+    """The tables after ``steps`` kernel steps from ``init`` (for the parity check against ours); keyed with
+    ``keys`` (each table's row keys)."""
     _check([optimizer], storage)
     binary = build()
     with tempfile.TemporaryDirectory(prefix="speed_of_light_") as tmp:
-        _write_job(tmp, wl, [optimizer], storage, {"check_steps": steps}, init)
+        _write_job(tmp, wl, [optimizer], storage, {"check_steps": steps}, init, keys)
         proc = subprocess.run([binary, tmp], capture_output=True, text=True, timeout=600, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"speed_of_light failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")

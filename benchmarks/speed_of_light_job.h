@@ -10,6 +10,11 @@
 //                       feature TABLE BATCH SEQ_LEN    (one per feature; ids in ids<i>.bin (int64); bags and
 //                                                        sequences also splits<i>.bin (int64, BATCH+1);
 //                                                        upstream<i>.bin float32 [BATCH * max(SEQ_LEN,1) * DIM])
+//                       keys hashed                    (optional: the ids come as 64-bit keys, below)
+//   JOB_DIR/keys<t>.bin  int64 [ROWS]: row r's key in table t, all distinct (read by a keyed engine only: `keys
+//                        hashed` here, or `keys=hashed` in a worker's prepare). A keyed engine's features carry
+//                        their ids' keys, and each step first finds every key's row through a hash index, as a
+//                        dynamic table's step must.
 #ifndef TF_EMBED_OPS_BENCHMARKS_SPEED_OF_LIGHT_JOB_H_
 #define TF_EMBED_OPS_BENCHMARKS_SPEED_OF_LIGHT_JOB_H_
 
@@ -65,12 +70,21 @@ struct Table {
   HugeVector<int32_t> slot_of;  // id -> distinct index in this step, -1 when absent
   std::vector<int64_t> uniq;    // distinct index -> id
   std::vector<float> grad;      // [distinct, dim]
+  // Keyed engines only: open addressing, linear probing, load <= 1/2; key and row side by side so a probe is
+  // one cache line (row -1: empty).
+  struct Bucket {
+    int64_t key = 0;
+    int64_t row = -1;
+  };
+  HugeVector<Bucket> index;
+  uint64_t index_mask = 0;
 };
 
 struct Feature {
   int table = 0;
   int64_t batch = 0, seq_len = 0;
   std::vector<int64_t> ids, splits;  // splits empty: one id per sample
+  std::vector<int64_t> keys;         // keyed engines: ids[i]'s key; each step resolves them into ids
   std::vector<float> upstream, act;
 };
 
@@ -78,7 +92,7 @@ struct Job {
   int threads = 1, blocks = 7, warmup = 3, steps = 0, check_steps = 0;
   double block_ms = 150.0;
   float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, adagrad_init = 0.1f;
-  bool mean = false, bf16 = false;
+  bool mean = false, bf16 = false, keyed = false;
   std::vector<std::string> optimizers;
   std::vector<Table> tables;
   std::vector<Feature> features;
@@ -140,6 +154,10 @@ inline Job ReadJob(const std::string& dir) {
       std::string s;
       ls >> s;
       job.bf16 = s == "bf16";
+    } else if (key == "keys") {
+      std::string k;
+      ls >> k;
+      job.keyed = k == "hashed";
     } else if (key == "optimizers") {
       std::string o;
       while (ls >> o) job.optimizers.push_back(o);
