@@ -57,15 +57,18 @@ inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_
     }
     return;
   }
+  // Members are stored sample by sample, so the member kPrefetchDistance places ahead in [begin, end)'s members is
+  // the one read that many rows later: every row of a bag is requested ahead, not only each sample's first.
+  const int64_t members_end = layout.member_offsets[end];
+  auto prefetch_member = [&](int64_t k) {
+    if (k + kPrefetchDistance < members_end) prefetch(layout.members[k + kPrefetchDistance]);
+  };
   for (int64_t s = begin; s < end; ++s) {
-    const int64_t ahead = s + kPrefetchDistance;
-    if (ahead < end && layout.member_offsets[ahead] < layout.member_offsets[ahead + 1]) {
-      prefetch(layout.members[layout.member_offsets[ahead]]);
-    }
     float* o = out + s * dim;
     const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
     if (last - first == 1 && quantizer == nullptr) {
       // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
+      prefetch_member(first);
       const int64_t i = layout.members[first];
       const float c = layout.scale[i];
       const Elem* row = row_of(i);
@@ -74,6 +77,7 @@ inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_
     }
     std::memset(o, 0, sizeof(float) * dim);
     for (int64_t k = first; k < last; ++k) {
+      prefetch_member(k);
       const int64_t i = layout.members[k];
       const float c = layout.scale[i];
       const Elem* row = row_of(i);
