@@ -24,19 +24,26 @@ def section(result: dict) -> list[str]:
         "served by a plain-TensorFlow process (tf_embed_ops not importable) that applies each delta while a second "
         "thread sends lookups of 512 ids. bytes ratio = delta file / (touched rows x (8 + row bytes) + 8 x "
         "evicted); publish-to-servable = writing the delta (rows read, file written and synced) + the serving "
-        "process applying it; memory = peak resident while applying / resident before; lookups = latency while "
-        "applying / at rest (median, p99). Load average during the run: "
+        "process applying it (medians over a point's deltas); memory = peak resident while applying / resident "
+        "before (the worst delta); lookups = latency while applying / at rest (median, p99), pooled over a point's "
+        "deltas, each at-rest window just before its apply; calls = lookups while applying / at rest; floor = the "
+        "lookup p99 ratio beside one thread of the serving process copying rows of a separate 64 MiB table for as "
+        "long as each apply took (no lock or row shared with the lookups: what any apply that writes rows costs "
+        "them at least on this machine), its windows next to the apply's. Load average during the run: "
         + ", ".join(f"{x:.1f}" for x in sd.get("load_average", [])),
         "",
-        "| table | touched rows | evicted | delta MiB | bytes ratio | publish s | apply s | publish-to-servable s "
-        "| memory ratio | lookup median ratio | lookup p99 ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| table | touched rows | evicted | deltas | delta MiB | bytes ratio | publish s | apply s "
+        "| publish-to-servable s | memory ratio | lookup median ratio | lookup p99 ratio | calls | floor p99 ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sd["points"]:
         out.append(
-            f"| {r['table']} | {r['touched_rows']:,} | {r['evicted']:,} | {r['bytes'] / 2**20:.2f} | "
+            f"| {r['table']} | {r['touched_rows']:,} | {r['evicted']:,} | {r['repeats']} | "
+            f"{r['bytes'] / 2**20:.2f} | "
             f"{r['bytes_ratio']:.4f} | {r['publish_s']:.2f} | {r['apply_s']:.2f} | {r['publish_to_servable_s']:.2f} | "
-            f"{r['memory_ratio']:.3f} | {r['latency_ratio_median']:.2f} | {r['latency_ratio_p99']:.2f} |"
+            f"{r['memory_ratio']:.3f} | {r['latency_ratio_median']:.2f} | {r['latency_ratio_p99']:.2f} | "
+            f"{r['during_calls']:,} / {r['rest_calls']:,} | "
+            f"{r['floor_latency_ratio_p99']:.2f} |"
         )
     verdict = "bit-identical to" if sd["bit_identical"] else "NOT equal to"
     out += [

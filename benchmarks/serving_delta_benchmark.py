@@ -2,11 +2,14 @@
 
 A model with one static table (V rows, dim 64) and one dynamic table; a serving process of plain TensorFlow (it
 cannot import tf_embed_ops) loads the full version, then applies deltas of a growing number of touched rows while
-a second thread keeps sending lookups. Measured per delta: its bytes against touched rows x (key + row bytes), the
-publish time (rows read from the tables, the file written and synced), the apply time in the serving process, the
-serving process's peak resident memory while applying against its steady state, and the lookup latency (median,
-p99) while applying against at rest. At the end the delta-fed servable is compared with a full version taken at
-the same state, output for output (bit-identical or not).
+a second thread keeps sending lookups. Each point applies deltas of one size, one after another, until its lookups
+while applying number MIN_CALLS; before each apply the same thread times lookups at rest for as long as the last
+apply took. Measured per point: a delta's bytes against touched rows x (key + row bytes), the publish time (rows
+read from the tables, the file written and synced) and the apply time in the serving process (medians), the
+serving process's peak resident memory while applying against its steady state (the worst apply), and the lookup
+latency (median, p99 of the pooled calls) while applying against at rest. The serving process applies an empty
+delta and one delta a table first, unmeasured: a process's first writes cost more, once. At the end the delta-fed
+servable is compared with a full version taken at the same state, output for output (bit-identical or not).
 
 The rows are changed by writing the training tables directly (random values on random rows, random new keys in
 the dynamic table, some keys evicted), so that the figures are those of the delta path alone; the tracker's cost
@@ -40,6 +43,61 @@ def reset_peak():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
 
+def windows(m, feed, rest_s, work):
+    # Lookups from one thread: for rest_s at rest, then while work() runs.
+    def timed(stop, latencies):
+        while not stop.is_set():
+            t = time.perf_counter()
+            m.signatures["serving_default"](**feed)
+            latencies.append(time.perf_counter() - t)
+    out = {}
+    for phase in ("rest", "during"):
+        latencies, stop = [], threading.Event()
+        worker = threading.Thread(target=timed, args=(stop, latencies))
+        if phase == "during":
+            out["steady_rss"] = rss("VmRSS")
+            reset_peak()
+        worker.start()
+        if phase == "rest":
+            time.sleep(rest_s)
+        else:
+            t = time.perf_counter()
+            out["result"] = work()
+            out["seconds"] = time.perf_counter() - t
+        stop.set(); worker.join()
+        out[phase] = latencies
+    out["peak_rss"] = rss("VmHWM")
+    return out
+
+def on_private_thread(ds):
+    # One private thread, one intra-op thread: as the servable's apply_delta runs its chunks.
+    specs = tf.nest.flatten(ds.element_spec)
+    kw = dict(output_types=[s.dtype for s in specs], output_shapes=[s.shape for s in specs])
+    v = tf.raw_ops.MaxIntraOpParallelismDataset(
+        input_dataset=tf.data.experimental.to_variant(ds), max_intra_op_parallelism=tf.constant(1, tf.int64), **kw)
+    v = tf.raw_ops.PrivateThreadPoolDataset(input_dataset=v, num_threads=tf.constant(1, tf.int64), **kw)
+    return tf.data.experimental.from_variant(v, ds.element_spec)
+
+def busy(rows, dim, chunk_rows):
+    # One private thread copying random rows of a separate table, chunk by chunk, for `seconds`: what any apply
+    # that writes rows beside the lookups costs them at least, with no lock or row shared with them. Traced here,
+    # before any window.
+    table = tf.Variable(tf.zeros([rows, dim]))
+    def one(i):
+        src = tf.random.uniform([chunk_rows], 0, rows, tf.int64, seed=1)
+        dst = tf.random.uniform([chunk_rows], 0, rows, tf.int64, seed=2)
+        done = table.scatter_update(tf.IndexedSlices(tf.gather(table, src), dst))
+        with tf.control_dependencies([done]):
+            return tf.constant(1, tf.int64)
+    @tf.function(input_signature=[tf.TensorSpec([], tf.float64)])
+    def run(seconds):
+        deadline = tf.timestamp() + seconds
+        ds = tf.data.Dataset.range(1 << 62).take_while(lambda i: tf.timestamp() < deadline).map(one)
+        ds = on_private_thread(ds.batch(1 << 62)).concatenate(tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64)))
+        return tf.size(ds.take(1).get_single_element())
+    run(tf.constant(0.0, tf.float64))
+    return run
+
 models = {}
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -53,28 +111,15 @@ for line in sys.stdin:
             m.signatures["serving_default"](**feed)
         out = {"rss": rss("VmRSS")}
     elif cmd["op"] == "apply":
-        latencies, stop = [], threading.Event()
-        def load_loop():
-            while not stop.is_set():
-                t = time.perf_counter()
-                m.signatures["serving_default"](**feed)
-                latencies.append(time.perf_counter() - t)
-        # At rest: the same lookup thread, for as long as the previous apply took (at least 0.5 s).
-        worker = threading.Thread(target=load_loop)
-        worker.start()
-        time.sleep(cmd["rest_s"])
-        stop.set(); worker.join()
-        rest, latencies, stop = latencies, [], threading.Event()
-        steady = rss("VmRSS")
-        reset_peak()
-        worker = threading.Thread(target=load_loop)
-        worker.start()
-        t = time.perf_counter()
-        version = int(m.signatures["apply_delta"](path=tf.constant(cmd["path"]))["version"])
-        apply_s = time.perf_counter() - t
-        stop.set(); worker.join()
-        out = {"version": version, "apply_s": apply_s, "at": time.time(), "steady_rss": steady,
-               "peak_rss": rss("VmHWM"), "rest": rest, "during": latencies}
+        path = tf.constant(cmd["path"])
+        w = windows(m, feed, cmd["rest_s"], lambda: int(m.signatures["apply_delta"](path=path)["version"]))
+        out = {"version": w.pop("result"), "apply_s": w.pop("seconds"), **w}
+    elif cmd["op"] == "busy":
+        run = busy(cmd["rows"], cmd["dim"], cmd["chunk_rows"])
+        seconds = tf.constant(cmd["seconds"], tf.float64)
+        w = windows(m, feed, cmd["rest_s"], lambda: int(run(seconds)))
+        del run  # and its table
+        out = {"apply_s": w.pop("seconds"), "chunks": w.pop("result"), "rest": w["rest"], "during": w["during"]}
     elif cmd["op"] == "outputs":
         out = {"out": m.signatures["serving_default"](**feed)["output_0"].numpy().tobytes().hex()}
     elif cmd["op"] == "quit":
@@ -110,16 +155,26 @@ def _pct(values: list, q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q)) if values else float("nan")
 
 
+# A point's lookup figures rest on at least this many calls while applying (and about as many at rest): each
+# point applies deltas of its size until it has them, between MIN_REPEATS and MAX_REPEATS deltas. The p99 of the
+# 25 calls one short apply spans is their slowest call, not a percentile.
+MIN_CALLS, MIN_REPEATS, MAX_REPEATS = 1000, 2, 150
+# Rows of the separate table the floor's thread copies (64 MiB at dim 64: well past the caches, and allocated
+# only for its window, so it leaves the memory figures alone).
+BUSY_ROWS = 1 << 18
+
+
 def run(opts, log=print) -> dict:
     """Runs the section; returns {"params", "points": [...], "bit_identical"}."""
-    import tensorflow as tf
-
     from tf_embed_ops.serving import Publisher
+    from tf_embed_ops.serving.servable import APPLY_CHUNK_BYTES
 
     smoke = opts.smoke
     vocab, dim = (20_000, 64) if smoke else (2_000_000, 64)
     dynamic_keys = 2_000 if smoke else 200_000
     touched_curve = [100, 1_000, 10_000] if smoke else [1_000, 10_000, 100_000, 1_000_000]
+    min_calls, min_repeats = (20, 1) if smoke else (MIN_CALLS, MIN_REPEATS)
+    chunk_rows = APPLY_CHUNK_BYTES // (dim * 4)
     directory = tempfile.mkdtemp(prefix="serving_delta_")
     model, layer, table, keys, signature = _model(vocab, dim, dynamic_keys)
     static_var = [v for c, v in layer.embedding_tables.items() if c.name == "static"][0]
@@ -131,6 +186,7 @@ def run(opts, log=print) -> dict:
     pub.publish_full()
     full_s = time.perf_counter() - t
     server = JsonLinesChild(SERVER, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, close_timeout=120)
+    changes = _Changes(rng, vocab, dim, static_var, table, keys)
     points = []
     try:
         loaded = server.ask(op="load", path=os.path.join(directory, "1"), feed=probe, **{"as": "live"})
@@ -138,76 +194,46 @@ def run(opts, log=print) -> dict:
             f"serving_delta: full version of {vocab:,} x {dim} + {dynamic_keys:,} keys in {full_s:.1f} s, "
             f"serving process {loaded['rss'] / 2**20:.0f} MiB"
         )
-        # A first, empty delta: the serving process traces apply_delta once (not part of the figures).
-        warm = pub.write_delta({}, dense=False)
-        server.ask(
-            op="apply",
-            path=os.path.join(directory, pub_entry(directory, warm)["path"]),
-            feed=probe,
-            rest_s=0.1,
-            **{"as": "live"},
-        )
-        live = keys.copy()
-        next_key = int(keys.max()) + 7
-        cases = [("static", n) for n in touched_curve] + [("dynamic", min(dynamic_keys // 2, touched_curve[-1] // 10))]
-        for kind, n in cases:
-            if kind == "static":
-                rows = np.sort(rng.choice(vocab, size=n, replace=False)).astype(np.int64)
-                values = rng.normal(size=(n, dim)).astype(np.float32)
-                static_var.scatter_update(tf.IndexedSlices(tf.constant(values), tf.constant(rows)))
-                touched = {"static": (rows, np.zeros([0], np.int64))}
-                evicted = np.zeros([0], np.int64)
-                changed = rows
-            else:
-                # A tenth of the touched keys are new, a twentieth of the live ones are evicted.
-                new = np.arange(next_key, next_key + 7 * (n // 10), 7, dtype=np.int64)
-                next_key += 7 * (n // 10)
-                old = rng.choice(live, size=n - new.size, replace=False)
-                evicted = rng.choice(np.setdiff1d(live, old), size=n // 20, replace=False)
-                changed = np.concatenate([old, new])
-                _upsert(table, changed, rng.normal(size=(changed.size, dim)).astype(np.float32))
-                table.evict_keys(tf.constant(evicted))
-                live = np.union1d(np.setdiff1d(live, evicted), new)
-                touched = {"dynamic": (changed, evicted)}
+
+        def apply(touched, rest_s):
             t = time.perf_counter()
             version = pub.write_delta(touched, dense=False)
             publish_s = time.perf_counter() - t
             entry = pub_entry(directory, version)
-            result = server.ask(
-                op="apply",
-                path=os.path.join(directory, entry["path"]),
-                feed=probe,
-                rest_s=max(0.5, points[-1]["apply_s"] if points else 0.5),
-                **{"as": "live"},
-            )
-            bound = changed.size * (8 + dim * 4) + evicted.size * 8
-            point = {
-                "table": kind,
-                "touched_rows": int(changed.size),
-                "evicted": int(evicted.size),
-                "bytes": entry["bytes"],
-                "bytes_ratio": entry["bytes"] / bound,
-                "publish_s": publish_s,
-                "apply_s": result["apply_s"],
-                "publish_to_servable_s": publish_s + result["apply_s"],
-                "steady_rss": result["steady_rss"],
-                "peak_rss": result["peak_rss"],
-                "memory_ratio": result["peak_rss"] / result["steady_rss"],
-                "rest_median_ms": _pct(result["rest"], 50),
-                "rest_p99_ms": _pct(result["rest"], 99),
-                "during_median_ms": _pct(result["during"], 50),
-                "during_p99_ms": _pct(result["during"], 99),
-                "during_calls": len(result["during"]),
-            }
-            point["latency_ratio_median"] = point["during_median_ms"] / point["rest_median_ms"]
-            point["latency_ratio_p99"] = point["during_p99_ms"] / point["rest_p99_ms"]
-            points.append(point)
+            path = os.path.join(directory, entry["path"])
+            result = server.ask(op="apply", path=path, feed=probe, rest_s=rest_s, **{"as": "live"})
+            return entry, publish_s, result
+
+        # Not measured: an empty delta (the serving process traces apply_delta), then one delta a table (the first
+        # writes of a process cost more, once: its first non-empty apply takes tens of milliseconds more).
+        warmup = [apply({}, 0.01)[2]["apply_s"]]
+        for kind in ("static", "dynamic"):
+            warmup.append(apply(changes.make(kind, min(1_000, touched_curve[0]))[0], 0.01)[2]["apply_s"])
+        log("serving_delta: warm-up applies (empty, static, dynamic) " + ", ".join(f"{s:.3f} s" for s in warmup))
+        cases = [("static", n) for n in touched_curve] + [("dynamic", min(dynamic_keys // 2, touched_curve[-1] // 10))]
+        rest_s = 0.05
+        for kind, n in cases:
+            runs, floor = [], []
+            while len(runs) < MAX_REPEATS and (
+                len(runs) < min_repeats or sum(len(r["during"]) for _, _, r, _ in runs) < min_calls
+            ):
+                touched, changed, evicted = changes.make(kind, n)
+                # The at-rest window, just before its apply, lasts as long as the last apply took.
+                entry, publish_s, result = apply(touched, rest_s)
+                rest_s = max(0.01, result["apply_s"])
+                runs.append((entry, publish_s, result, (changed.size, evicted.size)))
+                # The machine's turn, next to ours: one thread copying rows for as long as the apply took.
+                ask = {"rows": BUSY_ROWS, "dim": dim, "chunk_rows": chunk_rows, "seconds": rest_s, "rest_s": rest_s}
+                floor.append(server.ask(op="busy", feed=probe, **ask, **{"as": "live"}))
+            points.append(_point(kind, dim, runs, floor))
+            p = points[-1]
             log(
-                f"serving_delta {kind} {changed.size:>9,} rows: {entry['bytes'] / 2**20:8.1f} MiB "
-                f"(x{point['bytes_ratio']:.4f} of keys+rows), publish {publish_s:.2f} s + apply "
-                f"{result['apply_s']:.2f} s = {point['publish_to_servable_s']:.2f} s; "
-                f"memory x{point['memory_ratio']:.3f}; "
-                f"lookup median x{point['latency_ratio_median']:.2f} p99 x{point['latency_ratio_p99']:.2f}"
+                f"serving_delta {kind} {p['touched_rows']:>9,} rows x {p['repeats']}: {p['bytes'] / 2**20:8.1f} MiB "
+                f"(x{p['bytes_ratio']:.4f} of keys+rows), publish {p['publish_s']:.2f} s + apply "
+                f"{p['apply_s']:.2f} s = {p['publish_to_servable_s']:.2f} s; memory x{p['memory_ratio']:.3f}; "
+                f"lookup median x{p['latency_ratio_median']:.2f} p99 x{p['latency_ratio_p99']:.2f} "
+                f"({p['during_calls']} calls applying, {p['rest_calls']} at rest)"
+                + f"; floor p99 x{p['floor_latency_ratio_p99']:.2f}"
             )
         # Bit identity: a full version taken now, served next to the delta-fed one.
         full = pub.publish_full()
@@ -222,11 +248,91 @@ def run(opts, log=print) -> dict:
 
     shutil.rmtree(directory, ignore_errors=True)
     return {
-        "params": {"vocab": vocab, "dim": dim, "dynamic_keys": dynamic_keys, "full_publish_s": full_s},
+        "params": {
+            "vocab": vocab,
+            "dim": dim,
+            "dynamic_keys": dynamic_keys,
+            "full_publish_s": full_s,
+            "warmup_apply_s": warmup,
+            "min_calls": min_calls,
+        },
         "points": points,
         "bit_identical": identical,
         "load_average": os.getloadavg(),
     }
+
+
+def _point(kind: str, dim: int, runs: list, floor: list) -> dict:
+    """One point's figures from its deltas: medians of the times, the worst memory, lookups pooled over the
+    windows (each at-rest window just before its apply); `floor_*`, the same of the busy thread's windows."""
+    entry, _, _, (touched, evicted) = runs[0]
+    worst = max((r for _, _, r, _ in runs), key=lambda r: r["peak_rss"] / r["steady_rss"])
+    bound = touched * (8 + dim * 4) + evicted * 8
+    point = {
+        "table": kind,
+        "touched_rows": int(touched),
+        "evicted": int(evicted),
+        "repeats": len(runs),
+        "bytes": entry["bytes"],
+        "bytes_ratio": entry["bytes"] / bound,
+        "publish_s": float(np.median([p for _, p, _, _ in runs])),
+        "apply_s": float(np.median([r["apply_s"] for _, _, r, _ in runs])),
+        "publish_to_servable_s": float(np.median([p + r["apply_s"] for _, p, r, _ in runs])),
+        "steady_rss": worst["steady_rss"],
+        "peak_rss": worst["peak_rss"],
+        "memory_ratio": worst["peak_rss"] / worst["steady_rss"],
+        **_lookups([r for _, _, r, _ in runs], ""),
+    }
+    point.update(_lookups(floor, "floor_"))
+    return point
+
+
+def _lookups(results: list, prefix: str) -> dict:
+    """Lookup latency while applying against at rest, pooled over the windows of `results`."""
+    rest = [x for r in results for x in r["rest"]]
+    during = [x for r in results for x in r["during"]]
+    out = {
+        "rest_median_ms": _pct(rest, 50),
+        "rest_p99_ms": _pct(rest, 99),
+        "rest_calls": len(rest),
+        "during_median_ms": _pct(during, 50),
+        "during_p99_ms": _pct(during, 99),
+        "during_calls": len(during),
+    }
+    out["latency_ratio_median"] = out["during_median_ms"] / out["rest_median_ms"]
+    out["latency_ratio_p99"] = out["during_p99_ms"] / out["rest_p99_ms"]
+    return {prefix + k: v for k, v in out.items()}
+
+
+class _Changes:
+    """Changes to the training tables, as a delta's `touched` (written directly: the figures are the delta
+    path's, not the tracker's)."""
+
+    def __init__(self, rng, vocab: int, dim: int, static_var, table, keys: np.ndarray):
+        self.rng, self.vocab, self.dim, self.static_var, self.table = rng, vocab, dim, static_var, table
+        self.live = keys.copy()
+        self.next_key = int(keys.max()) + 7
+
+    def make(self, kind: str, n: int) -> tuple:
+        """Changes `n` rows of one table; returns (touched, changed keys or rows, evicted keys)."""
+        import tensorflow as tf
+
+        rng, dim = self.rng, self.dim
+        if kind == "static":
+            rows = np.sort(rng.choice(self.vocab, size=n, replace=False)).astype(np.int64)
+            values = rng.normal(size=(n, dim)).astype(np.float32)
+            self.static_var.scatter_update(tf.IndexedSlices(tf.constant(values), tf.constant(rows)))
+            return {"static": (rows, np.zeros([0], np.int64))}, rows, np.zeros([0], np.int64)
+        # A tenth of the touched keys are new, a twentieth of the live ones are evicted.
+        new = np.arange(self.next_key, self.next_key + 7 * (n // 10), 7, dtype=np.int64)
+        self.next_key += 7 * (n // 10)
+        old = rng.choice(self.live, size=n - new.size, replace=False)
+        evicted = rng.choice(np.setdiff1d(self.live, old), size=n // 20, replace=False)
+        changed = np.concatenate([old, new])
+        _upsert(self.table, changed, rng.normal(size=(changed.size, dim)).astype(np.float32))
+        self.table.evict_keys(tf.constant(evicted))
+        self.live = np.union1d(np.setdiff1d(self.live, evicted), new)
+        return {"dynamic": (changed, evicted)}, changed, evicted
 
 
 def _upsert(table, keys: np.ndarray, values: np.ndarray) -> None:

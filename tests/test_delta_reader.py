@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_embed_ops.serving import delta_format
 from tf_embed_ops.serving import delta_reader as reader
 
 
@@ -24,11 +25,14 @@ def _file(tmp_path, size: int, seed: int = 0) -> tuple[str, bytes]:
     "start,length,record",
     [(0, 100, 100), (0, 100, 7), (13, 87, 29), (13, 87, 1), (40, 0, 16), (99, 1, 64), (0, 100, 1000), (5, 64, 16)],
 )
-def test_records_are_the_range_in_order_the_last_one_shorter(tmp_path, start, length, record):
+def test_records_are_the_range_in_order_the_first_one_shorter(tmp_path, start, length, record):
     path, data = _file(tmp_path, 100)
     ds = reader.records(tf.constant(path), len(data), start, length, record)
     got = [r.numpy() for r in ds]
-    want = [data[i : i + record] for i in range(start, start + length, record)]
+    head = length % record
+    want = ([data[start : start + head]] if head else []) + [
+        data[i : i + record] for i in range(start + head, start + length, record)
+    ]
     assert got == want
     assert reader.read(tf.constant(path), len(data), start, length).numpy() == data[start : start + length]
 
@@ -57,8 +61,24 @@ def test_scan_records_runs_in_order_with_state_and_stacks_the_outputs(tmp_path):
     got = reader.scan_records(
         reader.records(tf.constant(path), 100, 10, 45, 20), tf.constant(0, tf.int64), step, tf.zeros([0, 2], tf.int64)
     )
-    np.testing.assert_array_equal(got.numpy(), [[0, 20], [1, 40], [2, 45]])
+    np.testing.assert_array_equal(got.numpy(), [[0, 5], [1, 25], [2, 45]])
     empty = reader.scan_records(
         reader.records(tf.constant(path), 100, 10, 0, 20), tf.constant(0, tf.int64), step, tf.zeros([0, 2], tf.int64)
     )
     assert empty.shape == (0, 2)
+
+
+@pytest.mark.parametrize("size", [0, 1, delta_format.CHECKSUM_PIECE, 2 * delta_format.CHECKSUM_PIECE + 3])
+def test_checksum_hashes_the_short_piece_first(size):
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    head = size % delta_format.CHECKSUM_PIECE
+    cuts = (
+        [0, *range(head, size + 1, delta_format.CHECKSUM_PIECE)]
+        if head
+        else [*range(0, size + 1, delta_format.CHECKSUM_PIECE)]
+    )
+    pieces = [data[a:b] for a, b in zip(cuts, cuts[1:], strict=False)] or [b""]
+    assert b"".join(pieces) == data and all(len(p) == delta_format.CHECKSUM_PIECE for p in pieces[1:])
+    digests = tf.reshape(tf.fingerprint(tf.constant(pieces), "farmhash64"), [-1]).numpy().tobytes()
+    want = int(tf.bitcast(tf.fingerprint(tf.constant([digests]), "farmhash64"), tf.int64).numpy()[0])
+    assert delta_format.checksum(data) == want

@@ -2,10 +2,11 @@
 
 `apply_delta` (`servable`) checks the header and the segments' bounds first; then this pass reads, in order, the
 checksum pieces, every table's rows (each row checked finite) and every table's rows again, and writes the last
-ones chunk by chunk (`scatter_update`; a dynamic table's chunk of keys inserted after its rows). Before the first
-write a barrier asserts everything the pass checked (the checksum, the rows' finiteness, the content checks the
-servable computed from keys: ids in range, unique keys, free slots...), so a refused delta writes nothing,
-whichever chunk holds the fault; after the pass the same checks gate what follows (a delta without rows).
+ones chunk by chunk, each segment's short chunk first (`delta_reader.records`; `scatter_update`; a dynamic table's
+chunk of keys inserted after its rows). Before the first write a barrier asserts everything the pass checked (the
+checksum, the rows' finiteness, the content checks the servable computed from keys: ids in range, unique keys,
+free slots...), so a refused delta writes nothing, whichever chunk holds the fault; after the pass the same checks
+gate what follows (a delta without rows).
 
 It is one `Dataset.scan` for all tables and both halves: each step decodes its record for every table with a
 length of zero outside that table's segment (no branch), because every function in `apply_delta`'s graph costs
@@ -74,6 +75,12 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
             out.append(fail(tf.logical_or(tf.logical_or(idle, intact), ok), path, *message))
         return out
 
+    def first_row(p, local):
+        """The first row of a table's record `local`: a short record (the rows' remainder modulo chunk_rows) comes
+        first (`reader.records`), so record `local` starts `pad` rows short of `local` full chunks."""
+        pad = (p["chunk_rows"] - p["n"] % p["chunk_rows"]) % p["chunk_rows"]
+        return tf.maximum(local * p["chunk_rows"] - pad, 0)
+
     def step(state, element):
         digests, bad = state
         i, record = element
@@ -94,7 +101,7 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
             ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
             first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
             new = tf.logical_and(bad[t] < 0, first < tf.size(ok, out_type=tf.int64))
-            found.append(tf.where(new, local * p["chunk_rows"] + first, bad[t]))
+            found.append(tf.where(new, first_row(p, local) + first, bad[t]))
         bad = tf.stack(found) if tables else bad
         summed_ok = tf.equal(summed, check)
         writes = []
@@ -102,7 +109,7 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
             for t, p in enumerate(tables):
                 var = p["var"]
                 rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + num + t)), var.dtype), [-1, p["dim"]])
-                start = local * p["chunk_rows"]
+                start = first_row(p, local)
                 at = p["slots"][start : start + tf.shape(rows, out_type=tf.int64)[0]]
                 done = var.scatter_update(tf.IndexedSlices(rows, at))
                 if p["index"] is not None:  # the chunk's rows are in place before its keys appear

@@ -32,8 +32,11 @@ segment here), evicted keys int64[m] (dynamic tables only). A dense variable's s
 dtype.
 
 The checksum is TensorFlow's farmhash64 (`tf.fingerprint`, stable across platforms and releases) of the
-concatenated farmhash64 values of consecutive CHECKSUM_PIECE-byte pieces; the servable verifies it piece by piece
-so that checking a delta never copies it whole.
+concatenated farmhash64 values of consecutive pieces: the first one the H + B bytes' remainder modulo
+CHECKSUM_PIECE (when not 0), then CHECKSUM_PIECE-byte pieces to the end. The servable verifies it piece by piece so
+that checking a delta never copies it whole; the short piece comes first because a stock record reader reaches an
+offset by reading every byte before it, so a short piece at the end of the file would cost a pass over the file.
+(Format version 1 had the short piece last.)
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ __all__ = [
 ]
 
 MAGIC = b"TFEDELTA"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PREAMBLE = 40
 HEADER_FIXED = 7
 TABLE_FIELDS = 8
@@ -81,7 +84,11 @@ def fingerprint64(text: str) -> int:
 
 def checksum(data: bytes) -> int:
     """The delta checksum of `data` (see the module docstring), as a signed int64."""
-    pieces = [data[i : i + CHECKSUM_PIECE] for i in range(0, len(data), CHECKSUM_PIECE)] or [b""]
+    head = len(data) % CHECKSUM_PIECE
+    pieces = ([data[:head]] if head else []) + [
+        data[i : i + CHECKSUM_PIECE] for i in range(head, len(data), CHECKSUM_PIECE)
+    ]
+    pieces = pieces or [b""]
     digests = tf.fingerprint(tf.constant(pieces), "farmhash64")  # [p, 8] uint8, one farmhash64 per piece
     joined = tf.reshape(digests, [-1]).numpy().tobytes()
     return int(tf.bitcast(tf.fingerprint(tf.constant([joined]), "farmhash64"), tf.int64).numpy()[0])

@@ -6,8 +6,8 @@ million rows would sit in the serving process beside the model. These helpers re
 consecutive records, `scan_records` consumes them one at a time, so memory holds one record.
 
 A record dataset skips its `header_bytes` by reading them (it does not seek): a range that starts deep in the file
-costs a pass over the bytes before it, through a small buffer (memory bandwidth, no allocation). Each helper opens
-as few ranges as it can for that reason.
+costs a pass over the bytes before it, through a small buffer, at memory bandwidth (a burst that slows the lookups
+beside it). Each helper opens as few ranges as it can, as near the file's start as it can, for that reason.
 """
 
 from __future__ import annotations
@@ -61,24 +61,24 @@ def _on_own_thread(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def records(path: tf.Tensor, size: Any, start: Any, length: Any, record: Any) -> tf.data.Dataset:
-    """The bytes [start, start + length) of a file of `size` bytes (checked before: `size_matches`), as records of
-    `record` bytes in order, the last one shorter when `length` is not a multiple (a dataset of scalar strings)."""
+    """The bytes [start, start + length) of a file of `size` bytes (checked before: `size_matches`), as records in
+    order: first the remainder of `length` modulo `record` when it is not 0, then `record`-byte records (a dataset
+    of scalar strings).
+
+    The short record comes first: each of the two datasets reads through the bytes before its first one, so both
+    stop short of `start + record`; a short record at the end would read through the whole segment again."""
     start, length, size = (tf.cast(x, tf.int64) for x in (start, length, size))
     record = tf.maximum(tf.cast(record, tf.int64), 1)
     full = length // record
-    tail = length - full * record
+    head = length - full * record
     # `take`: an empty part is never opened (opening one reads through its header).
+    first = tf.data.FixedLengthRecordDataset(
+        path, tf.maximum(head, 1), header_bytes=start, footer_bytes=size - start - head, buffer_size=_BUFFER_BYTES
+    ).take(tf.cast(head > 0, tf.int64))
     body = tf.data.FixedLengthRecordDataset(
-        path, record, header_bytes=start, footer_bytes=size - start - full * record, buffer_size=_BUFFER_BYTES
+        path, record, header_bytes=start + head, footer_bytes=size - start - length, buffer_size=_BUFFER_BYTES
     ).take(full)
-    rest = tf.data.FixedLengthRecordDataset(
-        path,
-        tf.maximum(tail, 1),
-        header_bytes=start + full * record,
-        footer_bytes=size - start - length,
-        buffer_size=_BUFFER_BYTES,
-    ).take(tf.cast(tail > 0, tf.int64))
-    return body.concatenate(rest)
+    return first.concatenate(body)
 
 
 def _joined(ds: tf.data.Dataset) -> tf.Tensor:
