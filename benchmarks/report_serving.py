@@ -30,7 +30,8 @@ def section(result: dict) -> list[str]:
         "lookup p99 ratio beside one thread of the serving process copying rows of a separate 64 MiB table for as "
         "long as each apply took (no lock or row shared with the lookups: what any apply that writes rows costs "
         "them at least on this machine), its windows next to the apply's. Load average during the run: "
-        + ", ".join(f"{x:.1f}" for x in sd.get("load_average", [])),
+        + ", ".join(f"{x:.1f}" for x in sd.get("load_average", []))
+        + (f" (measured {sd['measured_utc']})" if "measured_utc" in sd else ""),
         "",
         "| table | touched rows | evicted | deltas | delta MiB | bytes ratio | publish s | apply s "
         "| publish-to-servable s | memory ratio | lookup median ratio | lookup p99 ratio | calls | floor p99 ratio |",

@@ -259,6 +259,7 @@ def run(opts, log=print) -> dict:
         "points": points,
         "bit_identical": identical,
         "load_average": os.getloadavg(),
+        "measured_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
 

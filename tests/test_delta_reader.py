@@ -82,3 +82,30 @@ def test_checksum_hashes_the_short_piece_first(size):
     digests = tf.reshape(tf.fingerprint(tf.constant(pieces), "farmhash64"), [-1]).numpy().tobytes()
     want = int(tf.bitcast(tf.fingerprint(tf.constant([digests]), "farmhash64"), tf.int64).numpy()[0])
     assert delta_format.checksum(data) == want
+
+
+def test_the_rows_come_after_every_small_segment(tmp_path):
+    # The servable reads keys, evicted keys and dense weights whole and streams the rows: nothing it reads whole
+    # may sit past a rows segment (a range deep in the file costs a read through the bytes before it).
+    rng = np.random.default_rng(0)
+    tables = [
+        delta_format.TableDelta(np.arange(5), rng.normal(size=(5, 3)).astype(np.float32), evicted=[7, 8]),
+        delta_format.TableDelta(np.arange(4), rng.normal(size=(4, 2)).astype(np.float32), evicted=[9]),
+    ]
+    dense = [rng.normal(size=(3, 3)).astype(np.float32)]
+    path = str(tmp_path / "d.delta")
+    delta_format.write_delta(
+        path, model_id=1, layout_id=2, version=2, base_version=1, step=0, tables=tables, dense=dense
+    )
+    parsed = delta_format.read_delta(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    h = int(np.frombuffer(data[16:24], "<i8")[0])
+    header = np.frombuffer(data[delta_format.PREAMBLE : delta_format.PREAMBLE + h], "<i8")
+    fields = header[delta_format.HEADER_FIXED :].reshape(-1)
+    per_table = fields[: delta_format.TABLE_FIELDS * 2].reshape(2, delta_format.TABLE_FIELDS)
+    small = [*per_table[:, 4], *per_table[:, 6], fields[delta_format.TABLE_FIELDS * 2]]
+    assert min(per_table[:, 5]) > max(small)
+    for t, want in zip(parsed["tables"], tables, strict=True):
+        np.testing.assert_array_equal(t["rows"], want.rows)
+        np.testing.assert_array_equal(t["evicted"], want.evicted)

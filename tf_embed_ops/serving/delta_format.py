@@ -29,7 +29,8 @@ The header, in int64 words:
 A table's segments: keys int64[n] (a static table's row ids, a dynamic table's keys), rows [n, dim] in the row
 encoding (ROW_ENCODINGS: the table's storage dtype; a quantized encoding would add its per-row scale/offset
 segment here), evicted keys int64[m] (dynamic tables only). A dense variable's segment is its whole value in its
-dtype.
+dtype. The header addresses every segment; `write_delta` puts every table's keys and evicted keys first, then the
+dense weights, then the tables' rows (format version 1 wrote each table's keys, rows and evicted keys together).
 
 The checksum is TensorFlow's farmhash64 (`tf.fingerprint`, stable across platforms and releases) of the
 concatenated farmhash64 values of consecutive pieces: the first one the H + B bytes' remainder modulo
@@ -114,7 +115,9 @@ class TableDelta:
 
 
 def _segments(tables: list[TableDelta], dense: list[np.ndarray] | None) -> tuple[list[int], list[bytes]]:
-    fields: list[int] = []
+    # The small segments first (every table's keys and evicted keys, the dense weights), then the rows: the
+    # servable reads the small ones at once and streams the rows, and a range deep in the file costs a read
+    # through the bytes before it (module docstring).
     blobs: list[bytes] = []
     offset = 0
 
@@ -125,25 +128,25 @@ def _segments(tables: list[TableDelta], dense: list[np.ndarray] | None) -> tuple
         offset += len(blob)
         return start
 
-    for t in tables:
-        keys_off = add(t.keys.tobytes())
+    keys_at = [(add(t.keys.tobytes()), add(t.evicted.tobytes())) for t in tables]
+    dense_fields = []
+    for value in dense or []:
+        blob = np.ascontiguousarray(value).tobytes()
+        dense_fields += [add(blob), len(blob)]
+    fields: list[int] = []
+    for t, (keys_off, evicted_off) in zip(tables, keys_at, strict=True):
         rows_blob = t.rows.tobytes()
-        rows_off = add(rows_blob)
-        evicted_off = add(t.evicted.tobytes())
         fields += [
             t.dim,
             ROW_ENCODINGS[t.encoding],
             t.keys.shape[0],
             t.evicted.shape[0],
             keys_off,
-            rows_off,
+            add(rows_blob),
             evicted_off,
             len(rows_blob),
         ]
-    for value in dense or []:
-        blob = np.ascontiguousarray(value).tobytes()
-        fields += [add(blob), len(blob)]
-    return fields, blobs
+    return fields + dense_fields, blobs
 
 
 def write_delta(
