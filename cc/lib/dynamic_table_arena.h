@@ -15,18 +15,30 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <vector>
 
+#include "cc/lib/huge_pages.h"
 #include "cc/lib/storage_types.h"
 
 namespace tf_embed_ops {
 
 template <typename T>
 class ChunkedArena {
+  static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_destructible_v<T>,
+                "chunks are raw memory");
+
  public:
+  // Chunks are carved from slabs; once the arena holds kSlabsFrom bytes, a new slab holds at least a huge page of
+  // chunks (a table that grows chunk by chunk gets 2 MiB pages, huge_pages.h, and a random row no TLB miss), at
+  // the cost of at most one slab's unused chunks, counted in MemoryBytes.  Smaller arenas allocate what they need.
+  static constexpr int64_t kSlabsFrom = int64_t{8} << 20;
+
   // `row_width` elements per row; rows_per_chunk = 2^log2_rows_per_chunk.  Sizes are validated by the table.
   ChunkedArena(int64_t row_width, int log2_rows_per_chunk)
       : row_width_(row_width), log2_rows_(log2_rows_per_chunk), mask_((int64_t{1} << log2_rows_per_chunk) - 1) {}
+  ChunkedArena(ChunkedArena&&) noexcept = default;  // (moving keeps every row where it is)
+  ChunkedArena& operator=(ChunkedArena&&) noexcept = default;
 
   int64_t rows_per_chunk() const { return mask_ + 1; }
   int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << log2_rows_; }
@@ -35,34 +47,61 @@ class ChunkedArena {
   // Makes room for rows [0, rows).  Returns false (and keeps what it had) if an allocation fails.
   bool Reserve(int64_t rows) {
     const int64_t needed = (rows + mask_) >> log2_rows_;
-    if (needed <= static_cast<int64_t>(chunks_.size())) return true;
-    std::vector<std::unique_ptr<T[]>> fresh;
+    const int64_t have = static_cast<int64_t>(chunks_.size());
+    if (needed <= have) return true;
+    const int64_t chunk_elems = (mask_ + 1) * row_width_;
+    const int64_t chunk_bytes = chunk_elems * static_cast<int64_t>(sizeof(T));
+    const int64_t from_slab = std::min(needed - have, spare_chunks_);
+    int64_t fresh_chunks = needed - have - from_slab;
+    if (fresh_chunks > 0 && slab_bytes_ >= kSlabsFrom) {
+      fresh_chunks =
+          std::max<int64_t>(fresh_chunks, (static_cast<int64_t>(kHugePageBytes) + chunk_bytes - 1) / chunk_bytes);
+    }
+    // Everything that can fail first: the directory's room, then the one new slab.
     try {
       chunks_.reserve(needed);
-      for (int64_t c = static_cast<int64_t>(chunks_.size()); c < needed; ++c) {
-        fresh.emplace_back(new T[(mask_ + 1) * row_width_]);
-      }
+      if (fresh_chunks > 0) slabs_.reserve(slabs_.size() + 1);
     } catch (const std::bad_alloc&) {
       return false;
     }
-    for (auto& chunk : fresh) chunks_.push_back(std::move(chunk));
+    T* slab = nullptr;
+    if (fresh_chunks > 0) {
+      slab = static_cast<T*>(AllocateHugePageMemory(static_cast<size_t>(fresh_chunks * chunk_bytes)));
+      if (slab == nullptr) return false;
+    }
+    for (int64_t c = 0; c < from_slab; ++c, next_chunk_ += chunk_elems) chunks_.push_back(next_chunk_);
+    spare_chunks_ -= from_slab;
+    if (slab != nullptr) {
+      slabs_.emplace_back(slab);
+      slab_bytes_ += fresh_chunks * chunk_bytes;
+      next_chunk_ = slab;
+      spare_chunks_ = fresh_chunks;
+      for (; static_cast<int64_t>(chunks_.size()) < needed; next_chunk_ += chunk_elems) {
+        chunks_.push_back(next_chunk_);
+        --spare_chunks_;
+      }
+    }
     return true;
   }
 
-  T* At(int64_t row) { return chunks_[row >> log2_rows_].get() + (row & mask_) * row_width_; }
-  const T* At(int64_t row) const { return chunks_[row >> log2_rows_].get() + (row & mask_) * row_width_; }
+  T* At(int64_t row) { return chunks_[row >> log2_rows_] + (row & mask_) * row_width_; }
+  const T* At(int64_t row) const { return chunks_[row >> log2_rows_] + (row & mask_) * row_width_; }
 
-  // Bytes held: the chunks plus the chunk directory.
-  int64_t MemoryBytes() const {
-    return capacity() * row_width_ * static_cast<int64_t>(sizeof(T)) +
-           static_cast<int64_t>(chunks_.capacity() * sizeof(std::unique_ptr<T[]>));
-  }
+  // Bytes held: the slabs (spare chunks included) plus the chunk directory.
+  int64_t MemoryBytes() const { return slab_bytes_ + static_cast<int64_t>(chunks_.capacity() * sizeof(T*)); }
 
  private:
+  struct FreeSlab {
+    void operator()(T* p) const { FreeHugePageMemory(p); }
+  };
   int64_t row_width_;
   int log2_rows_;
   int64_t mask_;
-  std::vector<std::unique_ptr<T[]>> chunks_;
+  std::vector<T*> chunks_;  // the directory: chunk c's first element
+  std::vector<std::unique_ptr<T, FreeSlab>> slabs_;
+  int64_t slab_bytes_ = 0;
+  T* next_chunk_ = nullptr;  // the last slab's first spare chunk
+  int64_t spare_chunks_ = 0;
 };
 
 // One buffer of a dynamic table (its weights, or one optimizer slot): rows of `width` elements stored as

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cc/lib/dynamic_table_key.h"
+#include "cc/lib/huge_pages.h"
 
 namespace tf_embed_ops {
 
@@ -103,7 +104,7 @@ class KeyIndex {
   // Returns false, keeping the old index, if the allocation fails.
   template <typename KeyOf>
   bool Rehash(int64_t n, const KeyOf& key_of) {
-    std::vector<uint32_t> fresh;
+    Buckets fresh;
     try {
       fresh.assign(BucketsFor(n), 0);
     } catch (const std::bad_alloc&) {
@@ -146,7 +147,9 @@ class KeyIndex {
 
   uint64_t Home(int64_t key) const { return MixKey(static_cast<uint64_t>(key)) & (buckets_.size() - 1); }
 
-  std::vector<uint32_t> buckets_;
+  // On 2 MiB pages when large (huge_pages.h): a probe is a random bucket of an index far past the TLB's reach.
+  using Buckets = std::vector<uint32_t, HugePageAllocator<uint32_t>>;
+  Buckets buckets_;
 };
 
 }  // namespace tf_embed_ops

@@ -84,6 +84,16 @@ HugePageAdvice AdviseRange(const void* data, size_t bytes, HugePagePolicy policy
   return out;
 }
 
+void* AllocateHugePageMemory(size_t bytes) {
+  const HugePagePolicy policy = ProcessHugePagePolicy();
+  if (policy == HugePagePolicy::kOff || bytes < kHugePageBytes) return std::malloc(bytes == 0 ? 1 : bytes);
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePageBytes, bytes) != 0) return nullptr;
+  // Advice only (the memory is fresh: nothing to collapse), whatever the policy says beyond "not off".
+  AdviseRange(p, bytes, HugePagePolicy::kAdvise);
+  return p;
+}
+
 void AdviseHugePages(const void* data, size_t bytes) {
   const HugePagePolicy policy = ProcessHugePagePolicy();
   if (policy == HugePagePolicy::kOff || bytes < kHugePageBytes) return;

@@ -22,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 
 namespace tf_embed_ops {
 
@@ -49,6 +51,37 @@ void AdviseHugePages(const void* data, size_t bytes);
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 inline constexpr uint32_t kRecheckEvery = 1024;
+
+// Memory the library allocates itself (a dynamic table's rows and key index): `bytes` from malloc, or, when
+// bytes >= kHugePageBytes and the process policy is not kOff, aligned to 2 MiB with MADV_HUGEPAGE on its whole
+// 2 MiB pages before anything touches them, so it faults in as huge pages with no collapse to pay.  Null when
+// the allocation fails.  Release with FreeHugePageMemory (std::free).
+void* AllocateHugePageMemory(size_t bytes);
+inline void FreeHugePageMemory(void* p) { std::free(p); }
+
+// A std allocator over AllocateHugePageMemory (throws std::bad_alloc when it fails).
+template <typename T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <typename U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT: implicit, as std allocators are
+  T* allocate(size_t n) {
+    if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_alloc();
+    void* p = AllocateHugePageMemory(n * sizeof(T));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { FreeHugePageMemory(p); }
+  template <typename U>
+  bool operator==(const HugePageAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const HugePageAllocator<U>&) const {
+    return false;
+  }
+};
 
 }  // namespace tf_embed_ops
 

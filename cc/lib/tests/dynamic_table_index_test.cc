@@ -44,6 +44,44 @@ TEST(ChunkedArenaTest, GrowthNeverMovesARow) {
   EXPECT_EQ(arena.capacity(), 1000);
 }
 
+TEST(ChunkedArenaTest, PastTheSlabThresholdChunksComeFromHugePageSlabs) {
+  // 1 KiB rows, 16 rows (16 KiB) a chunk: growing one chunk at a time, the arena allocates exactly what it needs
+  // up to kSlabsFrom bytes, then a slab of at least 2 MiB (128 chunks) whose spare chunks later growth uses.
+  constexpr int64_t kWidth = 256, kRows = 16, kChunkBytes = kWidth * kRows * 4;
+  ChunkedArena<float> arena(kWidth, 4);
+  const auto slab_bytes = [&] { return arena.MemoryBytes() - static_cast<int64_t>(arena.capacity() / kRows * 8); };
+  std::vector<float*> rows;
+  int64_t grown = 0;
+  while (slab_bytes() < ChunkedArena<float>::kSlabsFrom) {
+    ASSERT_TRUE(arena.Reserve(arena.capacity() + 1));
+    ASSERT_LE(slab_bytes(), arena.capacity() / kRows * kChunkBytes + 64);  // (directory rounding only)
+    rows.push_back(arena.At(arena.capacity() - 1));
+    *rows.back() = static_cast<float>(grown++);
+  }
+  const int64_t before = arena.MemoryBytes();
+  ASSERT_TRUE(arena.Reserve(arena.capacity() + 1));
+  const int64_t slab = arena.MemoryBytes() - before;
+  EXPECT_GE(slab, static_cast<int64_t>(kHugePageBytes));
+  const int64_t spare = slab / kChunkBytes - 1;
+  if (ProcessHugePagePolicy() != HugePagePolicy::kOff) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(arena.At(arena.capacity() - kRows)) % kHugePageBytes, 0u);
+  }
+  const int64_t after_slab = arena.MemoryBytes();
+  for (int64_t c = 0; c < spare; ++c) {
+    ASSERT_TRUE(arena.Reserve(arena.capacity() + 1));
+    // Consecutive chunks of one slab are adjacent, and the directory's own growth is all that is allocated.
+    EXPECT_EQ(arena.At(arena.capacity() - 1), arena.At(arena.capacity() - 1 - kRows) + kRows * kWidth);
+    EXPECT_LE(arena.MemoryBytes() - after_slab, static_cast<int64_t>(arena.capacity() / kRows * 8));
+  }
+  ASSERT_TRUE(arena.Reserve(arena.capacity() + 10 * kRows));  // past the slab: another one
+  EXPECT_GT(arena.MemoryBytes() - after_slab, static_cast<int64_t>(kHugePageBytes));
+  // No row moved, and no two chunks overlap (each row's first float kept its own value).
+  for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
+    EXPECT_EQ(arena.At((i + 1) * kRows - 1), rows[i]);
+    EXPECT_EQ(*rows[i], static_cast<float>(i));
+  }
+}
+
 TEST(KeyIndexTest, MatchesAMapUnderRandomInsertsAndErases) {
   // Backward-shift deletion must keep every remaining key reachable; a std::map is the reference.
   std::vector<int64_t> key_of_row;
