@@ -9,7 +9,8 @@ between minutes does not move. A case's ratio is after / before: below 1 is fast
 straddle 1.
 
 Cases: ``W1:sgd`` style, a workload of ``benchmarks/workloads.py`` (its fused step, ``ours.fused_step``) or
-``dyn`` (the dynamic-table W1 step, ``dynamic_benchmark.dynamic_step``), and an optimizer both checkouts know.
+``dyn`` (the dynamic-table W1 step, ``dynamic_benchmark.dynamic_step``), and an optimizer both checkouts know;
+``W1:adagrad+tracked`` runs a static workload's step with its tables' touched-row tracking on (docs/tracking.md).
 
 Example:
     git worktree add /tmp/before 925b2c1 && (cd /tmp/before && python setup.py -q build_ext --inplace)
@@ -28,13 +29,22 @@ DEFAULT_CASES = "W1:sgd,W1:adagrad,W4:sgd,W4:adagrad,dyn:sgd,dyn:adagrad"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+VARIANTS = ("tracked",)
+
+
 def parse_cases(text: str) -> list[tuple[str, str]]:
-    """``"W1:sgd,dyn:adagrad"`` -> ``[("W1", "sgd"), ("dyn", "adagrad")]``; a malformed case is an error naming it."""
+    """``"W1:sgd,dyn:adagrad"`` -> ``[("W1", "sgd"), ("dyn", "adagrad")]``; an optimizer may carry a variant
+    (``"W1:adagrad+tracked"`` -> ``("W1", "adagrad+tracked")``); a malformed case is an error naming it."""
     cases = []
     for case in text.split(","):
         workload, sep, optimizer = case.strip().partition(":")
         if not sep or not workload or not optimizer:
             raise ValueError(f"case {case!r} is not WORKLOAD:OPTIMIZER (e.g. W1:sgd, dyn:adagrad)")
+        name, plus, variant = optimizer.partition("+")
+        if plus and (not name or variant not in VARIANTS):
+            raise ValueError(f"case {case!r}: variant {variant!r}; expected one of {VARIANTS}")
+        if variant and workload == "dyn":
+            raise ValueError(f"case {case!r}: +{variant} runs a static workload (W1..W4), not dyn")
         cases.append((workload, optimizer))
     return cases
 
@@ -61,11 +71,14 @@ def _serve() -> None:
 
     def make(name: str, params: dict):
         smoke = params.get("smoke") == "1"
+        optimizer, _, variant = params["optimizer"].partition("+")
         if params["workload"] == "dyn":
             wl, keys, vocab_keys = dynamic_benchmark.make_workload(smoke)
-            step = dynamic_benchmark.dynamic_step(wl, keys, vocab_keys, params["optimizer"])
+            step = dynamic_benchmark.dynamic_step(wl, keys, vocab_keys, optimizer)
         else:
-            step = ours.fused_step(workloads.WORKLOADS[params["workload"]](smoke=smoke), params["optimizer"])
+            step = ours.fused_step(workloads.WORKLOADS[params["workload"]](smoke=smoke), optimizer)
+        if variant == "tracked":  # the trackers live as long as the step holds them
+            step.keep = [tf_embed_ops.ops.tf_embed_touched_rows_track(t.handle) for t in step.state[0]]
         for _ in range(int(params.get("warmup", "3"))):
             step()
         return step

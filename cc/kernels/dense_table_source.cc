@@ -167,8 +167,8 @@ absl::StatusOr<NonFiniteUpdate> DenseTableSource::FindNonFinite(int t, float lr,
 
 absl::Status DenseTableSource::Update(int t, float lr, const RowGradientPlan& plan, const ShardFn& shard) {
   const TableOptimization& o = attrs_.config.tables[t].optimization;
-  UpdateTable(o, lr, plan, Buffers(t), shard);
-  MarkTouchedRows(table_vars_[t], plan, OptimizerUpdatesAllRows(o.optimizer));  // docs/tracking.md
+  const TrackedUpdate tracked(table_vars_[t]);  // docs/tracking.md: the walk marks the rows it writes
+  UpdateTable(o, lr, plan, Buffers(t), shard, tracked.rows());
   return absl::OkStatus();
 }
 

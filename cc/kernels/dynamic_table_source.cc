@@ -46,8 +46,16 @@ absl::StatusOr<NonFiniteUpdate> DynamicRows::FindNonFinite(const TableOptimizati
 
 absl::Status DynamicRows::Update(const TableOptimization& o, float lr, const RowGradientPlan& plan,
                                  const RoundingSpec& rounding, const ShardFn& shard) {
-  if (tiered_ != nullptr) return tiered_->Update(o, lr, plan, rounding, shard);
-  UpdateDynamicTable(o, lr, plan, resource_->table(), shard, rounding);
+  DynamicTable* table = resource_->table();
+  if (tiered_ == nullptr) {
+    UpdateDynamicTable(o, lr, plan, table, shard, rounding);  // marks a tracked table's rows in its walk
+    return absl::OkStatus();
+  }
+  TF_RETURN_IF_ERROR(tiered_->Update(o, lr, plan, rounding, shard));
+  // The cache is walked in windows: the tracker's one update is marked after them (docs/tracking.md).
+  if (TouchedRows* touched = table->tracker(); touched != nullptr) {
+    MarkUpdatedRows(plan, OptimizerUpdatesAllRows(o.optimizer), touched);
+  }
   return absl::OkStatus();
 }
 
@@ -155,10 +163,7 @@ std::string DynamicTableSource::RowLabel(int t, int64_t row) const {
 absl::Status DynamicTableSource::Update(int t, float lr, const RowGradientPlan& plan, const ShardFn& shard) {
   const TableOptimization& o = attrs_.config.tables[t].optimization;
   DynamicTable* table = tables_[t]->table();
-  TF_RETURN_IF_ERROR(rows_[t]->Update(o, lr, plan, Rounding(t), shard));
-  if (TouchedRows* touched = table->tracker(); touched != nullptr) {  // docs/tracking.md
-    MarkUpdatedRows(plan, OptimizerUpdatesAllRows(o.optimizer), touched);
-  }
+  TF_RETURN_IF_ERROR(rows_[t]->Update(o, lr, plan, Rounding(t), shard));  // and its touched-row marks
   // Cannot fail: the step was validated.
   absl::StatusOr<int64_t> evicted = table->EndStep(step_);
   TF_RETURN_IF_ERROR(evicted.status());

@@ -90,6 +90,18 @@ tensorflow::core::RefCountPtr<TouchedRowsResource> FindTracker(const tensorflow:
 
 }  // namespace
 
+// The lock is held from construction to destruction, a span the analysis cannot follow.
+TrackedUpdate::TrackedUpdate(const tensorflow::ResourceBase* table) TF_NO_THREAD_SAFETY_ANALYSIS
+    : resource_(FindTracker(table)) {
+  if (resource_ == nullptr) return;
+  resource_->mu()->lock();
+  rows_ = resource_->rows();
+}
+
+TrackedUpdate::~TrackedUpdate() TF_NO_THREAD_SAFETY_ANALYSIS {
+  if (resource_ != nullptr) resource_->mu()->unlock();
+}
+
 void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPlan& plan, bool all_rows) {
   tensorflow::core::RefCountPtr<TouchedRowsResource> resource = FindTracker(table);
   if (resource == nullptr) return;

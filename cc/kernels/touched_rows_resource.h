@@ -20,6 +20,7 @@
 #include "cc/lib/touched_rows_update.h"
 #include "tensorflow/core/framework/resource_base.h"
 #include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/lib/core/refcount.h"
 #include "tsl/platform/mutex.h"
 #include "tsl/platform/thread_annotations.h"
 
@@ -51,9 +52,26 @@ class TouchedRowsResource : public tensorflow::ResourceBase {
   TouchedRows rows_ TF_GUARDED_BY(mu_);
 };
 
+// The tracker of `table` held for one fused update that marks its rows in its walk (table_update.h's `touched`):
+// found and locked at construction, under the table's exclusive lock; unlocked at destruction.  rows() is null
+// when `table` is not tracked (one atomic load).  `table`: the variable of an in-memory table.
+class TrackedUpdate {
+ public:
+  explicit TrackedUpdate(const tensorflow::ResourceBase* table);
+  ~TrackedUpdate();
+  TrackedUpdate(const TrackedUpdate&) = delete;
+  TrackedUpdate& operator=(const TrackedUpdate&) = delete;
+
+  TouchedRows* rows() const { return rows_; }
+
+ private:
+  tensorflow::core::RefCountPtr<TouchedRowsResource> resource_;
+  TouchedRows* rows_ = nullptr;
+};
+
 // The fused update's hook, after the table's rows were written (under the table's exclusive lock): marks the
 // plan's unique rows, or every row when the optimizer updated them all.  A no-op (one atomic load) when no
-// table is tracked.  `table`: the variable (in-memory tables) or the TieredTableResource (tiered ones).
+// table is tracked.  `table`: the TieredTableResource of a tiered table.
 void MarkTouchedRows(const tensorflow::ResourceBase* table, const RowGradientPlan& plan, bool all_rows);
 
 // The same for a lazy step whose rows are listed (a tiered table's pinned rows, its plan being over their

@@ -55,10 +55,11 @@ inline bool UpdatesAllRows(const TableOptimization& o) {
 
 // One optimizer step on `table` (see above).  o.optimizer's slot count must equal table->num_slots() and each
 // slot's width SlotWidth(kSlots[k], dim) must equal table->slot_width(k) (checked by the kernels against the
-// config, see CheckDynamicTableSlots).  `rounding` matters only for a table with 16-bit buffers.
+// config, see CheckDynamicTableSlots).  `rounding` matters only for a table with 16-bit buffers.  A tracked table's
+// tracker (docs/tracking.md) gets the step as one update, marked by the walk.
 inline void UpdateDynamicTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, DynamicTable* table,
                                const ShardFn& shard, const RoundingSpec& rounding = RoundingSpec()) {
-  UpdateRows(o, lr, plan, ArenaRowStorage(*table, UpdatesAllRows(o)), table->dim(), rounding, shard);
+  UpdateRows(o, lr, plan, ArenaRowStorage(*table, UpdatesAllRows(o)), table->dim(), rounding, shard, table->tracker());
 }
 
 // The numerics check of that step (table_update.h's FindNonFiniteUpdate); writes nothing.

@@ -14,7 +14,9 @@
 //     pipeline, and rounded back (stochastic_rounding.h) with bits keyed by the storage's rounding id, so it is
 //     thread-count independent too; float32 buffers are updated in place, and an all-float32 table is compiled
 //     without the 16-bit branches;
-//   * the numerics check (FindNonFiniteUpdate): a dry run of the same walk that writes nothing.
+//   * the numerics check (FindNonFiniteUpdate): a dry run of the same walk that writes nothing;
+//   * the touched-row marks of a tracked table (docs/tracking.md): each row's stamp is requested with its rows and
+//     written with them, so its cache miss overlaps theirs instead of costing a pass of its own after the walk.
 // Gradient accumulation DISABLED uses this same exact path (see docs/ops.md).
 #ifndef TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
 #define TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
@@ -39,6 +41,7 @@
 #include "cc/lib/shard.h"
 #include "cc/lib/stochastic_rounding.h"
 #include "cc/lib/storage_types.h"
+#include "cc/lib/touched_rows.h"
 #include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
@@ -172,19 +175,26 @@ void PrefetchBuffers(const Storage& s, const std::array<StorageType, kNumBuffers
 }
 
 // The walk with the pipeline, in place.  kAllFloat32: every buffer is float32 (no 16-bit branch is compiled).
+// `marks`: the tracker whose current update every walked row is marked in (null: none).
 template <bool kAllFloat32, typename Optimizer, typename Storage>
 void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, float lr, const RowGradientPlan& plan,
-                    const Storage& storage, int64_t dim, const RoundingSpec& rounding, const ShardFn& shard) {
+                    const Storage& storage, int64_t dim, const RoundingSpec& rounding, const ShardFn& shard,
+                    TouchedRows* marks) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   constexpr size_t kNumBuffers = kNumSlots + 1;
   const auto [type, width] = BufferLayout<kNumBuffers>(storage);
-  auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
+  auto prefetch = [&](int64_t ahead) {
+    PrefetchBuffers<kNumBuffers>(storage, type, width, ahead);
+    if (marks != nullptr) PrefetchLine(marks->StampAddress(ahead));
+  };
   // Each buffer's stream key, once per call (a row's key is then one MixKey).
   std::array<uint64_t, kNumBuffers> stream{};
   if (!kAllFloat32 && rounding.mode == Rounding::kStochastic) {
     for (size_t b = 0; b < kNumBuffers; ++b) stream[b] = RoundingStreamKey(rounding, static_cast<int64_t>(b));
   }
   auto update = [&](int64_t row, float* g, float* scratch) {
+    // (Rows are distinct, so shards store to distinct stamps.)
+    if (marks != nullptr) marks->Mark(row);
     std::array<void*, kNumBuffers> stored{};
     std::array<float*, kNumBuffers> rows{};
     for (size_t b = 0; b < kNumBuffers; ++b) {
@@ -299,16 +309,27 @@ inline StoredTableBuffers Stored(const TableBuffers& t) {
 
 // One optimizer step on any row storage (row_storage.h).  o.optimizer's slot count must equal
 // storage.num_buffers() - 1 and buffer 1 + k must be SlotWidth(kSlots[k], dim) wide.
+// `touched`: the table's tracker (docs/tracking.md; every plan row < its capacity), or null.  The step is one
+// update of it: every row the walk writes is marked, or all rows at once when the optimizer writes every row.
+// The caller holds whatever guards the tracker against its readers for the whole call.
 template <typename Storage>
 void UpdateRows(const TableOptimization& o, float lr, const RowGradientPlan& plan, const Storage& storage, int64_t dim,
-                const RoundingSpec& rounding, const ShardFn& shard) {
+                const RoundingSpec& rounding, const ShardFn& shard, TouchedRows* touched = nullptr) {
   const bool all_float32 = internal::AllFloat32(storage);
   std::visit(
       [&](const auto& optimizer) {
+        TouchedRows* marks = touched;
+        if (touched != nullptr) {
+          touched->BeginUpdate();
+          if (optimizer.UpdatesAllRows()) {
+            touched->MarkAll();
+            marks = nullptr;
+          }
+        }
         if (all_float32) {
-          internal::UpdateRowsWith<true>(optimizer, o, lr, plan, storage, dim, rounding, shard);
+          internal::UpdateRowsWith<true>(optimizer, o, lr, plan, storage, dim, rounding, shard, marks);
         } else {
-          internal::UpdateRowsWith<false>(optimizer, o, lr, plan, storage, dim, rounding, shard);
+          internal::UpdateRowsWith<false>(optimizer, o, lr, plan, storage, dim, rounding, shard, marks);
         }
       },
       o.optimizer);
@@ -328,14 +349,14 @@ NonFiniteUpdate FindNonFiniteUpdate(const TableOptimization& o, float lr, const 
       o.optimizer);
 }
 
-// Static tables (a float32 table and slots, or any storage types).
+// Static tables (a float32 table and slots, or any storage types); `touched` as UpdateRows'.
 inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const StoredTableBuffers& t,
-                        const ShardFn& shard) {
-  UpdateRows(o, lr, plan, internal::DenseStorageOf(t, o), t.dim, t.rounding, shard);
+                        const ShardFn& shard, TouchedRows* touched = nullptr) {
+  UpdateRows(o, lr, plan, internal::DenseStorageOf(t, o), t.dim, t.rounding, shard, touched);
 }
 inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
-                        const ShardFn& shard) {
-  UpdateTable(o, lr, plan, internal::Stored(t), shard);
+                        const ShardFn& shard, TouchedRows* touched = nullptr) {
+  UpdateTable(o, lr, plan, internal::Stored(t), shard, touched);
 }
 inline NonFiniteUpdate FindNonFiniteUpdate(const TableOptimization& o, float lr, const RowGradientPlan& plan,
                                            const StoredTableBuffers& t, const ShardFn& shard) {

@@ -1,6 +1,6 @@
-// The fused update's touched-row hook (docs/tracking.md), shared by the static and dynamic kernels: after a
-// table's row walk, one store per de-duplicated row of the plan, or O(1) when the optimizer wrote every row
-// (non-lazy Adam).
+// The touched-row marks of an update whose rows were written in more than one walk (docs/tracking.md): a tiered
+// table's cache windows.  After the walks, one store per de-duplicated row of the plan, or O(1) when the
+// optimizer wrote every row (non-lazy Adam).  A single walk marks its rows itself (table_update.h's `touched`).
 #ifndef TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_UPDATE_H_
 #define TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_UPDATE_H_
 

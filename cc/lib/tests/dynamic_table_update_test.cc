@@ -167,6 +167,31 @@ TEST(DynamicTableUpdateTest, NonLazyUpdateReachesUntouchedLiveRowsOnly) {
   EXPECT_EQ(*t->Slot(0, rows[2]), 1.0f);  // the evicted row's memory was not touched
 }
 
+TEST(DynamicTableUpdateTest, ATrackedTableHasTheRowsItsWalkWroteMarked) {
+  // docs/tracking.md: the step is one update of the table's tracker, its rows marked by the walk itself.
+  TableOptimization o;
+  o.optimizer = Adagrad{};
+  DynamicTableOptions options = Options(3, 4, 100);
+  options.slot_initial_values = {0.1f};
+  for (const ShardFn& shard : {Serial(), TwoThreads()}) {
+    auto t = Make(options);
+    const std::vector<int64_t> rows = Insert(t.get(), {11, 12, 13, 14, 15, 16, 17, 18, 19, 20});
+    ASSERT_TRUE(t->EnableTracking());
+    TouchedRows* touched = t->tracker();
+    const int64_t before = touched->version();
+    std::vector<testing_util::Feature> f = {
+        testing_util::DenseFeature({rows[7], rows[2], rows[7], rows[5]}, {1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4})};
+    std::vector<GradientSource> sources = {{f[0].ids.data(), 4, &f[0].layout, f[0].gradient.data()}};
+    RowGradientPlan plan;
+    plan.Build(&sources);
+    UpdateDynamicTable(o, 0.5f, plan, t.get(), shard);
+    EXPECT_EQ(touched->version(), before + 1);
+    std::vector<int64_t> expected = {rows[2], rows[5], rows[7]};
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(touched->Since(before, touched->capacity()).rows, expected);
+  }
+}
+
 TEST(DynamicTableUpdateTest, KeysWithoutARowContributeNothing) {
   // The ops map keys without a row to kNotAdmitted (-1) and build the plan over that: those ids must neither
   // reach a row nor shift the other ids' contributions.  Same update with and without them, bitwise.

@@ -531,5 +531,39 @@ TEST_F(UpdateTableShardingTest, EveryOptimizerGivesBitwiseTheSameResultForAnySha
   }
 }
 
+// A tracked table's walk marks every row it writes as one update of the tracker, whatever the sharding, and a
+// non-lazy optimizer (every row written) marks them all at once; the rows come out as they do untracked.
+TEST_F(UpdateTableShardingTest, TheWalkMarksTheRowsItWritesAsOneUpdate) {
+  std::vector<int64_t> plan_rows;
+  for (int64_t u = 0; u < plan_.num_rows(); ++u) plan_rows.push_back(plan_.row(u));
+  std::sort(plan_rows.begin(), plan_rows.end());
+  ASSERT_GT(plan_rows.size(), 10u);
+  for (const ShardFn& shard : {kSerial, Backwards(3), kThreads}) {
+    TableOptimization o;
+    o.optimizer = Adagrad{};
+    Table tracked(kVocabulary, kDim, {0.1f}), untracked(kVocabulary, kDim, {0.1f});
+    TouchedRows touched(kVocabulary);
+    const int64_t before = touched.version();
+    UpdateTable(o, 0.05f, plan_, tracked.buffers, shard, &touched);
+    UpdateTable(o, 0.05f, plan_, untracked.buffers, shard);
+    EXPECT_EQ(touched.version(), before + 1);
+    const TouchedRows::Changes changes = touched.Since(before, kVocabulary);
+    EXPECT_FALSE(changes.full);
+    EXPECT_EQ(changes.rows, plan_rows);
+    EXPECT_EQ(tracked.weights, untracked.weights);
+    EXPECT_EQ(tracked.slots, untracked.slots);
+  }
+  TableOptimization o;
+  Adam non_lazy_adam;
+  non_lazy_adam.use_non_lazy_adam = true;
+  o.optimizer = non_lazy_adam;
+  Table t(kVocabulary, kDim, {0.0f, 0.0f});
+  TouchedRows touched(kVocabulary);
+  const int64_t before = touched.version();
+  UpdateTable(o, 0.05f, plan_, t.buffers, kThreads, &touched);
+  EXPECT_TRUE(touched.Since(before, kVocabulary).full);
+  EXPECT_FALSE(touched.Since(touched.version(), kVocabulary).full);
+}
+
 }  // namespace
 }  // namespace tf_embed_ops
