@@ -144,8 +144,10 @@ absl::Status DynamicTableSource::Plan(const FusedFeatures& features, bool valida
     if (!tables_[t]->lookup_memo().Recall(segments, table.mapping_version())) {
       for (const LookupMemo::Segment& s : segments) table.Find(s.keys, s.num_keys, s.rows);
     }
+    // Every row the table gave out is below its row bound, as a static table's ids are below its vocabulary: the
+    // plan may de-duplicate through its dense index instead of hashing (the same plan, found with fewer probes).
     BuildPlan(
-        ctx_, attrs_, inputs_, features, t, [this](int f) { return feature_rows_[f].data(); }, /*num_rows=*/0, ws);
+        ctx_, attrs_, inputs_, features, t, [this](int f) { return feature_rows_[f].data(); }, table.row_bound(), ws);
     TF_RETURN_IF_ERROR(rows_[t]->CheckCapacity(attrs_.config.tables[t].optimization, ws->plans[t]));
   }
   return absl::OkStatus();

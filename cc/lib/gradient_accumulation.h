@@ -53,7 +53,7 @@ class RowGradientPlan {
 
   // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls), which may hold at
   // most kMaxIds ids in all.  `vocabulary_size` > 0 says every non-negative id is < vocabulary_size (a static
-  // table's validated ids) and allows the dense index; 0 (a dynamic table) always hashes.
+  // table's validated ids, or a dynamic table's row bound) and allows the dense index; 0 always hashes.
   void Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size = 0);
 
   int64_t num_rows() const { return num_rows_; }

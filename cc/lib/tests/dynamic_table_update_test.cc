@@ -215,7 +215,9 @@ TEST(DynamicTableUpdateTest, KeysWithoutARowContributeNothing) {
   std::vector<GradientSource> a_sources = {{a[0].ids.data(), 5, &a[0].layout, a[0].gradient.data()}};
   std::vector<GradientSource> b_sources = {{b[0].ids.data(), 3, &b[0].layout, b[0].gradient.data()}};
   RowGradientPlan a_plan, b_plan;
-  a_plan.Build(&a_sources);
+  // As the ops build it: bounded by the table's row bound (the dense index); the plan without them hashes.
+  ASSERT_TRUE(RowGradientPlan::UsesDenseIndex(with_missing->row_bound(), 5));
+  a_plan.Build(&a_sources, with_missing->row_bound());
   b_plan.Build(&b_sources);
   ASSERT_EQ(a_plan.num_rows(), 2);
   UpdateDynamicTable(o, 0.5f, a_plan, with_missing.get(), Serial());
