@@ -306,29 +306,6 @@ class _Context:
         self.workers.clear()
 
 
-class _TrackedBlocks:
-    """The base engine's own step with its tables' touched-row tracking on for each block, off between blocks.
-
-    The pair then compares one set of tables tracked and untracked: two sets of 256 MB tables differ by about as
-    much as tracking costs (where their pages landed). Tracking starts before the block (its stamps allocated) and
-    one untimed step writes them (the block's rows: every step reuses the batch), so the block times the
-    tracked steps, not the stamps' first touch."""
-
-    def __init__(self, base):
-        self.base = base
-        self.tables = base.step.state[0]
-
-    def run(self, steps: int) -> float:
-        import tf_embed_ops as te
-
-        trackers = [te.ops.tf_embed_touched_rows_track(t.handle) for t in self.tables]
-        try:
-            self.base.step()
-            return self.base.run(steps)
-        finally:
-            del trackers  # the last handle gone, the tables are untracked again
-
-
 def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context, base=None):
     """Engine ``name`` of group ``workload:opt`` (local or a worker's), warmed; ``base`` the group's ours."""
     from benchmarks import speed_of_light as sol
@@ -382,9 +359,11 @@ def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context, base=No
 
         return _local(lp.fused_step(wl, opt, tf.bfloat16, "stochastic"), w)
     if name == "tracked":
+        from benchmarks.tracked_blocks import TrackedBlocks
+
         if base is None or opt == "lookup":
             raise ValueError("tracked: needs the group's fused step (ours) as its base")
-        return _TrackedBlocks(base)
+        return TrackedBlocks(base)
     if name == "dynamic":
         from benchmarks import dynamic_benchmark as dyn
 
