@@ -127,9 +127,12 @@ def test_local_collective_spec_is_workers_only_on_loopback():
 @pytest.mark.slow
 @pytest.mark.parametrize("code", [0, 3])
 def test_launch_collective_runs_the_command_on_every_worker_with_its_tf_config(tmp_path, code):
-    # Worker 1 exits with `code`; the launcher exits with the first failure's status (0 when all succeed).
+    # Worker 1 exits with `code`; the launcher exits with the first failure's status (0 when all succeed). The
+    # workers share the launcher's stdout: each writes its line in one write(2), which a pipe keeps whole (print
+    # under PYTHONUNBUFFERED=1 writes the text and its newline apart, and two workers' lines could interleave).
     program = (
-        f"import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); print(json.dumps(c), flush=True); "
+        f"import json, os, sys; c = json.loads(os.environ['TF_CONFIG']); "
+        f"os.write(1, (json.dumps(c) + chr(10)).encode()); "
         f"sys.exit({code} if c['task']['index'] == 1 else 0)"
     )
     result = subprocess.run(
