@@ -30,19 +30,32 @@ P FixedBlocksOf(int64_t block_size) {
 
 SchedulingParams FixedBlocks(int64_t block_size) { return FixedBlocksOf<SchedulingParams>(block_size); }
 
+tensorflow::thread::ThreadPool* PoolOf(tensorflow::OpKernelContext* ctx) {
+  return ctx->device()->tensorflow_cpu_worker_threads()->workers;
+}
+
+// Callers hand over units of equal cost (or ranges pre-balanced by work), so one block per thread is balanced.
+// A block must be worth a wake-up: on a 2-vCPU VM, splitting ~260k cycles of work made it slower, ~4M cycles
+// twice as fast.
+int64_t BlocksOf(const tensorflow::thread::ThreadPool* pool, int64_t total, int64_t cost_per_unit) {
+  constexpr int64_t kMinBlockCost = 1000000;
+  return std::min<int64_t>(pool->NumThreads(), total * cost_per_unit / kMinBlockCost);
+}
+
 }  // namespace
 
+int64_t IntraOpBlocks(tensorflow::OpKernelContext* ctx, int64_t total, int64_t cost_per_unit) {
+  return total <= 0 ? 0 : std::max<int64_t>(1, BlocksOf(PoolOf(ctx), total, cost_per_unit));
+}
+
 ShardFn IntraOpShardFn(tensorflow::OpKernelContext* ctx) {
-  tensorflow::thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  tensorflow::thread::ThreadPool* pool = PoolOf(ctx);
   return [pool](int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
     if (total <= 0) return;
-    // Callers hand over units of equal cost (or ranges pre-balanced by work), so one block per thread is
-    // balanced.  With fixed blocks the calling thread runs the first block itself instead of sleeping until the
-    // pool is done (the adaptive split gives every block to the pool once there are more blocks than threads),
-    // and each call wakes as few threads as possible.  A block must be worth a wake-up: on a 2-vCPU VM,
-    // splitting ~260k cycles of work made it slower, ~4M cycles twice as fast.
-    constexpr int64_t kMinBlockCost = 1000000;
-    const int64_t blocks = std::min<int64_t>(pool->NumThreads(), total * cost_per_unit / kMinBlockCost);
+    // With fixed blocks the calling thread runs the first block itself instead of sleeping until the pool is
+    // done (the adaptive split gives every block to the pool once there are more blocks than threads), and each
+    // call wakes as few threads as possible.
+    const int64_t blocks = BlocksOf(pool, total, cost_per_unit);
     if (blocks <= 1) {
       fn(0, total);
       return;

@@ -46,8 +46,11 @@
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/embedding_kernel_util.h"
 #include "cc/kernels/fused_op_signature.h"
+#include "cc/kernels/intra_op_shard.h"
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/optimizers/registry.h"
+#include "cc/lib/table_update.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 
@@ -142,7 +145,9 @@ absl::Status ValidateFeatures(tensorflow::OpKernelContext* ctx, const FusedEmbed
 }
 
 // Table t's accumulation plan in ws->plans[t] over its features' gradients (inputs[f]), ids_of(f) being feature
-// f's ids as the row walk addresses rows, and rows in [0, num_rows) (0: not known).
+// f's ids as the row walk addresses rows, and rows in [0, num_rows) (0: not known).  When the table's walk will
+// run on the calling thread alone (its cost bounded by the step's ids), the plan sums the rows' gradients as it
+// builds (RowGradientPlan::Build's sum_dim): the same sums, read in input order instead of gathered by the walk.
 template <typename IdsOf>
 void BuildPlan(tensorflow::OpKernelContext* ctx, const FusedEmbeddingAttrs& attrs, const FusedInputs& inputs,
                const FusedFeatures& features, int t, const IdsOf& ids_of, int64_t num_rows, EmbeddingWorkspace* ws) {
@@ -153,7 +158,10 @@ void BuildPlan(tensorflow::OpKernelContext* ctx, const FusedEmbeddingAttrs& attr
     sources.push_back(GradientSource{ids_of(f), features.batches[f].num_ids, &ws->layouts[f],
                                      ctx->input(inputs.gradient(f)).flat<float>().data()});
   }
-  ws->plans[t].Build(&sources, num_rows);
+  const TableSpec& table = attrs.config.tables[t];
+  const int64_t walk_cost = RowWalkCost(table.dimension, SchemaFor(table.optimization.optimizer).slots.size);
+  const bool one_thread = IntraOpBlocks(ctx, features.ids_per_table[t], walk_cost) <= 1;
+  ws->plans[t].Build(&sources, num_rows, one_thread ? table.dimension : 0);
 }
 
 }  // namespace tf_embed_ops

@@ -1,7 +1,10 @@
 #include "cc/lib/gradient_accumulation.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
+
+#include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
 namespace {
@@ -15,9 +18,18 @@ inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row
 // the plan is the same with or without it.
 constexpr int64_t kIndexPrefetchDistance = 4 * kPrefetchDistance;
 
+// Adds id i of source s to its row's sum `acc` (zeroed first for the row's first contribution): Accumulate's
+// expression in Accumulate's order, so a summed row is bitwise the gathered one.
+inline void AddContribution(const GradientSource& s, int64_t i, int64_t dim, bool first, float* acc) {
+  if (first) std::memset(acc, 0, sizeof(float) * dim);
+  const float c = s.layout->scale[i];
+  const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
+  for (int64_t d = 0; d < dim; ++d) acc[d] += c * dact[d];
+}
+
 }  // namespace
 
-void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size) {
+void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size, int64_t sum_dim) {
   sources_ = sources;
   int64_t total = 0;
   for (const GradientSource& s : *sources) total += s.num_ids;
@@ -29,19 +41,33 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t 
     counts_.resize(total);
   }
   unique_of_.resize(total);
-  const int64_t num_entries =
-      UsesDenseIndex(vocabulary_size, total) ? IndexByDenseArray(vocabulary_size) : IndexByHash(total);
+  const bool dense = UsesDenseIndex(vocabulary_size, total);
+  summed_dim_ = sum_dim > 0 && total <= kMaxSummedFloats / sum_dim ? sum_dim : 0;
+  int64_t num_entries = 0;
+  if (summed_dim_ > 0) {
+    if (static_cast<int64_t>(sums_.size()) < total * summed_dim_) sums_.resize(total * summed_dim_);
+    // The sums' row loop is compiled for the row loops' vector ISA (the same values on either).
+    RunWithRowLoopIsa(
+        [&] { num_entries = dense ? IndexByDenseArray<true>(vocabulary_size) : IndexByHash<true>(total); });
+  } else {
+    num_entries = dense ? IndexByDenseArray<false>(vocabulary_size) : IndexByHash<false>(total);
+  }
   const int64_t num_rows = num_rows_;
   const int32_t* const counts = counts_.data();
   const int32_t* const unique_of = unique_of_.data();
 
-  // Stable counting sort of the contributions by unique row: enumeration order is (source, position).
+  // Stable counting sort of the contributions by unique row: enumeration order is (source, position).  Summed
+  // rows need only the counts (the walk's work split).
   offsets_.resize(num_rows + 1);
   cursor_.resize(num_rows);
   offsets_[0] = 0;
   for (int64_t u = 0; u < num_rows; ++u) {
     cursor_[u] = offsets_[u];
     offsets_[u + 1] = offsets_[u] + counts[u];
+  }
+  if (summed_dim_ > 0) {
+    entries_.clear();
+    return;
   }
   entries_.resize(num_entries);
   Entry* const entries = entries_.data();
@@ -56,6 +82,7 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t 
   }
 }
 
+template <bool kSum>
 int64_t RowGradientPlan::IndexByHash(int64_t total) {
   // Capacity: a power of two at least twice the number of ids (load factor <= 0.5).
   int bits = 4;
@@ -64,6 +91,8 @@ int64_t RowGradientPlan::IndexByHash(int64_t total) {
   const int shift = 64 - bits;
   buckets_.assign(mask + 1, Bucket{kEmptyRow, 0});
   Bucket* const buckets = buckets_.data();
+  [[maybe_unused]] const int64_t dim = summed_dim_;
+  [[maybe_unused]] float* const sums = sums_.data();
   int64_t* const rows = rows_.data();
   int32_t* const counts = counts_.data();
   int32_t* const unique_of = unique_of_.data();
@@ -100,6 +129,7 @@ int64_t RowGradientPlan::IndexByHash(int64_t total) {
         h = (h + 1) & mask;
       }
       unique_of[n] = u;
+      if constexpr (kSum) AddContribution(s, i, dim, counts[u] == 0, sums + u * dim);
       ++counts[u];
     }
   }
@@ -107,11 +137,14 @@ int64_t RowGradientPlan::IndexByHash(int64_t total) {
   return num_entries;
 }
 
+template <bool kSum>
 int64_t RowGradientPlan::IndexByDenseArray(int64_t vocabulary_size) {
   // Filled with -1 once per growth; afterwards only the entries a step touched are reset (below).
   if (static_cast<int64_t>(dense_.size()) < vocabulary_size) dense_.resize(vocabulary_size, -1);
   int32_t* const dense = dense_.data();
   const uint64_t vocab = static_cast<uint64_t>(vocabulary_size);
+  [[maybe_unused]] const int64_t dim = summed_dim_;
+  [[maybe_unused]] float* const sums = sums_.data();
   int64_t* const rows = rows_.data();
   int32_t* const counts = counts_.data();
   int32_t* const unique_of = unique_of_.data();
@@ -140,6 +173,7 @@ int64_t RowGradientPlan::IndexByDenseArray(int64_t vocabulary_size) {
         counts[u] = 0;
       }
       unique_of[n] = u;
+      if constexpr (kSum) AddContribution(s, i, dim, counts[u] == 0, sums + u * dim);
       ++counts[u];
     }
   }

@@ -10,6 +10,11 @@
 // features in input order), then by position within the feature.  Accumulate() sums in exactly that order, so the sum
 // of a row is bitwise reproducible whatever the thread count or the sharding of the unique rows, and no two
 // workers ever touch the same row.
+//
+// Build can also sum every row's gradient in its one pass over the ids (a `sum_dim`): the ids are then read in
+// input order, the gradient rows sequentially, and the walk copies a finished sum instead of gathering its
+// contributions from scattered samples.  That pass is serial, so it suits a walk on one thread; the sums are the
+// same contributions added in the same order, bitwise the gathered ones.
 #ifndef TF_EMBED_OPS_CC_LIB_GRADIENT_ACCUMULATION_H_
 #define TF_EMBED_OPS_CC_LIB_GRADIENT_ACCUMULATION_H_
 
@@ -51,10 +56,18 @@ class RowGradientPlan {
            vocabulary_size <= kDenseIdsFactor * num_ids;
   }
 
+  // The most floats of summed gradients a plan holds (64 MiB); a larger step gathers in the walk instead.
+  static constexpr int64_t kMaxSummedFloats = int64_t{1} << 24;
+
   // Builds the plan over `sources` (kept by pointer: they must outlive Accumulate calls), which may hold at
   // most kMaxIds ids in all.  `vocabulary_size` > 0 says every non-negative id is < vocabulary_size (a static
   // table's validated ids, or a dynamic table's row bound) and allows the dense index; 0 always hashes.
-  void Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size = 0);
+  // `sum_dim` > 0 (the gradients' width) sums each row's gradient during the build, unless the step's ids times
+  // sum_dim exceed kMaxSummedFloats; 0 leaves the summing to Accumulate.
+  void Build(const std::vector<GradientSource>* sources, int64_t vocabulary_size = 0, int64_t sum_dim = 0);
+
+  // Whether the last Build summed the gradients (Accumulate then copies them).
+  bool summed() const { return summed_dim_ > 0; }
 
   int64_t num_rows() const { return num_rows_; }
   int64_t row(int64_t u) const { return rows_[u]; }
@@ -62,7 +75,8 @@ class RowGradientPlan {
   int64_t contributions(int64_t u) const { return offsets_[u]; }
 
   // g[0, dim) = sum of the contributions to unique row u, in the plan's fixed order.  Inline: the row loops
-  // that call it are compiled per vector ISA (vector_isa.h) and must inline it to vectorise it.
+  // that call it are compiled per vector ISA (vector_isa.h) and must inline it to vectorise it.  After a summing
+  // Build, dim must be its sum_dim.
   void Accumulate(int64_t u, int64_t dim, float* g) const;
 
   // Unique-row indices u ordered by row id (for walking the whole table, as non-lazy Adam does).
@@ -79,9 +93,11 @@ class RowGradientPlan {
     int64_t row;
     int32_t unique;
   };
-  // First pass of Build (unique rows, their counts, each id's unique index): returns the number of
-  // contributions (non-negative ids).
+  // First pass of Build (unique rows, their counts, each id's unique index, and with kSum each row's gradient
+  // sum): returns the number of contributions (non-negative ids).
+  template <bool kSum>
   int64_t IndexByHash(int64_t total);
+  template <bool kSum>
   int64_t IndexByDenseArray(int64_t vocabulary_size);
 
   const std::vector<GradientSource>* sources_ = nullptr;
@@ -94,9 +110,15 @@ class RowGradientPlan {
   std::vector<int64_t> rows_;     // unique rows in first-occurrence order: the first num_rows_ entries
   std::vector<int64_t> offsets_;  // num_rows_ + 1
   std::vector<Entry> entries_;    // contributions grouped by unique row, (source, position) order inside
+  int64_t summed_dim_ = 0;        // > 0: the last Build summed, and sums_ holds [num_rows_, summed_dim_]
+  std::vector<float> sums_;
 };
 
 inline void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const {
+  if (summed_dim_ > 0) {
+    std::memcpy(g, sums_.data() + u * dim, sizeof(float) * dim);
+    return;
+  }
   std::memset(g, 0, sizeof(float) * dim);
   const int64_t num_entries = static_cast<int64_t>(entries_.size());
   for (int64_t k = offsets_[u]; k < offsets_[u + 1]; ++k) {

@@ -81,6 +81,10 @@ struct NonFiniteUpdate {
   float value = 0.0f;
 };
 
+// The walk's cost model, in rough cycles per updated row: the optimizer touches (1 + slots) rows of dim floats,
+// plus the gradient gather.
+inline int64_t RowWalkCost(int64_t dim, size_t num_slots) { return dim * static_cast<int64_t>(8 + 6 * num_slots); }
+
 namespace internal {
 
 // Runs update(row, g, scratch) over the rows the optimizer updates (touched rows, or every walk row of the
@@ -91,8 +95,7 @@ template <typename Storage, typename Prefetch, typename Update>
 void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& plan, const Storage& storage,
                        int64_t dim, int64_t scratch_floats, const ShardFn& shard, const Prefetch& prefetch,
                        const Update& update) {
-  // Rough cycles per row: the optimizer touches (1 + slots) rows of dim floats, plus the gradient gather.
-  const int64_t row_cost = dim * static_cast<int64_t>(8 + 6 * num_slots);
+  const int64_t row_cost = RowWalkCost(dim, num_slots);
   if (!all_rows) {
     // A unique row costs its update plus one gradient row per contribution, and zipf ids make a few rows
     // carry thousands of contributions (the first ones: unique rows come in first-occurrence order).  So the

@@ -312,6 +312,81 @@ TEST(RowGradientPlanTest, DenseIndexEqualsHashMap) {
   }
 }
 
+// A plan that sums while it builds (sum_dim) must give the gathered sums bitwise: the same rows, counts and
+// sums, for ragged features with weights and every combiner next to dense ones, negative ids, signed zeros in the
+// gradients, the dense index and the hash map, and reused plans (a row first seen in an earlier step starts
+// from zero again).
+TEST(RowGradientPlanTest, SummingBuildEqualsGatheredSums) {
+  std::mt19937_64 rng(23);
+  const int64_t dim = 13;  // not a multiple of the vector width: the loops' tails too
+  RowGradientPlan gathered, summed;
+  for (int step = 0; step < 30; ++step) {
+    const int64_t vocabulary = 1 + static_cast<int64_t>(rng() % (step % 2 == 0 ? 40 : 4000));
+    std::vector<Feature> features;
+    const int num_features = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < num_features; ++f) {
+      const int64_t num_samples = static_cast<int64_t>(rng() % 200);
+      auto id = [&] { return rng() % 9 == 0 ? -1 : static_cast<int64_t>(rng() % vocabulary); };
+      std::vector<float> gradient(num_samples * dim);
+      for (float& g : gradient) {
+        g = rng() % 11 == 0 ? -0.0f : std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+      }
+      if (f % 2 == 0) {
+        std::vector<int64_t> ids(num_samples);
+        for (int64_t& i : ids) i = id();
+        features.push_back(DenseFeature(ids, gradient));
+        continue;
+      }
+      std::vector<int64_t> splits{0}, ids;
+      std::vector<float> weights;
+      for (int64_t b = 0; b < num_samples; ++b) {
+        const int64_t n = static_cast<int64_t>(rng() % 4);
+        for (int64_t k = 0; k < n; ++k) {
+          ids.push_back(id());
+          weights.push_back(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng));
+        }
+        splits.push_back(static_cast<int64_t>(ids.size()));
+      }
+      const Combiner combiner = step % 3 == 0 ? Combiner::kSum : (step % 3 == 1 ? Combiner::kMean : Combiner::kSqrtn);
+      features.push_back(RaggedFeature(splits, ids, weights, combiner, gradient));
+    }
+    const std::vector<GradientSource> sources = Sources(features);
+    const int64_t rows_bound = step % 4 == 3 ? 0 : vocabulary;  // 0: the hash map
+    gathered.Build(&sources, rows_bound);
+    summed.Build(&sources, rows_bound, dim);
+    SCOPED_TRACE(testing::Message() << "step " << step << ", vocabulary " << vocabulary);
+    ASSERT_FALSE(gathered.summed());
+    ASSERT_TRUE(summed.summed());
+    ASSERT_EQ(summed.num_rows(), gathered.num_rows());
+    for (int64_t u = 0; u <= gathered.num_rows(); ++u) ASSERT_EQ(summed.contributions(u), gathered.contributions(u));
+    for (int64_t u = 0; u < gathered.num_rows(); ++u) {
+      ASSERT_EQ(summed.row(u), gathered.row(u));
+      const std::vector<float> a = Accumulated(summed, u, dim), b = Accumulated(gathered, u, dim);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * dim), 0) << "unique row " << u;
+    }
+  }
+}
+
+// A step whose sums would exceed kMaxSummedFloats is planned for the walk to gather (its rows are unchanged).
+TEST(RowGradientPlanTest, SummingBuildFallsBackPastItsBound) {
+  const std::vector<int64_t> ids{3, 1, 3};
+  std::vector<Feature> features;
+  features.push_back(DenseFeature(ids, std::vector<float>(ids.size() * 2, 1.0f)));
+  const std::vector<GradientSource> sources = Sources(features);
+  RowGradientPlan plan;
+  plan.Build(&sources, 0, RowGradientPlan::kMaxSummedFloats / 3 + 1);  // 3 ids x that width > the bound
+  EXPECT_FALSE(plan.summed());
+  ASSERT_EQ(plan.num_rows(), 2);
+  EXPECT_EQ(plan.row(0), 3);
+  EXPECT_EQ(plan.row(1), 1);
+  plan.Build(&sources, 0, 2);
+  EXPECT_TRUE(plan.summed());
+  EXPECT_EQ(Accumulated(plan, 0, 2), (std::vector<float>{2.0f, 2.0f}));
+  plan.Build(&sources);  // and back to gathering
+  EXPECT_FALSE(plan.summed());
+  EXPECT_EQ(Accumulated(plan, 0, 2), (std::vector<float>{2.0f, 2.0f}));
+}
+
 TEST(RowGradientPlanTest, DenseIndexRule) {
   EXPECT_FALSE(RowGradientPlan::UsesDenseIndex(0, 100));  // dynamic table: no vocabulary
   EXPECT_TRUE(RowGradientPlan::UsesDenseIndex(6400, 100));
