@@ -175,9 +175,13 @@ void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Com
     out->sample_of.clear();
     out->member_offsets.clear();
     out->members.clear();
+    if (b.num_weights == 0) {  // one factor for every id
+      out->scale.assign(b.num_ids, 1.0f * InverseNorm(combiner, 1.0, 1.0));
+      return;
+    }
     out->scale.resize(b.num_ids);
     for (int64_t i = 0; i < b.num_ids; ++i) {
-      const double w = b.num_weights ? b.weights[i] : 1.0;
+      const double w = b.weights[i];
       out->scale[i] = static_cast<float>(w) * InverseNorm(combiner, w, w * w);
     }
     return;

@@ -1,7 +1,6 @@
 #include "cc/lib/gradient_accumulation.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "cc/lib/vector_isa.h"
@@ -18,13 +17,17 @@ inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row
 // the plan is the same with or without it.
 constexpr int64_t kIndexPrefetchDistance = 4 * kPrefetchDistance;
 
-// Adds id i of source s to its row's sum `acc` (zeroed first for the row's first contribution): Accumulate's
-// expression in Accumulate's order, so a summed row is bitwise the gathered one.
+// Adds id i of source s to its row's sum `acc`, which starts from zero at the row's first contribution:
+// Accumulate's expression in Accumulate's order, so a summed row is bitwise the gathered one.  (0.0f + x is
+// not folded to x: it turns -0.0 into +0.0, as the gathered sum's zeroed start does.)
 inline void AddContribution(const GradientSource& s, int64_t i, int64_t dim, bool first, float* acc) {
-  if (first) std::memset(acc, 0, sizeof(float) * dim);
   const float c = s.layout->scale[i];
   const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
-  for (int64_t d = 0; d < dim; ++d) acc[d] += c * dact[d];
+  if (first) {
+    for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f + c * dact[d];
+  } else {
+    for (int64_t d = 0; d < dim; ++d) acc[d] += c * dact[d];
+  }
 }
 
 }  // namespace
