@@ -145,7 +145,9 @@ def markdown(result: dict, plots: list[str]) -> str:
             "*Ceiling* = what the speed-of-light kernel (the step's work as one hand-written C++ loop, same ids) "
             "shows possible on this machine: for a speedup over a peer, the peer's time over the kernel's; for two "
             "threads, the kernel's own 2-thread speedup; where the kernel lacks the step, the peer's time over our "
-            "bandwidth bound. A target above its ceiling cannot be met by any kernel of this design here.",
+            "bandwidth bound. A target above its ceiling cannot be met by any kernel of this design here. The "
+            "1- and 2-thread runs are two processes minutes apart: where the kernel's own 2-thread speedup exceeds "
+            "2, they saw different machine states and the target is *not comparable* (HEADLINE.md pairs them).",
             "",
             "| target | measured | status | ceiling | how |",
             "|---|---|---|---|---|",
@@ -153,7 +155,12 @@ def markdown(result: dict, plots: list[str]) -> str:
         for t in tg:
             m = "—" if t["measured"] is None else f"{t['measured']:.3g}"
             c = "—" if t.get("ceiling") is None else f"{t['ceiling']:.3g}"
-            status = {"met": "met", "missed": "**missed**", "not measured": "not measured"}[t["status"]]
+            status = {
+                "met": "met",
+                "missed": "**missed**",
+                "not measured": "not measured",
+                report_targets.NOT_COMPARABLE: "not comparable (the kernel sped up past its thread count)",
+            }[t["status"]]
             out.append(f"| {t['target']} | {m} | {status} | {c} | {t['how']} |")
         out.append("")
 
