@@ -17,12 +17,28 @@ inline uint64_t Slot(int64_t row, int shift) { return (static_cast<uint64_t>(row
 // the plan is the same with or without it.
 constexpr int64_t kIndexPrefetchDistance = 4 * kPrefetchDistance;
 
-// Adds id i of source s to its row's sum `acc`, which starts from zero at the row's first contribution:
+// One source's fields, read once per source rather than once per id: the index passes store to int arrays and
+// sums, and the compiler cannot keep these in registers across those stores.
+struct SourceView {
+  explicit SourceView(const GradientSource& s)
+      : ids(s.ids),
+        num_ids(s.num_ids),
+        scale(s.layout->scale.data()),
+        sample_of(s.layout->one_id_per_sample ? nullptr : s.layout->sample_of.data()),
+        gradient(s.gradient) {}
+  const int64_t* ids;
+  int64_t num_ids;
+  const float* scale;
+  const int64_t* sample_of;  // null: id i is sample i
+  const float* gradient;
+};
+
+// Adds id i's contribution to its row's sum `acc`, which starts from zero at the row's first contribution:
 // Accumulate's expression in Accumulate's order, so a summed row is bitwise the gathered one.  (0.0f + x is
 // not folded to x: it turns -0.0 into +0.0, as the gathered sum's zeroed start does.)
-inline void AddContribution(const GradientSource& s, int64_t i, int64_t dim, bool first, float* acc) {
-  const float c = s.layout->scale[i];
-  const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
+inline void AddContribution(const SourceView& s, int64_t i, int64_t dim, bool first, float* acc) {
+  const float c = s.scale[i];
+  const float* dact = s.gradient + (s.sample_of == nullptr ? i : s.sample_of[i]) * dim;
   if (first) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f + c * dact[d];
   } else {
@@ -43,9 +59,9 @@ void RowGradientPlan::Build(const std::vector<GradientSource>* sources, int64_t 
     rows_.resize(total);
     counts_.resize(total);
   }
-  unique_of_.resize(total);
   const bool dense = UsesDenseIndex(vocabulary_size, total);
   summed_dim_ = sum_dim > 0 && total <= kMaxSummedFloats / sum_dim ? sum_dim : 0;
+  if (summed_dim_ == 0) unique_of_.resize(total);  // (a summing pass has no counting sort to feed)
   int64_t num_entries = 0;
   if (summed_dim_ > 0) {
     if (static_cast<int64_t>(sums_.size()) < total * summed_dim_) sums_.resize(total * summed_dim_);
@@ -98,11 +114,12 @@ int64_t RowGradientPlan::IndexByHash(int64_t total) {
   [[maybe_unused]] float* const sums = sums_.data();
   int64_t* const rows = rows_.data();
   int32_t* const counts = counts_.data();
-  int32_t* const unique_of = unique_of_.data();
+  [[maybe_unused]] int32_t* const unique_of = unique_of_.data();
   int32_t num_rows = 0;
   int64_t n = 0;
   int64_t num_entries = 0;
-  for (const GradientSource& s : *sources_) {
+  for (const GradientSource& source : *sources_) {
+    const SourceView s(source);
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       if (i + kIndexPrefetchDistance < s.num_ids) {
         const int64_t ahead = s.ids[i + kIndexPrefetchDistance];
@@ -110,30 +127,35 @@ int64_t RowGradientPlan::IndexByHash(int64_t total) {
       }
       const int64_t row = s.ids[i];
       if (row < 0) {  // no row (a dynamic table's key that was not admitted): contributes nothing
-        unique_of[n] = -1;
+        if constexpr (!kSum) unique_of[n] = -1;
         continue;
       }
       ++num_entries;
       uint64_t h = Slot(row, shift);
       int32_t u;
+      bool first = false;
       for (;;) {
         Bucket& b = buckets[h];
         if (b.row == row) {
           u = b.unique;
+          ++counts[u];
           break;
         }
         if (b.row == kEmptyRow) {
           u = num_rows++;
           b = Bucket{row, u};
           rows[u] = row;
-          counts[u] = 0;
+          counts[u] = 1;
+          first = true;
           break;
         }
         h = (h + 1) & mask;
       }
-      unique_of[n] = u;
-      if constexpr (kSum) AddContribution(s, i, dim, counts[u] == 0, sums + u * dim);
-      ++counts[u];
+      if constexpr (kSum) {
+        AddContribution(s, i, dim, first, sums + u * dim);
+      } else {
+        unique_of[n] = u;
+      }
     }
   }
   num_rows_ = num_rows;
@@ -150,11 +172,12 @@ int64_t RowGradientPlan::IndexByDenseArray(int64_t vocabulary_size) {
   [[maybe_unused]] float* const sums = sums_.data();
   int64_t* const rows = rows_.data();
   int32_t* const counts = counts_.data();
-  int32_t* const unique_of = unique_of_.data();
+  [[maybe_unused]] int32_t* const unique_of = unique_of_.data();
   int32_t num_rows = 0;
   int64_t n = 0;
   int64_t num_entries = 0;
-  for (const GradientSource& s : *sources_) {
+  for (const GradientSource& source : *sources_) {
+    const SourceView s(source);
     for (int64_t i = 0; i < s.num_ids; ++i, ++n) {
       if (i + kIndexPrefetchDistance < s.num_ids) {
         const uint64_t ahead = static_cast<uint64_t>(s.ids[i + kIndexPrefetchDistance]);
@@ -164,20 +187,25 @@ int64_t RowGradientPlan::IndexByDenseArray(int64_t vocabulary_size) {
       // One unsigned compare rejects negative ids (no row); ids >= vocabulary_size break the caller's
       // precondition and are dropped rather than indexing past the array.
       if (static_cast<uint64_t>(row) >= vocab) {
-        unique_of[n] = -1;
+        if constexpr (!kSum) unique_of[n] = -1;
         continue;
       }
       ++num_entries;
       int32_t u = dense[row];
-      if (u < 0) {
+      const bool first = u < 0;
+      if (first) {
         u = num_rows++;
         dense[row] = u;
         rows[u] = row;
-        counts[u] = 0;
+        counts[u] = 1;
+      } else {
+        ++counts[u];
       }
-      unique_of[n] = u;
-      if constexpr (kSum) AddContribution(s, i, dim, counts[u] == 0, sums + u * dim);
-      ++counts[u];
+      if constexpr (kSum) {
+        AddContribution(s, i, dim, first, sums + u * dim);
+      } else {
+        unique_of[n] = u;
+      }
     }
   }
   for (int32_t u = 0; u < num_rows; ++u) dense[rows[u]] = -1;

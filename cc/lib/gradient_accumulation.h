@@ -78,6 +78,13 @@ class RowGradientPlan {
   // that call it are compiled per vector ISA (vector_isa.h) and must inline it to vectorise it.  After a summing
   // Build, dim must be its sum_dim.
   void Accumulate(int64_t u, int64_t dim, float* g) const;
+  // Unique row u's summed gradient, dim floats: after a summing Build the plan's own sum (no copy), else
+  // Accumulate's into `scratch` (dim floats), which is returned.  Valid until the next Build.
+  const float* Gradient(int64_t u, int64_t dim, float* scratch) const {
+    if (summed_dim_ > 0) return sums_.data() + u * dim;
+    Accumulate(u, dim, scratch);
+    return scratch;
+  }
 
   // Unique-row indices u ordered by row id (for walking the whole table, as non-lazy Adam does).
   std::vector<int64_t> OrderByRow() const;
@@ -93,8 +100,8 @@ class RowGradientPlan {
     int64_t row;
     int32_t unique;
   };
-  // First pass of Build (unique rows, their counts, each id's unique index, and with kSum each row's gradient
-  // sum): returns the number of contributions (non-negative ids).
+  // First pass of Build (unique rows, their counts, and either each id's unique index for the counting sort or,
+  // with kSum, each row's gradient sum): returns the number of contributions (non-negative ids).
   template <bool kSum>
   int64_t IndexByHash(int64_t total);
   template <bool kSum>

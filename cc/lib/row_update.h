@@ -15,13 +15,15 @@
 
 namespace tf_embed_ops {
 
-// `g` is scratch owned by the caller and is clipped in place.
+// `g` is only read (it may be the accumulation plan's own sum); a clipped gradient is written to `clipped`, dim
+// floats of the caller's scratch.
 template <typename Optimizer>
-inline void UpdateRowPipeline(const Optimizer& optimizer, const TableOptimization& o, float lr, float* g, float* w,
-                              float* const* slots, int64_t dim) {
+inline void UpdateRowPipeline(const Optimizer& optimizer, const TableOptimization& o, float lr, const float* g,
+                              float* clipped, float* w, float* const* slots, int64_t dim) {
   if (o.gradient_clipping.IsActive()) {
     for (int64_t d = 0; d < dim; ++d)
-      g[d] = std::min(std::max(g[d], o.gradient_clipping.lower), o.gradient_clipping.upper);
+      clipped[d] = std::min(std::max(g[d], o.gradient_clipping.lower), o.gradient_clipping.upper);
+    g = clipped;
   }
   if (o.weight_decay_factor != 0.0f) {
     const float decay = o.weight_decay_factor * (o.multiply_weight_decay_factor_by_learning_rate ? lr : 1.0f);

@@ -88,9 +88,10 @@ inline int64_t RowWalkCost(int64_t dim, size_t num_slots) { return dim * static_
 namespace internal {
 
 // Runs update(row, g, scratch) over the rows the optimizer updates (touched rows, or every walk row of the
-// storage), with g the row's accumulated gradient and scratch `scratch_floats` floats, both private to the
-// calling shard; prefetch(row) is called kPrefetchDistance rows ahead on the lazy path.  `num_slots` feeds the
-// cost model.
+// storage), with g the row's accumulated gradient (read only: a summing plan's own row, with no copy) and scratch
+// dim + `scratch_floats` floats private to the calling shard (the first dim for the clipped gradient of
+// UpdateRowPipeline); prefetch(row) is called kPrefetchDistance rows ahead on the lazy path.  `num_slots` feeds
+// the cost model.
 template <typename Storage, typename Prefetch, typename Update>
 void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& plan, const Storage& storage,
                        int64_t dim, int64_t scratch_floats, const ShardFn& shard, const Prefetch& prefetch,
@@ -123,12 +124,11 @@ void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& p
     first_row[kWorkBlocks] = num_rows;
     shard(kWorkBlocks, row_cost * num_rows / kWorkBlocks + 1, [&](int64_t first_block, int64_t end_block) {
       const int64_t begin = first_row[first_block], end = first_row[end_block];
-      std::vector<float> g(dim + scratch_floats);
+      std::vector<float> g(2 * dim + scratch_floats);  // a gathered gradient, then the scratch
       RunWithRowLoopIsa([&] {
         for (int64_t u = begin; u < end; ++u) {
           if (u + kPrefetchDistance < end) prefetch(plan.row(u + kPrefetchDistance));
-          plan.Accumulate(u, dim, g.data());
-          update(plan.row(u), g.data(), g.data() + dim);
+          update(plan.row(u), plan.Gradient(u, dim, g.data()), g.data() + dim);
         }
       });
     });
@@ -138,19 +138,20 @@ void ForEachUpdatedRow(bool all_rows, size_t num_slots, const RowGradientPlan& p
   const std::vector<int64_t> order = plan.OrderByRow();
   shard(storage.num_walk_rows(), row_cost, [&](int64_t begin, int64_t end) {
     if (begin >= end) return;  // (walk_row(begin) would be past the end of an empty walk)
-    std::vector<float> g(dim + scratch_floats);
+    // A gathered (or zero) gradient, then the scratch.
+    std::vector<float> g(2 * dim + scratch_floats);
     auto it = std::lower_bound(order.begin(), order.end(), storage.walk_row(begin),
                                [&plan](int64_t u, int64_t row) { return plan.row(u) < row; });
     RunWithRowLoopIsa([&] {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t row = storage.walk_row(i);
         if (it != order.end() && plan.row(*it) == row) {
-          plan.Accumulate(*it, dim, g.data());
+          update(row, plan.Gradient(*it, dim, g.data()), g.data() + dim);
           ++it;
         } else {
           std::fill(g.begin(), g.begin() + dim, 0.0f);
+          update(row, g.data(), g.data() + dim);
         }
-        update(row, g.data(), g.data() + dim);
       }
     });
   });
@@ -195,7 +196,7 @@ void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, floa
   if (!kAllFloat32 && rounding.mode == Rounding::kStochastic) {
     for (size_t b = 0; b < kNumBuffers; ++b) stream[b] = RoundingStreamKey(rounding, static_cast<int64_t>(b));
   }
-  auto update = [&](int64_t row, float* g, float* scratch) {
+  auto update = [&](int64_t row, const float* g, float* scratch) {
     // (Rows are distinct, so shards store to distinct stamps.)
     if (marks != nullptr) marks->Mark(row);
     std::array<void*, kNumBuffers> stored{};
@@ -205,11 +206,11 @@ void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, floa
       if (kAllFloat32 || type[b] == StorageType::kFloat32) {
         rows[b] = static_cast<float*>(stored[b]);
       } else {
-        rows[b] = scratch + b * dim;
+        rows[b] = scratch + (1 + b) * dim;
         LoadStoredRow(type[b], static_cast<const uint16_t*>(stored[b]), rows[b], width[b]);
       }
     }
-    UpdateRowPipeline(optimizer, o, lr, g, rows[0], rows.data() + 1, dim);
+    UpdateRowPipeline(optimizer, o, lr, g, scratch, rows[0], rows.data() + 1, dim);
     if (kAllFloat32) return;
     for (size_t b = 0; b < kNumBuffers; ++b) {
       if (type[b] == StorageType::kFloat32) continue;
@@ -240,7 +241,7 @@ NonFiniteUpdate FindNonFiniteUpdateWith(const Optimizer& optimizer, const TableO
     if (!first.found || found.row < first.row || (found.row == first.row && found.in_gradient)) first = found;
   };
   auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
-  auto check = [&](int64_t row, float* g, float* scratch) {
+  auto check = [&](int64_t row, const float* g, float* scratch) {
     const int64_t bad_g = FirstNonFinite(g, dim);
     if (bad_g >= 0) {
       report(NonFiniteUpdate{true, row, true, 0, bad_g, g[bad_g]});
@@ -248,9 +249,9 @@ NonFiniteUpdate FindNonFiniteUpdateWith(const Optimizer& optimizer, const TableO
     }
     std::array<float*, kNumBuffers> rows{};
     std::array<bool, kNumBuffers> was_finite{};
-    uint16_t* rounded = reinterpret_cast<uint16_t*>(scratch + kNumBuffers * dim);  // dim 16-bit values
+    uint16_t* rounded = reinterpret_cast<uint16_t*>(scratch + (1 + kNumBuffers) * dim);  // dim 16-bit values
     for (size_t b = 0; b < kNumBuffers; ++b) {
-      rows[b] = scratch + b * dim;
+      rows[b] = scratch + (1 + b) * dim;
       const void* stored = storage.Row(b, row);
       if (type[b] == StorageType::kFloat32) {
         std::copy_n(static_cast<const float*>(stored), width[b], rows[b]);
@@ -259,7 +260,7 @@ NonFiniteUpdate FindNonFiniteUpdateWith(const Optimizer& optimizer, const TableO
       }
       was_finite[b] = FirstNonFinite(rows[b], width[b]) < 0;
     }
-    UpdateRowPipeline(optimizer, o, lr, g, rows[0], rows.data() + 1, dim);
+    UpdateRowPipeline(optimizer, o, lr, g, scratch, rows[0], rows.data() + 1, dim);
     for (size_t b = 0; b < kNumBuffers; ++b) {
       if (!was_finite[b]) continue;
       if (type[b] != StorageType::kFloat32) {

@@ -45,7 +45,11 @@ void RunPipeline(const Optimizer& optimizer, const TableOptimization& o, float l
   if (slots != nullptr) {
     for (auto& s : *slots) slot_ptrs.push_back(s.data());
   }
-  UpdateRowPipeline(optimizer, o, lr, g.data(), w->data(), slot_ptrs.data(), static_cast<int64_t>(w->size()));
+  const std::vector<float> given = g;
+  std::vector<float> clipped(g.size());
+  UpdateRowPipeline(optimizer, o, lr, g.data(), clipped.data(), w->data(), slot_ptrs.data(),
+                    static_cast<int64_t>(w->size()));
+  EXPECT_EQ(g, given);  // the gradient is only read (a summing plan's own row)
 }
 
 TEST(RowPipelineTest, GradientIsClippedBeforeTheOptimizer) {
@@ -363,6 +367,13 @@ TEST(RowGradientPlanTest, SummingBuildEqualsGatheredSums) {
       ASSERT_EQ(summed.row(u), gathered.row(u));
       const std::vector<float> a = Accumulated(summed, u, dim), b = Accumulated(gathered, u, dim);
       ASSERT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * dim), 0) << "unique row " << u;
+      // Gradient(): the summing plan's own row, the gathering plan's sum in the scratch; both are Accumulate's.
+      std::vector<float> scratch(dim, 7.0f);
+      const float* own = summed.Gradient(u, dim, scratch.data());
+      EXPECT_NE(own, scratch.data());
+      ASSERT_EQ(std::memcmp(own, a.data(), sizeof(float) * dim), 0) << "unique row " << u;
+      ASSERT_EQ(gathered.Gradient(u, dim, scratch.data()), scratch.data());
+      ASSERT_EQ(std::memcmp(scratch.data(), b.data(), sizeof(float) * dim), 0) << "unique row " << u;
     }
   }
 }

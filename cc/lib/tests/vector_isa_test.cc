@@ -193,10 +193,11 @@ TEST(VectorIsaTest, EveryOptimizerRowPipelineIsBitwiseEqual) {
             OnIsa(avx2, [&] {
               for (int step = 0; step < 3; ++step) {
                 for (int64_t r = 0; r < kRows; ++r) {
-                  std::vector<float> scratch(g.begin() + r * kDim, g.begin() + (r + 1) * kDim);
+                  std::vector<float> clipped(kDim);
                   float* slot_rows[4] = {};
                   for (size_t k = 0; k < num_slots; ++k) slot_rows[k] = slots[k].data() + r * kDim;
-                  UpdateRowPipeline(opt, o, 0.05f, scratch.data(), w.data() + r * kDim, slot_rows, kDim);
+                  UpdateRowPipeline(opt, o, 0.05f, g.data() + r * kDim, clipped.data(), w.data() + r * kDim, slot_rows,
+                                    kDim);
                 }
               }
             });
@@ -371,7 +372,10 @@ void ReferenceStoredUpdate(const TableOptimization& o, float lr, const RowGradie
     for (size_t b = 1; b < values.size(); ++b) slot_rows.push_back(values[b].data());
     slot_rows.push_back(nullptr);
     std::visit(
-        [&](const auto& opt) { UpdateRowPipeline(opt, o, lr, g.data(), values[0].data(), slot_rows.data(), dim); },
+        [&](const auto& opt) {
+          std::vector<float> clipped(dim);
+          UpdateRowPipeline(opt, o, lr, g.data(), clipped.data(), values[0].data(), slot_rows.data(), dim);
+        },
         o.optimizer);
     for (size_t b = 0; b < buffers->size(); ++b) {
       TestBuffer& t = (*buffers)[b];
