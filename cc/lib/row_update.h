@@ -15,6 +15,11 @@
 
 namespace tf_embed_ops {
 
+// Whether o's pipeline is its optimizer alone: no gradient clipping, weight decay or weight clipping.
+inline bool PipelineIsOptimizerOnly(const TableOptimization& o) {
+  return !o.gradient_clipping.IsActive() && o.weight_decay_factor == 0.0f && !o.weight_clipping.IsActive();
+}
+
 // `g` is only read (it may be the accumulation plan's own sum); a clipped gradient is written to `clipped`, dim
 // floats of the caller's scratch.
 template <typename Optimizer>

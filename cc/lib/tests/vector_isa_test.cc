@@ -484,6 +484,67 @@ TEST(VectorIsaTest, SixteenBitTableUpdateEqualsTheWholeRowReference) {
   }
 }
 
+// A float32 table walks the fast loop (the optimizer alone, rows in place) when it has no clipping or weight
+// decay, and the general loop otherwise; with a summing plan or a gathering one, both give the bits of the
+// whole-row reference (this file's baseline code; the walk runs the row loops' ISA).
+TEST(VectorIsaTest, Float32TableUpdateEqualsTheWholeRowReference) {
+  std::vector<std::pair<std::string, OptimizerParams>> variants = AllOptimizerVariants();
+  Adam non_lazy;
+  non_lazy.use_non_lazy_adam = true;
+  variants.push_back({"adam_non_lazy", non_lazy});
+  constexpr int64_t kVocab = 24, kIds = 60;
+  const ShardFn serial = [](int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, total); };
+  int cases = 0;
+  for (const auto& [name, optimizer] : variants) {
+    for (int64_t dim : {1, 5, 8, 13, 64}) {
+      for (bool plain : {true, false}) {
+        for (bool summed : {true, false}) {
+          const std::string what = name + " dim " + std::to_string(dim) + (plain ? " plain" : " clipped") +
+                                   (summed ? " summed" : " gathered");
+          std::mt19937 rng(static_cast<uint32_t>(dim * 131 + cases++));
+          std::vector<int64_t> ids(kIds);
+          for (int64_t& id : ids) id = static_cast<int64_t>(rng() % (kVocab - 4));  // 4 rows never touched
+          FeatureLayout layout;
+          layout.num_samples = kIds;
+          layout.one_id_per_sample = true;
+          layout.scale = RandomFloats(&rng, kIds, -1.0f, 1.0f);
+          const std::vector<float> gradient = RandomFloats(&rng, kIds * dim, -1.0f, 1.0f);
+          const std::vector<GradientSource> sources = {GradientSource{ids.data(), kIds, &layout, gradient.data()}};
+          RowGradientPlan plan;
+          plan.Build(&sources, kVocab, summed ? dim : 0);
+          ASSERT_EQ(plan.summed(), summed) << what;
+          TableOptimization o;
+          o.optimizer = optimizer;
+          if (!plain) {
+            o.gradient_clipping = {-0.8f, 0.9f};
+            o.weight_decay_factor = 0.01f;
+            o.weight_clipping = {-2.0f, 2.0f};
+          }
+          ASSERT_EQ(PipelineIsOptimizerOnly(o), plain) << what;
+          const RoundingSpec spec{Rounding::kNearest, 17, 5, 2};
+          const std::vector<TestBuffer> initial =
+              RandomStoredTable(&rng, optimizer, StorageType::kFloat32, StorageType::kFloat32, kVocab, dim);
+
+          std::vector<TestBuffer> expected = initial;
+          ReferenceStoredUpdate(o, 0.05f, plan, kVocab, dim, spec, &expected);
+
+          std::vector<TestBuffer> actual = initial;
+          StoredTableBuffers t;
+          t.weights = StoredBuffer{actual[0].bytes.data(), actual[0].type};
+          for (size_t b = 1; b < actual.size(); ++b) t.slots.push_back({actual[b].bytes.data(), actual[b].type});
+          t.vocabulary_size = kVocab;
+          t.dim = dim;
+          t.rounding = spec;
+          UpdateTable(o, 0.05f, plan, t, serial);
+          for (size_t b = 0; b < actual.size(); ++b) {
+            ASSERT_EQ(actual[b].bytes, expected[b].bytes) << what << ": UpdateTable, buffer " << b;
+          }
+        }
+      }
+    }
+  }
+}
+
 // TF_EMBED_OPS_ISA=baseline forces the baseline copy.  RowLoopIsa() reads the variable once per process, so
 // this runs in a fresh process (a death test re-executing this binary).
 TEST(VectorIsaTest, EnvironmentVariableForcesTheBaseline) {
