@@ -8,6 +8,8 @@ alternately (``pairs.run_pairs``), so each ratio is the median of per-pair ratio
 between minutes does not move. A case's ratio is after / before: below 1 is faster, *level* when its quartiles
 straddle 1.
 
+Both workers run one TensorFlow intra-op thread unless ``--threads N`` says otherwise.
+
 Cases: ``W1:sgd`` style, a workload of ``benchmarks/workloads.py`` (its fused step, ``ours.fused_step``) or
 ``dyn`` (the dynamic-table W1 step, ``dynamic_benchmark.dynamic_step``), and an optimizer both checkouts know;
 ``W1:adagrad+tracked`` runs a static workload's step with its tables' touched-row tracking on (docs/tracking.md).
@@ -30,6 +32,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 VARIANTS = ("tracked",)
+# The workers' intra-op thread count (--threads), passed through their environment.
+_THREADS_ENV = "TF_EMBED_OPS_REVISIONS_THREADS"
 
 
 def parse_cases(text: str) -> list[tuple[str, str]]:
@@ -57,7 +61,7 @@ def _serve() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get(_THREADS_ENV, "1")))
     tf.config.threading.set_inter_op_parallelism_threads(1)
     spec = importlib.util.spec_from_file_location("revision_workers", os.path.join(_HERE, "workers.py"))
     workers = importlib.util.module_from_spec(spec)
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-ms", type=float, default=300.0, help="target length of one block")
     p.add_argument("--smoke", action="store_true", help="tiny workloads: an end-to-end check, not a measurement")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads in both workers (default 1)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
@@ -144,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{flag} {path!r} is not a tf_embed_ops checkout (no tf_embed_ops/ and benchmarks/ in it)")
     if args.pairs < 1:
         p.error(f"--pairs must be >= 1, got {args.pairs}")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1, got {args.threads}")
+    os.environ[_THREADS_ENV] = str(args.threads)
     try:
         cases = parse_cases(args.cases)
     except ValueError as e:

@@ -53,6 +53,7 @@ def test_a_malformed_case_is_refused_naming_it(text):
         ([], "--before is required"),
         (["--before", "/nonexistent"], "is not a tf_embed_ops checkout"),
         (["--before", ROOT, "--pairs", "0"], "--pairs must be >= 1"),
+        (["--before", ROOT, "--threads", "0"], "--threads must be >= 1"),
         (["--before", ROOT, "--cases", "W1"], "is not WORKLOAD:OPTIMIZER"),
     ],
 )
@@ -68,6 +69,7 @@ def test_a_smoke_comparison_of_a_checkout_with_itself(tmp_path):
     out = tmp_path / "revisions.json"
     cmd = [sys.executable, "-m", "benchmarks.revisions", "--before", ROOT, "--after", ROOT, "--smoke"]
     cmd += ["--cases", "W1:sgd+tracked,dyn:adagrad", "--pairs", "2", "--block-ms", "5", "--json", str(out)]
+    cmd += ["--threads", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
