@@ -81,11 +81,20 @@ class ChunkedArena {
         --spare_chunks_;
       }
     }
+    // The chunks that continue the first one end to end (its slab's, at least) join the direct range.
+    const uintptr_t first = reinterpret_cast<uintptr_t>(chunks_.front());
+    int64_t run = direct_rows_ >> log2_rows_;
+    while (run < needed && reinterpret_cast<uintptr_t>(chunks_[run]) == first + run * chunk_bytes) ++run;
+    direct_rows_ = run << log2_rows_;
+    first_ = chunks_.front();
     return true;
   }
 
-  T* At(int64_t row) { return chunks_[row >> log2_rows_] + (row & mask_) * row_width_; }
-  const T* At(int64_t row) const { return chunks_[row >> log2_rows_] + (row & mask_) * row_width_; }
+  T* At(int64_t row) { return row < direct_rows_ ? first_ + row * row_width_ : Chunked(row); }
+  const T* At(int64_t row) const { return row < direct_rows_ ? first_ + row * row_width_ : Chunked(row); }
+  // Rows [0, direct_rows()) lie back to back from At(0): a table given its capacity up front, or imported whole,
+  // is one slab.
+  int64_t direct_rows() const { return direct_rows_; }
 
   // Bytes held: the slabs (spare chunks included) plus the chunk directory.
   int64_t MemoryBytes() const { return slab_bytes_ + static_cast<int64_t>(chunks_.capacity() * sizeof(T*)); }
@@ -94,10 +103,16 @@ class ChunkedArena {
   struct FreeSlab {
     void operator()(T* p) const { FreeHugePageMemory(p); }
   };
+  T* Chunked(int64_t row) const { return chunks_[row >> log2_rows_] + (row & mask_) * row_width_; }
+
   int64_t row_width_;
   int log2_rows_;
   int64_t mask_;
   std::vector<T*> chunks_;  // the directory: chunk c's first element
+  // Rows below direct_rows_ are reached from first_ without the directory: a row's address then depends on no
+  // load, which the row walk's prefetches (issued rows ahead, each address from the one before) otherwise wait on.
+  int64_t direct_rows_ = 0;
+  T* first_ = nullptr;
   std::vector<std::unique_ptr<T, FreeSlab>> slabs_;
   int64_t slab_bytes_ = 0;
   T* next_chunk_ = nullptr;  // the last slab's first spare chunk

@@ -82,6 +82,34 @@ TEST(ChunkedArenaTest, PastTheSlabThresholdChunksComeFromHugePageSlabs) {
   }
 }
 
+TEST(ChunkedArenaTest, DirectRowsAreTheFirstSlabsAndEveryRowKeepsItsOwnAddress) {
+  // Rows below direct_rows() are addressed from row 0, the others through the directory: both must give every
+  // row its one address, whatever the slabs' placement.
+  constexpr int64_t kWidth = 5, kRowsPerChunk = 8;
+  ChunkedArena<float> arena(kWidth, 3);
+  EXPECT_EQ(arena.direct_rows(), 0);
+  ASSERT_TRUE(arena.Reserve(6 * kRowsPerChunk));  // one allocation: all of it direct
+  EXPECT_EQ(arena.direct_rows(), arena.capacity());
+  for (int64_t r = 0; r < arena.capacity(); ++r) ASSERT_EQ(arena.At(r), arena.At(0) + r * kWidth);
+  std::vector<char> in_between(1 << 16);  // (makes the next allocation unlikely to follow the first)
+  ASSERT_TRUE(arena.Reserve(20 * kRowsPerChunk));
+  ASSERT_TRUE(arena.Reserve(33 * kRowsPerChunk + 1));
+  EXPECT_GE(arena.direct_rows(), 6 * kRowsPerChunk);
+  EXPECT_LE(arena.direct_rows(), arena.capacity());
+  EXPECT_EQ(arena.direct_rows() % kRowsPerChunk, 0);
+  for (int64_t r = 0; r < arena.capacity(); ++r) {
+    // Within a chunk rows are adjacent, whichever way the row is reached.
+    ASSERT_EQ(arena.At(r), arena.At(r - r % kRowsPerChunk) + (r % kRowsPerChunk) * kWidth) << "row " << r;
+    std::fill_n(arena.At(r), kWidth, static_cast<float>(r));
+  }
+  for (int64_t r = 0; r < arena.capacity(); ++r) {
+    ASSERT_EQ(arena.At(r)[0], static_cast<float>(r)) << "row " << r;  // no two rows share memory
+    ASSERT_EQ(arena.At(r)[kWidth - 1], static_cast<float>(r)) << "row " << r;
+  }
+  const ChunkedArena<float>& read_only = arena;
+  EXPECT_EQ(read_only.At(arena.capacity() - 1), arena.At(arena.capacity() - 1));
+}
+
 TEST(KeyIndexTest, MatchesAMapUnderRandomInsertsAndErases) {
   // Backward-shift deletion must keep every remaining key reachable; a std::map is the reference.
   std::vector<int64_t> key_of_row;
