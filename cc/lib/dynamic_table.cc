@@ -250,6 +250,15 @@ absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t 
   return absl::OkStatus();
 }
 
+bool DynamicTable::DenseFloat32Rows() const {
+  if (options_.external_rows || high_water_ == 0) return false;
+  if (weights_.type() != StorageType::kFloat32 || weights_.direct_rows() < high_water_) return false;
+  for (const StoredRowArena& s : slots_) {
+    if (s.type() != StorageType::kFloat32 || s.direct_rows() < high_water_) return false;
+  }
+  return true;
+}
+
 bool DynamicTable::EnableTracking() {
   if (tracker_ != nullptr) return true;
   std::unique_ptr<TouchedRows> tracker;

@@ -186,6 +186,9 @@ class DynamicTable {
   const void* BufferRow(int64_t buffer, int64_t row) const {
     return buffer == 0 ? weights_.At(row) : slots_[buffer - 1].At(row);
   }
+  // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (a table
+  // given its capacity up front, or imported whole): the row walk then addresses rows as a static table's.
+  bool DenseFloat32Rows() const;
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
   int64_t LastStepOf(int64_t row) const { return meta_.At(row)->last_step; }

@@ -137,6 +137,7 @@ class StoredRowArena {
   // The row's storage: float* for kFloat32, else uint16_t* (the 16-bit bits).
   void* At(int64_t row) { return arena_.At(row); }
   const void* At(int64_t row) const { return arena_.At(row); }
+  int64_t direct_rows() const { return arena_.direct_rows(); }
 
   void Read(int64_t row, float* out) const {
     if (type_ == StorageType::kFloat32) {

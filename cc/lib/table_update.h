@@ -359,11 +359,10 @@ NonFiniteUpdate FindNonFiniteUpdate(const TableOptimization& o, float lr, const 
       o.optimizer);
 }
 
-// Static tables (a float32 table and slots, or any storage types); `touched` as UpdateRows'.
-inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const StoredTableBuffers& t,
-                        const ShardFn& shard, TouchedRows* touched = nullptr) {
-  UpdateRows(o, lr, plan, internal::DenseStorageOf(t, o), t.dim, t.rounding, shard, touched);
-}
+// Static tables (a float32 table and slots, or any storage types), and dynamic tables whose rows are one dense
+// array (dynamic_table_update.h); `touched` as UpdateRows'.  Compiled once, in table_update.cc, for both.
+void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const StoredTableBuffers& t,
+                 const ShardFn& shard, TouchedRows* touched = nullptr);
 inline void UpdateTable(const TableOptimization& o, float lr, const RowGradientPlan& plan, const TableBuffers& t,
                         const ShardFn& shard, TouchedRows* touched = nullptr) {
   UpdateTable(o, lr, plan, internal::Stored(t), shard, touched);

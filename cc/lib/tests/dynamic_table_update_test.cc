@@ -41,11 +41,14 @@ ShardFn TwoThreads() {
 
 // A static table of V rows and a dynamic table fed keys 0..V-1 (in shuffled order, so rows != keys) start from
 // the same rows; each step the same ids and gradients go through UpdateTable and UpdateDynamicTable.  Every
-// row and slot must stay bitwise equal, per key.
-void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn& shard) {
+// row and slot must stay bitwise equal, per key.  With 1,024 rows a chunk the table is one dense array (a lazy
+// step walks it as a static table's); with 4, it grows chunk by chunk from separate allocations (most likely
+// not adjacent: the chunked walk, or rows reached partly directly and partly through the directory).
+void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn& shard, int64_t rows_per_chunk) {
   constexpr int64_t kV = 40, kDim = 5;
   const std::vector<SlotInfo> slot_info = OptimizerSlots(o.optimizer);
   DynamicTableOptions options = Options(kDim, 8, kV);
+  options.rows_per_chunk = rows_per_chunk;
   options.initializer.kind = RowInitializerKind::kNormal;
   options.initializer.stddev = 0.3f;
   for (const SlotInfo& s : slot_info) {
@@ -57,8 +60,10 @@ void ExpectStaticAndDynamicTrainAlike(const TableOptimization& o, const ShardFn&
   std::iota(keys.begin(), keys.end(), 0);
   std::mt19937_64 rng(23);
   std::shuffle(keys.begin(), keys.end(), rng);
-  Insert(dyn.get(), keys);
+  for (int64_t k = 0; k < kV; k += 12)
+    Insert(dyn.get(), std::vector<int64_t>(keys.begin() + k, keys.begin() + std::min(k + 12, kV)));
   ASSERT_EQ(dyn->size(), kV);
+  if (rows_per_chunk >= kV) EXPECT_TRUE(dyn->DenseFloat32Rows());
 
   std::vector<float> weights(kV * kDim);
   std::vector<std::vector<float>> slots;
@@ -118,8 +123,28 @@ TEST(DynamicTableUpdateTest, TrainsBitwiseLikeAStaticTable) {
     o.gradient_clipping = {-1.5f, 1.5f};
     o.weight_decay_factor = 0.01f;
     o.weight_clipping = {-2.0f, 2.0f};
-    for (const ShardFn& shard : {Serial(), TwoThreads()}) ExpectStaticAndDynamicTrainAlike(o, shard);
+    for (const ShardFn& shard : {Serial(), TwoThreads()}) {
+      for (const int64_t rows_per_chunk : {1024, 4}) ExpectStaticAndDynamicTrainAlike(o, shard, rows_per_chunk);
+    }
   }
+}
+
+TEST(DynamicTableUpdateTest, DenseFloat32RowsOnlyForAFloat32TableInOneArray) {
+  EXPECT_FALSE(Make(Options(4, 8))->DenseFloat32Rows());  // no row yet
+  auto one_array = Make(Options(4, 8));
+  Insert(one_array.get(), {5, 6, 7});
+  EXPECT_TRUE(one_array->DenseFloat32Rows());
+  DynamicTableOptions half = Options(4, 8);
+  half.slot_initial_values = {0.1f};
+  half.slot_storage = StorageType::kBfloat16;
+  auto sixteen_bit_slot = Make(half);
+  Insert(sixteen_bit_slot.get(), {5});
+  EXPECT_FALSE(sixteen_bit_slot->DenseFloat32Rows());
+  DynamicTableOptions external = Options(4, 8);
+  external.external_rows = true;
+  auto elsewhere = Make(external);
+  Insert(elsewhere.get(), {5});
+  EXPECT_FALSE(elsewhere->DenseFloat32Rows());
 }
 
 TEST(DynamicTableUpdateTest, EmptyTableAndEmptyPlan) {
