@@ -186,8 +186,8 @@ class DynamicTable {
   const void* BufferRow(int64_t buffer, int64_t row) const {
     return buffer == 0 ? weights_.At(row) : slots_[buffer - 1].At(row);
   }
-  // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (a table
-  // given its capacity up front, or imported whole): the row walk then addresses rows as a static table's.
+  // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (all rows
+  // within the initial_capacity the table was created with): the row walk then addresses rows as a static table's.
   bool DenseFloat32Rows() const;
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }

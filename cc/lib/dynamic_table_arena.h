@@ -92,8 +92,8 @@ class ChunkedArena {
 
   T* At(int64_t row) { return row < direct_rows_ ? first_ + row * row_width_ : Chunked(row); }
   const T* At(int64_t row) const { return row < direct_rows_ ? first_ + row * row_width_ : Chunked(row); }
-  // Rows [0, direct_rows()) lie back to back from At(0): a table given its capacity up front, or imported whole,
-  // is one slab.
+  // Rows [0, direct_rows()) lie back to back from At(0): the first Reserve's rows (a dynamic table's
+  // initial_capacity), and any later chunks that happen to continue them.
   int64_t direct_rows() const { return direct_rows_; }
 
   // Bytes held: the slabs (spare chunks included) plus the chunk directory.
