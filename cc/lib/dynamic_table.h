@@ -186,8 +186,8 @@ class DynamicTable {
   const void* BufferRow(int64_t buffer, int64_t row) const {
     return buffer == 0 ? weights_.At(row) : slots_[buffer - 1].At(row);
   }
-  // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (all rows
-  // within the initial_capacity the table was created with): the row walk then addresses rows as a static table's.
+  // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (rows within
+  // the capacity the table was created or last imported with): the row walk then addresses rows as a static table's.
   bool DenseFloat32Rows() const;
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
@@ -268,6 +268,8 @@ class DynamicTable {
     uint32_t count;     // saturates at kMaxCount
   };
   static_assert(sizeof(RowMeta) == 20, "row metadata must stay within the memory budget");
+
+  struct FreshStorage;  // an import's own arenas (dynamic_table_export.cc)
 
   explicit DynamicTable(const DynamicTableOptions& options, int log2_rows_per_chunk);
   auto KeyOfFn() const {

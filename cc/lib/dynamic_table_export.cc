@@ -2,6 +2,7 @@
 // (Bloom counters, decayed counts).  Import validates the whole checkpoint before it replaces anything.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,6 +110,40 @@ void DynamicTable::ExportPending(DynamicTableContents* c) const {
     c->pending_last_steps.push_back(p.last_step);
   }
 }
+// An import's own arenas and index, n rows each (Import); `ok` false when an allocation failed.
+struct DynamicTable::FreshStorage {
+  FreshStorage(const DynamicTable& t, int64_t n)
+      : log2_rows(__builtin_ctzll(static_cast<uint64_t>(t.meta_.rows_per_chunk()))),
+        weights(t.weights_.type(), t.dim(), log2_rows),
+        meta(1, log2_rows),
+        decay(1, log2_rows) {
+    slots.reserve(t.slots_.size());
+    for (const StoredRowArena& s : t.slots_) slots.emplace_back(s.type(), s.width(), log2_rows);
+    ok = meta.Reserve(n) && (!t.decays() || decay.Reserve(n)) &&
+         index.Rehash(std::max(n, t.options_.initial_capacity), t.KeyOfFn());  // (empty: reads no key)
+    if (!t.options_.external_rows) {
+      ok = ok && weights.Reserve(n);
+      for (StoredRowArena& s : slots) ok = ok && s.Reserve(n);
+    }
+  }
+  // Exchanges these with the table's: the old ones go with this object.
+  void SwapInto(DynamicTable* t) {
+    std::swap(t->weights_, weights);
+    std::swap(t->slots_, slots);
+    std::swap(t->meta_, meta);
+    std::swap(t->decay_, decay);
+    std::swap(t->index_, index);
+  }
+
+  int log2_rows;
+  StoredRowArena weights;
+  std::vector<StoredRowArena> slots;
+  ChunkedArena<RowMeta> meta;
+  ChunkedArena<Decay> decay;
+  KeyIndex index;
+  bool ok = false;
+};
+
 absl::Status DynamicTable::Import(const DynamicTableContents& c) {
   const int64_t dim = options_.dim;
   if (c.dim != dim) {
@@ -182,28 +217,40 @@ absl::Status DynamicTable::Import(const DynamicTableContents& c) {
     }
   }
 
-  // Allocate for n rows from an empty table: the rows become 0..n-1 (a fresh free list).
-  const int64_t old_size = size_, old_high_water = high_water_;
-  size_ = high_water_ = 0;
-  const bool grown = Grow(n);
-  size_ = old_size;
-  high_water_ = old_high_water;
+  // Allocate for n rows from an empty table: the rows become 0..n-1 (a fresh free list).  Past the table's
+  // capacity, the import gets fresh arenas and index of n rows (one slab each: every row direct, as in a table
+  // created with that capacity, dynamic_table_arena.h), which replace the old ones once everything is allocated;
+  // within it, the table's own are reused.
+  bool allocated = true;
+  std::optional<FreshStorage> fresh;
+  if (n > capacity()) {
+    try {
+      fresh.emplace(*this, n);
+    } catch (const std::bad_alloc&) {
+    }
+    allocated = fresh.has_value() && fresh->ok && (tracker_ == nullptr || tracker_->Reserve(n));
+  } else {
+    const int64_t old_size = size_, old_high_water = high_water_;
+    size_ = high_water_ = 0;
+    allocated = Grow(n);  // (a rehash re-inserts the old rows, which fit: the old index held fewer than n)
+    size_ = old_size;
+    high_water_ = old_high_water;
+  }
   std::unordered_map<int64_t, Pending> pending;
-  bool pending_ok = grown;
-  if (grown) {
+  if (allocated) {
     try {
       pending.reserve(np);
       for (int64_t i = 0; i < np; ++i)
         pending[c.pending_keys[i]] = Pending{c.pending_counts[i], c.pending_last_steps[i]};
     } catch (const std::bad_alloc&) {
-      pending_ok = false;
+      allocated = false;
     }
   }
-  if (!grown || !pending_ok) {
+  if (!allocated) {
     return Exhausted(name(), absl::StrCat("cannot allocate ", n, " rows to import"));
   }
-  // Grow() sized the index for n rows (a rehash there re-inserted the old rows, which fit: the old index held
-  // fewer than n); now the old content goes.
+  // Now the old content goes (with the old arenas, when fresh ones replace them).
+  if (fresh.has_value()) fresh->SwapInto(this);
   index_.Clear();
   ++mapping_version_;  // an import of no rows allocates none, but its keys lost their rows all the same
   size_ = high_water_ = 0;

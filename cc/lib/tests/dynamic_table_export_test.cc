@@ -44,6 +44,9 @@ TEST(DynamicTableTest, ExportIsSortedByKeyAndImportRestoresIntoAnyCapacity) {
   ASSERT_TRUE(u->Import(c).ok());
   ExpectSameContents(c, u->Export());
   EXPECT_EQ(u->size(), 4);
+  // Past its capacity, the import took arenas of its own size: every row in one array, as if created with it.
+  EXPECT_TRUE(u->DenseFloat32Rows());
+  EXPECT_EQ(u->capacity(), 4);
   EXPECT_EQ(FindRows(*u, {77})[0], kNo);
   // The pending count survived: one more sighting of 99 admits it.
   EXPECT_GE(Insert(u.get(), {99}, 7)[0], 0);
