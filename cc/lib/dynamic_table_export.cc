@@ -110,6 +110,7 @@ void DynamicTable::ExportPending(DynamicTableContents* c) const {
     c->pending_last_steps.push_back(p.last_step);
   }
 }
+
 // An import's own arenas and index, n rows each (Import); `ok` false when an allocation failed.
 struct DynamicTable::FreshStorage {
   FreshStorage(const DynamicTable& t, int64_t n)
