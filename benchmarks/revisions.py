@@ -13,6 +13,8 @@ Both workers run one TensorFlow intra-op thread unless ``--threads N`` says othe
 Cases: ``W1:sgd`` style, a workload of ``benchmarks/workloads.py`` (its fused step, ``ours.fused_step``) or
 ``dyn`` (the dynamic-table W1 step, ``dynamic_benchmark.dynamic_step``), and an optimizer both checkouts know;
 ``W1:adagrad+tracked`` runs a static workload's step with its tables' touched-row tracking on (docs/tracking.md).
+The optimizer ``lookup`` times the forward op alone instead (``ours.lookup_step``, or for ``dyn`` the serving
+lookup ``dynamic_benchmark.dynamic_lookup_step``).
 
 Example:
     git worktree add /tmp/before 925b2c1 && (cd /tmp/before && python setup.py -q build_ext --inplace)
@@ -32,6 +34,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 VARIANTS = ("tracked",)
+# The optimizer name of a case that times the forward op alone.
+LOOKUP = "lookup"
 # The workers' intra-op thread count (--threads), passed through their environment.
 _THREADS_ENV = "TF_EMBED_OPS_REVISIONS_THREADS"
 
@@ -49,6 +53,8 @@ def parse_cases(text: str) -> list[tuple[str, str]]:
             raise ValueError(f"case {case!r}: variant {variant!r}; expected one of {VARIANTS}")
         if variant and workload == "dyn":
             raise ValueError(f"case {case!r}: +{variant} runs a static workload (W1..W4), not dyn")
+        if variant and name == LOOKUP:
+            raise ValueError(f"case {case!r}: +{variant} runs a training step, not {LOOKUP}")
         cases.append((workload, optimizer))
     return cases
 
@@ -78,7 +84,12 @@ def _serve() -> None:
         optimizer, _, variant = params["optimizer"].partition("+")
         if params["workload"] == "dyn":
             wl, keys, vocab_keys = dynamic_benchmark.make_workload(smoke)
-            step = dynamic_benchmark.dynamic_step(wl, keys, vocab_keys, optimizer)
+            if optimizer == LOOKUP:
+                step = dynamic_benchmark.dynamic_lookup_step(wl, keys, vocab_keys)
+            else:
+                step = dynamic_benchmark.dynamic_step(wl, keys, vocab_keys, optimizer)
+        elif optimizer == LOOKUP:
+            step = ours.lookup_step(workloads.WORKLOADS[params["workload"]](smoke=smoke))
         else:
             step = ours.fused_step(workloads.WORKLOADS[params["workload"]](smoke=smoke), optimizer)
         if variant == "tracked":  # the trackers live as long as the step holds them

@@ -28,12 +28,17 @@ def test_a_case_may_run_with_tracking_on():
     assert revisions.parse_cases("W1:adagrad+tracked") == [("W1", "adagrad+tracked")]
 
 
+def test_a_case_may_time_the_lookup_alone():
+    assert revisions.parse_cases("dyn:lookup,W1:lookup") == [("dyn", "lookup"), ("W1", "lookup")]
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
         ("W1:adagrad+traced", "variant 'traced'"),
         ("W1:+tracked", "variant 'tracked'"),
         ("dyn:sgd+tracked", r"\+tracked runs a static workload"),
+        ("W1:lookup+tracked", r"\+tracked runs a training step, not lookup"),
     ],
 )
 def test_an_unknown_variant_or_a_tracked_dynamic_case_is_refused(text, words):
@@ -68,12 +73,12 @@ def test_bad_arguments_exit_with_a_message(argv, words, capsys):
 def test_a_smoke_comparison_of_a_checkout_with_itself(tmp_path):
     out = tmp_path / "revisions.json"
     cmd = [sys.executable, "-m", "benchmarks.revisions", "--before", ROOT, "--after", ROOT, "--smoke"]
-    cmd += ["--cases", "W1:sgd+tracked,dyn:adagrad", "--pairs", "2", "--block-ms", "5", "--json", str(out)]
+    cmd += ["--cases", "W1:sgd+tracked,dyn:adagrad,dyn:lookup", "--pairs", "2", "--block-ms", "5", "--json", str(out)]
     cmd += ["--threads", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert sorted(results) == ["W1_sgd+tracked", "dyn_adagrad"]
+    assert sorted(results) == ["W1_sgd+tracked", "dyn_adagrad", "dyn_lookup"]
     for name, r in results.items():
         assert r["after_over_before"]["n"] == 2, name
         assert r["before_ms"] > 0 and r["after_ms"] > 0 and r["steps_per_block"] >= 1, name

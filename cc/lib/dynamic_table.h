@@ -189,6 +189,12 @@ class DynamicTable {
   // Whether every row below row_bound() is float32 and each buffer's rows are one array from its row 0 (rows within
   // the capacity the table was created or last imported with): the row walk then addresses rows as a static table's.
   bool DenseFloat32Rows() const;
+  // Buffer 0's rows as one array when every row below row_bound() lies in it (BufferRow(0, row) is then this plus
+  // row * dim() elements of buffer_type(0)), else null: the lookup's gather addresses rows as a static table's.
+  const void* DenseWeights() const {
+    return !options_.external_rows && high_water_ > 0 && weights_.direct_rows() >= high_water_ ? weights_.At(0)
+                                                                                               : nullptr;
+  }
   int64_t KeyOf(int64_t row) const { return meta_.At(row)->key; }
   int64_t CountOf(int64_t row) const { return meta_.At(row)->count; }
   int64_t LastStepOf(int64_t row) const { return meta_.At(row)->last_step; }

@@ -16,6 +16,7 @@
 #include "cc/lib/dynamic_table_init.h"
 #include "cc/lib/feature_layout.h"
 #include "cc/lib/gradient_accumulation.h"
+#include "cc/lib/storage_types.h"
 #include "cc/lib/table_update.h"
 #include "cc/lib/tests/dynamic_table_test_util.h"
 #include "cc/lib/tests/feature_test_util.h"
@@ -145,6 +146,36 @@ TEST(DynamicTableUpdateTest, DenseFloat32RowsOnlyForAFloat32TableInOneArray) {
   auto elsewhere = Make(external);
   Insert(elsewhere.get(), {5});
   EXPECT_FALSE(elsewhere->DenseFloat32Rows());
+}
+
+TEST(DynamicTableUpdateTest, DenseWeightsAreEveryRowsAddressFromRowZeroOrNull) {
+  EXPECT_EQ(Make(Options(4, 8))->DenseWeights(), nullptr);  // no row yet
+  // 16-bit weights too: the address counts elements of the table's storage type.
+  for (const StorageType storage : {StorageType::kFloat32, StorageType::kBfloat16}) {
+    DynamicTableOptions options = Options(4, 8);
+    options.storage = storage;
+    auto t = Make(options);
+    Insert(t.get(), {15, 16, 17, 18, 19});
+    const char* dense = static_cast<const char*>(t->DenseWeights());
+    ASSERT_NE(dense, nullptr);
+    for (int64_t row = 0; row < t->row_bound(); ++row)
+      EXPECT_EQ(t->BufferRow(0, row), dense + row * 4 * StorageBytes(storage)) << row;
+  }
+  // Rows past the first chunk, from separate allocations: the table is not one array (or, should the allocator
+  // have put the chunks end to end, every row's address is still the array's).
+  DynamicTableOptions chunked = Options(4, 2, 100);
+  chunked.rows_per_chunk = 2;
+  auto grown = Make(chunked);
+  for (int64_t k = 0; k < 12; k += 3) Insert(grown.get(), {k, k + 1, k + 2});
+  if (const char* dense = static_cast<const char*>(grown->DenseWeights()); dense != nullptr) {
+    for (int64_t row = 0; row < grown->row_bound(); ++row)
+      EXPECT_EQ(grown->BufferRow(0, row), dense + row * 4 * sizeof(float)) << row;
+  }
+  DynamicTableOptions external = Options(4, 8);
+  external.external_rows = true;
+  auto elsewhere = Make(external);
+  Insert(elsewhere.get(), {5});
+  EXPECT_EQ(elsewhere->DenseWeights(), nullptr);
 }
 
 TEST(DynamicTableUpdateTest, EmptyTableAndEmptyPlan) {
