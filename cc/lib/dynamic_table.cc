@@ -102,13 +102,7 @@ void DynamicTable::RemoveRow(int64_t row) {
 }
 
 void DynamicTable::Find(const int64_t* keys, int64_t n, int64_t* rows) const {
-  // The probe compares the key stored in the row's metadata: prefetch that record (it may straddle two lines).
-  auto prefetch_meta = [this](int64_t row) {
-    const char* meta = reinterpret_cast<const char*>(meta_.At(row));
-    __builtin_prefetch(meta, 0, 3);
-    __builtin_prefetch(meta + sizeof(RowMeta) - 1, 0, 3);
-  };
-  index_.FindBatch(keys, n, KeyOfFn(), prefetch_meta, rows);
+  index_.FindBatch(keys, n, KeyOfFn(), rows);
 }
 
 absl::Status DynamicTable::FindOrInsert(const int64_t* keys, int64_t n, int64_t step, int64_t* rows, BatchStats* stats,
