@@ -167,7 +167,7 @@ absl::StatusOr<NonFiniteUpdate> DenseTableSource::FindNonFinite(int t, float lr,
 
 absl::Status DenseTableSource::Update(int t, float lr, const RowGradientPlan& plan, const ShardFn& shard) {
   const TableOptimization& o = attrs_.config.tables[t].optimization;
-  const TrackedUpdate tracked(table_vars_[t]);  // docs/tracking.md: the walk marks the rows it writes
+  const TrackedUpdate tracked(table_vars_[t]);  // docs/tracking.md: marks the rows the walk writes
   UpdateTable(o, lr, plan, Buffers(t), shard, tracked.rows());
   return absl::OkStatus();
 }

@@ -48,7 +48,7 @@ absl::Status DynamicRows::Update(const TableOptimization& o, float lr, const Row
                                  const RoundingSpec& rounding, const ShardFn& shard) {
   DynamicTable* table = resource_->table();
   if (tiered_ == nullptr) {
-    UpdateDynamicTable(o, lr, plan, table, shard, rounding);  // marks a tracked table's rows in its walk
+    UpdateDynamicTable(o, lr, plan, table, shard, rounding);  // marks a tracked table's rows after its walk
     return absl::OkStatus();
   }
   TF_RETURN_IF_ERROR(tiered_->Update(o, lr, plan, rounding, shard));

@@ -173,7 +173,7 @@ class DynamicTableChangedSinceOp : public tf::OpKernel {
       }
       tracker_id = touched->id();
       if (version_only_) {
-        changes.version = touched->version();
+        changes.version = touched->CurrentVersion();
         c.dim = t->dim();
         for (int64_t k = 0; k < t->num_slots(); ++k) c.slot_widths.push_back(t->slot_width(k));
         c.slots.resize(t->num_slots());

@@ -52,7 +52,7 @@ class TouchedRowsResource : public tensorflow::ResourceBase {
   TouchedRows rows_ TF_GUARDED_BY(mu_);
 };
 
-// The tracker of `table` held for one fused update that marks its rows in its walk (table_update.h's `touched`):
+// The tracker of `table` held for one fused update that marks its rows after its walk (table_update.h's `touched`):
 // found and locked at construction, under the table's exclusive lock; unlocked at destruction.  rows() is null
 // when `table` is not tracked (one atomic load).  `table`: the variable of an in-memory table.
 class TrackedUpdate {

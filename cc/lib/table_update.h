@@ -15,8 +15,8 @@
 //     thread-count independent too; float32 buffers are updated in place, and an all-float32 table with no
 //     clipping or weight decay walks a loop compiled without the 16-bit branches or those stages;
 //   * the numerics check (FindNonFiniteUpdate): a dry run of the same walk that writes nothing;
-//   * the touched-row marks of a tracked table (docs/tracking.md): each row's stamp is requested with its rows and
-//     written with them, so its cache miss overlaps theirs instead of costing a pass of its own after the walk.
+//   * the touched-row marks of a tracked table (docs/tracking.md): after the walk, one bit per row of the plan in
+//     the tracker's pending bitmap (from one thread: shards would share its words).
 // Gradient accumulation DISABLED uses this same exact path (see docs/ops.md).
 #ifndef TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
 #define TF_EMBED_OPS_CC_LIB_TABLE_UPDATE_H_
@@ -182,26 +182,19 @@ void PrefetchBuffers(const Storage& s, const std::array<StorageType, kNumBuffers
 // (PipelineIsOptimizerOnly): the loop is compiled with neither the 16-bit branches nor the pipeline's other
 // stages, which, even when skipped, made the memory-bound walk of W1 SGD about 1.4x slower.  Any other table
 // takes the general loop (float32 buffers in place, 16-bit ones through scratch).
-// `marks`: the tracker whose current update every walked row is marked in (null: none).
 template <bool kFast, typename Optimizer, typename Storage>
 void UpdateRowsWith(const Optimizer& optimizer, const TableOptimization& o, float lr, const RowGradientPlan& plan,
-                    const Storage& storage, int64_t dim, const RoundingSpec& rounding, const ShardFn& shard,
-                    TouchedRows* marks) {
+                    const Storage& storage, int64_t dim, const RoundingSpec& rounding, const ShardFn& shard) {
   constexpr size_t kNumSlots = Optimizer::kSlots.size();
   constexpr size_t kNumBuffers = kNumSlots + 1;
   const auto [type, width] = BufferLayout<kNumBuffers>(storage);
-  auto prefetch = [&](int64_t ahead) {
-    PrefetchBuffers<kNumBuffers>(storage, type, width, ahead);
-    if (marks != nullptr) PrefetchLine(marks->StampAddress(ahead));
-  };
+  auto prefetch = [&](int64_t ahead) { PrefetchBuffers<kNumBuffers>(storage, type, width, ahead); };
   // Each buffer's stream key, once per call (a row's key is then one MixKey).
   std::array<uint64_t, kNumBuffers> stream{};
   if (!kFast && rounding.mode == Rounding::kStochastic) {
     for (size_t b = 0; b < kNumBuffers; ++b) stream[b] = RoundingStreamKey(rounding, static_cast<int64_t>(b));
   }
   auto update = [&](int64_t row, const float* g, float* scratch) {
-    // (Rows are distinct, so shards store to distinct stamps.)
-    if (marks != nullptr) marks->Mark(row);
     std::array<void*, kNumBuffers> stored{};
     std::array<float*, kNumBuffers> rows{};
     for (size_t b = 0; b < kNumBuffers; ++b) {
@@ -337,9 +330,12 @@ void UpdateRows(const TableOptimization& o, float lr, const RowGradientPlan& pla
           }
         }
         if (fast) {
-          internal::UpdateRowsWith<true>(optimizer, o, lr, plan, storage, dim, rounding, shard, marks);
+          internal::UpdateRowsWith<true>(optimizer, o, lr, plan, storage, dim, rounding, shard);
         } else {
-          internal::UpdateRowsWith<false>(optimizer, o, lr, plan, storage, dim, rounding, shard, marks);
+          internal::UpdateRowsWith<false>(optimizer, o, lr, plan, storage, dim, rounding, shard);
+        }
+        if (marks != nullptr) {
+          for (int64_t u = 0; u < plan.num_rows(); ++u) marks->Mark(plan.row(u));
         }
       },
       o.optimizer);

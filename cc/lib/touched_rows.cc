@@ -19,6 +19,7 @@ bool TouchedRows::Reserve(int64_t rows) {
   std::vector<std::unique_ptr<uint32_t[]>> fresh;
   try {
     chunks_.reserve(needed);
+    pending_.reserve(static_cast<size_t>(needed) << (kLog2RowsPerChunk - 6));
     for (int64_t c = static_cast<int64_t>(chunks_.size()); c < needed; ++c) {
       fresh.emplace_back(new uint32_t[kChunkMask + 1]());  // zero: unchanged since base_
     }
@@ -26,12 +27,15 @@ bool TouchedRows::Reserve(int64_t rows) {
     return false;
   }
   for (auto& chunk : fresh) chunks_.push_back(std::move(chunk));
+  pending_.resize(static_cast<size_t>(needed) << (kLog2RowsPerChunk - 6), 0);  // reserved: cannot throw
   return true;
 }
 
 void TouchedRows::Rebase() {
   // 2^32 - 1 updates since base_: forget the stamps; consumers older than now read full once.
+  // Pending marks are from updates up to now: every consumer either reads full or read after them.
   for (auto& chunk : chunks_) std::fill_n(chunk.get(), kChunkMask + 1, 0u);
+  std::fill(pending_.begin(), pending_.end(), 0);
   base_ = version_;
   full_since_ = version_;
   stamp_ = 0;
@@ -53,7 +57,18 @@ void TouchedRows::MarkEvictions(int64_t first_seq) {
   if (marks_.empty() || marks_.back().first != version_) marks_.emplace_back(version_, first_seq);
 }
 
-TouchedRows::Changes TouchedRows::Since(int64_t since, int64_t num_rows) const {
+void TouchedRows::StampPending() {
+  for (size_t w = 0; w < pending_.size(); ++w) {
+    for (uint64_t bits = pending_[w]; bits != 0; bits &= bits - 1) {
+      const int64_t row = static_cast<int64_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
+      chunks_[row >> kLog2RowsPerChunk][row & kChunkMask] = stamp_;
+    }
+    pending_[w] = 0;
+  }
+}
+
+TouchedRows::Changes TouchedRows::Since(int64_t since, int64_t num_rows) {
+  StampPending();
   Changes c;
   c.version = version_;
   // The first update after `since` that evicted rows: its entries (and every later one) are the evicted keys.
@@ -87,6 +102,7 @@ TouchedRows::Changes TouchedRows::Since(int64_t since, int64_t num_rows) const {
 
 int64_t TouchedRows::MemoryBytes() const {
   return capacity() * static_cast<int64_t>(sizeof(uint32_t)) +
+         static_cast<int64_t>(pending_.capacity() * sizeof(uint64_t)) +
          static_cast<int64_t>(marks_.capacity() * sizeof(std::pair<int64_t, int64_t>));
 }
 

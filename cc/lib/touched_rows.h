@@ -7,12 +7,16 @@
 //   * A row's version is kept as a uint32 stamp relative to base_ (4 bytes per row).  Before the stamps would
 //     overflow (2^32 - 1 updates after base_), every stamp is cleared and the tracker reports "everything
 //     changed" once to older cursors: rare, and never silently wrong.
+//   * Mark() sets the row's bit in a pending bitmap (1 bit per row: 128 KiB for 1M rows, which stays in the
+//     caches, where a stamp is a miss of its own in a 4 MiB array).  A read (Since, CurrentVersion) first stamps
+//     every pending row with the current version and clears the bitmap.  That is exact: every version a consumer
+//     holds was current at a read, so the pending rows changed after all of them.
 //   * MarkAll() (a restore, an import, non-lazy Adam's every-row update) costs O(1): Since() reports full for
 //     any older version, and the consumer takes the whole table.
 //   * Evicted keys (dynamic tables) are not kept here: the tracker reads the table's one eviction record
 //     (eviction_log.h, attached by AttachEvictionLog) from where each eviction round's update began
 //     (MarkEvictions).  Its bound is the log's: a consumer whose evictions the log has dropped reads full.
-//   * Rows grow in chunks (dynamic tables) and never move, so Mark() is a single store.
+//   * Mark() is not thread-safe (two rows share a bitmap word): mark after a sharded walk, from one thread.
 #ifndef TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
 #define TF_EMBED_OPS_CC_LIB_TOUCHED_ROWS_H_
 
@@ -47,6 +51,12 @@ class TouchedRows {
   int64_t id() const { return id_; }
   int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << kLog2RowsPerChunk; }
   int64_t version() const { return version_; }
+  // The version a consumer that takes the whole table now should remember: version() once every pending mark
+  // is stamped (so that the next Since reports exactly the rows changed after it).
+  int64_t CurrentVersion() {
+    StampPending();
+    return version_;
+  }
 
   // Makes rows [0, rows) markable (new rows read as unchanged).  False (keeping what it had) on allocation
   // failure.
@@ -55,10 +65,7 @@ class TouchedRows {
   // Starts an update; returns its version.
   int64_t BeginUpdate();
   // Marks `row` (< capacity()) as changed by the current update.
-  void Mark(int64_t row) { chunks_[row >> kLog2RowsPerChunk][row & kChunkMask] = stamp_; }
-  // Where row's stamp lives (< capacity()): a caller marking many random rows prefetches a few ahead, since each
-  // stamp is a cache miss of its own in a table far larger than the caches.
-  const void* StampAddress(int64_t row) const { return &chunks_[row >> kLog2RowsPerChunk][row & kChunkMask]; }
+  void Mark(int64_t row) { pending_[static_cast<uint64_t>(row) >> 6] |= uint64_t{1} << (row & 63); }
   void MarkRows(const int64_t* rows, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       if (rows[i] >= 0) Mark(rows[i]);
@@ -72,18 +79,21 @@ class TouchedRows {
   // The current update evicts rows: their entries start at sequence `first_seq` of the attached log.
   void MarkEvictions(int64_t first_seq);
 
-  // Changes after `since`, over rows [0, num_rows) (num_rows <= capacity()).
-  Changes Since(int64_t since, int64_t num_rows) const;
+  // Changes after `since`, over rows [0, num_rows) (num_rows <= capacity()).  Stamps the pending marks first.
+  Changes Since(int64_t since, int64_t num_rows);
 
   int64_t MemoryBytes() const;
 
  private:
   static constexpr int64_t kChunkMask = (int64_t{1} << kLog2RowsPerChunk) - 1;
   void Rebase();
+  // Gives every pending row the current stamp and clears the bitmap.
+  void StampPending();
 
   bool ok_ = true;
   int64_t id_;
   std::vector<std::unique_ptr<uint32_t[]>> chunks_;
+  std::vector<uint64_t> pending_;  // a bit per row of capacity(): marked since the last read
   int64_t version_ = 1;
   int64_t base_ = 1;        // stamps are version - base_; 0 = unchanged since base_
   uint32_t stamp_ = 0;      // version_ - base_

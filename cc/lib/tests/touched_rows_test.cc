@@ -23,7 +23,7 @@ TEST(TouchedRows, ReportsRowsMarkedAfterEachConsumersVersion) {
   t.Mark(7);
   t.Mark(3);
   t.Mark(7);
-  const int64_t after_first = t.version();
+  const int64_t after_first = t.CurrentVersion();  // another consumer reads here
   t.BeginUpdate();
   t.Mark(99);
   EXPECT_EQ(t.Since(start, 100).rows, (Rows{3, 7, 99}));
@@ -32,17 +32,34 @@ TEST(TouchedRows, ReportsRowsMarkedAfterEachConsumersVersion) {
   EXPECT_TRUE(t.Since(t.version() + 1, 100).full);  // never given out
 }
 
-TEST(TouchedRows, StampAddressIsTheStampMarkWrites) {
-  // Rows in two chunks: the address must follow the chunked layout, not row * 4 from one base.
+TEST(TouchedRows, MarksPendingAcrossUpdatesAreExactForEveryConsumer) {
+  // Marks wait in a bitmap until a read stamps them with the version of that moment: consumers that read at
+  // different versions, with several updates between reads, each get exactly the rows changed after theirs, in
+  // both chunks of the stamps.
   const int64_t rows = (int64_t{1} << TouchedRows::kLog2RowsPerChunk) + 10;
   TouchedRows t(rows);
   t.BeginUpdate();
-  for (int64_t row : {int64_t{0}, int64_t{5}, rows - 1}) {
-    EXPECT_EQ(*static_cast<const uint32_t*>(t.StampAddress(row)), 0u);
-    t.Mark(row);
-    EXPECT_NE(*static_cast<const uint32_t*>(t.StampAddress(row)), 0u);
-  }
-  EXPECT_EQ(*static_cast<const uint32_t*>(t.StampAddress(6)), 0u);
+  t.Mark(3);
+  const int64_t a = t.Since(0, rows).version;  // consumer A (full: its first read)
+  t.BeginUpdate();
+  t.Mark(5);
+  t.BeginUpdate();
+  t.Mark(rows - 1);
+  const int64_t b = t.CurrentVersion();  // consumer B takes the whole table here
+  EXPECT_EQ(b, t.version());
+  t.BeginUpdate();
+  t.Mark(63);
+  t.Mark(64);
+  t.BeginUpdate();
+  t.Mark(5);
+  EXPECT_EQ(t.Since(a, rows).rows, (Rows{5, 63, 64, rows - 1}));
+  EXPECT_EQ(t.Since(b, rows).rows, (Rows{5, 63, 64}));
+  const int64_t c = t.version();
+  EXPECT_TRUE(t.Since(c, rows).rows.empty());
+  t.BeginUpdate();
+  t.Mark(3);
+  EXPECT_EQ(t.Since(c, rows).rows, (Rows{3}));
+  EXPECT_EQ(t.Since(a, rows).rows, (Rows{3, 5, 63, 64, rows - 1}));
 }
 
 TEST(TouchedRows, MarkAllIsFullForOlderVersionsOnly) {
@@ -161,7 +178,7 @@ TEST(TouchedRows, TheTrackerAndTheLogReadersShareOneRecordAndOneBound) {
   std::vector<int64_t> rows(5);
   const std::vector<int64_t> keys = {1, 2, 3, 4, 5};
   ASSERT_TRUE(t.FindOrInsert(keys.data(), 5, 0, rows.data()).ok());
-  const TouchedRows& touched = *t.tracker();
+  TouchedRows& touched = *t.tracker();
   const int64_t v = touched.version();
   const std::vector<int64_t> first = {1, 2};
   ASSERT_EQ(t.EvictKeys(first.data(), 2), 2);
