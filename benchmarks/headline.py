@@ -7,10 +7,12 @@ this process. Each figure is the median of its per-pair ratios, with their inter
 pairs; a ceiling (what the kernel shows possible for that target) is a ratio of pair ratios of the same rounds.
 
 One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built once,
-timed in rounds (``pairs.run_pairs``), freed before the next group. About 5 minutes on 2 cores.
+timed in rounds (``pairs.run_pairs``, each block after 150 ms of untimed steps of its engine), freed before the
+next group. About 8 minutes on 2 cores.
 
 Usage (also ``python -m benchmarks --headline``):
-    python -m benchmarks.headline [--pairs 21] [--block-ms 60] [--out DIR] [--fbgemm-python PY] [--smoke]
+    python -m benchmarks.headline [--pairs 21] [--block-ms 60] [--warm-ms 150] [--out DIR] [--fbgemm-python PY]
+                                  [--smoke]
     python -m benchmarks.headline --compare RUN_A/headline.json RUN_B/headline.json   # do two runs agree?
 """
 
@@ -390,8 +392,9 @@ def _base(workload: str, opt: str, wl, warmup: int):
     return _local(ours.fused_step(wl, opt), warmup)
 
 
-def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print) -> dict:
-    """Builds the group's engines, sizes their blocks, times ``rounds`` rounds; returns its record."""
+def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print, warm_s: float = 0.0) -> dict:
+    """Builds the group's engines, sizes their blocks, times ``rounds`` rounds (each block after ``warm_s`` of
+    untimed steps of its engine); returns its record."""
     from benchmarks import workloads as wls
 
     workload, opt = group.split(":")
@@ -415,8 +418,9 @@ def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print)
         except Exception as e:
             out["engines"][name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
             del engines[name]
+    warm = {} if ctx.smoke else pairs.warm_steps(steps, block_s, warm_s)
     try:
-        res = pairs.run_pairs(base, engines, steps, rounds)
+        res = pairs.run_pairs(base, engines, steps, rounds, warm)
     finally:
         for eng in engines.values():  # a worker's state goes with its group (the worker serves the next one)
             if hasattr(eng, "worker"):
@@ -426,6 +430,7 @@ def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print)
                     pass
     out["rounds"] = rounds
     out["base_steps"] = steps["base"]
+    out["warm_steps"] = warm
     for name, r in res.items():
         out["engines"][name] = {**r, "steps": steps[name]}
     out["seconds"] = time.time() - t0
@@ -436,6 +441,7 @@ def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print)
 def run(
     pairs_per_ratio: int = 21,
     block_ms: float = 60.0,
+    warm_ms: float = pairs.WARM_S * 1e3,
     smoke: bool = False,
     fbgemm_python: str | None = None,
     groups: tuple[str, ...] = GROUPS,
@@ -446,14 +452,14 @@ def run(
 
     opts = suite.Options(smoke=smoke)
     meta = suite.host_meta(opts)
-    meta.update({"method": "interleaved pairs", "pairs": pairs_per_ratio, "block_ms": block_ms})
+    meta.update({"method": "interleaved pairs", "pairs": pairs_per_ratio, "block_ms": block_ms, "warm_ms": warm_ms})
     ctx = _Context(smoke, fbgemm_python, warmup=1 if smoke else 3)
     result = {"meta": meta, "groups": {}}
     t0 = time.time()
     try:
         for workload in dict.fromkeys(g.split(":")[0] for g in groups):
             for g in [g for g in groups if g.startswith(workload + ":")]:
-                result["groups"][g] = run_group(g, ctx, pairs_per_ratio, block_ms / 1e3, log)
+                result["groups"][g] = run_group(g, ctx, pairs_per_ratio, block_ms / 1e3, log, warm_ms / 1e3)
                 gc.collect()
             ctx.close_workload(workload)
     finally:
@@ -485,7 +491,8 @@ def markdown(result: dict) -> str:
         "",
         "Each figure is the median of per-pair ratios: every block of ours (about "
         f"{m.get('block_ms', 0):g} ms of steps) is timed next to a block of the other engine, which of the two "
-        "first alternating; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
+        f"first alternating, and every block follows {m.get('warm_ms', 0):g} ms of untimed steps of its own "
+        "engine; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
         "A ceiling is the same ratio for the speed-of-light kernel's engines in the same rounds (what this machine "
         "shows possible for the target); for ours over the kernel, the kernel plus an empty tf.function's call, "
         "over the kernel (no step run by TensorFlow costs less than that call).",
@@ -548,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.headline", description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=21, help="pairs per ratio (rounds per group)")
     p.add_argument("--block-ms", type=float, default=60.0, help="target length of one block")
+    p.add_argument(
+        "--warm-ms",
+        type=float,
+        default=pairs.WARM_S * 1e3,
+        help="untimed steps of an engine right before each of its blocks, in ms (0: none)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 pairs: an end-to-end check")
     p.add_argument("--out", default=None, help="output directory (default: a new scratch directory)")
     p.add_argument("--fbgemm-python", default=None, help="interpreter with torch + fbgemm-gpu-cpu")
@@ -594,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(
         pairs_per_ratio=2 if args.smoke else args.pairs,
         block_ms=args.block_ms,
+        warm_ms=args.warm_ms,
         smoke=args.smoke,
         fbgemm_python=fb if fb is not None and fbgemm.available(fb)[0] else None,
         groups=groups,

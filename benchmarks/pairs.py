@@ -103,6 +103,23 @@ class LocalEngine:
         return self.clock() - t0
 
 
+# Untimed steps an engine runs right before each of its timed blocks, in seconds (run_pairs' `warm`). An engine
+# that sat idle while the others ran starts in a transient: its caches refill in a step, but on this machine a
+# two-thread TensorFlow process needed about 100 ms of steps after 50 ms or more of idleness to reach its speed
+# (its 60 ms blocks measured 0.81-0.87x the one-thread step's speed, 1.04-1.1x once warm).
+WARM_S = 0.15
+
+
+def warm_steps(steps: dict[str, int], block_s: float, warm_s: float = WARM_S) -> dict[str, int]:
+    """Each engine's warm steps: ``warm_s`` of its steps, from its block of ``steps[name]`` steps lasting about
+    ``block_s`` seconds (at least 1; none when ``warm_s`` is 0)."""
+    if warm_s <= 0:
+        return {}
+    if block_s <= 0:
+        raise ValueError(f"warm_steps: block_s must be positive, got {block_s}")
+    return {name: max(1, round(k * warm_s / block_s)) for name, k in steps.items()}
+
+
 def steps_for(estimate_s: float, block_s: float, lo: int = 1, hi: int = 500) -> int:
     """Steps per block so that a block lasts about ``block_s`` seconds."""
     if estimate_s <= 0:
@@ -117,7 +134,7 @@ def size_blocks(engine, block_s: float, warmup: int, probes: int = 3) -> int:
     return steps_for(statistics.median(engine.run(1) for _ in range(probes)), block_s)
 
 
-def run_pairs(base, others: dict, steps: dict[str, int], rounds: int) -> dict:
+def run_pairs(base, others: dict, steps: dict[str, int], rounds: int, warm: dict[str, int] | None = None) -> dict:
     """Times ``rounds`` rounds; in each, every peer's block next to a block of ``base``.
 
     Args:
@@ -125,6 +142,9 @@ def run_pairs(base, others: dict, steps: dict[str, int], rounds: int) -> dict:
         others: name -> engine.
         steps: name -> steps per block, with ``"base"`` for ``base``.
         rounds: rounds (= pairs per peer).
+        warm: name -> untimed steps run right before each of that engine's timed blocks (``"base"`` for
+            ``base``; absent or 0: none; ``warm_steps`` sizes them), so that no block is timed in the transient
+            of an engine that sat idle while the others ran (see WARM_S).
 
     Returns:
         name -> {"ratios": [peer ms/step / base ms/step, one per round], "ms": [peer ms/step],
@@ -133,17 +153,22 @@ def run_pairs(base, others: dict, steps: dict[str, int], rounds: int) -> dict:
     """
     names = list(others)
     out = {n: {"ratios": [], "ms": [], "base_ms": []} for n in names}
-    kb = steps["base"]
+    warm = warm or {}
+
+    def block(name: str, engine) -> float:  # seconds per step of one timed block, after its warm steps
+        if warm.get(name, 0) > 0:
+            engine.run(warm[name])
+        return engine.run(steps[name]) / steps[name]
+
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)] if names else []
         for name in order:
-            k = steps[name]
             if (r + names.index(name)) % 2 == 0:  # each peer's pairs alternate which block runs first
-                tb = base.run(kb) / kb
-                tp = others[name].run(k) / k
+                tb = block("base", base)
+                tp = block(name, others[name])
             else:
-                tp = others[name].run(k) / k
-                tb = base.run(kb) / kb
+                tp = block(name, others[name])
+                tb = block("base", base)
             rec = out[name]
             rec["ms"].append(tp * 1e3)
             rec["base_ms"].append(tb * 1e3)

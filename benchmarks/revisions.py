@@ -118,7 +118,9 @@ def compare(before: str, after: str, cases: list, pairs_per_case: int, block_s: 
                 w.prepare(name, workload=workload, optimizer=optimizer, **params)
             base, other = old.engine(name), new.engine(name)
             steps = pairs.size_blocks(other, block_s, warmup=2)
-            run = pairs.run_pairs(base, {"after": other}, {"base": steps, "after": steps}, pairs_per_case)["after"]
+            per_block = {"base": steps, "after": steps}
+            warm = pairs.warm_steps(per_block, block_s)
+            run = pairs.run_pairs(base, {"after": other}, per_block, pairs_per_case, warm)["after"]
             results[name] = {
                 "after_over_before": pairs.pair_stats(run["ratios"]),
                 "before_ms": statistics.median(run["base_ms"]),

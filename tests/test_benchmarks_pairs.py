@@ -107,6 +107,44 @@ def test_run_pairs_puts_a_base_block_next_to_every_peer_block_alternating_order(
     assert [s for n, s in log if n == "a"] == [5] * 4
 
 
+def test_warm_steps_run_untimed_right_before_each_timed_block():
+    """An engine that starts slow after idling (its first 3 steps after another engine ran cost 10x): warm steps
+    take the transient, and only the timed block's steps count."""
+    log = []
+    state = {"last": None}
+
+    class ColdStart:
+        def __init__(self, name, per_step):
+            self.name, self.per_step = name, per_step
+
+        def run(self, steps):
+            log.append((self.name, steps))
+            cold = 0 if state["last"] == self.name else 3
+            state["last"] = self.name
+            return self.per_step * (steps + 9 * min(cold, steps))
+
+    base, peer = ColdStart("base", 1.0), ColdStart("peer", 2.0)
+    cold = pairs.run_pairs(base, {"peer": peer}, {"base": 10, "peer": 10}, rounds=4)
+    # Without warm steps a block starts cold whenever the other engine ran last: the pairs are biased.
+    assert cold["peer"]["ms"] == pytest.approx([2e3 * 3.7, 2e3, 2e3 * 3.7, 2e3])
+    assert cold["peer"]["ratios"] != pytest.approx([2.0] * 4)
+    log.clear()
+    warm = pairs.run_pairs(base, {"peer": peer}, {"base": 10, "peer": 10}, rounds=4, warm={"base": 3, "peer": 5})
+    assert warm["peer"]["ratios"] == pytest.approx([2.0] * 4)
+    assert warm["peer"]["ms"] == pytest.approx([2e3] * 4) and warm["peer"]["base_ms"] == pytest.approx([1e3] * 4)
+    # Each engine's warm steps come right before its timed block, every time.
+    assert log[:4] == [("base", 3), ("base", 10), ("peer", 5), ("peer", 10)]
+    assert [s for n, s in log if n == "peer"] == [5, 10] * 4
+
+
+def test_warm_steps_are_a_share_of_each_block():
+    assert pairs.warm_steps({"base": 60, "peer": 20}, block_s=0.06, warm_s=0.15) == {"base": 150, "peer": 50}
+    assert pairs.warm_steps({"base": 1}, block_s=0.06, warm_s=0.001) == {"base": 1}
+    assert pairs.warm_steps({"base": 60}, block_s=0.06, warm_s=0.0) == {}
+    with pytest.raises(ValueError, match="block_s"):
+        pairs.warm_steps({"base": 60}, block_s=0.0)
+
+
 def test_a_slow_phase_of_the_machine_cancels_in_pair_ratios():
     """The machine gets 3x slower half-way: block medians of a separate timing move, pair ratios do not."""
     clock = {"t": 0.0, "blocks": 0}
