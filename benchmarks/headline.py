@@ -8,7 +8,7 @@ pairs; a ceiling (what the kernel shows possible for that target) is a ratio of 
 
 One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built once,
 timed in rounds (``pairs.run_pairs``, each block after 150 ms of untimed steps of its engine), freed before the
-next group. About 8 minutes on 2 cores.
+next group. About 7 minutes on 2 cores.
 
 Usage (also ``python -m benchmarks --headline``):
     python -m benchmarks.headline [--pairs 21] [--block-ms 60] [--warm-ms 150] [--out DIR] [--fbgemm-python PY]
