@@ -176,10 +176,23 @@ def _bad_deltas(tmp_path, pub, model, table):
     empty = np.zeros([0], np.int64)
 
     def crafted(
-        name, *, model_id=None, layout_id=None, dims=(util.DIM, util.DIM), static_keys=keys, new=0, fill=1.0, dense=None
+        name,
+        *,
+        model_id=None,
+        layout_id=None,
+        dims=(util.DIM, util.DIM),
+        static_keys=keys,
+        new=0,
+        fill=1.0,
+        dense=None,
+        dynamic_keys=None,
+        evicted=None,
     ):
+        dynamic_keys = np.arange(10**6, 10**6 + new) if dynamic_keys is None else dynamic_keys
         parts = {
-            "dynamic": delta_format.TableDelta(np.arange(10**6, 10**6 + new), np.zeros([new, dims[0]]), dim=dims[0]),
+            "dynamic": delta_format.TableDelta(
+                dynamic_keys, np.zeros([len(dynamic_keys), dims[0]]), evicted=evicted, dim=dims[0]
+            ),
             "static": delta_format.TableDelta(static_keys, np.full([static_keys.size, dims[1]], fill), dim=dims[1]),
         }
         tables = [parts[t["name"]] for t in meta["layout"]["tables"]]
@@ -217,6 +230,15 @@ def _bad_deltas(tmp_path, pub, model, table):
     bad["row_id"] = (crafted("row_id", static_keys=np.array([0, util.V], np.int64)), f"row id {util.V} outside")
     capacity = [t for t in meta["layout"]["tables"] if t["kind"] == "dynamic"][0]["capacity"]
     bad["capacity"] = (crafted("capacity", new=capacity + 1, static_keys=empty), "free slots")
+    # A dynamic table's keys: one repeated (unsorted, as a writer other than the publisher may give them); one both
+    # written and evicted.
+    repeated = np.array([10**6 + 5, 10**6, 10**6 + 5], np.int64)
+    bad["repeated"] = (crafted("repeated", dynamic_keys=repeated), "table dynamic: repeated keys")
+    both = np.array([10**6, 10**6 + 1], np.int64)
+    bad["written_and_evicted"] = (
+        crafted("written_and_evicted", dynamic_keys=both, evicted=both[1:]),
+        "table dynamic: 1 keys are both written and evicted",
+    )
     # Sizes that overflow int64 when multiplied: 2**61 rows of an empty payload (2**61 * 8 and 2**61 * dim * 4 wrap
     # to 0, the rows' byte count), and a dense offset near 2**63 (offset + bytes wraps negative).
     static_index = [t["name"] for t in meta["layout"]["tables"]].index("static")
