@@ -13,7 +13,7 @@ Examples:
     python -m benchmarks --only tiered        # a table 10x its DRAM cache against the same table in memory
     python -m benchmarks --only ps_wire_bytes   # parameter-server bytes per step: measured and by formula
     python -m benchmarks --rerender benchmarks/results   # REPORT.md, plots, README again from its suite.json
-    python -m benchmarks --headline           # every target's ratio by interleaved pairs (about 5 minutes)
+    python -m benchmarks --headline           # every target's ratio by interleaved pairs (about 8 minutes)
     python -m benchmarks --headline --compare A/headline.json B/headline.json   # do two runs agree within 15%?
 """
 

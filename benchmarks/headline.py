@@ -6,13 +6,14 @@ engines (FBGEMM, the kernel, ours at two threads) as persistent workers (``bench
 this process. Each figure is the median of its per-pair ratios, with their interquartile range and the number of
 pairs; a ceiling (what the kernel shows possible for that target) is a ratio of pair ratios of the same rounds.
 
-One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built once,
+One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built,
 timed in rounds (``pairs.run_pairs``, each block after 150 ms of untimed steps of its engine), freed before the
-next group. About 7 minutes on 2 cores.
+next group. The groups run in three passes (``PASSES``), each timing a third of every figure's pairs with every
+engine built afresh, so that a figure's pairs come from three moments of the run. About 8 minutes on 2 cores.
 
 Usage (also ``python -m benchmarks --headline``):
-    python -m benchmarks.headline [--pairs 21] [--block-ms 60] [--warm-ms 150] [--out DIR] [--fbgemm-python PY]
-                                  [--smoke]
+    python -m benchmarks.headline [--pairs 21] [--passes 3] [--block-ms 60] [--warm-ms 150] [--out DIR]
+                                  [--fbgemm-python PY] [--smoke]
     python -m benchmarks.headline --compare RUN_A/headline.json RUN_B/headline.json   # do two runs agree?
 """
 
@@ -28,6 +29,10 @@ import time
 from benchmarks import pairs
 
 AGREEMENT = 0.15  # two runs of the headline agree when every figure is within 15% (max / min - 1)
+# Each group's pairs are timed in this many passes over all the groups, each with a fresh build of every engine:
+# this machine slows for tens of seconds at a time, and engines unequally (FBGEMM and ours more than the kernel),
+# so a figure whose pairs all come from one minute carries that minute's state.
+PASSES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,9 +397,11 @@ def _base(workload: str, opt: str, wl, warmup: int):
     return _local(ours.fused_step(wl, opt), warmup)
 
 
-def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print, warm_s: float = 0.0) -> dict:
+def run_group(
+    group: str, ctx: _Context, rounds: int, block_s: float, log=print, warm_s: float = 0.0, first: int = 0
+) -> dict:
     """Builds the group's engines, sizes their blocks, times ``rounds`` rounds (each block after ``warm_s`` of
-    untimed steps of its engine); returns its record."""
+    untimed steps of its engine; ``first`` the index of the first, `pairs.run_pairs`); returns its record."""
     from benchmarks import workloads as wls
 
     workload, opt = group.split(":")
@@ -420,7 +427,7 @@ def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print,
             del engines[name]
     warm = {} if ctx.smoke else pairs.warm_steps(steps, block_s, warm_s)
     try:
-        res = pairs.run_pairs(base, engines, steps, rounds, warm)
+        res = pairs.run_pairs(base, engines, steps, rounds, warm, first)
     finally:
         for eng in engines.values():  # a worker's state goes with its group (the worker serves the next one)
             if hasattr(eng, "worker"):
@@ -438,6 +445,46 @@ def run_group(group: str, ctx: _Context, rounds: int, block_s: float, log=print,
     return out
 
 
+def pass_rounds(pairs_per_ratio: int, passes: int) -> list[int]:
+    """The rounds of each pass: ``pairs_per_ratio`` split as evenly as it goes, the first passes taking the rest
+    (never a pass of no round: fewer passes when there are fewer pairs)."""
+    if pairs_per_ratio < 1 or passes < 1:
+        raise ValueError(f"pass_rounds: pairs and passes must be >= 1, got {pairs_per_ratio} and {passes}")
+    passes = min(passes, pairs_per_ratio)
+    return [pairs_per_ratio // passes + (1 if p < pairs_per_ratio % passes else 0) for p in range(passes)]
+
+
+def merge_passes(records: list[dict]) -> dict:
+    """One group's record from its passes' records (``run_group``'s, in order): every pass's pairs in order
+    (``rounds`` added; each engine's ``ratios``, ``ms`` and ``base_ms`` joined) and ``passes``, one summary a pass.
+
+    A figure pairs its engines round by round, so an engine that failed in one pass is reported with that pass's
+    error ("pass N: ..." when there are several) and no pairs; a pass in which the whole group failed adds no
+    pairs (its error is in its summary); a group that failed in every pass keeps the first pass's error."""
+    summaries = []
+    for p, rec in enumerate(records):
+        summary = {"pass": p + 1, "rounds": rec.get("rounds", 0), "seconds": rec.get("seconds")}
+        summary.update({k: rec[k] for k in ("error", "base_steps", "warm_steps") if k in rec})
+        summaries.append(summary)
+    ok = [(p, r) for p, r in enumerate(records) if "error" not in r]
+    if not ok:
+        return {**records[0], "passes": summaries}
+    out = {k: ok[0][1][k] for k in ("workload", "optimizer")}
+    out.update({"rounds": sum(r["rounds"] for _, r in ok), "engines": {}, "passes": summaries})
+    for name in dict.fromkeys(n for _, r in ok for n in r["engines"]):
+        recs = [r["engines"].get(name, {}) for _, r in ok]
+        failed = [(p, r["engines"].get(name, {})) for p, r in ok if "ratios" not in r["engines"].get(name, {})]
+        if failed:
+            p, e = failed[0]
+            where = f"pass {p + 1}: " if len(records) > 1 else ""
+            out["engines"][name] = {"error": where + e.get("error", "not run")}
+            continue
+        out["engines"][name] = {k: [x for e in recs for x in e[k]] for k in ("ratios", "ms", "base_ms")}
+        out["engines"][name]["steps"] = [e.get("steps") for e in recs]
+    out["seconds"] = sum(r.get("seconds", 0.0) for r in records)
+    return out
+
+
 def run(
     pairs_per_ratio: int = 21,
     block_ms: float = 60.0,
@@ -446,24 +493,39 @@ def run(
     fbgemm_python: str | None = None,
     groups: tuple[str, ...] = GROUPS,
     log=print,
+    passes: int = PASSES,
 ) -> dict:
-    """Runs every group; returns {"meta", "groups", "headlines"}."""
+    """Runs every group in ``passes`` passes (``pass_rounds``); returns {"meta", "groups", "headlines"}."""
     from benchmarks import suite
 
     opts = suite.Options(smoke=smoke)
     meta = suite.host_meta(opts)
-    meta.update({"method": "interleaved pairs", "pairs": pairs_per_ratio, "block_ms": block_ms, "warm_ms": warm_ms})
+    split = pass_rounds(pairs_per_ratio, passes)
+    meta.update(
+        {
+            "method": "interleaved pairs",
+            "pairs": pairs_per_ratio,
+            "passes": len(split),
+            "block_ms": block_ms,
+            "warm_ms": warm_ms,
+        }
+    )
     ctx = _Context(smoke, fbgemm_python, warmup=1 if smoke else 3)
     result = {"meta": meta, "groups": {}}
+    per_pass: dict[str, list] = {g: [] for g in groups}
     t0 = time.time()
     try:
-        for workload in dict.fromkeys(g.split(":")[0] for g in groups):
-            for g in [g for g in groups if g.startswith(workload + ":")]:
-                result["groups"][g] = run_group(g, ctx, pairs_per_ratio, block_ms / 1e3, log, warm_ms / 1e3)
-                gc.collect()
-            ctx.close_workload(workload)
+        for p, rounds in enumerate(split):
+            first = sum(split[:p])
+            for workload in dict.fromkeys(g.split(":")[0] for g in groups):
+                for g in [g for g in groups if g.startswith(workload + ":")]:
+                    log(f"pass {p + 1}/{len(split)}: {g}")
+                    per_pass[g].append(run_group(g, ctx, rounds, block_ms / 1e3, log, warm_ms / 1e3, first))
+                    gc.collect()
+                ctx.close_workload(workload)  # each pass builds every engine afresh, workers included
     finally:
         ctx.close()
+    result["groups"] = {g: merge_passes(recs) for g, recs in per_pass.items() if recs}
     meta["wall_s"] = time.time() - t0
     meta["host"]["load_avg_at_end"] = os.getloadavg()
     result["headlines"] = [evaluate(h, result) for h in HEADLINES if h.group in groups]
@@ -492,7 +554,8 @@ def markdown(result: dict) -> str:
         "Each figure is the median of per-pair ratios: every block of ours (about "
         f"{m.get('block_ms', 0):g} ms of steps) is timed next to a block of the other engine, which of the two "
         f"first alternating, and every block follows {m.get('warm_ms', 0):g} ms of untimed steps of its own "
-        "engine; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
+        f"engine; a figure's pairs come from {m.get('passes', 1)} pass(es) over all the figures, each with every "
+        "engine built afresh; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
         "A ceiling is the same ratio for the speed-of-light kernel's engines in the same rounds (what this machine "
         "shows possible for the target); for ours over the kernel, the kernel plus an empty tf.function's call, "
         "over the kernel (no step run by TensorFlow costs less than that call).",
@@ -553,7 +616,13 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.headline", description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=21, help="pairs per ratio (rounds per group)")
+    p.add_argument("--pairs", type=int, default=21, help="pairs per ratio (rounds per group, over all passes)")
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=PASSES,
+        help="passes over all the groups, each timing its share of the pairs with a fresh build of every engine",
+    )
     p.add_argument("--block-ms", type=float, default=60.0, help="target length of one block")
     p.add_argument(
         "--warm-ms",
@@ -595,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--groups: unknown {bad}; choose from {GROUPS}")
     if args.pairs < 1:
         p.error("--pairs must be >= 1")
+    if args.passes < 1:
+        p.error("--passes must be >= 1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -612,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         fbgemm_python=fb if fb is not None and fbgemm.available(fb)[0] else None,
         groups=groups,
         log=lambda m: print(m, flush=True),
+        passes=1 if args.smoke else args.passes,
     )
     out = args.out or tempfile.mkdtemp(prefix="tf_embed_ops_headline_")
     written = write(result, out)

@@ -134,7 +134,9 @@ def size_blocks(engine, block_s: float, warmup: int, probes: int = 3) -> int:
     return steps_for(statistics.median(engine.run(1) for _ in range(probes)), block_s)
 
 
-def run_pairs(base, others: dict, steps: dict[str, int], rounds: int, warm: dict[str, int] | None = None) -> dict:
+def run_pairs(
+    base, others: dict, steps: dict[str, int], rounds: int, warm: dict[str, int] | None = None, first: int = 0
+) -> dict:
     """Times ``rounds`` rounds; in each, every peer's block next to a block of ``base``.
 
     Args:
@@ -145,6 +147,7 @@ def run_pairs(base, others: dict, steps: dict[str, int], rounds: int, warm: dict
         warm: name -> untimed steps run right before each of that engine's timed blocks (``"base"`` for
             ``base``; absent or 0: none; ``warm_steps`` sizes them), so that no block is timed in the transient
             of an engine that sat idle while the others ran (see WARM_S).
+        first: the index of the first round (rounds timed in several calls go on alternating as one series).
 
     Returns:
         name -> {"ratios": [peer ms/step / base ms/step, one per round], "ms": [peer ms/step],
@@ -160,7 +163,7 @@ def run_pairs(base, others: dict, steps: dict[str, int], rounds: int, warm: dict
             engine.run(warm[name])
         return engine.run(steps[name]) / steps[name]
 
-    for r in range(rounds):
+    for r in range(first, first + rounds):
         order = names[r % len(names) :] + names[: r % len(names)] if names else []
         for name in order:
             if (r + names.index(name)) % 2 == 0:  # each peer's pairs alternate which block runs first

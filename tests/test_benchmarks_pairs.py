@@ -107,6 +107,18 @@ def test_run_pairs_puts_a_base_block_next_to_every_peer_block_alternating_order(
     assert [s for n, s in log if n == "a"] == [5] * 4
 
 
+def test_rounds_timed_in_several_calls_alternate_as_one_series():
+    def order(calls):
+        log = []
+        base, others = _Fake("base", 0.001, log), {"a": _Fake("a", 0.002, log), "b": _Fake("b", 0.001, log)}
+        for first, rounds in calls:
+            pairs.run_pairs(base, others, {"base": 1, "a": 1, "b": 1}, rounds=rounds, first=first)
+        return [n for n, _ in log]
+
+    assert order([(0, 3), (3, 4)]) == order([(0, 7)])
+    assert order([(0, 3), (0, 4)]) != order([(0, 7)])  # restarting the series repeats its first rounds' order
+
+
 def test_warm_steps_run_untimed_right_before_each_timed_block():
     """An engine that starts slow after idling (its first 3 steps after another engine ran cost 10x): warm steps
     take the transient, and only the timed block's steps count."""
@@ -330,6 +342,56 @@ def test_every_headline_names_engines_its_group_builds():
         for e in (h.num, h.den):
             assert e == "base" or e.rstrip("*") in built, (h.key, e)
     assert len({h.key for h in headline.HEADLINES}) == len(headline.HEADLINES)
+
+
+@pytest.mark.parametrize(
+    "pairs_per_ratio, passes, split", [(21, 3, [7, 7, 7]), (22, 3, [8, 7, 7]), (2, 3, [1, 1]), (5, 1, [5])]
+)
+def test_pass_rounds_split_the_pairs_evenly(pairs_per_ratio, passes, split):
+    assert headline.pass_rounds(pairs_per_ratio, passes) == split
+
+
+@pytest.mark.parametrize("pairs_per_ratio, passes", [(0, 3), (21, 0)])
+def test_pass_rounds_refuses_no_pair_or_no_pass(pairs_per_ratio, passes):
+    with pytest.raises(ValueError, match="pass_rounds"):
+        headline.pass_rounds(pairs_per_ratio, passes)
+
+
+def _pass(rounds, seconds=1.0, **engines):
+    recs = {}
+    for name, r in engines.items():
+        recs[name] = {"error": r} if isinstance(r, str) else {"ratios": r, "ms": r, "base_ms": [1.0] * rounds}
+        recs[name]["steps"] = 3
+    return {"workload": "W1", "optimizer": "sgd", "rounds": rounds, "engines": recs, "seconds": seconds}
+
+
+def test_passes_merge_into_one_series_of_pairs():
+    merged = headline.merge_passes([_pass(2, sol=[0.5, 0.6], fbgemm=[2.0, 2.1]), _pass(1, sol=[0.7], fbgemm=[2.2])])
+    assert merged["rounds"] == 3 and merged["seconds"] == 2.0
+    assert merged["engines"]["sol"]["ratios"] == [0.5, 0.6, 0.7]
+    assert merged["engines"]["fbgemm"]["ms"] == [2.0, 2.1, 2.2] and merged["engines"]["sol"]["base_ms"] == [1.0] * 3
+    assert [p["rounds"] for p in merged["passes"]] == [2, 1]
+    h = headline.Headline("k", "ours / kernel", "W1:sgd", "base", "sol", "<=", 1.25)
+    rec = headline.evaluate(h, {"groups": {"W1:sgd": merged}})
+    assert rec["n"] == 3 and rec["median"] == pytest.approx(1 / 0.6)
+
+
+def test_an_engine_that_failed_in_one_pass_has_no_pairs_and_a_failed_pass_adds_none():
+    merged = headline.merge_passes(
+        [
+            _pass(2, sol=[0.5, 0.6], fbgemm=[2.0, 2.1]),
+            {"workload": "W1", "optimizer": "sgd", "error": "ours: MemoryError", "engines": {}},
+            _pass(1, sol=[0.7], fbgemm="RuntimeError: worker died"),
+        ]
+    )
+    assert merged["rounds"] == 3 and merged["engines"]["sol"]["ratios"] == [0.5, 0.6, 0.7]
+    assert merged["engines"]["fbgemm"] == {"error": "pass 3: RuntimeError: worker died"}
+    assert merged["passes"][1]["error"] == "ours: MemoryError"
+    h = headline.Headline("k", "FBGEMM / ours", "W1:sgd", "fbgemm", "base", ">=", 1.3)
+    rec = headline.evaluate(h, {"groups": {"W1:sgd": merged}})
+    assert rec["status"] == "not measured" and rec["why"] == "pass 3: RuntimeError: worker died"
+    failed = {"workload": "W1", "optimizer": "sgd", "error": "ours: MemoryError", "engines": {}}
+    assert headline.merge_passes([failed, dict(failed)])["error"] == "ours: MemoryError"
 
 
 def test_two_runs_agree_within_fifteen_percent():
