@@ -6,10 +6,10 @@ engines (FBGEMM, the kernel, ours at two threads) as persistent workers (``bench
 this process. Each figure is the median of its per-pair ratios, with their interquartile range and the number of
 pairs; a ceiling (what the kernel shows possible for that target) is a ratio of pair ratios of the same rounds.
 
-One comparison group per workload and optimizer: ours (the base) and every engine compared with it, built,
-timed in rounds (``pairs.run_pairs``, each block after 150 ms of untimed steps of its engine), freed before the
+One comparison group per workload and optimizer: ours (the base) and every engine compared with it are built,
+timed in rounds (``pairs.run_pairs``, each block after 150 ms of untimed steps of its engine) and freed before the
 next group. The groups run in three passes (``PASSES``), each timing a third of every figure's pairs with every
-engine built afresh, so that a figure's pairs come from three moments of the run. About 8 minutes on 2 cores.
+engine built afresh, so that a figure's pairs come from three moments of the run. About 9 minutes on 2 cores.
 
 Usage (also ``python -m benchmarks --headline``):
     python -m benchmarks.headline [--pairs 21] [--passes 3] [--block-ms 60] [--warm-ms 150] [--out DIR]
@@ -539,6 +539,15 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _passes_clause(passes: int) -> str:
+    if passes == 1:
+        return "engine, all of a figure's pairs in one stretch; "
+    return (
+        f"engine; a figure's pairs come from {passes} passes over all the figures, each with every engine built "
+        "afresh; "
+    )
+
+
 def markdown(result: dict) -> str:
     """HEADLINE.md: one row per headline ratio."""
     m = result["meta"]
@@ -554,8 +563,8 @@ def markdown(result: dict) -> str:
         "Each figure is the median of per-pair ratios: every block of ours (about "
         f"{m.get('block_ms', 0):g} ms of steps) is timed next to a block of the other engine, which of the two "
         f"first alternating, and every block follows {m.get('warm_ms', 0):g} ms of untimed steps of its own "
-        f"engine; a figure's pairs come from {m.get('passes', 1)} pass(es) over all the figures, each with every "
-        "engine built afresh; the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
+        + _passes_clause(m.get("passes", 1))
+        + "the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
         "A ceiling is the same ratio for the speed-of-light kernel's engines in the same rounds (what this machine "
         "shows possible for the target); for ours over the kernel, the kernel plus an empty tf.function's call, "
         "over the kernel (no step run by TensorFlow costs less than that call).",

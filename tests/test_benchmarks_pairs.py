@@ -394,6 +394,14 @@ def test_an_engine_that_failed_in_one_pass_has_no_pairs_and_a_failed_pass_adds_n
     assert headline.merge_passes([failed, dict(failed)])["error"] == "ours: MemoryError"
 
 
+@pytest.mark.parametrize("passes, words", [(3, "from 3 passes over all the figures"), (1, "in one stretch")])
+def test_the_method_sentence_says_how_many_passes(passes, words):
+    text = headline.markdown(
+        {"meta": {"passes": passes, "block_ms": 60, "warm_ms": 150}, "headlines": [], "groups": {}}
+    )
+    assert words in text
+
+
 def test_two_runs_agree_within_fifteen_percent():
     a = {"headlines": [{"key": "x", "label": "x", "median": 1.0}, {"key": "y", "label": "y", "median": 2.0}]}
     b = {"headlines": [{"key": "x", "label": "x", "median": 1.14}, {"key": "y", "label": "y", "median": 2.4}]}
