@@ -259,8 +259,30 @@ def evaluate(h: Headline, result: dict) -> dict:
     return rec
 
 
+def step_ms(result: dict, key: str) -> dict[str, float]:
+    """The median ms a step of each of the two engines headline ``key`` divides, in a run (``ours`` from the blocks
+    next to the other engine's): which engine moved when two runs disagree. {} when the run lacks them (a figure
+    not measured, a run without per-block times, a headline no longer defined)."""
+    h = next((x for x in HEADLINES if x.key == key), None)
+    g = result.get("groups", {}).get(h.group) if h is not None else None
+    if not g or "error" in g:
+        return {}
+    names = [_pick(g, h.num)[0], _pick(g, h.den)[0]]
+    if None in names or any("+" in n for n in names):
+        return {}
+    other = next((n for n in names if n != "base"), None)
+    out = {}
+    for n in names:
+        vals = g["engines"][other].get("base_ms") if n == "base" else g["engines"][n].get("ms")
+        if not vals:
+            return {}
+        out["ours" if n == "base" else n] = pairs.quantile(vals, 0.5)
+    return out
+
+
 def compare(a: dict, b: dict, tolerance: float = AGREEMENT) -> list[dict]:
-    """Per headline measured in both runs: the two medians, how far apart, and whether within ``tolerance``."""
+    """Per headline measured in both runs: the two medians, how far apart, whether within ``tolerance``, and each
+    run's step times of the two engines (``step_ms``)."""
     rows = []
     bk = {r["key"]: r for r in b["headlines"]}
     for ra in a["headlines"]:
@@ -277,6 +299,8 @@ def compare(a: dict, b: dict, tolerance: float = AGREEMENT) -> list[dict]:
                 "b": rb["median"],
                 "apart": d,
                 "agree": d <= tolerance,
+                "ms_a": step_ms(a, ra["key"]),
+                "ms_b": step_ms(b, ra["key"]),
             }
         )
     return rows
@@ -600,13 +624,18 @@ def markdown(result: dict) -> str:
 
 
 def compare_markdown(rows: list[dict], tolerance: float = AGREEMENT) -> str:
-    lines = [f"| ratio | run A | run B | apart | within {tolerance:.0%} |", "|---|---:|---:|---:|---|"]
+    lines = [
+        f"| ratio | run A | run B | apart | within {tolerance:.0%} | ms a step, run A / run B |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for r in rows:
         if r["agree"] is None:
-            lines.append(f"| {r['label']} | — | — | — | not in both |")
-        else:
-            agree = "yes" if r["agree"] else "**no**"
-            lines.append(f"| {r['label']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {r['apart']:.1%} | {agree} |")
+            lines.append(f"| {r['label']} | — | — | — | not in both | |")
+            continue
+        agree = "yes" if r["agree"] else "**no**"
+        ms_a, ms_b = r.get("ms_a", {}), r.get("ms_b", {})
+        ms = "; ".join(f"{e} {ms_a[e]:.3g} / {ms_b[e]:.3g}" for e in ms_a if e in ms_b) or "—"
+        lines.append(f"| {r['label']} | {_fmt(r['a'])} | {_fmt(r['b'])} | {r['apart']:.1%} | {agree} | {ms} |")
     return "\n".join(lines) + "\n"
 
 

@@ -411,6 +411,25 @@ def test_two_runs_agree_within_fifteen_percent():
     assert "**no**" in headline.compare_markdown(list(rows.values()))
 
 
+def test_compare_gives_each_runs_step_times_of_the_two_engines():
+    def run(ours_ms, sol_ms):
+        group = {"rounds": 2, "engines": {"sol": {"ratios": [sol_ms / ours_ms] * 2, "ms": [sol_ms] * 2}}}
+        group["engines"]["sol"]["base_ms"] = [ours_ms] * 2
+        result = {"groups": {"W1:sgd": group}}
+        result["headlines"] = [headline.evaluate(h, result) for h in headline.HEADLINES if h.key == "W1_sgd_sol"]
+        return result
+
+    a, b = run(1.0, 0.8), run(2.0, 1.0)
+    assert headline.step_ms(a, "W1_sgd_sol") == {"ours": 1.0, "sol": 0.8}
+    (row,) = headline.compare(a, b)
+    assert row["agree"] is False and row["ms_b"] == {"ours": 2.0, "sol": 1.0}
+    assert "ours 1 / 2; sol 0.8 / 1" in headline.compare_markdown([row])
+    # A run without per-block times (or a headline no longer defined) gives none, not an error.
+    del a["groups"]["W1:sgd"]["engines"]["sol"]["ms"]
+    assert headline.step_ms(a, "W1_sgd_sol") == {} and headline.step_ms(a, "no such key") == {}
+    assert "| — |" in headline.compare_markdown(headline.compare(a, b))
+
+
 def test_readme_sentence_quotes_the_headline_run_and_is_absent_without_one(tmp_path):
     from benchmarks import readme_speed
 
