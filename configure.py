@@ -24,7 +24,17 @@ CONFIG_MODULE_SOURCES = ["cc/lib/*.cc", "cc/config/*.cc", "cc/python/*.cc"]
 # cc/lib vectorise; TF_EMBED_OPS_CXXFLAGS adds to them (e.g. "-march=native" for a local build).
 # -fno-math-errno lets the optimizer loops vectorise std::sqrt (sqrt/sqrtps are correctly rounded either way, so
 # results are bitwise unchanged; only errno, which nothing reads, is no longer set): Adagrad's update ~1.5x.
-OPT_FLAGS = ["-O3", "-DNDEBUG", "-fno-math-errno", "-fPIC", "-fvisibility=hidden", "-Wno-deprecated-declarations"]
+# -ffp-contract=off: no a*b+c is fused into one rounding, so a build for a CPU with FMA or AVX-512
+# (TF_EMBED_OPS_CXXFLAGS=-march=native) gives the bits of the baseline build (cc/lib/tests/vector_isa_test.cc).
+OPT_FLAGS = [
+    "-O3",
+    "-DNDEBUG",
+    "-fno-math-errno",
+    "-ffp-contract=off",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-Wno-deprecated-declarations",
+]
 
 
 # TF_EMBED_OPS_SANITIZE=address,undefined (or `python configure.py --sanitize ...`) builds both shared objects

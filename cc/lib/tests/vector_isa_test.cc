@@ -1,10 +1,12 @@
-// The row loops' two compiled copies (cc/lib/vector_isa.h) compute bitwise the same values: every optimizer
+// The row loops' compiled copies (cc/lib/vector_isa.h) compute bitwise the same values: every optimizer
 // (with every option that changes its loop) through the whole row pipeline, the forward combine with and
-// without quantization, gradient accumulation, and the sparse accumulator's row adds, each run once as the
-// baseline (SSE2) code and once through the AVX2 copy on the same random inputs; the 16-bit row store in both
-// copies equals its per-element definition, and the 16-bit table update equals the whole-row widen / update /
+// without quantization, gradient accumulation, and the sparse accumulator's row adds, each run as the baseline
+// (SSE2) code, through the library's AVX2 copy, and as the same loops compiled for AVX2 with FMA and for
+// AVX-512 (what a TF_EMBED_OPS_CXXFLAGS=-march=native build runs: with the project's -ffp-contract=off no
+// multiply-add is fused, so they must give the same bits) on the same random inputs; the 16-bit row store in
+// every copy equals its per-element definition, and the 16-bit table update equals the whole-row widen / update /
 // round path written out in the test.  Skipped where the library is built without the AVX2 copy (-mavx2 builds,
-// other architectures) or the CPU lacks AVX2.
+// other architectures) or the CPU lacks AVX2; the FMA and AVX-512 copies run where the CPU has them.
 #include "cc/lib/vector_isa.h"
 
 #include <array>
@@ -29,31 +31,82 @@
 namespace tf_embed_ops {
 namespace {
 
-// Runs `fn` as the baseline code and as the AVX2 copy.
-void BothIsas(const std::function<void(bool avx2)>& fn) {
-#ifdef TF_EMBED_OPS_AVX2_CLONES
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "the CPU has no AVX2";
-  fn(false);
-  fn(true);
-#else
-  (void)fn;
-  GTEST_SKIP() << "built without the run-time AVX2 copy";
-#endif
+// The copies compared: the baseline and the library's AVX2 copy (vector_isa.h), and the loops compiled here for
+// AVX2 with FMA and for AVX-512 (F, VL, BW, DQ), as a -march=native build would compile them.
+enum class Copy { kBaseline, kAvx2, kAvx2Fma, kAvx512 };
+constexpr int kNumCopies = 4;  // Copy's values, as array indices
+
+const char* CopyName(Copy c) {
+  switch (c) {
+    case Copy::kAvx2:
+      return "AVX2";
+    case Copy::kAvx2Fma:
+      return "AVX2+FMA";
+    case Copy::kAvx512:
+      return "AVX-512";
+    case Copy::kBaseline:
+      break;
+  }
+  return "baseline";
 }
 
-// Runs `body` compiled for the ISA chosen: inlined into the AVX2 clone, or called as baseline code.
-template <typename Body>
-void OnIsa(bool avx2, const Body& body) {
 #ifdef TF_EMBED_OPS_AVX2_CLONES
-  if (avx2) {
-    internal::RunAvx2(body);
-    return;
+template <typename Fn>
+__attribute__((target("avx2,fma"), flatten)) void RunAvx2Fma(const Fn& fn) {
+  fn();
+}
+template <typename Fn>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq"), flatten)) void RunAvx512(const Fn& fn) {
+  fn();
+}
+#endif
+
+// The copies this build has and this CPU runs, the baseline first.
+std::vector<Copy> TestedCopies() {
+  std::vector<Copy> copies = {Copy::kBaseline};
+#ifdef TF_EMBED_OPS_AVX2_CLONES
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) return copies;
+  copies.push_back(Copy::kAvx2);
+  if (__builtin_cpu_supports("fma")) copies.push_back(Copy::kAvx2Fma);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq")) {
+    copies.push_back(Copy::kAvx512);
   }
 #endif
-  (void)avx2;
+  return copies;
+}
+
+// Runs `fn` once per tested copy, the baseline first; skips the test when there is no copy besides the baseline.
+void EachCopy(const std::function<void(Copy c)>& fn) {
+  const std::vector<Copy> copies = TestedCopies();
+  if (copies.size() < 2) GTEST_SKIP() << "built without the run-time AVX2 copy, or the CPU has no AVX2";
+  for (Copy c : copies) fn(c);
+}
+
+// Runs `body` compiled for the copy chosen: inlined into that copy, or called as baseline code.
+template <typename Body>
+void OnCopy(Copy c, const Body& body) {
+#ifdef TF_EMBED_OPS_AVX2_CLONES
+  switch (c) {
+    case Copy::kAvx2:
+      internal::RunAvx2(body);
+      return;
+    case Copy::kAvx2Fma:
+      RunAvx2Fma(body);
+      return;
+    case Copy::kAvx512:
+      RunAvx512(body);
+      return;
+    case Copy::kBaseline:
+      break;
+  }
+#endif
+  (void)c;
   body();
 }
+
+int Index(Copy c) { return static_cast<int>(c); }
 
 void ExpectBitwiseEqual(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
@@ -181,8 +234,8 @@ TEST(VectorIsaTest, EveryOptimizerRowPipelineIsBitwiseEqual) {
     o.multiply_weight_decay_factor_by_learning_rate = true;
     o.weight_clipping = {-1.5f, 1.25f};
     const size_t num_slots = OptimizerSlots(optimizer).size();
-    std::vector<std::vector<float>> results[2];
-    BothIsas([&](bool avx2) {
+    std::vector<std::vector<float>> results[kNumCopies];
+    EachCopy([&](Copy isa) {
       std::mt19937 rng(11);
       std::vector<float> w = RandomFloats(&rng, kRows * kDim, -2.0f, 2.0f);
       std::vector<std::vector<float>> slots;
@@ -190,7 +243,7 @@ TEST(VectorIsaTest, EveryOptimizerRowPipelineIsBitwiseEqual) {
       const std::vector<float> g = RandomFloats(&rng, kRows * kDim, -1.0f, 1.0f);
       std::visit(
           [&](const auto& opt) {
-            OnIsa(avx2, [&] {
+            OnCopy(isa, [&] {
               for (int step = 0; step < 3; ++step) {
                 for (int64_t r = 0; r < kRows; ++r) {
                   std::vector<float> clipped(kDim);
@@ -203,12 +256,16 @@ TEST(VectorIsaTest, EveryOptimizerRowPipelineIsBitwiseEqual) {
             });
           },
           o.optimizer);
-      results[avx2] = slots;
-      results[avx2].push_back(w);
+      results[Index(isa)] = slots;
+      results[Index(isa)].push_back(w);
     });
     if (results[0].empty()) return;  // skipped
-    for (size_t k = 0; k < results[0].size(); ++k) {
-      ExpectBitwiseEqual(results[0][k], results[1][k], name + (k == num_slots ? " weights" : " slot"));
+    for (int i = 1; i < kNumCopies; ++i) {
+      if (results[i].empty()) continue;
+      for (size_t k = 0; k < results[0].size(); ++k) {
+        ExpectBitwiseEqual(results[0][k], results[i][k],
+                           name + (k == num_slots ? " weights" : " slot") + " " + CopyName(Copy(i)));
+      }
     }
   }
 }
@@ -244,15 +301,18 @@ TEST(VectorIsaTest, ForwardCombineIsBitwiseEqual) {
   q.num_buckets = 17;
   const Quantizer quantizer(q);
   for (const Quantizer* quant : {static_cast<const Quantizer*>(nullptr), &quantizer}) {
-    std::vector<float> out[2];
-    BothIsas([&](bool avx2) {
-      out[avx2].assign(40 * kDim, 0.0f);
-      OnIsa(avx2, [&] {
-        internal::CombineSampleRange(layout, ids.data(), table.data(), kDim, quant, 0, 40, out[avx2].data());
+    std::vector<float> out[kNumCopies];
+    EachCopy([&](Copy isa) {
+      out[Index(isa)].assign(40 * kDim, 0.0f);
+      OnCopy(isa, [&] {
+        internal::CombineSampleRange(layout, ids.data(), table.data(), kDim, quant, 0, 40, out[Index(isa)].data());
       });
     });
     if (out[0].empty()) return;
-    ExpectBitwiseEqual(out[0], out[1], quant ? "quantized" : "plain");
+    for (int i = 1; i < kNumCopies; ++i) {
+      if (!out[i].empty())
+        ExpectBitwiseEqual(out[0], out[i], std::string(quant ? "quantized " : "plain ") + CopyName(Copy(i)));
+    }
   }
 }
 
@@ -268,35 +328,39 @@ TEST(VectorIsaTest, GradientAccumulationIsBitwiseEqual) {
   const std::vector<GradientSource> sources = {GradientSource{ids.data(), 300, &layout, gradient.data()}};
   RowGradientPlan plan;
   plan.Build(&sources);
-  std::vector<float> sums[2];
-  BothIsas([&](bool avx2) {
-    sums[avx2].assign(plan.num_rows() * kDim, 0.0f);
-    OnIsa(avx2, [&] {
-      for (int64_t u = 0; u < plan.num_rows(); ++u) plan.Accumulate(u, kDim, sums[avx2].data() + u * kDim);
+  std::vector<float> sums[kNumCopies];
+  EachCopy([&](Copy isa) {
+    sums[Index(isa)].assign(plan.num_rows() * kDim, 0.0f);
+    OnCopy(isa, [&] {
+      for (int64_t u = 0; u < plan.num_rows(); ++u) plan.Accumulate(u, kDim, sums[Index(isa)].data() + u * kDim);
     });
   });
   if (sums[0].empty()) return;
-  ExpectBitwiseEqual(sums[0], sums[1], "accumulated rows");
+  for (int i = 1; i < kNumCopies; ++i) {
+    if (!sums[i].empty()) ExpectBitwiseEqual(sums[0], sums[i], std::string("accumulated rows ") + CopyName(Copy(i)));
+  }
 }
 
 TEST(VectorIsaTest, SparseAccumulatorRowAddsAreBitwiseEqual) {
   std::mt19937 rng(13);
   const std::vector<float> src = RandomFloats(&rng, 8 * kDim, -1e3f, 1e3f);
   const std::vector<float> init = RandomFloats(&rng, 8 * kDim, -1.0f, 1.0f);
-  std::vector<float> dst[2];
-  BothIsas([&](bool avx2) {
-    dst[avx2] = init;
+  std::vector<float> dst[kNumCopies];
+  EachCopy([&](Copy isa) {
+    dst[Index(isa)] = init;
     std::vector<float*> d;
     std::vector<const float*> s;
     for (int k = 0; k < 8; ++k) {
-      d.push_back(dst[avx2].data() + k * kDim);
+      d.push_back(dst[Index(isa)].data() + k * kDim);
       s.push_back(src.data() + ((k * 3) % 8) * kDim);
     }
-    // The generic template is the plain loop; inlined into the AVX2 clone it is the vectorised copy.
-    OnIsa(avx2, [&] { AddRows<float>(d.data(), s.data(), 8, kDim); });
+    // The generic template is the plain loop; inlined into a vector copy it is that copy's vectorised loop.
+    OnCopy(isa, [&] { AddRows<float>(d.data(), s.data(), 8, kDim); });
   });
   if (dst[0].empty()) return;
-  ExpectBitwiseEqual(dst[0], dst[1], "row adds");
+  for (int i = 1; i < kNumCopies; ++i) {
+    if (!dst[i].empty()) ExpectBitwiseEqual(dst[0], dst[i], std::string("row adds ") + CopyName(Copy(i)));
+  }
   // And the exported float kernel (whatever ISA it picked) agrees with both.
   std::vector<float> exported = init;
   std::vector<float*> d;
@@ -410,10 +474,10 @@ TEST(VectorIsaTest, SixteenBitRowStoreIsItsPerElementDefinition) {
                 mode == Rounding::kNearest ? FloatToFloat16Nearest(src[d]) : FloatToFloat16Stochastic(src[d], bits);
           }
         }
-        BothIsas([&](bool avx2) {
+        EachCopy([&](Copy isa) {
           std::vector<uint16_t> dst(dim, 0);
-          OnIsa(avx2, [&] { StoreStoredRow(type, mode, key, src.data(), dst.data(), dim); });
-          EXPECT_EQ(dst, expected) << StorageTypeName(type) << " dim " << dim << (avx2 ? " AVX2" : " baseline")
+          OnCopy(isa, [&] { StoreStoredRow(type, mode, key, src.data(), dst.data(), dim); });
+          EXPECT_EQ(dst, expected) << StorageTypeName(type) << " dim " << dim << " " << CopyName(isa)
                                    << (mode == Rounding::kNearest ? " nearest" : " stochastic");
         });
       }
