@@ -7,9 +7,11 @@ a real pipe, with a fake engine and a fake clock) and a headline's evaluation fr
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -243,8 +245,38 @@ def test_serve_answers_errors_and_keeps_serving(request_line, message):
     assert lines[2].startswith("seconds ")
 
 
+def test_serve_frees_an_engine_it_replaces_or_drops_reference_cycles_included():
+    class Step:  # like a tf.function's step, it sits in a reference cycle: only a collection frees it
+        def __init__(self):
+            self.me = self
+
+        def __call__(self):
+            pass
+
+    made, alive_when_made = [], []
+
+    def make(name, params):
+        alive_when_made.append([r() is not None for r in made])
+        step = Step()
+        made.append(weakref.ref(step))
+        return step
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection: only serve's own may free them
+    try:
+        lines = _serve("prepare e\nprepare e\ntime e 1\ndrop e\n", make)
+        alive_after = [r() is not None for r in made]
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert lines[:2] == ["ok", "ok"] and lines[3] == "ok"
+    assert alive_when_made == [[], [False]]  # the replaced engine was gone before its successor was built
+    assert alive_after == [False, False]
+
+
 _FAKE_WORKER = """
 import sys
+import weakref
 from benchmarks import workers
 clock = iter(float(i) * 0.125 for i in range(1000))
 def make(name, params):
