@@ -276,7 +276,6 @@ def test_serve_frees_an_engine_it_replaces_or_drops_reference_cycles_included():
 
 _FAKE_WORKER = """
 import sys
-import weakref
 from benchmarks import workers
 clock = iter(float(i) * 0.125 for i in range(1000))
 def make(name, params):
