@@ -78,19 +78,22 @@ def _source_text(source: str) -> bytes:
     return text
 
 
-def native_binary(source: str, name: str, flags: list[str], libs: tuple[str, ...] | list[str] = ()) -> str:
-    """Compiles a standalone benchmark program once per hash of its source and headers (into ``cache_dir()``).
+def native_binary(source: str | list[str], name: str, flags: list[str], libs: tuple[str, ...] | list[str] = ()) -> str:
+    """Compiles a standalone benchmark program (or, with ``-shared`` in ``flags``, a library) once per hash of its
+    sources and headers (into ``cache_dir()``).
 
     Returns the binary's path.
 
-    -O3 -march=native always: these programs measure what the machine can do, and the op library is built for
-    the machine it runs on too. `libs` (e.g. ``-lrocksdb``) follow the source on the command line, where the
-    linker needs them.
+    ``source`` is one file or a list of files. -O3 -march=native always: these programs measure what the machine
+    can do, and the op library is built for the machine it runs on too. `libs` (e.g. ``-lrocksdb``) follow the
+    sources on the command line, where the linker needs them.
 
     Raises:
         RuntimeError: no C++ compiler, or the compile failed (its stderr is in the message).
     """
-    digest = hashlib.sha256(_source_text(source) + " ".join([*flags, *libs]).encode()).hexdigest()[:12]
+    sources = [source] if isinstance(source, str) else list(source)
+    text = b"".join(_source_text(s) for s in sources)
+    digest = hashlib.sha256(text + " ".join([*flags, *libs]).encode()).hexdigest()[:12]
     binary = os.path.join(cache_dir(), f"{name}_{digest}")
     if os.path.exists(binary):
         return binary
@@ -99,7 +102,7 @@ def native_binary(source: str, name: str, flags: list[str], libs: tuple[str, ...
         raise RuntimeError(f"no C++ compiler (g++/c++/clang++) on PATH to build {name}")
     os.makedirs(cache_dir(), exist_ok=True)
     tmp = binary + f".tmp{os.getpid()}"
-    cmd = [cxx, "-std=c++17", "-O3", "-march=native", *flags, "-o", tmp, source, *libs]
+    cmd = [cxx, "-std=c++17", "-O3", "-march=native", *flags, "-o", tmp, *sources, *libs]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed to compile ({' '.join(cmd)}): {proc.stderr[-2000:]}")

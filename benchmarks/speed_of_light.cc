@@ -26,6 +26,10 @@
 // speed_of_light --serve JOB_DIR: a persistent worker (benchmarks/workers.py's protocol) on the job's ids, for
 // the interleaved pairs: "prepare NAME optimizer=sgd storage=fp32 threads=1 warmup=3" builds and warms one state,
 // "time NAME STEPS" runs STEPS steps and answers "seconds S", "drop NAME" frees it, "quit" ends.
+//
+// Built with -DSPEED_OF_LIGHT_LIBRARY -shared it is a library instead (no main): the kernel stepping in its
+// caller's process (speed_of_light.py's InProcessKernel), so that the headline can time the kernel's step and a
+// TensorFlow call in turn, as a step TensorFlow runs must take them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -379,16 +383,18 @@ void Step(Job& job, int opt, int64_t step) {
   }
 }
 
-double NowMs() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// One prepared state of the worker: its own tables and slots (so fp32 and bf16, or two optimizers, coexist).
+// One prepared state of the worker or the library: its own tables and slots (so fp32 and bf16, or two
+// optimizers, coexist).
 struct Served {
   Job job;
   int opt = 0;
   int64_t step = 0;
 };
+
+#ifndef SPEED_OF_LIGHT_LIBRARY  // the binary's two modes
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 int Serve(const std::string& dir) {
   const Job base = ReadJob(dir);
@@ -527,8 +533,53 @@ int Main(int argc, char** argv) {
   std::printf("%s\n", out.c_str());
   return 0;
 }
+#endif  // SPEED_OF_LIGHT_LIBRARY
 
 }  // namespace
 }  // namespace speed_of_light
 
+#ifdef SPEED_OF_LIGHT_LIBRARY
+// The library's calls.  The job's files are read as the binary reads them, and a malformed job ends the
+// process as it ends the binary's (Fail): the caller writes the job itself (speed_of_light.py) and checks the
+// optimizer first.
+extern "C" {
+// A state of the job in DIR (fp32 tables, the job's thread count; with HASHED_KEYS the features' keys, as
+// `keys=hashed` prepares a worker's), its tables and slots set for OPTIMIZER (sgd, adagrad, adam or lookup) and
+// warmed by WARMUP steps; free it with speed_of_light_close.  Null, with the reason on stderr, when the keys
+// cannot be read.
+void* speed_of_light_open(const char* dir, const char* optimizer, int hashed_keys, int warmup) {
+  auto* s = new speed_of_light::Served;
+  s->job = speed_of_light::ReadJob(dir);
+  speed_of_light::CheckTables(s->job);
+  s->job.keyed = hashed_keys != 0;
+  std::string why;
+  if (s->job.keyed && !speed_of_light::LoadKeys(s->job, dir, &why)) {
+    std::fprintf(stderr, "speed_of_light: %s\n", why.c_str());
+    delete s;
+    return nullptr;
+  }
+  s->opt = speed_of_light::OptimizerIndex(optimizer);
+  speed_of_light::ResetState(s->job, optimizer, dir);
+  for (int i = 0; i < warmup; ++i) speed_of_light::Step(s->job, s->opt, s->step++);
+  return s;
+}
+
+void speed_of_light_steps(void* state, int steps) {
+  auto* s = static_cast<speed_of_light::Served*>(state);
+  for (int i = 0; i < steps; ++i) speed_of_light::Step(s->job, s->opt, s->step++);
+}
+
+// Copies table TABLE's rows into OUT (rows x dim floats); 0 when TABLE is not one of the job's.
+int speed_of_light_read_table(void* state, int table, float* out) {
+  const auto* s = static_cast<const speed_of_light::Served*>(state);
+  if (table < 0 || table >= static_cast<int>(s->job.tables.size())) return 0;
+  const speed_of_light::Table& tb = s->job.tables[table];
+  for (int64_t r = 0; r < tb.rows; ++r) speed_of_light::LoadRow(tb, s->job.bf16, r, out + r * tb.dim);
+  return 1;
+}
+
+void speed_of_light_close(void* state) { delete static_cast<speed_of_light::Served*>(state); }
+}
+#else
 int main(int argc, char** argv) { return speed_of_light::Main(argc, argv); }
+#endif

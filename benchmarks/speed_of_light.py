@@ -6,6 +6,8 @@ yardstick for ours: ``ours / speed_of_light`` per optimizer and workload (1.0 = 
 ``final_tables`` runs it for a few steps from given tables, so the suite can check it does the same work as ours.
 With ``keys`` (each table's row keys) the kernel does a dynamic table's step: the features carry their ids' keys
 and each step first finds every key's row through a hash index; ``lookup`` is the forward pass alone.
+``InProcessKernel`` steps the kernel in this process instead (the same source built as a shared library), so that
+a step can be timed followed by a TensorFlow call, as a step TensorFlow runs must be.
 
 Example:
     >>> res = run(w1(smoke=True), ["sgd"], steps=2, blocks=3, warmup=1)  # doctest: +SKIP
@@ -14,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -25,6 +28,7 @@ from benchmarks import bandwidth
 from benchmarks.workloads import Workload
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speed_of_light.cc")
+_OP_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "speed_of_light_op.cc")
 # The optimizers the kernel implements (the issue's lazy optimizers: SGD, Adagrad, lazy Adam), with our names.
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The forward pass alone (no update), for lookup ceilings.
@@ -35,6 +39,113 @@ STORAGES = ("fp32", "bf16")
 def build() -> str:
     """Compiles the kernel if needed (OpenMP for the thread count) and returns the binary's path."""
     return bandwidth.native_binary(_SOURCE, "speed_of_light", ["-fopenmp", "-fno-math-errno"])
+
+
+def library() -> str:
+    """Compiles the kernel as a shared library (``InProcessKernel``'s) if needed and returns its path."""
+    return bandwidth.native_binary(
+        _SOURCE,
+        "speed_of_light_library",
+        ["-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-DSPEED_OF_LIGHT_LIBRARY"],
+    )
+
+
+def op_library() -> str:
+    """Compiles the kernel's TensorFlow op (``speed_of_light_op.cc``, linked to ``library()``) if needed and returns
+    its path."""
+    import tensorflow as tf
+
+    return bandwidth.native_binary(
+        _OP_SOURCE,
+        "speed_of_light_op",
+        # -mno-avx512f: TensorFlow's Eigen headers do not compile for AVX-512 with g++ 12; the op only calls the
+        # kernel, which the library builds for this CPU.
+        ["-fPIC", "-shared", "-mno-avx512f", *tf.sysconfig.get_compile_flags()],
+        [library(), *tf.sysconfig.get_link_flags()],
+    )
+
+
+class InProcessKernel:
+    """The kernel stepping in this process, one thread, on its own fp32 tables (the library, through ctypes).
+
+    ``step`` runs a step directly; ``tensorflow_step`` returns a ``tf.function`` whose body is the kernel's step as
+    a TensorFlow op, so TensorFlow runs it as it runs our fused step. The headline times the two on the same
+    tables: the second over the first is what TensorFlow's call costs a step that does the kernel's work
+    (docs/benchmarks.md, "Headline ratios").
+
+    Example:
+        >>> kernel = InProcessKernel(w1(smoke=True), "sgd")  # doctest: +SKIP
+        >>> kernel.step()                                     # one step  # doctest: +SKIP
+        >>> kernel.tensorflow_step()()                        # one step, run by TensorFlow  # doctest: +SKIP
+        >>> kernel.close()                                    # doctest: +SKIP
+    """
+
+    def __init__(self, wl: Workload, optimizer: str, warmup: int = 3, init: list | None = None):
+        """``init``: each table's starting rows (float32 [vocab, dim]), else the kernel's own pattern."""
+        _check([optimizer], "fp32")
+        if warmup < 0:
+            raise ValueError(f"warmup: must be >= 0, got {warmup}")
+        if init is not None and [np.shape(t) for t in init] != [(t.vocab, t.dim) for t in wl.tables]:
+            raise ValueError(
+                f"init: shapes {[np.shape(t) for t in init]}; expected {[(t.vocab, t.dim) for t in wl.tables]}"
+            )
+        import tensorflow as tf
+
+        # The op's library loads the kernel's as it is loaded, and ctypes then shares that handle.
+        self._ops = tf.load_op_library(op_library())
+        lib = ctypes.CDLL(library())
+        lib.speed_of_light_open.restype = ctypes.c_void_p
+        lib.speed_of_light_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+        lib.speed_of_light_steps.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.speed_of_light_read_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        lib.speed_of_light_close.argtypes = [ctypes.c_void_p]
+        with tempfile.TemporaryDirectory(prefix="speed_of_light_local_") as tmp:
+            _write_job(tmp, wl, [optimizer], "fp32", {"threads": 1}, init)
+            state = lib.speed_of_light_open(tmp.encode(), optimizer.encode(), 0, warmup)
+        if not state:
+            raise RuntimeError(f"speed_of_light: the in-process kernel could not open {wl.name}'s job")
+        self._lib, self._state, self._shapes = lib, state, [(t.vocab, t.dim) for t in wl.tables]
+
+    def step(self) -> None:
+        """One step of the kernel."""
+        if self._state is None:
+            raise RuntimeError("InProcessKernel: step after close")
+        self._lib.speed_of_light_steps(self._state, 1)
+
+    def tensorflow_step(self):
+        """A ``tf.function`` that runs one step as a TensorFlow op (``SpeedOfLightStep``); valid until ``close``."""
+        import tensorflow as tf
+
+        if self._state is None:
+            raise RuntimeError("InProcessKernel: tensorflow_step after close")
+        step_op = self._ops.speed_of_light_step
+        state = tf.constant(self._state, tf.int64)
+
+        @tf.function
+        def step():
+            step_op(state)
+
+        return step
+
+    def table(self, t: int) -> np.ndarray:
+        """Table ``t``'s rows now (a copy)."""
+        if self._state is None:
+            raise RuntimeError("InProcessKernel: table after close")
+        if not 0 <= t < len(self._shapes):
+            raise ValueError(f"table: {t} is not one of the workload's {len(self._shapes)} tables")
+        out = np.empty(self._shapes[t], np.float32)
+        self._lib.speed_of_light_read_table(self._state, t, out.ctypes.data)
+        return out
+
+    def close(self) -> None:
+        """Frees the kernel's tables (idempotent)."""
+        if self._state is not None:
+            self._lib.speed_of_light_close(self._state)
+            self._state = None
+
+    def __del__(self):
+        if getattr(self, "_state", None) is not None:
+            self.close()
 
 
 def upstream_gradients(wl: Workload) -> list[np.ndarray]:

@@ -1,5 +1,6 @@
 """A smoke-sized headline run (``python -m benchmarks --headline --smoke``): the persistent workers (the
-speed-of-light kernel, ours at two threads) and the in-process engines end to end, so the method cannot rot.
+speed-of-light kernel, ours at two threads) and the in-process engines (the kernel among them) end to end, so the
+method cannot rot.
 
 No timing thresholds: every headline must come out with a pair count and a status, or say why it was not
 measured, and two runs' files must be comparable.
@@ -43,5 +44,9 @@ def test_headline_smoke_run_reports_every_target(tmp_path):
     # The kernel's and ours' workers answered: the ceilings that divide their engines are there.
     keys = {r["key"]: r for r in result["headlines"]}
     assert keys["W1_sgd_threads"]["ceiling"]["n"] == 2 and keys["W1_adam_bf16"]["ceiling"]["n"] == 2
+    # And the kernel stepping in this process, alone and followed by a TensorFlow call.
+    for key in ("W1_sgd_sol", "W4_adam_sol"):
+        assert keys[key]["ceiling"]["engines"] == ["sol_tf", "sol_local"] and keys[key]["ceiling"]["n"] == 2
+    assert keys["W1_lookup_tf"]["ceiling"]["engines"] == ["tf_lookup", "sol_tf"]
     assert "| W1 SGD: ours / speed-of-light kernel <= 1.25 |" in (out / "HEADLINE.md").read_text()
     assert headline.compare(result, result)[0]["agree"] is True

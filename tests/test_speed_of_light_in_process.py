@@ -1,0 +1,83 @@
+"""The speed-of-light kernel stepping in this process (benchmarks/speed_of_light.py's InProcessKernel): the
+headline's ceiling of ours over the kernel times its step as a TensorFlow op against its step called directly, so
+both must do exactly the binary's step. Compiles and runs the kernel and its op: the slow tier.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.benchmarks_import import import_benchmark as _import
+
+pytestmark = pytest.mark.slow
+
+sol = _import("speed_of_light")
+workloads = _import("workloads")
+
+
+@pytest.fixture(scope="module")
+def w4():
+    """A multi-table workload at smoke size (bags, tables of several sizes)."""
+    return workloads.WORKLOADS["W4"](smoke=True)
+
+
+def _init(wl) -> list[np.ndarray]:
+    return [
+        np.random.default_rng(t).normal(size=(tb.vocab, tb.dim)).astype(np.float32) for t, tb in enumerate(wl.tables)
+    ]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("through", ["ctypes", "tensorflow"])
+def test_the_in_process_kernel_ends_where_the_binary_does(w4, optimizer, through):
+    init = _init(w4)
+    expected = sol.final_tables(w4, optimizer, init, steps=3)
+    kernel = sol.InProcessKernel(w4, optimizer, warmup=0, init=init)
+    try:
+        step = kernel.step if through == "ctypes" else kernel.tensorflow_step()
+        for _ in range(3):
+            step()
+        got = [kernel.table(t) for t in range(len(w4.tables))]
+    finally:
+        kernel.close()
+    assert any(not np.array_equal(g, i) for g, i in zip(got, init, strict=True))  # the steps did update
+    for t, (e, g) in enumerate(zip(expected, got, strict=True)):
+        np.testing.assert_array_equal(g, e, err_msg=f"table {t}")
+
+
+def test_an_in_process_lookup_changes_no_table(w4):
+    init = _init(w4)
+    kernel = sol.InProcessKernel(w4, sol.LOOKUP, warmup=2, init=init)
+    kernel.step()
+    for t, table in enumerate(init):
+        np.testing.assert_array_equal(kernel.table(t), table, err_msg=f"table {t}")
+    kernel.close()
+
+
+def test_the_in_process_kernel_refuses_bad_arguments_by_name(w4):
+    with pytest.raises(ValueError, match="optimizers.*ftrl"):
+        sol.InProcessKernel(w4, "ftrl")
+    with pytest.raises(ValueError, match="warmup.*-1"):
+        sol.InProcessKernel(w4, "sgd", warmup=-1)
+    with pytest.raises(ValueError, match="init: shapes"):
+        sol.InProcessKernel(w4, "sgd", init=[np.zeros((2, 2), np.float32)])
+    kernel = sol.InProcessKernel(w4, "sgd", warmup=0)
+    with pytest.raises(ValueError, match="table: 8 is not one of the workload's 8 tables"):
+        kernel.table(len(w4.tables))
+    kernel.close()
+    kernel.close()  # idempotent
+    with pytest.raises(RuntimeError, match="step after close"):
+        kernel.step()
+
+
+def test_the_kernels_op_refuses_a_state_that_is_not_open(w4):
+    import tensorflow as tf
+
+    kernel = sol.InProcessKernel(w4, "sgd", warmup=0)
+    op = kernel._ops.speed_of_light_step
+    with pytest.raises(tf.errors.InvalidArgumentError, match="state must be an open kernel state"):
+        op(tf.constant(0, tf.int64))
+    kernel.close()
+    with pytest.raises(RuntimeError, match="tensorflow_step after close"):
+        kernel.tensorflow_step()
