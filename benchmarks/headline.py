@@ -469,7 +469,6 @@ def run_group(
                     eng.worker.drop(eng.name)
                 except Exception:
                     pass
-        engines.clear()
         ctx.close_local_kernel()
     out["rounds"] = rounds
     out["base_steps"] = steps["base"]
