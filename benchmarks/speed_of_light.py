@@ -6,8 +6,8 @@ yardstick for ours: ``ours / speed_of_light`` per optimizer and workload (1.0 = 
 ``final_tables`` runs it for a few steps from given tables, so the suite can check it does the same work as ours.
 With ``keys`` (each table's row keys) the kernel does a dynamic table's step: the features carry their ids' keys
 and each step first finds every key's row through a hash index; ``lookup`` is the forward pass alone.
-``InProcessKernel`` steps the kernel in this process instead (the same source built as a shared library), so that
-a step can be timed followed by a TensorFlow call, as a step TensorFlow runs must be.
+``InProcessKernel`` steps the kernel in this process instead (the same source built as a shared library), called
+directly or run by TensorFlow as the one op of a ``tf.function``.
 
 Example:
     >>> res = run(w1(smoke=True), ["sgd"], steps=2, blocks=3, warmup=1)  # doctest: +SKIP
