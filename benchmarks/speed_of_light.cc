@@ -28,8 +28,8 @@
 // "time NAME STEPS" runs STEPS steps and answers "seconds S", "drop NAME" frees it, "quit" ends.
 //
 // Built with -DSPEED_OF_LIGHT_LIBRARY -shared it is a library instead (no main): the kernel stepping in its
-// caller's process (speed_of_light.py's InProcessKernel), so that the headline can time the kernel's step and a
-// TensorFlow call in turn, as a step TensorFlow runs must take them.
+// caller's process (speed_of_light.py's InProcessKernel), called directly or, through speed_of_light_op.cc, run by
+// TensorFlow as our fused step is; the headline's ceiling of ours over the kernel is the second over the first.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
