@@ -65,7 +65,8 @@ class EmbeddingActivationsOp : public tensorflow::OpKernel {
     std::vector<tensorflow::Tensor*> outputs(n);
     for (int f = 0; f < n; ++f) {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(f, features.activations[f], &outputs[f]));
-      BuildValidatedFeatureLayout(features.batches[f], features.num_samples[f], attrs_.combiners[f], &layouts[f]);
+      BuildValidatedFeatureLayout(features.batches[f], features.num_samples[f], attrs_.combiners[f], &layouts[f],
+                                  LayoutParts::kGrouping);
     }
     OP_REQUIRES_OK(ctx, source.ReadRows(features));
 

@@ -66,7 +66,8 @@ class SendGradientsOp : public tensorflow::OpKernel {
     WorkspacePool::Scoped ws = workspaces_.Acquire();
     ws->layouts.resize(attrs_.num_features);
     for (int f = 0; f < attrs_.num_features; ++f) {
-      BuildValidatedFeatureLayout(features.batches[f], features.num_samples[f], attrs_.combiners[f], &ws->layouts[f]);
+      BuildValidatedFeatureLayout(features.batches[f], features.num_samples[f], attrs_.combiners[f], &ws->layouts[f],
+                                  LayoutParts::kSampleOf);
     }
     ws->sources.resize(attrs_.num_tables);
     ws->plans.resize(attrs_.num_tables);

@@ -31,6 +31,49 @@ struct LoadFloat16 {
   float operator()(uint16_t x) const { return Float16ToFloat(x); }
 };
 
+// CombineSampleRowRange over the ids grouped by sample, member(k) being the layout's member k (a template, so a
+// ragged layout's identity costs no load).
+template <typename Member, typename RowOf, typename Load>
+inline void CombineGroupedSamples(const FeatureLayout& layout, const Member& member, const RowOf& row_of, int64_t dim,
+                                  const Quantizer* quantizer, int64_t begin, int64_t end, float* out, Load load) {
+  using Elem = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(int64_t{0}))>>;
+  // PrefetchRow counts floats.
+  const int64_t prefetch_floats = (dim * static_cast<int64_t>(sizeof(Elem)) + 3) / 4;
+  // Members are stored sample by sample, so the member kPrefetchDistance places ahead in [begin, end)'s members is
+  // the one read that many rows later: every row of a bag is requested ahead, not only each sample's first.
+  const int64_t members_end = layout.member_offsets[end];
+  auto prefetch_member = [&](int64_t k) {
+    if (k + kPrefetchDistance < members_end) {
+      PrefetchRow<false>(reinterpret_cast<const float*>(row_of(member(k + kPrefetchDistance))), prefetch_floats);
+    }
+  };
+  for (int64_t s = begin; s < end; ++s) {
+    float* o = out + s * dim;
+    const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
+    if (last - first == 1 && quantizer == nullptr) {
+      // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
+      prefetch_member(first);
+      const int64_t i = member(first);
+      const float c = layout.scale[i];
+      const Elem* row = row_of(i);
+      for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
+      continue;
+    }
+    std::memset(o, 0, sizeof(float) * dim);
+    for (int64_t k = first; k < last; ++k) {
+      prefetch_member(k);
+      const int64_t i = member(k);
+      const float c = layout.scale[i];
+      const Elem* row = row_of(i);
+      if (quantizer == nullptr) {
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * load(row[d]);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) o[d] += c * (*quantizer)(load(row[d]));
+      }
+    }
+  }
+}
+
 // row_of(i): the row id i of the feature reads (a pointer to `dim` stored elements: float, or 16-bit bits);
 // `load` widens one element to fp32.
 template <typename RowOf, typename Load = LoadFloat>
@@ -57,36 +100,12 @@ inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_
     }
     return;
   }
-  // Members are stored sample by sample, so the member kPrefetchDistance places ahead in [begin, end)'s members is
-  // the one read that many rows later: every row of a bag is requested ahead, not only each sample's first.
-  const int64_t members_end = layout.member_offsets[end];
-  auto prefetch_member = [&](int64_t k) {
-    if (k + kPrefetchDistance < members_end) prefetch(layout.members[k + kPrefetchDistance]);
-  };
-  for (int64_t s = begin; s < end; ++s) {
-    float* o = out + s * dim;
-    const int64_t first = layout.member_offsets[s], last = layout.member_offsets[s + 1];
-    if (last - first == 1 && quantizer == nullptr) {
-      // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
-      prefetch_member(first);
-      const int64_t i = layout.members[first];
-      const float c = layout.scale[i];
-      const Elem* row = row_of(i);
-      for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
-      continue;
-    }
-    std::memset(o, 0, sizeof(float) * dim);
-    for (int64_t k = first; k < last; ++k) {
-      prefetch_member(k);
-      const int64_t i = layout.members[k];
-      const float c = layout.scale[i];
-      const Elem* row = row_of(i);
-      if (quantizer == nullptr) {
-        for (int64_t d = 0; d < dim; ++d) o[d] += c * load(row[d]);
-      } else {
-        for (int64_t d = 0; d < dim; ++d) o[d] += c * (*quantizer)(load(row[d]));
-      }
-    }
+  if (layout.members_in_input_order) {
+    CombineGroupedSamples(layout, [](int64_t k) { return k; }, row_of, dim, quantizer, begin, end, out, load);
+  } else {
+    const int64_t* members = layout.members.data();
+    CombineGroupedSamples(
+        layout, [members](int64_t k) { return members[k]; }, row_of, dim, quantizer, begin, end, out, load);
   }
 }
 

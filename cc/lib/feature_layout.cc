@@ -1,15 +1,49 @@
 #include "cc/lib/feature_layout.h"
 
-#include <numeric>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cc/lib/vector_isa.h"
 
 namespace tf_embed_ops {
 namespace {
 
 absl::Status Invalid(const std::string& label, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(label, ": ", what));
+}
+
+bool Has(LayoutParts parts, LayoutParts part) { return (static_cast<int>(parts) & static_cast<int>(part)) != 0; }
+
+// The checks below as one branch-free pass that the compiler vectorises (the row loops' ISA, vector_isa.h): every
+// batch pays it, and only a batch it refuses pays the pass that finds and names the offender.  A negative int64
+// is a uint64 of at least 2^63, so one unsigned compare checks both ends of a range.
+
+// Every ids[i] in [0, limit), for limit >= 0.
+bool AllInRange(const int64_t* ids, int64_t n, int64_t limit) {
+  uint64_t outside = 0;
+  RunWithRowLoopIsa([ids, n, limit, &outside] {
+    // Accumulated in a local: a store through the captured reference in the loop would keep it scalar.
+    const uint64_t bound = static_cast<uint64_t>(limit);
+    uint64_t any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= static_cast<uint64_t>(ids[i]) >= bound;
+    outside = any;
+  });
+  return outside == 0;
+}
+
+// splits[1 .. num_samples] each in [0, num_ids] and each at least the one before (num_ids >= 0).
+bool SplitsInOrder(const int64_t* splits, int64_t num_samples, int64_t num_ids) {
+  uint64_t bad = 0;
+  RunWithRowLoopIsa([splits, num_samples, num_ids, &bad] {
+    const uint64_t bound = static_cast<uint64_t>(num_ids);
+    uint64_t any = 0;
+    for (int64_t s = 1; s <= num_samples; ++s) {
+      any |= (static_cast<uint64_t>(splits[s]) > bound) | (splits[s] < splits[s - 1]);
+    }
+    bad = any;
+  });
+  return bad == 0;
 }
 
 // Ragged input: the splits are checked completely before anything reads through them.  Every entry is
@@ -27,6 +61,7 @@ absl::Status ValidateRowSplits(const FeatureBatch& b, const std::string& label, 
     return Invalid(label, absl::StrCat("row_splits[", num_samples, "] = ", splits[num_samples],
                                        " must equal the number of ids, ", b.num_ids));
   }
+  if (SplitsInOrder(splits, num_samples, b.num_ids)) return absl::OkStatus();
   for (int64_t s = 1; s < num_samples; ++s) {
     if (splits[s] < 0 || splits[s] > b.num_ids) {
       return Invalid(label, absl::StrCat("row_splits[", s, "] = ", splits[s], " is not in [0, ", b.num_ids,
@@ -81,26 +116,27 @@ void ComputeSparseSamples(const FeatureBatch& b, std::vector<int64_t>* sample_of
 }
 
 // Ragged input lists its ids sample by sample, in input order, so the grouping is the row splits and the
-// identity: one pass over the samples fills everything (the general path's counting sort would return exactly
-// this).  Unweighted samples sum n weights of 1.0, which in double is exactly n.
-void BuildRaggedLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
+// identity (members left empty): one pass over the samples fills everything (the general path's counting sort
+// would return exactly this).  Unweighted samples sum n weights of 1.0, which in double is exactly n.
+template <bool kSampleOf>
+void FillRaggedSamples(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
   const int64_t* splits = b.splits_or_indices;
-  out->member_offsets.assign(splits, splits + num_samples + 1);
-  out->members.resize(b.num_ids);
-  std::iota(out->members.begin(), out->members.end(), int64_t{0});
-  out->sample_of.resize(b.num_ids);
-  out->scale.resize(b.num_ids);
-  int64_t* const sample_of = out->sample_of.data();
+  int64_t* const sample_of = kSampleOf ? out->sample_of.data() : nullptr;
   float* const scale = out->scale.data();
+  if (b.num_weights == 0 && combiner == Combiner::kSum) {
+    // Every factor is 1 whatever the bag's size: one fill, not one per sample.
+    std::fill(scale, scale + b.num_ids, 1.0f * InverseNorm(combiner, 1.0, 1.0));
+    if constexpr (kSampleOf) {
+      for (int64_t s = 0; s < num_samples; ++s) std::fill(sample_of + splits[s], sample_of + splits[s + 1], s);
+    }
+    return;
+  }
   for (int64_t s = 0; s < num_samples; ++s) {
     const int64_t first = splits[s], last = splits[s + 1];
+    if constexpr (kSampleOf) std::fill(sample_of + first, sample_of + last, s);
     if (b.num_weights == 0) {
       const double n = static_cast<double>(last - first);
-      const float inv = InverseNorm(combiner, n, n);
-      for (int64_t i = first; i < last; ++i) {
-        sample_of[i] = s;
-        scale[i] = 1.0f * inv;
-      }
+      std::fill(scale + first, scale + last, 1.0f * InverseNorm(combiner, n, n));
       continue;
     }
     double sum_w = 0.0, sum_w2 = 0.0;
@@ -110,10 +146,26 @@ void BuildRaggedLayout(const FeatureBatch& b, int64_t num_samples, Combiner comb
       sum_w2 += w * w;
     }
     const float inv = InverseNorm(combiner, sum_w, sum_w2);
-    for (int64_t i = first; i < last; ++i) {
-      sample_of[i] = s;
-      scale[i] = b.weights[i] * inv;
-    }
+    for (int64_t i = first; i < last; ++i) scale[i] = b.weights[i] * inv;
+  }
+}
+
+void BuildRaggedLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, LayoutParts parts,
+                       FeatureLayout* out) {
+  out->members_in_input_order = true;
+  out->members.clear();
+  if (Has(parts, LayoutParts::kGrouping)) {
+    out->member_offsets.assign(b.splits_or_indices, b.splits_or_indices + num_samples + 1);
+  } else {
+    out->member_offsets.clear();
+  }
+  out->scale.resize(b.num_ids);
+  if (Has(parts, LayoutParts::kSampleOf)) {
+    out->sample_of.resize(b.num_ids);
+    FillRaggedSamples<true>(b, num_samples, combiner, out);
+  } else {
+    out->sample_of.clear();
+    FillRaggedSamples<false>(b, num_samples, combiner, out);
   }
 }
 
@@ -164,9 +216,11 @@ absl::Status ValidateFeatureBatch(const FeatureBatch& b, const std::string& labe
   return absl::OkStatus();
 }
 
-void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out) {
+void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Combiner combiner, FeatureLayout* out,
+                                 LayoutParts parts) {
   out->num_samples = num_samples;
   out->one_id_per_sample = b.splits_or_indices_rank == 0;
+  out->members_in_input_order = false;
 
   if (b.splits_or_indices_rank == 0) {
     // Dense input: sample i holds exactly id i, so the grouping is the identity (left implicit) and the
@@ -187,7 +241,7 @@ void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Com
     return;
   }
   if (b.splits_or_indices_rank == 1) {
-    BuildRaggedLayout(b, num_samples, combiner, out);
+    BuildRaggedLayout(b, num_samples, combiner, parts, out);
     return;
   }
 
@@ -227,6 +281,7 @@ absl::Status BuildFeatureLayout(const FeatureBatch& b, Combiner combiner, const 
 
 absl::Status ValidateIds(const int64_t* ids, int64_t num_ids, int64_t vocabulary_size, const std::string& label,
                          const std::string& table_name) {
+  if (vocabulary_size >= 0 && AllInRange(ids, num_ids, vocabulary_size)) return absl::OkStatus();
   for (int64_t i = 0; i < num_ids; ++i) {
     if (ids[i] < 0 || ids[i] >= vocabulary_size) {
       return Invalid(label, absl::StrCat("ids[", i, "] = ", ids[i], " is not in [0, ", vocabulary_size,

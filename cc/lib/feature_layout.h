@@ -40,12 +40,16 @@ struct FeatureLayout {
   // Dense input: id i is sample i.  sample_of, member_offsets and members are then left empty (the identity),
   // which spares building and reading three id-sized arrays on the common one-id-per-sample path.
   bool one_id_per_sample = false;
-  std::vector<int64_t> sample_of;  // per id: its output sample
+  // Ragged input lists each sample's ids together, in input order: members is then the identity and is left
+  // empty (member k is id k).
+  bool members_in_input_order = false;
+  std::vector<int64_t> sample_of;  // per id: its output sample (built with LayoutParts::kSampleOf)
   std::vector<float> scale;        // per id: w_i / norm_s (0 where the norm is 0)
-  // Ids grouped by sample, each group in input order: ids of sample s are
-  // members[member_offsets[s] .. member_offsets[s + 1]).
+  // Ids grouped by sample, each group in input order (built with LayoutParts::kGrouping): ids of sample s are
+  // Member(member_offsets[s]) .. Member(member_offsets[s + 1] - 1).
   std::vector<int64_t> member_offsets;
   std::vector<int64_t> members;
+  int64_t Member(int64_t k) const { return members_in_input_order ? k : members[k]; }
   // Scratch of BuildFeatureLayout; a layout reused for the next step keeps every buffer's capacity.
   std::vector<int64_t> cursor;
 };
@@ -63,9 +67,16 @@ inline constexpr int64_t kMaxSamples = (int64_t{1} << 31) - 1;
 // `label` names the feature in error messages, which also give the position and the value.
 absl::Status ValidateFeatureBatch(const FeatureBatch& batch, const std::string& label, int64_t* num_samples);
 
+// What a kernel reads of a layout beyond the scale, which is always built: the forward pass walks the ids grouped
+// by sample (member_offsets, members), the gradient accumulation each id's sample (sample_of).  A kernel builds
+// only its part: on bags, each part is id-sized arrays written every call.
+enum class LayoutParts { kGrouping = 1, kSampleOf = 2, kAll = 3 };
+
 // Builds the layout of a batch that ValidateFeatureBatch accepted (with `num_samples` from it).  Indexes by
 // the validated splits and indices without checking them again, so it must never see an unvalidated batch.
-void BuildValidatedFeatureLayout(const FeatureBatch& batch, int64_t num_samples, Combiner combiner, FeatureLayout* out);
+// The parts `parts` leaves out are left empty; sparse indices build both (their grouping is sorted by sample_of).
+void BuildValidatedFeatureLayout(const FeatureBatch& batch, int64_t num_samples, Combiner combiner, FeatureLayout* out,
+                                 LayoutParts parts = LayoutParts::kAll);
 
 // ValidateFeatureBatch, then BuildValidatedFeatureLayout.
 absl::Status BuildFeatureLayout(const FeatureBatch& batch, Combiner combiner, const std::string& label,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tf_embed_ops {
@@ -132,7 +133,10 @@ TEST(FeatureLayoutTest, RaggedRowsWithAnEmptyRow) {
   EXPECT_EQ(sum.num_samples, 3);
   EXPECT_EQ(sum.sample_of, (std::vector<int64_t>{0, 0, 2, 2, 2}));
   EXPECT_EQ(sum.member_offsets, (std::vector<int64_t>{0, 2, 2, 5}));
-  EXPECT_EQ(sum.members, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // Grouped in input order already: members is the identity, left implicit.
+  EXPECT_TRUE(sum.members_in_input_order);
+  EXPECT_TRUE(sum.members.empty());
+  for (int64_t k = 0; k < 5; ++k) EXPECT_EQ(sum.Member(k), k);
   EXPECT_EQ(sum.scale, (std::vector<float>{1.0f, 3.0f, 2.0f, 2.0f, 1.0f}));
   // mean: row 0 sums to 4, row 2 to 5.
   EXPECT_EQ(Build(in, Combiner::kMean).scale, (std::vector<float>{0.25f, 0.75f, 0.4f, 0.4f, 0.2f}));
@@ -159,7 +163,9 @@ TEST(FeatureLayoutTest, SparseIndicesMapToRowMajorSamplesAndKeepInputOrderWithin
   EXPECT_EQ(layout.num_samples, 6);
   EXPECT_EQ(layout.sample_of, (std::vector<int64_t>{5, 1, 5, 1}));
   EXPECT_EQ(layout.member_offsets, (std::vector<int64_t>{0, 0, 2, 2, 2, 2, 4}));
+  EXPECT_FALSE(layout.members_in_input_order);
   EXPECT_EQ(layout.members, (std::vector<int64_t>{1, 3, 0, 2}));
+  EXPECT_EQ(layout.Member(0), 1);
   EXPECT_EQ(layout.scale, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
 }
 
@@ -183,8 +189,40 @@ TEST(FeatureLayoutTest, AReusedLayoutHoldsOnlyTheLastBatch) {
   ASSERT_TRUE(BuildFeatureLayout(Ragged({0, 1, 2}, {5, 6}).Batch(), Combiner::kSum, "feature 'f'", &layout).ok());
   EXPECT_FALSE(layout.one_id_per_sample);
   EXPECT_EQ(layout.member_offsets, (std::vector<int64_t>{0, 1, 2}));
-  EXPECT_EQ(layout.members, (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(layout.members_in_input_order);
+  EXPECT_TRUE(layout.members.empty());
   EXPECT_EQ(layout.sample_of, (std::vector<int64_t>{0, 1}));
+  // Sparse input after ragged: its own members, not the identity.
+  ASSERT_TRUE(
+      BuildFeatureLayout(Sparse({1, 0, 0, 0}, 2, {2}, {7, 8}).Batch(), Combiner::kSum, "feature 'f'", &layout).ok());
+  EXPECT_FALSE(layout.members_in_input_order);
+  EXPECT_EQ(layout.members, (std::vector<int64_t>{1, 0}));
+}
+
+// A kernel builds only what it reads (the forward pass the grouping, the update each id's sample); the scale is
+// always built, and is the same either way.
+TEST(FeatureLayoutTest, PartsLeaveOutWhatTheKernelDoesNotRead) {
+  for (const Combiner combiner : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    for (const Input& in :
+         {Ragged({0, 2, 2, 5}, {4, 9, 4, 1, 3}), Ragged({0, 2, 2, 5}, {4, 9, 4, 1, 3}, {1, 3, 2, 2, 1})}) {
+      const FeatureLayout all = Build(in, combiner);
+      FeatureLayout grouping, sample_of;
+      BuildValidatedFeatureLayout(in.Batch(), 3, combiner, &grouping, LayoutParts::kGrouping);
+      BuildValidatedFeatureLayout(in.Batch(), 3, combiner, &sample_of, LayoutParts::kSampleOf);
+      EXPECT_EQ(grouping.member_offsets, all.member_offsets);
+      EXPECT_TRUE(grouping.sample_of.empty());
+      EXPECT_EQ(sample_of.sample_of, all.sample_of);
+      EXPECT_TRUE(sample_of.member_offsets.empty());
+      EXPECT_EQ(grouping.scale, all.scale);
+      EXPECT_EQ(sample_of.scale, all.scale);
+    }
+  }
+  // Sparse indices build both: the grouping is sorted by each id's sample.
+  FeatureLayout sparse;
+  BuildValidatedFeatureLayout(Sparse({1, 0, 0, 0}, 2, {2}, {7, 8}).Batch(), 2, Combiner::kSum, &sparse,
+                              LayoutParts::kGrouping);
+  EXPECT_EQ(sparse.sample_of, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(sparse.members, (std::vector<int64_t>{1, 0}));
 }
 
 // --- malformed input --------------------------------------------------------------------------------------
@@ -248,6 +286,21 @@ TEST(FeatureLayoutErrorsTest, RaggedSplitsBeyondTheIdsThenBackAreRejected) {
   ExpectInvalid(Ragged({0, 6, 6, 4}, {1, 2, 3, 4}), {"row_splits"});
 }
 
+// The splits are checked a vector at a time first: an offender in any lane, or in the loop's scalar tail, is found.
+TEST(FeatureLayoutErrorsTest, EverySplitOfALongBatchIsChecked) {
+  constexpr int64_t kSamples = 203;  // not a multiple of any vector width
+  for (int64_t at = 1; at < kSamples; ++at) {
+    std::vector<int64_t> splits(kSamples + 1);
+    for (int64_t s = 0; s <= kSamples; ++s) splits[s] = s;
+    Input decreasing = Ragged(splits, std::vector<int64_t>(kSamples, 0));
+    decreasing.splits_or_indices[at] = at - 2;
+    ExpectInvalid(decreasing, {absl::StrCat("row_splits[", at, "] = ", at - 2)});
+    Input beyond = Ragged(splits, std::vector<int64_t>(kSamples, 0));
+    beyond.splits_or_indices[at] = std::numeric_limits<int64_t>::max();
+    ExpectInvalid(beyond, {absl::StrCat("row_splits[", at, "] = ", std::numeric_limits<int64_t>::max())});
+  }
+}
+
 TEST(FeatureLayoutErrorsTest, SparseIndicesNeedOneRowPerIdAndRankPlusOneColumns) {
   ExpectInvalid(Sparse({0, 0, 1, 0}, 2, {2}, {1}), {"shape [2, 2]", "expected [1 (number of ids), 2"});
   ExpectInvalid(Sparse({0, 0, 0, 1, 0, 0}, 3, {2}, {1, 2}), {"shape [2, 3]", "expected [2 (number of ids), 2"});
@@ -283,6 +336,24 @@ TEST(ValidateIdsTest, OnePastEitherEndIsRejectedWithItsPosition) {
     ExpectContains(s, "feature 'f'");
     ExpectContains(s, "table 'user'");
   }
+}
+
+// The ids are checked a vector at a time first: an offender in any lane, or in the loop's scalar tail, is found.
+TEST(ValidateIdsTest, EveryIdOfALongBatchIsChecked) {
+  constexpr int64_t kIds = 203;  // not a multiple of any vector width
+  for (const int64_t bad :
+       {int64_t{10}, int64_t{-1}, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
+    for (int64_t at = 0; at < kIds; ++at) {
+      std::vector<int64_t> ids(kIds, 9);
+      ids[at] = bad;
+      const absl::Status s = ValidateIds(ids.data(), kIds, 10, "feature 'f'", "user");
+      ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "id " << bad << " at " << at;
+      ExpectContains(s, absl::StrCat("ids[", at, "] = ", bad, " is not in [0, 10)"));
+    }
+  }
+  const std::vector<int64_t> ids(kIds, 9);
+  EXPECT_TRUE(ValidateIds(ids.data(), kIds, 10, "feature 'f'", "user").ok());
+  EXPECT_EQ(ValidateIds(ids.data(), kIds, 9, "feature 'f'", "user").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
