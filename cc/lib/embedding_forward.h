@@ -42,6 +42,7 @@ inline void CombineGroupedSamples(const FeatureLayout& layout, const Member& mem
   // Members are stored sample by sample, so the member kPrefetchDistance places ahead in [begin, end)'s members is
   // the one read that many rows later: every row of a bag is requested ahead, not only each sample's first.
   const int64_t members_end = layout.member_offsets[end];
+  const float* const scale = layout.ScaleOrNull();
   auto prefetch_member = [&](int64_t k) {
     if (k + kPrefetchDistance < members_end) {
       PrefetchRow<false>(reinterpret_cast<const float*>(row_of(member(k + kPrefetchDistance))), prefetch_floats);
@@ -54,7 +55,7 @@ inline void CombineGroupedSamples(const FeatureLayout& layout, const Member& mem
       // One id per sample (dense input, sequence positions): a scaled copy (same value as 0 + c*x).
       prefetch_member(first);
       const int64_t i = member(first);
-      const float c = layout.scale[i];
+      const float c = scale == nullptr ? 1.0f : scale[i];
       const Elem* row = row_of(i);
       for (int64_t d = 0; d < dim; ++d) o[d] = c * load(row[d]);
       continue;
@@ -63,7 +64,7 @@ inline void CombineGroupedSamples(const FeatureLayout& layout, const Member& mem
     for (int64_t k = first; k < last; ++k) {
       prefetch_member(k);
       const int64_t i = member(k);
-      const float c = layout.scale[i];
+      const float c = scale == nullptr ? 1.0f : scale[i];
       const Elem* row = row_of(i);
       if (quantizer == nullptr) {
         for (int64_t d = 0; d < dim; ++d) o[d] += c * load(row[d]);
@@ -87,9 +88,10 @@ inline void CombineSampleRowRange(const FeatureLayout& layout, const RowOf& row_
   if (layout.one_id_per_sample) {
     // Sample s is id s: a scaled copy (the same value as the general path's 0 + c * x, which is kept with
     // quantization only, where it is not a plain copy).
+    const float* const scale = layout.ScaleOrNull();
     for (int64_t s = begin; s < end; ++s) {
       if (s + kPrefetchDistance < end) prefetch(s + kPrefetchDistance);
-      const float c = layout.scale[s];
+      const float c = scale == nullptr ? 1.0f : scale[s];
       const Elem* row = row_of(s);
       float* o = out + s * dim;
       if (quantizer == nullptr) {

@@ -123,9 +123,7 @@ void FillRaggedSamples(const FeatureBatch& b, int64_t num_samples, Combiner comb
   const int64_t* splits = b.splits_or_indices;
   int64_t* const sample_of = kSampleOf ? out->sample_of.data() : nullptr;
   float* const scale = out->scale.data();
-  if (b.num_weights == 0 && combiner == Combiner::kSum) {
-    // Every factor is 1 whatever the bag's size: one fill, not one per sample.
-    std::fill(scale, scale + b.num_ids, 1.0f * InverseNorm(combiner, 1.0, 1.0));
+  if (out->unit_scale) {
     if constexpr (kSampleOf) {
       for (int64_t s = 0; s < num_samples; ++s) std::fill(sample_of + splits[s], sample_of + splits[s + 1], s);
     }
@@ -154,12 +152,18 @@ void BuildRaggedLayout(const FeatureBatch& b, int64_t num_samples, Combiner comb
                        FeatureLayout* out) {
   out->members_in_input_order = true;
   out->members.clear();
+  // Unweighted sums: every factor is 1 whatever the bag's size.
+  out->unit_scale = b.num_weights == 0 && combiner == Combiner::kSum;
   if (Has(parts, LayoutParts::kGrouping)) {
     out->member_offsets.assign(b.splits_or_indices, b.splits_or_indices + num_samples + 1);
   } else {
     out->member_offsets.clear();
   }
-  out->scale.resize(b.num_ids);
+  if (out->unit_scale) {
+    out->scale.clear();
+  } else {
+    out->scale.resize(b.num_ids);
+  }
   if (Has(parts, LayoutParts::kSampleOf)) {
     out->sample_of.resize(b.num_ids);
     FillRaggedSamples<true>(b, num_samples, combiner, out);
@@ -221,6 +225,7 @@ void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Com
   out->num_samples = num_samples;
   out->one_id_per_sample = b.splits_or_indices_rank == 0;
   out->members_in_input_order = false;
+  out->unit_scale = false;
 
   if (b.splits_or_indices_rank == 0) {
     // Dense input: sample i holds exactly id i, so the grouping is the identity (left implicit) and the
@@ -229,8 +234,9 @@ void BuildValidatedFeatureLayout(const FeatureBatch& b, int64_t num_samples, Com
     out->sample_of.clear();
     out->member_offsets.clear();
     out->members.clear();
-    if (b.num_weights == 0) {  // one factor for every id
-      out->scale.assign(b.num_ids, 1.0f * InverseNorm(combiner, 1.0, 1.0));
+    if (b.num_weights == 0) {  // w / norm(w) with w = 1: 1 whatever the combiner
+      out->unit_scale = true;
+      out->scale.clear();
       return;
     }
     out->scale.resize(b.num_ids);

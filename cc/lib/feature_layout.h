@@ -44,12 +44,17 @@ struct FeatureLayout {
   // empty (member k is id k).
   bool members_in_input_order = false;
   std::vector<int64_t> sample_of;  // per id: its output sample (built with LayoutParts::kSampleOf)
-  std::vector<float> scale;        // per id: w_i / norm_s (0 where the norm is 0)
+  std::vector<float> scale;        // per id: w_i / norm_s (0 where the norm is 0); empty when unit_scale
+  // Every factor is 1 (unweighted input, with one id per sample or the sum combiner): scale is then left empty.
+  bool unit_scale = false;
   // Ids grouped by sample, each group in input order (built with LayoutParts::kGrouping): ids of sample s are
   // Member(member_offsets[s]) .. Member(member_offsets[s + 1] - 1).
   std::vector<int64_t> member_offsets;
   std::vector<int64_t> members;
   int64_t Member(int64_t k) const { return members_in_input_order ? k : members[k]; }
+  float Scale(int64_t i) const { return unit_scale ? 1.0f : scale[i]; }
+  // scale's data, or null when every factor is 1: for loops that read it through a pointer.
+  const float* ScaleOrNull() const { return unit_scale ? nullptr : scale.data(); }
   // Scratch of BuildFeatureLayout; a layout reused for the next step keeps every buffer's capacity.
   std::vector<int64_t> cursor;
 };

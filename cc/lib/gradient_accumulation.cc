@@ -23,12 +23,12 @@ struct SourceView {
   explicit SourceView(const GradientSource& s)
       : ids(s.ids),
         num_ids(s.num_ids),
-        scale(s.layout->scale.data()),
+        scale(s.layout->ScaleOrNull()),
         sample_of(s.layout->one_id_per_sample ? nullptr : s.layout->sample_of.data()),
         gradient(s.gradient) {}
   const int64_t* ids;
   int64_t num_ids;
-  const float* scale;
+  const float* scale;        // null: every factor is 1
   const int64_t* sample_of;  // null: id i is sample i
   const float* gradient;
 };
@@ -37,7 +37,7 @@ struct SourceView {
 // Accumulate's expression in Accumulate's order, so a summed row is bitwise the gathered one.  (0.0f + x is
 // not folded to x: it turns -0.0 into +0.0, as the gathered sum's zeroed start does.)
 inline void AddContribution(const SourceView& s, int64_t i, int64_t dim, bool first, float* acc) {
-  const float c = s.scale[i];
+  const float c = s.scale == nullptr ? 1.0f : s.scale[i];
   const float* dact = s.gradient + (s.sample_of == nullptr ? i : s.sample_of[i]) * dim;
   if (first) {
     for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f + c * dact[d];

@@ -137,7 +137,7 @@ inline void RowGradientPlan::Accumulate(int64_t u, int64_t dim, float* g) const 
     }
     const GradientSource& s = (*sources_)[entries_[k].source];
     const int64_t i = entries_[k].position;
-    const float c = s.layout->scale[i];
+    const float c = s.layout->Scale(i);
     const float* dact = s.gradient + SampleOf(*s.layout, i) * dim;
     for (int64_t d = 0; d < dim; ++d) g[d] += c * dact[d];
   }

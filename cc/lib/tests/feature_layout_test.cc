@@ -121,8 +121,15 @@ TEST(FeatureLayoutTest, DenseInputIsOneIdPerSample) {
   // mean: w / w (0 where w = 0); sqrtn: w / |w|.
   EXPECT_EQ(Build(in, Combiner::kMean).scale, (std::vector<float>{1.0f, 1.0f, 0.0f}));
   EXPECT_EQ(Build(in, Combiner::kSqrtn).scale, (std::vector<float>{1.0f, -1.0f, 0.0f}));
-  // Unweighted: every factor is 1 whatever the combiner.
-  EXPECT_EQ(Build(Dense({1, 2}), Combiner::kSqrtn).scale, (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_FALSE(sum.unit_scale);
+  // Unweighted: every factor is 1 whatever the combiner, and scale is left empty.
+  for (const Combiner combiner : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    const FeatureLayout unweighted = Build(Dense({1, 2}), combiner);
+    EXPECT_TRUE(unweighted.unit_scale);
+    EXPECT_TRUE(unweighted.scale.empty());
+    EXPECT_EQ(unweighted.Scale(0), 1.0f);
+    EXPECT_EQ(unweighted.Scale(1), 1.0f);
+  }
 }
 
 TEST(FeatureLayoutTest, RaggedRowsWithAnEmptyRow) {
@@ -145,6 +152,19 @@ TEST(FeatureLayoutTest, RaggedRowsWithAnEmptyRow) {
   const float third = static_cast<float>(1.0 / 3.0);
   EXPECT_EQ(Build(in, Combiner::kSqrtn).scale,
             (std::vector<float>{1.0f * inv10, 3.0f * inv10, 2.0f * third, 2.0f * third, 1.0f * third}));
+}
+
+TEST(FeatureLayoutTest, UnweightedBagsHaveUnitFactorsOnlyUnderTheSumCombiner) {
+  const Input in = Ragged({0, 2, 2, 5}, {4, 9, 4, 1, 3});
+  const FeatureLayout sum = Build(in, Combiner::kSum);
+  EXPECT_TRUE(sum.unit_scale);
+  EXPECT_TRUE(sum.scale.empty());
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(sum.Scale(i), 1.0f);
+  const FeatureLayout mean = Build(in, Combiner::kMean);
+  EXPECT_FALSE(mean.unit_scale);
+  EXPECT_EQ(mean.scale, (std::vector<float>{0.5f, 0.5f, 1.0f / 3.0f, 1.0f / 3.0f, 1.0f / 3.0f}));
+  // Weighted sums keep their weights.
+  EXPECT_FALSE(Build(Ragged({0, 1}, {4}, {2.0f}), Combiner::kSum).unit_scale);
 }
 
 TEST(FeatureLayoutTest, MeanOfWeightsSummingToZeroGivesZeroFactors) {
@@ -185,7 +205,7 @@ TEST(FeatureLayoutTest, AReusedLayoutHoldsOnlyTheLastBatch) {
   ASSERT_TRUE(BuildFeatureLayout(Dense({5, 6}).Batch(), Combiner::kMean, "feature 'f'", &layout).ok());
   EXPECT_TRUE(layout.one_id_per_sample);
   EXPECT_TRUE(layout.sample_of.empty());
-  EXPECT_EQ(layout.scale, (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_TRUE(layout.unit_scale && layout.scale.empty());
   ASSERT_TRUE(BuildFeatureLayout(Ragged({0, 1, 2}, {5, 6}).Batch(), Combiner::kSum, "feature 'f'", &layout).ok());
   EXPECT_FALSE(layout.one_id_per_sample);
   EXPECT_EQ(layout.member_offsets, (std::vector<int64_t>{0, 1, 2}));
@@ -196,7 +216,9 @@ TEST(FeatureLayoutTest, AReusedLayoutHoldsOnlyTheLastBatch) {
   ASSERT_TRUE(
       BuildFeatureLayout(Sparse({1, 0, 0, 0}, 2, {2}, {7, 8}).Batch(), Combiner::kSum, "feature 'f'", &layout).ok());
   EXPECT_FALSE(layout.members_in_input_order);
+  EXPECT_FALSE(layout.unit_scale);
   EXPECT_EQ(layout.members, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(layout.scale, (std::vector<float>{1.0f, 1.0f}));
 }
 
 // A kernel builds only what it reads (the forward pass the grouping, the update each id's sample); the scale is

@@ -566,7 +566,7 @@ TEST_F(UpdateTableShardingTest, SgdMatchesAnIndependentPerRowSum) {
     for (size_t i = 0; i < f.ids.size(); ++i) {
       std::vector<float>& g = sums.try_emplace(f.ids[i], kDim, 0.0f).first->second;
       const float* dact = f.gradient.data() + f.layout.sample_of[i] * kDim;
-      for (int64_t d = 0; d < kDim; ++d) g[d] += f.layout.scale[i] * dact[d];
+      for (int64_t d = 0; d < kDim; ++d) g[d] += f.layout.Scale(i) * dact[d];
     }
   }
   Table t(kVocabulary, kDim, {});
