@@ -72,9 +72,9 @@ inline constexpr int64_t kMaxSamples = (int64_t{1} << 31) - 1;
 // `label` names the feature in error messages, which also give the position and the value.
 absl::Status ValidateFeatureBatch(const FeatureBatch& batch, const std::string& label, int64_t* num_samples);
 
-// What a kernel reads of a layout beyond the scale, which is always built: the forward pass walks the ids grouped
-// by sample (member_offsets, members), the gradient accumulation each id's sample (sample_of).  A kernel builds
-// only its part: on bags, each part is id-sized arrays written every call.
+// What a kernel reads of a layout beyond the factors (scale, built unless they are all 1): the forward pass walks
+// the ids grouped by sample (member_offsets, members), the gradient accumulation each id's sample (sample_of).  A
+// kernel builds only its part: on bags, each part is id-sized arrays written every call.
 enum class LayoutParts { kGrouping = 1, kSampleOf = 2, kAll = 3 };
 
 // Builds the layout of a batch that ValidateFeatureBatch accepted (with `num_samples` from it).  Indexes by
