@@ -56,10 +56,16 @@ class Headline:
 
 
 # Engines read as the best (lowest median) of several: FBGEMM with and without huge pages (the faster of the
-# settings a PyTorch user could pick), and the speed-of-light kernel in its worker process or called directly in
-# this one (the same code; the faster of the two is what the machine allows: a fresh worker's tables sometimes
-# step up to 1.3x slower for as long as they live).
-BEST_OF: dict[str, tuple[str, ...]] = {"fbgemm*": ("fbgemm", "fbgemm_hp"), "sol*": ("sol", "sol_local")}
+# settings a PyTorch user could pick), and each one-thread engine of the speed-of-light kernel in its worker
+# process or called directly in this one (the same code; the faster of the two is what the machine allows: a fresh
+# worker's tables sometimes step up to 1.3x slower for as long as they live). The two-thread kernel runs in its
+# worker only (OpenMP's threads in this process would share it with TensorFlow's).
+BEST_OF: dict[str, tuple[str, ...]] = {
+    "fbgemm*": ("fbgemm", "fbgemm_hp"),
+    "sol*": ("sol", "sol_local"),
+    "sol_bf16*": ("sol_bf16", "sol_bf16_local"),
+    "sol_dynamic*": ("sol_dynamic", "sol_dynamic_local"),
+}
 
 # The issue's targets, each as a ratio of interleaved pairs.
 HEADLINES: tuple[Headline, ...] = (
@@ -88,7 +94,7 @@ HEADLINES: tuple[Headline, ...] = (
             "base",
             ">=",
             1.3,
-            ("fbgemm*", "sol"),
+            ("fbgemm*", "sol*"),
         )
         for w in ("W1", "W2", "W4")
     ),
@@ -100,7 +106,7 @@ HEADLINES: tuple[Headline, ...] = (
         "base",
         ">=",
         2.5,
-        ("fbgemm*", "sol"),
+        ("fbgemm*", "sol*"),
     ),
     Headline(
         "W1_rowwise_fbgemm",
@@ -110,7 +116,7 @@ HEADLINES: tuple[Headline, ...] = (
         "base",
         ">=",
         1.0,
-        ("fbgemm*", "sol"),
+        ("fbgemm*", "sol*"),
         "ceiling: FBGEMM over the kernel's SGD step (the kernel has no row-wise Adagrad; SGD's work is a lower bound)",
     ),
     *(
@@ -122,7 +128,7 @@ HEADLINES: tuple[Headline, ...] = (
             "base",
             "<=",
             0.9,
-            ("sol_bf16", "sol"),
+            ("sol_bf16*", "sol*"),
         )
         for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"), ("adam", "lazy Adam"))
     ),
@@ -135,7 +141,7 @@ HEADLINES: tuple[Headline, ...] = (
             "base",
             "<=",
             1.3,
-            ("sol_dynamic", "sol"),
+            ("sol_dynamic*", "sol*"),
             "ceiling: the kernel's keyed step (one hash probe per id, then the static step) over its static step",
         )
         for o, lab in (("sgd", "SGD"), ("adagrad", "Adagrad"))
@@ -148,7 +154,7 @@ HEADLINES: tuple[Headline, ...] = (
         "base",
         "<=",
         1.2,
-        ("sol_dynamic", "sol"),
+        ("sol_dynamic*", "sol*"),
         "ceiling: the kernel's keyed lookup (one hash probe per id, then the gather) over its lookup",
     ),
     Headline(
@@ -320,28 +326,30 @@ class _Context:
     def __init__(self, smoke: bool, fbgemm_python: str | None, warmup: int):
         self.smoke, self.fbgemm_python, self.warmup = smoke, fbgemm_python, warmup
         self.workers: dict[tuple, object] = {}
-        self.kernel = None  # the group's InProcessKernel: sol_local and sol_tf step the same tables
-        self.kernel_key: tuple | None = None
+        # The group's InProcessKernels by (workload, optimizer, storage, keyed): sol_local and sol_tf step the same
+        # tables.
+        self.kernels: dict[tuple, object] = {}
 
     def worker(self, key: tuple, start):
         if key not in self.workers:
             self.workers[key] = start()
         return self.workers[key]
 
-    def local_kernel(self, wl, optimizer: str):
-        """The group's in-process kernel (built on first use, freed by ``close_local_kernel``)."""
-        if self.kernel_key != (wl.name, optimizer):
+    def local_kernel(self, wl, optimizer: str, storage: str = "fp32", keyed: bool = False):
+        """The group's in-process kernel of this setting (built on first use, freed by ``close_local_kernels``);
+        ``keyed`` steps on the dynamic benchmark's keys (W1's fingerprints)."""
+        key = (wl.name, optimizer, storage, keyed)
+        if key not in self.kernels:
             from benchmarks import speed_of_light as sol
 
-            self.close_local_kernel()
-            self.kernel = sol.InProcessKernel(wl, optimizer, warmup=self.warmup)
-            self.kernel_key = (wl.name, optimizer)
-        return self.kernel
+            keys = [_dynamic_keys(wl.name, self.smoke)] if keyed else None
+            self.kernels[key] = sol.InProcessKernel(wl, optimizer, warmup=self.warmup, storage=storage, keys=keys)
+        return self.kernels[key]
 
-    def close_local_kernel(self) -> None:
-        if self.kernel is not None:
-            self.kernel.close()
-        self.kernel, self.kernel_key = None, None
+    def close_local_kernels(self) -> None:
+        for kernel in self.kernels.values():
+            kernel.close()
+        self.kernels.clear()
 
     def close_workload(self, workload: str) -> None:
         for key in [k for k in self.workers if k[1] == workload]:
@@ -351,7 +359,16 @@ class _Context:
         for w in self.workers.values():
             w.close()
         self.workers.clear()
-        self.close_local_kernel()
+        self.close_local_kernels()
+
+
+def _dynamic_keys(workload: str, smoke: bool):
+    """The row keys of the dynamic benchmark's table (W1's: farmhash fingerprints of its ids)."""
+    from benchmarks import dynamic_benchmark as dyn
+
+    if workload != "W1":
+        raise ValueError(f"the dynamic engines run W1 only, not {workload}")
+    return dyn.make_workload(smoke)[2]
 
 
 def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context, base=None):
@@ -363,13 +380,8 @@ def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context, base=No
     if name in ("sol", "sol_bf16", "sol_2t", "sol_dynamic"):
         worker = ctx.worker(("sol", workload), lambda: sol.worker(wl, warmup=w))
         keys = "ids"
-        if name == "sol_dynamic":  # the dynamic engine's keys (W1's: farmhash fingerprints of the ids)
-            from benchmarks import dynamic_benchmark as dyn
-
-            if workload != "W1":
-                raise ValueError(f"sol_dynamic: the dynamic engine runs W1 only, not {workload}")
-
-            sol.write_keys(worker.scratch, [dyn.make_workload(ctx.smoke)[2]])
+        if name == "sol_dynamic":
+            sol.write_keys(worker.scratch, [_dynamic_keys(workload, ctx.smoke)])
             keys = "hashed"
         worker.prepare(
             name,
@@ -426,6 +438,9 @@ def _build_engine(name: str, workload: str, opt: str, wl, ctx: _Context, base=No
     if name in ("sol_local", "sol_tf"):
         kernel = ctx.local_kernel(wl, kernel_opt)
         return _local(kernel.step if name == "sol_local" else kernel.tensorflow_step(), w)
+    if name in ("sol_bf16_local", "sol_dynamic_local"):
+        storage = "bf16" if name == "sol_bf16_local" else "fp32"
+        return _local(ctx.local_kernel(wl, kernel_opt, storage, keyed=name == "sol_dynamic_local").step, w)
     raise ValueError(f"engine: unknown {name!r}")
 
 
@@ -475,7 +490,7 @@ def run_group(
                     eng.worker.drop(eng.name)
                 except Exception:
                     pass
-        ctx.close_local_kernel()
+        ctx.close_local_kernels()
     out["rounds"] = rounds
     out["base_steps"] = steps["base"]
     out["warm_steps"] = warm
@@ -606,8 +621,9 @@ def markdown(result: dict) -> str:
         f"first alternating, and every block follows {m.get('warm_ms', 0):g} ms of untimed steps of its own "
         + _passes_clause(m.get("passes", 1))
         + "the spread is the interquartile range of the pair ratios, *level* when it straddles 1. "
-        "The kernel in ours over the kernel is the faster of its worker process and its step called directly in "
-        "this process; FBGEMM the faster of its runs with and without huge pages. "
+        "Each one-thread engine of the kernel (static, bf16, keyed) is the faster of its worker process and its "
+        "step called directly in this process, in the figures and their ceilings (the two-thread kernel runs in its "
+        "worker only); FBGEMM the faster of its runs with and without huge pages. "
         "A ceiling is the same ratio for the speed-of-light kernel's engines in the same rounds (what this machine "
         "shows possible for the target); for ours over the kernel, the kernel's step as the one op of a "
         "tf.function over the kernel's step called directly, both in this process (no step run by TensorFlow costs "

@@ -66,7 +66,7 @@ def op_library() -> str:
 
 
 class InProcessKernel:
-    """The kernel stepping in this process, one thread, on its own fp32 tables (the library, through ctypes).
+    """The kernel stepping in this process, one thread, on its own tables (the library, through ctypes).
 
     ``step`` runs a step directly; ``tensorflow_step`` returns a ``tf.function`` whose body is the kernel's step as
     a TensorFlow op, so TensorFlow runs it as it runs our fused step. The headline times the two on the same
@@ -80,15 +80,27 @@ class InProcessKernel:
         >>> kernel.close()                                    # doctest: +SKIP
     """
 
-    def __init__(self, wl: Workload, optimizer: str, warmup: int = 3, init: list | None = None):
-        """``init``: each table's starting rows (float32 [vocab, dim]), else the kernel's own pattern."""
-        _check([optimizer], "fp32")
+    def __init__(
+        self,
+        wl: Workload,
+        optimizer: str,
+        warmup: int = 3,
+        init: list | None = None,
+        storage: str = "fp32",
+        keys: list[np.ndarray] | None = None,
+    ):
+        """``init``: each table's starting rows (float32 [vocab, dim]), else the kernel's own pattern; ``storage``
+        the tables' and slots' type (``STORAGES``); ``keys`` each table's row keys (int64, distinct) for the keyed
+        step (a dynamic table's: each id's key found through a hash index first)."""
+        _check([optimizer], storage)
         if warmup < 0:
             raise ValueError(f"warmup: must be >= 0, got {warmup}")
         if init is not None and [np.shape(t) for t in init] != [(t.vocab, t.dim) for t in wl.tables]:
             raise ValueError(
                 f"init: shapes {[np.shape(t) for t in init]}; expected {[(t.vocab, t.dim) for t in wl.tables]}"
             )
+        if keys is not None and [np.shape(k) for k in keys] != [(t.vocab,) for t in wl.tables]:
+            raise ValueError(f"keys: shapes {[np.shape(k) for k in keys]}; expected {[(t.vocab,) for t in wl.tables]}")
         import tensorflow as tf
 
         # The op's library loads the kernel's as it is loaded, and ctypes then shares that handle.
@@ -100,9 +112,9 @@ class InProcessKernel:
         lib.speed_of_light_read_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         lib.speed_of_light_close.argtypes = [ctypes.c_void_p]
         with tempfile.TemporaryDirectory(prefix="speed_of_light_local_") as tmp:
-            _write_job(tmp, wl, [optimizer], "fp32", {"threads": 1}, init)
-            state = lib.speed_of_light_open(tmp.encode(), optimizer.encode(), 0, warmup)
-        if not state:
+            _write_job(tmp, wl, [optimizer], storage, {"threads": 1}, init, keys)
+            state = lib.speed_of_light_open(tmp.encode(), optimizer.encode(), int(keys is not None), warmup)
+        if not state:  # the library said why on stderr (a key file absent, a key repeated)
             raise RuntimeError(f"speed_of_light: the in-process kernel could not open {wl.name}'s job")
         self._lib, self._state, self._shapes = lib, state, [(t.vocab, t.dim) for t in wl.tables]
 

@@ -389,6 +389,29 @@ def test_ours_over_the_kernel_takes_the_faster_of_the_kernels_worker_and_its_in_
     assert rec["status"] == "not measured" and rec["why"] == "no compiler"
 
 
+def test_every_one_thread_kernel_engine_is_the_faster_of_its_worker_and_its_in_process_call():
+    # Figures and ceilings alike: a worker's slow first-built tables must not set a ceiling against the other's.
+    for h in headline.HEADLINES:
+        ceiling = h.ceiling if isinstance(h.ceiling, tuple) and "sol_2t" not in h.ceiling else ()
+        for e in (h.num, h.den, *ceiling):
+            assert e not in ("sol", "sol_bf16", "sol_dynamic"), (h.key, e)
+    dyn = next(x for x in headline.HEADLINES if x.key == "W1_sgd_dynamic")
+    assert dyn.ceiling == ("sol_dynamic*", "sol*")
+    assert {"sol_dynamic", "sol_dynamic_local", "sol", "sol_local"} <= set(headline.engines_of("W1:sgd"))
+    # The worker's static tables slow (0.8 against 0.6 in this process), its keyed ones not: the ceiling divides
+    # the faster keyed run by the faster static one, 0.66 / 0.6 = 1.1 a round (0.66 / 0.8 = 0.825 before).
+    engines = {"dynamic": 1.4, "sol": 0.8, "sol_local": 0.6, "sol_dynamic": 0.66, "sol_dynamic_local": 0.7}
+    run = {"groups": {"W1:sgd": _group(**{e: [r] * 4 for e, r in engines.items()})}}
+    rec = headline.evaluate(dyn, run)
+    assert rec["ceiling"]["engines"] == ["sol_dynamic", "sol_local"]
+    assert rec["ceiling"]["median"] == pytest.approx(1.1)
+    bf16 = next(x for x in headline.HEADLINES if x.key == "W1_adam_bf16")
+    assert bf16.ceiling == ("sol_bf16*", "sol*") and "sol_bf16_local" in headline.engines_of("W1:adam")
+    # The two-thread kernel runs in its worker only: its ceiling divides the two worker engines.
+    threads = next(x for x in headline.HEADLINES if x.key == "W1_sgd_threads")
+    assert threads.ceiling == ("sol", "sol_2t")
+
+
 def test_every_headline_names_engines_its_group_builds():
     for h in headline.HEADLINES:
         built = headline.engines_of(h.group)

@@ -48,5 +48,13 @@ def test_headline_smoke_run_reports_every_target(tmp_path):
     for key in ("W1_sgd_sol", "W4_adam_sol"):
         assert keys[key]["ceiling"]["engines"] == ["sol_tf", "sol_local"] and keys[key]["ceiling"]["n"] == 2
     assert keys["W1_lookup_tf"]["ceiling"]["engines"] == ["tf_lookup", "sol_tf"]
+    # The keyed and bf16 kernels, each the faster of its worker and its in-process run.
+    for key, engine in (
+        ("W1_sgd_dynamic", "sol_dynamic"),
+        ("W1_lookup_dynamic", "sol_dynamic"),
+        ("W1_sgd_bf16", "sol_bf16"),
+    ):
+        num, den = keys[key]["ceiling"]["engines"]
+        assert num in (engine, engine + "_local") and den in ("sol", "sol_local") and keys[key]["ceiling"]["n"] == 2
     assert "| W1 SGD: ours / speed-of-light kernel <= 1.25 |" in (out / "HEADLINE.md").read_text()
     assert headline.compare(result, result)[0]["agree"] is True

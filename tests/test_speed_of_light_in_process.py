@@ -46,6 +46,37 @@ def test_the_in_process_kernel_ends_where_the_binary_does(w4, optimizer, through
         np.testing.assert_array_equal(g, e, err_msg=f"table {t}")
 
 
+def test_the_in_process_bf16_kernel_ends_where_the_binary_does(w4):
+    init = _init(w4)
+    expected = sol.final_tables(w4, "adagrad", init, steps=2, storage="bf16")
+    kernel = sol.InProcessKernel(w4, "adagrad", warmup=0, init=init, storage="bf16")
+    try:
+        kernel.step()
+        kernel.step()
+        got = [kernel.table(t) for t in range(len(w4.tables))]
+    finally:
+        kernel.close()
+    for t, (e, g) in enumerate(zip(expected, got, strict=True)):
+        np.testing.assert_array_equal(g, e, err_msg=f"table {t}")
+
+
+def test_the_in_process_keyed_kernel_ends_where_the_binary_does():
+    # Keyed (a dynamic table's step): each id's key is found through the kernel's hash index, then the same step.
+    w1 = workloads.WORKLOADS["W1"](smoke=True)
+    init = _init(w1)
+    keys = [np.random.default_rng(7).permutation(w1.tables[0].vocab).astype(np.int64) * 1_000_003 - 5_000]
+    expected = sol.final_tables(w1, "sgd", init, steps=2, keys=keys)
+    kernel = sol.InProcessKernel(w1, "sgd", warmup=0, init=init, keys=keys)
+    try:
+        kernel.step()
+        kernel.step()
+        got = kernel.table(0)
+    finally:
+        kernel.close()
+    assert not np.array_equal(got, init[0])
+    np.testing.assert_array_equal(got, expected[0])
+
+
 def test_an_in_process_lookup_changes_no_table(w4):
     init = _init(w4)
     kernel = sol.InProcessKernel(w4, sol.LOOKUP, warmup=2, init=init)
@@ -62,6 +93,10 @@ def test_the_in_process_kernel_refuses_bad_arguments_by_name(w4):
         sol.InProcessKernel(w4, "sgd", warmup=-1)
     with pytest.raises(ValueError, match="init: shapes"):
         sol.InProcessKernel(w4, "sgd", init=[np.zeros((2, 2), np.float32)])
+    with pytest.raises(ValueError, match="storage: 'fp16'"):
+        sol.InProcessKernel(w4, "sgd", storage="fp16")
+    with pytest.raises(ValueError, match="keys: shapes"):
+        sol.InProcessKernel(w4, "sgd", keys=[np.arange(3)])
     kernel = sol.InProcessKernel(w4, "sgd", warmup=0)
     with pytest.raises(ValueError, match="table: 8 is not one of the workload's 8 tables"):
         kernel.table(len(w4.tables))
