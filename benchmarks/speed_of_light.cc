@@ -16,7 +16,9 @@
 // accumulation stay serial (they are a small share of the step at one thread, and serial keeps them simple).
 // Keyed engines (a dynamic table's step): the features hold 64-bit keys, and the step starts by finding each
 // key's row through an open-addressing index (one probe per id, home buckets prefetched ahead), then does the
-// above on those rows. The optimizer `lookup` is the forward pass alone.
+// above on those rows; with a compact index (speed_of_light_job.h) the probe reads the row's key from its record
+// and updates its count and last step, as a dynamic table within its memory budget must. The optimizer `lookup`
+// is the forward pass alone.
 //
 // Usage: speed_of_light JOB_DIR (the job's files: speed_of_light_job.h)
 // Output: one JSON line {"results": {optimizer: {"block_ms": [...], "steps": n}}}. With check_steps > 0 it runs
@@ -178,6 +180,46 @@ constexpr int64_t kProbeAhead = 16;
 
 inline uint64_t HomeOf(int64_t key, uint64_t mask) { return Mix64(static_cast<uint64_t>(key)) & mask; }
 
+// Row r keeps keys[r]: the index with each key beside its row number. False, with `why`, when a key repeats.
+bool LoadWideIndex(Table& tb, const std::vector<int64_t>& keys, const std::string& path, std::string* why) {
+  uint64_t buckets = 16;
+  while (buckets < 2 * static_cast<uint64_t>(tb.rows)) buckets *= 2;
+  tb.index.assign(buckets, Table::Bucket{});
+  tb.index_mask = buckets - 1;
+  for (int64_t r = 0; r < tb.rows; ++r) {
+    uint64_t b = HomeOf(keys[r], tb.index_mask);
+    for (; tb.index[b].row >= 0; b = (b + 1) & tb.index_mask) {
+      if (tb.index[b].key == keys[r]) {
+        *why = path + ": key " + std::to_string(keys[r]) + " repeats";
+        return false;
+      }
+    }
+    tb.index[b] = {keys[r], r};
+  }
+  return true;
+}
+
+// The same with a compact index: row numbers in the buckets, keys in the rows' records.
+bool LoadCompactIndex(Table& tb, const std::vector<int64_t>& keys, const std::string& path, std::string* why) {
+  uint64_t buckets = 16;
+  while (4 * static_cast<uint64_t>(tb.rows) > 3 * buckets) buckets *= 2;
+  tb.compact_index.assign(buckets, 0);
+  tb.records.assign(tb.rows, Table::RowRecord{});
+  const uint64_t mask = buckets - 1;
+  for (int64_t r = 0; r < tb.rows; ++r) {
+    uint64_t b = HomeOf(keys[r], mask);
+    for (; tb.compact_index[b] != 0; b = (b + 1) & mask) {
+      if (tb.records[tb.compact_index[b] - 1].key == keys[r]) {
+        *why = path + ": key " + std::to_string(keys[r]) + " repeats";
+        return false;
+      }
+    }
+    tb.compact_index[b] = static_cast<uint32_t>(r + 1);
+    tb.records[r].key = keys[r];
+  }
+  return true;
+}
+
 // Builds every table's index from keys<t>.bin and gives each feature its ids' keys (untimed: a dynamic table's
 // keys are in its index before a step). False, with `why`, when a key file is absent or a key repeats.
 bool LoadKeys(Job& job, const std::string& dir, std::string* why) {
@@ -189,20 +231,7 @@ bool LoadKeys(Job& job, const std::string& dir, std::string* why) {
       *why = "no key file " + path;
       return false;
     }
-    uint64_t buckets = 16;
-    while (buckets < 2 * static_cast<uint64_t>(tb.rows)) buckets *= 2;
-    tb.index.assign(buckets, Table::Bucket{});
-    tb.index_mask = buckets - 1;
-    for (int64_t r = 0; r < tb.rows; ++r) {
-      uint64_t b = HomeOf(keys[r], tb.index_mask);
-      for (; tb.index[b].row >= 0; b = (b + 1) & tb.index_mask) {
-        if (tb.index[b].key == keys[r]) {
-          *why = path + ": key " + std::to_string(keys[r]) + " repeats";
-          return false;
-        }
-      }
-      tb.index[b] = {keys[r], r};
-    }
+    if (!(job.compact_index ? LoadCompactIndex : LoadWideIndex)(tb, keys, path, why)) return false;
     for (Feature& f : job.features) {
       if (f.table != static_cast<int>(t)) continue;
       f.keys.resize(f.ids.size());
@@ -212,11 +241,38 @@ bool LoadKeys(Job& job, const std::string& dir, std::string* why) {
   return true;
 }
 
-// Every feature's keys to their rows, written into its ids (which the rest of the step reads).
-void Resolve(Job& job) {
+// A compact index's probe for `key`: its row, after counting the lookup in the row's record when `count` (a
+// training step's lookup; a serving lookup counts nothing).
+inline int64_t ProbeCompact(Table& tb, int64_t key, int64_t step, bool count) {
+  const uint64_t mask = tb.compact_index.size() - 1;
+  for (uint64_t b = HomeOf(key, mask);; b = (b + 1) & mask) {
+    const uint32_t v = tb.compact_index[b];
+    if (v == 0) Fail("key " + std::to_string(key) + " is not in its table");
+    Table::RowRecord& r = tb.records[v - 1];
+    if (r.key != key) continue;
+    if (count) {
+      if (r.count < UINT32_MAX) r.count = r.count + 1;
+      if (r.last_step < step) r.last_step = step;
+    }
+    return static_cast<int64_t>(v) - 1;
+  }
+}
+
+// Every feature's keys to their rows, written into its ids (which the rest of the step reads); `count`: a
+// training step's (ProbeCompact).
+void Resolve(Job& job, int64_t step, bool count) {
   for (Feature& f : job.features) {
-    const Table& tb = job.tables[f.table];
+    Table& tb = job.tables[f.table];
     const int64_t n = static_cast<int64_t>(f.keys.size());
+    if (job.compact_index) {
+      // Serial: a repeated key's record is written by each of its ids.
+      const uint64_t mask = tb.compact_index.size() - 1;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i + kProbeAhead < n) __builtin_prefetch(tb.compact_index.data() + HomeOf(f.keys[i + kProbeAhead], mask));
+        f.ids[i] = ProbeCompact(tb, f.keys[i], step, count);
+      }
+      continue;
+    }
 #pragma omp parallel for schedule(static) num_threads(job.threads)
     for (int64_t i = 0; i < n; ++i) {
       if (i + kProbeAhead < n) __builtin_prefetch(tb.index.data() + HomeOf(f.keys[i + kProbeAhead], tb.index_mask));
@@ -374,7 +430,7 @@ void Update(Job& job, int t, int64_t distinct, int opt, int64_t step) {
 }
 
 void Step(Job& job, int opt, int64_t step) {
-  if (job.keyed) Resolve(job);
+  if (job.keyed) Resolve(job, step, /*count=*/opt >= 0);
   Forward(job);
   if (opt < 0) return;  // a lookup
   for (int t = 0; t < static_cast<int>(job.tables.size()); ++t) {
@@ -440,9 +496,11 @@ int Serve(const std::string& dir) {
           ok = false;
       }
       if (!ok || (opt_name != "sgd" && opt_name != "adagrad" && opt_name != "adam" && opt_name != "lookup") ||
-          (storage != "fp32" && storage != "bf16") || (keys != "ids" && keys != "hashed") || threads < 1) {
+          (storage != "fp32" && storage != "bf16") || (keys != "ids" && keys != "hashed" && keys != "compact") ||
+          threads < 1) {
         reply("error prepare " + name +
-              ": expected optimizer=sgd|adagrad|adam|lookup storage=fp32|bf16 keys=ids|hashed threads>=1 warmup=N");
+              ": expected optimizer=sgd|adagrad|adam|lookup storage=fp32|bf16 keys=ids|hashed|compact threads>=1 "
+              "warmup=N");
         continue;
       }
       drop(name);
@@ -450,7 +508,8 @@ int Serve(const std::string& dir) {
       s.job = base;
       s.job.bf16 = storage == "bf16";
       s.job.threads = threads;
-      s.job.keyed = keys == "hashed";
+      s.job.keyed = keys != "ids";
+      s.job.compact_index = keys == "compact";
       std::string why;
       if (s.job.keyed && !LoadKeys(s.job, dir, &why)) {
         reply("error prepare " + name + ": " + why);
@@ -543,15 +602,16 @@ int Main(int argc, char** argv) {
 // process as it ends the binary's (Fail): the caller writes the job itself (speed_of_light.py) and checks the
 // optimizer first.
 extern "C" {
-// A state of the job in DIR (fp32 tables, the job's thread count; with HASHED_KEYS the features' keys, as
-// `keys=hashed` prepares a worker's), its tables and slots set for OPTIMIZER (sgd, adagrad, adam or lookup) and
-// warmed by WARMUP steps; free it with speed_of_light_close.  Null, with the reason on stderr, when the keys
-// cannot be read.
+// A state of the job in DIR (its storage, the job's thread count; HASHED_KEYS 1 or 2: the features' keys, with
+// the wide or the compact index, as `keys=hashed` or `keys=compact` prepares a worker's), its tables and slots set
+// for OPTIMIZER (sgd, adagrad, adam or lookup) and warmed by WARMUP steps; free it with speed_of_light_close.
+// Null, with the reason on stderr, when the keys cannot be read.
 void* speed_of_light_open(const char* dir, const char* optimizer, int hashed_keys, int warmup) {
   auto* s = new speed_of_light::Served;
   s->job = speed_of_light::ReadJob(dir);
   speed_of_light::CheckTables(s->job);
   s->job.keyed = hashed_keys != 0;
+  s->job.compact_index = hashed_keys == 2;
   std::string why;
   if (s->job.keyed && !speed_of_light::LoadKeys(s->job, dir, &why)) {
     std::fprintf(stderr, "speed_of_light: %s\n", why.c_str());

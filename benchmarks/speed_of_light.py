@@ -5,7 +5,9 @@ fast way, with no framework, on the same ids and upstream gradients as every eng
 yardstick for ours: ``ours / speed_of_light`` per optimizer and workload (1.0 = as fast as a hand-written loop).
 ``final_tables`` runs it for a few steps from given tables, so the suite can check it does the same work as ours.
 With ``keys`` (each table's row keys) the kernel does a dynamic table's step: the features carry their ids' keys
-and each step first finds every key's row through a hash index; ``lookup`` is the forward pass alone.
+and each step first finds every key's row through a hash index (``key_index``: ``"wide"``, each key beside its row
+number, or ``"compact"``, a dynamic table's layout within its memory budget: row numbers in the index, keys in
+per-row records that also count each lookup); ``lookup`` is the forward pass alone.
 ``InProcessKernel`` steps the kernel in this process instead (the same source built as a shared library), called
 directly or run by TensorFlow as the one op of a ``tf.function``.
 
@@ -34,6 +36,10 @@ OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The forward pass alone (no update), for lookup ceilings.
 LOOKUP = "lookup"
 STORAGES = ("fp32", "bf16")
+# A keyed engine's index layouts (speed_of_light_job.h), with the library's number and the worker's `keys=` word
+# for each.
+KEY_INDEXES = {"wide": 1, "compact": 2}
+WORKER_KEYS = {"wide": "hashed", "compact": "compact"}
 
 
 def build() -> str:
@@ -88,11 +94,13 @@ class InProcessKernel:
         init: list | None = None,
         storage: str = "fp32",
         keys: list[np.ndarray] | None = None,
+        key_index: str = "wide",
     ):
         """``init``: each table's starting rows (float32 [vocab, dim]), else the kernel's own pattern; ``storage``
         the tables' and slots' type (``STORAGES``); ``keys`` each table's row keys (int64, distinct) for the keyed
-        step (a dynamic table's: each id's key found through a hash index first)."""
-        _check([optimizer], storage)
+        step (a dynamic table's: each id's key found through a hash index first), ``key_index`` its layout
+        (``KEY_INDEXES``)."""
+        _check([optimizer], storage, key_index)
         if warmup < 0:
             raise ValueError(f"warmup: must be >= 0, got {warmup}")
         if init is not None and [np.shape(t) for t in init] != [(t.vocab, t.dim) for t in wl.tables]:
@@ -112,8 +120,9 @@ class InProcessKernel:
         lib.speed_of_light_read_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         lib.speed_of_light_close.argtypes = [ctypes.c_void_p]
         with tempfile.TemporaryDirectory(prefix="speed_of_light_local_") as tmp:
-            _write_job(tmp, wl, [optimizer], storage, {"threads": 1}, init, keys)
-            state = lib.speed_of_light_open(tmp.encode(), optimizer.encode(), int(keys is not None), warmup)
+            _write_job(tmp, wl, [optimizer], storage, {"threads": 1}, init, keys, key_index)
+            hashed = 0 if keys is None else KEY_INDEXES[key_index]
+            state = lib.speed_of_light_open(tmp.encode(), optimizer.encode(), hashed, warmup)
         if not state:  # the library said why on stderr (a key file absent, a key repeated)
             raise RuntimeError(f"speed_of_light: the in-process kernel could not open {wl.name}'s job")
         self._lib, self._state, self._shapes = lib, state, [(t.vocab, t.dim) for t in wl.tables]
@@ -169,7 +178,7 @@ def upstream_gradients(wl: Workload) -> list[np.ndarray]:
 
 def write_keys(directory: str, keys: list[np.ndarray]) -> None:
     """Writes each table's row keys (``keys[t][r]``: row r's int64 key, all distinct) into a job directory, for
-    keyed engines (``keys=hashed``)."""
+    keyed engines (``keys=hashed`` or ``keys=compact``)."""
     for t, k in enumerate(keys):
         np.ascontiguousarray(k, np.int64).tofile(os.path.join(directory, f"keys{t}.bin"))
 
@@ -182,6 +191,7 @@ def _write_job(
     settings: dict,
     init: list | None = None,
     keys: list[np.ndarray] | None = None,
+    key_index: str = "wide",
 ) -> None:
     from benchmarks.peers import tf_native as tn  # the hyper-parameters every engine of the suite runs
 
@@ -198,14 +208,14 @@ def _write_job(
         np.ascontiguousarray(up, np.float32).tofile(os.path.join(tmp, f"upstream{i}.bin"))
     if keys is not None:
         write_keys(tmp, keys)
-        lines.append("keys hashed")
+        lines.append("keys " + WORKER_KEYS[key_index])
     for t, table in enumerate(init or []):
         np.ascontiguousarray(table, np.float32).tofile(os.path.join(tmp, f"init{t}.bin"))
     with open(os.path.join(tmp, "job.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
-def _check(optimizers: list[str], storage: str) -> None:
+def _check(optimizers: list[str], storage: str, key_index: str = "wide") -> None:
     bad = [o for o in optimizers if o not in (*OPTIMIZERS, LOOKUP)]
     if bad:
         raise ValueError(
@@ -213,6 +223,8 @@ def _check(optimizers: list[str], storage: str) -> None:
         )
     if storage not in STORAGES:
         raise ValueError(f"storage: {storage!r}; expected one of {STORAGES}")
+    if key_index not in KEY_INDEXES:
+        raise ValueError(f"key_index: {key_index!r}; expected one of {tuple(KEY_INDEXES)}")
 
 
 def run(
@@ -245,7 +257,8 @@ def worker(wl: Workload, threads: int = 1, warmup: int = 3):
     """The kernel as a persistent worker on ``wl`` (``speed_of_light --serve``; ``benchmarks/workers.py``).
 
     Engines are prepared with ``optimizer=`` (or ``lookup``), ``storage=`` (fp32/bf16), ``threads=`` and
-    ``keys=hashed`` for a keyed engine (after ``write_keys(worker.scratch, keys)``). The job directory is removed
+    ``keys=hashed`` or ``keys=compact`` (``WORKER_KEYS``) for a keyed engine (after ``write_keys(worker.scratch,
+    keys)``). The job directory is removed
     when the worker is closed.
     """
     from benchmarks.workers import Worker
@@ -266,13 +279,14 @@ def final_tables(
     steps: int,
     storage: str = "fp32",
     keys: list[np.ndarray] | None = None,
+    key_index: str = "wide",
 ) -> list:
     """The tables after ``steps`` kernel steps from ``init`` (for the parity check against ours); keyed with
-    ``keys`` (each table's row keys)."""
-    _check([optimizer], storage)
+    ``keys`` (each table's row keys) through a ``key_index`` index."""
+    _check([optimizer], storage, key_index)
     binary = build()
     with tempfile.TemporaryDirectory(prefix="speed_of_light_") as tmp:
-        _write_job(tmp, wl, [optimizer], storage, {"check_steps": steps}, init, keys)
+        _write_job(tmp, wl, [optimizer], storage, {"check_steps": steps}, init, keys, key_index)
         proc = subprocess.run([binary, tmp], capture_output=True, text=True, timeout=600, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"speed_of_light failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")

@@ -10,11 +10,12 @@
 //                       feature TABLE BATCH SEQ_LEN    (one per feature; ids in ids<i>.bin (int64); bags and
 //                                                        sequences also splits<i>.bin (int64, BATCH+1);
 //                                                        upstream<i>.bin float32 [BATCH * max(SEQ_LEN,1) * DIM])
-//                       keys hashed                    (optional: the ids come as 64-bit keys, below)
+//                       keys hashed|compact            (optional: the ids come as 64-bit keys, below)
 //   JOB_DIR/keys<t>.bin  int64 [ROWS]: row r's key in table t, all distinct (read by a keyed engine only: `keys
-//                        hashed` here, or `keys=hashed` in a worker's prepare). A keyed engine's features carry
-//                        their ids' keys, and each step first finds every key's row through a hash index, as a
-//                        dynamic table's step must.
+//                        hashed|compact` here, or `keys=hashed|compact` in a worker's prepare). A keyed engine's
+//                        features carry their ids' keys, and each step first finds every key's row through a hash
+//                        index, as a dynamic table's step must: `hashed` with the key beside its row number in
+//                        the index, `compact` with a dynamic table's layout (Table below).
 #ifndef TF_EMBED_OPS_BENCHMARKS_SPEED_OF_LIGHT_JOB_H_
 #define TF_EMBED_OPS_BENCHMARKS_SPEED_OF_LIGHT_JOB_H_
 
@@ -78,6 +79,17 @@ struct Table {
   };
   HugeVector<Bucket> index;
   uint64_t index_mask = 0;
+  // Keyed engines with a compact index: a dynamic table's layout within its memory budget (32 bytes a row past
+  // the floats): 4-byte buckets (row + 1; 0 empty) at load <= 3/4, and a 20-byte record a row holding its key, the
+  // count of its lookups and its last step (what eviction reads). A probe compares the key in the row's record
+  // (a second, dependent access), then updates its count and last step.
+  struct __attribute__((packed)) RowRecord {
+    int64_t key = 0;
+    uint32_t count = 0;
+    int64_t last_step = -1;
+  };
+  HugeVector<uint32_t> compact_index;
+  HugeVector<RowRecord> records;
 };
 
 struct Feature {
@@ -92,7 +104,7 @@ struct Job {
   int threads = 1, blocks = 7, warmup = 3, steps = 0, check_steps = 0;
   double block_ms = 150.0;
   float lr = 0.01f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f, adagrad_init = 0.1f;
-  bool mean = false, bf16 = false, keyed = false;
+  bool mean = false, bf16 = false, keyed = false, compact_index = false;
   std::vector<std::string> optimizers;
   std::vector<Table> tables;
   std::vector<Feature> features;
@@ -157,7 +169,8 @@ inline Job ReadJob(const std::string& dir) {
     } else if (key == "keys") {
       std::string k;
       ls >> k;
-      job.keyed = k == "hashed";
+      job.keyed = k == "hashed" || k == "compact";
+      job.compact_index = k == "compact";
     } else if (key == "optimizers") {
       std::string o;
       while (ls >> o) job.optimizers.push_back(o);

@@ -60,13 +60,15 @@ def test_the_in_process_bf16_kernel_ends_where_the_binary_does(w4):
         np.testing.assert_array_equal(g, e, err_msg=f"table {t}")
 
 
-def test_the_in_process_keyed_kernel_ends_where_the_binary_does():
-    # Keyed (a dynamic table's step): each id's key is found through the kernel's hash index, then the same step.
+@pytest.mark.parametrize("key_index", ["wide", "compact"])
+def test_the_in_process_keyed_kernel_ends_where_the_binary_does(key_index):
+    # Keyed (a dynamic table's step): each id's key is found through the kernel's hash index, then the same step,
+    # so both index layouts end where the step on the ids does.
     w1 = workloads.WORKLOADS["W1"](smoke=True)
     init = _init(w1)
     keys = [np.random.default_rng(7).permutation(w1.tables[0].vocab).astype(np.int64) * 1_000_003 - 5_000]
-    expected = sol.final_tables(w1, "sgd", init, steps=2, keys=keys)
-    kernel = sol.InProcessKernel(w1, "sgd", warmup=0, init=init, keys=keys)
+    expected = sol.final_tables(w1, "adagrad", init, steps=2, keys=keys, key_index=key_index)
+    kernel = sol.InProcessKernel(w1, "adagrad", warmup=0, init=init, keys=keys, key_index=key_index)
     try:
         kernel.step()
         kernel.step()
@@ -75,6 +77,7 @@ def test_the_in_process_keyed_kernel_ends_where_the_binary_does():
         kernel.close()
     assert not np.array_equal(got, init[0])
     np.testing.assert_array_equal(got, expected[0])
+    np.testing.assert_array_equal(got, sol.final_tables(w1, "adagrad", init, steps=2)[0])
 
 
 def test_an_in_process_lookup_changes_no_table(w4):
@@ -97,6 +100,8 @@ def test_the_in_process_kernel_refuses_bad_arguments_by_name(w4):
         sol.InProcessKernel(w4, "sgd", storage="fp16")
     with pytest.raises(ValueError, match="keys: shapes"):
         sol.InProcessKernel(w4, "sgd", keys=[np.arange(3)])
+    with pytest.raises(ValueError, match="key_index: 'tall'"):
+        sol.InProcessKernel(w4, "sgd", key_index="tall")
     kernel = sol.InProcessKernel(w4, "sgd", warmup=0)
     with pytest.raises(ValueError, match="table: 8 is not one of the workload's 8 tables"):
         kernel.table(len(w4.tables))
