@@ -175,7 +175,8 @@ inline int64_t RowBytes(const Table& tb, bool bf16) { return tb.dim * (bf16 ? 2 
 
 // ----------------------------------------------------------------------------------------------- keyed engines
 
-// Home buckets are prefetched this many ids ahead (one cache miss a probe: key and row share a bucket).
+// Home buckets are prefetched this many ids ahead (with the wide index a probe is one cache miss: key and row
+// share a bucket; with the compact one the row's record is a second, dependent one).
 constexpr int64_t kProbeAhead = 16;
 
 inline uint64_t HomeOf(int64_t key, uint64_t mask) { return Mix64(static_cast<uint64_t>(key)) & mask; }
