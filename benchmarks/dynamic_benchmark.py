@@ -90,7 +90,8 @@ def make_table(wl: wls.Workload, vocab_keys: np.ndarray, optimizer: str | None):
 
 
 def dynamic_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray, optimizer: str):
-    """Our dynamic training step: training lookup (insert-or-find) + fused backward/update, then step += 1."""
+    """Our dynamic training step: training lookup (insert-or-find) + fused backward/update, then step += 1; it
+    returns nothing, as ``ours.fused_step`` does."""
     from tf_embed_ops.dynamic import ops as dyn
     from tf_embed_ops.embedding_ops import normalize_feature
 
@@ -103,13 +104,12 @@ def dynamic_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray, opt
     @tf.function
     def step():
         feats = [normalize_feature(ids)]
-        acts = dyn.dynamic_embedding_activations(feats, [table.handle], table.step, cfg, combiners, training=True)
+        dyn.dynamic_embedding_activations(feats, [table.handle], table.step, cfg, combiners, training=True)
         update = dyn.dynamic_send_tpu_embedding_gradients(
             upstream, [], feats, [table.handle], table.step, cfg, combiners
         )
         with tf.control_dependencies([update]):
             table.step.assign_add(1)
-        return acts
 
     step.table = table
     return step

@@ -44,7 +44,8 @@ STATES = {
 
 
 def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str):
-    """benchmarks/ours.fused_step with the table and slots stored in `dtype` (a step counter keys the rounding)."""
+    """benchmarks/ours.fused_step with the table and slots stored in `dtype` (a step counter keys the rounding);
+    it returns nothing, as that step does."""
     from tf_embed_ops import embedding_ops as api
 
     cfg = ours.make_config(wl, optimizer).SerializeToString()
@@ -68,12 +69,11 @@ def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str)
     @tf.function
     def step():
         feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
-        acts = api.embedding_activations(feats, tables, cfg, combiners)
+        api.embedding_activations(feats, tables, cfg, combiners)
         extra = dict(rounding_args)
         if extra:
             extra["rounding_step"] = counter.assign_add(1)
         api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners, **extra)
-        return acts
 
     step.state_bytes = sum(v.shape.num_elements() * v.dtype.size for v in tables + [s for ts in slots for s in ts])
     return step

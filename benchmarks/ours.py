@@ -2,7 +2,9 @@
 
 One step is what the TPU engine does: normalise the features (in the graph, as the enqueue does), look up and
 combine, then apply the fused backward + optimizer update in place, given the activations' gradient (a fixed
-upstream tensor, the same for every engine).
+upstream tensor, the same for every engine). A training step returns nothing, as the speed-of-light kernel's
+step run by TensorFlow does: a training loop feeds the activations to its model inside the graph and never hands
+them to Python. Both ops are stateful, so the function still runs them (as its control outputs).
 The hyper-parameters are those of ``peers/tf_native.py`` so every engine runs the same update rule.
 
 Example:
@@ -134,7 +136,7 @@ def _api():
     return embedding_ops
 
 
-def fused_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
+def fused_step(wl: Workload, optimizer: str) -> Callable[[], None]:
     """One fused training step of ``optimizer`` on ``wl`` (forward, loss gradient, fused backward + update)."""
     api = _api()
     cfg = make_config(wl, optimizer).SerializeToString()
@@ -147,11 +149,10 @@ def fused_step(wl: Workload, optimizer: str) -> Callable[[], tf.Tensor]:
     @tf.function
     def step():
         feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
-        acts = api.embedding_activations(feats, tables, cfg, combiners)
+        api.embedding_activations(feats, tables, cfg, combiners)
         # The activations' gradient is the fixed upstream tensor (as for every engine): the model between the
         # activations and the loss is not what is measured.
         api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners)
-        return acts
 
     step.state = (tables, slots)
     return step
