@@ -1,4 +1,4 @@
-"""The benchmarks' training steps of ours return nothing yet still run their forward op.
+"""Our training steps in the benchmarks return nothing, yet still run their forward op.
 
 A step returns nothing, as the speed-of-light kernel's step run by TensorFlow does; its forward op must then stay
 in the function as a control output, or every figure over it would time a step without its lookup.
@@ -18,21 +18,25 @@ lp = _import("low_precision_benchmark")
 dyn = _import("dynamic_benchmark")
 
 
-def _steps():
-    w1, w4 = wls.w1(smoke=True), wls.w4(smoke=True)
+STEPS = ("static W1 sgd", "static W4 adam", "bf16 W1 adagrad", "dynamic W1 sgd")
+
+
+def _step(name: str):
+    """(the step called ``name``, the type of its forward op)."""
+    w1 = wls.w1(smoke=True)
+    if name == "static W1 sgd":
+        return ours.fused_step(w1, "sgd"), "EmbeddingActivations"
+    if name == "static W4 adam":
+        return ours.fused_step(wls.w4(smoke=True), "adam"), "EmbeddingActivations"
+    if name == "bf16 W1 adagrad":
+        return lp.fused_step(w1, "adagrad", tf.bfloat16, "stochastic"), "EmbeddingActivations"
     wl, keys, vocab_keys = dyn.make_workload(smoke=True)
-    return {
-        "static W1 sgd": (lambda: ours.fused_step(w1, "sgd"), "EmbeddingActivations"),
-        "static W4 adam": (lambda: ours.fused_step(w4, "adam"), "EmbeddingActivations"),
-        "bf16 W1 adagrad": (lambda: lp.fused_step(w1, "adagrad", tf.bfloat16, "stochastic"), "EmbeddingActivations"),
-        "dynamic W1 sgd": (lambda: dyn.dynamic_step(wl, keys, vocab_keys, "sgd"), "DynamicEmbeddingActivations"),
-    }
+    return dyn.dynamic_step(wl, keys, vocab_keys, "sgd"), "DynamicEmbeddingActivations"
 
 
-@pytest.mark.parametrize("name", list(_steps()))
+@pytest.mark.parametrize("name", STEPS)
 def test_a_training_step_returns_nothing_and_runs_its_forward_op_as_a_control_output(name):
-    make, forward = _steps()[name]
-    step = make()
+    step, forward = _step(name)
     graph = step.get_concrete_function().graph
     ran = [op.type.split(">")[-1] for op in graph.control_outputs]
     assert forward in ran, f"{name}: the forward op is not run by the step (control outputs {ran})"
