@@ -14,9 +14,10 @@ are killed; the launcher then exits with the first failure's status (128 + the s
 
 starts `--ps` parameter-server and `--workers` worker processes (`python -m tf_embed_ops.distribute.server`) on
 localhost ports, waits until every one serves, then runs the command with the chief's TF_CONFIG (so
-`TFConfigClusterResolver()` in it finds the job).  When the command exits, every task is killed and the
-launcher exits with the command's status.  The command also gets TF_EMBED_OPS_TASK_PIDS, `{"ps": [pid, ...],
-"worker": [...]}`, for fault-injection experiments.
+`TFConfigClusterResolver()` in it finds the job).  A task whose port another process took after the launcher
+chose it exits with `server.EXIT_PORT_TAKEN`; the job then starts again on other ports (START_ATTEMPTS in all).
+When the command exits, every task is killed and the launcher exits with the command's status.  The command also
+gets TF_EMBED_OPS_TASK_PIDS, `{"ps": [pid, ...], "worker": [...]}`, for fault-injection experiments.
 
 However the launcher ends, its tasks end with it (docs/reliability.md, "Processes"):
 
@@ -51,6 +52,7 @@ import time
 from collections.abc import Callable
 
 from tf_embed_ops.distribute.local_cluster import free_port
+from tf_embed_ops.distribute.server import EXIT_PORT_TAKEN
 
 __all__ = ["local_cluster_spec", "local_collective_spec", "main"]
 
@@ -85,6 +87,9 @@ def local_collective_spec(num_workers: int) -> dict:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# A port is chosen free, then bound by its task seconds later (once TensorFlow is imported there); another
+# process may take it in between.  The job then starts again on other ports, at most this many times in all.
+START_ATTEMPTS = 3
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -98,6 +103,10 @@ class _Stop(BaseException):  # like KeyboardInterrupt: unwinds to the cleanup; n
 
 def _raise_stop(signum: int, _frame) -> None:
     raise _Stop(signum)
+
+
+class _PortTaken(RuntimeError):
+    """A task found its port held by another process (it exited with EXIT_PORT_TAKEN)."""
 
 
 def _child_setup(death_signal: int, new_group: bool) -> Callable[[], None]:
@@ -144,7 +153,15 @@ def _start_tasks(cluster: dict, timeout: float) -> dict:
             ready, _, _ = select.select([task.stdout], [], [], max(0.0, deadline - time.monotonic()))
             line = task.stdout.readline() if ready else ""
             if "server started" not in line:
-                state = f"exited with {task.poll()}" if task.poll() is not None else f"not serving after {timeout}s"
+                code = task.poll()
+                if ready and code is None:  # its output ended or went astray: it is exiting, or stuck
+                    try:
+                        code = task.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        pass
+                if code == EXIT_PORT_TAKEN:
+                    raise _PortTaken(f"task {job}:{index}: another process took its port ({cluster[job][index]})")
+                state = f"exited with {code}" if code is not None else f"not serving after {timeout}s"
                 raise RuntimeError(f"task {job}:{index} ({cluster[job][index]}) did not start: {state}")
     except BaseException:
         _stop(tasks)
@@ -279,11 +296,12 @@ def main(argv: list | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    num_ps = 2 if args.ps is None else args.ps
     try:
         if args.collective:
             cluster = local_collective_spec(args.workers)
         else:
-            cluster = local_cluster_spec(2 if args.ps is None else args.ps, args.workers)
+            cluster = local_cluster_spec(num_ps, args.workers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -303,11 +321,19 @@ def main(argv: list | None = None) -> int:
     previous = {signum: signal.signal(signum, _raise_stop) for signum in STOP_SIGNALS}
     tasks: dict = {}
     try:
-        try:
-            tasks = _start_tasks(cluster, args.start_timeout)
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                tasks = _start_tasks(cluster, args.start_timeout)
+                break
+            except _PortTaken as e:
+                if attempt == START_ATTEMPTS:
+                    print(f"error: {e}, in each of {START_ATTEMPTS} attempts", file=sys.stderr)
+                    return 1
+                print(f"note: {e}; starting the job again on other ports", file=sys.stderr)
+                cluster = local_cluster_spec(num_ps, args.workers)
+            except RuntimeError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
         pids = {job: [tasks[job, i].pid for i in range(len(cluster[job]))] for job in ("ps", "worker")}
         env = dict(
             os.environ,

@@ -20,6 +20,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import sys
 from typing import Any
 
@@ -35,6 +36,10 @@ __all__ = [
 ]
 
 TRUSTED_NETWORK_FLAG = "--trusted-network"
+
+# main's exit status when another process holds the task's port: the port was free when the job's launcher chose
+# it, so the launcher starts the job again on other ports (tf_embed_ops.distribute.launch).
+EXIT_PORT_TAKEN = 3
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -224,11 +229,22 @@ def start_server(tf_config: dict, *, protocol: str = "grpc", trusted_network: bo
     )
 
 
+def _port_taken(port: int) -> bool:
+    """Whether another socket holds `port` on some interface (gRPC binds every interface for a task)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
 def main(argv: list | None = None) -> int:
     """Entry point: `python -m tf_embed_ops.distribute.server [--tf-config JSON] [--trusted-network]`.
 
     TF_CONFIG comes from `--tf-config`, else the environment.  Returns 2 (with a message on stderr) for a missing
-    TF_CONFIG or a non-loopback address without `--trusted-network`.
+    TF_CONFIG or a non-loopback address without `--trusted-network`, and EXIT_PORT_TAKEN when another process
+    holds the task's port.
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tf-config", help="TF_CONFIG JSON (default: the TF_CONFIG environment variable)")
@@ -248,7 +264,16 @@ def main(argv: list | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = start_server(tf_config, trusted_network=args.trusted_network)
+    import tensorflow as tf
+
+    try:
+        server = start_server(tf_config, trusted_network=args.trusted_network)
+    except tf.errors.UnknownError:
+        address = task_address(tf_config)
+        if not _port_taken(parse_address(address)[1]):
+            raise
+        print(f"error: task address {address}: another process holds its port", file=sys.stderr)
+        return EXIT_PORT_TAKEN
     print(f"tf_embed_ops server started: {server.target}", flush=True)
     server.join()
     return 0
