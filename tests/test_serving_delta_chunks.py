@@ -90,10 +90,13 @@ def test_a_trained_delta_of_many_chunks_in_both_tables_equals_a_full_export(tmp_
         np.testing.assert_array_equal(_serve(served, _probe()), _serve(full, _probe()))
 
 
-def _crafted(tmp_path, pub, name, rows: np.ndarray, keys: np.ndarray) -> str:
+def _crafted(tmp_path, pub, name, rows: np.ndarray, keys: np.ndarray, dynamic=None) -> str:
+    """A delta of these static rows; `dynamic`: (keys, rows, evicted) of the dynamic table (default: none)."""
     meta = pub._served.metadata()
+    empty = np.zeros([0], np.int64)
+    dynamic_keys, dynamic_rows, evicted = dynamic or (empty, np.zeros([0, util.DIM], np.float32), None)
     parts = {
-        "dynamic": delta_format.TableDelta(np.zeros([0], np.int64), np.zeros([0, util.DIM], np.float32)),
+        "dynamic": delta_format.TableDelta(dynamic_keys, dynamic_rows, evicted=evicted),
         "static": delta_format.TableDelta(keys, rows),
     }
     path = str(tmp_path / f"{name}.delta")
@@ -133,6 +136,51 @@ def test_a_bad_last_chunk_is_refused_and_nothing_changes(tmp_path, chunked, n):
         np.testing.assert_array_equal(_serve(served, _probe()), out)
     assert int(served.signatures["apply_delta"](path=tf.constant(good))["version"]) == 2
     np.testing.assert_array_equal(served.tables[_static_index(pub)].numpy()[:n], np.full([n, util.DIM], 0.5))
+
+
+def test_a_dynamic_tables_keys_are_checked_chunk_by_chunk_before_the_first_write(tmp_path, chunked):
+    """A dynamic table's keys are checked a chunk at a time: a key repeated across a chunk boundary, a key evicted
+    in the last chunk, one new key more than the free slots (the new keys spread over many chunks) are each refused
+    before any write; new keys filling exactly the free slots apply, each key's row at its own slot."""
+    _, _, _, pub, served = chunked
+    index = [t["name"] for t in pub._served.layout["tables"]].index("dynamic")
+    table = served.tables[index]
+    free = int(np.sum(table.state.numpy() != servable_lib.SLOT_USED))
+    assert free > 3 * CHUNK_ROWS, free
+    no_static = (np.zeros([0, util.DIM], np.float32), np.zeros([0], np.int64))
+
+    def dynamic_delta(name, keys, evicted=None):
+        rows = (np.arange(keys.size * util.DIM, dtype=np.float32).reshape(-1, util.DIM) + 0.25).astype(np.float32)
+        return _crafted(tmp_path, pub, name, *no_static, dynamic=(keys, rows, evicted)), rows
+
+    new_keys = np.arange(10**6, 10**6 + free + 1, dtype=np.int64)
+    # 9 keys in chunks of 4, the short chunk first: rows 0 | 1-4 | 5-8, so rows 4 and 5 are in different chunks.
+    across = np.array([10**6 + i for i in (0, 1, 2, 3, 4, 4, 5, 6, 7)], np.int64)
+    cases = [
+        (dynamic_delta("across", across)[0], "keys not strictly ascending: 1000004 at 5 (0-based) after 1000004"),
+        (
+            dynamic_delta("evicted_last", new_keys[:9], evicted=np.array([5, 10**6 + 8], np.int64))[0],
+            "1 keys are both written and evicted",
+        ),
+        (dynamic_delta("over", new_keys)[0], f"{free + 1} new keys, only {free} free slots"),
+    ]
+    state, out = util.served_state(served), _serve(served, _probe())
+    for path, words in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            served.signatures["apply_delta"](path=tf.constant(path))
+        assert path in err.value.message and words in err.value.message, err.value.message
+        util.assert_same_state(util.served_state(served), state)
+        np.testing.assert_array_equal(_serve(served, _probe()), out)
+    path, rows = dynamic_delta("exact", new_keys[:free])
+    assert int(served.signatures["apply_delta"](path=tf.constant(path))["version"]) == 2
+    keys, slots = tf.raw_ops.LookupTableExportV2(
+        table_handle=table.index.resource_handle, Tkeys=tf.int64, Tvalues=tf.int64
+    )
+    slots = dict(zip(keys.numpy().tolist(), slots.numpy().tolist(), strict=True))
+    slots = np.array([slots[k] for k in new_keys[:free].tolist()])
+    assert sorted(slots.tolist()) == sorted(set(slots.tolist())) and slots.max() < table.state.shape[0]
+    np.testing.assert_array_equal(tf.gather(table.values, slots).numpy(), rows)
+    assert not np.any(table.state.numpy() != servable_lib.SLOT_USED)
 
 
 def test_a_reader_during_an_apply_sees_each_row_whole_old_or_new(tmp_path, chunked):

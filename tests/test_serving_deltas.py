@@ -230,10 +230,21 @@ def _bad_deltas(tmp_path, pub, model, table):
     bad["row_id"] = (crafted("row_id", static_keys=np.array([0, util.V], np.int64)), f"row id {util.V} outside")
     capacity = [t for t in meta["layout"]["tables"] if t["kind"] == "dynamic"][0]["capacity"]
     bad["capacity"] = (crafted("capacity", new=capacity + 1, static_keys=empty), "free slots")
-    # A dynamic table's keys: one repeated (unsorted, as a writer other than the publisher may give them); one both
-    # written and evicted.
-    repeated = np.array([10**6 + 5, 10**6, 10**6 + 5], np.int64)
-    bad["repeated"] = (crafted("repeated", dynamic_keys=repeated), "table dynamic: repeated keys")
+    # Keys out of order (as a writer other than the publisher may give them): a dynamic table's keys, one repeated;
+    # its evicted keys; a static table's row ids. One key both written and evicted.
+    repeated = np.array([10**6, 10**6 + 5, 10**6 + 5], np.int64)
+    bad["repeated"] = (
+        crafted("repeated", dynamic_keys=repeated),
+        "table dynamic: keys not strictly ascending: 1000005 at 2 (0-based) after 1000005",
+    )
+    bad["evicted_unsorted"] = (
+        crafted("evicted_unsorted", evicted=np.array([7, 9, 8], np.int64)),
+        "table dynamic: evicted keys not strictly ascending: 8 at 2 (0-based) after 9",
+    )
+    bad["ids_unsorted"] = (
+        crafted("ids_unsorted", static_keys=np.array([2, 0, 1], np.int64)),
+        "table static: row ids not strictly ascending: 0 at 1 (0-based) after 2",
+    )
     both = np.array([10**6, 10**6 + 1], np.int64)
     bad["written_and_evicted"] = (
         crafted("written_and_evicted", dynamic_keys=both, evicted=both[1:]),

@@ -1,12 +1,18 @@
 """The servable's one pass over a delta's bytes: check all of it, then write its rows, a chunk at a time.
 
 `apply_delta` (`servable`) checks the header and the segments' bounds first; then this pass reads, in order, the
-checksum pieces, every table's rows (each row checked finite) and every table's rows again, and writes the last
-ones chunk by chunk, each segment's short chunk first (`delta_reader.records`; `scatter_update`; a dynamic table's
-chunk of keys inserted after its rows). Before the first write a barrier asserts everything the pass checked (the
-checksum, the rows' finiteness, the content checks the servable computed from keys: ids in range, unique keys,
-free slots...), so a refused delta writes nothing, whichever chunk holds the fault; after the pass the same checks
-gate what follows (a delta without rows).
+checksum pieces, every table's rows (each row checked finite, each chunk's keys checked) and every table's rows
+again, and writes the last ones chunk by chunk, each segment's short chunk first (`delta_reader.records`;
+`scatter_update`; a dynamic table's chunk of keys inserted after its rows). Before the first write a barrier asserts
+everything the pass checked (the checksum, the rows' finiteness, the keys: strictly ascending, static ids in range,
+a dynamic table's keys not evicted and its new keys within its free slots; `content`, what the servable checked
+itself), so a refused delta writes nothing, whichever chunk holds the fault; after the pass the same checks gate
+what follows (a delta without rows).
+
+Every operation on a delta's keys is one chunk's (a hash-table lookup, a search among the evicted keys, an insert):
+a lookup that runs beside the apply waits for one chunk's operation at most, never for one over all the keys (an
+operation over 100,000 keys takes milliseconds, and a concurrent lookup waited for all of it). Strictly ascending
+keys make uniqueness and the evicted-key check chunk-local.
 
 It is one `Dataset.scan` for all tables and both halves: each step decodes its record for every table with a
 length of zero outside that table's segment (no branch), because every function in `apply_delta`'s graph costs
@@ -25,26 +31,32 @@ from tf_embed_ops.serving import delta_reader as reader
 
 __all__ = ["apply"]
 
+# Rows of the scan's per-table findings ([len(_FOUND), tables] int64): first positions (-1: none) and counts.
+_FOUND = ("bad_row", "bad_order", "bad_id", "overlap", "new", "placed")
+_ROW = {name: i for i, name in enumerate(_FOUND)}
 
-def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: list, fail: Any) -> list:
+
+def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: list, fail: Any) -> tuple:
     """Checks and writes the rows of a delta whose header and segments' bounds were checked.
 
     Args:
       path, size: the file and its size (checked).
       length: bytes after the preamble (the checksummed ones); check: the preamble's checksum.
-      plans: one dict a table (`servable._check_table`): name, rows_at, n, dim, encoding, var, chunk_rows, slots,
-        keys and index (dynamic tables), in the delta's order.
+      plans: one dict a table (`servable._check_table`), in the delta's order: name, kind ("static" or
+        "dynamic"), rows_at, n, dim (>= 1), encoding, var, chunk_rows, keys (int64 [n]); a static table's vocab; a
+        dynamic table's index, capacity, evicted (int64 [m]) and free (its free slots, in the order new keys take
+        them).
       content: [(ok, message parts)]: checks that hold only for an intact file (asserted once the checksum holds).
       fail: `servable._fail`.
 
     Returns:
-      The assertions of every check over the whole file (control dependencies of what the apply writes next).
+      (the assertions of every check over the whole file: control dependencies of what the apply writes next,
+      the new keys each table inserted: int64 [tables]).
     """
-    tables = [p for p in plans if p["dim"] > 0]
     segments = [reader.records(path, size, fmt.PREAMBLE, length, fmt.CHECKSUM_PIECE)]
     counts = [(length + fmt.CHECKSUM_PIECE - 1) // fmt.CHECKSUM_PIECE]
     for _ in ("check", "write"):
-        for p in tables:
+        for p in plans:
             row_bytes = p["dim"] * p["encoding"].size
             segments.append(reader.records(path, size, p["rows_at"], p["n"] * row_bytes, p["chunk_rows"] * row_bytes))
             counts.append((p["n"] + p["chunk_rows"] - 1) // p["chunk_rows"])
@@ -54,24 +66,17 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
     records = segments[0]
     for segment in segments[1:]:
         records = records.concatenate(segment)
-    num = len(tables)
+    num = len(plans)
 
-    def verdicts(summed_ok, bad, writing):
+    def verdicts(summed_ok, found, writing):
         """The assertions, vacuous unless `writing` (a row is about to be written, or the pass is over)."""
         idle = tf.logical_not(writing)
         intact = tf.logical_not(summed_ok)  # when the checksum fails, it alone is reported
         out = [fail(tf.logical_or(idle, summed_ok), path, "checksum mismatch (the file is corrupted)")]
-        for t, p in enumerate(tables):
-            out.append(
-                fail(
-                    tf.logical_or(tf.logical_or(idle, intact), bad[t] < 0),
-                    path,
-                    f"table {p['name']}: row ",
-                    bad[t],
-                    " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
-                )
-            )
-        for ok, message in content:
+        checks = list(content)
+        for t, p in enumerate(plans):
+            checks += _table_checks(p, found[:, t])
+        for ok, message in checks:
             out.append(fail(tf.logical_or(tf.logical_or(idle, intact), ok), path, *message))
         return out
 
@@ -82,7 +87,7 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
         return tf.maximum(local * p["chunk_rows"] - pad, 0)
 
     def step(state, element):
-        digests, bad = state
+        digests, found = state
         i, record = element
         segment = tf.searchsorted(ends, tf.reshape(i, [1]), side="right", out_type=tf.int64)[0]
         local = i - tf.gather(starts, segment)
@@ -95,38 +100,138 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
         digest = reader.bytes_of(tf.fingerprint(tf.reshape(part(piece), [1]), "farmhash64")[0])
         digests = tf.where(piece, tf.strings.join([digests, digest]), digests)
         summed = tf.bitcast(tf.fingerprint(tf.reshape(digests, [1]), "farmhash64"), tf.int64)[0]
-        found = []
-        for t, p in enumerate(tables):
+        checked = []
+        for t, p in enumerate(plans):
             rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + t)), p["encoding"]), [-1, p["dim"]])
-            ok = tf.cast(tf.reduce_all(tf.math.is_finite(rows), axis=1), tf.int32)
-            first = tf.argmin(tf.concat([ok, [0]], 0), output_type=tf.int64)
-            new = tf.logical_and(bad[t] < 0, first < tf.size(ok, out_type=tf.int64))
-            found.append(tf.where(new, first_row(p, local) + first, bad[t]))
-        bad = tf.stack(found) if tables else bad
+            checked.append(_check_chunk(p, first_row(p, local), rows, found[:, t]))
+        found = tf.stack(checked, axis=1) if plans else found
         summed_ok = tf.equal(summed, check)
-        writes = []
-        with tf.control_dependencies(verdicts(summed_ok, bad, segment > num)):
-            for t, p in enumerate(tables):
+        writes, placed = [], []
+        with tf.control_dependencies(verdicts(summed_ok, found, segment > num)):
+            for t, p in enumerate(plans):
                 var = p["var"]
                 rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + num + t)), var.dtype), [-1, p["dim"]])
-                start = first_row(p, local)
-                at = p["slots"][start : start + tf.shape(rows, out_type=tf.int64)[0]]
-                done = var.scatter_update(tf.IndexedSlices(rows, at))
-                if p["index"] is not None:  # the chunk's rows are in place before its keys appear
-                    with tf.control_dependencies([done]):
-                        done = p["index"].insert(p["keys"][start : start + tf.size(at, out_type=tf.int64)], at)
+                done, new = _write_chunk(p, first_row(p, local), rows, found[_ROW["placed"], t])
                 writes.append(done)
+                placed.append(found[_ROW["placed"], t] + new)
+        if plans:
+            found = tf.tensor_scatter_nd_update(found, [[_ROW["placed"], t] for t in range(num)], tf.stack(placed))
         with tf.control_dependencies(writes):
-            out = tf.concat([[tf.cast(summed_ok, tf.int64)], bad], 0)
-        return (digests, bad), out
+            out = tf.concat([[tf.cast(summed_ok, tf.int64)], tf.reshape(found, [-1])], 0)
+        return (digests, found), out
 
-    initial = (tf.constant(b""), tf.fill([num], tf.constant(-1, tf.int64)))
-    outs = reader.scan_records(records, initial, step, tf.zeros([0, 1 + num], tf.int64))
+    initial = [tf.constant(-1, tf.int64) if name.startswith("bad") else tf.constant(0, tf.int64) for name in _FOUND]
+    initial = (tf.constant(b""), tf.tile(tf.reshape(tf.stack(initial), [-1, 1]), [1, num]))
+    outs = reader.scan_records(records, initial, step, tf.zeros([0, 1 + len(_FOUND) * num], tf.int64))
     last = outs[-1]  # the first record is a checksum piece: there is always one
-    final = verdicts(tf.equal(last[0], 1), last[1:], tf.constant(True))
-    # A dynamic table without rows (dim 0): its keys, once everything holds.
-    with tf.control_dependencies(final):
-        for p in plans:
-            if p["dim"] == 0 and p["index"] is not None:
-                final.append(p["index"].insert(p["keys"], p["slots"]))
-    return final
+    found = tf.reshape(last[1:], [len(_FOUND), num])
+    final = verdicts(tf.equal(last[0], 1), found, tf.constant(True))
+    return final, found[_ROW["placed"]]
+
+
+def _first(bad: tf.Tensor) -> tf.Tensor:
+    """The index of the first True of a bool vector, -1 when there is none."""
+    at = tf.argmax(tf.concat([tf.cast(bad, tf.int32), [1]], 0), output_type=tf.int64)
+    return tf.where(at < tf.size(bad, out_type=tf.int64), at, -1)
+
+
+def _keep_first(known: tf.Tensor, offset: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+    """A first position found so far (`known`, -1: none), or this chunk's (`offset + at`, when `at` >= 0)."""
+    return tf.where(tf.logical_and(known < 0, at >= 0), offset + at, known)
+
+
+def _check_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
+    """One record's checks for its table (its rows and their keys; rows of 0 outside the table's check segment):
+    the table's column of findings, updated."""
+    r = tf.shape(rows, out_type=tf.int64)[0]
+    keys = p["keys"][start : start + r]
+    bad_row = _keep_first(
+        found[_ROW["bad_row"]], start, _first(tf.logical_not(tf.reduce_all(tf.math.is_finite(rows), 1)))
+    )
+    # Strictly ascending, with the key before the chunk: unique keys, and the evicted keys' search below.
+    before = tf.maximum(start - 1, 0)
+    window = p["keys"][before : start + r]
+    bad_order = _keep_first(found[_ROW["bad_order"]], before + 1, _first(window[1:] <= window[:-1]))
+    bad_id, overlap, new = found[_ROW["bad_id"]], found[_ROW["overlap"]], found[_ROW["new"]]
+    if p["kind"] == "static":
+        bad_id = _keep_first(bad_id, start, _first(tf.logical_or(keys < 0, keys >= p["vocab"])))
+    else:
+        evicted = p["evicted"]
+        at = tf.searchsorted(evicted, keys, side="left", out_type=tf.int64)
+        inside = at < tf.size(evicted, out_type=tf.int64)  # gathered alone: the evicted keys are never copied
+        hits = tf.equal(tf.gather(evicted, tf.boolean_mask(at, inside)), tf.boolean_mask(keys, inside))
+        overlap += tf.reduce_sum(tf.cast(hits, tf.int64))
+        new += tf.reduce_sum(tf.cast(tf.equal(p["index"].lookup(keys), p["capacity"]), tf.int64))
+    return tf.stack([bad_row, bad_order, bad_id, overlap, new, found[_ROW["placed"]]])
+
+
+def _write_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, placed: tf.Tensor) -> tuple:
+    """Writes one record's rows (rows of 0 outside the table's write segment): (the write, the new keys it
+    inserted). A dynamic table's new keys take the next free slots, in the keys' order; its keys are inserted once
+    their rows are in place."""
+    r = tf.shape(rows, out_type=tf.int64)[0]
+    keys = p["keys"][start : start + r]
+    if p["kind"] == "static":
+        return p["var"].scatter_update(tf.IndexedSlices(rows, keys)), tf.constant(0, tf.int64)
+    existing = p["index"].lookup(keys)
+    is_new = tf.equal(existing, p["capacity"])
+    # The new keys' ranks among the delta's new keys index the free slots (in bounds: the checks passed).
+    rank = placed + tf.cumsum(tf.cast(is_new, tf.int64), exclusive=True)
+    new_at = tf.where(is_new)
+    at = tf.tensor_scatter_nd_update(existing, new_at, tf.gather(p["free"], tf.gather_nd(rank, new_at)))
+    done = p["var"].scatter_update(tf.IndexedSlices(rows, at))
+    with tf.control_dependencies([done]):  # the chunk's rows are in place before its keys appear
+        done = p["index"].insert(keys, at)
+    return done, tf.reduce_sum(tf.cast(is_new, tf.int64))
+
+
+def _key_at(keys: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
+    """keys[i] for a message (0 when i is outside the keys): a slice, never a copy of the keys (checked each step)."""
+    return tf.concat([keys[tf.maximum(i, 0) : tf.maximum(i, 0) + 1], [0]], 0)[0]
+
+
+def _table_checks(p: dict, found: tf.Tensor) -> list:
+    """A table's content checks from its column of findings: [(ok, message parts)]."""
+    name, keys = p["name"], p["keys"]
+    what = "row ids" if p["kind"] == "static" else "keys"
+    order = found[_ROW["bad_order"]]
+    checks = [
+        (
+            order < 0,
+            [
+                f"table {name}: {what} not strictly ascending: ",
+                _key_at(keys, order),
+                " at ",
+                order,
+                " (0-based) after ",
+                _key_at(keys, order - 1),
+            ],
+        ),
+        (
+            found[_ROW["bad_row"]] < 0,
+            [
+                f"table {name}: row ",
+                found[_ROW["bad_row"]],
+                " of the delta (0-based, in the delta's order) is not finite (NaN or infinity)",
+            ],
+        ),
+    ]
+    if p["kind"] == "static":
+        bad = found[_ROW["bad_id"]]
+        checks.append((bad < 0, [f"table {name}: row id ", _key_at(keys, bad), f" outside [0, {p['vocab']})"]))
+        return checks
+    overlap, new = found[_ROW["overlap"]], found[_ROW["new"]]
+    checks += [
+        (tf.equal(overlap, 0), [f"table {name}: ", overlap, " keys are both written and evicted"]),
+        (
+            new <= p["available"],
+            [
+                f"table {name}: ",
+                new,
+                " new keys, only ",
+                p["available"],
+                f" free slots of {p['capacity']} (publish a full version)",
+            ],
+        ),
+    ]
+    return checks

@@ -72,6 +72,8 @@ class MutableRowTable(tf.Module):
         self.table_name = name
         self.key_dtype = tf.as_dtype(key_dtype)
         self.dim = int(weights.shape[1])
+        if self.dim < 1:
+            raise ValueError(f"table {name}: rows of dim {self.dim}; a served table's rows have dim >= 1")
         self.capacity = int(capacity)
         self.dtype = tf.as_dtype(weights.dtype)
         values = np.zeros([capacity + 1, self.dim], weights.dtype)
@@ -154,6 +156,9 @@ class Servable(tf.Module):
             "tables": [_table_layout(name, t) for name, t in tables],
             "dense": [{"name": n, "shape": list(v.shape), "dtype": v.dtype.name} for n, v in dense],
         }
+        for table in layout["tables"]:
+            if table["dim"] < 1:
+                raise ValueError(f"table {table['name']!r}: dim {table['dim']}; a served table's rows have dim >= 1")
         # Kept as JSON text: a tf.Module would wrap a dict attribute into trackable containers.
         self._layout_json = json.dumps(layout)
         self.model_id_text = model_id
@@ -346,9 +351,9 @@ class Servable(tf.Module):
         # rest (the checksum, every row finite, `content`) and, past its barrier, writes the rows. Nothing below
         # can fail on the delta's content once the pass's last checks hold.
         with tf.control_dependencies(checks):
-            final = chunks.apply(path, size, h + b, check, plans, content, _fail)
+            final, new = chunks.apply(path, size, h + b, check, plans, content, _fail)
         with tf.control_dependencies(final):
-            writes = [plan["after"]() for plan in plans if plan["after"] is not None]
+            writes = [plan["after"](new[t]) for t, plan in enumerate(plans) if plan["after"] is not None]
             with tf.control_dependencies(writes):
                 dense_writes = []
                 for var, value in dense_plans:
@@ -443,71 +448,63 @@ def _check_segments(entry: dict, fields: list, path: Any, b: Any) -> list:
 
 
 def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any, path: Any, payload: Any):
-    """One table's plan for `chunks.apply`, its checks (the header's) and its content checks (keys: checked once
-    the checksum holds), and, for a dynamic table, the plan's `after` (evictions, slot states)."""
+    """One table's plan for `chunks.apply` (which checks its keys chunk by chunk, once the checksum holds), its
+    checks (the header's) and its content checks (a dynamic table's evicted keys), and, for a dynamic table, the
+    plan's `after(new)` (evictions, slot states, once `new` keys took free slots)."""
     name = entry["name"]
     _, _, n, m, _, r_off, _, _ = fields
     itemsize = tf.as_dtype(entry["encoding"]).size
     checks = []
-    rows_at = payload + r_off
     # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
     # same bytes); otherwise the variable's dtype is the encoding.
     values = table if entry["kind"] == "static" else table.values
     row_bytes = entry["dim"] * itemsize
     plan = {
         "name": name,
-        "rows_at": rows_at,
+        "kind": entry["kind"],
+        "rows_at": payload + r_off,
         "n": n,
         "dim": entry["dim"],
         "encoding": tf.as_dtype(entry["encoding"]),
         "var": values,
-        "chunk_rows": max(1, APPLY_CHUNK_BYTES // max(row_bytes, 1)),
-        "slots": keys,
-        "keys": None,
-        "index": None,
+        "chunk_rows": max(1, APPLY_CHUNK_BYTES // row_bytes),
+        "keys": keys,
         "after": None,
     }
-    # Checks of the payload's content: made by `chunks.apply` once the checksum holds (a corrupted file is refused
-    # for its checksum, whatever its bytes look like).
     if entry["kind"] == "static":
-        vocab = entry["rows"]
-        bad = tf.logical_or(keys < 0, keys >= vocab)
-        first_bad = tf.gather(tf.concat([tf.boolean_mask(keys, bad), tf.zeros([1], tf.int64)], 0), 0)
+        plan["vocab"] = entry["rows"]
         checks.append(_fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m))
-        content = [
-            (tf.logical_not(tf.reduce_any(bad)), [f"table {name}: row id ", first_bad, f" outside [0, {vocab})"])
-        ]
-        return plan, checks, content
-    # A dynamic table.
+        return plan, checks, []
+    # A dynamic table. Its evicted keys, strictly ascending (what `chunks` searches a chunk's keys in).
     capacity = table.capacity
-    existing = tf.reshape(table.index.lookup(keys), [-1])
-    unique = tf.equal(tf.size(tf.unique(keys).y, out_type=tf.int64), n)
-    overlap = tf.size(tf.sets.intersection(keys[tf.newaxis], evicted[tf.newaxis]).values, out_type=tf.int64)
-    is_new = tf.equal(existing, capacity)
-    n_new = tf.reduce_sum(tf.cast(is_new, tf.int64))
-    available = tf.reduce_sum(tf.cast(tf.not_equal(table.state, _USED), tf.int64))
+    order = tf.reshape(tf.where(evicted[1:] <= evicted[:-1]), [-1])
+    at = tf.concat([order, [0]], 0)[0] + 1
+    padded = tf.concat([evicted[at - 1 : at + 1], [0, 0]], 0)  # the pair out of order (when there is one)
     content = [
-        (unique, [f"table {name}: repeated keys"]),
-        (tf.equal(overlap, 0), [f"table {name}: ", overlap, " keys are both written and evicted"]),
         (
-            n_new <= available,
+            tf.equal(tf.size(order), 0),
             [
-                f"table {name}: ",
-                n_new,
-                " new keys, only ",
-                available,
-                f" free slots of {capacity} (publish a full version)",
+                f"table {name}: evicted keys not strictly ascending: ",
+                padded[1],
+                " at ",
+                at,
+                " (0-based) after ",
+                padded[0],
             ],
-        ),
+        )
     ]
-    # Slots released by the previous delta become free; new keys take the first free ones (computed whatever the
-    # checks say, with shapes that hold either way: nothing is written unless they pass).
+    # Slots released by the previous delta become free; new keys take the free ones in order (`chunks`).
     state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
-    free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])[:n_new]
-    new_at = tf.reshape(tf.where(is_new), [-1, 1])[: tf.size(free)]
-    plan.update(slots=tf.tensor_scatter_nd_update(existing, new_at, free), keys=keys, index=table.index)
+    free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])
+    plan.update(
+        index=table.index,
+        capacity=capacity,
+        evicted=evicted,
+        free=free,
+        available=tf.size(free, out_type=tf.int64),
+    )
 
-    def after():
+    def after(new):
         # The rows and their keys are in place (`chunks.apply`, chunk by chunk): remove the evicted keys, then
         # mark the slots.
         gone = tf.reshape(table.index.lookup(evicted), [-1])
@@ -515,8 +512,9 @@ def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any,
         with tf.control_dependencies([gone]):
             removed = table.index.remove(evicted)
         with tf.control_dependencies([removed]):
+            taken = free[:new]
             marked = tf.tensor_scatter_nd_update(
-                state, free[:, tf.newaxis], tf.fill(tf.shape(free), tf.constant(_USED, tf.int8))
+                state, taken[:, tf.newaxis], tf.fill(tf.shape(taken), tf.constant(_USED, tf.int8))
             )
             released = tf.boolean_mask(gone, present)
             marked = tf.tensor_scatter_nd_update(
