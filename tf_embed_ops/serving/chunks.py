@@ -3,18 +3,19 @@
 `apply_delta` (`servable`) checks the header and the segments' bounds first; then this pass reads, in order, the
 checksum pieces, every table's rows (each row checked finite, each chunk's keys checked) and every table's rows
 again, and writes the last ones chunk by chunk, each segment's short chunk first (`delta_reader.records`;
-`scatter_update`; a dynamic table's chunk of keys inserted after its rows). Before the first write a barrier asserts
-everything the pass checked (the checksum, the rows' finiteness, the keys: strictly ascending, static ids in range,
-a dynamic table's keys not evicted and its new keys within its free slots; `content`, what the servable checked
-itself), so a refused delta writes nothing, whichever chunk holds the fault; after the pass the same checks gate
-what follows (a delta without rows).
+`scatter_update`; a dynamic table's chunk of keys inserted after its rows, their new slots marked used); last, each
+dynamic table's evicted keys, chunk by chunk (removed, their slots marked released). Before the first write a
+barrier asserts everything the pass checked (the checksum, the rows' finiteness, the keys: strictly ascending,
+static ids in range, a dynamic table's keys not evicted and its new keys within its free slots; `content`, what the
+servable checked itself), so a refused delta writes nothing, whichever chunk holds the fault; after the pass the
+same checks gate what follows (a delta without rows).
 
-Every operation on a delta's keys is one chunk's (a hash-table lookup, a search among the evicted keys, an insert):
-a lookup that runs beside the apply waits for one chunk's operation at most, never for one over all the keys (an
-operation over 100,000 keys takes milliseconds, and a concurrent lookup waited for all of it). Strictly ascending
-keys make uniqueness and the evicted-key check chunk-local.
+Every operation on a delta's keys is one chunk's (a hash-table lookup, insert or removal, a search among the evicted
+keys): a lookup that runs beside the apply waits for one chunk's operation at most, never for one over all the keys
+(an operation over 100,000 keys takes milliseconds, and a concurrent lookup waited for all of it). Strictly
+ascending keys make uniqueness and the evicted-key check chunk-local.
 
-It is one `Dataset.scan` for all tables and both halves: each step decodes its record for every table with a
+It is one `Dataset.scan` for all tables and all three parts: each step decodes its record for every table with a
 length of zero outside that table's segment (no branch), because every function in `apply_delta`'s graph costs
 memory to trace and save in each full version (a loop per table cost several MB). Memory while applying: one
 record (CHECKSUM_PIECE or APPLY_CHUNK_BYTES) at a time.
@@ -29,14 +30,19 @@ import tensorflow as tf
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import delta_reader as reader
 
-__all__ = ["apply"]
+__all__ = ["SLOT_FREE", "SLOT_RELEASED", "SLOT_USED", "apply"]
+
+# A dynamic table's slot states (`servable.MutableRowTable.state`, int8): a released slot's key was evicted; new
+# keys take free and released slots alike, from the delta after the eviction on (new keys take the slots free when
+# their delta starts).
+SLOT_FREE, SLOT_USED, SLOT_RELEASED = 0, 1, 2
 
 # Rows of the scan's per-table findings ([len(_FOUND), tables] int64): first positions (-1: none) and counts.
 _FOUND = ("bad_row", "bad_order", "bad_id", "overlap", "new", "placed")
 _ROW = {name: i for i, name in enumerate(_FOUND)}
 
 
-def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: list, fail: Any) -> tuple:
+def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: list, fail: Any) -> list:
     """Checks and writes the rows of a delta whose header and segments' bounds were checked.
 
     Args:
@@ -44,14 +50,13 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
       length: bytes after the preamble (the checksummed ones); check: the preamble's checksum.
       plans: one dict a table (`servable._check_table`), in the delta's order: name, kind ("static" or
         "dynamic"), rows_at, n, dim (>= 1), encoding, var, chunk_rows, keys (int64 [n]); a static table's vocab; a
-        dynamic table's index, capacity, evicted (int64 [m]) and free (its free slots, in the order new keys take
-        them).
+        dynamic table's index, state (its slot-state variable), capacity, m, evicted (int64 [m]), evicted_at (their
+        offset in the file), free (its free slots, in the order new keys take them) and available (their count).
       content: [(ok, message parts)]: checks that hold only for an intact file (asserted once the checksum holds).
       fail: `servable._fail`.
 
     Returns:
-      (the assertions of every check over the whole file: control dependencies of what the apply writes next,
-      the new keys each table inserted: int64 [tables]).
+      The assertions of every check over the whole file (control dependencies of what the apply writes next).
     """
     segments = [reader.records(path, size, fmt.PREAMBLE, length, fmt.CHECKSUM_PIECE)]
     counts = [(length + fmt.CHECKSUM_PIECE - 1) // fmt.CHECKSUM_PIECE]
@@ -60,6 +65,12 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
             row_bytes = p["dim"] * p["encoding"].size
             segments.append(reader.records(path, size, p["rows_at"], p["n"] * row_bytes, p["chunk_rows"] * row_bytes))
             counts.append((p["n"] + p["chunk_rows"] - 1) // p["chunk_rows"])
+    for p in plans:  # a dynamic table's evicted keys, chunk_rows at a time, once every table's rows are written
+        if p["kind"] == "dynamic":
+            segments.append(reader.records(path, size, p["evicted_at"], p["m"] * 8, p["chunk_rows"] * 8))
+            counts.append((p["m"] + p["chunk_rows"] - 1) // p["chunk_rows"])
+        else:
+            counts.append(0)
     counts = tf.stack([tf.cast(c, tf.int64) for c in counts])
     ends = tf.cumsum(counts)
     starts = ends - counts
@@ -112,6 +123,9 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
                 var = p["var"]
                 rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + num + t)), var.dtype), [-1, p["dim"]])
                 done, new = _write_chunk(p, first_row(p, local), rows, found[_ROW["placed"], t])
+                if p["kind"] == "dynamic":
+                    evicted = tf.io.decode_raw(part(tf.equal(segment, 1 + 2 * num + t)), tf.int64)
+                    done = tf.group(done, _evict_chunk(p, evicted))
                 writes.append(done)
                 placed.append(found[_ROW["placed"], t] + new)
         if plans:
@@ -125,8 +139,7 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
     outs = reader.scan_records(records, initial, step, tf.zeros([0, 1 + len(_FOUND) * num], tf.int64))
     last = outs[-1]  # the first record is a checksum piece: there is always one
     found = tf.reshape(last[1:], [len(_FOUND), num])
-    final = verdicts(tf.equal(last[0], 1), found, tf.constant(True))
-    return final, found[_ROW["placed"]]
+    return verdicts(tf.equal(last[0], 1), found, tf.constant(True))
 
 
 def _first(bad: tf.Tensor) -> tf.Tensor:
@@ -182,7 +195,25 @@ def _write_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, placed: tf.Tensor) 
     done = p["var"].scatter_update(tf.IndexedSlices(rows, at))
     with tf.control_dependencies([done]):  # the chunk's rows are in place before its keys appear
         done = p["index"].insert(keys, at)
+    with tf.control_dependencies([done]):
+        taken = tf.gather_nd(at, new_at)
+        done = p["state"].scatter_nd_update(
+            taken[:, tf.newaxis], tf.fill(tf.shape(taken), tf.constant(SLOT_USED, tf.int8))
+        )
     return done, tf.reduce_sum(tf.cast(is_new, tf.int64))
+
+
+def _evict_chunk(p: dict, evicted: tf.Tensor) -> tf.Operation:
+    """Removes one record's evicted keys (none outside the table's evict segment) and marks their slots released
+    (free from the next delta on: a lookup that found a key an instant before its removal still reads its row)."""
+    gone = tf.reshape(p["index"].lookup(evicted), [-1])
+    with tf.control_dependencies([gone]):
+        removed = p["index"].remove(evicted)
+    released = tf.boolean_mask(gone, tf.not_equal(gone, p["capacity"]))  # keys the table did not hold: ignored
+    with tf.control_dependencies([removed]):
+        return p["state"].scatter_nd_update(
+            released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(SLOT_RELEASED, tf.int8))
+        )
 
 
 def _key_at(keys: tf.Tensor, i: tf.Tensor) -> tf.Tensor:

@@ -37,6 +37,7 @@ from tf_embed_ops.serving import chunks
 from tf_embed_ops.serving import delta_format as fmt
 from tf_embed_ops.serving import delta_reader as reader
 from tf_embed_ops.serving import streamed as streamed_lib
+from tf_embed_ops.serving.chunks import SLOT_USED
 from tf_embed_ops.serving.tables import module_name
 
 __all__ = ["MutableRowTable", "Servable", "layout_id"]
@@ -44,15 +45,12 @@ __all__ = ["MutableRowTable", "Servable", "layout_id"]
 # Bytes of rows per chunk (read, checked, written): bounds what an apply holds, and how long one scatter holds the
 # variable's lock against concurrent lookups. Traced into `apply_delta` when a servable is saved.
 APPLY_CHUNK_BYTES = 1 << 20
-# Slot states of a MutableRowTable.
-_FREE, _USED, _RELEASED = 0, 1, 2
-SLOT_USED = _USED  # what a streamed table (`streamed_row_table`) marks its keys' slots with
 
 
 class MutableRowTable(tf.Module):
     """A dynamic table's serving state: `index` key -> slot (a MutableHashTable), `values` [capacity + 1, dim],
-    `state` int8 [capacity] (0 free, 1 used, 2 released by the last delta). Slot `capacity` is the default row of
-    zeros (what the training side reads for a key without a row).
+    `state` int8 [capacity] (`chunks.SLOT_FREE`, `SLOT_USED`, `SLOT_RELEASED`: its key evicted). Slot `capacity`
+    is the default row of zeros (what the training side reads for a key without a row).
 
     Args:
       keys: int64 [n], unique.
@@ -79,7 +77,7 @@ class MutableRowTable(tf.Module):
         values = np.zeros([capacity + 1, self.dim], weights.dtype)
         values[:n] = weights
         state = np.zeros([capacity], np.int8)
-        state[:n] = _USED
+        state[:n] = SLOT_USED
         self.values = tf.Variable(values, trainable=False, name="values")
         self.state = tf.Variable(state, trainable=False, name="state")
         self.index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=np.int64(capacity))
@@ -351,21 +349,19 @@ class Servable(tf.Module):
         # rest (the checksum, every row finite, `content`) and, past its barrier, writes the rows. Nothing below
         # can fail on the delta's content once the pass's last checks hold.
         with tf.control_dependencies(checks):
-            final, new = chunks.apply(path, size, h + b, check, plans, content, _fail)
+            final = chunks.apply(path, size, h + b, check, plans, content, _fail)
         with tf.control_dependencies(final):
-            writes = [plan["after"](new[t]) for t, plan in enumerate(plans) if plan["after"] is not None]
-            with tf.control_dependencies(writes):
-                dense_writes = []
-                for var, value in dense_plans:
-                    dense_writes.append(
-                        tf.cond(
-                            carries_dense,
-                            lambda var=var, value=value: _assign_dense(var, value),
-                            lambda: tf.constant(True),
-                        )
+            dense_writes = []
+            for var, value in dense_plans:
+                dense_writes.append(
+                    tf.cond(
+                        carries_dense,
+                        lambda var=var, value=value: _assign_dense(var, value),
+                        lambda: tf.constant(True),
                     )
-                with tf.control_dependencies(dense_writes):
-                    done = self.version.assign(version)
+                )
+            with tf.control_dependencies(dense_writes):  # the served version changes last
+                done = self.version.assign(version)
         return {"version": tf.identity(done)}
 
 
@@ -452,7 +448,7 @@ def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any,
     checks (the header's) and its content checks (a dynamic table's evicted keys), and, for a dynamic table, the
     plan's `after(new)` (evictions, slot states, once `new` keys took free slots)."""
     name = entry["name"]
-    _, _, n, m, _, r_off, _, _ = fields
+    _, _, n, m, _, r_off, e_off, _ = fields
     itemsize = tf.as_dtype(entry["encoding"]).size
     checks = []
     # The rows are decoded as the variable stores them: a streamed float16 table keeps its rows' int16 bits (the
@@ -469,7 +465,6 @@ def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any,
         "var": values,
         "chunk_rows": max(1, APPLY_CHUNK_BYTES // row_bytes),
         "keys": keys,
-        "after": None,
     }
     if entry["kind"] == "static":
         plan["vocab"] = entry["rows"]
@@ -493,36 +488,17 @@ def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any,
             ],
         )
     ]
-    # Slots released by the previous delta become free; new keys take the free ones in order (`chunks`).
-    state = tf.where(tf.equal(table.state, _RELEASED), tf.constant(_FREE, tf.int8), table.state)
-    free = tf.reshape(tf.where(tf.equal(state, _FREE)), [-1])
+    # New keys take the slots free when the delta starts (a slot released by its own evictions is not), in order
+    # (`chunks`).
+    free = tf.reshape(tf.where(tf.not_equal(table.state, SLOT_USED)), [-1])
     plan.update(
         index=table.index,
+        state=table.state,
         capacity=capacity,
+        m=m,
         evicted=evicted,
+        evicted_at=payload + e_off,
         free=free,
         available=tf.size(free, out_type=tf.int64),
     )
-
-    def after(new):
-        # The rows and their keys are in place (`chunks.apply`, chunk by chunk): remove the evicted keys, then
-        # mark the slots.
-        gone = tf.reshape(table.index.lookup(evicted), [-1])
-        present = tf.not_equal(gone, capacity)
-        with tf.control_dependencies([gone]):
-            removed = table.index.remove(evicted)
-        with tf.control_dependencies([removed]):
-            taken = free[:new]
-            marked = tf.tensor_scatter_nd_update(
-                state, taken[:, tf.newaxis], tf.fill(tf.shape(taken), tf.constant(_USED, tf.int8))
-            )
-            released = tf.boolean_mask(gone, present)
-            marked = tf.tensor_scatter_nd_update(
-                marked, released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(_RELEASED, tf.int8))
-            )
-            assigned = table.state.assign(tf.cast(marked, tf.int8))
-        with tf.control_dependencies([assigned]):
-            return tf.constant(True)
-
-    plan["after"] = after
     return plan, checks, content
