@@ -15,10 +15,10 @@ keys): a lookup that runs beside the apply waits for one chunk's operation at mo
 (an operation over 100,000 keys takes milliseconds, and a concurrent lookup waited for all of it). Strictly
 ascending keys make uniqueness and the evicted-key check chunk-local.
 
-It is one `Dataset.scan` for all tables and all three parts: each step decodes its record for every table with a
-length of zero outside that table's segment (no branch), because every function in `apply_delta`'s graph costs
-memory to trace and save in each full version (a loop per table cost several MB). Memory while applying: one
-record (CHECKSUM_PIECE or APPLY_CHUNK_BYTES) at a time.
+It is one `Dataset.scan` for all tables and all three parts, each table's part a branch of the step, because every
+function in `apply_delta`'s graph costs memory to trace and save in each full version (a loop per table cost
+several MB; a branch's functions are small). Memory while applying: one record (CHECKSUM_PIECE or
+APPLY_CHUNK_BYTES) at a time.
 """
 
 from __future__ import annotations
@@ -79,17 +79,26 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
         records = records.concatenate(segment)
     num = len(plans)
 
-    def verdicts(summed_ok, found, writing):
-        """The assertions, vacuous unless `writing` (a row is about to be written, or the pass is over)."""
-        idle = tf.logical_not(writing)
-        intact = tf.logical_not(summed_ok)  # when the checksum fails, it alone is reported
-        out = [fail(tf.logical_or(idle, summed_ok), path, "checksum mismatch (the file is corrupted)")]
+    def verdicts(summed_ok, found):
+        """The assertions of every check (the checksum's alone when it fails)."""
+        intact = tf.logical_not(summed_ok)
+        out = [fail(summed_ok, path, "checksum mismatch (the file is corrupted)")]
         checks = list(content)
         for t, p in enumerate(plans):
             checks += _table_checks(p, found[:, t])
         for ok, message in checks:
-            out.append(fail(tf.logical_or(tf.logical_or(idle, intact), ok), path, *message))
+            out.append(fail(tf.logical_or(intact, ok), path, *message))
         return out
+
+    def barrier(summed_ok, found, first_write):
+        """The verdicts, asserted at the first step that writes (the check part is over: later steps write past
+        it); elsewhere a no-op. A branch, so that the other steps skip building their messages."""
+
+        def asserted():
+            with tf.control_dependencies(verdicts(summed_ok, found)):
+                return tf.constant(True)
+
+        return tf.cond(first_write, asserted, lambda: tf.constant(True))
 
     def first_row(p, local):
         """The first row of a table's record `local`: a short record (the rows' remainder modulo chunk_rows) comes
@@ -102,36 +111,41 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
         i, record = element
         segment = tf.searchsorted(ends, tf.reshape(i, [1]), side="right", out_type=tf.int64)[0]
         local = i - tf.gather(starts, segment)
-        whole = tf.strings.length(record)
-
-        def part(active):
-            return tf.strings.substr(record, 0, tf.where(active, whole, 0))
-
         piece = tf.equal(segment, 0)
-        digest = reader.bytes_of(tf.fingerprint(tf.reshape(part(piece), [1]), "farmhash64")[0])
+        empty = tf.constant(b"")
+        digest = reader.bytes_of(tf.fingerprint(tf.reshape(tf.where(piece, record, empty), [1]), "farmhash64")[0])
         digests = tf.where(piece, tf.strings.join([digests, digest]), digests)
         summed = tf.bitcast(tf.fingerprint(tf.reshape(digests, [1]), "farmhash64"), tf.int64)[0]
+        # Each table's part of the step runs only in its own segment (a branch: the other tables' ops would cost
+        # every step several microseconds each).
         checked = []
         for t, p in enumerate(plans):
-            rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + t)), p["encoding"]), [-1, p["dim"]])
-            checked.append(_check_chunk(p, first_row(p, local), rows, found[:, t]))
+
+            def check_part(p=p, t=t):
+                rows = tf.reshape(tf.io.decode_raw(record, p["encoding"]), [-1, p["dim"]])
+                return _check_chunk(p, first_row(p, local), rows, found[:, t])
+
+            checked.append(tf.cond(tf.equal(segment, 1 + t), check_part, lambda t=t: found[:, t]))
         found = tf.stack(checked, axis=1) if plans else found
         summed_ok = tf.equal(summed, check)
-        writes, placed = [], []
-        with tf.control_dependencies(verdicts(summed_ok, found, segment > num)):
+        placed = []
+        with tf.control_dependencies([barrier(summed_ok, found, tf.equal(i, ends[num]))]):
             for t, p in enumerate(plans):
-                var = p["var"]
-                rows = tf.reshape(tf.io.decode_raw(part(tf.equal(segment, 1 + num + t)), var.dtype), [-1, p["dim"]])
-                done, new = _write_chunk(p, first_row(p, local), rows, found[_ROW["placed"], t])
+
+                def write_part(p=p, t=t):
+                    rows = tf.reshape(tf.io.decode_raw(record, p["var"].dtype), [-1, p["dim"]])
+                    return _write_chunk(p, first_row(p, local), rows, found[_ROW["placed"], t])
+
+                def evict_part(p=p):
+                    return _evict_chunk(p, tf.io.decode_raw(record, tf.int64))
+
+                new = tf.cond(tf.equal(segment, 1 + num + t), write_part, lambda: tf.constant(0, tf.int64))
                 if p["kind"] == "dynamic":
-                    evicted = tf.io.decode_raw(part(tf.equal(segment, 1 + 2 * num + t)), tf.int64)
-                    done = tf.group(done, _evict_chunk(p, evicted))
-                writes.append(done)
+                    new += tf.cond(tf.equal(segment, 1 + 2 * num + t), evict_part, lambda: tf.constant(0, tf.int64))
                 placed.append(found[_ROW["placed"], t] + new)
         if plans:
             found = tf.tensor_scatter_nd_update(found, [[_ROW["placed"], t] for t in range(num)], tf.stack(placed))
-        with tf.control_dependencies(writes):
-            out = tf.concat([[tf.cast(summed_ok, tf.int64)], tf.reshape(found, [-1])], 0)
+        out = tf.concat([[tf.cast(summed_ok, tf.int64)], tf.reshape(found, [-1])], 0)
         return (digests, found), out
 
     initial = [tf.constant(-1, tf.int64) if name.startswith("bad") else tf.constant(0, tf.int64) for name in _FOUND]
@@ -139,7 +153,7 @@ def apply(path: Any, size: Any, length: Any, check: Any, plans: list, content: l
     outs = reader.scan_records(records, initial, step, tf.zeros([0, 1 + len(_FOUND) * num], tf.int64))
     last = outs[-1]  # the first record is a checksum piece: there is always one
     found = tf.reshape(last[1:], [len(_FOUND), num])
-    return verdicts(tf.equal(last[0], 1), found, tf.constant(True))
+    return verdicts(tf.equal(last[0], 1), found)
 
 
 def _first(bad: tf.Tensor) -> tf.Tensor:
@@ -154,8 +168,7 @@ def _keep_first(known: tf.Tensor, offset: tf.Tensor, at: tf.Tensor) -> tf.Tensor
 
 
 def _check_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, found: tf.Tensor) -> tf.Tensor:
-    """One record's checks for its table (its rows and their keys; rows of 0 outside the table's check segment):
-    the table's column of findings, updated."""
+    """One record's checks for its table (its rows and their keys): the table's column of findings, updated."""
     r = tf.shape(rows, out_type=tf.int64)[0]
     keys = p["keys"][start : start + r]
     bad_row = _keep_first(
@@ -178,14 +191,14 @@ def _check_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, found: tf.Tensor) -
     return tf.stack([bad_row, bad_order, bad_id, overlap, new, found[_ROW["placed"]]])
 
 
-def _write_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, placed: tf.Tensor) -> tuple:
-    """Writes one record's rows (rows of 0 outside the table's write segment): (the write, the new keys it
-    inserted). A dynamic table's new keys take the next free slots, in the keys' order; its keys are inserted once
-    their rows are in place."""
+def _write_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, placed: tf.Tensor) -> tf.Tensor:
+    """Writes one record's rows; returns the number of new keys it inserted, once written. A dynamic table's new
+    keys take the next free slots, in the keys' order; its keys are inserted once their rows are in place."""
     r = tf.shape(rows, out_type=tf.int64)[0]
     keys = p["keys"][start : start + r]
     if p["kind"] == "static":
-        return p["var"].scatter_update(tf.IndexedSlices(rows, keys)), tf.constant(0, tf.int64)
+        with tf.control_dependencies([p["var"].scatter_update(tf.IndexedSlices(rows, keys))]):
+            return tf.constant(0, tf.int64)
     existing = p["index"].lookup(keys)
     is_new = tf.equal(existing, p["capacity"])
     # The new keys' ranks among the delta's new keys index the free slots (in bounds: the checks passed).
@@ -200,20 +213,23 @@ def _write_chunk(p: dict, start: tf.Tensor, rows: tf.Tensor, placed: tf.Tensor) 
         done = p["state"].scatter_nd_update(
             taken[:, tf.newaxis], tf.fill(tf.shape(taken), tf.constant(SLOT_USED, tf.int8))
         )
-    return done, tf.reduce_sum(tf.cast(is_new, tf.int64))
+    with tf.control_dependencies([done]):
+        return tf.size(taken, out_type=tf.int64)
 
 
-def _evict_chunk(p: dict, evicted: tf.Tensor) -> tf.Operation:
-    """Removes one record's evicted keys (none outside the table's evict segment) and marks their slots released
-    (free from the next delta on: a lookup that found a key an instant before its removal still reads its row)."""
+def _evict_chunk(p: dict, evicted: tf.Tensor) -> tf.Tensor:
+    """Removes one record's evicted keys and marks their slots released (free from the next delta on: a lookup that
+    found a key an instant before its removal still reads its row); returns 0 (new keys), once done."""
     gone = tf.reshape(p["index"].lookup(evicted), [-1])
     with tf.control_dependencies([gone]):
         removed = p["index"].remove(evicted)
     released = tf.boolean_mask(gone, tf.not_equal(gone, p["capacity"]))  # keys the table did not hold: ignored
     with tf.control_dependencies([removed]):
-        return p["state"].scatter_nd_update(
+        marked = p["state"].scatter_nd_update(
             released[:, tf.newaxis], tf.fill(tf.shape(released), tf.constant(SLOT_RELEASED, tf.int8))
         )
+    with tf.control_dependencies([marked]):
+        return tf.constant(0, tf.int64)
 
 
 def _key_at(keys: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
