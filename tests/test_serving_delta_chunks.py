@@ -21,16 +21,24 @@ from tf_embed_ops.serving import servable as servable_lib
 CHUNK_ROWS = 4
 
 
-@pytest.fixture
-def chunked(tmp_path, monkeypatch):
+def _published(tmp_path, monkeypatch, limit: str = "bytes"):
     """(model, layer, table, publisher, loaded servable of version 1) with apply chunks of CHUNK_ROWS rows (the
-    chunk size is traced into `apply_delta` when the full version is saved)."""
-    monkeypatch.setattr(servable_lib, "APPLY_CHUNK_BYTES", CHUNK_ROWS * util.DIM * 4)
+    chunk size is traced into `apply_delta` when the full version is saved): every table's, by its bytes a chunk
+    (`limit` "bytes"), or a dynamic table's alone, by its keys a chunk ("keys")."""
+    if limit == "bytes":
+        monkeypatch.setattr(servable_lib, "APPLY_CHUNK_BYTES", CHUNK_ROWS * util.DIM * 4)
+    else:
+        monkeypatch.setattr(servable_lib, "APPLY_CHUNK_KEYS", CHUNK_ROWS)
     model, layer, table = util.dynamic_model()
     util.fit(model, seed=0)
     pub = Publisher(model, str(tmp_path / "chain"), util.SIGNATURE, min_free_slots=64)
     assert pub.publish_full() == 1
     return model, layer, table, pub, tf.saved_model.load(str(tmp_path / "chain" / "1"))
+
+
+@pytest.fixture
+def chunked(tmp_path, monkeypatch):
+    return _published(tmp_path, monkeypatch)
 
 
 def _static_variable(layer):
@@ -138,11 +146,13 @@ def test_a_bad_last_chunk_is_refused_and_nothing_changes(tmp_path, chunked, n):
     np.testing.assert_array_equal(served.tables[_static_index(pub)].numpy()[:n], np.full([n, util.DIM], 0.5))
 
 
-def test_a_dynamic_tables_keys_are_checked_chunk_by_chunk_before_the_first_write(tmp_path, chunked):
-    """A dynamic table's keys are checked a chunk at a time: a key repeated across a chunk boundary, a key evicted
-    in the last chunk, one new key more than the free slots (the new keys spread over many chunks) are each refused
-    before any write; new keys filling exactly the free slots apply, each key's row at its own slot."""
-    _, _, _, pub, served = chunked
+@pytest.mark.parametrize("limit", ["bytes", "keys"])
+def test_a_dynamic_tables_keys_are_checked_chunk_by_chunk_before_the_first_write(tmp_path, monkeypatch, limit):
+    """A dynamic table's keys are checked a chunk at a time (chunks bounded by their rows' bytes, or by their keys
+    alone): a key repeated across a chunk boundary, a key evicted in the last chunk, one new key more than the free
+    slots (the new keys spread over many chunks) are each refused before any write; new keys filling exactly the
+    free slots apply, each key's row at its own slot."""
+    _, _, _, pub, served = _published(tmp_path, monkeypatch, limit)
     index = [t["name"] for t in pub._served.layout["tables"]].index("dynamic")
     table = served.tables[index]
     free = int(np.sum(table.state.numpy() != servable_lib.SLOT_USED))
@@ -219,3 +229,18 @@ def test_a_reader_during_an_apply_sees_each_row_whole_old_or_new(tmp_path, chunk
         if served_version == version:
             assert is_new.all()  # the version moves after the last write
     np.testing.assert_array_equal(table.numpy(), values)
+
+
+def test_a_dynamic_tables_chunks_hold_at_most_apply_chunk_keys_keys_whatever_its_row_size():
+    """A chunk's keys are looked up, inserted and removed under the hash table's lock: a dynamic table of dim-1 rows
+    gets chunks of APPLY_CHUNK_KEYS keys, not the 1 MiB of rows a static table of the same dim gets."""
+    table = servable_lib.MutableRowTable(np.arange(2), np.zeros([2, 1], np.float32), capacity=4, name="d")
+    fields = [tf.constant(v, tf.int64) for v in (1, 0, 2, 0, 0, 16, 24, 8)]
+    keys = tf.constant([0, 1], tf.int64)
+    empty = tf.zeros([0], tf.int64)
+    dynamic = {"name": "d", "kind": "dynamic", "encoding": "float32", "dim": 1, "capacity": 4}
+    plan, _, _ = servable_lib._check_table(dynamic, table, fields, keys, empty, tf.constant("x"), 40)
+    assert plan["chunk_rows"] == servable_lib.APPLY_CHUNK_KEYS < servable_lib.APPLY_CHUNK_BYTES // 4
+    static = {"name": "s", "kind": "static", "encoding": "float32", "dim": 1, "rows": 8}
+    plan, _, _ = servable_lib._check_table(static, tf.Variable(tf.zeros([8, 1])), fields, keys, empty, "x", 40)
+    assert plan["chunk_rows"] == servable_lib.APPLY_CHUNK_BYTES // 4

@@ -45,6 +45,9 @@ __all__ = ["MutableRowTable", "Servable", "layout_id"]
 # Bytes of rows per chunk (read, checked, written): bounds what an apply holds, and how long one scatter holds the
 # variable's lock against concurrent lookups. Traced into `apply_delta` when a servable is saved.
 APPLY_CHUNK_BYTES = 1 << 20
+# Keys per chunk of a dynamic table at most (its rows' chunk when smaller): bounds how long one lookup, insert or
+# removal of a chunk's keys holds its hash table against the lookups (about 0.1-0.5 ms at 4,096 keys).
+APPLY_CHUNK_KEYS = 1 << 12
 
 
 class MutableRowTable(tf.Module):
@@ -445,8 +448,7 @@ def _check_segments(entry: dict, fields: list, path: Any, b: Any) -> list:
 
 def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any, path: Any, payload: Any):
     """One table's plan for `chunks.apply` (which checks its keys chunk by chunk, once the checksum holds), its
-    checks (the header's) and its content checks (a dynamic table's evicted keys), and, for a dynamic table, the
-    plan's `after(new)` (evictions, slot states, once `new` keys took free slots)."""
+    checks (the header's) and its content checks (a dynamic table's evicted keys)."""
     name = entry["name"]
     _, _, n, m, _, r_off, e_off, _ = fields
     itemsize = tf.as_dtype(entry["encoding"]).size
@@ -466,6 +468,8 @@ def _check_table(entry: dict, table: Any, fields: list, keys: Any, evicted: Any,
         "chunk_rows": max(1, APPLY_CHUNK_BYTES // row_bytes),
         "keys": keys,
     }
+    if entry["kind"] == "dynamic":  # its keys are looked up, inserted and removed under the hash table's lock
+        plan["chunk_rows"] = min(plan["chunk_rows"], APPLY_CHUNK_KEYS)
     if entry["kind"] == "static":
         plan["vocab"] = entry["rows"]
         checks.append(_fail(tf.equal(m, 0), path, f"table {name}: a static table evicts nothing, the delta evicts ", m))
