@@ -430,14 +430,24 @@ void Update(Job& job, int t, int64_t distinct, int opt, int64_t step) {
   for (int64_t u = 0; u < distinct; ++u) tb.slot_of[tb.uniq[u]] = -1;
 }
 
-void Step(Job& job, int opt, int64_t step) {
+// A step's two halves, as a training step run by TensorFlow must split them: the model's backward pass runs
+// between the activations and the update.
+void ForwardPart(Job& job, int opt, int64_t step) {
   if (job.keyed) Resolve(job, step, /*count=*/opt >= 0);
   Forward(job);
+}
+
+void BackwardPart(Job& job, int opt, int64_t step) {
   if (opt < 0) return;  // a lookup
   for (int t = 0; t < static_cast<int>(job.tables.size()); ++t) {
     const int64_t distinct = Accumulate(job, t);
     Update(job, t, distinct, opt, step);
   }
+}
+
+void Step(Job& job, int opt, int64_t step) {
+  ForwardPart(job, opt, step);
+  BackwardPart(job, opt, step);
 }
 
 // One prepared state of the worker or the library: its own tables and slots (so fp32 and bf16, or two
@@ -628,6 +638,19 @@ void* speed_of_light_open(const char* dir, const char* optimizer, int hashed_key
 void speed_of_light_steps(void* state, int steps) {
   auto* s = static_cast<speed_of_light::Served*>(state);
   for (int i = 0; i < steps; ++i) speed_of_light::Step(s->job, s->opt, s->step++);
+}
+
+// A step's forward half (the keys resolved, the activations written), then its backward half (de-duplication,
+// accumulation, update; the step counted): speed_of_light_steps(state, 1) split in two, for a step run by
+// TensorFlow as two ops.
+void speed_of_light_forward(void* state) {
+  auto* s = static_cast<speed_of_light::Served*>(state);
+  speed_of_light::ForwardPart(s->job, s->opt, s->step);
+}
+
+void speed_of_light_backward(void* state) {
+  auto* s = static_cast<speed_of_light::Served*>(state);
+  speed_of_light::BackwardPart(s->job, s->opt, s->step++);
 }
 
 // Copies table TABLE's rows into OUT (rows x dim floats); 0 when TABLE is not one of the job's.

@@ -133,20 +133,28 @@ class InProcessKernel:
             raise RuntimeError("InProcessKernel: step after close")
         self._lib.speed_of_light_steps(self._state, 1)
 
-    def tensorflow_step(self):
-        """A ``tf.function`` that runs one step as a TensorFlow op (``SpeedOfLightStep``); valid until ``close``."""
+    def tensorflow_step(self, halves: bool = False):
+        """A ``tf.function`` that runs one step as a TensorFlow op (``SpeedOfLightStep``), or with ``halves`` as two
+        (``SpeedOfLightForward``, then ``SpeedOfLightBackward``: a training step's split, as ours runs it); valid
+        until ``close``."""
         import tensorflow as tf
 
         if self._state is None:
             raise RuntimeError("InProcessKernel: tensorflow_step after close")
-        step_op = self._ops.speed_of_light_step
+        ops = self._ops
         state = tf.constant(self._state, tf.int64)
 
         @tf.function
         def step():
-            step_op(state)
+            ops.speed_of_light_step(state)
 
-        return step
+        @tf.function
+        def step_in_halves():
+            # Both ops are stateful, so the function runs them in this order.
+            ops.speed_of_light_forward(state)
+            ops.speed_of_light_backward(state)
+
+        return step_in_halves if halves else step
 
     def table(self, t: int) -> np.ndarray:
         """Table ``t``'s rows now (a copy)."""

@@ -44,9 +44,9 @@ def test_headline_smoke_run_reports_every_target(tmp_path):
     # The kernel's and ours' workers answered: the ceilings that divide their engines are there.
     keys = {r["key"]: r for r in result["headlines"]}
     assert keys["W1_sgd_threads"]["ceiling"]["n"] == 2 and keys["W1_adam_bf16"]["ceiling"]["n"] == 2
-    # And the kernel stepping in this process, alone and followed by a TensorFlow call.
+    # And the kernel stepping in this process, alone and run by TensorFlow (as two ops for a training step).
     for key in ("W1_sgd_sol", "W4_adam_sol"):
-        assert keys[key]["ceiling"]["engines"] == ["sol_tf", "sol_local"] and keys[key]["ceiling"]["n"] == 2
+        assert keys[key]["ceiling"]["engines"] == ["sol_tf_halves", "sol_local"] and keys[key]["ceiling"]["n"] == 2
     assert keys["W1_lookup_tf"]["ceiling"]["engines"] == ["tf_lookup", "sol_tf"]
     # The keyed and bf16 kernels, each the faster of its worker and its in-process run.
     for key, engine in (
