@@ -9,7 +9,8 @@ and each step first finds every key's row through a hash index (``key_index``: `
 number, or ``"compact"``, a dynamic table's layout within its memory budget: row numbers in the index, keys in
 per-row records that also count each lookup); ``lookup`` is the forward pass alone.
 ``InProcessKernel`` steps the kernel in this process instead (the same source built as a shared library), called
-directly or run by TensorFlow as the one op of a ``tf.function``.
+directly or run by TensorFlow: as the one op of a ``tf.function``, or as two (its forward half, then its backward
+half, as a training step is run).
 
 Example:
     >>> res = run(w1(smoke=True), ["sgd"], steps=2, blocks=3, warmup=1)  # doctest: +SKIP
