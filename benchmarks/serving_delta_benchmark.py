@@ -1,15 +1,17 @@
 """``python -m benchmarks --only serving_delta``: deltas from a trainer to a live servable in another process.
 
 A model with one static table (V rows, dim 64) and one dynamic table; a serving process of plain TensorFlow (it
-cannot import tf_embed_ops) loads the full version, then applies deltas of a growing number of touched rows while
-a second thread keeps sending lookups. Each point applies deltas of one size, one after another, until its lookups
+cannot import tf_embed_ops) loads the full version, then applies deltas of a growing number of touched rows while a
+second thread keeps sending lookups. Each point applies deltas of one size, one after another, until its lookups
 while applying number MIN_CALLS; before each apply the same thread times lookups at rest for as long as the last
-apply took. Measured per point: a delta's bytes against touched rows x (key + row bytes), the publish time (rows
-read from the tables, the file written and synced) and the apply time in the serving process (medians), the
-serving process's peak resident memory while applying against its steady state (the worst apply), and the lookup
-latency (median, p99 of the pooled calls) while applying against at rest. The serving process applies an empty
-delta and one delta a table first, unmeasured: a process's first writes cost more, once. At the end the delta-fed
-servable is compared with a full version taken at the same state, output for output (bit-identical or not).
+apply took (the thread makes a few calls before its first window: a thread's first lookup costs about three later
+ones, and would be the p99 of a short window). Measured per point: a delta's bytes against touched rows x (key +
+row bytes), the publish time (rows read from the tables, the file written and synced) and the apply time in the
+serving process (medians), the serving process's peak resident memory while applying against its steady state (the
+worst apply), and the lookup latency (median, p99 of the pooled calls) while applying against at rest. The serving
+process applies an empty delta and one delta a table first, unmeasured: a process's first writes cost more, once.
+At the end the delta-fed servable is compared with a full version taken at the same state, output for output
+(bit-identical or not).
 
 The rows are changed by writing the training tables directly (random values on random rows, random new keys in
 the dynamic table, some keys evicted), so that the figures are those of the delta path alone; the tracker's cost
@@ -33,6 +35,8 @@ import json, os, sys, threading, time
 import numpy as np
 import tensorflow as tf
 
+WARM_CALLS = 5
+
 def rss(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -44,28 +48,40 @@ def reset_peak():
         f.write("5")
 
 def windows(m, feed, rest_s, work):
-    # Lookups from one thread: for rest_s at rest, then while work() runs.
-    def timed(stop, latencies):
-        while not stop.is_set():
-            t = time.perf_counter()
-            m.signatures["serving_default"](**feed)
-            latencies.append(time.perf_counter() - t)
-    out = {}
-    for phase in ("rest", "during"):
-        latencies, stop = [], threading.Event()
-        worker = threading.Thread(target=timed, args=(stop, latencies))
-        if phase == "during":
-            out["steady_rss"] = rss("VmRSS")
-            reset_peak()
-        worker.start()
-        if phase == "rest":
-            time.sleep(rest_s)
-        else:
-            t = time.perf_counter()
-            out["result"] = work()
-            out["seconds"] = time.perf_counter() - t
+    # Lookups from one thread, for rest_s at rest, then while work() runs. The thread makes WARM_CALLS calls
+    # first, uncounted: a thread's first call costs several later ones, and in a window of a few calls it would be
+    # the p99. A call is counted at rest if it lies in the rest window, during if it overlaps work().
+    calls, failed, stop, warm = [], [], threading.Event(), threading.Event()
+    def timed():
+        try:
+            while not stop.is_set():
+                t = time.perf_counter()
+                m.signatures["serving_default"](**feed)
+                calls.append((t, time.perf_counter()))
+                if len(calls) == WARM_CALLS:
+                    warm.set()
+        except Exception as e:
+            failed.append(e)
+        finally:
+            warm.set()
+    worker = threading.Thread(target=timed)
+    worker.start()
+    warm.wait()
+    rest_start = time.perf_counter()
+    time.sleep(rest_s)
+    out = {"steady_rss": rss("VmRSS")}
+    reset_peak()
+    start = time.perf_counter()
+    try:
+        out["result"] = work()
+    finally:
+        end = time.perf_counter()
         stop.set(); worker.join()
-        out[phase] = latencies
+    if failed:
+        raise failed[0]
+    out["seconds"] = end - start
+    out["rest"] = [b - a for a, b in calls if a >= rest_start and b <= start]
+    out["during"] = [b - a for a, b in calls if b > start and a < end]
     out["peak_rss"] = rss("VmHWM")
     return out
 
