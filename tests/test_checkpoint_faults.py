@@ -89,6 +89,17 @@ def _fresh(tmp_path, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------ threads
+def test_the_queued_batch_is_no_child_a_checkpoint_walks():
+    """enqueue's batch is replaced every step: were it a tracked child of the embedding object, a save on another
+    thread while training replaced it would find it gone mid-walk (a KeyError from TensorFlow's object graph)."""
+    model = _Model()
+    model.step(np.arange(40), np.random.default_rng(1))
+    children = model.emb._trackable_children()
+    assert "_pending" not in children, sorted(children)
+    for child in children.values():
+        assert "Pending" not in type(child).__name__ and "Pending" not in repr(child)[:200], child
+
+
 def test_concurrent_saves_while_training_make_one_valid_chain(tmp_path):
     """Two threads saving in a loop while a third trains: every save gets its own number, each file's checksum is
     the manifest's, no temporary is left, and the chain restores the last save bit for bit."""

@@ -121,7 +121,7 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
 
         self._built = False
         self._config_proto = None
-        self._pending = None
+        self._pending = inputs_lib.PendingSlot()
 
     @property
     def groups(self) -> list:
@@ -360,10 +360,10 @@ class TPUEmbedding(_tf_compat.AutoTrackable):
             inputs, shapes = self.normalize_inputs(features, weights)
         self.merge_output_shapes(shapes)
         self._maybe_build()
-        self._pending = inputs_lib.pending_batch(inputs, bool(training))
+        self._pending.batch = inputs_lib.pending_batch(inputs, bool(training))
 
     def _take_pending(self, what: str) -> inputs_lib.Pending:
-        return inputs_lib.checked_pending(self._pending, self._built, what)
+        return inputs_lib.checked_pending(self._pending.batch, self._built, what)
 
     def tables_and_slots(self) -> tuple[list, list]:
         """The kernels' table and slot inputs, in table order (slots in Load/Retrieve order)."""

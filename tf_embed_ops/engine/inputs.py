@@ -20,6 +20,7 @@ from tf_embed_ops import features as features_lib
 __all__ = [
     "build_output_shapes",
     "Pending",
+    "PendingSlot",
     "checked_pending",
     "complete_subset",
     "pending_batch",
@@ -255,6 +256,17 @@ class Pending(NamedTuple):
     inputs: list  # list[embedding_ops.FeatureInput], in feature order
     training: bool
     graph: Any  # the graph the tensors live in (None when eager)
+
+
+class PendingSlot:
+    """Where an object keeps its queued `Pending` batch, out of TensorFlow's object tracking. Held directly, the batch
+    (a tuple of tensors, replaced by every `enqueue`) would be a tracked child of the object, and a checkpoint saved
+    on another thread while training replaced it would find that child gone in the middle of its walk."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self) -> None:
+        self.batch: Pending | None = None
 
 
 def _current_graph() -> Any:
