@@ -141,4 +141,4 @@ def _gradients(call: dict) -> dict:
 
 def _drain(emb) -> None:
     """Drops a batch a failed step left queued, so the next step starts clean."""
-    emb._pending = None
+    emb._pending.batch = None
