@@ -91,22 +91,20 @@ def make_table(wl: wls.Workload, vocab_keys: np.ndarray, optimizer: str | None):
 
 def dynamic_step(wl: wls.Workload, keys: np.ndarray, vocab_keys: np.ndarray, optimizer: str):
     """Our dynamic training step: training lookup (insert-or-find) + fused backward/update, then step += 1; it
-    returns nothing, as ``ours.fused_step`` does."""
+    returns nothing and its keys and gradients are constants of its graph, as ``ours.fused_step``'s."""
     from tf_embed_ops.dynamic import ops as dyn
     from tf_embed_ops.embedding_ops import normalize_feature
 
     table = make_table(wl, vocab_keys, optimizer)
     cfg = ours.make_config(wl, optimizer).SerializeToString()
-    ids = tf.constant(keys, tf.int64)
-    upstream = [f["upstream"] for f in tn.make_inputs(wl)["features"]]
     combiners = [wl.combiner]
 
     @tf.function
     def step():
-        feats = [normalize_feature(ids)]
+        feats = [normalize_feature(tf.constant(keys, tf.int64))]
         dyn.dynamic_embedding_activations(feats, [table.handle], table.step, cfg, combiners, training=True)
         update = dyn.dynamic_send_tpu_embedding_gradients(
-            upstream, [], feats, [table.handle], table.step, cfg, combiners
+            ours.activation_gradients(wl), [], feats, [table.handle], table.step, cfg, combiners
         )
         with tf.control_dependencies([update]):
             table.step.assign_add(1)

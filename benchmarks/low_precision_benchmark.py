@@ -54,13 +54,6 @@ def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str)
         [tf.Variable(tf.fill([t.vocab, t.dim], tf.constant(v, dtype))) for v in ours.SLOT_INIT[optimizer]]
         for t in wl.tables
     ]
-    raw = [
-        tf.constant(f.ids, tf.int64)
-        if f.row_splits is None
-        else tf.RaggedTensor.from_row_splits(tf.constant(f.ids, tf.int64), tf.constant(f.row_splits, tf.int64))
-        for f in wl.features
-    ]
-    upstream = [f["upstream"] for f in tn.make_inputs(wl)["features"]]
     combiners = [wl.combiner] * len(wl.tables)
     lengths = [f.sequence_length for f in wl.features]
     counter = tf.Variable(0, dtype=tf.int64)
@@ -68,11 +61,14 @@ def fused_step(wl: wls.Workload, optimizer: str, dtype: tf.DType, rounding: str)
 
     @tf.function
     def step():
+        # The step's data are constants of its graph, as ours.fused_step's.
+        raw = ours.raw_features(wl)
         feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
         api.embedding_activations(feats, tables, cfg, combiners)
         extra = dict(rounding_args)
         if extra:
             extra["rounding_step"] = counter.assign_add(1)
+        upstream = ours.activation_gradients(wl)
         api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners, **extra)
 
     step.state_bytes = sum(v.shape.num_elements() * v.dtype.size for v in tables + [s for ts in slots for s in ts])

@@ -4,7 +4,11 @@ One step is what the TPU engine does: normalise the features (in the graph, as t
 combine, then apply the fused backward + optimizer update in place, given the activations' gradient (a fixed
 upstream tensor, the same for every engine). A training step returns nothing, as the speed-of-light kernel's
 step run by TensorFlow does: a training loop feeds the activations to its model inside the graph and never hands
-them to Python. Both ops are stateful, so the function still runs them (as its control outputs).
+them to Python. Both ops are stateful, so the function still runs them (as its control outputs). For the same
+reason a training step's features and gradients are constants of its graph (``raw_features`` and
+``activation_gradients`` called inside it): a training loop's features come from an iterator in its graph and
+their gradients from its model, and the kernel steps on data it holds, so neither hands its data to the step at
+each call. The serving lookup takes its features from outside, as a request's are.
 The hyper-parameters are those of ``peers/tf_native.py`` so every engine runs the same update rule.
 
 Example:
@@ -106,8 +110,12 @@ def make_config(wl: Workload, optimizer: str) -> cfg_pb2.TPUEmbeddingConfigurati
     return cfg
 
 
-def _raw_inputs(wl: Workload) -> list:
-    """The features as a user hands them over: dense ids, or RaggedTensors for bags and sequences."""
+def raw_features(wl: Workload) -> list:
+    """The features as a user hands them over: dense ids, or RaggedTensors for bags and sequences.
+
+    Called inside a ``tf.function``, they are constants of its graph; called eagerly, tensors a function captures
+    (and is handed at each call).
+    """
     out = []
     for f in wl.features:
         ids = tf.constant(f.ids, tf.int64)
@@ -116,6 +124,12 @@ def _raw_inputs(wl: Workload) -> list:
         else:
             out.append(tf.RaggedTensor.from_row_splits(ids, tf.constant(f.row_splits, tf.int64), validate=False))
     return out
+
+
+def activation_gradients(wl: Workload) -> list[tf.Tensor]:
+    """Each feature's fixed activation gradient (``tf_native.upstream_gradients``), as constants of the graph it is
+    called in."""
+    return [tf.constant(g) for g in tn.upstream_gradients(wl)]
 
 
 def _state(wl: Workload, optimizer: str) -> tuple[list[tf.Variable], list[list[tf.Variable]]]:
@@ -141,18 +155,17 @@ def fused_step(wl: Workload, optimizer: str) -> Callable[[], None]:
     api = _api()
     cfg = make_config(wl, optimizer).SerializeToString()
     tables, slots = _state(wl, optimizer)
-    raw = _raw_inputs(wl)
-    upstream = [f["upstream"] for f in tn.make_inputs(wl)["features"]]
     combiners = [wl.combiner] * len(wl.tables)
     lengths = [f.sequence_length for f in wl.features]
 
     @tf.function
     def step():
+        raw = raw_features(wl)
         feats = [api.normalize_feature(x, max_sequence_length=n) for x, n in zip(raw, lengths, strict=True)]
         api.embedding_activations(feats, tables, cfg, combiners)
         # The activations' gradient is the fixed upstream tensor (as for every engine): the model between the
         # activations and the loss is not what is measured.
-        api.send_tpu_embedding_gradients(upstream, [], feats, tables, slots, cfg, combiners)
+        api.send_tpu_embedding_gradients(activation_gradients(wl), [], feats, tables, slots, cfg, combiners)
 
     step.state = (tables, slots)
     return step
@@ -163,7 +176,7 @@ def lookup_step(wl: Workload) -> Callable[[], list[tf.Tensor]]:
     api = _api()
     cfg = make_config(wl, "sgd").SerializeToString()
     tables = tn.make_tables(wl, 3)
-    raw = _raw_inputs(wl)
+    raw = raw_features(wl)
     combiners = [wl.combiner] * len(wl.tables)
     lengths = [f.sequence_length for f in wl.features]
 

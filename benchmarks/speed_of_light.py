@@ -178,13 +178,6 @@ class InProcessKernel:
             self.close()
 
 
-def upstream_gradients(wl: Workload) -> list[np.ndarray]:
-    """The fixed activation gradients every engine uses (the same draws as ``tf_native.make_inputs``)."""
-    from benchmarks.peers import tf_native
-
-    return [f["upstream"].numpy() for f in tf_native.make_inputs(wl)["features"]]
-
-
 def write_keys(directory: str, keys: list[np.ndarray]) -> None:
     """Writes each table's row keys (``keys[t][r]``: row r's int64 key, all distinct) into a job directory, for
     keyed engines (``keys=hashed`` or ``keys=compact``)."""
@@ -209,7 +202,7 @@ def _write_job(
     lines += [f"adagrad_init {tn.ADAGRAD_INIT}", f"combiner {wl.combiner}", f"storage {storage}"]
     lines.append("optimizers " + " ".join(optimizers))
     lines += [f"table {t.vocab} {t.dim}" for t in wl.tables]
-    for i, (f, up) in enumerate(zip(wl.features, upstream_gradients(wl), strict=True)):
+    for i, (f, up) in enumerate(zip(wl.features, tn.upstream_gradients(wl), strict=True)):
         lines.append(f"feature {f.table} {f.batch} {f.sequence_length}")
         np.ascontiguousarray(f.ids, np.int64).tofile(os.path.join(tmp, f"ids{i}.bin"))
         if f.row_splits is not None:

@@ -58,12 +58,22 @@ RAW_KIND = {
 }
 
 
-def make_inputs(wl: Workload) -> dict:
-    """TF tensors of one step (same ids for every engine) and fixed upstream gradients."""
+def upstream_gradients(wl: Workload) -> list[np.ndarray]:
+    """The fixed gradient of each feature's activation ([batch, dim], or [batch, length, dim] for a sequence), the
+    same draws for every engine."""
     rng = np.random.default_rng(7)
-    feats = []
+    out = []
     for f in wl.features:
         dim = wl.tables[f.table].dim
+        shape = [f.batch, f.sequence_length, dim] if f.kind == "sequence" else [f.batch, dim]
+        out.append(rng.standard_normal(shape).astype(np.float32) * 1e-3)
+    return out
+
+
+def make_inputs(wl: Workload) -> dict:
+    """TF tensors of one step (same ids for every engine) and fixed upstream gradients."""
+    feats = []
+    for f, upstream in zip(wl.features, upstream_gradients(wl), strict=True):
         ids = tf.constant(f.ids, tf.int64)
         entry = {"ids": ids, "table": f.table, "kind": f.kind, "batch": f.batch, "length": f.sequence_length}
         if f.kind == "bag":
@@ -74,10 +84,7 @@ def make_inputs(wl: Workload) -> dict:
             entry["row_splits"] = tf.constant(f.row_splits, tf.int64)
         if f.kind == "sequence":
             entry["row_splits"] = tf.constant(f.row_splits, tf.int64)
-            shape = [f.batch, f.sequence_length, dim]
-        else:
-            shape = [f.batch, dim]
-        entry["upstream"] = tf.constant(rng.standard_normal(shape).astype(np.float32) * 1e-3)
+        entry["upstream"] = tf.constant(upstream)
         feats.append(entry)
     return {"features": feats}
 
